@@ -1,0 +1,30 @@
+// Unit specs live beside the code (*.spec.ts); e2e specs under test/e2e start the real services
+// from dist/ (npm test builds first) and a real redis-server.
+const shared = {
+  testEnvironment: 'node',
+  transform: {
+    '^.+\\.ts$': ['ts-jest', { tsconfig: '<rootDir>/tsconfig.spec.json' }],
+  },
+  moduleNameMapper: {
+    '^@infermesh/([^/]+)$': '<rootDir>/libs/$1/src',
+    '^@infermesh/([^/]+)/(.*)$': '<rootDir>/libs/$1/src/$2',
+  },
+};
+
+/** @type {import('jest').Config} */
+module.exports = {
+  projects: [
+    {
+      ...shared,
+      displayName: 'unit',
+      testMatch: ['<rootDir>/{libs,services,tools}/**/*.spec.ts'],
+    },
+    {
+      ...shared,
+      displayName: 'e2e',
+      testMatch: ['<rootDir>/test/e2e/**/*.e2e.spec.ts'],
+      testTimeout: 120_000,
+    },
+  ],
+  testTimeout: 30_000,
+};

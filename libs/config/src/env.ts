@@ -1,0 +1,86 @@
+import { z } from 'zod';
+
+/** A configuration error: names every variable that is wrong and why. */
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`invalid configuration:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
+    this.name = 'ConfigError';
+  }
+}
+
+export type Env = Readonly<Record<string, string | undefined>>;
+
+/**
+ * Parses environment variables with a zod object schema whose keys are the variable names. Empty
+ * strings count as unset. Throws a ConfigError naming each offending variable and its value.
+ */
+export function parseEnv<S extends z.ZodRawShape>(shape: S, env: Env): z.infer<z.ZodObject<S>> {
+  const input: Record<string, string> = {};
+  for (const key of Object.keys(shape)) {
+    const value = env[key];
+    if (value !== undefined && value !== '') input[key] = value;
+  }
+  const result = z.object(shape).safeParse(input);
+  if (result.success) return result.data;
+  throw new ConfigError(
+    result.error.issues.map((issue) => {
+      const key = String(issue.path[0] ?? '(root)');
+      const got = input[key];
+      return `${key}: ${issue.message}${got === undefined ? '' : ` (got ${JSON.stringify(got)})`}`;
+    }),
+  );
+}
+
+/** A TCP port from a variable. */
+export const port = (fallback: number) => z.coerce.number().int().min(0).max(65535).default(fallback);
+
+/** A positive integer, e.g. a timeout in milliseconds or a size in bytes. */
+export const positiveInt = (fallback: number) => z.coerce.number().int().positive().default(fallback);
+
+/** A non-negative integer. */
+export const nonNegativeInt = (fallback: number) => z.coerce.number().int().nonnegative().default(fallback);
+
+/** A host name or address to listen on or connect to. */
+export const host = (fallback: string) => z.string().min(1).default(fallback);
+
+/** An upstream address `host:port`. */
+export const address = (fallback: string) =>
+  z
+    .string()
+    .regex(/^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$/, 'expected host:port')
+    .default(fallback);
+
+/** A comma-separated list of upstream addresses. */
+export const addressList = (fallback: string) =>
+  z
+    .string()
+    .default(fallback)
+    .transform((value) => value.split(',').map((a) => a.trim()).filter((a) => a.length > 0))
+    .pipe(z.array(z.string().regex(/^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$/, 'expected host:port')).min(1));
+
+export const logLevel = () => z.enum(['debug', 'info', 'warn', 'error']).default('info');
+
+/** An optional redis:// or rediss:// URL. */
+export const redisUrl = () =>
+  z
+    .string()
+    .regex(/^rediss?:\/\//, 'expected a redis:// or rediss:// URL')
+    .optional();
+
+/**
+ * Loads a service's configuration once at start-up; on error prints the problems and exits, so a
+ * bad value stops the service with a message naming the variable.
+ */
+export function loadOrExit<T>(service: string, load: () => T): T {
+  try {
+    return load();
+  } catch (error) {
+    if (error instanceof ConfigError) {
+      process.stderr.write(
+        `${JSON.stringify({ level: 'fatal', service, msg: error.message, problems: error.problems })}\n`,
+      );
+      process.exit(78); // EX_CONFIG
+    }
+    throw error;
+  }
+}

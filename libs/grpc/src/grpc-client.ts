@@ -1,0 +1,135 @@
+import type { DescMethod, DescService } from '@bufbuild/protobuf';
+import * as grpc from '@grpc/grpc-js';
+import { requestContext } from '@infermesh/telemetry';
+import type { CallOptions, ServiceClient } from './method-types';
+import { RpcError, isServiceError } from './rpc-error';
+import { toServiceDefinition } from './service-definition';
+
+export interface ClientOptions {
+  /** Largest message sent or accepted, in bytes. */
+  maxMessageBytes?: number;
+  /** Extra grpc-js channel options (service config, keepalive...). */
+  channelOptions?: grpc.ChannelOptions;
+}
+
+const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+
+/**
+ * A typed client of a generated service over grpc-js. Each call carries the ambient request id, and
+ * its deadline is the earliest of the call's own and the ambient request's, so a budget shrinks as it
+ * travels; a call whose budget is already spent fails with DEADLINE_EXCEEDED without being sent.
+ * Failed calls reject with RpcError, ErrorInfo included.
+ */
+export function createClient<S extends DescService>(service: S, address: string, options: ClientOptions = {}): ServiceClient<S> {
+  const maxBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+  const Ctor = grpc.makeGenericClientConstructor(toServiceDefinition(service), service.typeName);
+  const client = new Ctor(address, grpc.credentials.createInsecure(), {
+    'grpc.max_receive_message_length': maxBytes,
+    'grpc.max_send_message_length': maxBytes,
+    ...options.channelOptions,
+  });
+  const result: Record<string, unknown> = { close: () => client.close() };
+  for (const method of service.methods) {
+    result[method.localName] = clientMethod(client as unknown as Record<string, unknown>, method);
+  }
+  return result as ServiceClient<S>;
+}
+
+function prepare(options: CallOptions | undefined): { metadata: grpc.Metadata; callOptions: grpc.CallOptions } {
+  const ambient = requestContext.current();
+  const metadata = new grpc.Metadata();
+  for (const [key, value] of Object.entries(options?.metadata ?? {})) metadata.set(key, value);
+  const requestId = options?.metadata?.['x-request-id'] ?? ambient?.requestId;
+  if (requestId !== undefined) metadata.set('x-request-id', requestId);
+  const candidates = [options?.deadlineMs, ambient?.deadlineMs];
+  if (options?.timeoutMs !== undefined) candidates.push(Date.now() + options.timeoutMs);
+  const deadlines = candidates.filter((d): d is number => d !== undefined);
+  const callOptions: grpc.CallOptions = {};
+  if (deadlines.length > 0) {
+    const deadline = Math.min(...deadlines);
+    if (deadline <= Date.now()) {
+      throw new RpcError(grpc.status.DEADLINE_EXCEEDED, 'the request deadline passed before the call was made', {
+        reason: 'DEADLINE_EXCEEDED',
+      });
+    }
+    callOptions.deadline = deadline;
+  }
+  return { metadata, callOptions };
+}
+
+function rethrow(error: unknown): never {
+  throw isServiceError(error) ? RpcError.fromServiceError(error) : error;
+}
+
+function linkAbort(signal: AbortSignal | undefined, call: grpc.Call): () => void {
+  if (signal === undefined) return () => undefined;
+  const cancel = () => call.cancel();
+  if (signal.aborted) cancel();
+  signal.addEventListener('abort', cancel, { once: true });
+  return () => signal.removeEventListener('abort', cancel);
+}
+
+type RawClient = Record<string, (...args: unknown[]) => grpc.Call>;
+
+function clientMethod(client: Record<string, unknown>, method: DescMethod) {
+  const raw = client as RawClient;
+  const name = method.localName;
+  switch (method.methodKind) {
+    case 'unary':
+      return (request: unknown, options?: CallOptions) =>
+        new Promise((resolve, reject) => {
+          const { metadata, callOptions } = prepare(options);
+          const call = raw[name]!.call(client, request, metadata, callOptions, (error: grpc.ServiceError | null, response: unknown) => {
+            unlink();
+            if (error) reject(RpcError.fromServiceError(error));
+            else resolve(response);
+          });
+          const unlink = linkAbort(options?.signal, call);
+        });
+    case 'server_streaming':
+      return (request: unknown, options?: CallOptions) => ({
+        async *[Symbol.asyncIterator]() {
+          const { metadata, callOptions } = prepare(options);
+          const call = raw[name]!.call(client, request, metadata, callOptions) as grpc.ClientReadableStream<unknown>;
+          const unlink = linkAbort(options?.signal, call);
+          try {
+            for await (const message of call) yield message;
+          } catch (error) {
+            rethrow(error);
+          } finally {
+            unlink();
+            call.cancel();
+          }
+        },
+      });
+    case 'client_streaming':
+      return async (requests: AsyncIterable<unknown>, options?: CallOptions) => {
+        const { metadata, callOptions } = prepare(options);
+        let call!: grpc.ClientWritableStream<unknown>;
+        const done = new Promise((resolve, reject) => {
+          call = raw[name]!.call(client, metadata, callOptions, (error: grpc.ServiceError | null, response: unknown) =>
+            error ? reject(RpcError.fromServiceError(error)) : resolve(response),
+          ) as grpc.ClientWritableStream<unknown>;
+        });
+        const unlink = linkAbort(options?.signal, call);
+        try {
+          for await (const message of requests) {
+            if (!call.write(message)) await new Promise((resolve) => call.once('drain', resolve));
+          }
+          call.end();
+        } catch (error) {
+          call.cancel();
+          unlink();
+          await done.catch(() => undefined);
+          throw error;
+        }
+        try {
+          return await done;
+        } finally {
+          unlink();
+        }
+      };
+    case 'bidi_streaming':
+      throw new Error(`${method.parent.typeName}.${method.name}: bidirectional streaming is not supported`);
+  }
+}

@@ -1,0 +1,54 @@
+import type { DescMessage, DescService, MessageInitShape, MessageShape } from '@bufbuild/protobuf';
+
+type MethodShape = { input: DescMessage; output: DescMessage; methodKind: string };
+type Methods<S extends DescService> = S['method'];
+
+/** What a handler sees of its call besides the request. */
+export interface CallContext {
+  readonly requestId: string;
+  /** Epoch milliseconds; undefined when the caller set no deadline. */
+  readonly deadlineMs: number | undefined;
+  /** Aborted when the client cancels or the deadline passes. */
+  readonly signal: AbortSignal;
+  /** Incoming metadata, lower-case keys, string values. */
+  readonly metadata: Readonly<Record<string, string>>;
+}
+
+export type HandlerFor<M extends MethodShape> = M['methodKind'] extends 'unary'
+  ? (request: MessageShape<M['input']>, ctx: CallContext) => Promise<MessageInitShape<M['output']>>
+  : M['methodKind'] extends 'server_streaming'
+    ? (request: MessageShape<M['input']>, ctx: CallContext) => AsyncIterable<MessageInitShape<M['output']>>
+    : M['methodKind'] extends 'client_streaming'
+      ? (requests: AsyncIterable<MessageShape<M['input']>>, ctx: CallContext) => Promise<MessageInitShape<M['output']>>
+      : never;
+
+/** A server implementation of a generated service: one async handler per method. */
+export type ServiceImpl<S extends DescService> = {
+  [K in keyof Methods<S>]: HandlerFor<Methods<S>[K] & MethodShape>;
+};
+
+/** Per-call options on the client side. */
+export interface CallOptions {
+  /** Relative timeout; combined with the ambient request deadline, the earliest wins. */
+  timeoutMs?: number;
+  /** Absolute deadline in epoch milliseconds. */
+  deadlineMs?: number;
+  metadata?: Record<string, string>;
+  signal?: AbortSignal;
+}
+
+export type ClientMethodFor<M extends MethodShape> = M['methodKind'] extends 'unary'
+  ? (request: MessageInitShape<M['input']>, options?: CallOptions) => Promise<MessageShape<M['output']>>
+  : M['methodKind'] extends 'server_streaming'
+    ? (request: MessageInitShape<M['input']>, options?: CallOptions) => AsyncIterable<MessageShape<M['output']>>
+    : M['methodKind'] extends 'client_streaming'
+      ? (requests: AsyncIterable<MessageInitShape<M['input']>>, options?: CallOptions) => Promise<MessageShape<M['output']>>
+      : never;
+
+/** A typed client of a generated service. */
+export type ServiceClient<S extends DescService> = {
+  [K in keyof Methods<S>]: ClientMethodFor<Methods<S>[K] & MethodShape>;
+} & {
+  /** Closes the channel. */
+  close(): void;
+};

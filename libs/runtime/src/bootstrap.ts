@@ -1,0 +1,123 @@
+import 'reflect-metadata';
+import type { DescService } from '@bufbuild/protobuf';
+import type { INestApplication, INestApplicationContext } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { GrpcServer, HealthService, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
+import { JsonLogger, Metrics, MetricsServer } from '@infermesh/telemetry';
+import type { Server } from 'node:http';
+import { ServiceIdentity } from './runtime.module';
+
+/** A generated service and the object implementing it. */
+export interface GrpcBinding {
+  service: DescService;
+  impl: object;
+}
+
+export function bind<S extends DescService>(service: S, impl: ServiceImpl<S>): GrpcBinding {
+  return { service, impl };
+}
+
+export interface BootstrapOptions {
+  /** The root module; it imports RuntimeModule.forRoot(...). */
+  module: unknown;
+  /** The gRPC services to host, built from the application context. */
+  grpc: (app: INestApplicationContext) => GrpcBinding[];
+  /** When set, the service also serves HTTP through Nest (the gateway's REST API). */
+  http?: { host: string; port: number; configure?: (app: INestApplication) => void };
+  /** Runs after every listener is bound; the health status is set to SERVING when it resolves. */
+  onListening?: (app: INestApplicationContext) => Promise<void>;
+}
+
+export interface RunningService {
+  app: INestApplicationContext;
+  grpcPort: number;
+  metricsPort: number;
+  httpPort: number | undefined;
+  /** Graceful shutdown: stop accepting, finish in-flight work, release resources. */
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts a service: Nest application, gRPC server with the standard health service, Prometheus
+ * metrics on their own port, optional HTTP; SIGTERM and SIGINT shut it down gracefully.
+ */
+export async function bootstrap(options: BootstrapOptions): Promise<RunningService> {
+  const moduleRef = options.module as Parameters<typeof NestFactory.createApplicationContext>[0];
+  const app: INestApplicationContext = options.http
+    ? await NestFactory.create(moduleRef, { bufferLogs: true, bodyParser: false })
+    : await NestFactory.createApplicationContext(moduleRef, { bufferLogs: true });
+  const logger = app.get(JsonLogger);
+  app.useLogger(logger);
+  const identity = app.get(ServiceIdentity);
+  const { settings } = identity;
+  const health = app.get(HealthService);
+  const metrics = app.get(Metrics);
+
+  const grpcServer = new GrpcServer({ logger, metrics, maxMessageBytes: settings.maxMessageBytes });
+  grpcServer.add((await import('@infermesh/proto/gen/grpc/health/v1/health_pb')).Health, health);
+  health.set('', ServingStatus.NOT_SERVING);
+  const bindings = options.grpc(app);
+  for (const { service, impl } of bindings) {
+    grpcServer.add(service, impl as never);
+    health.set(service.typeName, ServingStatus.NOT_SERVING);
+  }
+  await app.init();
+
+  const grpcPort = await grpcServer.listen(settings.grpc.host, settings.grpc.port);
+  const metricsServer = new MetricsServer(metrics);
+  const metricsPort = await metricsServer.listen(settings.metrics.host, settings.metrics.port);
+  let httpPort: number | undefined;
+  let httpServer: Server | undefined;
+  if (options.http) {
+    const httpApp = app as INestApplication;
+    options.http.configure?.(httpApp);
+    await httpApp.listen(options.http.port, options.http.host);
+    httpServer = httpApp.getHttpServer() as Server;
+    const address = httpServer.address();
+    httpPort = typeof address === 'object' && address !== null ? address.port : options.http.port;
+  }
+  await options.onListening?.(app);
+  health.setAll(ServingStatus.SERVING);
+  logger.info(`${identity.name} listening`, { grpc_port: grpcPort, metrics_port: metricsPort, http_port: httpPort });
+
+  let stopping: Promise<void> | undefined;
+  const stop = () =>
+    (stopping ??= (async () => {
+      logger.info(`${identity.name} shutting down`);
+      health.setAll(ServingStatus.NOT_SERVING);
+      const httpClosed = httpServer
+        ? new Promise<void>((resolve) => {
+            httpServer.close(() => resolve());
+            httpServer.closeIdleConnections();
+          })
+        : Promise.resolve();
+      await Promise.all([grpcServer.shutdown(settings.shutdownGraceMs), httpClosed]);
+      await app.close();
+      await metricsServer.close();
+      logger.info(`${identity.name} stopped`);
+    })());
+
+  return { app, grpcPort, metricsPort, httpPort, stop };
+}
+
+/** Runs a service as a process: bootstrap, then exit cleanly on SIGTERM / SIGINT. */
+export function runMain(name: string, start: () => Promise<RunningService>): void {
+  const fatal = (error: unknown) => {
+    process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level: 'fatal', service: name, msg: String(error instanceof Error ? error.stack : error) })}\n`);
+    process.exit(1);
+  };
+  process.on('uncaughtException', fatal);
+  start().then((running) => {
+    let signals = 0;
+    const onSignal = () => {
+      signals += 1;
+      if (signals > 1) process.exit(130);
+      running.stop().then(
+        () => process.exit(0),
+        (error: unknown) => fatal(error),
+      );
+    };
+    process.on('SIGTERM', onSignal);
+    process.on('SIGINT', onSignal);
+  }, fatal);
+}

@@ -1,0 +1,3 @@
+export * from './runtime.module';
+export * from './bootstrap';
+export * from './runtime-config';

@@ -1,0 +1,34 @@
+import { type DynamicModule, Global, Module } from '@nestjs/common';
+import { HealthService } from '@infermesh/grpc';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import type { RuntimeSettings } from './runtime-config';
+
+/** The settings of the running service, injectable. */
+export class ServiceIdentity {
+  constructor(
+    readonly name: string,
+    readonly settings: RuntimeSettings,
+  ) {}
+}
+
+/**
+ * What every service shares: its identity and settings, its JSON logger, its Prometheus metrics and
+ * its gRPC health state. Imported once by each service's root module.
+ */
+@Global()
+@Module({})
+export class RuntimeModule {
+  static forRoot(name: string, settings: RuntimeSettings): DynamicModule {
+    const logger = new JsonLogger(name, settings.logLevel);
+    return {
+      module: RuntimeModule,
+      providers: [
+        { provide: ServiceIdentity, useValue: new ServiceIdentity(name, settings) },
+        { provide: JsonLogger, useValue: logger },
+        { provide: Metrics, useValue: new Metrics(name) },
+        { provide: HealthService, useValue: new HealthService() },
+      ],
+      exports: [ServiceIdentity, JsonLogger, Metrics, HealthService],
+    };
+  }
+}

@@ -1,0 +1,3 @@
+export * from './request-context';
+export * from './json-logger';
+export * from './metrics';

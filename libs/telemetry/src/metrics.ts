@@ -1,0 +1,82 @@
+import { createServer, type Server } from 'node:http';
+import { AddressInfo } from 'node:net';
+import * as prom from 'prom-client';
+
+/** Latency buckets in seconds, from 100 µs to 10 s. */
+export const LATENCY_BUCKETS_SECONDS = [
+  0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+];
+
+/**
+ * One service's Prometheus registry. Every metric is named `infermesh_<service>_<what>_<unit>`;
+ * default process metrics carry the same prefix.
+ */
+export class Metrics {
+  readonly registry = new prom.Registry();
+  readonly prefix: string;
+
+  constructor(readonly service: string) {
+    this.prefix = `infermesh_${service}_`;
+    prom.collectDefaultMetrics({ register: this.registry, prefix: this.prefix });
+  }
+
+  counter<L extends string>(name: string, help: string, labelNames: readonly L[] = []): prom.Counter<L> {
+    return new prom.Counter({ name: this.prefix + name, help, labelNames, registers: [this.registry] });
+  }
+
+  gauge<L extends string>(name: string, help: string, labelNames: readonly L[] = []): prom.Gauge<L> {
+    return new prom.Gauge({ name: this.prefix + name, help, labelNames, registers: [this.registry] });
+  }
+
+  histogram<L extends string>(
+    name: string,
+    help: string,
+    labelNames: readonly L[] = [],
+    buckets: number[] = LATENCY_BUCKETS_SECONDS,
+  ): prom.Histogram<L> {
+    return new prom.Histogram({ name: this.prefix + name, help, labelNames, buckets, registers: [this.registry] });
+  }
+
+  async render(): Promise<string> {
+    return this.registry.metrics();
+  }
+}
+
+/** Serves `GET /metrics` on its own port, apart from any public listener. */
+export class MetricsServer {
+  private server: Server | undefined;
+
+  constructor(private readonly metrics: Metrics) {}
+
+  async listen(host: string, port: number): Promise<number> {
+    const server = createServer((req, res) => {
+      if (req.method === 'GET' && (req.url === '/metrics' || req.url?.startsWith('/metrics?'))) {
+        this.metrics.render().then(
+          (body) => {
+            res.writeHead(200, { 'content-type': this.metrics.registry.contentType });
+            res.end(body);
+          },
+          (error: unknown) => {
+            res.writeHead(503, { 'content-type': 'text/plain' });
+            res.end(`metrics unavailable: ${String(error)}\n`);
+          },
+        );
+        return;
+      }
+      res.writeHead(404, { 'content-type': 'text/plain' });
+      res.end('not found: metrics are served at GET /metrics\n');
+    });
+    this.server = server;
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(port, host, () => resolve());
+    });
+    return (server.address() as AddressInfo).port;
+  }
+
+  async close(): Promise<void> {
+    const server = this.server;
+    if (server === undefined) return;
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
+}

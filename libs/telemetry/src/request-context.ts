@@ -1,0 +1,29 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { randomUUID } from 'node:crypto';
+
+/** What travels with a request through every hop: its id and its deadline. */
+export interface RequestContext {
+  readonly requestId: string;
+  /** Epoch milliseconds after which the work is no longer wanted. */
+  readonly deadlineMs?: number;
+}
+
+const storage = new AsyncLocalStorage<RequestContext>();
+
+export const requestContext = {
+  run<T>(context: RequestContext, fn: () => T): T {
+    return storage.run(context, fn);
+  },
+  current(): RequestContext | undefined {
+    return storage.getStore();
+  },
+  newRequestId(): string {
+    return randomUUID();
+  },
+};
+
+/** Request ids arrive from clients; only short printable ids are kept, others are replaced. */
+export function sanitizeRequestId(candidate: string | undefined): string {
+  if (candidate !== undefined && /^[\w.:-]{1,128}$/.test(candidate)) return candidate;
+  return randomUUID();
+}

@@ -1,0 +1,32 @@
+import { createHash } from 'node:crypto';
+import type { InferenceRequest } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+
+/**
+ * The result-cache key of a request for a resolved model version: SHA-256 over the model, the
+ * version, each input's name, datatype, shape and bytes (in name order, so input order does not
+ * matter), and the requested outputs. Every variable-length field is length-prefixed, so no two
+ * different requests share a byte stream.
+ */
+export function cacheKey(request: InferenceRequest): Buffer {
+  const hash = createHash('sha256');
+  const field = (value: string | Uint8Array) => {
+    const bytes = typeof value === 'string' ? Buffer.from(value, 'utf8') : value;
+    const length = Buffer.allocUnsafe(8);
+    length.writeBigUInt64LE(BigInt(bytes.byteLength));
+    hash.update(length);
+    hash.update(bytes);
+  };
+  field('infermesh.cache.v1');
+  field(request.modelName);
+  field(request.modelVersion);
+  const inputs = [...request.inputs].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  field(String(inputs.length));
+  for (const input of inputs) {
+    field(input.name);
+    field(String(input.datatype));
+    field(input.shape.join(','));
+    field(input.data);
+  }
+  field([...request.outputNames].sort().join('\u0000'));
+  return hash.digest();
+}

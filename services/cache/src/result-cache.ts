@@ -1,0 +1,79 @@
+import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
+import { fromBinary, toBinary } from '@bufbuild/protobuf';
+import { RpcError } from '@infermesh/grpc';
+import {
+  type InferenceResponse,
+  InferenceResponseSchema,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import type { Counter, Histogram } from 'prom-client';
+import { CACHE_CONFIG, type CacheConfig } from './cache.config';
+import { ResultStore } from './result-store';
+
+export type LookupOutcome = 'hit' | 'miss' | 'error';
+
+/**
+ * The result cache's use cases: look up and store encoded inference responses. A store failure on
+ * lookup is reported as a miss, so the cache never fails an inference.
+ */
+@Injectable()
+export class ResultCache implements OnApplicationShutdown {
+  private readonly lookups: Counter<'outcome'>;
+  private readonly stores: Counter<'outcome'>;
+  private readonly lookupSeconds: Histogram<'outcome'>;
+
+  constructor(
+    private readonly results: ResultStore,
+    @Inject(CACHE_CONFIG) private readonly config: CacheConfig,
+    private readonly logger: JsonLogger,
+    metrics: Metrics,
+  ) {
+    this.lookups = metrics.counter('lookups_total', 'Cache lookups by outcome (hit, miss, error).', ['outcome']);
+    this.stores = metrics.counter('stores_total', 'Cache stores by outcome (stored, too_large, error).', ['outcome']);
+    this.lookupSeconds = metrics.histogram('lookup_duration_seconds', 'Time to look up a cache entry, by outcome.', ['outcome']);
+  }
+
+  async lookup(key: Uint8Array): Promise<InferenceResponse | undefined> {
+    checkKey(key);
+    const start = process.hrtime.bigint();
+    let outcome: LookupOutcome = 'miss';
+    try {
+      const value = await this.results.get(Buffer.from(key));
+      if (value === undefined) return undefined;
+      outcome = 'hit';
+      return fromBinary(InferenceResponseSchema, value);
+    } catch (error) {
+      outcome = 'error';
+      this.logger.warn('cache lookup failed; answering miss', { err: error instanceof Error ? error.message : String(error) });
+      return undefined;
+    } finally {
+      this.lookups.inc({ outcome });
+      this.lookupSeconds.observe({ outcome }, Number(process.hrtime.bigint() - start) / 1e9);
+    }
+  }
+
+  async store(key: Uint8Array, response: InferenceResponse, ttlMs: number): Promise<boolean> {
+    checkKey(key);
+    const value = Buffer.from(toBinary(InferenceResponseSchema, response));
+    if (value.length > this.config.maxEntryBytes) {
+      this.stores.inc({ outcome: 'too_large' });
+      return false;
+    }
+    try {
+      await this.results.set(Buffer.from(key), value, ttlMs > 0 ? ttlMs : this.config.defaultTtlMs);
+      this.stores.inc({ outcome: 'stored' });
+      return true;
+    } catch (error) {
+      this.stores.inc({ outcome: 'error' });
+      throw RpcError.unavailable(`cache store failed: ${error instanceof Error ? error.message : String(error)}`);
+    }
+  }
+
+  async onApplicationShutdown(): Promise<void> {
+    await this.results.close();
+  }
+}
+
+function checkKey(key: Uint8Array): void {
+  if (key.byteLength !== 32) throw RpcError.invalidArgument(`cache key must be 32 bytes (a SHA-256), got ${key.byteLength}`);
+}

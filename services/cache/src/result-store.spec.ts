@@ -1,0 +1,83 @@
+import { createRedisClient, type Redis } from '@infermesh/redis';
+import { JsonLogger } from '@infermesh/telemetry';
+import { type RedisServer, startRedisServer } from '@infermesh/testing';
+import { randomBytes } from 'node:crypto';
+import type { ResultStore } from './result-store';
+import { EmbeddedResultStore } from './result-store.embedded';
+import { RedisResultStore } from './result-store.redis';
+
+const logger = new JsonLogger('test', 'error');
+
+/** One contract, run against every implementation. */
+function contract(name: string, make: () => Promise<ResultStore>) {
+  describe(`ResultStore contract: ${name}`, () => {
+    let sut: ResultStore;
+    beforeEach(async () => {
+      sut = await make();
+    });
+
+    it('returns what was stored under the same key', async () => {
+      const key = randomBytes(32);
+      await sut.set(key, Buffer.from('value'), 60_000);
+      expect((await sut.get(key))?.toString()).toBe('value');
+    });
+
+    it('misses a key never stored', async () => {
+      expect(await sut.get(randomBytes(32))).toBeUndefined();
+    });
+
+    it('overwrites an entry', async () => {
+      const key = randomBytes(32);
+      await sut.set(key, Buffer.from('one'), 60_000);
+      await sut.set(key, Buffer.from('two'), 60_000);
+      expect((await sut.get(key))?.toString()).toBe('two');
+    });
+
+    it('forgets an entry after its time to live', async () => {
+      const key = randomBytes(32);
+      await sut.set(key, Buffer.from('short'), 30);
+      await new Promise((r) => setTimeout(r, 80));
+      expect(await sut.get(key)).toBeUndefined();
+    });
+
+    it('keeps binary values byte for byte', async () => {
+      const key = randomBytes(32);
+      const value = randomBytes(4096);
+      await sut.set(key, value, 60_000);
+      expect(Buffer.compare((await sut.get(key))!, value)).toBe(0);
+    });
+  });
+}
+
+contract('embedded', async () => new EmbeddedResultStore(1024 * 1024));
+
+let redisServer: RedisServer;
+const clients: Redis[] = [];
+beforeAll(async () => {
+  redisServer = await startRedisServer();
+});
+afterAll(async () => {
+  for (const client of clients) client.disconnect();
+  await redisServer.stop();
+});
+contract('redis', async () => {
+  const client = createRedisClient(redisServer.url, logger, 'test');
+  clients.push(client);
+  await new Promise((resolve) => client.once('ready', resolve));
+  return new RedisResultStore(client, `test:${randomBytes(4).toString('hex')}:`);
+});
+
+describe(EmbeddedResultStore.name, () => {
+  it('evicts the least recently used entries to stay within its byte budget', async () => {
+    const sut = new EmbeddedResultStore(300);
+    const [a, b, c] = [randomBytes(32), randomBytes(32), randomBytes(32)];
+    await sut.set(a, Buffer.alloc(100), 60_000);
+    await sut.set(b, Buffer.alloc(100), 60_000);
+    await sut.get(a); // a is now more recent than b
+    await sut.set(c, Buffer.alloc(150), 60_000);
+    expect(await sut.get(b)).toBeUndefined();
+    expect(await sut.get(a)).toBeDefined();
+    expect(await sut.get(c)).toBeDefined();
+    expect(sut.sizeBytes).toBeLessThanOrEqual(300);
+  });
+});

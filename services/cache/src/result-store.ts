@@ -1,0 +1,8 @@
+/** Where cached results live: bytes by key, with a time to live. */
+export abstract class ResultStore {
+  /** The stored bytes, or undefined when absent or expired. */
+  abstract get(key: Buffer): Promise<Buffer | undefined>;
+  abstract set(key: Buffer, value: Buffer, ttlMs: number): Promise<void>;
+  /** Releases connections. */
+  abstract close(): Promise<void>;
+}
