@@ -1,0 +1,85 @@
+import { onnx } from 'onnx-proto';
+import { endianness } from 'node:os';
+
+/** KServe names of the datatypes the generated models use. */
+export type ModelDatatype = 'FP32' | 'INT64' | 'BOOL';
+
+/** A model input or output: name, KServe datatype and shape, -1 for the dynamic batch dimension. */
+export interface ModelTensorSpec {
+  readonly name: string;
+  readonly datatype: ModelDatatype;
+  readonly shape: readonly number[];
+}
+
+/** A generated model: its name, the serialized ONNX ModelProto, and its signature. */
+export interface BuiltModel {
+  readonly name: string;
+  /** The ONNX model file's bytes. */
+  readonly bytes: Uint8Array;
+  readonly inputs: readonly ModelTensorSpec[];
+  readonly outputs: readonly ModelTensorSpec[];
+}
+
+/** The ONNX opset the generated models import. */
+export const ONNX_OPSET = 17;
+/** ONNX IR version 8 goes with opset 17. */
+const IR_VERSION = 8;
+
+const ONNX_ELEM_TYPE: Record<ModelDatatype, number> = { FP32: 1, INT64: 7, BOOL: 9 };
+
+export function valueInfo(spec: ModelTensorSpec): onnx.IValueInfoProto {
+  return {
+    name: spec.name,
+    type: {
+      tensorType: {
+        elemType: ONNX_ELEM_TYPE[spec.datatype],
+        shape: { dim: spec.shape.map((d) => (d < 0 ? { dimParam: 'batch' } : { dimValue: d })) },
+      },
+    },
+  };
+}
+
+/** A float32 initializer with its bytes stored little-endian as ONNX requires. */
+export function floatInitializer(name: string, dims: readonly number[], values: Float32Array): onnx.ITensorProto {
+  return { name, dims: [...dims], dataType: ONNX_ELEM_TYPE.FP32, rawData: littleEndianBytes(values) };
+}
+
+export function int64Initializer(name: string, dims: readonly number[], values: BigInt64Array): onnx.ITensorProto {
+  return { name, dims: [...dims], dataType: ONNX_ELEM_TYPE.INT64, rawData: littleEndianBytes(values) };
+}
+
+export function node(opType: string, inputs: string[], outputs: string[], name: string): onnx.INodeProto {
+  return { opType, input: inputs, output: outputs, name };
+}
+
+/** Serializes a graph into an ONNX model; the same graph always gives the same bytes. */
+export function encodeModel(
+  name: string,
+  graph: { nodes: onnx.INodeProto[]; initializers: onnx.ITensorProto[]; inputs: readonly ModelTensorSpec[]; outputs: readonly ModelTensorSpec[] },
+): BuiltModel {
+  const model = onnx.ModelProto.create({
+    irVersion: IR_VERSION,
+    opsetImport: [{ domain: '', version: ONNX_OPSET }],
+    producerName: 'infermesh-model-builder',
+    producerVersion: '1',
+    graph: {
+      name,
+      node: graph.nodes,
+      initializer: graph.initializers,
+      input: graph.inputs.map(valueInfo),
+      output: graph.outputs.map(valueInfo),
+    },
+  });
+  const encoded = onnx.ModelProto.encode(model).finish();
+  // A copy of its own: protobufjs may hand back a slice of a shared pool.
+  return { name, bytes: new Uint8Array(encoded), inputs: graph.inputs, outputs: graph.outputs };
+}
+
+function littleEndianBytes(values: Float32Array | BigInt64Array): Uint8Array {
+  const bytes = new Uint8Array(values.buffer.slice(values.byteOffset, values.byteOffset + values.byteLength));
+  if (endianness() === 'BE') {
+    const width = values.BYTES_PER_ELEMENT;
+    for (let i = 0; i < bytes.length; i += width) bytes.subarray(i, i + width).reverse();
+  }
+  return bytes;
+}

@@ -1,0 +1,29 @@
+import NodeEnvironment from 'jest-environment-node';
+
+/**
+ * Jest's node environment runs each spec in its own realm, so the typed arrays onnxruntime-node's
+ * native binding returns fail onnxruntime-common's `instanceof Float32Array` checks ("A float32
+ * tensor's data must be type of function Float32Array()"). This environment gives the spec's realm
+ * the host's typed-array constructors. Specs that run onnxruntime-node start with the docblock
+ * `@jest-environment ./libs/model-builder/src/ort-jest-environment.ts`.
+ */
+export default class OrtJestEnvironment extends NodeEnvironment {
+  constructor(...args: ConstructorParameters<typeof NodeEnvironment>) {
+    super(...args);
+    const typedArrays = {
+      Int8Array,
+      Uint8Array,
+      Uint8ClampedArray,
+      Int16Array,
+      Uint16Array,
+      Int32Array,
+      Uint32Array,
+      Float32Array,
+      Float64Array,
+      BigInt64Array,
+      BigUint64Array,
+      ArrayBuffer,
+    };
+    Object.assign(this.global, typedArrays);
+  }
+}
