@@ -30,7 +30,7 @@ export function createClient<S extends DescService>(service: S, address: string,
   });
   const result: Record<string, unknown> = { close: () => client.close() };
   for (const method of service.methods) {
-    result[method.localName] = clientMethod(client as unknown as Record<string, unknown>, method);
+    result[method.localName] = clientMethod(client, method);
   }
   return result as ServiceClient<S>;
 }

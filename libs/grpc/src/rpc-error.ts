@@ -25,7 +25,8 @@ export type ErrorReason =
   | 'INTERNAL';
 
 export interface RpcErrorOptions {
-  reason?: ErrorReason | string;
+  /** An ErrorReason, or a reason received from another service. */
+  reason?: string;
   metadata?: Record<string, string>;
   retryDelayMs?: number;
 }

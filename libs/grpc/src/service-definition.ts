@@ -35,5 +35,5 @@ export function toServiceDefinition(service: DescService): ServiceDefinition {
       responseDeserialize: deserializer(method.output),
     };
   }
-  return definition as ServiceDefinition;
+  return definition;
 }

@@ -1,5 +1,5 @@
 import { createServer, type Server } from 'node:http';
-import { AddressInfo } from 'node:net';
+import { type AddressInfo } from 'node:net';
 import * as prom from 'prom-client';
 
 /** Latency buckets in seconds, from 100 µs to 10 s. */

@@ -1,0 +1,3 @@
+export * from './service-process';
+export * from './system';
+export * from './model-registration';

@@ -1,0 +1,227 @@
+import { createClient } from '@infermesh/grpc';
+import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
+import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { registerModel, waitForVersionsReady } from './model-registration';
+import { type LogSink, SERVICE_NAMES, type ServiceName, ServiceProcess, serviceEntry } from './service-process';
+
+/** Every port the six services listen on. */
+export interface SystemPorts {
+  gatewayHttp: number;
+  gatewayGrpc: number;
+  gatewayMetrics: number;
+  registry: number;
+  registryMetrics: number;
+  router: number;
+  routerMetrics: number;
+  cache: number;
+  cacheMetrics: number;
+  batcher: number;
+  batcherMetrics: number;
+  worker: number;
+  workerMetrics: number;
+}
+
+/** The ports `npm start` uses: the KServe/Triton conventions for the gateway (8000 REST, 8001 gRPC, 8002 metrics). */
+export const DEFAULT_PORTS: SystemPorts = {
+  gatewayHttp: 8000,
+  gatewayGrpc: 8001,
+  gatewayMetrics: 8002,
+  registry: 50051,
+  registryMetrics: 9101,
+  router: 50052,
+  routerMetrics: 9102,
+  cache: 50053,
+  cacheMetrics: 9103,
+  batcher: 50054,
+  batcherMetrics: 9104,
+  worker: 50055,
+  workerMetrics: 9105,
+};
+
+export interface ModelToRegister {
+  name: string;
+  version: string;
+  bytes: Uint8Array;
+}
+
+export interface SystemOptions {
+  /** The compiled repository output (dist/). */
+  distDir: string;
+  /** Embedded stores and the worker's artifact cache live here. */
+  dataDir: string;
+  apiKey: string;
+  /** When set, the registry and the cache use this Redis instead of the embedded stores. */
+  redisUrl?: string | undefined;
+  ports: SystemPorts;
+  host?: string;
+  sink: LogSink;
+  /** Extra variables for every service (e.g. log levels). */
+  env?: Record<string, string>;
+  models: readonly ModelToRegister[];
+  readyTimeoutMs?: number;
+  /** Called when a service exits without being asked to. */
+  onUnexpectedExit?: (name: ServiceName, code: number | null, signal: NodeJS.Signals | null) => void;
+}
+
+/** Which metrics port belongs to which service. */
+export function metricsPort(ports: SystemPorts, service: ServiceName): number {
+  return ports[`${service}Metrics`];
+}
+
+/**
+ * The six services as processes on one machine: started in dependency order, the demo models
+ * registered, and ready once the gateway says so. Services can be killed and started again one by
+ * one, as an operator or a chaos test would.
+ */
+export class System {
+  readonly processes: ReadonlyMap<ServiceName, ServiceProcess>;
+  readonly host: string;
+
+  private constructor(readonly options: SystemOptions) {
+    this.host = options.host ?? '127.0.0.1';
+    const map = new Map<ServiceName, ServiceProcess>();
+    for (const name of SERVICE_NAMES) {
+      map.set(name, new ServiceProcess(name, serviceEntry(options.distDir, name), this.envFor(name), options.sink, options.onUnexpectedExit));
+    }
+    this.processes = map;
+  }
+
+  static async start(options: SystemOptions): Promise<System> {
+    mkdirSync(options.dataDir, { recursive: true });
+    const system = new System(options);
+    try {
+      for (const process of system.processes.values()) process.start();
+      const timeoutMs = options.readyTimeoutMs ?? 60_000;
+      const deadline = Date.now() + timeoutMs;
+      await system.waitForHealth('registry', deadline);
+      const registry = createClient(RegistryService, `${system.host}:${options.ports.registry}`);
+      try {
+        const names: string[] = [];
+        for (const model of options.models) {
+          const version = await registerModel(registry, model.name, model.version, model.bytes);
+          names.push(version.name);
+        }
+        await waitForVersionsReady(registry, names, Math.max(1, deadline - Date.now()));
+      } finally {
+        registry.close();
+      }
+      await system.waitForGatewayReady(deadline);
+      return system;
+    } catch (error) {
+      await system.stop();
+      throw error;
+    }
+  }
+
+  get gatewayUrl(): string {
+    return `http://${this.host}:${this.options.ports.gatewayHttp}`;
+  }
+
+  get gatewayGrpcAddress(): string {
+    return `${this.host}:${this.options.ports.gatewayGrpc}`;
+  }
+
+  metricsUrl(service: ServiceName): string {
+    return `http://${this.host}:${metricsPort(this.options.ports, service)}/metrics`;
+  }
+
+  grpcAddress(service: Exclude<ServiceName, 'gateway'>): string {
+    return `${this.host}:${this.options.ports[service]}`;
+  }
+
+  process(name: ServiceName): ServiceProcess {
+    return this.processes.get(name)!;
+  }
+
+  /** Stops every service gracefully, the gateway first. */
+  async stop(): Promise<void> {
+    for (const name of [...SERVICE_NAMES].reverse()) await this.process(name).stop();
+  }
+
+  /** Starts one service again and waits until its health check says SERVING. */
+  async restart(name: ServiceName, timeoutMs = 30_000): Promise<void> {
+    this.process(name).start();
+    await this.waitForHealth(name, Date.now() + timeoutMs);
+  }
+
+  async waitForHealth(name: ServiceName, deadline: number): Promise<void> {
+    const port = name === 'gateway' ? this.options.ports.gatewayGrpc : this.options.ports[name];
+    const health = createClient(Health, `${this.host}:${port}`);
+    try {
+      for (;;) {
+        if (!this.process(name).running) throw new Error(`${name} exited during start-up (see its log lines)`);
+        try {
+          const { status } = await health.check({ service: '' }, { timeoutMs: 1_000 });
+          if (status === HealthCheckResponse_ServingStatus.SERVING) return;
+        } catch {
+          // not listening yet
+        }
+        if (Date.now() > deadline) throw new Error(`${name} did not report SERVING in time`);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    } finally {
+      health.close();
+    }
+  }
+
+  private async waitForGatewayReady(deadline: number): Promise<void> {
+    for (;;) {
+      if (!this.process('gateway').running) throw new Error('gateway exited during start-up (see its log lines)');
+      try {
+        const res = await fetch(`${this.gatewayUrl}/v2/health/ready`, { signal: AbortSignal.timeout(1_000) });
+        if (res.status === 200) return;
+      } catch {
+        // not listening yet
+      }
+      if (Date.now() > deadline) throw new Error(`the gateway was not ready at ${this.gatewayUrl}/v2/health/ready in time`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+
+  private envFor(name: ServiceName): NodeJS.ProcessEnv {
+    const { ports, dataDir, redisUrl, apiKey } = this.options;
+    const h = this.host;
+    const env: NodeJS.ProcessEnv = { ...process.env, ...this.options.env };
+    delete env['REDIS_URL'];
+    if (redisUrl !== undefined && (name === 'registry' || name === 'cache')) env['REDIS_URL'] = redisUrl;
+    const prefix = name.toUpperCase();
+    env[`${prefix}_GRPC_HOST`] = h;
+    env[`${prefix}_METRICS_HOST`] = h;
+    env[`${prefix}_METRICS_PORT`] = String(metricsPort(ports, name));
+    switch (name) {
+      case 'registry':
+        env['REGISTRY_GRPC_PORT'] = String(ports.registry);
+        env['REGISTRY_DATA_DIR'] = join(dataDir, 'registry');
+        break;
+      case 'cache':
+        env['CACHE_GRPC_PORT'] = String(ports.cache);
+        break;
+      case 'worker':
+        env['WORKER_GRPC_PORT'] = String(ports.worker);
+        env['WORKER_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
+        env['WORKER_ARTIFACT_DIR'] = join(dataDir, 'worker-artifacts');
+        break;
+      case 'batcher':
+        env['BATCHER_GRPC_PORT'] = String(ports.batcher);
+        env['BATCHER_WORKER_ADDRESSES'] = `${h}:${ports.worker}`;
+        break;
+      case 'router':
+        env['ROUTER_GRPC_PORT'] = String(ports.router);
+        env['ROUTER_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
+        env['ROUTER_CACHE_ADDRESS'] = `${h}:${ports.cache}`;
+        env['ROUTER_BATCHER_ADDRESS'] = `${h}:${ports.batcher}`;
+        break;
+      case 'gateway':
+        env['GATEWAY_GRPC_PORT'] = String(ports.gatewayGrpc);
+        env['GATEWAY_HTTP_HOST'] = h;
+        env['GATEWAY_HTTP_PORT'] = String(ports.gatewayHttp);
+        env['GATEWAY_ROUTER_ADDRESS'] = `${h}:${ports.router}`;
+        env['GATEWAY_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
+        env['GATEWAY_API_KEYS'] = apiKey;
+        break;
+    }
+    return env;
+  }
+}

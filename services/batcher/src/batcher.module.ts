@@ -1,0 +1,17 @@
+import { type DynamicModule, Module } from '@nestjs/common';
+import { RuntimeModule } from '@infermesh/runtime';
+import { BATCHER_CONFIG, type BatcherConfig } from './batcher.config';
+import { BatcherGrpcController } from './batcher.grpc';
+import { Dispatcher } from './dispatcher';
+import { WorkerPool } from './worker-pool';
+
+@Module({})
+export class BatcherModule {
+  static forRoot(config: BatcherConfig): DynamicModule {
+    return {
+      module: BatcherModule,
+      imports: [RuntimeModule.forRoot('batcher', config.runtime)],
+      providers: [{ provide: BATCHER_CONFIG, useValue: config }, WorkerPool, Dispatcher, BatcherGrpcController],
+    };
+  }
+}

@@ -1,0 +1,104 @@
+import { Inject, Injectable, type OnApplicationBootstrap, type OnApplicationShutdown } from '@nestjs/common';
+import { createClient, type ServiceClient, toRpcError } from '@infermesh/grpc';
+import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import type { Gauge } from 'prom-client';
+import { BATCHER_CONFIG, type BatcherConfig } from './batcher.config';
+
+/** A worker as the batcher sees it: its connection, what it has ready, and its outstanding work. */
+export class WorkerHandle {
+  readonly client: ServiceClient<typeof WorkerService>;
+  /** Resource names of the versions this worker reported READY at its last poll. */
+  ready = new Set<string>();
+  reachable = false;
+  outstanding = 0;
+
+  constructor(readonly address: string) {
+    this.client = createClient(WorkerService, address);
+  }
+
+  async infer(request: InferenceRequest): Promise<InferenceResponse> {
+    this.outstanding += 1;
+    try {
+      const { response } = await this.client.infer({ request });
+      if (response === undefined) throw new Error(`worker ${this.address} answered without a response`);
+      return response;
+    } finally {
+      this.outstanding -= 1;
+    }
+  }
+}
+
+/**
+ * The workers the batcher dispatches to. Each is polled for the versions it has READY; a worker that
+ * does not answer holds nothing until it answers again. A request for a version no worker is known
+ * to hold triggers an immediate poll (shared by concurrent requests) before it is refused.
+ */
+@Injectable()
+export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown {
+  readonly workers: WorkerHandle[];
+  private timer: NodeJS.Timeout | undefined;
+  private polling: Promise<void> | undefined;
+  private readonly reachableGauge: Gauge;
+
+  constructor(
+    @Inject(BATCHER_CONFIG) private readonly config: BatcherConfig,
+    private readonly logger: JsonLogger,
+    metrics: Metrics,
+  ) {
+    this.workers = config.workerAddresses.map((a) => new WorkerHandle(a));
+    this.reachableGauge = metrics.gauge('workers_reachable', 'Workers that answered the last poll.');
+  }
+
+  async onApplicationBootstrap(): Promise<void> {
+    await this.poll();
+    this.timer = setInterval(() => void this.poll(), this.config.workerPollMs);
+    this.timer.unref();
+  }
+
+  onApplicationShutdown(): void {
+    clearInterval(this.timer);
+    for (const worker of this.workers) worker.client.close();
+  }
+
+  /** Workers that have the version ready, least outstanding work first. */
+  async candidates(versionName: string): Promise<WorkerHandle[]> {
+    let found = this.holding(versionName);
+    if (found.length === 0) {
+      await this.poll();
+      found = this.holding(versionName);
+    }
+    return found.sort((a, b) => a.outstanding - b.outstanding);
+  }
+
+  /** Forgets what a worker holds after it failed to answer; the next poll tells again. */
+  markUnreachable(worker: WorkerHandle): void {
+    worker.reachable = false;
+    worker.ready.clear();
+  }
+
+  private holding(versionName: string): WorkerHandle[] {
+    return this.workers.filter((w) => w.reachable && w.ready.has(versionName));
+  }
+
+  private poll(): Promise<void> {
+    this.polling ??= Promise.all(this.workers.map((w) => this.pollOne(w))).then(() => {
+      this.polling = undefined;
+      this.reachableGauge.set(this.workers.filter((w) => w.reachable).length);
+    });
+    return this.polling;
+  }
+
+  private async pollOne(worker: WorkerHandle): Promise<void> {
+    try {
+      const { models } = await worker.client.listModels({}, { timeoutMs: this.config.workerTimeoutMs });
+      if (!worker.reachable) this.logger.info(`worker ${worker.address} is reachable`);
+      worker.reachable = true;
+      worker.ready = new Set(models.filter((m) => m.state === ModelState.READY).map((m) => m.name));
+    } catch (error) {
+      if (worker.reachable) this.logger.warn(`worker ${worker.address} is unreachable`, { err: toRpcError(error).message });
+      this.markUnreachable(worker);
+    }
+  }
+}

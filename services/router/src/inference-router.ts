@@ -1,0 +1,121 @@
+import { Inject, Injectable } from '@nestjs/common';
+import { create } from '@bufbuild/protobuf';
+import { RpcError, toRpcError } from '@infermesh/grpc';
+import {
+  type InferenceRequest,
+  InferenceRequestSchema,
+  type InferenceResponse,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { cacheKey, checkInputs } from '@infermesh/tensors';
+import type { Counter, Histogram } from 'prom-client';
+import { ROUTER_CONFIG, type RouterConfig } from './router.config';
+import { BatcherAdapter, CacheAdapter } from './upstreams.adapter';
+import { VersionResolver } from './version-resolver';
+
+type CacheOutcome = 'hit' | 'miss' | 'bypass' | 'disabled';
+
+/**
+ * The router's use case: resolve the version that serves a request, check the request against that
+ * version's signature, answer from the result cache when it can, and otherwise run the request
+ * through the batcher and remember the result. The cache is optional on the path: when it fails or
+ * is slow the request goes on without it.
+ */
+@Injectable()
+export class InferenceRouter {
+  private readonly requests: Counter<'model' | 'version' | 'outcome'>;
+  private readonly cacheOutcomes: Counter<'outcome'>;
+  private readonly duration: Histogram<'model' | 'cached'>;
+
+  constructor(
+    private readonly resolver: VersionResolver,
+    private readonly cache: CacheAdapter,
+    private readonly batcher: BatcherAdapter,
+    @Inject(ROUTER_CONFIG) private readonly config: RouterConfig,
+    private readonly logger: JsonLogger,
+    metrics: Metrics,
+  ) {
+    this.requests = metrics.counter('requests_total', 'Inference requests by model, served version and outcome (status code).', [
+      'model',
+      'version',
+      'outcome',
+    ]);
+    this.cacheOutcomes = metrics.counter('cache_requests_total', 'Result cache use by outcome: hit, miss, bypass (cache failed or slow), disabled.', [
+      'outcome',
+    ]);
+    this.duration = metrics.histogram('request_duration_seconds', 'Time to route and answer an inference request.', ['model', 'cached']);
+  }
+
+  async infer(request: InferenceRequest): Promise<InferenceResponse> {
+    const start = process.hrtime.bigint();
+    const model = request.modelName;
+    let version = '';
+    try {
+      if (model === '') throw RpcError.invalidArgument('the request names no model');
+      const resolved = await this.resolver.resolve(model, request.modelVersion);
+      version = versionId(resolved);
+      this.check(model, resolved, request);
+      const routed = create(InferenceRequestSchema, { ...request, modelVersion: version });
+      const response = await this.serve(routed);
+      this.requests.inc({ model, version, outcome: 'OK' });
+      this.duration.observe({ model, cached: String(response.cached) }, Number(process.hrtime.bigint() - start) / 1e9);
+      return response;
+    } catch (error) {
+      const rpcError = toRpcError(error);
+      this.requests.inc({ model: model === '' ? '(none)' : model, version, outcome: String(rpcError.code) });
+      throw rpcError;
+    }
+  }
+
+  private check(model: string, version: ModelVersion, request: InferenceRequest): void {
+    if (version.state !== VersionState.READY) {
+      throw RpcError.unavailable(`model "${model}" version ${versionId(version)} is not ready`, 'MODEL_NOT_READY');
+    }
+    const signature = version.signature;
+    if (signature === undefined) throw RpcError.unavailable(`model "${model}" has no signature yet`, 'MODEL_NOT_READY');
+    const problem = checkInputs(model, signature.inputs, request.inputs, signature.maxBatchSize);
+    if (problem !== undefined) throw RpcError.invalidArgument(problem, 'INVALID_TENSOR');
+    const outputs = new Set(signature.outputs.map((o) => o.name));
+    for (const name of request.outputNames) {
+      if (!outputs.has(name)) {
+        throw RpcError.invalidArgument(
+          `model "${model}" has no output "${name}"; its outputs are ${[...outputs].map((o) => `"${o}"`).join(', ')}`,
+          'INVALID_TENSOR',
+        );
+      }
+    }
+  }
+
+  private async serve(request: InferenceRequest): Promise<InferenceResponse> {
+    if (!this.config.cache.enabled) {
+      this.cacheOutcomes.inc({ outcome: 'disabled' });
+      return this.batcher.infer(request);
+    }
+    const key = cacheKey(request);
+    let outcome: CacheOutcome = 'miss';
+    try {
+      const cached = await this.cache.lookup(key, this.config.cache.timeoutMs);
+      if (cached !== undefined) {
+        this.cacheOutcomes.inc({ outcome: 'hit' });
+        return { ...cached, id: request.id, cached: true };
+      }
+    } catch (error) {
+      outcome = 'bypass';
+      this.logger.debug('result cache unavailable; serving without it', { err: toRpcError(error).message });
+    }
+    this.cacheOutcomes.inc({ outcome });
+    const response = await this.batcher.infer(request);
+    if (outcome === 'miss') {
+      this.cache.store(key, response, this.config.cache.ttlMs, this.config.cache.timeoutMs * 10).catch((error: unknown) => {
+        this.logger.debug('result cache store failed', { err: toRpcError(error).message });
+      });
+    }
+    return response;
+  }
+}
+
+/** "3" from "models/mlp/versions/3". */
+export function versionId(version: ModelVersion): string {
+  return version.name.slice(version.name.lastIndexOf('/') + 1);
+}

@@ -1,0 +1,15 @@
+import { Injectable } from '@nestjs/common';
+import { RpcError, type ServiceImpl } from '@infermesh/grpc';
+import type { InferRequest, RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
+import { InferenceRouter } from './inference-router';
+
+/** gRPC transport of the router. */
+@Injectable()
+export class RouterGrpcController implements ServiceImpl<typeof RouterService> {
+  constructor(private readonly router: InferenceRouter) {}
+
+  async infer(request: InferRequest) {
+    if (request.request === undefined) throw RpcError.invalidArgument('the call carries no request');
+    return { response: await this.router.infer(request.request) };
+  }
+}

@@ -1,0 +1,26 @@
+import { type DynamicModule, Module } from '@nestjs/common';
+import { RuntimeModule } from '@infermesh/runtime';
+import { InferenceRouter } from './inference-router';
+import { ROUTER_CONFIG, type RouterConfig } from './router.config';
+import { RouterGrpcController } from './router.grpc';
+import { BatcherAdapter, CacheAdapter, RegistryAdapter } from './upstreams.adapter';
+import { VersionResolver } from './version-resolver';
+
+@Module({})
+export class RouterModule {
+  static forRoot(config: RouterConfig): DynamicModule {
+    return {
+      module: RouterModule,
+      imports: [RuntimeModule.forRoot('router', config.runtime)],
+      providers: [
+        { provide: ROUTER_CONFIG, useValue: config },
+        RegistryAdapter,
+        CacheAdapter,
+        BatcherAdapter,
+        VersionResolver,
+        InferenceRouter,
+        RouterGrpcController,
+      ],
+    };
+  }
+}

@@ -1,0 +1,90 @@
+import { DEMO_MODELS } from '@infermesh/model-builder';
+import { DEFAULT_PORTS, SERVICE_NAMES, type ServiceName, System } from '@infermesh/system';
+import { randomBytes } from 'node:crypto';
+import { resolve } from 'node:path';
+import type { CliConfig } from './cli.config';
+
+const COLORS = [36, 33, 35, 32, 34, 31];
+const width = Math.max(...SERVICE_NAMES.map((n) => n.length));
+
+function prefixer(color: boolean) {
+  return (service: ServiceName, line: string) => {
+    const label = service.padEnd(width);
+    const code = COLORS[SERVICE_NAMES.indexOf(service) % COLORS.length];
+    process.stdout.write(color ? `\x1b[${code}m${label} |\x1b[0m ${line}\n` : `${label} | ${line}\n`);
+  };
+}
+
+/**
+ * `infermesh up`: starts the six services as processes on this machine (embedded stores, or Redis
+ * when REDIS_URL is set), registers the demo models, waits until the gateway is ready, prints how to
+ * call it, and stops everything cleanly on Ctrl-C.
+ */
+export async function up(config: CliConfig, distDir: string): Promise<void> {
+  const generated = config.apiKey === undefined;
+  const apiKey = config.apiKey ?? `im_${randomBytes(24).toString('base64url')}`;
+  const unknown = config.demoModels.filter((m) => !(m in DEMO_MODELS));
+  if (unknown.length > 0) {
+    throw new Error(`INFERMESH_DEMO_MODELS: unknown model(s) ${unknown.join(', ')}; known: ${Object.keys(DEMO_MODELS).join(', ')}`);
+  }
+  const models = config.demoModels.map((name) => ({ name, version: '1', bytes: DEMO_MODELS[name]!().bytes }));
+  const started = Date.now();
+  let shuttingDown = false;
+  const system = await System.start({
+    distDir,
+    dataDir: resolve(config.dataDir),
+    apiKey,
+    redisUrl: config.redisUrl,
+    ports: DEFAULT_PORTS,
+    host: config.host,
+    sink: prefixer(process.stdout.isTTY),
+    env: Object.fromEntries(SERVICE_NAMES.map((n) => [`${n.toUpperCase()}_LOG_LEVEL`, config.logLevel])),
+    models,
+    readyTimeoutMs: config.readyTimeoutMs,
+    onUnexpectedExit: (name, code, signal) => {
+      if (!shuttingDown) process.stderr.write(`infermesh: ${name} exited unexpectedly (code ${code}, signal ${signal})\n`);
+    },
+  });
+
+  const url = system.gatewayUrl;
+  const example = DEMO_MODELS['tiny'] !== undefined && config.demoModels.includes('tiny') ? 'tiny' : config.demoModels[0];
+  const body =
+    example === 'tiny'
+      ? `'{"inputs":[{"name":"input","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'`
+      : `'{"inputs":[...]}'`;
+  process.stdout.write(
+    [
+      '',
+      `infermesh is ready in ${((Date.now() - started) / 1000).toFixed(1)} s (${config.redisUrl === undefined ? 'embedded stores' : 'Redis'})`,
+      `  REST     ${url}  (KServe v2 / Open Inference Protocol)`,
+      `  gRPC     ${system.gatewayGrpcAddress}  (inference.GRPCInferenceService)`,
+      `  metrics  http://${config.host}:${DEFAULT_PORTS.gatewayMetrics}/metrics (gateway; other services on 9101-9105)`,
+      `  models   ${config.demoModels.join(', ')}`,
+      `  API key  ${apiKey}${generated ? '   (generated; set INFERMESH_API_KEY to choose one)' : ''}`,
+      '',
+      'Try:',
+      `  curl -s -H "Authorization: Bearer ${apiKey}" -X POST ${url}/v2/repository/index`,
+      `  curl -s -H "Authorization: Bearer ${apiKey}" ${url}/v2/models/${example}`,
+      `  curl -s -H "Authorization: Bearer ${apiKey}" -H 'content-type: application/json' \\`,
+      `       -X POST ${url}/v2/models/${example}/infer -d ${body}`,
+      '',
+      'Press Ctrl-C to stop.',
+      '',
+    ].join('\n'),
+  );
+
+  await new Promise<void>((resolveStop) => {
+    const onSignal = () => {
+      if (shuttingDown) return;
+      shuttingDown = true;
+      process.stdout.write('\ninfermesh: stopping...\n');
+      system.stop().then(
+        () => resolveStop(),
+        () => resolveStop(),
+      );
+    };
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
+  });
+  process.stdout.write('infermesh: stopped\n');
+}
