@@ -5,6 +5,7 @@ import * as ort from 'onnxruntime-node';
 import { createHash } from 'node:crypto';
 import { DEMO_MODELS } from './demo-models';
 import { buildMlpModel, mlpLayers } from './mlp-model';
+import { buildIdentityModel } from './identity-model';
 import { buildMultiIoModel } from './multi-io-model';
 import { buildTinyModel, TINY_BIAS, TINY_WEIGHT } from './tiny-model';
 import { SeededRandom } from './prng';
@@ -112,6 +113,20 @@ describe(buildMlpModel.name, () => {
     const { output } = await session.run({ input: new ort.Tensor('float32', new SeededRandom(1).uniformFloat32(2 * 512, -1, 1), [2, 512]) });
     expect(output!.dims).toEqual([2, 512]);
     expect((output!.data as Float32Array).every((v) => Number.isFinite(v))).toBe(true);
+    await session.release();
+  });
+});
+
+describe(buildIdentityModel.name, () => {
+  it('declares one input and one output per datatype, leaving out BF16 by default', async () => {
+    const sut = buildIdentityModel();
+    const session = await open(sut.bytes);
+    expect([...session.inputNames].sort()).toEqual(
+      ['bool', 'bytes', 'fp16', 'fp32', 'fp64', 'int16', 'int32', 'int64', 'int8', 'uint16', 'uint32', 'uint64', 'uint8'].map((t) => `${t}_in`),
+    );
+    expect(session.outputNames).toHaveLength(13);
+    expect(session.inputMetadata.find((m) => m.name === 'fp16_in')).toMatchObject({ type: 'float16' });
+    expect(session.inputMetadata.find((m) => m.name === 'bytes_in')).toMatchObject({ type: 'string' });
     await session.release();
   });
 });

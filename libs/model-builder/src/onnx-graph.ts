@@ -1,8 +1,10 @@
 import { onnx } from 'onnx-proto';
 import { endianness } from 'node:os';
 
-/** KServe names of the datatypes the generated models use. */
-export type ModelDatatype = 'FP32' | 'INT64' | 'BOOL';
+/** KServe names of the datatypes generated models can declare. */
+export type ModelDatatype =
+  | 'BOOL' | 'UINT8' | 'UINT16' | 'UINT32' | 'UINT64' | 'INT8' | 'INT16' | 'INT32' | 'INT64'
+  | 'FP16' | 'FP32' | 'FP64' | 'BYTES' | 'BF16';
 
 /** A model input or output: name, KServe datatype and shape, -1 for the dynamic batch dimension. */
 export interface ModelTensorSpec {
@@ -25,7 +27,11 @@ export const ONNX_OPSET = 17;
 /** ONNX IR version 8 goes with opset 17. */
 const IR_VERSION = 8;
 
-const ONNX_ELEM_TYPE: Record<ModelDatatype, number> = { FP32: 1, INT64: 7, BOOL: 9 };
+/** ONNX TensorProto.DataType of each datatype. */
+export const ONNX_ELEM_TYPE: Readonly<Record<ModelDatatype, number>> = {
+  FP32: 1, UINT8: 2, INT8: 3, UINT16: 4, INT16: 5, INT32: 6, INT64: 7, BYTES: 8, BOOL: 9,
+  FP16: 10, FP64: 11, UINT32: 12, UINT64: 13, BF16: 16,
+};
 
 export function valueInfo(spec: ModelTensorSpec): onnx.IValueInfoProto {
   return {

@@ -10,7 +10,7 @@ import NodeEnvironment from 'jest-environment-node';
 export default class OrtJestEnvironment extends NodeEnvironment {
   constructor(...args: ConstructorParameters<typeof NodeEnvironment>) {
     super(...args);
-    const typedArrays = {
+    const typedArrays: Record<string, unknown> = {
       Int8Array,
       Uint8Array,
       Uint8ClampedArray,
@@ -23,6 +23,7 @@ export default class OrtJestEnvironment extends NodeEnvironment {
       BigInt64Array,
       BigUint64Array,
       ArrayBuffer,
+      ...(typeof Float16Array === 'undefined' ? {} : { Float16Array }),
     };
     Object.assign(this.global, typedArrays);
   }
