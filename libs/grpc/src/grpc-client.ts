@@ -26,6 +26,10 @@ export function createClient<S extends DescService>(service: S, address: string,
   const client = new Ctor(address, grpc.credentials.createInsecure(), {
     'grpc.max_receive_message_length': maxBytes,
     'grpc.max_send_message_length': maxBytes,
+    // An upstream that restarts is reached again within about a second, not grpc-js's default of
+    // up to two minutes of reconnect backoff.
+    'grpc.initial_reconnect_backoff_ms': 200,
+    'grpc.max_reconnect_backoff_ms': 1_000,
     ...options.channelOptions,
   });
   const result: Record<string, unknown> = { close: () => client.close() };

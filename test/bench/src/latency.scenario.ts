@@ -1,0 +1,100 @@
+import { create } from '@bufbuild/protobuf';
+import { createClient } from '@infermesh/grpc';
+import { buildMlpModel } from '@infermesh/model-builder';
+import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import * as ort from 'onnxruntime-node';
+import { API_KEY, startFixture } from '../../e2e/support/system-fixture';
+import { quantile, round, table } from './stats';
+
+const REQUESTS = 300;
+const WARMUP = 30;
+
+/**
+ * p50/p99 of the demo MLP at concurrency 1, batch 1: in-process onnxruntime-node, REST through the
+ * gateway, and gRPC through the gateway, measured interleaved in one run so that the machine's
+ * noise hits all three alike. Every request carries different inputs, so the result cache misses.
+ */
+export async function latency(): Promise<Record<string, unknown>> {
+  const model = buildMlpModel();
+  const session = await ort.InferenceSession.create(model.bytes, { intraOpNumThreads: 1, interOpNumThreads: 1 });
+  const fixture = await startFixture({ models: ['mlp'] });
+  const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
+  const url = `${fixture.system.gatewayUrl}/v2/models/mlp/infer`;
+  const headers = { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' };
+  const metadata = { authorization: `Bearer ${API_KEY}` };
+
+  const inputFor = (i: number) => {
+    const data = new Float32Array(512);
+    for (let j = 0; j < 512; j++) data[j] = Math.sin(i * 512 + j);
+    return data;
+  };
+  const paths = {
+    inprocess: async (data: Float32Array) => {
+      await session.run({ input: new ort.Tensor('float32', data, [1, 512]) });
+    },
+    rest: async (data: Float32Array) => {
+      const res = await fetch(url, {
+        method: 'POST',
+        headers,
+        body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 512], datatype: 'FP32', data: Array.from(data) }] }),
+      });
+      if (res.status !== 200) throw new Error(`REST answered ${res.status}: ${await res.text()}`);
+      await res.arrayBuffer();
+    },
+    grpc: async (data: Float32Array) => {
+      await grpc.modelInfer(
+        create(ModelInferRequestSchema, {
+          modelName: 'mlp',
+          inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 512n] }],
+          rawInputContents: [new Uint8Array(data.buffer)],
+        }),
+        { metadata, timeoutMs: 30_000 },
+      );
+    },
+  };
+  const samples: Record<keyof typeof paths, number[]> = { inprocess: [], rest: [], grpc: [] };
+  try {
+    for (let i = 0; i < WARMUP + REQUESTS; i++) {
+      for (const name of Object.keys(paths) as (keyof typeof paths)[]) {
+        const data = inputFor(i * 3 + Object.keys(paths).indexOf(name));
+        const start = process.hrtime.bigint();
+        await paths[name](data);
+        const ms = Number(process.hrtime.bigint() - start) / 1e6;
+        if (i >= WARMUP) samples[name].push(ms);
+      }
+    }
+  } finally {
+    grpc.close();
+    await session.release();
+    await fixture.stop();
+  }
+
+  const p = (name: keyof typeof paths, q: number) => round(quantile(samples[name], q));
+  const result = {
+    scenario: 'latency',
+    model: 'mlp (FP32 512-2048-2048-512, batch 1)',
+    requests_per_path: REQUESTS,
+    concurrency: 1,
+    inprocess_p50_ms: p('inprocess', 0.5),
+    inprocess_p99_ms: p('inprocess', 0.99),
+    rest_p50_ms: p('rest', 0.5),
+    rest_p99_ms: p('rest', 0.99),
+    grpc_p50_ms: p('grpc', 0.5),
+    grpc_p99_ms: p('grpc', 0.99),
+    rest_over_inprocess_p50: round(quantile(samples.rest, 0.5) / quantile(samples.inprocess, 0.5)),
+    grpc_over_inprocess_p50: round(quantile(samples.grpc, 0.5) / quantile(samples.inprocess, 0.5)),
+    rest_added_p50_ms: round(quantile(samples.rest, 0.5) - quantile(samples.inprocess, 0.5)),
+    grpc_added_p50_ms: round(quantile(samples.grpc, 0.5) - quantile(samples.inprocess, 0.5)),
+  };
+  process.stdout.write(
+    `${table(
+      ['path', 'p50 ms', 'p99 ms', 'p50 / in-process'],
+      [
+        ['in-process onnxruntime-node', result.inprocess_p50_ms, result.inprocess_p99_ms, 1],
+        ['REST via gateway (6 services)', result.rest_p50_ms, result.rest_p99_ms, result.rest_over_inprocess_p50],
+        ['gRPC via gateway (6 services)', result.grpc_p50_ms, result.grpc_p99_ms, result.grpc_over_inprocess_p50],
+      ],
+    )}\n`,
+  );
+  return result;
+}

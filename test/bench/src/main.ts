@@ -1,0 +1,29 @@
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { latency } from './latency.scenario';
+
+/** Benchmark scenarios by name: each runs against real processes and returns its figures. */
+const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = { latency };
+
+async function main(): Promise<number> {
+  const name = process.argv[2];
+  if (name === undefined || !(name in SCENARIOS)) {
+    process.stderr.write(`usage: npm run bench -- <scenario>\nscenarios: ${Object.keys(SCENARIOS).join(', ')}\n`);
+    return 2;
+  }
+  const result = { ...(await SCENARIOS[name]!()), node: process.version, measured_at: new Date().toISOString() };
+  const dir = resolve(__dirname, '..', '..', '..', '..', 'test', 'bench', 'results');
+  mkdirSync(dir, { recursive: true });
+  const file = join(dir, `${name}.json`);
+  writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
+  process.stdout.write(`\nwrote ${file}\n${JSON.stringify(result)}\n`);
+  return 0;
+}
+
+main().then(
+  (code) => process.exit(code),
+  (error: unknown) => {
+    process.stderr.write(`bench failed: ${error instanceof Error ? error.stack : String(error)}\n`);
+    process.exit(1);
+  },
+);

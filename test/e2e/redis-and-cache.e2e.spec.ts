@@ -1,0 +1,54 @@
+import { type RedisServer, startRedisServer } from '@infermesh/testing';
+import { API_KEY, type Fixture, metricValue, startFixture } from './support/system-fixture';
+
+describe('serving with Redis stores and the result cache', () => {
+  let redis: RedisServer;
+  let fixture: Fixture;
+  let url: string;
+
+  beforeAll(async () => {
+    redis = await startRedisServer();
+    fixture = await startFixture({ models: ['tiny'], redisUrl: redis.url });
+    url = fixture.system.gatewayUrl;
+  });
+
+  afterAll(async () => {
+    await fixture?.stop();
+    await redis?.stop();
+  });
+
+  const infer = async (data: number[]) => {
+    const res = await fetch(`${url}/v2/models/tiny/infer`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data }] }),
+    });
+    expect(res.status).toBe(200);
+    return (await res.json()) as { model_version: string; parameters?: Record<string, unknown>; outputs: { data: number[] }[] };
+  };
+
+  it('serves the model registered in Redis', async () => {
+    const res = await fetch(`${url}/v2/repository/index`, { method: 'POST', headers: { authorization: `Bearer ${API_KEY}` } });
+    expect(await res.json()).toEqual([{ name: 'tiny', version: '1', state: 'READY' }]);
+  });
+
+  it('answers a repeated identical request from the cache, visible in the cache service metrics', async () => {
+    const cacheMetrics = fixture.system.metricsUrl('cache');
+    const hitsBefore = await metricValue(cacheMetrics, 'infermesh_cache_lookups_total', { outcome: 'hit' });
+    const first = await infer([0.5, 1, 1.5, 2]);
+    expect(first.parameters?.['cached']).not.toBe(true);
+    // The store is asynchronous: wait until the entry is there.
+    let second = await infer([0.5, 1, 1.5, 2]);
+    for (let i = 0; i < 20 && second.parameters?.['cached'] !== true; i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      second = await infer([0.5, 1, 1.5, 2]);
+    }
+    expect(second.parameters?.['cached']).toBe(true);
+    expect(second.outputs).toEqual(first.outputs);
+    expect(second.model_version).toBe('1');
+    expect(await metricValue(cacheMetrics, 'infermesh_cache_lookups_total', { outcome: 'hit' })).toBeGreaterThan(hitsBefore);
+
+    const different = await infer([0.5, 1, 1.5, 2.5]);
+    expect(different.parameters?.['cached']).not.toBe(true);
+  });
+});

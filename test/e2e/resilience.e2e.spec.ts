@@ -1,0 +1,65 @@
+import type { ServiceName } from '@infermesh/system';
+import { API_KEY, type Fixture, startFixture } from './support/system-fixture';
+
+describe('killing one service at a time', () => {
+  let fixture: Fixture;
+
+  beforeAll(async () => {
+    fixture = await startFixture({ models: ['tiny'], env: { ROUTER_RESOLVE_TTL_MS: '200' } });
+  });
+
+  afterAll(async () => {
+    await fixture?.stop();
+  });
+
+  let seq = 0;
+  /** A request that is never the same twice, so the result cache cannot answer it. */
+  const infer = async () => {
+    seq += 1;
+    const res = await fetch(`${fixture.system.gatewayUrl}/v2/models/tiny/infer`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [seq, 1, 2, 3] }] }),
+      signal: AbortSignal.timeout(20_000),
+    });
+    return { status: res.status, body: (await res.json()) as { error?: string } };
+  };
+
+  /** Polls until a request gets the wanted status; returns the last response. */
+  const eventually = async (status: number, timeoutMs = 15_000) => {
+    const deadline = Date.now() + timeoutMs;
+    let last = await infer();
+    while (last.status !== status && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 100));
+      last = await infer();
+    }
+    return last;
+  };
+
+  it('serves before anything is killed', async () => {
+    expect((await infer()).status).toBe(200);
+  });
+
+  it.each<ServiceName>(['worker', 'batcher', 'router', 'registry'])(
+    'answers 503 while the %s is down and recovers when it is back, without restarting the others',
+    async (service) => {
+      const others = ['registry', 'cache', 'worker', 'batcher', 'router', 'gateway'].filter((s) => s !== service) as ServiceName[];
+      const pids = others.map((s) => fixture.system.process(s).pid);
+      await fixture.system.process(service).kill();
+      const down = await eventually(503);
+      expect(down.status).toBe(503);
+      expect(down.body.error).toEqual(expect.any(String));
+      await fixture.system.restart(service);
+      const back = await eventually(200, 30_000);
+      expect(back.status).toBe(200);
+      expect(others.map((s) => fixture.system.process(s).pid)).toEqual(pids);
+    },
+  );
+
+  it('keeps serving without caching while the cache is down', async () => {
+    await fixture.system.process('cache').kill();
+    for (let i = 0; i < 5; i++) expect((await infer()).status).toBe(200);
+    await fixture.system.restart('cache');
+    expect((await infer()).status).toBe(200);
+  });
+});

@@ -1,0 +1,21 @@
+#!/usr/bin/env node
+// Fails loudly, before anything runs, when the test suite's real dependencies are missing.
+'use strict';
+const { spawnSync } = require('node:child_process');
+
+const problems = [];
+const major = Number(process.versions.node.split('.')[0]);
+if (major < 24) {
+  problems.push(
+    `Node ${process.version} is running, infermesh needs Node 24: run through npm (npm test / npm start), ` +
+      'which puts the node@24 devDependency from node_modules/.bin first on PATH, after `npm ci`.',
+  );
+}
+const redis = spawnSync('redis-server', ['--version'], { encoding: 'utf8' });
+if (redis.error !== undefined || redis.status !== 0) {
+  problems.push('redis-server is not installed: the tests start a real one. Install it with `apt-get install redis-server`.');
+}
+if (problems.length > 0) {
+  process.stderr.write(`missing test dependencies:\n${problems.map((p) => `  - ${p}`).join('\n')}\n`);
+  process.exit(1);
+}
