@@ -1,0 +1,44 @@
+import { createClient, type ServiceClient } from '@infermesh/grpc';
+import { type ModelVersion, RegistryService, type VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { ModelRegistry } from './model-registry';
+
+export interface RegistryClientOptions {
+  address: string;
+  workerId: string;
+  /** For calls other than downloads. */
+  timeoutMs: number;
+  downloadTimeoutMs: number;
+  maxMessageBytes?: number;
+}
+
+/** The registry over gRPC. */
+export class GrpcModelRegistry extends ModelRegistry {
+  private readonly client: ServiceClient<typeof RegistryService>;
+
+  constructor(private readonly options: RegistryClientOptions) {
+    super();
+    this.client = createClient(RegistryService, options.address, { maxMessageBytes: options.maxMessageBytes });
+  }
+
+  async listVersions(): Promise<ModelVersion[]> {
+    const { models } = await this.client.listModels({}, { timeoutMs: this.options.timeoutMs });
+    return models.flatMap((model) => model.versions);
+  }
+
+  async *download(sha256: string, signal: AbortSignal): AsyncIterable<Uint8Array> {
+    for await (const message of this.client.downloadArtifact({ sha256 }, { timeoutMs: this.options.downloadTimeoutMs, signal })) {
+      yield message.chunk;
+    }
+  }
+
+  async reportState(name: string, state: VersionState, reason: string): Promise<void> {
+    await this.client.reportVersionState(
+      { name, state, stateReason: reason, workerId: this.options.workerId },
+      { timeoutMs: this.options.timeoutMs },
+    );
+  }
+
+  close(): void {
+    this.client.close();
+  }
+}

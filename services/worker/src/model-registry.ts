@@ -1,0 +1,13 @@
+import type { ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+
+/** The worker's view of the registry: what to load, the artifacts, and where to report. */
+export abstract class ModelRegistry {
+  /** Every version of every model the registry holds. */
+  abstract listVersions(): Promise<ModelVersion[]>;
+  /** An artifact's bytes, chunk by chunk. */
+  abstract download(sha256: string, signal: AbortSignal): AsyncIterable<Uint8Array>;
+  /** Tells the registry the state of a version on this worker. */
+  abstract reportState(name: string, state: VersionState, reason: string): Promise<void>;
+  /** Closes connections. */
+  abstract close(): void;
+}
