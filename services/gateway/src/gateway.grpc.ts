@@ -1,0 +1,93 @@
+import { status } from '@grpc/grpc-js';
+import { Inject, Injectable } from '@nestjs/common';
+import { type CallContext, type ServiceImpl, toRpcError } from '@infermesh/grpc';
+import type {
+  GRPCInferenceService,
+  ModelInferRequest,
+  ModelMetadataRequest,
+  ModelReadyRequest,
+} from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { requestContext } from '@infermesh/telemetry';
+import { ApiKeyAuth } from './api-key-auth';
+import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
+import { GatewayMetrics } from './gateway-metrics';
+import { inferRequestFromGrpc, inferResponseToGrpc } from './grpc-codec';
+import { timeoutParameterMs } from './infer-parameters';
+import { ModelCatalog, type TensorMetadata } from './model-catalog';
+import { ModelInference } from './model-inference';
+import { ServerStatus } from './server-status';
+
+const grpcTensor = (t: TensorMetadata) => ({ name: t.name, datatype: t.datatype, shape: t.shape.map(BigInt) });
+
+/**
+ * The KServe v2 GRPCInferenceService. ServerLive and ServerReady are open; the other RPCs need
+ * `authorization: Bearer <key>` metadata. Calls without a deadline get the configured default.
+ */
+@Injectable()
+export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceService> {
+  constructor(
+    private readonly auth: ApiKeyAuth,
+    private readonly server: ServerStatus,
+    private readonly catalog: ModelCatalog,
+    private readonly inference: ModelInference,
+    private readonly metrics: GatewayMetrics,
+    @Inject(GATEWAY_CONFIG) private readonly config: GatewayConfig,
+  ) {}
+
+  serverLive(_request: unknown, ctx: CallContext) {
+    return this.handle('ServerLive', ctx, { open: true }, async () => ({ live: true }));
+  }
+
+  serverReady(_request: unknown, ctx: CallContext) {
+    return this.handle('ServerReady', ctx, { open: true }, async () => ({ ready: await this.server.ready() }));
+  }
+
+  modelReady(request: ModelReadyRequest, ctx: CallContext) {
+    return this.handle('ModelReady', ctx, {}, async () => ({ ready: await this.catalog.ready(request.name, request.version) }));
+  }
+
+  serverMetadata(_request: unknown, ctx: CallContext) {
+    return this.handle('ServerMetadata', ctx, {}, async () => this.server.metadata());
+  }
+
+  modelMetadata(request: ModelMetadataRequest, ctx: CallContext) {
+    return this.handle('ModelMetadata', ctx, {}, async () => {
+      const metadata = await this.catalog.metadata(request.name, request.version);
+      return { ...metadata, inputs: metadata.inputs.map(grpcTensor), outputs: metadata.outputs.map(grpcTensor) };
+    });
+  }
+
+  modelInfer(request: ModelInferRequest, ctx: CallContext) {
+    return this.handle('ModelInfer', ctx, { timeout: () => timeoutParameterMs(request.parameters) }, async () =>
+      inferResponseToGrpc(await this.inference.infer(inferRequestFromGrpc(request), ctx.signal)),
+    );
+  }
+
+  /**
+   * Authenticates (unless open), runs the handler with the call's deadline, the earliest of the
+   * gRPC deadline and a Triton `timeout` parameter, else the configured default, and records the
+   * call's duration.
+   */
+  private async handle<T>(
+    rpc: string,
+    ctx: CallContext,
+    options: { open?: boolean; timeout?: () => number | undefined },
+    fn: () => Promise<T>,
+  ): Promise<T> {
+    const start = process.hrtime.bigint();
+    let code = status.OK;
+    try {
+      if (options.open !== true) this.auth.verify(ctx.metadata['authorization']);
+      const parameterTimeoutMs = options.timeout?.();
+      const deadlines = [ctx.deadlineMs, parameterTimeoutMs === undefined ? undefined : Date.now() + parameterTimeoutMs];
+      const given = deadlines.filter((d): d is number => d !== undefined);
+      const deadlineMs = given.length > 0 ? Math.min(...given) : Date.now() + this.config.defaultTimeoutMs;
+      return await requestContext.run({ requestId: ctx.requestId, deadlineMs }, fn);
+    } catch (error) {
+      code = toRpcError(error).code;
+      throw error;
+    } finally {
+      this.metrics.observeRequest('grpc', rpc, status[code] ?? String(code), start);
+    }
+  }
+}

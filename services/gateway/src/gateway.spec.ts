@@ -1,0 +1,558 @@
+import { create, type MessageInitShape } from '@bufbuild/protobuf';
+import { timestampNow } from '@bufbuild/protobuf/wkt';
+import { status } from '@grpc/grpc-js';
+import { createClient, GrpcServer, HealthService, RpcError, type ServiceClient, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
+import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
+import {
+  GRPCInferenceService,
+  type ModelInferRequest,
+  ModelInferRequestSchema,
+} from '@infermesh/proto/gen/inference/grpc_service_pb';
+import {
+  DataType,
+  type InferenceRequest,
+  type InferenceResponseSchema,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  type Model,
+  ModelSchema,
+  ModelVersionSchema,
+  RegistryService,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
+import type { RunningService } from '@infermesh/runtime';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { freePort } from '@infermesh/testing';
+import { request as httpRequest } from 'node:http';
+import { loadGatewayConfig } from './gateway.config';
+import { GatewayGrpcController } from './gateway.grpc';
+import { GatewayHttpController } from './gateway.http';
+import { startGateway } from './gateway.start';
+
+const KEY = 'gateway-spec-key-0123456789';
+const AUTH = { authorization: `Bearer ${KEY}` };
+const MAX_BODY_BYTES = 4096;
+
+// ---------------------------------------------------------------------------------------------
+// Fake upstreams: the router and the registry are outside the gateway, so these stand in for them,
+// served by the real GrpcServer over real sockets.
+// ---------------------------------------------------------------------------------------------
+
+interface FakeRouter {
+  requests: { request: InferenceRequest; requestId: string; deadlineMs: number | undefined }[];
+}
+
+/** An identity model: every input comes back as an output of the same name, served by version "3". */
+function fakeRouter(state: FakeRouter): ServiceImpl<typeof RouterService> {
+  return {
+    async infer({ request }, ctx) {
+      const req = request!;
+      state.requests.push({ request: req, requestId: ctx.requestId, deadlineMs: ctx.deadlineMs });
+      switch (req.modelName) {
+        case 'missing':
+          throw RpcError.notFound('model "missing" not found', 'MODEL_NOT_FOUND');
+        case 'busy':
+          throw new RpcError(status.RESOURCE_EXHAUSTED, 'the queue of model "busy" is full', { reason: 'QUEUE_FULL', retryDelayMs: 1500 });
+        case 'slow':
+          await new Promise((r) => setTimeout(r, 1_000));
+          break;
+        case 'strict':
+          throw RpcError.invalidArgument('input "x" has shape [3] but model "strict" expects [4]', 'INVALID_TENSOR');
+      }
+      const outputs = req.inputs
+        .filter((t) => req.outputNames.length === 0 || req.outputNames.includes(t.name))
+        .map((t) => ({ name: t.name, datatype: t.datatype, shape: t.shape, data: t.data }));
+      const response: MessageInitShape<typeof InferenceResponseSchema> = {
+        modelName: req.modelName,
+        modelVersion: req.modelVersion === '' ? '3' : req.modelVersion,
+        id: req.id,
+        outputs,
+        parameters: req.parameters,
+        cached: req.modelName === 'cached',
+        degraded: req.modelName === 'degraded',
+      };
+      return { response };
+    },
+  };
+}
+
+const version = (model: string, id: string, state: VersionState, reason = '') =>
+  create(ModelVersionSchema, {
+    name: `models/${model}/versions/${id}`,
+    state,
+    stateReason: reason,
+    createTime: timestampNow(),
+    signature: {
+      inputs: [{ name: 'input', datatype: DataType.FP32, shape: [-1n, BigInt(Number(id) * 2)] }],
+      outputs: [{ name: 'output', datatype: DataType.INT64, shape: [-1n] }],
+    },
+  });
+
+const MODELS: Model[] = [
+  create(ModelSchema, {
+    name: 'models/mlp',
+    platform: 'onnxruntime_onnx',
+    versions: [version('mlp', '1', VersionState.RETIRED), version('mlp', '2', VersionState.READY), version('mlp', '3', VersionState.LOADING)],
+  }),
+  create(ModelSchema, {
+    name: 'models/broken',
+    platform: 'onnxruntime_onnx',
+    versions: [version('broken', '1', VersionState.FAILED, 'bad artifact')],
+  }),
+];
+
+function fakeRegistry() {
+  const find = (name: string) => {
+    const model = MODELS.find((m) => m.name === name);
+    if (model === undefined) throw RpcError.notFound(`model "${name.slice(7)}" not found`, 'MODEL_NOT_FOUND');
+    return model;
+  };
+  const notUsed = () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not used by the gateway');
+  };
+  return {
+    uploadArtifact: notUsed,
+    downloadArtifact: notUsed,
+    createModelVersion: notUsed,
+    reportVersionState: notUsed,
+    async getModel({ name }: { name: string }) {
+      return { model: find(name) };
+    },
+    async listModels() {
+      return { models: MODELS };
+    },
+    async resolveModelVersion({ model, versionId }: { model: string; versionId: string }) {
+      const found = find(model);
+      if (versionId === '') {
+        const ready = found.versions.findLast((v) => v.state === VersionState.READY);
+        if (ready === undefined) throw new RpcError(status.UNAVAILABLE, `no version of ${model} is ready`, { reason: 'MODEL_NOT_READY' });
+        return { version: ready };
+      }
+      const v = found.versions.find((x) => x.name.endsWith(`/versions/${versionId}`));
+      if (v === undefined) throw RpcError.notFound(`${model} has no version ${versionId}`, 'VERSION_NOT_FOUND');
+      return { version: v };
+    },
+  };
+}
+
+interface Upstream {
+  address: string;
+  health: HealthService;
+  stop(): Promise<void>;
+}
+
+async function startUpstream(add: (server: GrpcServer) => void, typeName: string): Promise<Upstream> {
+  const server = new GrpcServer({ logger: new JsonLogger('fake', 'error'), metrics: new Metrics('fake'), maxMessageBytes: 1 << 20 });
+  const health = new HealthService();
+  server.add(Health, health);
+  add(server);
+  const port = await server.listen('127.0.0.1', 0);
+  health.set('', ServingStatus.SERVING);
+  health.set(typeName, ServingStatus.SERVING);
+  return { address: `127.0.0.1:${port}`, health, stop: () => server.shutdown(100) };
+}
+
+async function startTestGateway(routerAddress: string, registryAddress: string): Promise<RunningService> {
+  const config = loadGatewayConfig({
+    GATEWAY_API_KEYS: `other-key-abcdefghijkl, ${KEY}`,
+    GATEWAY_ROUTER_ADDRESS: routerAddress,
+    GATEWAY_REGISTRY_ADDRESS: registryAddress,
+    GATEWAY_GRPC_PORT: String(await freePort()),
+    GATEWAY_METRICS_PORT: String(await freePort()),
+    GATEWAY_HTTP_PORT: String(await freePort()),
+    GATEWAY_MAX_BODY_BYTES: String(MAX_BODY_BYTES),
+    GATEWAY_LOG_LEVEL: 'error',
+    GATEWAY_SHUTDOWN_GRACE_MS: '200',
+  });
+  return startGateway(config);
+}
+
+interface Reply {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  text: string;
+  json: unknown;
+}
+
+/** A plain HTTP request, with full control of headers and chunking. */
+function http(
+  port: number,
+  method: string,
+  path: string,
+  options: { headers?: Record<string, string>; body?: string | Buffer; chunks?: Buffer[] } = {},
+): Promise<Reply> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest({ host: '127.0.0.1', port, method, path, headers: options.headers ?? {} }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString('utf8');
+        let json: unknown;
+        try {
+          json = JSON.parse(text);
+        } catch {
+          json = undefined;
+        }
+        resolve({ status: res.statusCode ?? 0, headers: res.headers, text, json });
+      });
+    });
+    req.on('error', reject);
+    if (options.chunks !== undefined) {
+      for (const chunk of options.chunks) req.write(chunk);
+      req.end();
+    } else req.end(options.body);
+  });
+}
+
+const postJson = (port: number, path: string, body: unknown, headers: Record<string, string> = AUTH) =>
+  http(port, 'POST', path, { headers: { 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+
+const f32 = (values: number[]) => Buffer.from(Float32Array.from(values).buffer);
+
+describe('gateway', () => {
+  const routerState: FakeRouter = { requests: [] };
+  let router: Upstream;
+  let registry: Upstream;
+  let gateway: RunningService;
+  let port: number;
+  let grpcClient: ServiceClient<typeof GRPCInferenceService>;
+
+  beforeAll(async () => {
+    router = await startUpstream((s) => s.add(RouterService, fakeRouter(routerState)), 'infermesh.router.v1.RouterService');
+    registry = await startUpstream((s) => s.add(RegistryService, fakeRegistry()), 'infermesh.registry.v1.RegistryService');
+    gateway = await startTestGateway(router.address, registry.address);
+    port = gateway.httpPort!;
+    grpcClient = createClient(GRPCInferenceService, `127.0.0.1:${gateway.grpcPort}`);
+  });
+
+  afterAll(async () => {
+    grpcClient?.close();
+    await gateway?.stop();
+    await router?.stop();
+    await registry?.stop();
+  });
+
+  describe(GatewayHttpController.name, () => {
+    it('answers health without a key and everything else only with one', async () => {
+      expect((await http(port, 'GET', '/v2/health/live')).status).toBe(200);
+      expect((await http(port, 'GET', '/v2/health/ready')).json).toEqual({ ready: true });
+      for (const headers of [{} as Record<string, string>, { authorization: 'Bearer wrong-key' }, { authorization: `Basic ${KEY}` }, { authorization: KEY }]) {
+        const reply = await http(port, 'GET', '/v2/models/mlp', { headers });
+        expect(reply.status).toBe(401);
+        expect(reply.json).toEqual({ error: expect.any(String) });
+        expect(reply.text).not.toContain(KEY);
+        expect(reply.headers['www-authenticate']).toBe('Bearer');
+      }
+      const unauthorizedInfer = await postJson(port, '/v2/models/mlp/infer', { inputs: [] }, {});
+      expect(unauthorizedInfer.status).toBe(401);
+      expect((await http(port, 'GET', '/v2/models/mlp', { headers: { authorization: `bearer ${KEY}` } })).status).toBe(200);
+      expect((await http(port, 'GET', '/v2/models/mlp', { headers: { authorization: 'Bearer other-key-abcdefghijkl' } })).status).toBe(200);
+    });
+
+    it('is ready only while its upstreams report SERVING', async () => {
+      registry.health.set('', ServingStatus.NOT_SERVING);
+      await new Promise((r) => setTimeout(r, 600)); // past the readiness cache
+      expect((await http(port, 'GET', '/v2/health/ready')).status).toBe(503);
+      expect(await grpcClient.serverReady({})).toMatchObject({ ready: false });
+      registry.health.set('', ServingStatus.SERVING);
+      await new Promise((r) => setTimeout(r, 600));
+      expect((await http(port, 'GET', '/v2/health/ready')).status).toBe(200);
+    });
+
+    it('describes the server', async () => {
+      const reply = await http(port, 'GET', '/v2', { headers: AUTH });
+      expect(reply.status).toBe(200);
+      expect(reply.json).toEqual({ name: 'infermesh', version: expect.any(String), extensions: expect.arrayContaining(['model_repository']) });
+    });
+
+    it('describes a model by its latest READY version and a version by itself', async () => {
+      const latest = await http(port, 'GET', '/v2/models/mlp', { headers: AUTH });
+      expect(latest.status).toBe(200);
+      expect(latest.json).toEqual({
+        name: 'mlp',
+        versions: ['2', '3'],
+        platform: 'onnxruntime_onnx',
+        inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 4] }],
+        outputs: [{ name: 'output', datatype: 'INT64', shape: [-1] }],
+      });
+      const v3 = await http(port, 'GET', '/v2/models/mlp/versions/3', { headers: AUTH });
+      expect((v3.json as { inputs: unknown[] }).inputs).toEqual([{ name: 'input', datatype: 'FP32', shape: [-1, 6] }]);
+      const unknownVersion = await http(port, 'GET', '/v2/models/mlp/versions/9', { headers: AUTH });
+      expect(unknownVersion.status).toBe(404);
+      expect((unknownVersion.json as { error: string }).error).toContain('9');
+      const unknownModel = await http(port, 'GET', '/v2/models/nope', { headers: AUTH });
+      expect(unknownModel.status).toBe(404);
+      expect(unknownModel.json).toEqual({ error: expect.stringContaining('nope') });
+    });
+
+    it('says whether a model or a version is ready: 200, 503 when not, 404 when unknown', async () => {
+      expect((await http(port, 'GET', '/v2/models/mlp/ready', { headers: AUTH })).status).toBe(200);
+      expect((await http(port, 'GET', '/v2/models/mlp/versions/2/ready', { headers: AUTH })).status).toBe(200);
+      const loading = await http(port, 'GET', '/v2/models/mlp/versions/3/ready', { headers: AUTH });
+      expect(loading.status).toBe(503);
+      expect(loading.json).toEqual({ error: expect.stringContaining('not ready') });
+      expect((await http(port, 'GET', '/v2/models/broken/ready', { headers: AUTH })).status).toBe(503);
+      expect((await http(port, 'GET', '/v2/models/nope/ready', { headers: AUTH })).status).toBe(404);
+      expect((await http(port, 'GET', '/v2/models/mlp/versions/7/ready', { headers: AUTH })).status).toBe(404);
+    });
+
+    it('lists every version in the repository index, or only the ready ones', async () => {
+      const all = await http(port, 'POST', '/v2/repository/index', { headers: AUTH });
+      expect(all.status).toBe(200);
+      expect(all.json).toEqual([
+        { name: 'mlp', version: '1', state: 'UNAVAILABLE' },
+        { name: 'mlp', version: '2', state: 'READY' },
+        { name: 'mlp', version: '3', state: 'LOADING' },
+        { name: 'broken', version: '1', state: 'UNAVAILABLE', reason: 'bad artifact' },
+      ]);
+      const ready = await postJson(port, '/v2/repository/index', { ready: true });
+      expect(ready.json).toEqual([{ name: 'mlp', version: '2', state: 'READY' }]);
+      expect((await postJson(port, '/v2/repository/index', { ready: 'yes' })).status).toBe(400);
+    });
+
+    it('round-trips JSON tensors through the router as raw bytes', async () => {
+      routerState.requests.length = 0;
+      const reply = await postJson(port, '/v2/models/mlp/infer', {
+        id: 'r-1',
+        parameters: { priority: 2, note: 'x' },
+        inputs: [
+          { name: 'input', shape: [2, 2], datatype: 'FP32', data: [[1.5, -2], [0.25, 8]] },
+          { name: 'ids', shape: [3], datatype: 'INT64', data: [1, '-9007199254740993', 3] },
+          { name: 'text', shape: [2], datatype: 'BYTES', data: ['héllo', ''] },
+          { name: 'flags', shape: [1, 2], datatype: 'BOOL', data: [true, false] },
+        ],
+      }, { ...AUTH, 'x-request-id': 'client-id-42' });
+      expect(reply.status).toBe(200);
+      expect(reply.headers['x-request-id']).toBe('client-id-42');
+      expect(reply.json).toEqual({
+        model_name: 'mlp',
+        model_version: '3',
+        id: 'r-1',
+        parameters: { priority: 2, note: 'x', cached: false, degraded: false },
+        outputs: [
+          { name: 'input', datatype: 'FP32', shape: [2, 2], data: [1.5, -2, 0.25, 8] },
+          { name: 'ids', datatype: 'INT64', shape: [3], data: [1, '-9007199254740993', 3] },
+          { name: 'text', datatype: 'BYTES', shape: [2], data: ['héllo', ''] },
+          { name: 'flags', datatype: 'BOOL', shape: [1, 2], data: [true, false] },
+        ],
+      });
+      const [seen] = routerState.requests;
+      expect(seen!.requestId).toBe('client-id-42');
+      expect(Buffer.from(seen!.request.inputs[0]!.data)).toEqual(f32([1.5, -2, 0.25, 8]));
+      // No deadline given: the default (30 s) applies.
+      expect(seen!.deadlineMs! - Date.now()).toBeGreaterThan(20_000);
+    });
+
+    it('asks the router for the version in the path and only the outputs requested', async () => {
+      routerState.requests.length = 0;
+      const reply = await postJson(port, '/v2/models/mlp/versions/2/infer', {
+        inputs: [
+          { name: 'a', shape: [1], datatype: 'INT8', data: [-128] },
+          { name: 'b', shape: [1], datatype: 'UINT16', data: [65535] },
+        ],
+        outputs: [{ name: 'b' }],
+      });
+      expect(reply.json).toMatchObject({ model_version: '2', outputs: [{ name: 'b', data: [65535] }] });
+      expect(reply.json).not.toHaveProperty('id');
+      expect(routerState.requests[0]!.request).toMatchObject({ modelVersion: '2', outputNames: ['b'] });
+    });
+
+    it('reports cached and degraded responses in the parameters', async () => {
+      const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
+      expect((await postJson(port, '/v2/models/cached/infer', { inputs: [input] })).json).toMatchObject({ parameters: { cached: true, degraded: false } });
+      expect((await postJson(port, '/v2/models/degraded/infer', { inputs: [input] })).json).toMatchObject({ parameters: { cached: false, degraded: true } });
+    });
+
+    it('takes the deadline from x-request-timeout-ms or the Triton timeout parameter, the earliest winning', async () => {
+      routerState.requests.length = 0;
+      const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
+      await postJson(port, '/v2/models/mlp/infer', { inputs: [input] }, { ...AUTH, 'x-request-timeout-ms': '2000' });
+      await postJson(port, '/v2/models/mlp/infer', { inputs: [input], parameters: { timeout: 1_000_000 } }, { ...AUTH, 'x-request-timeout-ms': '5000' });
+      const [byHeader, byParameter] = routerState.requests.map((r) => r.deadlineMs! - Date.now());
+      expect(byHeader).toBeLessThanOrEqual(2000);
+      expect(byHeader).toBeGreaterThan(1000);
+      expect(byParameter).toBeLessThanOrEqual(1000);
+      const bad = await postJson(port, '/v2/models/mlp/infer', { inputs: [input] }, { ...AUTH, 'x-request-timeout-ms': 'soon' });
+      expect(bad.status).toBe(400);
+      expect((await postJson(port, '/v2/models/mlp/infer', { inputs: [input], parameters: { timeout: -5 } })).status).toBe(400);
+    });
+
+    it.each([
+      ['an unknown datatype', { name: 'x', shape: [1], datatype: 'FP8', data: [1] }, /input "x".*FP8/],
+      ['too few elements', { name: 'x', shape: [2, 2], datatype: 'FP32', data: [1, 2, 3] }, /input "x".*3 elements.*4/],
+      ['a NaN string', { name: 'x', shape: [1], datatype: 'FP32', data: ['NaN'] }, /input "x".*finite number/],
+      ['an out-of-range integer', { name: 'x', shape: [1], datatype: 'UINT8', data: [256] }, /input "x".*UINT8 range/],
+      ['a negative dimension', { name: 'x', shape: [-1], datatype: 'FP32', data: [] }, /input "x".*dimension -1/],
+      ['no data', { name: 'x', shape: [1], datatype: 'FP32' }, /input "x" has no "data"/],
+      ['no datatype', { name: 'x', shape: [1], data: [1] }, /input "x" has no datatype/],
+      ['binary data', { name: 'x', shape: [1], datatype: 'FP32', data: [1], parameters: { binary_data_size: 4 } }, /input "x".*binary/],
+    ])('answers 400 naming the tensor for %s', async (_label, input, message) => {
+      const reply = await postJson(port, '/v2/models/mlp/infer', { inputs: [input] });
+      expect(reply.status).toBe(400);
+      expect((reply.json as { error: string }).error).toMatch(message);
+    });
+
+    it('never answers 500 to odd bodies', async () => {
+      const bodies = ['null', '[]', '{}', '"text"', '{"inputs": {}}', '{"inputs": [null]}', '{"inputs": [{"name": 1}]}', '{"inputs": [{"name": "x", "shape": "x"}]}', '{"inputs":[{"name":"x","shape":[1e300,1e300],"datatype":"FP32","data":[]}]}', '{"id": 5, "inputs": []}', '{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"parameters":{"p":{}}}', '{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"outputs":"y"}'];
+      for (const body of bodies) {
+        const reply = await postJson(port, '/v2/models/mlp/infer', body);
+        expect([reply.status, body]).toEqual([400, body]);
+        expect(reply.json).toEqual({ error: expect.any(String) });
+      }
+    });
+
+    it('answers 400 with {"error"} to malformed JSON', async () => {
+      const reply = await postJson(port, '/v2/models/mlp/infer', '{"inputs": [');
+      expect(reply.status).toBe(400);
+      expect(reply.json).toEqual({ error: expect.stringContaining('malformed JSON') });
+    });
+
+    it('answers 413 to a body over the limit, announced or streamed', async () => {
+      const big = Buffer.alloc(MAX_BODY_BYTES + 1, 0x20);
+      const announced = await http(port, 'POST', '/v2/models/mlp/infer', { headers: { ...AUTH, 'content-length': String(big.length) }, body: big });
+      expect(announced.status).toBe(413);
+      expect(announced.json).toEqual({ error: expect.stringContaining(String(MAX_BODY_BYTES)) });
+      const streamed = await http(port, 'POST', '/v2/models/mlp/infer', { headers: AUTH, chunks: [big.subarray(0, 3000), big.subarray(3000)] });
+      expect(streamed.status).toBe(413);
+    });
+
+    it('passes upstream errors on with the REST status of their code', async () => {
+      const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
+      const missing = await postJson(port, '/v2/models/missing/infer', { inputs: [input] });
+      expect([missing.status, missing.json]).toEqual([404, { error: 'model "missing" not found' }]);
+      const strict = await postJson(port, '/v2/models/strict/infer', { inputs: [input] });
+      expect([strict.status, strict.json]).toEqual([400, { error: expect.stringContaining('input "x"') }]);
+      const slow = await postJson(port, '/v2/models/slow/infer', { inputs: [input] }, { ...AUTH, 'x-request-timeout-ms': '100' });
+      expect([slow.status, slow.json]).toEqual([504, { error: expect.stringContaining('deadline') }]);
+      const busy = await postJson(port, '/v2/models/busy/infer', { inputs: [input] });
+      expect(busy.status).toBe(429);
+      expect(busy.headers['retry-after']).toBe('2');
+    });
+
+    it('answers 404 to unknown routes and 405 to known ones asked with the wrong method', async () => {
+      const unknown = await http(port, 'GET', '/v3/anything', { headers: AUTH });
+      expect([unknown.status, unknown.json]).toEqual([404, { error: expect.any(String) }]);
+      const wrongMethod = await http(port, 'GET', '/v2/models/mlp/infer', { headers: AUTH });
+      expect(wrongMethod.status).toBe(405);
+      expect(wrongMethod.headers['allow']).toBe('POST');
+      expect(wrongMethod.json).toEqual({ error: expect.any(String) });
+    });
+
+    it('records request durations by route template, not by raw path', async () => {
+      await http(port, 'GET', '/v2/models/some-model-name', { headers: AUTH });
+      const metrics = await (await fetch(`http://127.0.0.1:${gateway.metricsPort}/metrics`)).text();
+      expect(metrics).toMatch(/infermesh_gateway_request_duration_seconds_count\{protocol="rest",endpoint="GET \/v2\/models\/:model",code="404"\} \d+/);
+      expect(metrics).not.toContain('some-model-name');
+      expect(metrics).toMatch(/infermesh_gateway_inference_requests_total\{model="mlp",version="3",outcome="ok"\} \d+/);
+      expect(metrics).toMatch(/infermesh_gateway_inference_requests_total\{model="\(unknown\)",version="",outcome="not_found"\} \d+/);
+    });
+  });
+
+  describe(GatewayGrpcController.name, () => {
+    const metadata = AUTH;
+    const inferRequest = (init: Parameters<typeof create<typeof ModelInferRequestSchema>>[1]): ModelInferRequest =>
+      create(ModelInferRequestSchema, init);
+
+    it('answers ServerLive and ServerReady without a key, the rest only with one', async () => {
+      expect(await grpcClient.serverLive({})).toMatchObject({ live: true });
+      expect(await grpcClient.serverReady({})).toMatchObject({ ready: true });
+      await expect(grpcClient.serverMetadata({})).rejects.toMatchObject({ code: status.UNAUTHENTICATED });
+      await expect(grpcClient.modelInfer({ modelName: 'mlp' }, { metadata: { authorization: 'Bearer nope' } })).rejects.toMatchObject({
+        code: status.UNAUTHENTICATED,
+      });
+      expect(await grpcClient.serverMetadata({}, { metadata })).toMatchObject({ name: 'infermesh', extensions: expect.arrayContaining(['model_repository']) });
+    });
+
+    it('answers ModelMetadata and ModelReady from the registry', async () => {
+      const meta = await grpcClient.modelMetadata({ name: 'mlp' }, { metadata });
+      expect(meta).toMatchObject({ name: 'mlp', versions: ['2', '3'], inputs: [{ name: 'input', datatype: 'FP32', shape: [-1n, 4n] }] });
+      expect(await grpcClient.modelReady({ name: 'mlp' }, { metadata })).toMatchObject({ ready: true });
+      expect(await grpcClient.modelReady({ name: 'mlp', version: '3' }, { metadata })).toMatchObject({ ready: false });
+      await expect(grpcClient.modelReady({ name: 'nope' }, { metadata })).rejects.toMatchObject({ code: status.NOT_FOUND });
+    });
+
+    it('round-trips raw inputs to raw outputs with the served version and flags', async () => {
+      const response = await grpcClient.modelInfer(
+        inferRequest({
+          modelName: 'cached',
+          id: 'g-1',
+          inputs: [
+            { name: 'x', datatype: 'FP32', shape: [1n, 2n] },
+            { name: 'h', datatype: 'FP16', shape: [1n] },
+          ],
+          rawInputContents: [f32([1, 2]), Buffer.from([0x00, 0x3c])],
+        }),
+        { metadata },
+      );
+      expect(response).toMatchObject({ modelName: 'cached', modelVersion: '3', id: 'g-1' });
+      expect(response.outputs.map((o) => [o.name, o.datatype, o.shape])).toEqual([
+        ['x', 'FP32', [1n, 2n]],
+        ['h', 'FP16', [1n]],
+      ]);
+      expect(Buffer.from(response.rawOutputContents[0]!)).toEqual(f32([1, 2]));
+      expect(response.parameters['cached']?.parameterChoice).toEqual({ case: 'boolParam', value: true });
+      expect(response.parameters['degraded']?.parameterChoice).toEqual({ case: 'boolParam', value: false });
+    });
+
+    it('accepts typed contents and gives the router raw bytes', async () => {
+      routerState.requests.length = 0;
+      await grpcClient.modelInfer(
+        inferRequest({
+          modelName: 'mlp',
+          inputs: [{ name: 'x', datatype: 'INT16', shape: [2n], contents: { intContents: [-2, 300] } }],
+        }),
+        { metadata, timeoutMs: 1500 },
+      );
+      const [seen] = routerState.requests;
+      expect(Buffer.from(seen!.request.inputs[0]!.data)).toEqual(Buffer.from(Int16Array.from([-2, 300]).buffer));
+      expect(seen!.deadlineMs! - Date.now()).toBeLessThanOrEqual(1500);
+    });
+
+    it('refuses bad tensors with INVALID_ARGUMENT naming the tensor', async () => {
+      const bad = inferRequest({
+        modelName: 'mlp',
+        inputs: [{ name: 'x', datatype: 'FP32', shape: [3n] }],
+        rawInputContents: [f32([1, 2])],
+      });
+      await expect(grpcClient.modelInfer(bad, { metadata })).rejects.toMatchObject({
+        code: status.INVALID_ARGUMENT,
+        message: expect.stringContaining('input "x"'),
+      });
+    });
+
+    it('passes upstream codes through', async () => {
+      const req = inferRequest({ modelName: 'busy', inputs: [{ name: 'x', datatype: 'FP32', shape: [1n] }], rawInputContents: [f32([1])] });
+      await expect(grpcClient.modelInfer(req, { metadata })).rejects.toMatchObject({ code: status.RESOURCE_EXHAUSTED, retryDelayMs: 1500 });
+    });
+  });
+});
+
+describe('gateway with its upstreams down', () => {
+  let gateway: RunningService;
+  let registry: Upstream;
+
+  beforeAll(async () => {
+    registry = await startUpstream((s) => s.add(RegistryService, fakeRegistry()), 'infermesh.registry.v1.RegistryService');
+    // Nothing listens on the router's port.
+    gateway = await startTestGateway(`127.0.0.1:${await freePort()}`, registry.address);
+  });
+
+  afterAll(async () => {
+    await gateway?.stop();
+    await registry?.stop();
+  });
+
+  it('answers 503 to inference and to readiness while the router cannot be reached', async () => {
+    const port = gateway.httpPort!;
+    const infer = await postJson(port, '/v2/models/mlp/infer', { inputs: [{ name: 'x', shape: [1], datatype: 'FP32', data: [1] }] });
+    expect(infer.status).toBe(503);
+    expect(infer.json).toEqual({ error: expect.stringContaining('router') });
+    expect(infer.text).not.toContain('127.0.0.1');
+    const ready = await http(port, 'GET', '/v2/health/ready');
+    expect(ready.status).toBe(503);
+    expect(ready.json).toEqual({ error: expect.any(String) });
+    // Metadata needs only the registry, which is up.
+    expect((await http(port, 'GET', '/v2/models/mlp', { headers: AUTH })).status).toBe(200);
+  });
+});

@@ -1,0 +1,118 @@
+import { status } from '@grpc/grpc-js';
+import { Injectable } from '@nestjs/common';
+import { RpcError } from '@infermesh/grpc';
+import type { TensorSpec } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { datatypeName } from '@infermesh/tensors';
+import { RegistryClient } from './registry.client';
+
+export interface TensorMetadata {
+  name: string;
+  datatype: string;
+  /** -1 marks a dynamic dimension. */
+  shape: number[];
+}
+
+/** KServe v2 model metadata. */
+export interface ModelMetadata {
+  name: string;
+  versions: string[];
+  platform: string;
+  inputs: TensorMetadata[];
+  outputs: TensorMetadata[];
+}
+
+/** One row of the Triton model-repository index. */
+export interface RepositoryEntry {
+  name: string;
+  version: string;
+  state: 'READY' | 'LOADING' | 'UNLOADING' | 'UNAVAILABLE';
+  reason?: string;
+}
+
+/** The last part of `models/{model}/versions/{version}`. */
+export function versionId(resourceName: string): string {
+  return resourceName.slice(resourceName.lastIndexOf('/') + 1);
+}
+
+function repositoryState(state: VersionState): RepositoryEntry['state'] {
+  switch (state) {
+    case VersionState.READY:
+      return 'READY';
+    case VersionState.LOADING:
+      return 'LOADING';
+    case VersionState.DRAINING:
+      return 'UNLOADING';
+    case VersionState.UNSPECIFIED:
+    case VersionState.REGISTERED:
+    case VersionState.RETIRED:
+    case VersionState.FAILED:
+      return 'UNAVAILABLE';
+  }
+}
+
+const tensorMetadata = (spec: TensorSpec): TensorMetadata => ({
+  name: spec.name,
+  datatype: datatypeName(spec.datatype),
+  shape: spec.shape.map(Number),
+});
+
+/** What clients may ask about models: metadata, readiness, the repository index. The registry answers. */
+@Injectable()
+export class ModelCatalog {
+  constructor(private readonly registry: RegistryClient) {}
+
+  /**
+   * Metadata of a version, or of the model when no version is given: then the signature is the
+   * latest READY version's (the one that would serve), else the latest version's.
+   */
+  async metadata(model: string, version: string): Promise<ModelMetadata> {
+    const found = await this.registry.getModel(model);
+    if (found === undefined) throw RpcError.notFound(`model "${model}" not found`, 'MODEL_NOT_FOUND', { model });
+    const live = found.versions.filter((v) => v.state !== VersionState.RETIRED);
+    let chosen: ModelVersion | undefined;
+    if (version !== '') {
+      chosen = found.versions.find((v) => versionId(v.name) === version);
+      if (chosen === undefined) {
+        throw RpcError.notFound(`model "${model}" has no version "${version}"`, 'VERSION_NOT_FOUND', { model, version });
+      }
+    } else {
+      chosen = live.findLast((v) => v.state === VersionState.READY) ?? live.at(-1) ?? found.versions.at(-1);
+    }
+    return {
+      name: model,
+      versions: live.map((v) => versionId(v.name)),
+      platform: found.platform,
+      inputs: chosen?.signature?.inputs.map(tensorMetadata) ?? [],
+      outputs: chosen?.signature?.outputs.map(tensorMetadata) ?? [],
+    };
+  }
+
+  /** Whether the version (or, with none given, some version) of a model can serve; NOT_FOUND for unknown ones. */
+  async ready(model: string, version: string): Promise<boolean> {
+    try {
+      const resolved = await this.registry.resolveVersion(model, version);
+      return resolved?.state === VersionState.READY;
+    } catch (error) {
+      if (error instanceof RpcError && error.code === status.UNAVAILABLE && error.reason === 'MODEL_NOT_READY') return false;
+      throw error;
+    }
+  }
+
+  /** Every version of every model with its state; only READY ones when `readyOnly`. */
+  async repositoryIndex(readyOnly: boolean): Promise<RepositoryEntry[]> {
+    const models = await this.registry.listModels();
+    const entries: RepositoryEntry[] = [];
+    for (const model of models) {
+      const name = versionId(model.name);
+      for (const v of model.versions) {
+        const state = repositoryState(v.state);
+        if (readyOnly && state !== 'READY') continue;
+        const entry: RepositoryEntry = { name, version: versionId(v.name), state };
+        if (v.stateReason !== '') entry.reason = v.stateReason;
+        entries.push(entry);
+      }
+    }
+    return entries;
+  }
+}
