@@ -1,0 +1,14 @@
+import { loadOrExit } from '@infermesh/config';
+import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { bind, bootstrap, runMain } from '@infermesh/runtime';
+import { loadRegistryConfig } from './registry.config';
+import { RegistryGrpcController } from './registry.grpc';
+import { RegistryModule } from './registry.module';
+
+runMain('registry', async () => {
+  const config = loadOrExit('registry', () => loadRegistryConfig(process.env));
+  return bootstrap({
+    module: RegistryModule.forRoot(config),
+    grpc: (app) => [bind(RegistryService, app.get(RegistryGrpcController))],
+  });
+});

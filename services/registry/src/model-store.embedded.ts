@@ -1,0 +1,95 @@
+import { clone, fromJson, type JsonValue, toJson } from '@bufbuild/protobuf';
+import { type Model, ModelSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, readFileSync } from 'node:fs';
+import { open, rename, rm } from 'node:fs/promises';
+import { basename, dirname, join } from 'node:path';
+import { ModelStore, type ModelMutation } from './model-store';
+
+interface StoreFile {
+  revision: number;
+  models: Record<string, JsonValue>;
+}
+
+/**
+ * Metadata in one JSON file (protobuf JSON of each model) that survives restarts. Every change
+ * rewrites the file atomically: write a temporary file, fsync, rename over the old one. Changes are
+ * serialized in-process; one registry process owns the file.
+ */
+export class EmbeddedModelStore extends ModelStore {
+  private models = new Map<string, Model>();
+  private rev = 0;
+  private queue: Promise<unknown> = Promise.resolve();
+
+  /** Loads the file when it exists; a file that cannot be read is an error, never silently replaced. */
+  constructor(private readonly file: string) {
+    super();
+    mkdirSync(dirname(file), { recursive: true });
+    let text: string;
+    try {
+      text = readFileSync(file, 'utf8');
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return;
+      throw error;
+    }
+    try {
+      const parsed = JSON.parse(text) as StoreFile;
+      this.rev = parsed.revision;
+      for (const [id, json] of Object.entries(parsed.models)) this.models.set(id, fromJson(ModelSchema, json));
+    } catch (error) {
+      throw new Error(`registry metadata file ${file} is corrupt: ${error instanceof Error ? error.message : String(error)}`);
+    }
+  }
+
+  async get(modelId: string): Promise<Model | undefined> {
+    const model = this.models.get(modelId);
+    return model === undefined ? undefined : clone(ModelSchema, model);
+  }
+
+  async list(): Promise<Model[]> {
+    return [...this.models.keys()].sort().map((id) => clone(ModelSchema, this.models.get(id)!));
+  }
+
+  update(modelId: string, mutate: ModelMutation): Promise<Model | undefined> {
+    const run = async () => {
+      const current = this.models.get(modelId);
+      const next = mutate(current === undefined ? undefined : clone(ModelSchema, current));
+      if (next === undefined) return current === undefined ? undefined : clone(ModelSchema, current);
+      const models = new Map(this.models).set(modelId, clone(ModelSchema, next));
+      await this.write(models, this.rev + 1);
+      this.models = models;
+      this.rev += 1;
+      return clone(ModelSchema, next);
+    };
+    const result = this.queue.then(run, run);
+    this.queue = result.catch(() => undefined);
+    return result;
+  }
+
+  async revision(): Promise<number> {
+    return this.rev;
+  }
+
+  async close(): Promise<void> {
+    await this.queue;
+  }
+
+  private async write(models: Map<string, Model>, revision: number): Promise<void> {
+    const content: StoreFile = { revision, models: {} };
+    for (const id of [...models.keys()].sort()) content.models[id] = toJson(ModelSchema, models.get(id)!);
+    const temp = join(dirname(this.file), `.${basename(this.file)}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
+    try {
+      const handle = await open(temp, 'w');
+      try {
+        await handle.writeFile(`${JSON.stringify(content, null, 2)}\n`);
+        await handle.sync();
+      } finally {
+        await handle.close();
+      }
+      await rename(temp, this.file);
+    } catch (error) {
+      await rm(temp, { force: true });
+      throw error;
+    }
+  }
+}

@@ -1,0 +1,182 @@
+import { create } from '@bufbuild/protobuf';
+import { type Model, ModelSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
+import { JsonLogger } from '@infermesh/telemetry';
+import { type RedisServer, startRedisServer } from '@infermesh/testing';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { ModelStore } from './model-store';
+import { EmbeddedModelStore } from './model-store.embedded';
+import { RedisModelStore } from './model-store.redis';
+
+const logger = new JsonLogger('test', 'error');
+
+function model(id: string, versionIds: string[] = []): Model {
+  return create(ModelSchema, {
+    name: `models/${id}`,
+    platform: 'onnxruntime_onnx',
+    versions: versionIds.map((v) => ({ name: `models/${id}/versions/${v}`, state: VersionState.REGISTERED })),
+  });
+}
+
+function withVersion(current: Model | undefined, id: string, versionId: string): Model {
+  const next = current ?? model(id);
+  next.versions.push(...model(id, [versionId]).versions);
+  return next;
+}
+
+interface Backing {
+  /** A new store over the same data, as after a restart. */
+  reopen(): Promise<ModelStore>;
+  /** Stores that write concurrently to the same data in production. */
+  writers(sut: ModelStore): Promise<ModelStore[]>;
+}
+
+/** One contract, run against every implementation. */
+function contract(name: string, makeBacking: () => Backing) {
+  describe(`ModelStore contract: ${name}`, () => {
+    let backing: Backing;
+    let sut: ModelStore;
+    beforeEach(async () => {
+      backing = makeBacking();
+      sut = await backing.reopen();
+    });
+
+    it('starts empty at revision 0', async () => {
+      expect(await sut.get('mlp')).toBeUndefined();
+      expect(await sut.list()).toEqual([]);
+      expect(await sut.revision()).toBe(0);
+    });
+
+    it('creates a model and returns it as stored', async () => {
+      const stored = await sut.update('mlp', (current) => (current === undefined ? model('mlp', ['1']) : undefined));
+      expect(stored?.versions.map((v) => v.name)).toEqual(['models/mlp/versions/1']);
+      const read = await sut.get('mlp');
+      expect(read?.name).toBe('models/mlp');
+      expect(read?.platform).toBe('onnxruntime_onnx');
+      expect(read?.versions[0]?.state).toBe(VersionState.REGISTERED);
+    });
+
+    it('hands the mutation the current model and bumps the revision on each change', async () => {
+      await sut.update('mlp', (current) => withVersion(current, 'mlp', '1'));
+      await sut.update('mlp', (current) => withVersion(current, 'mlp', '2'));
+      expect((await sut.get('mlp'))?.versions.map((v) => v.name)).toEqual(['models/mlp/versions/1', 'models/mlp/versions/2']);
+      expect(await sut.revision()).toBe(2);
+    });
+
+    it('leaves the model and the revision alone when the mutation returns undefined', async () => {
+      await sut.update('mlp', () => model('mlp', ['1']));
+      const result = await sut.update('mlp', () => undefined);
+      expect(result?.versions).toHaveLength(1);
+      expect(await sut.revision()).toBe(1);
+    });
+
+    it('stores nothing when the mutation throws, and passes the error on', async () => {
+      await sut.update('mlp', () => model('mlp', ['1']));
+      await expect(
+        sut.update('mlp', () => {
+          throw new Error('refused');
+        }),
+      ).rejects.toThrow('refused');
+      expect((await sut.get('mlp'))?.versions).toHaveLength(1);
+      expect(await sut.revision()).toBe(1);
+    });
+
+    it('does not let a caller change the stored model through a returned object', async () => {
+      const stored = await sut.update('mlp', () => model('mlp', ['1']));
+      stored!.versions.length = 0;
+      (await sut.get('mlp'))!.versions.length = 0;
+      expect((await sut.get('mlp'))?.versions).toHaveLength(1);
+    });
+
+    it('lists every model ordered by name', async () => {
+      for (const id of ['zeta', 'alpha', 'mlp']) await sut.update(id, () => model(id));
+      expect((await sut.list()).map((m) => m.name)).toEqual(['models/alpha', 'models/mlp', 'models/zeta']);
+    });
+
+    it('loses no concurrent update to the same model', async () => {
+      const writers = await backing.writers(sut);
+      const versionIds = Array.from({ length: 30 }, (_, i) => String(i + 1));
+      await Promise.all(versionIds.map((v, i) => writers[i % writers.length]!.update('mlp', (current) => withVersion(current, 'mlp', v))));
+      const names = (await sut.get('mlp'))!.versions.map((v) => v.name).sort();
+      expect(names).toEqual(versionIds.map((v) => `models/mlp/versions/${v}`).sort());
+      expect(await sut.revision()).toBe(30);
+    });
+
+    it('keeps everything across a restart', async () => {
+      await sut.update('mlp', () => model('mlp', ['1', '2']));
+      await sut.update('tiny', () => model('tiny', ['7']));
+      await sut.close();
+      sut = await backing.reopen();
+      expect((await sut.list()).map((m) => [m.name, m.versions.length])).toEqual([
+        ['models/mlp', 2],
+        ['models/tiny', 1],
+      ]);
+      expect(await sut.revision()).toBe(2);
+    });
+  });
+}
+
+const dirs: string[] = [];
+afterAll(() => {
+  for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
+});
+function tempDir(): string {
+  const dir = mkdtempSync(join(tmpdir(), 'infermesh-registry-'));
+  dirs.push(dir);
+  return dir;
+}
+
+contract('embedded', () => {
+  const file = join(tempDir(), 'nested', 'models.json');
+  return {
+    reopen: async () => new EmbeddedModelStore(file),
+    writers: async (sut) => [sut],
+  };
+});
+
+let redisServer: RedisServer;
+const clients: Redis[] = [];
+beforeAll(async () => {
+  redisServer = await startRedisServer();
+});
+afterAll(async () => {
+  for (const client of clients) if (client.status !== 'end') client.disconnect();
+  await redisServer.stop();
+});
+async function redisStore(prefix: string): Promise<RedisModelStore> {
+  const client = createRedisClient(redisServer.url, logger, 'test');
+  clients.push(client);
+  await waitForRedis(client, 5_000);
+  return new RedisModelStore(client, prefix);
+}
+contract('redis', () => {
+  const prefix = `test:${randomBytes(4).toString('hex')}:`;
+  return {
+    reopen: () => redisStore(prefix),
+    // Separate connections, as separate registry replicas would have.
+    writers: async (sut) => [sut, await redisStore(prefix), await redisStore(prefix)],
+  };
+});
+
+describe(EmbeddedModelStore.name, () => {
+  it('writes the file atomically and leaves no temporary file behind', async () => {
+    const dir = tempDir();
+    const file = join(dir, 'models.json');
+    const sut = new EmbeddedModelStore(file);
+    await Promise.all(['a', 'b', 'c'].map((id) => sut.update(id, () => model(id, ['1']))));
+    expect(readdirSync(dir)).toEqual(['models.json']);
+    const content = JSON.parse(readFileSync(file, 'utf8')) as { revision: number; models: Record<string, unknown> };
+    expect(content.revision).toBe(3);
+    expect(Object.keys(content.models)).toEqual(['a', 'b', 'c']);
+  });
+
+  it('refuses to start on a corrupt file instead of replacing it', () => {
+    const file = join(tempDir(), 'models.json');
+    writeFileSync(file, '{"revision": 3, "models": ');
+    expect(() => new EmbeddedModelStore(file)).toThrow(/models\.json is corrupt/);
+    expect(readFileSync(file, 'utf8')).toBe('{"revision": 3, "models": ');
+  });
+});

@@ -1,0 +1,40 @@
+import { type Env, parseEnv, positiveInt, redisUrl } from '@infermesh/config';
+import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
+import { resolve } from 'node:path';
+import { z } from 'zod';
+
+const path = () => z.string().min(1).optional();
+
+const shape = {
+  ...runtimeShape('REGISTRY', { grpc: 50051, metrics: 9101 }),
+  REDIS_URL: redisUrl(),
+  REGISTRY_DATA_DIR: path(),
+  REGISTRY_ARTIFACT_DIR: path(),
+  REGISTRY_MAX_ARTIFACT_BYTES: positiveInt(1024 * 1024 * 1024),
+  REGISTRY_DEFAULT_MAX_BATCH_SIZE: positiveInt(64),
+};
+
+/** The registry's configuration, validated once at start-up. Relative paths resolve against the working directory. */
+export function loadRegistryConfig(env: Env) {
+  const e = parseEnv(shape, env);
+  const dataDir = resolve(e.REGISTRY_DATA_DIR ?? '.infermesh/registry');
+  const runtime = runtimeSettings('REGISTRY', e);
+  return {
+    runtime,
+    redisUrl: e.REDIS_URL,
+    dataDir,
+    /** The embedded metadata store's file; unused when REDIS_URL is set. */
+    metadataFile: resolve(dataDir, 'models.json'),
+    /** Artifacts always live on the filesystem, addressed by SHA-256, whichever metadata store is used. */
+    artifactDir: resolve(e.REGISTRY_ARTIFACT_DIR ?? resolve(dataDir, 'artifacts')),
+    maxArtifactBytes: e.REGISTRY_MAX_ARTIFACT_BYTES,
+    /** The max batch size of a model whose inputs and outputs all have a dynamic first dimension. */
+    defaultMaxBatchSize: e.REGISTRY_DEFAULT_MAX_BATCH_SIZE,
+    /** DownloadArtifact sends the artifact in chunks of 1 MiB, or less when messages must be smaller. */
+    downloadChunkBytes: Math.max(1024, Math.min(1024 * 1024, runtime.maxMessageBytes - 1024)),
+    redisKeyPrefix: 'infermesh:registry:',
+  };
+}
+
+export type RegistryConfig = ReturnType<typeof loadRegistryConfig>;
+export const REGISTRY_CONFIG = Symbol('REGISTRY_CONFIG');

@@ -1,0 +1,333 @@
+import { status } from '@grpc/grpc-js';
+import { createClient, RpcError, type ServiceClient } from '@infermesh/grpc';
+import { buildMultiIoModel, buildTinyModel, encodeModel, floatInitializer, node } from '@infermesh/model-builder';
+import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  type Artifact,
+  RegistryService,
+  type UploadArtifactRequestSchema,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { bind, bootstrap, type RunningService } from '@infermesh/runtime';
+import { type RedisServer, startRedisServer } from '@infermesh/testing';
+import { createHash, randomBytes } from 'node:crypto';
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { basename, join } from 'node:path';
+import type { MessageInitShape } from '@bufbuild/protobuf';
+import { loadRegistryConfig } from './registry.config';
+import { RegistryGrpcController } from './registry.grpc';
+import { RegistryModule } from './registry.module';
+
+type Client = ServiceClient<typeof RegistryService>;
+type UploadMessage = MessageInitShape<typeof UploadArtifactRequestSchema>;
+
+const MAX_ARTIFACT_BYTES = 256 * 1024;
+const sha256 = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex');
+
+async function* messages(list: UploadMessage[]): AsyncGenerator<UploadMessage> {
+  yield* list;
+}
+
+/** The bytes in chunks of chunkBytes; the expected SHA-256, when given, rides on the last message. */
+function upload(client: Client, bytes: Uint8Array, chunkBytes = 100, expectedSha256?: string): Promise<{ artifact?: Artifact }> {
+  const list: UploadMessage[] = [];
+  for (let offset = 0; offset < bytes.length; offset += chunkBytes) list.push({ chunk: bytes.subarray(offset, offset + chunkBytes) });
+  if (expectedSha256 !== undefined) list.push({ expectedSha256 });
+  return client.uploadArtifact(messages(list));
+}
+
+async function download(client: Client, sha: string): Promise<Buffer> {
+  const chunks: Uint8Array[] = [];
+  for await (const response of client.downloadArtifact({ sha256: sha })) chunks.push(response.chunk);
+  return Buffer.concat(chunks);
+}
+
+async function rpcError(promise: Promise<unknown>): Promise<RpcError> {
+  const error = await promise.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  if (!(error instanceof RpcError)) throw new Error(`expected an RpcError, got ${String(error)}`);
+  return error;
+}
+
+function fixedBatchModel(): Uint8Array {
+  return encodeModel('fixed', {
+    nodes: [node('Add', ['input', 'bias'], ['output'], 'add')],
+    initializers: [floatInitializer('bias', [4], Float32Array.of(1, 2, 3, 4))],
+    inputs: [{ name: 'input', datatype: 'FP32', shape: [1, 4] }],
+    outputs: [{ name: 'output', datatype: 'FP32', shape: [1, 4] }],
+  }).bytes;
+}
+
+let redisServer: RedisServer;
+beforeAll(async () => {
+  redisServer = await startRedisServer();
+});
+afterAll(async () => {
+  await redisServer.stop();
+});
+
+describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} end to end (%s store)`, (backend) => {
+  let dataDir: string;
+  let running: RunningService;
+  let sut: Client;
+
+  async function start(env: Record<string, string> = {}): Promise<void> {
+    const config = loadRegistryConfig({
+      REGISTRY_GRPC_PORT: '0',
+      REGISTRY_METRICS_PORT: '0',
+      REGISTRY_LOG_LEVEL: 'error',
+      REGISTRY_DATA_DIR: dataDir,
+      REGISTRY_MAX_ARTIFACT_BYTES: String(MAX_ARTIFACT_BYTES),
+      ...(backend === 'redis' && { REDIS_URL: redisServer.url }),
+      ...env,
+    });
+    // Each test gets its own keyspace on the shared redis-server.
+    config.redisKeyPrefix = `test:${basename(dataDir)}:`;
+    running = await bootstrap({
+      module: RegistryModule.forRoot(config),
+      grpc: (app) => [bind(RegistryService, app.get(RegistryGrpcController))],
+    });
+    sut = createClient(RegistryService, `127.0.0.1:${running.grpcPort}`);
+  }
+
+  async function stop(): Promise<void> {
+    sut.close();
+    await running.stop();
+  }
+
+  beforeEach(async () => {
+    dataDir = mkdtempSync(join(tmpdir(), 'infermesh-registry-e2e-'));
+    await start();
+  });
+  afterEach(async () => {
+    await stop();
+    rmSync(dataDir, { recursive: true, force: true });
+  });
+
+  async function register(model: string, versionId: string, bytes: Uint8Array, maxBatchSize?: number) {
+    const { artifact } = await upload(sut, bytes);
+    const request = { parent: `models/${model}`, versionId, artifactSha256: artifact!.sha256, ...(maxBatchSize !== undefined && { maxBatchSize }) };
+    return (await sut.createModelVersion(request)).version!;
+  }
+
+  const ready = (model: string, versionId: string) =>
+    sut.reportVersionState({ name: `models/${model}/versions/${versionId}`, state: VersionState.READY, workerId: 'worker-1' });
+
+  it('uploads in chunks, registers a version, serves it once READY, and downloads identical bytes', async () => {
+    const tiny = buildTinyModel().bytes;
+    const { artifact } = await upload(sut, tiny, 100, sha256(tiny));
+    expect(artifact).toMatchObject({ sha256: sha256(tiny), sizeBytes: BigInt(tiny.length), format: 'onnx' });
+
+    const { version } = await sut.createModelVersion({ parent: 'models/tiny', versionId: '1', artifactSha256: artifact!.sha256 });
+    expect(version).toMatchObject({ name: 'models/tiny/versions/1', state: VersionState.REGISTERED, artifact: { sha256: sha256(tiny) } });
+    expect(version!.signature!.inputs.map((s) => ({ name: s.name, datatype: s.datatype, shape: s.shape.map(Number) }))).toEqual([
+      { name: 'input', datatype: DataType.FP32, shape: [-1, 4] },
+    ]);
+    expect(version!.signature!.outputs[0]!.shape.map(Number)).toEqual([-1, 3]);
+    expect(version!.signature!.maxBatchSize).toBe(64);
+    expect(version!.createTime).toBeDefined();
+
+    for (const versionId of ['', '1']) {
+      const notReady = await rpcError(sut.resolveModelVersion({ model: 'models/tiny', versionId }));
+      expect([notReady.code, notReady.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
+    }
+    await sut.reportVersionState({ name: 'models/tiny/versions/1', state: VersionState.LOADING, workerId: 'worker-1' });
+    expect((await rpcError(sut.resolveModelVersion({ model: 'models/tiny' }))).message).toMatch(/version 1|no READY version/);
+
+    const reported = await ready('tiny', '1');
+    expect(reported.version!.state).toBe(VersionState.READY);
+    const resolved = await sut.resolveModelVersion({ model: 'models/tiny' });
+    expect(resolved.version!.name).toBe('models/tiny/versions/1');
+    expect(resolved.version!.signature!.maxBatchSize).toBe(64);
+    expect((await sut.resolveModelVersion({ model: 'models/tiny', versionId: '1' })).version!.state).toBe(VersionState.READY);
+
+    expect(Buffer.compare(await download(sut, artifact!.sha256), Buffer.from(tiny))).toBe(0);
+  });
+
+  it('downloads a large artifact in chunks of at most 1 MiB', async () => {
+    await stop();
+    await start({ REGISTRY_MAX_ARTIFACT_BYTES: String(8 * 1024 * 1024) });
+    const big = randomBytes(2 * 1024 * 1024 + 5);
+    const { artifact } = await upload(sut, big, 256 * 1024);
+    const sizes: number[] = [];
+    const chunks: Uint8Array[] = [];
+    for await (const response of sut.downloadArtifact({ sha256: artifact!.sha256 })) {
+      sizes.push(response.chunk.byteLength);
+      chunks.push(response.chunk);
+    }
+    expect(sizes).toEqual([1024 * 1024, 1024 * 1024, 5]);
+    expect(Buffer.concat(chunks).equals(big)).toBe(true);
+  });
+
+  it('registers the same version with the same artifact idempotently, and refuses a different artifact', async () => {
+    const first = await register('tiny', '1', buildTinyModel().bytes);
+    const again = await register('tiny', '1', buildTinyModel().bytes);
+    expect(again).toEqual(first);
+
+    const conflict = await rpcError(register('tiny', '1', buildMultiIoModel().bytes));
+    expect([conflict.code, conflict.reason]).toEqual([status.ALREADY_EXISTS, 'ALREADY_EXISTS']);
+    expect((await sut.getModel({ name: 'models/tiny' })).model!.versions).toHaveLength(1);
+  });
+
+  it('refuses an artifact that is not an ONNX model and registers nothing', async () => {
+    const error = await rpcError(register('broken', '1', Buffer.from('garbage bytes, not a model')));
+    expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_ARTIFACT']);
+    expect(error.message).toMatch(/not a valid ONNX model/);
+    const missing = await rpcError(sut.getModel({ name: 'models/broken' }));
+    expect([missing.code, missing.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
+    expect((await sut.listModels({})).models).toEqual([]);
+  });
+
+  it('refuses a version whose artifact was never uploaded', async () => {
+    const error = await rpcError(sut.createModelVersion({ parent: 'models/tiny', versionId: '1', artifactSha256: sha256(Buffer.from('nope')) }));
+    expect([error.code, error.reason]).toEqual([status.NOT_FOUND, 'ARTIFACT_NOT_FOUND']);
+  });
+
+  it('gives a model with a fixed first dimension max batch size 0, and lets the request override the default', async () => {
+    expect((await register('fixed', '1', fixedBatchModel())).signature!.maxBatchSize).toBe(0);
+    expect((await register('tiny', '1', buildTinyModel().bytes, 8)).signature!.maxBatchSize).toBe(8);
+    const error = await rpcError(register('fixed', '2', fixedBatchModel(), 8));
+    expect(error.code).toBe(status.INVALID_ARGUMENT);
+  });
+
+  it('refuses an upload over the size limit, naming the limit, and stores nothing', async () => {
+    const error = await rpcError(upload(sut, randomBytes(MAX_ARTIFACT_BYTES + 1), 64 * 1024));
+    expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_ARTIFACT']);
+    expect(error.message).toContain(`${MAX_ARTIFACT_BYTES} bytes (REGISTRY_MAX_ARTIFACT_BYTES)`);
+    expect(readdirSync(join(dataDir, 'artifacts')).filter((f) => f !== '.incoming')).toEqual([]);
+    expect(readdirSync(join(dataDir, 'artifacts', '.incoming'))).toEqual([]);
+  });
+
+  it('refuses an upload whose bytes do not match expected_sha256, and stores nothing', async () => {
+    const bytes = randomBytes(5000);
+    const error = await rpcError(upload(sut, bytes, 1000, sha256(Buffer.from('other'))));
+    expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_ARTIFACT']);
+    const missing = await rpcError(download(sut, sha256(bytes)));
+    expect([missing.code, missing.reason]).toEqual([status.NOT_FOUND, 'ARTIFACT_NOT_FOUND']);
+  });
+
+  it('stores nothing from an upload the client cancels midway', async () => {
+    const controller = new AbortController();
+    async function* cancelled(): AsyncGenerator<UploadMessage> {
+      yield { chunk: randomBytes(1000) };
+      yield { chunk: randomBytes(1000) };
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      controller.abort();
+    }
+    const error = await rpcError(sut.uploadArtifact(cancelled(), { signal: controller.signal }));
+    expect(error.code).toBe(status.CANCELLED);
+    const incoming = join(dataDir, 'artifacts', '.incoming');
+    for (let i = 0; i < 50 && readdirSync(incoming).length > 0; i += 1) await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(readdirSync(incoming)).toEqual([]);
+    expect(readdirSync(join(dataDir, 'artifacts')).filter((f) => f !== '.incoming')).toEqual([]);
+  });
+
+  it('resolves the highest-numbered READY version and lists versions in numeric order', async () => {
+    const tiny = buildTinyModel().bytes;
+    for (const versionId of ['10', '2', '3']) await register('tiny', versionId, tiny);
+    await ready('tiny', '2');
+    await ready('tiny', '3');
+    expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/3');
+    await ready('tiny', '10');
+    expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/10');
+
+    await register('alpha', '1', tiny);
+    const { models } = await sut.listModels({});
+    expect(models.map((m) => [m.name, m.platform, m.versions.map((v) => v.name)])).toEqual([
+      ['models/alpha', 'onnxruntime_onnx', ['models/alpha/versions/1']],
+      ['models/tiny', 'onnxruntime_onnx', ['models/tiny/versions/2', 'models/tiny/versions/3', 'models/tiny/versions/10']],
+    ]);
+  });
+
+  it('records a FAILED report with its reason, and answers NOT_FOUND for unknown models and versions', async () => {
+    await register('tiny', '1', buildTinyModel().bytes);
+    const failed = await sut.reportVersionState({ name: 'models/tiny/versions/1', state: VersionState.FAILED, stateReason: 'out of memory', workerId: 'w' });
+    expect(failed.version).toMatchObject({ state: VersionState.FAILED, stateReason: 'out of memory' });
+    expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.stateReason).toBe('out of memory');
+
+    const noVersion = await rpcError(ready('tiny', '2'));
+    expect([noVersion.code, noVersion.reason]).toEqual([status.NOT_FOUND, 'VERSION_NOT_FOUND']);
+    const noModel = await rpcError(ready('nope', '1'));
+    expect([noModel.code, noModel.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
+    const resolveMissing = await rpcError(sut.resolveModelVersion({ model: 'models/tiny', versionId: '7' }));
+    expect([resolveMissing.code, resolveMissing.reason]).toEqual([status.NOT_FOUND, 'VERSION_NOT_FOUND']);
+    const resolveUnknown = await rpcError(sut.resolveModelVersion({ model: 'models/nope' }));
+    expect([resolveUnknown.code, resolveUnknown.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
+  });
+
+  it('refuses malformed names and version ids with INVALID_ARGUMENT', async () => {
+    const sha = sha256(buildTinyModel().bytes);
+    const cases: (() => Promise<unknown>)[] = [
+      () => sut.createModelVersion({ parent: 'tiny', versionId: '1', artifactSha256: sha }),
+      () => sut.createModelVersion({ parent: 'models/-bad', versionId: '1', artifactSha256: sha }),
+      () => sut.createModelVersion({ parent: 'models/tiny', versionId: '0', artifactSha256: sha }),
+      () => sut.createModelVersion({ parent: 'models/tiny', versionId: 'v1', artifactSha256: sha }),
+      () => sut.createModelVersion({ parent: 'models/tiny', versionId: '1', artifactSha256: '../etc/passwd' }),
+      () => sut.resolveModelVersion({ model: 'models/tiny', versionId: '01' }),
+      () => sut.reportVersionState({ name: 'models/tiny', state: VersionState.READY }),
+      () => sut.reportVersionState({ name: 'models/tiny/versions/1', state: VersionState.RETIRED }),
+      () => download(sut, 'not-a-sha'),
+    ];
+    for (const call of cases) expect((await rpcError(call())).code).toBe(status.INVALID_ARGUMENT);
+  });
+
+  it('keeps models, versions and states across a restart', async () => {
+    const tiny = buildTinyModel().bytes;
+    await register('tiny', '1', tiny);
+    await ready('tiny', '1');
+    await stop();
+    await start();
+    expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/1');
+    expect(Buffer.compare(await download(sut, sha256(tiny)), Buffer.from(tiny))).toBe(0);
+  });
+
+  it('exports model and version gauges and the artifact bytes stored', async () => {
+    const tiny = buildTinyModel().bytes;
+    await register('tiny', '1', tiny);
+    await register('tiny', '2', tiny);
+    await ready('tiny', '2');
+    const body = await (await fetch(`http://127.0.0.1:${running.metricsPort}/metrics`)).text();
+    expect(body).toMatch(/^infermesh_registry_models 1$/m);
+    expect(body).toMatch(/^infermesh_registry_model_versions\{state="READY"\} 1$/m);
+    expect(body).toMatch(/^infermesh_registry_model_versions\{state="REGISTERED"\} 1$/m);
+    expect(body).toMatch(new RegExp(`^infermesh_registry_artifact_stored_bytes_total ${tiny.length}$`, 'm'));
+    expect(body).toMatch(/^infermesh_registry_artifact_uploads_total\{outcome="deduplicated"\} 1$/m);
+    expect(body).toMatch(/infermesh_registry_grpc_server_handling_seconds_count\{method="RegistryService\/CreateModelVersion",code="OK"\} 2/);
+  });
+});
+
+describe(`${RegistryGrpcController.name} with Redis down`, () => {
+  it('answers UNAVAILABLE, not INTERNAL, while the model store is unreachable', async () => {
+    const redis = await startRedisServer();
+    const dataDir = mkdtempSync(join(tmpdir(), 'infermesh-registry-e2e-'));
+    const config = loadRegistryConfig({
+      REGISTRY_GRPC_PORT: '0',
+      REGISTRY_METRICS_PORT: '0',
+      REGISTRY_LOG_LEVEL: 'error',
+      REGISTRY_DATA_DIR: dataDir,
+      REDIS_URL: redis.url,
+    });
+    const running = await bootstrap({
+      module: RegistryModule.forRoot(config),
+      grpc: (app) => [bind(RegistryService, app.get(RegistryGrpcController))],
+    });
+    const sut = createClient(RegistryService, `127.0.0.1:${running.grpcPort}`);
+    try {
+      const { artifact } = await upload(sut, buildTinyModel().bytes);
+      await sut.createModelVersion({ parent: 'models/tiny', versionId: '1', artifactSha256: artifact!.sha256 });
+      await redis.stop();
+      const error = await rpcError(sut.getModel({ name: 'models/tiny' }));
+      expect(error.code).toBe(status.UNAVAILABLE);
+      expect(error.message).toMatch(/model store is unavailable/);
+      // Artifacts live on the filesystem and stay available.
+      expect(Buffer.compare(await download(sut, artifact!.sha256), Buffer.from(buildTinyModel().bytes))).toBe(0);
+    } finally {
+      sut.close();
+      await running.stop();
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+});

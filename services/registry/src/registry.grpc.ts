@@ -1,0 +1,50 @@
+import { Injectable } from '@nestjs/common';
+import type { CallContext, ServiceImpl } from '@infermesh/grpc';
+import type {
+  CreateModelVersionRequest,
+  DownloadArtifactRequest,
+  GetModelRequest,
+  RegistryService,
+  ReportVersionStateRequest,
+  ResolveModelVersionRequest,
+  UploadArtifactRequest,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { ArtifactTransfer } from './artifact-transfer';
+import { ModelCatalog } from './model-catalog';
+
+/** gRPC transport of the registry service. */
+@Injectable()
+export class RegistryGrpcController implements ServiceImpl<typeof RegistryService> {
+  constructor(
+    private readonly catalog: ModelCatalog,
+    private readonly transfer: ArtifactTransfer,
+  ) {}
+
+  async uploadArtifact(requests: AsyncIterable<UploadArtifactRequest>, ctx: CallContext) {
+    return { artifact: await this.transfer.upload(requests, ctx.signal) };
+  }
+
+  async *downloadArtifact(request: DownloadArtifactRequest) {
+    for await (const chunk of this.transfer.download(request.sha256)) yield { chunk };
+  }
+
+  async createModelVersion(request: CreateModelVersionRequest) {
+    return { version: await this.catalog.createVersion(request) };
+  }
+
+  async getModel(request: GetModelRequest) {
+    return { model: await this.catalog.getModel(request.name) };
+  }
+
+  async listModels() {
+    return { models: await this.catalog.listModels() };
+  }
+
+  async resolveModelVersion(request: ResolveModelVersionRequest) {
+    return { version: await this.catalog.resolve(request.model, request.versionId) };
+  }
+
+  async reportVersionState(request: ReportVersionStateRequest) {
+    return { version: await this.catalog.reportState(request.name, request.state, request.stateReason, request.workerId) };
+  }
+}

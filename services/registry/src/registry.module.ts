@@ -1,0 +1,45 @@
+import { type DynamicModule, Module } from '@nestjs/common';
+import { createRedisClient, waitForRedis } from '@infermesh/redis';
+import { RuntimeModule } from '@infermesh/runtime';
+import { JsonLogger } from '@infermesh/telemetry';
+import { ArtifactStore } from './artifact-store';
+import { FilesystemArtifactStore } from './artifact-store.filesystem';
+import { ArtifactTransfer } from './artifact-transfer';
+import { Clock } from './clock';
+import { ModelCatalog } from './model-catalog';
+import { ModelStore } from './model-store';
+import { EmbeddedModelStore } from './model-store.embedded';
+import { RedisModelStore } from './model-store.redis';
+import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
+import { RegistryGrpcController } from './registry.grpc';
+
+@Module({})
+export class RegistryModule {
+  static forRoot(config: RegistryConfig): DynamicModule {
+    return {
+      module: RegistryModule,
+      imports: [RuntimeModule.forRoot('registry', config.runtime)],
+      providers: [
+        { provide: REGISTRY_CONFIG, useValue: config },
+        {
+          provide: ModelStore,
+          inject: [JsonLogger],
+          useFactory: async (logger: JsonLogger): Promise<ModelStore> => {
+            if (config.redisUrl === undefined) return new EmbeddedModelStore(config.metadataFile);
+            const client = createRedisClient(config.redisUrl, logger, 'registry');
+            // Start serving even when Redis is down: calls answer UNAVAILABLE until it is back.
+            await waitForRedis(client, 5_000).catch((error: unknown) =>
+              logger.warn('redis not ready at start-up; model calls are UNAVAILABLE until it is', { err: String(error) }),
+            );
+            return new RedisModelStore(client, config.redisKeyPrefix);
+          },
+        },
+        { provide: ArtifactStore, useFactory: (): ArtifactStore => new FilesystemArtifactStore(config.artifactDir) },
+        Clock,
+        ModelCatalog,
+        ArtifactTransfer,
+        RegistryGrpcController,
+      ],
+    };
+  }
+}
