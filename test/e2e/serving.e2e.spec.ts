@@ -152,7 +152,7 @@ describe('serving through the whole system (embedded stores)', () => {
       ['a wrong key', { authorization: 'Bearer not-the-key-at-all' }],
       ['a malformed header', { authorization: 'Basic abc' }],
     ])('401 with %s', async (_label, headers) => {
-      const res = await post('/v2/models/tiny/infer', { inputs: [tinyInput] }, headers as Record<string, string>);
+      const res = await post('/v2/models/tiny/infer', { inputs: [tinyInput] }, headers);
       expect(res.status).toBe(401);
       expect(await res.json()).toEqual({ error: expect.any(String) });
       expect((await fetch(`${url}/v2/models/tiny`, { headers: headers as Record<string, string> })).status).toBe(401);

@@ -115,6 +115,8 @@ function clientMethod(client: Record<string, unknown>, method: DescMethod) {
             error ? reject(RpcError.fromServiceError(error)) : resolve(response),
           ) as grpc.ClientWritableStream<unknown>;
         });
+        // The call may fail while the requests are still being produced; it is awaited below.
+        done.catch(() => undefined);
         const unlink = linkAbort(options?.signal, call);
         try {
           for await (const message of requests) {

@@ -133,7 +133,7 @@ export class GrpcServer {
           const start = process.hrtime.bigint();
           const { ctx, context, dispose } = this.callContext(call);
           requestContext
-            .run(context, () => handler(call as AsyncIterable<unknown>, ctx) as Promise<unknown>)
+            .run(context, () => handler(requestsOf(call, ctx.signal), ctx) as Promise<unknown>)
             .then(
               (response) => {
                 finish(start, grpc.status.OK);
@@ -163,4 +163,19 @@ export class GrpcServer {
     const context = deadlineMs === undefined ? { requestId } : { requestId, deadlineMs };
     return { ctx, context, dispose: () => call.removeListener('cancelled', onCancel) };
   }
+}
+
+/**
+ * The request stream of a client-streaming call. grpc-js ends the stream of a call the client
+ * cancelled before it reports the cancellation, so the end is confirmed one turn later: a cancelled
+ * upload throws CANCELLED instead of looking complete.
+ */
+async function* requestsOf(call: grpc.ServerReadableStream<unknown, unknown>, signal: AbortSignal): AsyncGenerator<unknown> {
+  const cancelled = () => new RpcError(grpc.status.CANCELLED, 'the client cancelled the call');
+  for await (const message of call as AsyncIterable<unknown>) {
+    if (signal.aborted) throw cancelled();
+    yield message;
+  }
+  await new Promise((resolve) => setImmediate(resolve));
+  if (signal.aborted || call.cancelled) throw cancelled();
 }

@@ -23,6 +23,7 @@ export interface BootstrapOptions {
   /** The gRPC services to host, built from the application context. */
   grpc: (app: INestApplicationContext) => GrpcBinding[];
   /** When set, the service also serves HTTP through Nest (the gateway's REST API). */
+  /** `configure` runs before the application initialises, so global middleware, filters and guards apply. */
   http?: { host: string; port: number; configure?: (app: INestApplication) => void };
   /** Runs after every listener is bound; the health status is set to SERVING when it resolves. */
   onListening?: (app: INestApplicationContext) => Promise<void>;
@@ -61,6 +62,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
     grpcServer.add(service, impl as never);
     health.set(service.typeName, ServingStatus.NOT_SERVING);
   }
+  if (options.http) options.http.configure?.(app as INestApplication);
   await app.init();
 
   const grpcPort = await grpcServer.listen(settings.grpc.host, settings.grpc.port);
@@ -70,7 +72,6 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   let httpServer: Server | undefined;
   if (options.http) {
     const httpApp = app as INestApplication;
-    options.http.configure?.(httpApp);
     await httpApp.listen(options.http.port, options.http.host);
     httpServer = httpApp.getHttpServer() as Server;
     const address = httpServer.address();
