@@ -2,6 +2,8 @@ import { create } from '@bufbuild/protobuf';
 import { RpcError } from '@infermesh/grpc';
 import { type Tensor, type TensorSpec, TensorSpecSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { datatypeFromOrt } from '@infermesh/tensors';
+import { existsSync, readdirSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { InferenceSession, type Tensor as OrtTensor } from 'onnxruntime-node';
 import { ModelLoadError, ModelRuntime, type ModelSession } from './model-runtime';
 import { fromOrtTensor, toOrtTensor } from './ort-tensors';
@@ -21,6 +23,11 @@ export class OrtModelRuntime extends ModelRuntime {
 
   constructor(private readonly options: OrtRuntimeOptions) {
     super();
+    for (const provider of ['cuda', 'tensorrt']) {
+      if (!providerLibraryInstalled(provider)) {
+        this.unavailable.set(provider, `the ${provider} execution provider is not installed on this host (README: GPU hosts)`);
+      }
+    }
   }
 
   async load(model: Uint8Array, executionProviders: readonly string[]): Promise<ModelSession> {
@@ -113,4 +120,22 @@ function toSpec(meta: InferenceSession.ValueMetadata): TensorSpec {
 
 function errorMessage(error: unknown): string {
   return (error instanceof Error ? error.message : String(error)).split('\n')[0]!.trim();
+}
+
+/**
+ * onnxruntime-node's GPU providers are shared libraries its install script adds next to the native
+ * binding; without them a session would only fail after logging a library-load error.
+ */
+function providerLibraryInstalled(provider: string): boolean {
+  if (process.platform !== 'linux') return true; // elsewhere, let onnxruntime try
+  const binRoot = join(dirname(require.resolve('onnxruntime-node')), '..', 'bin');
+  const library = `libonnxruntime_providers_${provider}.so`;
+  try {
+    for (const napi of readdirSync(binRoot)) {
+      if (existsSync(join(binRoot, napi, process.platform, process.arch, library))) return true;
+    }
+  } catch {
+    return false;
+  }
+  return false;
 }
