@@ -1,5 +1,6 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
+import { REPO_ROOT } from '../../e2e/support/system-fixture';
 import { latency } from './latency.scenario';
 
 /** Benchmark scenarios by name: each runs against real processes and returns its figures. */
@@ -12,7 +13,7 @@ async function main(): Promise<number> {
     return 2;
   }
   const result = { ...(await SCENARIOS[name]!()), node: process.version, measured_at: new Date().toISOString() };
-  const dir = resolve(__dirname, '..', '..', '..', '..', 'test', 'bench', 'results');
+  const dir = join(REPO_ROOT, 'test', 'bench', 'results');
   mkdirSync(dir, { recursive: true });
   const file = join(dir, `${name}.json`);
   writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);

@@ -1,13 +1,14 @@
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
-import { resolve } from 'node:path';
+import { join } from 'node:path';
+import { REPO_ROOT } from './system-fixture';
 
 /**
  * A KServe v2 gRPC client built only from the published protocol file, the way an existing KServe or
  * Triton client would talk to infermesh: dynamic loading, no infermesh code.
  */
 export function kserveClient(address: string) {
-  const definition = protoLoader.loadSync(resolve(__dirname, '..', '..', '..', 'proto', 'inference', 'grpc_service.proto'), {
+  const definition = protoLoader.loadSync(join(REPO_ROOT, 'proto', 'inference', 'grpc_service.proto'), {
     keepCase: true,
     longs: String,
     enums: String,

@@ -1,12 +1,23 @@
 import { DEMO_MODELS } from '@infermesh/model-builder';
 import { System, type SystemPorts } from '@infermesh/system';
 import { freePort } from '@infermesh/testing';
-import { appendFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { dirname, join } from 'node:path';
 
 export const API_KEY = 'e2e-test-key-0123456789abcdef';
-export const DIST = resolve(__dirname, '..', '..', '..', 'dist');
+
+/** The repository root, whether this file runs from its source (jest) or from dist/ (benchmarks). */
+export const REPO_ROOT = (() => {
+  let dir = __dirname;
+  while (!(existsSync(join(dir, 'package.json')) && existsSync(join(dir, 'proto')))) {
+    const parent = dirname(dir);
+    if (parent === dir) throw new Error(`no repository root above ${__dirname}`);
+    dir = parent;
+  }
+  return dir;
+})();
+export const DIST = join(REPO_ROOT, 'dist');
 
 export async function freePorts(): Promise<SystemPorts> {
   const names: (keyof SystemPorts)[] = [
