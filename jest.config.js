@@ -1,7 +1,8 @@
 // Unit specs live beside the code (*.spec.ts); e2e specs under test/e2e start the real services
 // from dist/ (npm test builds first) and a real redis-server.
 const shared = {
-  testEnvironment: 'node',
+  // Node's environment, with the host realm's typed arrays so onnxruntime-node's outputs pass its own instanceof checks.
+  testEnvironment: '<rootDir>/libs/testing/src/ort-jest-environment.ts',
   transform: {
     '^.+\\.ts$': ['ts-jest', { tsconfig: '<rootDir>/tsconfig.spec.json' }],
   },

@@ -1,6 +1,3 @@
-/**
- * @jest-environment ./libs/model-builder/src/ort-jest-environment.ts
- */
 import { buildMlpModel, buildMultiIoModel } from '@infermesh/model-builder';
 import * as ort from 'onnxruntime-node';
 import { API_KEY, type Fixture, startFixture } from './support/system-fixture';

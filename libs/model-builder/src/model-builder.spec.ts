@@ -1,6 +1,3 @@
-/**
- * @jest-environment ./libs/model-builder/src/ort-jest-environment.ts
- */
 import * as ort from 'onnxruntime-node';
 import { createHash } from 'node:crypto';
 import { DEMO_MODELS } from './demo-models';

@@ -1,6 +1,3 @@
-/**
- * @jest-environment ./libs/model-builder/src/ort-jest-environment.ts
- */
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { buildMultiIoModel } from '@infermesh/model-builder';

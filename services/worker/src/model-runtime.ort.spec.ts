@@ -1,6 +1,3 @@
-/**
- * @jest-environment ./libs/model-builder/src/ort-jest-environment.ts
- */
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { buildMultiIoModel, buildTinyModel, TINY_BIAS, TINY_WEIGHT } from '@infermesh/model-builder';

@@ -1,6 +1,3 @@
-/**
- * @jest-environment ./libs/model-builder/src/ort-jest-environment.ts
- */
 import { status } from '@grpc/grpc-js';
 import { createClient, RpcError } from '@infermesh/grpc';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';

@@ -4,8 +4,7 @@ import NodeEnvironment from 'jest-environment-node';
  * Jest's node environment runs each spec in its own realm, so the typed arrays onnxruntime-node's
  * native binding returns fail onnxruntime-common's `instanceof Float32Array` checks ("A float32
  * tensor's data must be type of function Float32Array()"). This environment gives the spec's realm
- * the host's typed-array constructors. Specs that run onnxruntime-node start with the docblock
- * `@jest-environment ./libs/model-builder/src/ort-jest-environment.ts`.
+ * the host's typed-array constructors. jest.config.js uses it for every spec.
  */
 export default class OrtJestEnvironment extends NodeEnvironment {
   constructor(...args: ConstructorParameters<typeof NodeEnvironment>) {
