@@ -3,7 +3,8 @@ import { createClient } from '@infermesh/grpc';
 import { buildMlpModel } from '@infermesh/model-builder';
 import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import * as ort from 'onnxruntime-node';
-import { API_KEY, startFixture } from '../../e2e/support/system-fixture';
+import { SERVICE_NAMES } from '@infermesh/system';
+import { API_KEY, metricValue, startFixture } from '../../e2e/support/system-fixture';
 import { quantile, round, table } from './stats';
 
 const REQUESTS = 300;
@@ -53,6 +54,14 @@ export async function latency(): Promise<Record<string, unknown>> {
     },
   };
   const samples: Record<keyof typeof paths, number[]> = { inprocess: [], rest: [], grpc: [] };
+  let cpuPerRequestUs: Record<string, number> = {};
+  const cpuSeconds = async () =>
+    Object.fromEntries(
+      await Promise.all(
+        SERVICE_NAMES.map(async (name) => [name, await metricValue(fixture.system.metricsUrl(name), `infermesh_${name}_process_cpu_seconds_total`)] as const),
+      ),
+    );
+  let cpuBefore: Record<string, number> = {};
   try {
     for (let i = 0; i < WARMUP + REQUESTS; i++) {
       for (const name of Object.keys(paths) as (keyof typeof paths)[]) {
@@ -62,7 +71,13 @@ export async function latency(): Promise<Record<string, unknown>> {
         const ms = Number(process.hrtime.bigint() - start) / 1e6;
         if (i >= WARMUP) samples[name].push(ms);
       }
+      if (i === WARMUP - 1) cpuBefore = await cpuSeconds();
     }
+    const cpuAfter = await cpuSeconds();
+    // Each measured round sends one REST and one gRPC request through the system.
+    cpuPerRequestUs = Object.fromEntries(
+      SERVICE_NAMES.map((name) => [name, round(((cpuAfter[name]! - cpuBefore[name]!) * 1e6) / (2 * REQUESTS), 0)]),
+    );
   } finally {
     grpc.close();
     await session.release();
@@ -85,6 +100,8 @@ export async function latency(): Promise<Record<string, unknown>> {
     grpc_over_inprocess_p50: round(quantile(samples.grpc, 0.5) / quantile(samples.inprocess, 0.5)),
     rest_added_p50_ms: round(quantile(samples.rest, 0.5) - quantile(samples.inprocess, 0.5)),
     grpc_added_p50_ms: round(quantile(samples.grpc, 0.5) - quantile(samples.inprocess, 0.5)),
+    /** Process CPU time of each service per request through the system (REST and gRPC averaged). */
+    cpu_us_per_req: cpuPerRequestUs,
   };
   process.stdout.write(
     `${table(
@@ -94,6 +111,12 @@ export async function latency(): Promise<Record<string, unknown>> {
         ['REST via gateway (6 services)', result.rest_p50_ms, result.rest_p99_ms, result.rest_over_inprocess_p50],
         ['gRPC via gateway (6 services)', result.grpc_p50_ms, result.grpc_p99_ms, result.grpc_over_inprocess_p50],
       ],
+    )}\n`,
+  );
+  process.stdout.write(
+    `\n${table(
+      ['service', 'CPU µs / request'],
+      Object.entries(cpuPerRequestUs).map(([name, us]) => [name, us]),
     )}\n`,
   );
   return result;
