@@ -9,6 +9,7 @@ import { quantile, round, table } from './stats';
 
 const REQUESTS = 300;
 const WARMUP = 30;
+const IDLE_WINDOW_MS = 5_000;
 
 /**
  * p50/p99 of the demo MLP at concurrency 1, batch 1: in-process onnxruntime-node, REST through the
@@ -62,6 +63,9 @@ export async function latency(): Promise<Record<string, unknown>> {
       ),
     );
   let cpuBefore: Record<string, number> = {};
+  let idlePerMs: Record<string, number> = {};
+  let idleCpuPercent: Record<string, number> = {};
+  let loopStart = 0;
   try {
     for (let i = 0; i < WARMUP + REQUESTS; i++) {
       for (const name of Object.keys(paths) as (keyof typeof paths)[]) {
@@ -71,13 +75,26 @@ export async function latency(): Promise<Record<string, unknown>> {
         const ms = Number(process.hrtime.bigint() - start) / 1e6;
         if (i >= WARMUP) samples[name].push(ms);
       }
-      if (i === WARMUP - 1) cpuBefore = await cpuSeconds();
+      if (i === WARMUP - 1) {
+        // What the services burn with no traffic (timers, polls) is measured first and subtracted.
+        const idleStart = await cpuSeconds();
+        await new Promise((r) => setTimeout(r, IDLE_WINDOW_MS));
+        const idleEnd = await cpuSeconds();
+        idlePerMs = Object.fromEntries(SERVICE_NAMES.map((name) => [name, (idleEnd[name]! - idleStart[name]!) / IDLE_WINDOW_MS]));
+        cpuBefore = await cpuSeconds();
+        loopStart = Date.now();
+      }
     }
     const cpuAfter = await cpuSeconds();
+    const loopMs = Date.now() - loopStart;
     // Each measured round sends one REST and one gRPC request through the system.
     cpuPerRequestUs = Object.fromEntries(
-      SERVICE_NAMES.map((name) => [name, round(((cpuAfter[name]! - cpuBefore[name]!) * 1e6) / (2 * REQUESTS), 0)]),
+      SERVICE_NAMES.map((name) => {
+        const busy = cpuAfter[name]! - cpuBefore[name]! - idlePerMs[name]! * loopMs;
+        return [name, round((Math.max(0, busy) * 1e6) / (2 * REQUESTS), 0)];
+      }),
     );
+    idleCpuPercent = Object.fromEntries(SERVICE_NAMES.map((name) => [name, round(idlePerMs[name]! * 1000 * 100, 2)]));
   } finally {
     grpc.close();
     await session.release();
@@ -100,8 +117,10 @@ export async function latency(): Promise<Record<string, unknown>> {
     grpc_over_inprocess_p50: round(quantile(samples.grpc, 0.5) / quantile(samples.inprocess, 0.5)),
     rest_added_p50_ms: round(quantile(samples.rest, 0.5) - quantile(samples.inprocess, 0.5)),
     grpc_added_p50_ms: round(quantile(samples.grpc, 0.5) - quantile(samples.inprocess, 0.5)),
-    /** Process CPU time of each service per request through the system (REST and gRPC averaged). */
+    /** Process CPU time of each service per request through the system (REST and gRPC averaged), idle burn subtracted. */
     cpu_us_per_req: cpuPerRequestUs,
+    /** CPU each service uses with no traffic, in percent of one core. */
+    idle_cpu_percent: idleCpuPercent,
   };
   process.stdout.write(
     `${table(
@@ -115,8 +134,8 @@ export async function latency(): Promise<Record<string, unknown>> {
   );
   process.stdout.write(
     `\n${table(
-      ['service', 'CPU µs / request'],
-      Object.entries(cpuPerRequestUs).map(([name, us]) => [name, us]),
+      ['service', 'CPU µs / request', 'idle CPU %'],
+      Object.entries(cpuPerRequestUs).map(([name, us]) => [name, us, idleCpuPercent[name] ?? '']),
     )}\n`,
   );
   return result;
