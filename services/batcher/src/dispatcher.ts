@@ -40,8 +40,12 @@ export class Dispatcher {
       this.dispatched.inc({ model, version, outcome: 'no_worker' });
       throw RpcError.unavailable(`no worker has model "${model}" version ${version} ready`, 'MODEL_NOT_READY');
     }
+    const untried = [...candidates];
     for (let attempt = 0; ; attempt++) {
-      const worker = candidates[attempt]!;
+      // Chosen right before the call, not when the candidates were listed: requests that resume
+      // together (e.g. after one shared poll) must see each other's outstanding work.
+      const worker = untried.reduce((best, w) => (w.outstanding < best.outstanding ? w : best));
+      untried.splice(untried.indexOf(worker), 1);
       try {
         const response = await worker.infer(request);
         this.dispatched.inc({ model, version, outcome: 'ok' });

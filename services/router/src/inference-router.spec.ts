@@ -1,0 +1,399 @@
+import 'reflect-metadata';
+import { create, type MessageInitShape } from '@bufbuild/protobuf';
+import { status } from '@grpc/grpc-js';
+import type { DynamicModule, INestApplicationContext, Type } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { GrpcServer, RpcError, type ServiceImpl } from '@infermesh/grpc';
+import { CacheService } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
+import {
+  DataType,
+  type InferenceRequest,
+  InferenceRequestSchema,
+  type InferenceResponse,
+  InferenceResponseSchema,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { cacheKey } from '@infermesh/tensors';
+import { freePort } from '@infermesh/testing';
+import { InferenceRouter } from './inference-router';
+import { loadRouterConfig } from './router.config';
+import { RouterModule } from './router.module';
+import { BatcherAdapter, CacheAdapter, RegistryAdapter } from './upstreams.adapter';
+
+// ---------------------------------------------------------------------------------------------
+// Fakes of the router's three upstreams (registry, result cache, batcher): other services, reached
+// through the adapters in upstreams.adapter.ts, which are the seam replaced here.
+// ---------------------------------------------------------------------------------------------
+
+const signature = {
+  inputs: [{ name: 'x', datatype: DataType.FP32, shape: [-1n, 4n] }],
+  outputs: [
+    { name: 'y', datatype: DataType.FP32, shape: [-1n, 2n] },
+    { name: 'z', datatype: DataType.FP32, shape: [-1n] },
+  ],
+  maxBatchSize: 8,
+};
+
+const version = (model: string, id: string, state: VersionState): ModelVersion =>
+  create(ModelVersionSchema, { name: `models/${model}/versions/${id}`, state, signature });
+
+/** What the registry holds: mlp has 1 and 2 READY, 3 still LOADING; cold has nothing ready. */
+const MODELS: Record<string, ModelVersion[]> = {
+  mlp: [version('mlp', '1', VersionState.READY), version('mlp', '2', VersionState.READY), version('mlp', '3', VersionState.LOADING)],
+  cold: [version('cold', '1', VersionState.LOADING)],
+};
+
+/** Answers like the registry's ResolveModelVersion: no version id means the latest READY one. */
+class FakeRegistry {
+  readonly calls: { model: string; versionId: string }[] = [];
+
+  async resolve(model: string, versionId: string): Promise<ModelVersion> {
+    this.calls.push({ model, versionId });
+    const versions = MODELS[model];
+    if (versions === undefined) throw RpcError.notFound(`model "${model}" not found`, 'MODEL_NOT_FOUND');
+    if (versionId === '') {
+      const ready = versions.findLast((v) => v.state === VersionState.READY);
+      if (ready === undefined) throw RpcError.unavailable(`no version of model "${model}" is ready`, 'MODEL_NOT_READY');
+      return ready;
+    }
+    const found = versions.find((v) => v.name.endsWith(`/versions/${versionId}`));
+    if (found === undefined) throw RpcError.notFound(`model "${model}" has no version ${versionId}`, 'VERSION_NOT_FOUND');
+    return found;
+  }
+}
+
+/** An in-memory result cache; `failWith` makes every call fail. */
+class FakeCache {
+  readonly entries = new Map<string, InferenceResponse>();
+  readonly lookups: { key: string; timeoutMs: number }[] = [];
+  readonly stores: { key: string; response: InferenceResponse }[] = [];
+  failWith: Error | undefined;
+
+  async lookup(key: Uint8Array, timeoutMs: number): Promise<InferenceResponse | undefined> {
+    this.lookups.push({ key: hex(key), timeoutMs });
+    if (this.failWith) throw this.failWith;
+    return this.entries.get(hex(key));
+  }
+
+  async store(key: Uint8Array, response: InferenceResponse): Promise<boolean> {
+    this.stores.push({ key: hex(key), response });
+    if (this.failWith) throw this.failWith;
+    this.entries.set(hex(key), response);
+    return true;
+  }
+}
+
+/** Runs requests the way a worker does: the requested outputs, stamped with the request's version and id. */
+class FakeBatcher {
+  readonly requests: InferenceRequest[] = [];
+
+  async infer(request: InferenceRequest): Promise<InferenceResponse> {
+    this.requests.push(request);
+    const names = request.outputNames.length > 0 ? request.outputNames : signature.outputs.map((o) => o.name);
+    return create(InferenceResponseSchema, {
+      modelName: request.modelName,
+      modelVersion: request.modelVersion,
+      id: request.id,
+      outputs: names.map((name) => ({ name, datatype: DataType.FP32, shape: [1n], data: new Uint8Array(4) })),
+    });
+  }
+}
+
+const hex = (key: Uint8Array) => Buffer.from(key).toString('hex');
+
+/** A valid request for mlp: one row of x. */
+const inferRequest = (init: MessageInitShape<typeof InferenceRequestSchema> = {}): InferenceRequest =>
+  create(InferenceRequestSchema, {
+    modelName: 'mlp',
+    id: 'req-1',
+    inputs: [{ name: 'x', datatype: DataType.FP32, shape: [1n, 4n], data: new Uint8Array(16) }],
+    ...init,
+  });
+
+/** The router module as main.ts builds it, with the given providers replaced. */
+function overridden(module: DynamicModule, replacements: Map<Type, object>): DynamicModule {
+  return {
+    ...module,
+    providers: [
+      ...(module.providers ?? []).filter((p) => !replacements.has(p as Type)),
+      ...[...replacements].map(([provide, useValue]) => ({ provide, useValue })),
+    ],
+  };
+}
+
+interface Harness {
+  sut: InferenceRouter;
+  app: INestApplicationContext;
+  registry: FakeRegistry;
+  cache: FakeCache;
+  batcher: FakeBatcher;
+}
+
+const running: INestApplicationContext[] = [];
+
+/** Starts the router's Nest context; `keep` names the adapters left real (pointed at real addresses in env). */
+async function startRouter(env: Record<string, string> = {}, keep: Type[] = []): Promise<Harness> {
+  const registry = new FakeRegistry();
+  const cache = new FakeCache();
+  const batcher = new FakeBatcher();
+  const replacements = new Map<Type, object>([
+    [RegistryAdapter, registry],
+    [CacheAdapter, cache],
+    [BatcherAdapter, batcher],
+  ]);
+  for (const k of keep) replacements.delete(k);
+  const config = loadRouterConfig({ ROUTER_LOG_LEVEL: 'error', ...env });
+  const app = await NestFactory.createApplicationContext(overridden(RouterModule.forRoot(config), replacements), {
+    logger: false,
+    abortOnError: false,
+  });
+  running.push(app);
+  return { sut: app.get(InferenceRouter), app, registry, cache, batcher };
+}
+
+async function counter(app: INestApplicationContext, name: string, labels: Record<string, string>): Promise<number> {
+  const metric = app.get(Metrics).registry.getSingleMetric(`infermesh_router_${name}`);
+  if (metric === undefined) throw new Error(`no metric ${name}`);
+  const { values } = await metric.get();
+  const found = values.find((v) => Object.entries(labels).every(([k, l]) => v.labels[k] === l));
+  return found?.value ?? 0;
+}
+
+async function rejection(promise: Promise<unknown>): Promise<RpcError> {
+  const error = await promise.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(error).toBeInstanceOf(RpcError);
+  return error as RpcError;
+}
+
+afterEach(async () => {
+  for (const app of running.splice(0)) await app.close();
+});
+
+describe(InferenceRouter.name, () => {
+  describe('version resolution', () => {
+    it('serves the latest READY version and stamps it on the request to the batcher and on the response', async () => {
+      const { sut, registry, batcher } = await startRouter();
+
+      const response = await sut.infer(inferRequest());
+
+      expect(registry.calls).toEqual([{ model: 'mlp', versionId: '' }]);
+      expect(batcher.requests).toHaveLength(1);
+      expect(batcher.requests[0]).toMatchObject({ modelName: 'mlp', modelVersion: '2', id: 'req-1' });
+      expect(response).toMatchObject({ modelName: 'mlp', modelVersion: '2', id: 'req-1', cached: false });
+    });
+
+    it('passes an explicit version through', async () => {
+      const { sut, registry, batcher } = await startRouter();
+
+      const response = await sut.infer(inferRequest({ modelVersion: '1' }));
+
+      expect(registry.calls).toEqual([{ model: 'mlp', versionId: '1' }]);
+      expect(batcher.requests[0]!.modelVersion).toBe('1');
+      expect(response.modelVersion).toBe('1');
+    });
+
+    it('refuses an explicit version that is not READY with UNAVAILABLE MODEL_NOT_READY', async () => {
+      const { sut, batcher } = await startRouter();
+
+      const error = await rejection(sut.infer(inferRequest({ modelVersion: '3' })));
+
+      expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
+      expect(batcher.requests).toHaveLength(0);
+    });
+
+    it.each([
+      ['an unknown model', 'missing', '', status.NOT_FOUND, 'MODEL_NOT_FOUND'],
+      ['an unknown version', 'mlp', '9', status.NOT_FOUND, 'VERSION_NOT_FOUND'],
+      ['a model with no READY version', 'cold', '', status.UNAVAILABLE, 'MODEL_NOT_READY'],
+    ])('passes the registry error for %s through with its code and reason', async (_case, modelName, modelVersion, code, reason) => {
+      const { sut, batcher, app } = await startRouter();
+
+      const error = await rejection(sut.infer(inferRequest({ modelName, modelVersion })));
+
+      expect([error.code, error.reason]).toEqual([code, reason]);
+      expect(error.message).toContain(modelName);
+      expect(batcher.requests).toHaveLength(0);
+      expect(await counter(app, 'requests_total', { model: modelName, outcome: String(code) })).toBe(1);
+    });
+
+    it('answers UNAVAILABLE when the registry cannot be reached', async () => {
+      const { sut, batcher } = await startRouter({ ROUTER_REGISTRY_ADDRESS: `127.0.0.1:${await freePort()}` }, [RegistryAdapter]);
+
+      const error = await rejection(sut.infer(inferRequest()));
+
+      expect(error.code).toBe(status.UNAVAILABLE);
+      expect(batcher.requests).toHaveLength(0);
+    });
+
+    it('refuses a request that names no model with INVALID_ARGUMENT without asking the registry', async () => {
+      const { sut, registry, batcher } = await startRouter();
+
+      const error = await rejection(sut.infer(inferRequest({ modelName: '' })));
+
+      expect(error.code).toBe(status.INVALID_ARGUMENT);
+      expect(registry.calls).toHaveLength(0);
+      expect(batcher.requests).toHaveLength(0);
+    });
+  });
+
+  describe('signature checks', () => {
+    it.each([
+      ['a wrong shape', [{ name: 'x', datatype: DataType.FP32, shape: [1n, 3n], data: new Uint8Array(12) }], 'x'],
+      ['a wrong datatype', [{ name: 'x', datatype: DataType.INT32, shape: [1n, 4n], data: new Uint8Array(16) }], 'x'],
+      ['too little data', [{ name: 'x', datatype: DataType.FP32, shape: [1n, 4n], data: new Uint8Array(8) }], 'x'],
+      ['a batch above the maximum', [{ name: 'x', datatype: DataType.FP32, shape: [9n, 4n], data: new Uint8Array(144) }], 'x'],
+      ['a missing input', [], 'x'],
+      [
+        'an unknown input',
+        [
+          { name: 'x', datatype: DataType.FP32, shape: [1n, 4n], data: new Uint8Array(16) },
+          { name: 'w', datatype: DataType.FP32, shape: [1n], data: new Uint8Array(4) },
+        ],
+        'w',
+      ],
+    ])('refuses %s with INVALID_ARGUMENT naming the tensor, without reaching the batcher', async (_case, inputs, tensor) => {
+      const { sut, batcher, cache } = await startRouter();
+
+      const error = await rejection(sut.infer(inferRequest({ inputs })));
+
+      expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
+      expect(error.message).toContain(`"${tensor}"`);
+      expect(batcher.requests).toHaveLength(0);
+      expect(cache.lookups).toHaveLength(0);
+    });
+
+    it('refuses an unknown requested output with INVALID_ARGUMENT naming it', async () => {
+      const { sut, batcher } = await startRouter();
+
+      const error = await rejection(sut.infer(inferRequest({ outputNames: ['y', 'nope'] })));
+
+      expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
+      expect(error.message).toContain('"nope"');
+      expect(batcher.requests).toHaveLength(0);
+    });
+
+    it('serves only the requested outputs', async () => {
+      const { sut, batcher } = await startRouter();
+
+      const response = await sut.infer(inferRequest({ outputNames: ['z'] }));
+
+      expect(batcher.requests[0]!.outputNames).toEqual(['z']);
+      expect(response.outputs.map((o) => o.name)).toEqual(['z']);
+    });
+  });
+
+  describe('result cache', () => {
+    it('on a miss runs the request on the batcher and stores the result under the key it looked up', async () => {
+      const { sut, cache, batcher, app } = await startRouter({ ROUTER_CACHE_TIMEOUT_MS: '75' });
+
+      const response = await sut.infer(inferRequest());
+
+      const key = hex(cacheKey(inferRequest({ modelVersion: '2' })));
+      expect(cache.lookups).toEqual([{ key, timeoutMs: 75 }]);
+      expect(batcher.requests).toHaveLength(1);
+      expect(cache.stores).toHaveLength(1);
+      expect(cache.stores[0]!.key).toBe(key);
+      expect(cache.stores[0]!.response).toMatchObject({ modelVersion: '2', outputs: response.outputs });
+      expect(await counter(app, 'cache_requests_total', { outcome: 'miss' })).toBe(1);
+    });
+
+    it('on a hit answers without the batcher, marked cached, with the request’s own id', async () => {
+      const { sut, batcher, app } = await startRouter();
+      const first = await sut.infer(inferRequest({ id: 'first' }));
+
+      const second = await sut.infer(inferRequest({ id: 'second' }));
+
+      expect(batcher.requests).toHaveLength(1);
+      expect(second).toMatchObject({ id: 'second', cached: true, modelName: 'mlp', modelVersion: '2' });
+      expect(second.outputs).toEqual(first.outputs);
+      expect(await counter(app, 'cache_requests_total', { outcome: 'hit' })).toBe(1);
+    });
+
+    it('does not serve one version’s cached result for another version', async () => {
+      const { sut, batcher } = await startRouter();
+      await sut.infer(inferRequest());
+
+      const response = await sut.infer(inferRequest({ modelVersion: '1' }));
+
+      expect(response).toMatchObject({ modelVersion: '1', cached: false });
+      expect(batcher.requests.map((r) => r.modelVersion)).toEqual(['2', '1']);
+    });
+
+    it('bypasses a failing cache: the request succeeds through the batcher and counts as bypass', async () => {
+      const { sut, cache, batcher, app } = await startRouter();
+      cache.failWith = RpcError.unavailable('cache down');
+
+      const response = await sut.infer(inferRequest());
+
+      expect(response).toMatchObject({ modelVersion: '2', cached: false });
+      expect(batcher.requests).toHaveLength(1);
+      expect(cache.stores).toHaveLength(0);
+      expect(await counter(app, 'cache_requests_total', { outcome: 'bypass' })).toBe(1);
+      expect(await counter(app, 'cache_requests_total', { outcome: 'miss' })).toBe(0);
+    });
+
+    it('bypasses a slow cache after ROUTER_CACHE_TIMEOUT_MS and counts it as bypass', async () => {
+      // A real gRPC cache service that answers after 2 s, reached through the real CacheAdapter.
+      const slowCache: ServiceImpl<typeof CacheService> = {
+        async lookup(_request, ctx) {
+          await new Promise<void>((resolve) => {
+            const timer = setTimeout(resolve, 2_000);
+            ctx.signal.addEventListener('abort', () => {
+              clearTimeout(timer);
+              resolve();
+            });
+          });
+          return { found: false };
+        },
+        async store() {
+          return { stored: true };
+        },
+      };
+      const server = new GrpcServer({ logger: new JsonLogger('fake-cache', 'error'), metrics: new Metrics('fake_cache'), maxMessageBytes: 1 << 20 });
+      server.add(CacheService, slowCache);
+      const port = await server.listen('127.0.0.1', 0);
+      try {
+        const { sut, batcher, app } = await startRouter(
+          { ROUTER_CACHE_ADDRESS: `127.0.0.1:${port}`, ROUTER_CACHE_TIMEOUT_MS: '100' },
+          [CacheAdapter],
+        );
+
+        const started = Date.now();
+        const response = await sut.infer(inferRequest());
+
+        expect(Date.now() - started).toBeLessThan(1_500);
+        expect(response).toMatchObject({ modelVersion: '2', cached: false });
+        expect(batcher.requests).toHaveLength(1);
+        expect(await counter(app, 'cache_requests_total', { outcome: 'bypass' })).toBe(1);
+      } finally {
+        await server.shutdown(10);
+      }
+    });
+
+    it('answers even when storing the result fails', async () => {
+      const { sut, cache } = await startRouter();
+      cache.store = async () => {
+        throw RpcError.unavailable('cache down');
+      };
+
+      await expect(sut.infer(inferRequest())).resolves.toMatchObject({ modelVersion: '2', cached: false });
+    });
+
+    it('with ROUTER_CACHE_ENABLED=false never touches the cache', async () => {
+      const { sut, cache, batcher, app } = await startRouter({ ROUTER_CACHE_ENABLED: 'false' });
+
+      await sut.infer(inferRequest({ id: 'a' }));
+      const second = await sut.infer(inferRequest({ id: 'b' }));
+
+      expect(cache.lookups).toHaveLength(0);
+      expect(cache.stores).toHaveLength(0);
+      expect(batcher.requests).toHaveLength(2);
+      expect(second).toMatchObject({ id: 'b', cached: false });
+      expect(await counter(app, 'cache_requests_total', { outcome: 'disabled' })).toBe(2);
+    });
+  });
+});
