@@ -62,14 +62,12 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     for (const worker of this.workers) worker.client.close();
   }
 
-  /** Workers that have the version ready, least outstanding work first. */
+  /** Workers that have the version ready. */
   async candidates(versionName: string): Promise<WorkerHandle[]> {
-    let found = this.holding(versionName);
-    if (found.length === 0) {
-      await this.poll();
-      found = this.holding(versionName);
-    }
-    return found.sort((a, b) => a.outstanding - b.outstanding);
+    const found = this.holding(versionName);
+    if (found.length > 0) return found;
+    await this.poll();
+    return this.holding(versionName);
   }
 
   /** Forgets what a worker holds after it failed to answer; the next poll tells again. */
