@@ -4,8 +4,8 @@ import type { InferenceRequest } from '@infermesh/proto/gen/infermesh/inference/
 /**
  * The result-cache key of a request for a resolved model version: SHA-256 over the model, the
  * version, each input's name, datatype, shape and bytes (in name order, so input order does not
- * matter), and the requested outputs. Every variable-length field is length-prefixed, so no two
- * different requests share a byte stream.
+ * matter), and the requested outputs in their order. Every variable-length field is
+ * length-prefixed, so no two different requests share a byte stream.
  */
 export function cacheKey(request: InferenceRequest): Buffer {
   const hash = createHash('sha256');
@@ -27,6 +27,8 @@ export function cacheKey(request: InferenceRequest): Buffer {
     field(input.shape.join(','));
     field(input.data);
   }
-  field([...request.outputNames].sort().join('\u0000'));
+  // In the order asked for, which is the order of the response's outputs; each name length-prefixed.
+  field(String(request.outputNames.length));
+  for (const name of request.outputNames) field(name);
   return hash.digest();
 }

@@ -5,6 +5,9 @@ const u32 = new Uint32Array(f32.buffer);
 export function toHalfBits(value: number): number {
   f32[0] = value;
   const x = u32[0]!;
+  // Rounding to float32 first can land a value just off a tie on the tie itself; which way it moved
+  // then decides, so the result is the one rounding the value once would give.
+  const moved = Math.abs(value) - Math.abs(f32[0]);
   const sign = (x >>> 16) & 0x8000;
   const exp = (x >>> 23) & 0xff;
   let mant = x & 0x7fffff;
@@ -18,12 +21,12 @@ export function toHalfBits(value: number): number {
     let half = mant >>> shift;
     const rest = mant & ((1 << shift) - 1);
     const halfway = 1 << (shift - 1);
-    if (rest > halfway || (rest === halfway && (half & 1) !== 0)) half += 1;
+    if (rest > halfway || (rest === halfway && (moved > 0 || (moved === 0 && (half & 1) !== 0)))) half += 1;
     return sign | half;
   }
   let half = (e << 10) | (mant >>> 13);
   const rest = mant & 0x1fff;
-  if (rest > 0x1000 || (rest === 0x1000 && (half & 1) !== 0)) half += 1; // may carry into the exponent: still correct
+  if (rest > 0x1000 || (rest === 0x1000 && (moved > 0 || (moved === 0 && (half & 1) !== 0)))) half += 1; // may carry into the exponent: still correct
   e = half;
   return sign | e;
 }
@@ -43,8 +46,10 @@ export function toBfloat16Bits(value: number): number {
   f32[0] = value;
   const x = u32[0]!;
   if ((x & 0x7fffffff) > 0x7f800000) return ((x >>> 16) | 0x40) & 0xffff; // NaN stays NaN
-  const rounding = 0x7fff + ((x >>> 16) & 1);
-  return ((x + rounding) >>> 16) & 0xffff;
+  const moved = Math.abs(value) - Math.abs(f32[0]); // as in toHalfBits
+  const rest = x & 0xffff;
+  const up = rest > 0x8000 || (rest === 0x8000 && (moved > 0 || (moved === 0 && ((x >>> 16) & 1) !== 0)));
+  return ((x >>> 16) + (up ? 1 : 0)) & 0xffff;
 }
 
 export function fromBfloat16Bits(bits: number): number {

@@ -64,8 +64,8 @@ export function jsonToRaw(tensor: string, type: DataType, data: unknown, expecte
   if (values.length !== expectedCount) {
     throw new TensorDataError(`input "${tensor}": data has ${values.length} elements but its shape needs ${expectedCount}`);
   }
-  const bad = (i: number, what: string) =>
-    new TensorDataError(`input "${tensor}": element ${i} (${JSON.stringify(values[i]) ?? String(values[i])}) is not ${what}`);
+  const shown = (v: unknown) => (typeof v === 'number' ? String(v) : (JSON.stringify(v) ?? String(v))); // NaN and ±Infinity are not "null"
+  const bad = (i: number, what: string) => new TensorDataError(`input "${tensor}": element ${i} (${shown(values[i])}) is not ${what}`);
   const info = datatypeInfo(type);
   if (type === DataType.BYTES) {
     return encodeBytesElements(
@@ -114,14 +114,20 @@ export function jsonToRaw(tensor: string, type: DataType, data: unknown, expecte
       case DataType.FP32:
       case DataType.FP64: {
         if (typeof v !== 'number' || !Number.isFinite(v)) throw bad(i, 'a finite number');
+        // FP32 and BF16 take any value that rounds to a finite one: 3.4028235e38, FP32's largest as
+        // float32 printers write it, is accepted, and nothing becomes Infinity unasked.
         if (type === DataType.FP32) {
-          if (Math.abs(v) > 3.4028234663852886e38) throw bad(i, 'within the FP32 range');
+          if (!Number.isFinite(Math.fround(v))) throw bad(i, 'within the FP32 range');
           out.writeFloatLE(v, i * 4);
         } else if (type === DataType.FP64) out.writeDoubleLE(v, i * 8);
         else if (type === DataType.FP16) {
           if (Math.abs(v) > 65504) throw bad(i, 'within the FP16 range');
           out.writeUInt16LE(toHalfBits(v), i * 2);
-        } else out.writeUInt16LE(toBfloat16Bits(v), i * 2);
+        } else {
+          const bits = toBfloat16Bits(v);
+          if ((bits & 0x7fff) === 0x7f80) throw bad(i, 'within the BF16 range');
+          out.writeUInt16LE(bits, i * 2);
+        }
         break;
       }
       default:

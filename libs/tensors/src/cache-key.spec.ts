@@ -1,0 +1,104 @@
+import { create } from '@bufbuild/protobuf';
+import { DataType, InferenceRequestSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { cacheKey } from './cache-key';
+
+interface TensorInit {
+  name: string;
+  datatype: DataType;
+  shape: bigint[];
+  data: Uint8Array;
+}
+interface RequestInit {
+  modelName: string;
+  modelVersion?: string;
+  id?: string;
+  inputs: TensorInit[];
+  outputNames?: string[];
+}
+
+const base: RequestInit = {
+  modelName: 'mlp',
+  modelVersion: '3',
+  id: 'client-request-1',
+  inputs: [
+    { name: 'a', datatype: DataType.FP32, shape: [1n, 2n], data: Uint8Array.of(1, 2, 3, 4, 5, 6, 7, 8) },
+    { name: 'b', datatype: DataType.INT32, shape: [1n], data: Uint8Array.of(9, 0, 0, 0) },
+  ],
+  outputNames: ['y', 'z'],
+};
+
+function key(init: RequestInit): string {
+  return cacheKey(create(InferenceRequestSchema, init)).toString('hex');
+}
+
+function withInput(index: number, change: Partial<TensorInit>): RequestInit {
+  const inputs = base.inputs.map((input, i) => (i === index ? { ...input, ...change } : input));
+  return { ...base, inputs };
+}
+
+describe('cacheKey', () => {
+  it('is a SHA-256 digest, the same for the same request', () => {
+    expect(cacheKey(create(InferenceRequestSchema, base))).toHaveLength(32);
+    expect(key(base)).toBe(key({ ...base }));
+  });
+
+  it('does not depend on the order of the inputs', () => {
+    expect(key({ ...base, inputs: [...base.inputs].reverse() })).toBe(key(base));
+  });
+
+  it('does not depend on the client request id', () => {
+    expect(key({ ...base, id: 'another' })).toBe(key(base));
+  });
+
+  it.each<[string, RequestInit]>([
+    ['model', { ...base, modelName: 'mlp2' }],
+    ['version', { ...base, modelVersion: '4' }],
+    ['input name', withInput(0, { name: 'c' })],
+    ['datatype', withInput(1, { datatype: DataType.UINT32 })],
+    ['shape', withInput(0, { shape: [2n, 1n] })],
+    ['shape rank', withInput(0, { shape: [1n, 2n, 1n] })],
+    ['one byte of data', withInput(0, { data: Uint8Array.of(1, 2, 3, 4, 5, 6, 7, 9) })],
+    ['data length', withInput(1, { data: Uint8Array.of(9, 0, 0, 0, 0) })],
+    ['requested outputs', { ...base, outputNames: ['y'] }],
+    ['no requested outputs', { ...base, outputNames: [] }],
+    ['a repeated output', { ...base, outputNames: ['y', 'z', 'z'] }],
+    ['an extra input', { ...base, inputs: [...base.inputs, { name: 'c', datatype: DataType.BOOL, shape: [1n], data: Uint8Array.of(1) }] }],
+  ])('changes with the %s', (_label, changed) => {
+    expect(key(changed)).not.toBe(key(base));
+  });
+
+  it('changes with the order of the requested outputs, which is the order of the response', () => {
+    expect(key({ ...base, outputNames: ['z', 'y'] })).not.toBe(key(base));
+  });
+
+  it('cannot collide by moving bytes between model and version', () => {
+    expect(key({ ...base, modelName: 'mlp3', modelVersion: '' })).not.toBe(key({ ...base, modelName: 'mlp', modelVersion: '3' }));
+  });
+
+  it('cannot collide by moving bytes between an input name and its data', () => {
+    const one: RequestInit = { modelName: 'm', inputs: [{ name: 'ab', datatype: DataType.UINT8, shape: [1n], data: Uint8Array.of(1) }] };
+    const other: RequestInit = { modelName: 'm', inputs: [{ name: 'a', datatype: DataType.UINT8, shape: [1n], data: Uint8Array.of(0x62, 1) }] };
+
+    expect(key(one)).not.toBe(key(other));
+  });
+
+  it('cannot collide by moving bytes between the data of two inputs', () => {
+    const split = (left: number[], right: number[]): RequestInit => ({
+      modelName: 'm',
+      inputs: [
+        { name: 'a', datatype: DataType.UINT8, shape: [-1n], data: Uint8Array.from(left) },
+        { name: 'b', datatype: DataType.UINT8, shape: [-1n], data: Uint8Array.from(right) },
+      ],
+    });
+
+    expect(key(split([1, 2], [3]))).not.toBe(key(split([1], [2, 3])));
+  });
+
+  it('cannot collide by splitting one output name into two', () => {
+    expect(key({ ...base, outputNames: ['y\u0000z'] })).not.toBe(key({ ...base, outputNames: ['y', 'z'] }));
+  });
+
+  it('cannot collide by moving dimensions between shape entries', () => {
+    expect(key(withInput(0, { shape: [12n, 3n] }))).not.toBe(key(withInput(0, { shape: [1n, 23n] })));
+  });
+});
