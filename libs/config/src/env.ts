@@ -12,13 +12,14 @@ export type Env = Readonly<Record<string, string | undefined>>;
 
 /**
  * Parses environment variables with a zod object schema whose keys are the variable names. Empty
- * strings count as unset. Throws a ConfigError naming each offending variable and its value.
+ * and blank strings count as unset. Throws a ConfigError naming each offending variable and its
+ * value.
  */
 export function parseEnv<S extends z.ZodRawShape>(shape: S, env: Env): z.infer<z.ZodObject<S>> {
   const input: Record<string, string> = {};
   for (const key of Object.keys(shape)) {
     const value = env[key];
-    if (value !== undefined && value !== '') input[key] = value;
+    if (value !== undefined && value.trim() !== '') input[key] = value; // a blank number is not 0
   }
   const result = z.object(shape).safeParse(input);
   if (result.success) return result.data;
@@ -43,12 +44,14 @@ export const nonNegativeInt = (fallback: number) => z.coerce.number().int().nonn
 /** A host name or address to listen on or connect to. */
 export const host = (fallback: string) => z.string().min(1).default(fallback);
 
+/** `host:port` or `[ipv6]:port`, the port at most 65535. */
+function isHostPort(value: string): boolean {
+  const match = /^(?:[^\s:]+|\[[0-9a-fA-F:]+\]):(\d{1,5})$/.exec(value);
+  return match !== null && Number(match[1]) <= 65535;
+}
+
 /** An upstream address `host:port`. */
-export const address = (fallback: string) =>
-  z
-    .string()
-    .regex(/^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$/, 'expected host:port')
-    .default(fallback);
+export const address = (fallback: string) => z.string().refine(isHostPort, 'expected host:port').default(fallback);
 
 /** A comma-separated list of upstream addresses. */
 export const addressList = (fallback: string) =>
@@ -56,7 +59,7 @@ export const addressList = (fallback: string) =>
     .string()
     .default(fallback)
     .transform((value) => value.split(',').map((a) => a.trim()).filter((a) => a.length > 0))
-    .pipe(z.array(z.string().regex(/^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$/, 'expected host:port')).min(1));
+    .pipe(z.array(z.string().refine(isHostPort, 'expected host:port')).min(1));
 
 export const logLevel = () => z.enum(['debug', 'info', 'warn', 'error']).default('info');
 
