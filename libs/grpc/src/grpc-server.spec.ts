@@ -1,0 +1,695 @@
+import { createHash } from 'node:crypto';
+import { createServer } from 'node:net';
+import { type MessageInitShape } from '@bufbuild/protobuf';
+import { status } from '@grpc/grpc-js';
+import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  RegistryService,
+  type UploadArtifactRequestSchema,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { JsonLogger, Metrics, type RequestContext, requestContext } from '@infermesh/telemetry';
+import type { Histogram } from 'prom-client';
+import { createClient } from './grpc-client';
+import { GrpcServer } from './grpc-server';
+import type { CallContext, ServiceClient, ServiceImpl } from './method-types';
+import { RpcError } from './rpc-error';
+
+type Registry = typeof RegistryService;
+type Impl = ServiceImpl<Registry>;
+type UploadMessage = MessageInitShape<typeof UploadArtifactRequestSchema>;
+
+interface SeenCall {
+  method: string;
+  ctx: CallContext;
+  ambient: RequestContext | undefined;
+}
+
+/**
+ * A registry whose handlers each test sets; every call is recorded with its context and the ambient
+ * request context the handler ran in.
+ */
+class ScriptedRegistry implements Impl {
+  readonly calls: SeenCall[] = [];
+  onGetModel: Impl['getModel'] = async (request) => ({ model: { name: request.name } });
+  onListModels: Impl['listModels'] = async () => ({ models: [] });
+  onDownload: Impl['downloadArtifact'] = async function* () {
+    // nothing by default
+  };
+  onUpload: Impl['uploadArtifact'] = async (requests) => {
+    const hash = createHash('sha256');
+    let size = 0;
+    for await (const request of requests) {
+      hash.update(request.chunk);
+      size += request.chunk.byteLength;
+    }
+    return { artifact: { sha256: hash.digest('hex'), sizeBytes: BigInt(size), format: 'onnx' } };
+  };
+
+  private record(method: string, ctx: CallContext): void {
+    this.calls.push({ method, ctx, ambient: requestContext.current() });
+  }
+
+  getModel: Impl['getModel'] = (request, ctx) => {
+    this.record('getModel', ctx);
+    return this.onGetModel(request, ctx);
+  };
+  listModels: Impl['listModels'] = (request, ctx) => {
+    this.record('listModels', ctx);
+    return this.onListModels(request, ctx);
+  };
+  downloadArtifact: Impl['downloadArtifact'] = (request, ctx) => {
+    this.record('downloadArtifact', ctx);
+    return this.onDownload(request, ctx);
+  };
+  uploadArtifact: Impl['uploadArtifact'] = (requests, ctx) => {
+    this.record('uploadArtifact', ctx);
+    return this.onUpload(requests, ctx);
+  };
+  createModelVersion: Impl['createModelVersion'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
+  resolveModelVersion: Impl['resolveModelVersion'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
+  reportVersionState: Impl['reportVersionState'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
+}
+
+async function rejection(promise: Promise<unknown>): Promise<unknown> {
+  return promise.then(
+    () => {
+      throw new Error('expected the call to fail');
+    },
+    (error: unknown) => error,
+  );
+}
+
+async function rpcError(promise: Promise<unknown>): Promise<RpcError> {
+  const error = await rejection(promise);
+  if (!(error instanceof RpcError)) throw new Error(`expected an RpcError, got ${String(error)}`);
+  return error;
+}
+
+async function collect<T>(stream: AsyncIterable<T>): Promise<T[]> {
+  const out: T[] = [];
+  for await (const item of stream) out.push(item);
+  return out;
+}
+
+async function* messages(list: UploadMessage[]): AsyncGenerator<UploadMessage> {
+  yield* list;
+}
+
+function aborted(signal: AbortSignal): Promise<unknown> {
+  if (signal.aborted) return Promise.resolve(signal.reason);
+  return new Promise((resolve) => signal.addEventListener('abort', () => resolve(signal.reason), { once: true }));
+}
+
+/** Resolves when the condition holds, polling; fails after timeoutMs. */
+async function eventually(condition: () => boolean, timeoutMs = 5_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error('condition not met in time');
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
+
+function deferred(): { promise: Promise<void>; resolve: () => void } {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+/** A port that was free a moment ago and has nothing listening on it now. */
+async function closedPort(): Promise<number> {
+  const probe = createServer();
+  await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
+  const address = probe.address();
+  const port = typeof address === 'object' && address !== null ? address.port : 0;
+  await new Promise((resolve) => probe.close(resolve));
+  return port;
+}
+
+const HISTOGRAM = 'infermesh_test_grpc_server_handling_seconds';
+
+async function handledCount(metrics: Metrics, method: string, code: string): Promise<number> {
+  const histogram = metrics.registry.getSingleMetric(HISTOGRAM) as Histogram | undefined;
+  if (histogram === undefined) throw new Error(`${HISTOGRAM} is not registered`);
+  const { values } = await histogram.get();
+  const sample = values.find(
+    (v) => v.metricName === `${HISTOGRAM}_count` && v.labels['method'] === method && v.labels['code'] === code,
+  );
+  return sample?.value ?? 0;
+}
+
+describe(GrpcServer.name, () => {
+  let sut: GrpcServer;
+  let registry: ScriptedRegistry;
+  let metrics: Metrics;
+  let logs: string[];
+  let client: ServiceClient<Registry>;
+  let address: string;
+
+  async function start(maxMessageBytes = 4 * 1024 * 1024): Promise<void> {
+    registry = new ScriptedRegistry();
+    metrics = new Metrics('test');
+    logs = [];
+    sut = new GrpcServer({ logger: new JsonLogger('test', 'error', (line) => logs.push(line)), metrics, maxMessageBytes });
+    sut.add(RegistryService, registry);
+    const port = await sut.listen('127.0.0.1', 0);
+    address = `127.0.0.1:${port}`;
+    client = createClient(RegistryService, address);
+  }
+
+  beforeEach(async () => {
+    await start();
+  });
+
+  afterEach(async () => {
+    client.close();
+    await sut.shutdown(100);
+  });
+
+  describe('round trip', () => {
+    it('answers a unary call with the handler response, nested messages, enums and int64 intact', async () => {
+      registry.onGetModel = async (request) => ({
+        model: {
+          name: request.name,
+          platform: 'onnxruntime_onnx',
+          versions: [
+            {
+              name: `${request.name}/versions/3`,
+              state: VersionState.READY,
+              signature: { inputs: [{ name: 'x', datatype: DataType.FP32, shape: [-1n, 4n] }], maxBatchSize: 8 },
+              artifact: { sha256: 'ab'.repeat(32), sizeBytes: 2n ** 40n, format: 'onnx' },
+            },
+          ],
+        },
+      });
+
+      const { model } = await client.getModel({ name: 'models/mlp' });
+
+      expect(model?.name).toBe('models/mlp');
+      expect(model?.platform).toBe('onnxruntime_onnx');
+      const version = model?.versions[0];
+      expect(version?.name).toBe('models/mlp/versions/3');
+      expect(version?.state).toBe(VersionState.READY);
+      expect(version?.signature?.inputs[0]).toMatchObject({ name: 'x', datatype: DataType.FP32, shape: [-1n, 4n] });
+      expect(version?.signature?.maxBatchSize).toBe(8);
+      expect(version?.artifact?.sizeBytes).toBe(2n ** 40n);
+    });
+
+    it('streams every server-streaming message in order', async () => {
+      registry.onDownload = async function* (request) {
+        for (let i = 0; i < 5; i++) yield { chunk: Buffer.from(`${request.sha256}:${i}`) };
+      };
+
+      const chunks = await collect(client.downloadArtifact({ sha256: 'abc' }));
+
+      expect(chunks.map((c) => Buffer.from(c.chunk).toString())).toEqual(['abc:0', 'abc:1', 'abc:2', 'abc:3', 'abc:4']);
+    });
+
+    it('hands every client-streaming message to the handler and returns its response', async () => {
+      const parts = [Buffer.from('hello '), Buffer.from('onnx '), Buffer.from('world')];
+
+      const { artifact } = await client.uploadArtifact(messages(parts.map((chunk) => ({ chunk }))));
+
+      const whole = Buffer.concat(parts);
+      expect(artifact?.sha256).toBe(createHash('sha256').update(whole).digest('hex'));
+      expect(artifact?.sizeBytes).toBe(BigInt(whole.length));
+    });
+
+    it('streams a large artifact both ways without losing bytes', async () => {
+      const big = Buffer.alloc(3 * 1024 * 1024 + 7);
+      for (let i = 0; i < big.length; i++) big[i] = (i * 31) & 0xff;
+      const chunkBytes = 64 * 1024;
+      registry.onDownload = async function* () {
+        for (let offset = 0; offset < big.length; offset += chunkBytes) yield { chunk: big.subarray(offset, offset + chunkBytes) };
+      };
+      async function* upload() {
+        for (let offset = 0; offset < big.length; offset += chunkBytes) yield { chunk: big.subarray(offset, offset + chunkBytes) };
+      }
+
+      const downloaded = Buffer.concat((await collect(client.downloadArtifact({ sha256: 'x' }))).map((c) => c.chunk));
+      const { artifact } = await client.uploadArtifact(upload());
+
+      expect(downloaded.equals(big)).toBe(true);
+      expect(artifact?.sizeBytes).toBe(BigInt(big.length));
+    });
+  });
+
+  describe('errors', () => {
+    it('delivers an RpcError with its code, message, ErrorInfo reason and metadata, and retry delay', async () => {
+      registry.onGetModel = async () => {
+        throw new RpcError(status.RESOURCE_EXHAUSTED, 'queue of model "mlp" is full (64 requests)', {
+          reason: 'QUEUE_FULL',
+          metadata: { model: 'mlp', limit: '64' },
+          retryDelayMs: 1_250,
+        });
+      };
+
+      const error = await rpcError(client.getModel({ name: 'models/mlp' }));
+
+      expect(error.code).toBe(status.RESOURCE_EXHAUSTED);
+      expect(error.message).toBe('queue of model "mlp" is full (64 requests)');
+      expect(error.reason).toBe('QUEUE_FULL');
+      expect(error.metadata).toEqual({ model: 'mlp', limit: '64' });
+      expect(error.retryDelayMs).toBe(1_250);
+    });
+
+    it('delivers an RpcError without details as code and message only', async () => {
+      registry.onGetModel = async () => {
+        throw new RpcError(status.FAILED_PRECONDITION, 'not yet');
+      };
+
+      const error = await rpcError(client.getModel({ name: 'models/mlp' }));
+
+      expect(error.code).toBe(status.FAILED_PRECONDITION);
+      expect(error.message).toBe('not yet');
+      expect(error.reason).toBeUndefined();
+      expect(error.retryDelayMs).toBeUndefined();
+    });
+
+    it('turns any other thrown error into INTERNAL "internal error" without leaking its message, and logs it', async () => {
+      registry.onGetModel = async () => {
+        throw new Error('connect ECONNREFUSED redis://admin:hunter2@10.0.0.7');
+      };
+
+      const error = await rpcError(client.getModel({ name: 'models/mlp' }));
+
+      expect(error.code).toBe(status.INTERNAL);
+      expect(error.message).toBe('internal error');
+      expect(error.reason).toBe('INTERNAL');
+      expect(JSON.stringify(error)).not.toContain('hunter2');
+      expect(logs).toHaveLength(1);
+      const entry = JSON.parse(logs[0]!) as { level: string; msg: string; err: { message: string } };
+      expect(entry.level).toBe('error');
+      expect(entry.msg).toBe('RegistryService/GetModel failed');
+      expect(entry.err.message).toContain('hunter2');
+    });
+
+    it('does not log expected errors such as NOT_FOUND', async () => {
+      registry.onGetModel = async () => {
+        throw RpcError.notFound('model "nope" not found', 'MODEL_NOT_FOUND');
+      };
+
+      await rpcError(client.getModel({ name: 'models/nope' }));
+
+      expect(logs).toEqual([]);
+    });
+
+    it('delivers the messages a server stream sent before it failed, then its RpcError', async () => {
+      registry.onDownload = async function* () {
+        yield { chunk: Buffer.from('first') };
+        throw RpcError.notFound('artifact "abc" vanished', 'ARTIFACT_NOT_FOUND', { sha256: 'abc' });
+      };
+      const received: string[] = [];
+
+      const error = await rpcError(
+        (async () => {
+          for await (const message of client.downloadArtifact({ sha256: 'abc' })) received.push(Buffer.from(message.chunk).toString());
+        })(),
+      );
+
+      expect(received).toEqual(['first']);
+      expect(error.code).toBe(status.NOT_FOUND);
+      expect(error.message).toBe('artifact "abc" vanished');
+      expect(error.reason).toBe('ARTIFACT_NOT_FOUND');
+      expect(error.metadata).toEqual({ sha256: 'abc' });
+    });
+
+    it('hides the message of a non-RpcError thrown by a server stream', async () => {
+      registry.onDownload = async function* () {
+        yield* [];
+        throw new TypeError('secret path /var/lib/x');
+      };
+
+      const error = await rpcError(collect(client.downloadArtifact({ sha256: 'abc' })));
+
+      expect(error.code).toBe(status.INTERNAL);
+      expect(error.message).toBe('internal error');
+    });
+
+    it('delivers an RpcError thrown by a client-streaming handler', async () => {
+      registry.onUpload = async (requests) => {
+        for await (const request of requests) {
+          if (request.expectedSha256 !== '') throw RpcError.invalidArgument('checksum mismatch', 'INVALID_ARTIFACT', { expected: request.expectedSha256 });
+        }
+        return {};
+      };
+
+      const error = await rpcError(client.uploadArtifact(messages([{ chunk: Buffer.from('x') }, { expectedSha256: 'ff' }])));
+
+      expect(error.code).toBe(status.INVALID_ARGUMENT);
+      expect(error.message).toBe('checksum mismatch');
+      expect(error.reason).toBe('INVALID_ARTIFACT');
+      expect(error.metadata).toEqual({ expected: 'ff' });
+    });
+
+    it('refuses a request larger than maxMessageBytes with RESOURCE_EXHAUSTED before the handler sees it', async () => {
+      client.close();
+      await sut.shutdown(100);
+      await start(1024);
+
+      const error = await rpcError(client.getModel({ name: `models/${'x'.repeat(4096)}` }));
+
+      expect(error.code).toBe(status.RESOURCE_EXHAUSTED);
+      expect(registry.calls).toEqual([]);
+    });
+  });
+
+  describe('request context', () => {
+    it('gives the handler the ambient request id and deadline of the caller, also as its own ambient context', async () => {
+      const deadlineMs = Date.now() + 5_000;
+
+      await requestContext.run({ requestId: 'req-42', deadlineMs }, () => client.getModel({ name: 'models/mlp' }));
+
+      const [call] = registry.calls;
+      expect(call?.ctx.requestId).toBe('req-42');
+      expect(Math.abs(call!.ctx.deadlineMs! - deadlineMs)).toBeLessThan(250);
+      expect(call?.ambient?.requestId).toBe('req-42');
+      expect(Math.abs(call!.ambient!.deadlineMs! - deadlineMs)).toBeLessThan(250);
+    });
+
+    it('passes the request id and deadline on through a second hop', async () => {
+      registry.onGetModel = async () => {
+        await client.listModels({});
+        return {};
+      };
+      const deadlineMs = Date.now() + 5_000;
+
+      await requestContext.run({ requestId: 'hop-1', deadlineMs }, () => client.getModel({ name: 'models/mlp' }));
+
+      const hop = registry.calls.find((c) => c.method === 'listModels');
+      expect(hop?.ctx.requestId).toBe('hop-1');
+      expect(hop!.ctx.deadlineMs!).toBeLessThanOrEqual(deadlineMs + 250); // each hop adds its transit time
+      expect(hop!.ctx.deadlineMs!).toBeGreaterThan(deadlineMs - 500);
+    });
+
+    it('gives a call without request id a fresh one, and no deadline when none was set', async () => {
+      await client.getModel({ name: 'models/a' });
+      await client.getModel({ name: 'models/b' });
+
+      const [first, second] = registry.calls;
+      expect(first?.ctx.requestId).toMatch(/^[0-9a-f-]{36}$/);
+      expect(second?.ctx.requestId).toMatch(/^[0-9a-f-]{36}$/);
+      expect(first?.ctx.requestId).not.toBe(second?.ctx.requestId);
+      expect(first?.ctx.deadlineMs).toBeUndefined();
+    });
+
+    it('replaces a request id that is not a short printable token', async () => {
+      await client.getModel({ name: 'models/a' }, { metadata: { 'x-request-id': '<script>alert(1)</script>' } });
+      await client.getModel({ name: 'models/b' }, { metadata: { 'x-request-id': 'a'.repeat(129) } });
+
+      expect(registry.calls[0]?.ctx.requestId).toMatch(/^[0-9a-f-]{36}$/);
+      expect(registry.calls[1]?.ctx.requestId).toMatch(/^[0-9a-f-]{36}$/);
+    });
+
+    it('gives the handler the incoming metadata', async () => {
+      await client.getModel({ name: 'models/a' }, { metadata: { 'x-api-tenant': 'blue' } });
+
+      expect(registry.calls[0]?.ctx.metadata['x-api-tenant']).toBe('blue');
+    });
+
+    it('aborts ctx.signal when the client cancels a unary call', async () => {
+      const entered = deferred();
+      let serverAbort: Promise<unknown> = Promise.resolve();
+      registry.onGetModel = async (_request, ctx) => {
+        serverAbort = aborted(ctx.signal);
+        entered.resolve();
+        await serverAbort;
+        return {};
+      };
+      const controller = new AbortController();
+
+      const call = client.getModel({ name: 'models/a' }, { signal: controller.signal });
+      await entered.promise;
+      controller.abort();
+
+      expect((await rpcError(call)).code).toBe(status.CANCELLED);
+      const reason = await serverAbort;
+      expect(reason).toBeInstanceOf(RpcError);
+      expect((reason as RpcError).code).toBe(status.CANCELLED);
+    });
+
+    it('aborts ctx.signal when the caller deadline passes during the call', async () => {
+      const entered = deferred();
+      let serverAbort: Promise<unknown> = Promise.resolve();
+      registry.onGetModel = async (_request, ctx) => {
+        serverAbort = aborted(ctx.signal);
+        entered.resolve();
+        await serverAbort;
+        return {};
+      };
+
+      const call = client.getModel({ name: 'models/a' }, { timeoutMs: 500 });
+      await entered.promise;
+
+      expect((await rpcError(call)).code).toBe(status.DEADLINE_EXCEEDED);
+      await serverAbort;
+      expect(registry.calls[0]?.ctx.signal.aborted).toBe(true);
+    });
+
+    it('aborts ctx.signal when the client stops reading a server stream', async () => {
+      registry.onDownload = async function* (_request, ctx) {
+        for (let i = 0; !ctx.signal.aborted; i++) {
+          yield { chunk: Buffer.from(String(i)) };
+          await new Promise((resolve) => setTimeout(resolve, 5));
+        }
+      };
+
+      for await (const message of client.downloadArtifact({ sha256: 'x' })) {
+        expect(Buffer.from(message.chunk).toString()).toBe('0');
+        break;
+      }
+
+      await eventually(() => registry.calls[0]?.ctx.signal.aborted === true);
+    });
+
+    it('surfaces CANCELLED to a client-streaming handler when the client aborts mid-upload', async () => {
+      const firstReceived = deferred();
+      let handlerError: unknown;
+      const handlerDone = deferred();
+      registry.onUpload = async (requests) => {
+        try {
+          for await (const _request of requests) firstReceived.resolve();
+          return { artifact: { sha256: 'looks complete' } };
+        } catch (error) {
+          handlerError = error;
+          throw error;
+        } finally {
+          handlerDone.resolve();
+        }
+      };
+      const controller = new AbortController();
+      async function* slowUpload() {
+        yield { chunk: Buffer.from('part 1') };
+        await aborted(controller.signal);
+      }
+
+      const upload = client.uploadArtifact(slowUpload(), { signal: controller.signal });
+      await firstReceived.promise;
+      controller.abort();
+
+      expect((await rpcError(upload)).code).toBe(status.CANCELLED);
+      await handlerDone.promise;
+      expect(handlerError).toBeInstanceOf(RpcError);
+      expect((handlerError as RpcError).code).toBe(status.CANCELLED);
+    });
+
+    it('surfaces CANCELLED to a client-streaming handler when the client producer fails, and rethrows the producer error', async () => {
+      const firstReceived = deferred();
+      let handlerError: unknown;
+      let handlerReturned = false;
+      const handlerDone = deferred();
+      registry.onUpload = async (requests) => {
+        try {
+          for await (const _request of requests) firstReceived.resolve();
+          handlerReturned = true;
+          return {};
+        } catch (error) {
+          handlerError = error;
+          throw error;
+        } finally {
+          handlerDone.resolve();
+        }
+      };
+      async function* failingUpload() {
+        yield { chunk: Buffer.from('part 1') };
+        await firstReceived.promise;
+        throw new Error('disk read failed');
+      }
+
+      const error = await rejection(client.uploadArtifact(failingUpload()));
+
+      expect(error).toEqual(new Error('disk read failed'));
+      await handlerDone.promise;
+      expect(handlerReturned).toBe(false);
+      expect((handlerError as RpcError).code).toBe(status.CANCELLED);
+    });
+  });
+
+  describe('metrics', () => {
+    it('records each call in grpc_server_handling_seconds by method and status code', async () => {
+      registry.onGetModel = async (request) => {
+        if (request.name === 'models/missing') throw RpcError.notFound('no such model', 'MODEL_NOT_FOUND');
+        if (request.name === 'models/crash') throw new Error('boom');
+        return {};
+      };
+
+      await client.getModel({ name: 'models/a' });
+      await client.getModel({ name: 'models/b' });
+      await rpcError(client.getModel({ name: 'models/missing' }));
+      await rpcError(client.getModel({ name: 'models/crash' }));
+      await collect(client.downloadArtifact({ sha256: 'x' }));
+
+      expect(await handledCount(metrics, 'RegistryService/GetModel', 'OK')).toBe(2);
+      expect(await handledCount(metrics, 'RegistryService/GetModel', 'NOT_FOUND')).toBe(1);
+      expect(await handledCount(metrics, 'RegistryService/GetModel', 'INTERNAL')).toBe(1);
+      expect(await handledCount(metrics, 'RegistryService/DownloadArtifact', 'OK')).toBe(1);
+      expect(await metrics.render()).toContain(`${HISTOGRAM}_bucket{`);
+    });
+  });
+
+  describe('lifecycle', () => {
+    it('refuses a service implementation with a missing handler, naming the method', () => {
+      const { uploadArtifact: _omitted, ...partial } = new ScriptedRegistry();
+
+      const server = new GrpcServer({ logger: new JsonLogger('test', 'error', () => undefined), metrics: new Metrics('test'), maxMessageBytes: 1024 });
+
+      expect(() => server.add(RegistryService, partial as unknown as Impl)).toThrow('infermesh.registry.v1.RegistryService.UploadArtifact has no handler');
+    });
+
+    it('lets an in-flight call finish during shutdown, then refuses new calls', async () => {
+      const entered = deferred();
+      registry.onGetModel = async (request) => {
+        entered.resolve();
+        await new Promise((resolve) => setTimeout(resolve, 150));
+        return { model: { name: request.name } };
+      };
+
+      const inFlight = client.getModel({ name: 'models/slow' });
+      await entered.promise;
+      const shutdown = sut.shutdown(5_000);
+
+      expect(sut.isDraining).toBe(true);
+      expect((await inFlight).model?.name).toBe('models/slow');
+      await shutdown;
+      const error = await rpcError(client.getModel({ name: 'models/late' }, { timeoutMs: 1_000 }));
+      expect([status.UNAVAILABLE, status.DEADLINE_EXCEEDED]).toContain(error.code);
+    });
+
+    it('cancels calls still running when the shutdown grace period ends', async () => {
+      const entered = deferred();
+      registry.onGetModel = async (_request, ctx) => {
+        entered.resolve();
+        await aborted(ctx.signal);
+        return {};
+      };
+
+      const hanging = client.getModel({ name: 'models/hang' });
+      await entered.promise;
+      const started = Date.now();
+      await sut.shutdown(100);
+
+      expect(Date.now() - started).toBeLessThan(2_000);
+      const error = await rpcError(hanging);
+      expect([status.CANCELLED, status.UNAVAILABLE]).toContain(error.code);
+    });
+  });
+});
+
+describe('createClient', () => {
+  let registry: ScriptedRegistry;
+  let server: GrpcServer;
+  let sut: ServiceClient<Registry>;
+
+  beforeEach(async () => {
+    registry = new ScriptedRegistry();
+    server = new GrpcServer({ logger: new JsonLogger('test', 'error', () => undefined), metrics: new Metrics('test'), maxMessageBytes: 1024 * 1024 });
+    server.add(RegistryService, registry);
+    const port = await server.listen('127.0.0.1', 0);
+    sut = createClient(RegistryService, `127.0.0.1:${port}`);
+  });
+
+  afterEach(async () => {
+    sut.close();
+    await server.shutdown(100);
+  });
+
+  function serverDeadlineIn(): number {
+    const deadline = registry.calls[0]?.ctx.deadlineMs;
+    if (deadline === undefined) throw new Error('the server saw no deadline');
+    return deadline - Date.now();
+  }
+
+  it('uses the call timeout when it is earlier than the ambient deadline', async () => {
+    await requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 60_000 }, () => sut.getModel({ name: 'models/a' }, { timeoutMs: 2_000 }));
+
+    expect(serverDeadlineIn()).toBeGreaterThan(1_000);
+    expect(serverDeadlineIn()).toBeLessThanOrEqual(2_000);
+  });
+
+  it('uses the ambient deadline when it is earlier than the call timeout', async () => {
+    await requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 2_000 }, () => sut.getModel({ name: 'models/a' }, { timeoutMs: 60_000 }));
+
+    expect(serverDeadlineIn()).toBeGreaterThan(1_000);
+    expect(serverDeadlineIn()).toBeLessThanOrEqual(2_000);
+  });
+
+  it('uses an absolute deadlineMs when it is the earliest', async () => {
+    await sut.getModel({ name: 'models/a' }, { deadlineMs: Date.now() + 2_000, timeoutMs: 60_000 });
+
+    expect(serverDeadlineIn()).toBeGreaterThan(1_000);
+    expect(serverDeadlineIn()).toBeLessThanOrEqual(2_000);
+  });
+
+  it('lets an explicit x-request-id win over the ambient one', async () => {
+    await requestContext.run({ requestId: 'ambient' }, () => sut.getModel({ name: 'models/a' }, { metadata: { 'x-request-id': 'explicit' } }));
+
+    expect(registry.calls[0]?.ctx.requestId).toBe('explicit');
+  });
+
+  it('fails a unary call whose ambient deadline already passed with DEADLINE_EXCEEDED, without sending it', async () => {
+    const error = await rpcError(requestContext.run({ requestId: 'late', deadlineMs: Date.now() - 1 }, () => sut.getModel({ name: 'models/a' })));
+
+    expect(error.code).toBe(status.DEADLINE_EXCEEDED);
+    expect(error.reason).toBe('DEADLINE_EXCEEDED');
+    expect(registry.calls).toEqual([]);
+  });
+
+  it('fails streaming calls whose deadline already passed without sending them', async () => {
+    const past = Date.now() - 10;
+
+    const download = await rpcError(collect(sut.downloadArtifact({ sha256: 'x' }, { deadlineMs: past })));
+    const upload = await rpcError(sut.uploadArtifact(messages([{ chunk: Buffer.from('x') }]), { deadlineMs: past }));
+
+    expect(download.code).toBe(status.DEADLINE_EXCEEDED);
+    expect(upload.code).toBe(status.DEADLINE_EXCEEDED);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(registry.calls).toEqual([]);
+  });
+
+  it('fails with CANCELLED when the signal is already aborted', async () => {
+    const controller = new AbortController();
+    controller.abort();
+
+    const error = await rpcError(sut.getModel({ name: 'models/a' }, { signal: controller.signal }));
+
+    expect(error.code).toBe(status.CANCELLED);
+  });
+
+  it('fails with UNAVAILABLE when nothing listens at the address', async () => {
+    const port = await closedPort();
+    const unreachable = createClient(RegistryService, `127.0.0.1:${port}`);
+
+    try {
+      const error = await rpcError(unreachable.getModel({ name: 'models/a' }, { timeoutMs: 2_000 }));
+      expect(error.code).toBe(status.UNAVAILABLE);
+    } finally {
+      unreachable.close();
+    }
+  });
+});

@@ -1,0 +1,139 @@
+import { JsonLogger, type LogLevel } from './json-logger';
+import { requestContext } from './request-context';
+
+function capture(level: LogLevel = 'debug') {
+  const chunks: string[] = [];
+  const sut = new JsonLogger('router', level, (line) => chunks.push(line));
+  const entries = () => chunks.join('').split('\n').filter((line) => line !== '').map((line) => JSON.parse(line) as Record<string, unknown>);
+  return { sut, chunks, entries };
+}
+
+describe(JsonLogger.name, () => {
+  it('writes one JSON object per line with time, level, service and msg', () => {
+    const { sut, chunks, entries } = capture();
+
+    sut.info('model loaded');
+    sut.warn('slow upstream');
+
+    expect(chunks).toHaveLength(2);
+    for (const chunk of chunks) expect(chunk.endsWith('\n') && chunk.indexOf('\n') === chunk.length - 1).toBe(true);
+    const [first, second] = entries();
+    expect(first).toMatchObject({ level: 'info', service: 'router', msg: 'model loaded' });
+    expect(second).toMatchObject({ level: 'warn', service: 'router', msg: 'slow upstream' });
+    expect(new Date(first!['time'] as string).toISOString()).toBe(first!['time']);
+  });
+
+  it('keeps a message with line breaks on one line', () => {
+    const { sut, chunks, entries } = capture();
+
+    sut.error('first line\nsecond line');
+
+    expect(chunks[0]!.split('\n')).toHaveLength(2);
+    expect(entries()[0]?.['msg']).toBe('first line\nsecond line');
+  });
+
+  it('adds the current request id inside requestContext.run, and none outside', async () => {
+    const { sut, entries } = capture();
+
+    sut.info('before');
+    await requestContext.run({ requestId: 'req-7' }, async () => {
+      sut.info('sync');
+      await new Promise((resolve) => setTimeout(resolve, 1));
+      sut.info('after an await');
+    });
+    sut.info('after');
+
+    expect(entries().map((e) => e['request_id'])).toEqual([undefined, 'req-7', 'req-7', undefined]);
+  });
+
+  it('keeps concurrent requests apart', async () => {
+    const { sut, entries } = capture();
+
+    await Promise.all(
+      ['a', 'b'].map((id, i) =>
+        requestContext.run({ requestId: id }, async () => {
+          await new Promise((resolve) => setTimeout(resolve, 5 - i * 5));
+          sut.info(id);
+        }),
+      ),
+    );
+
+    for (const entry of entries()) expect(entry['request_id']).toBe(entry['msg']);
+  });
+
+  it.each<[LogLevel, string[]]>([
+    ['debug', ['debug', 'info', 'warn', 'error']],
+    ['info', ['info', 'warn', 'error']],
+    ['warn', ['warn', 'error']],
+    ['error', ['error']],
+  ])('at level %s writes only %p', (level, written) => {
+    const { sut, entries } = capture(level);
+
+    sut.debug('d');
+    sut.verbose('v');
+    sut.info('i');
+    sut.log('l');
+    sut.warn('w');
+    sut.error('e');
+
+    expect([...new Set(entries().map((e) => e['level']))]).toEqual(written);
+  });
+
+  it('writes Nest log and verbose calls as info and debug, with their context name', () => {
+    const { sut, entries } = capture();
+
+    sut.log('Mapped {/v2/models, GET}', 'RouterExplorer');
+    sut.verbose('details', 'InstanceLoader');
+
+    expect(entries()).toEqual([
+      expect.objectContaining({ level: 'info', msg: 'Mapped {/v2/models, GET}', context: 'RouterExplorer' }),
+      expect.objectContaining({ level: 'debug', msg: 'details', context: 'InstanceLoader' }),
+    ]);
+  });
+
+  it('writes an error argument with its message and stack', () => {
+    const { sut, entries } = capture();
+
+    sut.error('upload failed', new Error('disk full'));
+
+    const entry = entries()[0]!;
+    expect(entry['msg']).toBe('upload failed');
+    expect(entry['err']).toEqual({ message: 'disk full', stack: expect.stringContaining('disk full') });
+  });
+
+  it('writes an Error given as the message with its stack', () => {
+    const { sut, entries } = capture();
+
+    sut.error(new RangeError('bad shape'));
+
+    expect(entries()[0]).toMatchObject({ msg: 'bad shape', stack: expect.stringContaining('RangeError: bad shape') });
+  });
+
+  it('merges fields into the entry, bigints as decimal strings', () => {
+    const { sut, entries } = capture();
+
+    sut.info('artifact stored', { sha256: 'ab12', sizeBytes: 2n ** 64n, chunks: 3 });
+
+    expect(entries()[0]).toMatchObject({ msg: 'artifact stored', sha256: 'ab12', sizeBytes: '18446744073709551616', chunks: 3 });
+  });
+
+  it('writes a non-string message as JSON', () => {
+    const { sut, entries } = capture();
+
+    sut.warn({ queue: 3 });
+
+    expect(entries()[0]?.['msg']).toBe('{"queue":3}');
+  });
+
+  it('writes to stdout by default', () => {
+    const write = jest.spyOn(process.stdout, 'write').mockImplementation(() => true);
+    try {
+      new JsonLogger('cache').info('hello');
+
+      expect(write).toHaveBeenCalledTimes(1);
+      expect(JSON.parse(String(write.mock.calls[0]![0]))).toMatchObject({ service: 'cache', msg: 'hello', level: 'info' });
+    } finally {
+      write.mockRestore();
+    }
+  });
+});
