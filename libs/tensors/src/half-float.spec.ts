@@ -1,4 +1,4 @@
-import { fromBfloat16Bits, fromHalfBits, toBfloat16Bits, toHalfBits } from './half-float';
+import { fromBfloat16Bits, fromHalfBits, shortestBfloat16, shortestFloat32, shortestHalf, toBfloat16Bits, toHalfBits } from './half-float';
 
 /** Deterministic doubles of every magnitude from 2^-30 to 2^20, both signs, with full 53-bit mantissas. */
 function* randomDoubles(count: number): Generator<number> {
@@ -182,5 +182,44 @@ describe('toBfloat16Bits', () => {
       const value = fromBfloat16Bits(bits);
       if (toBfloat16Bits(value) !== bits) throw new Error(`0x${bits.toString(16)} -> ${value} -> 0x${toBfloat16Bits(value).toString(16)}`);
     }
+  });
+});
+
+describe('shortest decimal forms', () => {
+  it('writes float32 values with the fewest digits that read back to the same bits', () => {
+    expect(shortestFloat32(Math.fround(0.1))).toBe(0.1);
+    expect(shortestFloat32(Math.fround(3.8))).toBe(3.8);
+    expect(shortestFloat32(Math.fround(1 / 3))).toBe(0.33333334);
+    expect(shortestFloat32(16777216)).toBe(16777216);
+    expect(shortestFloat32(Math.fround(3.4028234663852886e38))).toBe(3.4028235e38);
+    // Subnormals keep a correct, if not always shortest, form.
+    expect(Math.fround(shortestFloat32(Math.fround(1.401298464324817e-45)))).toBe(Math.fround(1e-45));
+    expect(shortestFloat32(Infinity)).toBe(Infinity);
+  });
+
+  it('round-trips every float32 it shortens, bit for bit', () => {
+    const bits = new Uint32Array(1);
+    const view = new Float32Array(bits.buffer);
+    let state = 12345;
+    for (let i = 0; i < 20_000; i++) {
+      state = (Math.imul(state, 1103515245) + 12345) >>> 0;
+      bits[0] = state;
+      const value = view[0]!;
+      if (!Number.isFinite(value)) continue;
+      const short = shortestFloat32(value);
+      expect(Math.fround(short)).toBe(value);
+      expect(String(short).length).toBeLessThanOrEqual(String(value).length);
+    }
+  });
+
+  it('round-trips every FP16 and BF16 pattern', () => {
+    for (let bits = 0; bits < 0x10000; bits++) {
+      const half = shortestHalf(bits);
+      if (Number.isFinite(half)) expect(toHalfBits(half)).toBe(bits === 0x8000 ? 0x8000 : bits);
+      const bf = shortestBfloat16(bits);
+      if (Number.isFinite(bf)) expect(toBfloat16Bits(bf)).toBe(bits);
+    }
+    expect(shortestHalf(toHalfBits(0.1))).toBe(0.1);
+    expect(shortestBfloat16(toBfloat16Bits(0.1))).toBe(0.1);
   });
 });

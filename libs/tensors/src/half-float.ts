@@ -56,3 +56,34 @@ export function fromBfloat16Bits(bits: number): number {
   u32[0] = (bits & 0xffff) << 16;
   return f32[0]!;
 }
+
+/**
+ * The number with the fewest significant digits that converts back to the same bits, so JSON
+ * shows what a person would write (0.1, not 0.10000000149011612) and stays bit-exact on the way
+ * back. Non-finite values are returned as they are.
+ */
+function shortest(value: number, fromDigits: number, toDigits: number, same: (candidate: number) => boolean): number {
+  // Integers print exactly below 1e21; past it JavaScript writes them with an exponent and 17 digits.
+  if (!Number.isFinite(value) || (Number.isInteger(value) && Math.abs(value) < 1e21)) return value;
+  for (let digits = fromDigits; digits <= toDigits; digits++) {
+    const candidate = Number(value.toPrecision(digits));
+    if (same(candidate)) return candidate;
+  }
+  return value;
+}
+
+/** A float32 value as its shortest round-tripping decimal (at most 9 significant digits). */
+export function shortestFloat32(value: number): number {
+  // Any value with fewer than 6 digits survives toPrecision(6) unchanged, so the search starts there.
+  return shortest(value, 6, 9, (candidate) => Math.fround(candidate) === value);
+}
+
+/** An FP16 bit pattern as its shortest round-tripping decimal (at most 5 significant digits). */
+export function shortestHalf(bits: number): number {
+  return shortest(fromHalfBits(bits), 1, 5, (candidate) => toHalfBits(candidate) === bits);
+}
+
+/** A bfloat16 bit pattern as its shortest round-tripping decimal (at most 4 significant digits). */
+export function shortestBfloat16(bits: number): number {
+  return shortest(fromBfloat16Bits(bits), 1, 4, (candidate) => toBfloat16Bits(candidate) === bits);
+}

@@ -1,6 +1,6 @@
 import { DataType, datatypeInfo } from './datatypes';
 import { decodeBytesElements, encodeBytesElements } from './bytes-elements';
-import { fromBfloat16Bits, fromHalfBits, toBfloat16Bits, toHalfBits } from './half-float';
+import { shortestBfloat16, shortestFloat32, shortestHalf, toBfloat16Bits, toHalfBits } from './half-float';
 
 /** Bad tensor contents; the message names the tensor and what is wrong with it. */
 export class TensorDataError extends Error {
@@ -138,8 +138,9 @@ export function jsonToRaw(tensor: string, type: DataType, data: unknown, expecte
 }
 
 /**
- * Converts raw bytes to a flat JSON array. 64-bit integers become numbers when they are safe
- * integers and decimal strings otherwise, so no value is silently rounded.
+ * Converts raw bytes to a flat JSON array. Floating-point values are written with the fewest digits
+ * that read back to the same bits; 64-bit integers become numbers when they are safe integers and
+ * decimal strings otherwise, so no value is silently rounded.
  */
 export function rawToJson(type: DataType, data: Uint8Array): unknown[] {
   const buf = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
@@ -185,13 +186,13 @@ export function rawToJson(type: DataType, data: Uint8Array): unknown[] {
         break;
       }
       case DataType.FP16:
-        out[i] = fromHalfBits(buf.readUInt16LE(i * 2));
+        out[i] = shortestHalf(buf.readUInt16LE(i * 2));
         break;
       case DataType.BF16:
-        out[i] = fromBfloat16Bits(buf.readUInt16LE(i * 2));
+        out[i] = shortestBfloat16(buf.readUInt16LE(i * 2));
         break;
       case DataType.FP32:
-        out[i] = buf.readFloatLE(i * 4);
+        out[i] = shortestFloat32(buf.readFloatLE(i * 4));
         break;
       case DataType.FP64:
         out[i] = buf.readDoubleLE(i * 8);
