@@ -24,7 +24,7 @@ module.exports = {
       ...shared,
       displayName: 'e2e',
       testMatch: ['<rootDir>/test/e2e/**/*.e2e.spec.ts'],
-      testTimeout: 120_000,
+      setupFilesAfterEnv: ['<rootDir>/test/e2e/support/e2e-setup.ts'],
     },
   ],
   testTimeout: 30_000,
