@@ -71,8 +71,8 @@ export function metricsPort(ports: SystemPorts, service: ServiceName): number {
 }
 
 /**
- * The six services as processes on one machine: started in dependency order, the demo models
- * registered, and ready once the gateway says so. Services can be killed and started again one by
+ * The six services as processes on one machine: the five behind the gateway first, then the models
+ * registered and loaded, then the gateway, so that the system is ready when the gateway says so. Services can be killed and started again one by
  * one, as an operator or a chaos test would.
  */
 export class System {
@@ -92,7 +92,8 @@ export class System {
     mkdirSync(options.dataDir, { recursive: true });
     const system = new System(options);
     try {
-      for (const process of system.processes.values()) process.start();
+      // The gateway opens last, once the models are READY: when it says ready, they can be called.
+      for (const process of system.processes.values()) if (process.name !== 'gateway') process.start();
       const timeoutMs = options.readyTimeoutMs ?? 60_000;
       const deadline = Date.now() + timeoutMs;
       await system.waitForHealth('registry', deadline);
@@ -107,6 +108,7 @@ export class System {
       } finally {
         registry.close();
       }
+      system.process('gateway').start();
       await system.waitForGatewayReady(deadline);
       return system;
     } catch (error) {
