@@ -108,6 +108,12 @@ export function runMain(name: string, start: () => Promise<RunningService>): voi
     process.exit(1);
   };
   process.on('uncaughtException', fatal);
+  // A log reader that went away (a closed pipe) must not take the service down with it.
+  for (const stream of [process.stdout, process.stderr]) {
+    stream.on('error', (error: NodeJS.ErrnoException) => {
+      if (error.code !== 'EPIPE') fatal(error);
+    });
+  }
   start().then((running) => {
     let signals = 0;
     const onSignal = () => {
@@ -120,5 +126,8 @@ export function runMain(name: string, start: () => Promise<RunningService>): voi
     };
     process.on('SIGTERM', onSignal);
     process.on('SIGINT', onSignal);
+    // Started by a supervisor with an IPC channel (infermesh up, the tests): when the supervisor
+    // dies the channel closes, and the service shuts down instead of living on as an orphan.
+    if (process.send !== undefined) process.once('disconnect', onSignal);
   }, fatal);
 }

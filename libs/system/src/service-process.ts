@@ -37,10 +37,11 @@ export class ServiceProcess {
 
   start(): void {
     if (this.running) return;
-    const child = spawn(process.execPath, [this.entry], { env: this.env, stdio: ['ignore', 'pipe', 'pipe'] });
+    // The IPC channel closes when this process dies, however it dies: the service then shuts down.
+    const child = spawn(process.execPath, [this.entry], { env: this.env, stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
     this.child = child;
     for (const stream of [child.stdout, child.stderr]) {
-      createInterface({ input: stream }).on('line', (line) => this.sink(this.name, line));
+      if (stream !== null) createInterface({ input: stream }).on('line', (line) => this.sink(this.name, line));
     }
     this.exitExpected = false;
     this.exited = new Promise((resolve) =>

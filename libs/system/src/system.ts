@@ -79,7 +79,7 @@ export class System {
   readonly processes: ReadonlyMap<ServiceName, ServiceProcess>;
   readonly host: string;
 
-  private constructor(readonly options: SystemOptions) {
+  constructor(readonly options: SystemOptions) {
     this.host = options.host ?? '127.0.0.1';
     const map = new Map<ServiceName, ServiceProcess>();
     for (const name of SERVICE_NAMES) {
@@ -89,15 +89,25 @@ export class System {
   }
 
   static async start(options: SystemOptions): Promise<System> {
-    mkdirSync(options.dataDir, { recursive: true });
     const system = new System(options);
+    await system.start();
+    return system;
+  }
+
+  /**
+   * Starts the services, registers the models and waits until the gateway is ready. stop() may be
+   * called at any time, also while this runs: it then fails, and nothing is left running.
+   */
+  async start(): Promise<void> {
+    const { options } = this;
+    mkdirSync(options.dataDir, { recursive: true });
     try {
       // The gateway opens last, once the models are READY: when it says ready, they can be called.
-      for (const process of system.processes.values()) if (process.name !== 'gateway') process.start();
+      for (const service of this.processes.values()) if (service.name !== 'gateway') service.start();
       const timeoutMs = options.readyTimeoutMs ?? 60_000;
       const deadline = Date.now() + timeoutMs;
-      await system.waitForHealth('registry', deadline);
-      const registry = createClient(RegistryService, `${system.host}:${options.ports.registry}`);
+      await this.waitForHealth('registry', deadline);
+      const registry = createClient(RegistryService, `${this.host}:${options.ports.registry}`);
       try {
         const names: string[] = [];
         for (const model of options.models) {
@@ -108,11 +118,11 @@ export class System {
       } finally {
         registry.close();
       }
-      system.process('gateway').start();
-      await system.waitForGatewayReady(deadline);
-      return system;
+      if (this.stopping) throw new Error('stopped during start-up');
+      this.process('gateway').start();
+      await this.waitForGatewayReady(deadline);
     } catch (error) {
-      await system.stop();
+      await this.stop();
       throw error;
     }
   }
@@ -137,8 +147,11 @@ export class System {
     return this.processes.get(name)!;
   }
 
+  private stopping = false;
+
   /** Stops every service gracefully, the gateway first. */
   async stop(): Promise<void> {
+    this.stopping = true;
     for (const name of [...SERVICE_NAMES].reverse()) await this.process(name).stop();
   }
 

@@ -30,7 +30,7 @@ export async function up(config: CliConfig, distDir: string): Promise<void> {
   const models = config.demoModels.map((name) => ({ name, version: '1', bytes: DEMO_MODELS[name]!().bytes }));
   const started = Date.now();
   let shuttingDown = false;
-  const system = await System.start({
+  const system = new System({
     distDir,
     dataDir: resolve(config.dataDir),
     apiKey,
@@ -45,9 +45,33 @@ export async function up(config: CliConfig, distDir: string): Promise<void> {
       if (!shuttingDown) process.stderr.write(`infermesh: ${name} exited unexpectedly (code ${code}, signal ${signal})\n`);
     },
   });
+  // Ctrl-C stops everything cleanly, also while the system is still starting.
+  const stopped = new Promise<void>((resolveStop) => {
+    const onSignal = () => {
+      if (shuttingDown) return;
+      shuttingDown = true;
+      process.stdout.write('\ninfermesh: stopping...\n');
+      system.stop().then(
+        () => resolveStop(),
+        () => resolveStop(),
+      );
+    };
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
+  });
+  try {
+    await system.start();
+  } catch (error) {
+    if (shuttingDown) {
+      await stopped;
+      process.stdout.write('infermesh: stopped\n');
+      return;
+    }
+    throw error;
+  }
 
   const url = system.gatewayUrl;
-  const example = DEMO_MODELS['tiny'] !== undefined && config.demoModels.includes('tiny') ? 'tiny' : config.demoModels[0];
+  const example = config.demoModels.includes('tiny') ? 'tiny' : config.demoModels[0];
   const body =
     example === 'tiny'
       ? `'{"inputs":[{"name":"input","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'`
@@ -73,18 +97,6 @@ export async function up(config: CliConfig, distDir: string): Promise<void> {
     ].join('\n'),
   );
 
-  await new Promise<void>((resolveStop) => {
-    const onSignal = () => {
-      if (shuttingDown) return;
-      shuttingDown = true;
-      process.stdout.write('\ninfermesh: stopping...\n');
-      system.stop().then(
-        () => resolveStop(),
-        () => resolveStop(),
-      );
-    };
-    process.on('SIGINT', onSignal);
-    process.on('SIGTERM', onSignal);
-  });
+  await stopped;
   process.stdout.write('infermesh: stopped\n');
 }
