@@ -30,7 +30,6 @@ export function createClient<S extends DescService>(service: S, address: string,
     // up to two minutes of reconnect backoff.
     'grpc.initial_reconnect_backoff_ms': 200,
     'grpc.max_reconnect_backoff_ms': 1_000,
-    'grpc.enable_channelz': 0,
     ...options.channelOptions,
   });
   const result: Record<string, unknown> = { close: () => client.close() };

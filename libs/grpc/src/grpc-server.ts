@@ -29,8 +29,6 @@ export class GrpcServer {
     this.server = new grpc.Server({
       'grpc.max_receive_message_length': options.maxMessageBytes,
       'grpc.max_send_message_length': options.maxMessageBytes,
-      // channelz bookkeeping costs every call and nothing here reads it.
-      'grpc.enable_channelz': 0,
     });
     this.duration = options.metrics.histogram(
       'grpc_server_handling_seconds',
