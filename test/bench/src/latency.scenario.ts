@@ -19,7 +19,8 @@ const IDLE_WINDOW_MS = 5_000;
 export async function latency(): Promise<Record<string, unknown>> {
   const model = buildMlpModel();
   const session = await ort.InferenceSession.create(model.bytes, { intraOpNumThreads: 1, interOpNumThreads: 1 });
-  const fixture = await startFixture({ models: ['mlp'] });
+  // The worker runs the model with the same ONNX Runtime threads as the in-process reference.
+  const fixture = await startFixture({ models: ['mlp'], env: { WORKER_INTRA_OP_THREADS: '1' } });
   const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
   const url = `${fixture.system.gatewayUrl}/v2/models/mlp/infer`;
   const headers = { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' };
