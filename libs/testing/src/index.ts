@@ -1,2 +1,3 @@
 export * from './redis-server';
 export * from './free-port';
+export * from './rpc-rejection';

@@ -10,6 +10,7 @@ import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { loadBatcherConfig } from './batcher.config';
 import { BatcherModule } from './batcher.module';
 import { Dispatcher } from './dispatcher';
+import { rpcRejection } from '@infermesh/testing';
 
 // ---------------------------------------------------------------------------------------------
 // Fake workers: the worker is another service, so these minimal WorkerService implementations stand
@@ -61,14 +62,6 @@ class FakeWorker {
 const inferRequest = (init: MessageInitShape<typeof InferenceRequestSchema> = {}): InferenceRequest =>
   create(InferenceRequestSchema, { modelName: 'mlp', modelVersion: '1', id: 'req', ...init });
 
-async function rejection(promise: Promise<unknown>): Promise<RpcError> {
-  const error = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(error).toBeInstanceOf(RpcError);
-  return error as RpcError;
-}
 
 async function eventually(condition: () => boolean, timeoutMs = 5_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
@@ -184,7 +177,7 @@ describe(Dispatcher.name, () => {
     const sut = await start();
     await Promise.all(workers.map((w) => w.stop()));
 
-    const error = await rejection(sut.infer(inferRequest()));
+    const error = await rpcRejection(sut.infer(inferRequest()));
 
     expect(error.code).toBe(status.UNAVAILABLE);
     expect(error.message).toContain('"mlp"');
@@ -196,7 +189,7 @@ describe(Dispatcher.name, () => {
     workers[1]!.models.set(v('mlp', '2'), ModelState.LOADING);
     const sut = await start();
 
-    const error = await rejection(sut.infer(inferRequest({ modelVersion: '2' })));
+    const error = await rpcRejection(sut.infer(inferRequest({ modelVersion: '2' })));
 
     expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
     expect(error.message).toContain('"mlp"');
@@ -222,7 +215,7 @@ describe(Dispatcher.name, () => {
     const sut = await start();
     w1.failWith = RpcError.invalidArgument('input "x" has shape [3] but model "mlp" expects [4]', 'INVALID_TENSOR');
 
-    const error = await rejection(sut.infer(inferRequest({ id: 'bad' })));
+    const error = await rpcRejection(sut.infer(inferRequest({ id: 'bad' })));
 
     expect([error.code, error.reason, error.message]).toEqual([
       status.INVALID_ARGUMENT,
@@ -256,7 +249,7 @@ describe(Dispatcher.name, () => {
   it('refuses a request without a resolved version with INVALID_ARGUMENT', async () => {
     const sut = await start();
 
-    const error = await rejection(sut.infer(inferRequest({ modelVersion: '' })));
+    const error = await rpcRejection(sut.infer(inferRequest({ modelVersion: '' })));
 
     expect(error.code).toBe(status.INVALID_ARGUMENT);
   });

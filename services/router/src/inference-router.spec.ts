@@ -15,7 +15,7 @@ import {
 import { type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { cacheKey } from '@infermesh/tensors';
-import { freePort } from '@infermesh/testing';
+import { freePort, rpcRejection } from '@infermesh/testing';
 import { InferenceRouter } from './inference-router';
 import { loadRouterConfig } from './router.config';
 import { RouterModule } from './router.module';
@@ -160,14 +160,6 @@ async function counter(app: INestApplicationContext, name: string, labels: Recor
   return found?.value ?? 0;
 }
 
-async function rejection(promise: Promise<unknown>): Promise<RpcError> {
-  const error = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(error).toBeInstanceOf(RpcError);
-  return error as RpcError;
-}
 
 afterEach(async () => {
   for (const app of running.splice(0)) await app.close();
@@ -199,7 +191,7 @@ describe(InferenceRouter.name, () => {
     it('refuses an explicit version that is not READY with UNAVAILABLE MODEL_NOT_READY', async () => {
       const { sut, batcher } = await startRouter();
 
-      const error = await rejection(sut.infer(inferRequest({ modelVersion: '3' })));
+      const error = await rpcRejection(sut.infer(inferRequest({ modelVersion: '3' })));
 
       expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
       expect(batcher.requests).toHaveLength(0);
@@ -212,7 +204,7 @@ describe(InferenceRouter.name, () => {
     ])('passes the registry error for %s through with its code and reason', async (_case, modelName, modelVersion, code, reason) => {
       const { sut, batcher, app } = await startRouter();
 
-      const error = await rejection(sut.infer(inferRequest({ modelName, modelVersion })));
+      const error = await rpcRejection(sut.infer(inferRequest({ modelName, modelVersion })));
 
       expect([error.code, error.reason]).toEqual([code, reason]);
       expect(error.message).toContain(modelName);
@@ -223,7 +215,7 @@ describe(InferenceRouter.name, () => {
     it('answers UNAVAILABLE when the registry cannot be reached', async () => {
       const { sut, batcher } = await startRouter({ ROUTER_REGISTRY_ADDRESS: `127.0.0.1:${await freePort()}` }, [RegistryAdapter]);
 
-      const error = await rejection(sut.infer(inferRequest()));
+      const error = await rpcRejection(sut.infer(inferRequest()));
 
       expect(error.code).toBe(status.UNAVAILABLE);
       expect(batcher.requests).toHaveLength(0);
@@ -232,7 +224,7 @@ describe(InferenceRouter.name, () => {
     it('refuses a request that names no model with INVALID_ARGUMENT without asking the registry', async () => {
       const { sut, registry, batcher } = await startRouter();
 
-      const error = await rejection(sut.infer(inferRequest({ modelName: '' })));
+      const error = await rpcRejection(sut.infer(inferRequest({ modelName: '' })));
 
       expect(error.code).toBe(status.INVALID_ARGUMENT);
       expect(registry.calls).toHaveLength(0);
@@ -258,7 +250,7 @@ describe(InferenceRouter.name, () => {
     ])('refuses %s with INVALID_ARGUMENT naming the tensor, without reaching the batcher', async (_case, inputs, tensor) => {
       const { sut, batcher, cache } = await startRouter();
 
-      const error = await rejection(sut.infer(inferRequest({ inputs })));
+      const error = await rpcRejection(sut.infer(inferRequest({ inputs })));
 
       expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
       expect(error.message).toContain(`"${tensor}"`);
@@ -269,7 +261,7 @@ describe(InferenceRouter.name, () => {
     it('refuses an unknown requested output with INVALID_ARGUMENT naming it', async () => {
       const { sut, batcher } = await startRouter();
 
-      const error = await rejection(sut.infer(inferRequest({ outputNames: ['y', 'nope'] })));
+      const error = await rpcRejection(sut.infer(inferRequest({ outputNames: ['y', 'nope'] })));
 
       expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
       expect(error.message).toContain('"nope"');

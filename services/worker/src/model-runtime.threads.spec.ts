@@ -1,13 +1,13 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { buildMlpModel, buildMultiIoModel, buildTinyModel, TINY_BIAS, TINY_WEIGHT } from '@infermesh/model-builder';
-import { RpcError } from '@infermesh/grpc';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { DataType } from '@infermesh/tensors';
 import * as ort from 'onnxruntime-node';
 import type { Worker } from 'node:worker_threads';
 import { ModelLoadError } from './model-runtime';
 import { ThreadsModelRuntime, type ThreadsModelSession } from './model-runtime.threads';
+import { rpcRejection } from '@infermesh/testing';
 
 const fp32 = (name: string, values: ArrayLike<number>, shape: number[]): Tensor =>
   create(TensorSchema, { name, datatype: DataType.FP32, shape: shape.map(BigInt), data: Buffer.from(Float32Array.from(values).buffer) });
@@ -20,14 +20,6 @@ const MLP = buildMlpModel();
 /** A batch of MLP inputs, different for each seed. */
 const mlpInput = (rows: number, seed = 0) => fp32('input', Float32Array.from({ length: rows * 512 }, (_, i) => Math.sin(seed * 7919 + i)), [rows, 512]);
 
-async function rejection(promise: Promise<unknown>): Promise<RpcError> {
-  const error = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(error).toBeInstanceOf(RpcError);
-  return error as RpcError;
-}
 
 const exited = (thread: Worker) => new Promise<number>((resolve) => thread.once('exit', resolve));
 
@@ -108,10 +100,10 @@ describe(ThreadsModelRuntime.name, () => {
 
   it('answers INVALID_ARGUMENT for an unknown output and for input the model refuses, and keeps serving', async () => {
     const session = await load(sut, buildTinyModel().bytes);
-    const unknown = await rejection(session.run([fp32('input', [1, 2, 3, 4], [1, 4])], ['logits']));
+    const unknown = await rpcRejection(session.run([fp32('input', [1, 2, 3, 4], [1, 4])], ['logits']));
     expect(unknown.code).toBe(status.INVALID_ARGUMENT);
     expect(unknown.message).toMatch(/"logits"/);
-    const refused = await rejection(session.run([fp32('input', [1, 2, 3], [1, 3])], []));
+    const refused = await rpcRejection(session.run([fp32('input', [1, 2, 3], [1, 3])], []));
     expect(refused.code).toBe(status.INVALID_ARGUMENT);
     expect(refused.reason).toBe('INVALID_TENSOR');
     expect(await session.run([fp32('input', [1, 2, 3, 4], [1, 4])], [])).toHaveLength(1);
@@ -174,7 +166,7 @@ describe(ThreadsModelRuntime.name, () => {
     const other = await load(sut, buildTinyModel().bytes);
     const [thread] = session.threads;
     crashes.length = 0;
-    const inflight = rejection(session.run([mlpInput(256)], []));
+    const inflight = rpcRejection(session.run([mlpInput(256)], []));
     const exit = exited(thread!);
     await thread!.terminate();
     await exit;
@@ -206,7 +198,7 @@ describe(ThreadsModelRuntime.name, () => {
     await session.release();
     await Promise.all(exits);
     expect(session.occupancy).toEqual({ busy: 0, instances: 0, queued: 0 });
-    const error = await rejection(session.run([fp32('input', [1, 2, 3, 4], [1, 4])], []));
+    const error = await rpcRejection(session.run([fp32('input', [1, 2, 3, 4], [1, 4])], []));
     expect(error.code).toBe(status.UNAVAILABLE);
   });
 });
