@@ -6,7 +6,7 @@ import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { DataType } from '@infermesh/tensors';
 import { Metrics } from '@infermesh/telemetry';
 import { InferenceExecutor } from './inference-executor';
-import { ThreadsModelRuntime } from './model-runtime.threads';
+import { OrtModelRuntime } from './model-runtime.ort';
 import { ModelTable, versionName, WorkerModel } from './model-table';
 import { rpcRejection } from '@infermesh/testing';
 
@@ -28,7 +28,7 @@ describe(InferenceExecutor.name, () => {
     table = new ModelTable(metrics);
     sut = new InferenceExecutor(table, metrics);
     ready = new WorkerModel(versionName('multi-io', '1'), 'multi-io', '1');
-    ready.ready(await new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1 }).load(buildMultiIoModel().bytes, ['cpu']), 4);
+    ready.ready(await new OrtModelRuntime({ intraOpThreads: 1 }).load(buildMultiIoModel().bytes, ['cpu']), 4);
     table.add(ready);
   });
   afterEach(async () => {

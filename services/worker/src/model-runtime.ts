@@ -22,8 +22,8 @@ export class ModelLoadError extends Error {
 }
 
 /**
- * Where models run: ThreadsModelRuntime (model-runtime.threads.ts) runs each session in worker
- * threads, off the service's event loop; tensors stay raw bytes across the port.
+ * Where models run. The first implementation runs sessions on the service's own thread; the port
+ * keeps tensors raw so that an implementation on worker threads can pass them along unchanged.
  */
 export abstract class ModelRuntime {
   /** Creates a session, trying the execution providers in order; throws ModelLoadError. */

@@ -3,6 +3,7 @@ import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { DataType, datatypeFromOrt, datatypeName, decodeBytesElements, encodeBytesElements } from '@infermesh/tensors';
+import { Tensor as OrtTensor } from 'onnxruntime-node';
 
 type TypedArrayConstructor =
   | Int8ArrayConstructor
@@ -33,25 +34,12 @@ const ARRAYS: Partial<Record<DataType, { ort: string; array: TypedArrayConstruct
 };
 
 /**
- * A tensor as it crosses into an execution thread and back (see execution-thread.js): the
- * onnxruntime type name, the dimensions, and the data as one ArrayBuffer holding exactly the
- * tensor's little-endian bytes (transferable) or, for strings, the elements.
+ * An internal tensor (raw little-endian bytes) as an onnxruntime-node tensor. The bytes are viewed in
+ * place when their offset suits the element size and copied otherwise. BYTES elements become UTF-8
+ * strings. Throws INVALID_ARGUMENT (INVALID_TENSOR) for data that does not fit the shape and for
+ * datatypes onnxruntime-node cannot hold (BF16).
  */
-export interface WireTensor {
-  name: string;
-  type: string;
-  dims: number[];
-  data: ArrayBuffer | string[];
-}
-
-/**
- * An internal tensor (raw little-endian bytes) as a wire tensor. The bytes are copied once into
- * an ArrayBuffer of their own (a memcpy: the caller's buffer stays intact, the copy is aligned and
- * can be transferred). BYTES elements become UTF-8 strings. Throws INVALID_ARGUMENT
- * (INVALID_TENSOR) for data that does not fit the shape and for datatypes onnxruntime-node cannot
- * hold (BF16).
- */
-export function toWireTensor(tensor: Tensor): WireTensor {
+export function toOrtTensor(tensor: Tensor): OrtTensor {
   const dims = tensor.shape.map(Number);
   const count = dims.reduce((a, b) => a * b, 1);
   if (tensor.datatype === DataType.BYTES) {
@@ -59,7 +47,7 @@ export function toWireTensor(tensor: Tensor): WireTensor {
     if (elements === undefined || elements.length !== count) {
       throw invalid(`tensor "${tensor.name}": BYTES data does not hold ${count} length-prefixed elements`);
     }
-    return { name: tensor.name, type: 'string', dims, data: elements.map((e) => e.toString('utf8')) };
+    return new OrtTensor('string', elements.map((e) => e.toString('utf8')), dims);
   }
   const kind = ARRAYS[tensor.datatype];
   if (kind === undefined) {
@@ -69,24 +57,35 @@ export function toWireTensor(tensor: Tensor): WireTensor {
   if (tensor.data.byteLength !== count * size) {
     throw invalid(`tensor "${tensor.name}" has ${tensor.data.byteLength} bytes of data but its shape needs ${count * size}`);
   }
-  return { name: tensor.name, type: kind.ort, dims, data: new Uint8Array(tensor.data).buffer };
-}
-
-/** A wire tensor from an execution thread as an internal tensor: its bytes, little-endian, and its shape. */
-export function fromWireTensor(wire: WireTensor): Tensor {
-  const { name } = wire;
-  const datatype = datatypeFromOrt(wire.type);
-  if (datatype === undefined) throw new RpcError(status.INTERNAL, `output "${name}" has type ${wire.type}, which has no KServe datatype`, { reason: 'INTERNAL' });
-  const shape = wire.dims.map((d) => BigInt(d));
-  if (Array.isArray(wire.data)) {
-    return create(TensorSchema, { name, datatype, shape, data: encodeBytesElements(wire.data.map((s) => Buffer.from(s, 'utf8'))) });
+  const data = typedView(kind.array, tensor.data);
+  const ortTensor = new OrtTensor(kind.ort as 'float32', data as Float32Array, dims);
+  if (tensor.datatype === DataType.FP16 && ortTensor.data !== data) {
+    // Where Float16Array exists, onnxruntime-common wraps the bits in one, which the native binding
+    // cannot read ("not enough space"); it reads the `data` property, so hand it the bits themselves.
+    Object.defineProperty(ortTensor, 'data', { value: data });
   }
-  return create(TensorSchema, { name, datatype, shape, data: new Uint8Array(wire.data) });
+  return ortTensor;
 }
 
-/** The buffers of wire tensors, to transfer rather than copy. */
-export function transferables(tensors: readonly WireTensor[]): ArrayBuffer[] {
-  return tensors.flatMap((t) => (Array.isArray(t.data) ? [] : [t.data]));
+/** An onnxruntime-node tensor as an internal tensor: its bytes, little-endian, and its shape. */
+export function fromOrtTensor(name: string, tensor: OrtTensor): Tensor {
+  const datatype = datatypeFromOrt(tensor.type);
+  if (datatype === undefined) throw new RpcError(status.INTERNAL, `output "${name}" has type ${tensor.type}, which has no KServe datatype`, { reason: 'INTERNAL' });
+  const shape = tensor.dims.map((d) => BigInt(d));
+  if (datatype === DataType.BYTES) {
+    const strings = tensor.data as string[];
+    return create(TensorSchema, { name, datatype, shape, data: encodeBytesElements(strings.map((s) => Buffer.from(s, 'utf8'))) });
+  }
+  const values = tensor.data as ArrayBufferView;
+  return create(TensorSchema, { name, datatype, shape, data: new Uint8Array(values.buffer, values.byteOffset, values.byteLength) });
+}
+
+function typedView(array: TypedArrayConstructor, bytes: Uint8Array): ArrayBufferView {
+  const count = bytes.byteLength / array.BYTES_PER_ELEMENT;
+  if (bytes.byteOffset % array.BYTES_PER_ELEMENT === 0) return new array(bytes.buffer as ArrayBuffer, bytes.byteOffset, count);
+  const copy = new Uint8Array(bytes.byteLength);
+  copy.set(bytes);
+  return new array(copy.buffer, 0, count);
 }
 
 function invalid(message: string): RpcError {

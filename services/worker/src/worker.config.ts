@@ -1,6 +1,6 @@
 import { address, type Env, parseEnv, positiveInt } from '@infermesh/config';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
-import { availableParallelism, hostname } from 'node:os';
+import { hostname } from 'node:os';
 import { resolve } from 'node:path';
 import { z } from 'zod';
 
@@ -15,8 +15,7 @@ const shape = {
     .pipe(z.array(z.string().regex(/^[a-z0-9_-]+$/, 'expected execution provider names such as cuda,cpu')).min(1, 'name at least one execution provider')),
   WORKER_ARTIFACT_DIR: z.string().min(1).default('.infermesh/worker-artifacts'),
   WORKER_SYNC_INTERVAL_MS: positiveInt(1000),
-  WORKER_INSTANCES_PER_MODEL: positiveInt(1),
-  WORKER_INTRA_OP_THREADS: z.coerce.number().int().positive().optional(),
+  WORKER_INTRA_OP_THREADS: positiveInt(1),
 };
 
 /** The worker's configuration, validated once at start-up. */
@@ -31,20 +30,12 @@ export function loadWorkerConfig(env: Env) {
     executionProviders: e.WORKER_EXECUTION_PROVIDERS,
     artifactDir: resolve(e.WORKER_ARTIFACT_DIR),
     syncIntervalMs: e.WORKER_SYNC_INTERVAL_MS,
-    /** Execution threads per loaded model, each with its own session (Triton's instance_group count). */
-    instancesPerModel: e.WORKER_INSTANCES_PER_MODEL,
-    /** ONNX Runtime intra-op threads per instance; by default the cores shared out among a model's instances. */
-    intraOpThreads: e.WORKER_INTRA_OP_THREADS ?? defaultIntraOpThreads(e.WORKER_INSTANCES_PER_MODEL),
+    intraOpThreads: e.WORKER_INTRA_OP_THREADS,
     /** Time allowed for a registry call other than an artifact download. */
     registryTimeoutMs: 5_000,
     /** Time allowed for one artifact download. */
     downloadTimeoutMs: 10 * 60_000,
   };
-}
-
-/** As many intra-op threads as leaves instances × threads within the machine's cores, at least 1. */
-export function defaultIntraOpThreads(instancesPerModel: number, cores = availableParallelism()): number {
-  return Math.max(1, Math.floor(cores / instancesPerModel));
 }
 
 export type WorkerConfig = ReturnType<typeof loadWorkerConfig>;

@@ -6,11 +6,9 @@ import { bind, bootstrap, type RunningService } from '@infermesh/runtime';
 import { Metrics } from '@infermesh/telemetry';
 import { freePort } from '@infermesh/testing';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { availableParallelism, tmpdir } from 'node:os';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ModelRuntime } from './model-runtime';
-import { ThreadsModelRuntime } from './model-runtime.threads';
-import { defaultIntraOpThreads, loadWorkerConfig } from './worker.config';
+import { loadWorkerConfig } from './worker.config';
 import { WorkerGrpcController } from './worker.grpc';
 import { WorkerModule } from './worker.module';
 
@@ -56,7 +54,6 @@ describe(WorkerModule.name, () => {
       );
       expect(error).toBeInstanceOf(RpcError);
       expect([(error as RpcError).code, (error as RpcError).reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
-      expect(sut.app.get(ModelRuntime)).toBeInstanceOf(ThreadsModelRuntime);
       const metrics = await sut.app.get(Metrics).render();
       expect(metrics).toMatch(/infermesh_worker_registry_sync_failures_total [1-9]/);
       expect(metrics).toMatch(/infermesh_worker_models_loaded 0/);
@@ -74,19 +71,11 @@ describe(loadWorkerConfig.name, () => {
       registryAddress: '127.0.0.1:50051',
       executionProviders: ['cuda', 'cpu'],
       syncIntervalMs: 1000,
-      instancesPerModel: 1,
-      intraOpThreads: availableParallelism(),
+      intraOpThreads: 1,
       runtime: { grpc: { port: 50055 }, metrics: { port: 9105 } },
     });
     expect(sut.workerId).toMatch(new RegExp(`-${process.pid}$`));
     expect(sut.artifactDir).toMatch(/\.infermesh\/worker-artifacts$/);
-  });
-
-  it('shares the cores among a model\'s instances unless told the intra-op threads', () => {
-    expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2', WORKER_INTRA_OP_THREADS: '3' })).toMatchObject({ instancesPerModel: 2, intraOpThreads: 3 });
-    expect([defaultIntraOpThreads(1, 8), defaultIntraOpThreads(2, 8), defaultIntraOpThreads(3, 8), defaultIntraOpThreads(4, 2)]).toEqual([8, 4, 2, 1]);
-    expect(() => loadWorkerConfig({ WORKER_INTRA_OP_THREADS: '0' })).toThrow(/WORKER_INTRA_OP_THREADS/);
-    expect(() => loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: 'two' })).toThrow(/WORKER_INSTANCES_PER_MODEL/);
   });
 
   it('names the variable that is wrong', () => {

@@ -1,12 +1,11 @@
 import { type DynamicModule, Module } from '@nestjs/common';
 import { RuntimeModule } from '@infermesh/runtime';
-import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { ArtifactCache } from './artifact-cache';
 import { InferenceExecutor } from './inference-executor';
 import { ModelRegistry } from './model-registry';
 import { GrpcModelRegistry } from './model-registry.adapter';
 import { ModelRuntime } from './model-runtime';
-import { ThreadsModelRuntime } from './model-runtime.threads';
+import { OrtModelRuntime } from './model-runtime.ort';
 import { ModelSync } from './model-sync';
 import { ModelTable } from './model-table';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
@@ -31,21 +30,7 @@ export class WorkerModule {
               maxMessageBytes: config.runtime.maxMessageBytes,
             }),
         },
-        {
-          provide: ModelRuntime,
-          inject: [Metrics, JsonLogger],
-          useFactory: (metrics: Metrics, logger: JsonLogger): ModelRuntime => {
-            const failures = metrics.counter('execution_thread_failures_total', 'Execution threads that died unasked or failed to restart; each is replaced.');
-            return new ThreadsModelRuntime({
-              instancesPerModel: config.instancesPerModel,
-              intraOpThreads: config.intraOpThreads,
-              onThreadCrash: (reason) => {
-                failures.inc();
-                logger.warn('execution thread failed; replacing it', { reason });
-              },
-            });
-          },
-        },
+        { provide: ModelRuntime, useFactory: (): ModelRuntime => new OrtModelRuntime({ intraOpThreads: config.intraOpThreads }) },
         { provide: ArtifactCache, useFactory: () => new ArtifactCache(config.artifactDir) },
         ModelTable,
         ModelSync,
