@@ -123,8 +123,3 @@ export function toRpcError(error: unknown): RpcError {
   if (isServiceError(error)) return RpcError.fromServiceError(error);
   return new RpcError(status.INTERNAL, 'internal error', { reason: 'INTERNAL' });
 }
-
-/** Codes a caller may retry on another replica. */
-export function isRetriable(code: status): boolean {
-  return code === status.UNAVAILABLE || code === status.RESOURCE_EXHAUSTED || code === status.ABORTED;
-}

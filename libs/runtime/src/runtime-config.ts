@@ -40,4 +40,3 @@ export function runtimeSettings(prefix: string, env: Record<string, unknown>): R
   };
 }
 
-export type RuntimeShape = ReturnType<typeof runtimeShape>;
