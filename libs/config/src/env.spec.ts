@@ -2,6 +2,7 @@ import { z } from 'zod';
 import {
   address,
   addressList,
+  byteSize,
   ConfigError,
   host,
   logLevel,
@@ -193,5 +194,27 @@ describe('redisUrl', () => {
     expect(parseEnv(schema, {}).R).toBeUndefined();
     expect(parseEnv(schema, { R: 'redis://localhost:6379' }).R).toBe('redis://localhost:6379');
     expect(() => parseEnv(schema, { R: 'localhost:6379' })).toThrow(ConfigError);
+  });
+});
+
+describe('byteSize', () => {
+  const shape = { SIZE: byteSize('1GiB') };
+
+  it.each([
+    ['1048576', 1_048_576],
+    ['512MiB', 512 * 2 ** 20],
+    ['2GB', 2e9],
+    ['1.5GiB', 1.5 * 2 ** 30],
+    ['64 kib', 65_536],
+  ])('reads %s as %d bytes', (value, bytes) => {
+    expect(parseEnv(shape, { SIZE: value }).SIZE).toBe(bytes);
+  });
+
+  it('defaults to its fallback', () => {
+    expect(parseEnv(shape, {}).SIZE).toBe(2 ** 30);
+  });
+
+  it.each(['0', '-1MiB', '12 parsecs', 'MiB', '1e9'])('refuses %s, naming the variable', (value) => {
+    expect(() => parseEnv(shape, { SIZE: value })).toThrow(/SIZE: expected a positive size such as 536870912, 512MiB or 2GB/);
   });
 });

@@ -41,6 +41,34 @@ export const positiveInt = (fallback: number) => z.coerce.number().int().positiv
 /** A non-negative integer. */
 export const nonNegativeInt = (fallback: number) => z.coerce.number().int().nonnegative().default(fallback);
 
+const BYTE_UNITS: Readonly<Record<string, number>> = {
+  '': 1, b: 1, kb: 1e3, mb: 1e6, gb: 1e9, tb: 1e12, kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, tib: 2 ** 40,
+};
+
+/** "512MiB", "2GB", "1.5GiB", "1048576" as a whole number of bytes; undefined when it is not a size. */
+export function parseByteSize(value: string): number | undefined {
+  const match = /^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$/.exec(value);
+  if (match === null) return undefined;
+  const unit = BYTE_UNITS[match[2]!.toLowerCase()];
+  if (unit === undefined) return undefined;
+  const bytes = Math.floor(Number(match[1]) * unit);
+  return Number.isSafeInteger(bytes) ? bytes : undefined;
+}
+
+/** A size in bytes, written as a number of bytes or with a unit: 512MiB, 2GB, 1.5GiB. */
+export const byteSize = (fallback: number | string) =>
+  z
+    .string()
+    .default(String(fallback))
+    .transform((value, ctx) => {
+      const bytes = parseByteSize(value);
+      if (bytes === undefined || bytes <= 0) {
+        ctx.addIssue({ code: 'custom', message: 'expected a positive size such as 536870912, 512MiB or 2GB' });
+        return z.NEVER;
+      }
+      return bytes;
+    });
+
 /** A host name or address to listen on or connect to. */
 export const host = (fallback: string) => z.string().min(1).default(fallback);
 

@@ -1,3 +1,5 @@
+import { buildClassifierModel } from './classifier-model';
+import { buildIdentityModel } from './identity-model';
 import { buildMlpModel } from './mlp-model';
 import { buildMultiIoModel } from './multi-io-model';
 import type { BuiltModel } from './onnx-graph';
@@ -8,4 +10,6 @@ export const DEMO_MODELS: Readonly<Record<string, () => BuiltModel>> = {
   mlp: () => buildMlpModel(),
   tiny: buildTinyModel,
   'multi-io': buildMultiIoModel,
+  identity: () => buildIdentityModel(),
+  classifier: buildClassifierModel,
 };

@@ -4,4 +4,6 @@ export * from './mlp-model';
 export * from './tiny-model';
 export * from './multi-io-model';
 export * from './identity-model';
+export * from './classifier-model';
 export * from './demo-models';
+export * from './padded-model';

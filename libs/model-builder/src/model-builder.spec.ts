@@ -4,6 +4,7 @@ import { DEMO_MODELS } from './demo-models';
 import { buildMlpModel, mlpLayers } from './mlp-model';
 import { buildIdentityModel } from './identity-model';
 import { buildMultiIoModel } from './multi-io-model';
+import { buildClassifierModel, CLASSIFIER_BIAS, CLASSIFIER_LABELS, CLASSIFIER_MEAN, CLASSIFIER_STD, CLASSIFIER_WEIGHT } from './classifier-model';
 import { buildTinyModel, TINY_BIAS, TINY_WEIGHT } from './tiny-model';
 import { SeededRandom } from './prng';
 
@@ -128,6 +129,32 @@ describe(buildIdentityModel.name, () => {
   });
 });
 
+describe(buildClassifierModel.name, () => {
+  it('scores five classes as input · W + b, with class 4 mixing the features', async () => {
+    const sut = buildClassifierModel();
+    const session = await open(sut.bytes);
+    const x = Float32Array.of(1, 2, 3, 4, 0.5, -1, 2, 0);
+    const { scores } = await session.run({ input: new ort.Tensor('float32', x, [2, 4]) });
+    expect(scores!.dims).toEqual([2, 5]);
+    // Row 0 by hand: the features, then (1 + 2 - 3 - 4) / 2 + 0.25.
+    expect(Array.from(scores!.data as Float32Array)).toEqual([1, 2, 3, 4, -1.75, 0.5, -1, 2, 0, -1.0]);
+    expect(Array.from(dense(x, 2, CLASSIFIER_WEIGHT, CLASSIFIER_BIAS, 4, 5, false))).toEqual(Array.from(scores!.data as Float32Array));
+    await session.release();
+  });
+
+  it('comes with a label per class and a per-feature normalization of its input', () => {
+    const sut = buildClassifierModel();
+    expect(sut.outputs).toEqual([{ name: 'scores', datatype: 'FP32', shape: [-1, 5] }]);
+    expect(sut.processing).toEqual({
+      inputNormalizations: [{ input: 'input', mean: [...CLASSIFIER_MEAN], std: [...CLASSIFIER_STD] }],
+      outputLabels: [{ output: 'scores', labels: [...CLASSIFIER_LABELS] }],
+    });
+    expect(CLASSIFIER_LABELS).toHaveLength(5);
+    // Plain data that survives JSON, as a launcher or a config file would pass it on.
+    expect(JSON.parse(JSON.stringify(sut.processing))).toEqual(sut.processing);
+  });
+});
+
 describe('DEMO_MODELS', () => {
   it.each(Object.keys(DEMO_MODELS))('%s builds byte-identical models every time', (name) => {
     const first = DEMO_MODELS[name]!();
@@ -136,7 +163,7 @@ describe('DEMO_MODELS', () => {
     expect(sha256(first.bytes)).toBe(sha256(second.bytes));
   });
 
-  it('registers mlp, tiny and multi-io', () => {
-    expect(Object.keys(DEMO_MODELS).sort()).toEqual(['mlp', 'multi-io', 'tiny']);
+  it('registers mlp, tiny, multi-io, identity and classifier', () => {
+    expect(Object.keys(DEMO_MODELS).sort()).toEqual(['classifier', 'identity', 'mlp', 'multi-io', 'tiny']);
   });
 });

@@ -1,3 +1,5 @@
+import type { MessageInitShape } from '@bufbuild/protobuf';
+import type { ProcessingSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { onnx } from 'onnx-proto';
 import { endianness } from 'node:os';
 
@@ -13,6 +15,9 @@ export interface ModelTensorSpec {
   readonly shape: readonly number[];
 }
 
+/** The pre- and post-processing a model is registered with, as plain data (the registry's Processing). */
+export type ProcessingInit = MessageInitShape<typeof ProcessingSchema>;
+
 /** A generated model: its name, the serialized ONNX ModelProto, and its signature. */
 export interface BuiltModel {
   readonly name: string;
@@ -20,6 +25,8 @@ export interface BuiltModel {
   readonly bytes: Uint8Array;
   readonly inputs: readonly ModelTensorSpec[];
   readonly outputs: readonly ModelTensorSpec[];
+  /** The processing to register the model with, when it has one. */
+  readonly processing?: ProcessingInit;
 }
 
 /** The ONNX opset the generated models import. */

@@ -27,6 +27,8 @@ export interface BootstrapOptions {
   http?: { host: string; port: number; configure?: (app: INestApplication) => void };
   /** Runs after every listener is bound; the health status is set to SERVING when it resolves. */
   onListening?: (app: INestApplicationContext) => Promise<void>;
+  /** Runs first when the service is asked to stop, before in-flight calls are waited for. */
+  beforeShutdown?: (app: INestApplicationContext) => void;
 }
 
 export interface RunningService {
@@ -86,6 +88,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
     (stopping ??= (async () => {
       logger.info(`${identity.name} shutting down`);
       health.setAll(ServingStatus.NOT_SERVING);
+      options.beforeShutdown?.(app);
       const httpClosed = httpServer
         ? new Promise<void>((resolve) => {
             httpServer.close(() => resolve());

@@ -1,7 +1,9 @@
+import type { MessageInitShape } from '@bufbuild/protobuf';
 import { createHash } from 'node:crypto';
 import type { ServiceClient } from '@infermesh/grpc';
 import {
   type ModelVersion,
+  type ProcessingSchema,
   type RegistryService,
   VersionState,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
@@ -14,17 +16,21 @@ async function* chunks(bytes: Uint8Array, expectedSha256: string) {
   }
 }
 
-/** Uploads an ONNX file and registers it as a model version (idempotent for the same bytes). */
+/**
+ * Uploads an ONNX file and registers it as a model version with its pre- and post-processing, when
+ * given (idempotent for the same bytes and processing).
+ */
 export async function registerModel(
   registry: ServiceClient<typeof RegistryService>,
   name: string,
   versionId: string,
   bytes: Uint8Array,
+  processing?: MessageInitShape<typeof ProcessingSchema>,
 ): Promise<ModelVersion> {
   const sha256 = createHash('sha256').update(bytes).digest('hex');
   const { artifact } = await registry.uploadArtifact(chunks(bytes, sha256), { timeoutMs: 120_000 });
   const { version } = await registry.createModelVersion(
-    { parent: `models/${name}`, versionId, artifactSha256: artifact?.sha256 ?? sha256 },
+    { parent: `models/${name}`, versionId, artifactSha256: artifact?.sha256 ?? sha256, ...(processing !== undefined && { processing }) },
     { timeoutMs: 60_000 },
   );
   if (version === undefined) throw new Error(`registry returned no version for models/${name}`);

@@ -1,6 +1,7 @@
+import type { MessageInitShape } from '@bufbuild/protobuf';
 import { createClient } from '@infermesh/grpc';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
-import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type ProcessingSchema, RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { registerModel, waitForVersionsReady } from './model-registration';
@@ -44,6 +45,8 @@ export interface ModelToRegister {
   name: string;
   version: string;
   bytes: Uint8Array;
+  /** Pre- and post-processing to register the version with (input normalization, class labels). */
+  processing?: MessageInitShape<typeof ProcessingSchema> | undefined;
 }
 
 export interface SystemOptions {
@@ -111,7 +114,7 @@ export class System {
       try {
         const names: string[] = [];
         for (const model of options.models) {
-          const version = await registerModel(registry, model.name, model.version, model.bytes);
+          const version = await registerModel(registry, model.name, model.version, model.bytes, model.processing);
           names.push(version.name);
         }
         await waitForVersionsReady(registry, names, Math.max(1, deadline - Date.now()));

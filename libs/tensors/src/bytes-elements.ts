@@ -1,3 +1,5 @@
+import { isUtf8 } from 'node:buffer';
+
 /**
  * BYTES tensors travel as their elements one after another, each a 4-byte little-endian length and
  * then its bytes (the KServe raw layout).
@@ -29,4 +31,18 @@ export function decodeBytesElements(data: Uint8Array): Buffer[] | undefined {
     offset += length;
   }
   return out;
+}
+
+/**
+ * The first BYTES element onnxruntime-node cannot hold unchanged, and what is wrong with it, or
+ * undefined when every element is fine. Its string tensors are NUL-terminated UTF-8 text: an element
+ * with a NUL byte would be cut short there, and one that is not UTF-8 would have its bytes replaced.
+ */
+export function unservableBytesElement(elements: readonly Uint8Array[]): { index: number; problem: string } | undefined {
+  for (let index = 0; index < elements.length; index++) {
+    const element = elements[index]!;
+    if (element.includes(0)) return { index, problem: 'contains a NUL byte' };
+    if (!isUtf8(element)) return { index, problem: 'is not valid UTF-8' };
+  }
+  return undefined;
 }

@@ -14,6 +14,7 @@ interface RequestInit {
   id?: string;
   inputs: TensorInit[];
   outputNames?: string[];
+  outputClassCounts?: Record<string, number>;
 }
 
 const base: RequestInit = {
@@ -62,9 +63,25 @@ describe('cacheKey', () => {
     ['requested outputs', { ...base, outputNames: ['y'] }],
     ['no requested outputs', { ...base, outputNames: [] }],
     ['a repeated output', { ...base, outputNames: ['y', 'z', 'z'] }],
+    ['class count asked of an output', { ...base, outputClassCounts: { y: 3 } }],
     ['an extra input', { ...base, inputs: [...base.inputs, { name: 'c', datatype: DataType.BOOL, shape: [1n], data: Uint8Array.of(1) }] }],
   ])('changes with the %s', (_label, changed) => {
     expect(key(changed)).not.toBe(key(base));
+  });
+
+  it('changes with the class count asked, and with the output it is asked of', () => {
+    const three = key({ ...base, outputClassCounts: { y: 3 } });
+    expect(key({ ...base, outputClassCounts: { y: 2 } })).not.toBe(three);
+    expect(key({ ...base, outputClassCounts: { z: 3 } })).not.toBe(three);
+    expect(key({ ...base, outputClassCounts: { y: 3, z: 3 } })).not.toBe(three);
+  });
+
+  it('does not depend on the order in which class counts were given', () => {
+    expect(key({ ...base, outputClassCounts: { y: 3, z: 1 } })).toBe(key({ ...base, outputClassCounts: { z: 1, y: 3 } }));
+  });
+
+  it('cannot collide by moving digits between an output name and its class count', () => {
+    expect(key({ ...base, outputClassCounts: { y1: 2 } })).not.toBe(key({ ...base, outputClassCounts: { y: 12 } }));
   });
 
   it('changes with the order of the requested outputs, which is the order of the response', () => {

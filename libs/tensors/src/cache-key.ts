@@ -4,8 +4,9 @@ import type { InferenceRequest } from '@infermesh/proto/gen/infermesh/inference/
 /**
  * The result-cache key of a request for a resolved model version: SHA-256 over the model, the
  * version, each input's name, datatype, shape and bytes (in name order, so input order does not
- * matter), and the requested outputs in their order. Every variable-length field is
- * length-prefixed, so no two different requests share a byte stream.
+ * matter), the requested outputs in their order, and the class counts asked of outputs (in name
+ * order). Every variable-length field is length-prefixed, so no two different requests share a byte
+ * stream.
  */
 export function cacheKey(request: InferenceRequest): Buffer {
   const hash = createHash('sha256');
@@ -30,5 +31,12 @@ export function cacheKey(request: InferenceRequest): Buffer {
   // In the order asked for, which is the order of the response's outputs; each name length-prefixed.
   field(String(request.outputNames.length));
   for (const name of request.outputNames) field(name);
+  // Top-k classes instead of an output's values are a different result.
+  const classCounts = Object.entries(request.outputClassCounts).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  field(String(classCounts.length));
+  for (const [name, count] of classCounts) {
+    field(name);
+    field(String(count));
+  }
   return hash.digest();
 }

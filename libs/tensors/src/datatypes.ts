@@ -64,3 +64,10 @@ export function datatypeFromOrt(ortType: string): DataType | undefined {
 }
 
 export const DATATYPE_NAMES: readonly string[] = TABLE.map((info) => info.name);
+
+/**
+ * Datatypes infermesh knows but cannot serve: onnxruntime-node has no bfloat16 tensors, so a BF16
+ * tensor can be neither fed to a session nor read from one. Requests with one are refused up front
+ * (UNIMPLEMENTED), before any check against a model's signature.
+ */
+export const UNSERVED_DATATYPES: ReadonlySet<DataType> = new Set([DataType.BF16]);

@@ -42,7 +42,7 @@ describe('jsonToRaw', () => {
     });
 
     it('BYTES keeps every string, empty and multi-byte ones included, length-prefixed', () => {
-      const data = ['hello', '', 'héllo ✓', '\u0000'];
+      const data = ['hello', '', 'héllo ✓', '\u0000', '🙂'];
 
       const raw = jsonToRaw('x', DataType.BYTES, data, data.length);
 
@@ -119,6 +119,8 @@ describe('jsonToRaw', () => {
       ['UINT64 -1', DataType.UINT64, -1, 'an integer in the UINT64 range'],
       ['BOOL 1', DataType.BOOL, 1, 'a boolean'],
       ['BYTES 1', DataType.BYTES, 1, 'a string'],
+      ['BYTES with a lone high surrogate', DataType.BYTES, 'a\ud800', 'well-formed Unicode (it has a lone surrogate)'],
+      ['BYTES with a lone low surrogate', DataType.BYTES, '\udc00b', 'well-formed Unicode (it has a lone surrogate)'],
       ['FP32 "1.5"', DataType.FP32, '1.5', 'a finite number'],
       ['FP32 null', DataType.FP32, null, 'a finite number'],
       ['FP64 true', DataType.FP64, true, 'a finite number'],

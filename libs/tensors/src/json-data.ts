@@ -19,6 +19,8 @@ const INT_RANGES: Partial<Record<DataType, [number, number]>> = {
   [DataType.INT32]: [-0x80000000, 0x7fffffff],
 };
 
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
 /** Flattens the nested (row-major) arrays of a JSON tensor's `data`. */
 export function flattenJsonData(data: unknown): unknown[] {
   if (!Array.isArray(data)) return [data];
@@ -71,6 +73,8 @@ export function jsonToRaw(tensor: string, type: DataType, data: unknown, expecte
     return encodeBytesElements(
       values.map((v, i) => {
         if (typeof v !== 'string') throw bad(i, 'a string');
+        // UTF-8 has no encoding for a lone surrogate: Buffer.from would put U+FFFD in its place.
+        if (LONE_SURROGATE.test(v)) throw bad(i, 'well-formed Unicode (it has a lone surrogate)');
         return Buffer.from(v, 'utf8');
       }),
     );

@@ -46,6 +46,8 @@ class FakeWorker {
         if (this.failWith) throw this.failWith;
         return { response: { modelName: req.modelName, modelVersion: req.modelVersion, id: req.id } };
       },
+      loadModel: () => Promise.reject(RpcError.invalidArgument('the batcher never loads models explicitly')),
+      unloadModel: () => Promise.reject(RpcError.invalidArgument('the batcher never unloads models')),
     };
     this.server = new GrpcServer({ logger: new JsonLogger(this.id, 'error'), metrics: new Metrics('fake_worker'), maxMessageBytes: 1 << 20 });
     this.server.add(WorkerService, impl);
@@ -184,9 +186,9 @@ describe(Dispatcher.name, () => {
     expect(await counter('retries_total')).toBe(1);
   });
 
-  it('answers UNAVAILABLE with reason MODEL_NOT_READY when no worker has the version ready', async () => {
+  it('answers UNAVAILABLE with reason MODEL_NOT_READY when no worker has the version ready or can load it', async () => {
     workers[0]!.models.set(v('mlp', '1'), ModelState.READY);
-    workers[1]!.models.set(v('mlp', '2'), ModelState.LOADING);
+    workers[1]!.models.set(v('mlp', '2'), ModelState.FAILED);
     const sut = await start();
 
     const error = await rpcRejection(sut.infer(inferRequest({ modelVersion: '2' })));
@@ -194,6 +196,18 @@ describe(Dispatcher.name, () => {
     expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
     expect(error.message).toContain('"mlp"');
     expect(workers.flatMap((w) => w.received)).toHaveLength(0);
+  });
+
+  it('sends a version no worker has READY to a worker that loads it on demand (UNLOADED or LOADING)', async () => {
+    workers[0]!.models.set(v('mlp', '2'), ModelState.FAILED);
+    workers[1]!.models.set(v('mlp', '2'), ModelState.UNLOADED);
+    workers[1]!.models.set(v('mlp', '3'), ModelState.LOADING);
+    const sut = await start();
+
+    await expect(sut.infer(inferRequest({ modelVersion: '2', id: 'evicted' }))).resolves.toMatchObject({ id: 'evicted' });
+    await expect(sut.infer(inferRequest({ modelVersion: '3', id: 'loading' }))).resolves.toMatchObject({ id: 'loading' });
+    expect(workers[1]!.received.map((r) => r.id)).toEqual(['evicted', 'loading']);
+    expect(workers[0]!.received).toHaveLength(0);
   });
 
   it('finds a version that appeared on a worker after start without waiting for the poll interval', async () => {

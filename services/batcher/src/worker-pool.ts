@@ -11,6 +11,8 @@ export class WorkerHandle {
   readonly client: ServiceClient<typeof WorkerService>;
   /** Resource names of the versions this worker reported READY at its last poll. */
   ready = new Set<string>();
+  /** Versions it knows but has not in memory (never loaded, or evicted): it loads one when asked. */
+  loadable = new Set<string>();
   reachable = false;
   outstanding = 0;
 
@@ -62,18 +64,23 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     for (const worker of this.workers) worker.client.close();
   }
 
-  /** Workers that have the version ready. */
+  /**
+   * Workers that have the version ready; when none has, those that can load it on demand (a worker
+   * evicts idle models under its memory budget and loads them again when asked).
+   */
   async candidates(versionName: string): Promise<WorkerHandle[]> {
     const found = this.holding(versionName);
     if (found.length > 0) return found;
     await this.poll();
-    return this.holding(versionName);
+    const ready = this.holding(versionName);
+    return ready.length > 0 ? ready : this.workers.filter((w) => w.reachable && w.loadable.has(versionName));
   }
 
   /** Forgets what a worker holds after it failed to answer; the next poll tells again. */
   markUnreachable(worker: WorkerHandle): void {
     worker.reachable = false;
     worker.ready.clear();
+    worker.loadable.clear();
   }
 
   private holding(versionName: string): WorkerHandle[] {
@@ -94,6 +101,7 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
       if (!worker.reachable) this.logger.info(`worker ${worker.address} is reachable`);
       worker.reachable = true;
       worker.ready = new Set(models.filter((m) => m.state === ModelState.READY).map((m) => m.name));
+      worker.loadable = new Set(models.filter((m) => m.state === ModelState.UNLOADED || m.state === ModelState.LOADING).map((m) => m.name));
     } catch (error) {
       if (worker.reachable) this.logger.warn(`worker ${worker.address} is unreachable`, { err: toRpcError(error).message });
       this.markUnreachable(worker);

@@ -358,6 +358,20 @@ describe('gateway', () => {
       expect(routerState.requests[0]!.request).toMatchObject({ modelVersion: '2', outputNames: ['b'] });
     });
 
+    it('asks the router for the top classes of an output with class_count, and answers 400 to a bad one', async () => {
+      routerState.requests.length = 0;
+      const inputs = [{ name: 'scores', shape: [1, 3], datatype: 'FP32', data: [0.5, 2, 1] }];
+      const reply = await postJson(port, '/v2/models/mlp/infer', { inputs, outputs: [{ name: 'scores', parameters: { class_count: 2 } }] });
+      expect(reply.status).toBe(200);
+      expect(routerState.requests[0]!.request).toMatchObject({ outputNames: ['scores'], outputClassCounts: { scores: 2 } });
+      for (const classCount of [0, -1, 1.5, '2']) {
+        const bad = await postJson(port, '/v2/models/mlp/infer', { inputs, outputs: [{ name: 'scores', parameters: { class_count: classCount } }] });
+        expect([bad.status, classCount]).toEqual([400, classCount]);
+        expect(bad.json).toEqual({ error: expect.stringContaining('output "scores": parameter "class_count" must be a positive integer') });
+      }
+      expect(routerState.requests).toHaveLength(1);
+    });
+
     it('reports cached and degraded responses in the parameters', async () => {
       const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
       expect((await postJson(port, '/v2/models/cached/infer', { inputs: [input] })).json).toMatchObject({ parameters: { cached: true, degraded: false } });
@@ -519,6 +533,23 @@ describe('gateway', () => {
         code: status.INVALID_ARGUMENT,
         message: expect.stringContaining('input "x"'),
       });
+    });
+
+    it('asks the router for the top classes of an output with an int64 class_count, refusing a bad one', async () => {
+      routerState.requests.length = 0;
+      const classCount = (value: bigint) => ({
+        modelName: 'mlp',
+        inputs: [{ name: 'x', datatype: 'FP32', shape: [1n] }],
+        outputs: [{ name: 'x', parameters: { class_count: { parameterChoice: { case: 'int64Param' as const, value } } } }],
+        rawInputContents: [f32([1])],
+      });
+      await grpcClient.modelInfer(inferRequest(classCount(1n)), { metadata });
+      expect(routerState.requests[0]!.request.outputClassCounts).toEqual({ x: 1 });
+      await expect(grpcClient.modelInfer(inferRequest(classCount(0n)), { metadata })).rejects.toMatchObject({
+        code: status.INVALID_ARGUMENT,
+        message: expect.stringContaining('output "x": parameter "class_count" must be a positive integer'),
+      });
+      expect(routerState.requests).toHaveLength(1);
     });
 
     it('passes upstream codes through', async () => {

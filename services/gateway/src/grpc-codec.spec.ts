@@ -70,8 +70,12 @@ describe('gRPC ModelInfer <-> internal tensors', () => {
     ['too few typed elements', { inputs: [{ name: 'a', datatype: 'INT32', shape: [2n, 2n], contents: { intContents: [1, 2, 3] } }] }, /input "a": int_contents has 3 elements.*needs 4/],
     ['an INT8 out of range', { inputs: [{ name: 'a', datatype: 'INT8', shape: [1n], contents: { intContents: [200] } }] }, /input "a".*INT8 range/],
     ['a UINT16 out of range', { inputs: [{ name: 'a', datatype: 'UINT16', shape: [1n], contents: { uintContents: [70000] } }] }, /input "a".*UINT16 range/],
-    ['typed FP16', { inputs: [{ name: 'a', datatype: 'FP16', shape: [1n], contents: {} }] }, /input "a": FP16 data must be sent in raw_input_contents/],
+    ['typed FP16 without contents', { inputs: [{ name: 'a', datatype: 'FP16', shape: [1n], contents: {} }] }, /input "a": FP16 has no typed contents field.*raw_input_contents/],
+    ['typed FP16 in fp32_contents', { inputs: [{ name: 'a', datatype: 'FP16', shape: [1n], contents: { fp32Contents: [0.5] } }] }, /input "a": FP16 has no typed contents field.*raw_input_contents/],
+    ['an empty FP16 with typed contents', { inputs: [{ name: 'a', datatype: 'FP16', shape: [0n], contents: { fp32Contents: [0.5] } }] }, /input "a": FP16 has no typed contents field/],
     ['an unknown datatype', { inputs: [{ name: 'a', datatype: 'COMPLEX64', shape: [1n] }] }, /input "a".*unknown datatype/],
+    ['raw BYTES that are not UTF-8', { inputs: [{ name: 'a', datatype: 'BYTES', shape: [2n] }], rawInputContents: [new Uint8Array([1, 0, 0, 0, 0x61, 1, 0, 0, 0, 0xff])] }, /input "a": BYTES element 1 is not valid UTF-8/],
+    ['typed BYTES with a NUL byte', { inputs: [{ name: 'a', datatype: 'BYTES', shape: [1n], contents: { bytesContents: [Buffer.from('a\u0000b')] } }] }, /input "a": BYTES element 0 contains a NUL byte/],
     ['a negative dimension', { inputs: [{ name: 'a', datatype: 'FP32', shape: [-1n], contents: {} }] }, /input "a".*dimension -1/],
     ['no data for a non-empty shape', { inputs: [{ name: 'a', datatype: 'FP32', shape: [3n] }] }, /input "a": fp32_contents has 0 elements.*needs 3/],
     ['a duplicate input', { inputs: [{ name: 'a', datatype: 'FP32', shape: [0n] }, { name: 'a', datatype: 'FP32', shape: [0n] }] }, /input "a".*more than once/],
@@ -80,6 +84,32 @@ describe('gRPC ModelInfer <-> internal tensors', () => {
     expect(error).toBeInstanceOf(RpcError);
     expect(error.code).toBe(status.INVALID_ARGUMENT);
     expect(error.message).toMatch(message);
+  });
+
+  it('takes an FP16 tensor without elements in a typed request, since it has no data to carry', () => {
+    const sut = inferRequestFromGrpc(
+      request({
+        inputs: [
+          { name: 'a', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [2] } },
+          { name: 'h', datatype: 'FP16', shape: [2n, 0n] },
+        ],
+      }),
+    );
+    expect(sut.inputs.map((t) => [t.name, t.datatype, t.shape, [...t.data]])).toEqual([
+      ['a', DataType.FP32, [1n], bytes(Float32Array.from([2]))],
+      ['h', DataType.FP16, [2n, 0n], []],
+    ]);
+  });
+
+  it.each<[string, Init]>([
+    ['raw', { inputs: [{ name: 'b', datatype: 'BF16', shape: [1n] }], rawInputContents: [new Uint8Array([0x80, 0x3f])] }],
+    ['typed', { inputs: [{ name: 'b', datatype: 'BF16', shape: [1n], contents: { fp32Contents: [1] } }] }],
+  ])('refuses a %s BF16 input with UNIMPLEMENTED naming the tensor and the datatype', (_label, init) => {
+    const error = refusal(init);
+    expect(error).toBeInstanceOf(RpcError);
+    expect(error.code).toBe(status.UNIMPLEMENTED);
+    expect(error.reason).toBe('DATATYPE_UNSUPPORTED');
+    expect(error.message).toMatch(/input "b" has datatype BF16, which infermesh cannot serve/);
   });
 
   it('answers with raw output contents, output metadata, the served version and the flags', () => {

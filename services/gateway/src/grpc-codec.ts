@@ -16,12 +16,12 @@ import {
   TensorSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { checkData, datatypeName, encodeBytesElements } from '@infermesh/tensors';
-import { boolParameter } from './infer-parameters';
-import { tensorDatatype, tensorElementCount } from './tensor-shape';
+import { boolParameter, outputClassCounts } from './infer-parameters';
+import { checkBytesElements, tensorDatatype, tensorElementCount } from './tensor-shape';
 
 type ContentsField = Exclude<keyof InferTensorContents, '$typeName' | '$unknown'>;
 
-/** Which InferTensorContents field carries each datatype; FP16 and BF16 travel only raw. */
+/** Which InferTensorContents field carries each datatype; FP16 (and BF16) have none and travel only raw. */
 const CONTENTS_FIELD: Partial<Record<DataType, ContentsField>> = {
   [DataType.BOOL]: 'boolContents',
   [DataType.INT8]: 'intContents',
@@ -83,6 +83,7 @@ export function inferRequestFromGrpc(request: ModelInferRequest): InferenceReque
     id: request.id,
     inputs,
     outputNames: request.outputs.map((output) => output.name),
+    outputClassCounts: outputClassCounts(request.outputs),
     parameters: request.parameters,
   });
 }
@@ -96,6 +97,7 @@ function rawInput(input: ModelInferRequest_InferInputTensor, data: Uint8Array): 
   const tensor = create(TensorSchema, { name: input.name, datatype, shape: input.shape, data });
   const problem = checkData(tensor);
   if (problem !== undefined) throw invalid(problem);
+  checkBytesElements(tensor);
   return tensor;
 }
 
@@ -104,9 +106,15 @@ function typedInput(input: ModelInferRequest_InferInputTensor): Tensor {
   const datatype = tensorDatatype(name, input.datatype);
   const count = tensorElementCount(name, input.shape);
   const field = CONTENTS_FIELD[datatype];
-  if (field === undefined) throw invalid(`input "${name}": ${datatypeName(datatype)} data must be sent in raw_input_contents`);
   const contents = input.contents ?? create(InferTensorContentsSchema);
   const used = usedFields(contents);
+  if (field === undefined) {
+    // A tensor without elements carries no data, so it needs no contents field.
+    if (count === 0 && used.length === 0) return create(TensorSchema, { name, datatype, shape: input.shape });
+    throw invalid(
+      `input "${name}": ${datatypeName(datatype)} has no typed contents field in KServe v2; send the request's inputs in raw_input_contents (${datatypeName(datatype)} as little-endian IEEE 754 half-precision)`,
+    );
+  }
   const wrong = used.find((f) => f !== field);
   if (wrong !== undefined) {
     throw invalid(`input "${name}" has datatype ${datatypeName(datatype)}, whose data goes in ${FIELD_NAME[field]}, but ${FIELD_NAME[wrong]} is set`);
@@ -115,7 +123,9 @@ function typedInput(input: ModelInferRequest_InferInputTensor): Tensor {
   if (values.length !== count) {
     throw invalid(`input "${name}": ${FIELD_NAME[field]} has ${values.length} elements but shape [${input.shape.join(',')}] needs ${count}`);
   }
-  return create(TensorSchema, { name, datatype, shape: input.shape, data: typedToRaw(name, datatype, contents) });
+  const tensor = create(TensorSchema, { name, datatype, shape: input.shape, data: typedToRaw(name, datatype, contents) });
+  checkBytesElements(tensor);
+  return tensor;
 }
 
 function usedFields(contents: InferTensorContents): ContentsField[] {

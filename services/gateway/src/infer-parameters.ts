@@ -77,3 +77,48 @@ export function timeoutParameterMs(parameters: Readonly<Record<string, InferPara
   if (!(us > 0)) throw RpcError.invalidArgument('parameter "timeout" must be a positive integer of microseconds');
   return Math.max(1, Math.ceil(us / 1000));
 }
+
+/** The largest class_count: the internal request carries it as a uint32. */
+const MAX_CLASS_COUNT = 0xffff_ffff;
+
+/**
+ * The class counts asked of requested outputs by name: Triton's classification extension, a
+ * `class_count` parameter on a requested output, for its top classes instead of its values. A
+ * class_count that is not a positive integer, or an output asked for twice with different class
+ * counts, is an INVALID_ARGUMENT naming the output.
+ */
+export function outputClassCounts(
+  outputs: readonly { name: string; parameters: Readonly<Record<string, InferParameter>> }[],
+): Record<string, number> {
+  const counts: Record<string, number> = {};
+  const given = new Map<string, number | undefined>();
+  for (const { name, parameters } of outputs) {
+    const count = classCountParameter(name, parameters);
+    if (given.has(name) && given.get(name) !== count) {
+      throw RpcError.invalidArgument(`output "${name}" is requested more than once with different class_count parameters`, 'INVALID_TENSOR');
+    }
+    given.set(name, count);
+    if (count !== undefined) counts[name] = count;
+  }
+  return counts;
+}
+
+function classCountParameter(output: string, parameters: Readonly<Record<string, InferParameter>>): number | undefined {
+  const parameter = parameters['class_count'];
+  if (parameter === undefined) return undefined;
+  const choice = parameter.parameterChoice;
+  const count =
+    choice.case === 'int64Param' || choice.case === 'uint64Param'
+      ? Number(choice.value)
+      : choice.case === 'doubleParam' && Number.isInteger(choice.value)
+        ? choice.value
+        : NaN;
+  if (!(count >= 1 && count <= MAX_CLASS_COUNT)) {
+    const shown = choice.case === undefined ? 'empty' : choice.case === 'stringParam' ? JSON.stringify(choice.value) : String(choice.value);
+    throw RpcError.invalidArgument(
+      `output "${output}": parameter "class_count" must be a positive integer (at most ${MAX_CLASS_COUNT}), got ${shown}`,
+      'INVALID_TENSOR',
+    );
+  }
+  return count;
+}

@@ -2,7 +2,7 @@ import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
 import { DataType, InferenceResponseSchema, type InferenceRequest } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { ALL_DATATYPES, datatypeName } from '@infermesh/tensors';
+import { ALL_DATATYPES, datatypeName, UNSERVED_DATATYPES } from '@infermesh/tensors';
 import { inferRequestFromJson, inferResponseToJson } from './rest-codec';
 
 /** The request's tensors echoed back as a response, the way an identity model would answer. */
@@ -26,15 +26,37 @@ const SAMPLES: Record<string, { data: unknown[]; bytes: number[] }> = {
   INT32: { data: [-1, 2147483647], bytes: [255, 255, 255, 255, 255, 255, 255, 127] },
   INT64: { data: [-1, '9223372036854775807'], bytes: [255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 127] },
   FP16: { data: [1, -2], bytes: [0x00, 0x3c, 0x00, 0xc0] },
-  BF16: { data: [1, -2], bytes: [0x80, 0x3f, 0x00, 0xc0] },
   FP32: { data: [1.5, -0.25], bytes: [...Buffer.from(Float32Array.from([1.5, -0.25]).buffer)] },
   FP64: { data: [0.1, -1e300], bytes: [...Buffer.from(Float64Array.from([0.1, -1e300]).buffer)] },
   BYTES: { data: ['ab', ''], bytes: [2, 0, 0, 0, 0x61, 0x62, 0, 0, 0, 0] },
 };
 
 describe('REST JSON <-> internal tensors', () => {
-  it('covers every datatype', () => {
-    expect(Object.keys(SAMPLES).sort()).toEqual(ALL_DATATYPES.map((d) => d.name).sort());
+  const refusal = (body: unknown): RpcError => {
+    try {
+      inferRequestFromJson('m', '', body);
+    } catch (error) {
+      return error as RpcError;
+    }
+    throw new Error('the body was accepted');
+  };
+
+  it('covers every datatype that can be served', () => {
+    const served = ALL_DATATYPES.filter((d) => !UNSERVED_DATATYPES.has(d.type));
+    expect(Object.keys(SAMPLES).sort()).toEqual(served.map((d) => d.name).sort());
+  });
+
+  it('refuses a BF16 input with UNIMPLEMENTED naming the tensor and the datatype', () => {
+    const error = refusal({ inputs: [{ name: 'b', shape: [1], datatype: 'BF16', data: [1] }] });
+    expect(error).toBeInstanceOf(RpcError);
+    expect(error.code).toBe(status.UNIMPLEMENTED);
+    expect(error.message).toMatch(/input "b" has datatype BF16, which infermesh cannot serve/);
+  });
+
+  it('lists only the datatypes it serves when the datatype is unknown', () => {
+    const error = refusal({ inputs: [{ name: 'a', shape: [1], datatype: 'F32', data: [1] }] });
+    expect(error.message).toContain('FP64, BYTES');
+    expect(error.message).not.toContain('BF16');
   });
 
   it.each(Object.entries(SAMPLES))('converts %s to raw little-endian bytes and back', (datatype, { data, bytes }) => {
@@ -86,15 +108,6 @@ describe('REST JSON <-> internal tensors', () => {
     });
   });
 
-  const refusal = (body: unknown): RpcError => {
-    try {
-      inferRequestFromJson('m', '', body);
-    } catch (error) {
-      return error as RpcError;
-    }
-    throw new Error('the body was accepted');
-  };
-
   it.each([
     ['a body that is not an object', [], /JSON object/],
     ['no inputs', {}, /"inputs"/],
@@ -111,6 +124,8 @@ describe('REST JSON <-> internal tensors', () => {
     ['a negative UINT32', { inputs: [{ name: 'a', shape: [1], datatype: 'UINT32', data: [-1] }] }, /input "a".*UINT32 range/],
     ['a number for BOOL', { inputs: [{ name: 'a', shape: [1], datatype: 'BOOL', data: [1] }] }, /input "a".*boolean/],
     ['a number for BYTES', { inputs: [{ name: 'a', shape: [1], datatype: 'BYTES', data: [1] }] }, /input "a".*string/],
+    ['a BYTES string with a NUL', { inputs: [{ name: 'a', shape: [2], datatype: 'BYTES', data: ['ok', 'a\u0000b'] }] }, /input "a": BYTES element 1 contains a NUL byte/],
+    ['a BYTES string with a lone surrogate', { inputs: [{ name: 'a', shape: [1], datatype: 'BYTES', data: ['\ud83d'] }] }, /input "a": element 0.*lone surrogate/],
     ['an FP16 out of range', { inputs: [{ name: 'a', shape: [1], datatype: 'FP16', data: [70000] }] }, /input "a".*FP16 range/],
     ['a duplicate input', { inputs: [1, 2].map(() => ({ name: 'a', shape: [1], datatype: 'FP32', data: [1] })) }, /input "a".*more than once/],
     ['shared memory', { inputs: [{ name: 'a', shape: [1], datatype: 'FP32', parameters: { shared_memory_region: 'r' } }] }, /input "a".*shared memory/],

@@ -9,8 +9,8 @@ import {
   TensorSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { datatypeName, jsonToRaw, rawToJson, TensorDataError } from '@infermesh/tensors';
-import { type JsonParameter, parametersFromJson, parametersToJson } from './infer-parameters';
-import { tensorDatatype, tensorElementCount } from './tensor-shape';
+import { type JsonParameter, outputClassCounts, parametersFromJson, parametersToJson } from './infer-parameters';
+import { checkBytesElements, tensorDatatype, tensorElementCount } from './tensor-shape';
 
 /** A KServe v2 REST inference response. */
 export interface JsonInferResponse {
@@ -54,7 +54,7 @@ export function inferRequestFromJson(model: string, version: string, body: unkno
     modelVersion: version,
     id: body['id'] ?? '',
     inputs,
-    outputNames: outputNamesFromJson(body['outputs']),
+    ...requestedOutputsFromJson(body['outputs']),
     parameters: parametersFromJson('the request', body['parameters']),
   });
 }
@@ -86,18 +86,23 @@ function inputFromJson(input: unknown, index: number): Tensor {
     if (error instanceof TensorDataError) throw RpcError.invalidArgument(error.message, 'INVALID_TENSOR');
     throw error;
   }
-  return create(TensorSchema, { name, datatype, shape: (shape as number[]).map(BigInt), data });
+  const tensor = create(TensorSchema, { name, datatype, shape: (shape as number[]).map(BigInt), data });
+  checkBytesElements(tensor);
+  return tensor;
 }
 
-function outputNamesFromJson(outputs: unknown): string[] {
-  if (outputs === undefined || outputs === null) return [];
+/** The requested outputs' names, and the class counts asked of them ({"parameters": {"class_count": N}}). */
+function requestedOutputsFromJson(outputs: unknown): { outputNames: string[]; outputClassCounts: Record<string, number> } {
+  if (outputs === undefined || outputs === null) return { outputNames: [], outputClassCounts: {} };
   if (!Array.isArray(outputs)) throw RpcError.invalidArgument('"outputs" must be an array of {"name": ...}');
-  return outputs.map((output: unknown, i) => {
+  const requested = outputs.map((output: unknown, i) => {
     if (!isObject(output) || typeof output['name'] !== 'string' || output['name'] === '') {
       throw RpcError.invalidArgument(`outputs[${i}] needs a "name" string`);
     }
-    return output['name'];
+    const name = output['name'];
+    return { name, parameters: parametersFromJson(`output "${name}"`, output['parameters']) };
   });
+  return { outputNames: requested.map((output) => output.name), outputClassCounts: outputClassCounts(requested) };
 }
 
 /** The internal response as a KServe v2 REST response; parameters say whether it was cached or degraded. */

@@ -17,6 +17,7 @@ import { ArtifactStore, SHA256_HEX } from './artifact-store';
 import { Clock } from './clock';
 import { ModelStore } from './model-store';
 import { maxBatchSizeFor, readOnnxSignature } from './onnx-signature';
+import { checkProcessing, sameProcessing } from './processing-check';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 import {
   checkVersionId,
@@ -56,8 +57,9 @@ export class ModelCatalog implements OnApplicationShutdown {
   }
 
   /**
-   * Registers a version, creating its model when missing. Registering the same version with the same
-   * artifact again returns the existing version; with a different artifact it is ALREADY_EXISTS.
+   * Registers a version, creating its model when missing, with its processing checked against the
+   * signature. Registering the same version with the same artifact (and processing) again returns the
+   * existing version; with a different one it is ALREADY_EXISTS.
    */
   async createVersion(request: CreateModelVersionRequest): Promise<ModelVersion> {
     const modelId = parseModelName(request.parent, 'parent');
@@ -68,7 +70,7 @@ export class ModelCatalog implements OnApplicationShutdown {
     }
     const name = versionName(modelId, versionId);
     const existing = findVersion(await this.store(() => this.models.get(modelId)), versionId);
-    if (existing !== undefined) return checkSameVersion(existing, sha256, request.maxBatchSize);
+    if (existing !== undefined) return checkSameVersion(existing, sha256, request);
 
     const bytes = await this.artifacts.readAll(sha256);
     if (bytes === undefined) {
@@ -90,6 +92,7 @@ export class ModelCatalog implements OnApplicationShutdown {
       createTime: now,
       updateTime: now,
     });
+    version.processing = checkProcessing(request.processing, version.signature!);
     let created = false;
     const stored = await this.store(() =>
       this.models.update(modelId, (current) => {
@@ -97,7 +100,7 @@ export class ModelCatalog implements OnApplicationShutdown {
         const model = current ?? create(ModelSchema, { name: modelName(modelId), platform: ONNX_PLATFORM });
         const raced = findVersion(model, versionId);
         if (raced !== undefined) {
-          checkSameVersion(raced, sha256, request.maxBatchSize);
+          checkSameVersion(raced, sha256, request);
           return undefined;
         }
         model.versions.push(version);
@@ -212,7 +215,8 @@ function findVersion(model: Model | undefined, versionId: string): ModelVersion 
 }
 
 /** An existing version registered again: the same request is idempotent, a different one a conflict. */
-function checkSameVersion(existing: ModelVersion, sha256: string, maxBatchSize: number | undefined): ModelVersion {
+function checkSameVersion(existing: ModelVersion, sha256: string, request: CreateModelVersionRequest): ModelVersion {
+  const { maxBatchSize } = request;
   const existingSha = existing.artifact?.sha256 ?? '';
   if (existingSha !== sha256) {
     throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with artifact ${existingSha}; register the new artifact as a new version`, {
@@ -223,6 +227,12 @@ function checkSameVersion(existing: ModelVersion, sha256: string, maxBatchSize: 
   const existingBatch = existing.signature?.maxBatchSize ?? 0;
   if (maxBatchSize !== undefined && maxBatchSize !== existingBatch) {
     throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with max_batch_size ${existingBatch}, not ${maxBatchSize}`, {
+      reason: 'ALREADY_EXISTS',
+      metadata: { version: existing.name },
+    });
+  }
+  if (!sameProcessing(existing.processing, request.processing)) {
+    throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with a different processing; register the new processing as a new version`, {
       reason: 'ALREADY_EXISTS',
       metadata: { version: existing.name },
     });

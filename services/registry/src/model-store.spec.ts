@@ -1,5 +1,5 @@
 import { create } from '@bufbuild/protobuf';
-import { type Model, ModelSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type Model, ModelSchema, ProcessingSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
 import { JsonLogger } from '@infermesh/telemetry';
 import { type RedisServer, startRedisServer } from '@infermesh/testing';
@@ -103,6 +103,20 @@ function contract(name: string, makeBacking: () => Backing) {
       const names = (await sut.get('mlp'))!.versions.map((v) => v.name).sort();
       expect(names).toEqual(versionIds.map((v) => `models/mlp/versions/${v}`).sort());
       expect(await sut.revision()).toBe(30);
+    });
+
+    it('keeps a version\'s processing, also across a restart', async () => {
+      const processing = {
+        inputNormalizations: [{ input: 'input', mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225] }],
+        outputLabels: [{ output: 'scores', labels: ['cat', 'dog', 'über-bird'] }],
+      };
+      const withProcessing = model('classifier', ['1']);
+      withProcessing.versions[0]!.processing = create(ProcessingSchema, processing);
+      await sut.update('classifier', () => withProcessing);
+      expect((await sut.get('classifier'))?.versions[0]?.processing).toEqual(create(ProcessingSchema, processing));
+      await sut.close();
+      sut = await backing.reopen();
+      expect((await sut.list())[0]?.versions[0]?.processing).toEqual(create(ProcessingSchema, processing));
     });
 
     it('keeps everything across a restart', async () => {

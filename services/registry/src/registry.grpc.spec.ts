@@ -1,9 +1,10 @@
 import { status } from '@grpc/grpc-js';
 import { createClient, RpcError, type ServiceClient } from '@infermesh/grpc';
-import { buildMultiIoModel, buildTinyModel, encodeModel, floatInitializer, node } from '@infermesh/model-builder';
+import { buildClassifierModel, buildMultiIoModel, buildTinyModel, CLASSIFIER_PROCESSING, encodeModel, floatInitializer, node } from '@infermesh/model-builder';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   type Artifact,
+  ProcessingSchema,
   RegistryService,
   type UploadArtifactRequestSchema,
   VersionState,
@@ -14,7 +15,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
-import type { MessageInitShape } from '@bufbuild/protobuf';
+import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { loadRegistryConfig } from './registry.config';
 import { RegistryGrpcController } from './registry.grpc';
 import { RegistryModule } from './registry.module';
@@ -191,6 +192,54 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect((await register('tiny', '1', buildTinyModel().bytes, 8)).signature!.maxBatchSize).toBe(8);
     const error = await rpcError(register('fixed', '2', fixedBatchModel(), 8));
     expect(error.code).toBe(status.INVALID_ARGUMENT);
+  });
+
+  it('registers a version with its processing, returns it everywhere, and keeps it across a restart', async () => {
+    const classifier = buildClassifierModel();
+    const { artifact } = await upload(sut, classifier.bytes);
+    const request = { parent: 'models/classifier', versionId: '1', artifactSha256: artifact!.sha256, processing: CLASSIFIER_PROCESSING };
+    const expected = create(ProcessingSchema, CLASSIFIER_PROCESSING);
+    expect((await sut.createModelVersion(request)).version!.processing).toEqual(expected);
+    expect((await sut.createModelVersion(request)).version!.processing).toEqual(expected);
+    await ready('classifier', '1');
+    await stop();
+    await start();
+    expect((await sut.resolveModelVersion({ model: 'models/classifier' })).version!.processing).toEqual(expected);
+    expect((await sut.getModel({ name: 'models/classifier' })).model!.versions[0]!.processing).toEqual(expected);
+    expect((await sut.listModels({})).models[0]!.versions[0]!.processing).toEqual(expected);
+    // A version without processing has none.
+    expect((await register('tiny', '1', buildTinyModel().bytes)).processing).toBeUndefined();
+  });
+
+  it('refuses processing that does not fit the signature, naming the problem, and registers nothing', async () => {
+    const { artifact } = await upload(sut, buildClassifierModel().bytes);
+    const attempt = (processing: MessageInitShape<typeof ProcessingSchema>) =>
+      rpcError(sut.createModelVersion({ parent: 'models/classifier', versionId: '1', artifactSha256: artifact!.sha256, processing }));
+    const cases: [MessageInitShape<typeof ProcessingSchema>, string][] = [
+      [{ inputNormalizations: [{ input: 'image', mean: [1] }] }, 'no input "image"'],
+      [{ inputNormalizations: [{ input: 'input', std: [1, 0, 1, 1] }] }, 'std[1] is 0'],
+      [{ inputNormalizations: [{ input: 'input', mean: [1, 2, 3] }] }, 'mean has 3 values but the last dimension of [-1,4] is 4'],
+      [{ outputLabels: [{ output: 'probs', labels: ['a'] }] }, 'no output "probs"'],
+      [{ outputLabels: [{ output: 'scores', labels: ['a', 'b'] }] }, 'has 5 classes per item but 2 labels'],
+    ];
+    for (const [processing, message] of cases) {
+      const error = await attempt(processing);
+      expect(error.code).toBe(status.INVALID_ARGUMENT);
+      expect(error.message).toContain(message);
+    }
+    const missing = await rpcError(sut.getModel({ name: 'models/classifier' }));
+    expect(missing.code).toBe(status.NOT_FOUND);
+  });
+
+  it('refuses to register an existing version again with a different processing', async () => {
+    const { artifact } = await upload(sut, buildClassifierModel().bytes);
+    const base = { parent: 'models/classifier', versionId: '1', artifactSha256: artifact!.sha256 };
+    await sut.createModelVersion({ ...base, processing: CLASSIFIER_PROCESSING });
+    for (const processing of [undefined, { outputLabels: [{ output: 'scores', labels: ['a', 'b', 'c', 'd', 'e'] }] }]) {
+      const conflict = await rpcError(sut.createModelVersion({ ...base, ...(processing !== undefined && { processing }) }));
+      expect([conflict.code, conflict.reason]).toEqual([status.ALREADY_EXISTS, 'ALREADY_EXISTS']);
+      expect(conflict.message).toMatch(/different processing/);
+    }
   });
 
   it('refuses an upload over the size limit, naming the limit, and stores nothing', async () => {

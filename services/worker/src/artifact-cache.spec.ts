@@ -65,4 +65,28 @@ describe(ArtifactCache.name, () => {
   it('refuses a recorded SHA-256 that is not lower-case hex, without downloading', async () => {
     await expect(sut.fetch('../../etc/passwd', () => chunked(Buffer.alloc(1)))).rejects.toThrow(ArtifactVerificationError);
   });
+
+  it('keeps its copies within maxBytes, deleting the least recently used first', async () => {
+    const evicted: string[] = [];
+    const bounded = new ArtifactCache(dir, 2500, (sha) => evicted.push(sha));
+    const [a, b, c] = [randomBytes(1000), randomBytes(1000), randomBytes(1000)];
+    await bounded.fetch(sha256(a), () => chunked(a));
+    await new Promise((r) => setTimeout(r, 20));
+    await bounded.fetch(sha256(b), () => chunked(b));
+    await new Promise((r) => setTimeout(r, 20));
+    await bounded.fetch(sha256(a), () => chunked(a)); // a used again: b is now the least recent
+    await new Promise((r) => setTimeout(r, 20));
+    await bounded.fetch(sha256(c), () => chunked(c));
+    expect(evicted).toEqual([sha256(b)]);
+    expect(existsSync(bounded.pathOf(sha256(a)))).toBe(true);
+    expect(existsSync(bounded.pathOf(sha256(b)))).toBe(false);
+    expect(await bounded.usage()).toEqual({ files: 2, bytes: 2000 });
+  });
+
+  it('keeps a newly downloaded artifact even when it alone is larger than maxBytes', async () => {
+    const bounded = new ArtifactCache(dir, 100);
+    const big = randomBytes(1000);
+    await bounded.fetch(sha256(big), () => chunked(big));
+    expect(await bounded.usage()).toEqual({ files: 1, bytes: 1000 });
+  });
 });

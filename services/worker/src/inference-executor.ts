@@ -1,4 +1,4 @@
-import { Injectable } from '@nestjs/common';
+import { Inject, Injectable } from '@nestjs/common';
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
@@ -10,66 +10,123 @@ import {
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { checkInputs } from '@infermesh/tensors';
 import { Metrics } from '@infermesh/telemetry';
-import type { Counter, Histogram } from 'prom-client';
-import { ModelTable, versionName } from './model-table';
+import type { Counter, Gauge, Histogram } from 'prom-client';
+import { ModelLifecycle } from './model-lifecycle';
+import { ModelTable, versionName, type WorkerModel } from './model-table';
+import { ModelSync } from './model-sync';
+import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
-/** Runs inference requests on the model versions this worker holds. */
+const COMPUTE_BUCKETS_SECONDS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+const BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+
+/**
+ * Runs inference requests on the model versions this worker knows. A version that is registered but
+ * not loaded (never yet, or evicted) is loaded on the request's behalf, one load for every request
+ * that waits for it, for at most WORKER_LOAD_TIMEOUT_MS and never past the request's deadline.
+ */
 @Injectable()
 export class InferenceExecutor {
-  private readonly durations: Histogram<'model' | 'version'>;
+  private readonly computeSeconds: Histogram<'model' | 'version' | 'device'>;
+  private readonly batchSizes: Histogram<'model' | 'version'>;
   private readonly failures: Counter<'reason'>;
+  private readonly inFlight: Gauge;
+  private draining = false;
 
   constructor(
+    @Inject(WORKER_CONFIG) private readonly config: WorkerConfig,
     private readonly table: ModelTable,
+    private readonly lifecycle: ModelLifecycle,
+    private readonly sync: ModelSync,
     metrics: Metrics,
   ) {
-    this.durations = metrics.histogram('inference_duration_seconds', 'Time a model version takes to run one request.', [
-      'model',
-      'version',
-    ]);
+    this.computeSeconds = metrics.histogram(
+      'inference_compute_seconds',
+      'Time a model version computes one request on its execution instance, by execution provider (device).',
+      ['model', 'version', 'device'],
+      COMPUTE_BUCKETS_SECONDS,
+    );
+    this.batchSizes = metrics.histogram('inference_batch_size', 'Batch size (first dimension) of the requests a model version runs.', ['model', 'version'], BATCH_BUCKETS);
     this.failures = metrics.counter('inference_failures_total', 'Requests refused or failed, by ErrorInfo reason.', ['reason']);
+    this.inFlight = metrics.gauge('inference_requests_in_flight', 'Requests the worker is handling now, loading their model included.');
+  }
+
+  /** From now on new requests are refused with UNAVAILABLE; those already running finish. */
+  drain(): void {
+    this.draining = true;
   }
 
   async infer(request: InferenceRequest, deadlineMs?: number): Promise<InferenceResponse> {
+    this.inFlight.inc();
     try {
       return await this.run(request, deadlineMs);
     } catch (error) {
       this.failures.inc({ reason: error instanceof RpcError ? (error.reason ?? 'UNKNOWN') : 'INTERNAL' });
       throw error;
+    } finally {
+      this.inFlight.dec();
     }
   }
 
   private async run(request: InferenceRequest, deadlineMs: number | undefined): Promise<InferenceResponse> {
+    if (this.draining) throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down; send the request to another worker', { reason: 'WORKER_DRAINING' });
     const { modelName: model, modelVersion: version } = request;
     if (model === '') throw RpcError.invalidArgument('the request names no model');
     if (version === '') throw RpcError.invalidArgument(`the request for model "${model}" carries no resolved model version`);
-    const entry = this.table.get(versionName(model, version));
+    const name = versionName(model, version);
+    const entry = this.table.get(name) ?? (await this.sync.lookup(name));
     if (entry === undefined) {
       throw RpcError.notFound(
         this.table.hasModel(model)
-          ? `version ${version} of model "${model}" is not loaded on this worker`
-          : `model "${model}" is not loaded on this worker`,
+          ? `version ${version} of model "${model}" is not registered for this worker`
+          : `model "${model}" is not registered for this worker`,
         'MODEL_NOT_FOUND',
         { model, version },
       );
     }
-    if (entry.state !== ModelState.READY) {
-      const detail = entry.state === ModelState.FAILED ? `failed to load: ${entry.reason}` : 'is still loading';
-      throw new RpcError(status.UNAVAILABLE, `version ${version} of model "${model}" ${detail}`, {
-        reason: 'MODEL_NOT_READY',
-        metadata: { model, version },
-      });
-    }
+    await this.loaded(entry, deadlineMs);
     return entry.use(async (session) => {
       const problem = checkInputs(model, session.inputs, request.inputs, entry.maxBatchSize);
       if (problem !== undefined) throw RpcError.invalidArgument(problem, 'INVALID_TENSOR', { model, version });
       if (deadlineMs !== undefined && deadlineMs <= Date.now()) {
         throw new RpcError(status.DEADLINE_EXCEEDED, 'the request deadline passed before the model ran', { reason: 'DEADLINE_EXCEEDED' });
       }
-      const end = this.durations.startTimer({ model, version });
-      const outputs = await session.run(request.inputs, request.outputNames);
-      end();
+      const batch = Number(request.inputs[0]?.shape[0] ?? 1n);
+      const { processing } = entry;
+      processing.checkClassCounts(request.outputClassCounts);
+      const { outputs: raw, computeMs } = await session.run(processing.preprocess(request.inputs), request.outputNames);
+      const outputs = processing.postprocess(raw, request.outputClassCounts);
+      this.computeSeconds.observe({ model, version, device: session.executionProvider }, computeMs / 1000);
+      if (entry.maxBatchSize > 0) this.batchSizes.observe({ model, version }, batch);
       return create(InferenceResponseSchema, { modelName: model, modelVersion: version, id: request.id, outputs });
     });
+  }
+
+  /** Returns with the entry READY (loading it if need be), synchronously before the caller uses it. */
+  private async loaded(entry: WorkerModel, deadlineMs: number | undefined): Promise<void> {
+    const loadDeadline = Math.min(Date.now() + this.config.loadTimeoutMs, deadlineMs ?? Infinity);
+    while (entry.state !== ModelState.READY) {
+      const remaining = loadDeadline - Date.now();
+      if (remaining <= 0) throw this.loadTimedOut(entry, deadlineMs);
+      let timer: NodeJS.Timeout | undefined;
+      const timedOut = new Promise<'timeout'>((resolve) => (timer = setTimeout(() => resolve('timeout'), remaining)));
+      try {
+        if ((await Promise.race([this.lifecycle.ensureLoaded(entry), timedOut])) === 'timeout') throw this.loadTimedOut(entry, deadlineMs);
+      } finally {
+        clearTimeout(timer);
+      }
+    }
+  }
+
+  private loadTimedOut(entry: WorkerModel, deadlineMs: number | undefined): RpcError {
+    if (deadlineMs !== undefined && deadlineMs <= Date.now() + 1) {
+      return new RpcError(status.DEADLINE_EXCEEDED, `the request deadline passed while version ${entry.version} of model "${entry.model}" was loading`, {
+        reason: 'DEADLINE_EXCEEDED',
+      });
+    }
+    return new RpcError(
+      status.UNAVAILABLE,
+      `version ${entry.version} of model "${entry.model}" is still loading after ${this.config.loadTimeoutMs} ms (WORKER_LOAD_TIMEOUT_MS)`,
+      { reason: 'MODEL_NOT_READY', metadata: { model: entry.model, version: entry.version } },
+    );
   }
 }

@@ -1,6 +1,8 @@
 import { loadOrExit } from '@infermesh/config';
 import { WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { bind, bootstrap, runMain } from '@infermesh/runtime';
+import { InferenceExecutor } from './inference-executor';
+import { ModelSync } from './model-sync';
 import { loadWorkerConfig } from './worker.config';
 import { WorkerGrpcController } from './worker.grpc';
 import { WorkerModule } from './worker.module';
@@ -10,5 +12,9 @@ runMain('worker', async () => {
   return bootstrap({
     module: WorkerModule.forRoot(config),
     grpc: (app) => [bind(WorkerService, app.get(WorkerGrpcController))],
+    // SERVING once the pinned models the registry names are READY.
+    onListening: (app) => app.get(ModelSync).pinnedReady(),
+    // NOT_SERVING (bootstrap), then new requests are refused while those running finish.
+    beforeShutdown: (app) => app.get(InferenceExecutor).drain(),
   });
 });

@@ -1,7 +1,9 @@
 import { Injectable } from '@nestjs/common';
+import type { ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { Metrics } from '@infermesh/telemetry';
 import type { Gauge } from 'prom-client';
+import { ModelProcessing } from './model-processing';
 import type { ModelSession } from './model-runtime';
 
 /** models/{model}/versions/{version} */
@@ -16,31 +18,57 @@ export function parseVersionName(name: string): { model: string; version: string
 }
 
 /**
- * One model version on this worker and its lifecycle: LOADING, then READY with a session or FAILED
- * with a reason. Requests hold it while they run, so it is released only once they are done.
+ * One registered model version on this worker and its lifecycle: UNLOADED (known, not in memory),
+ * LOADING, READY with a session and the memory it is charged, or FAILED with a reason. Requests hold
+ * it while they run, so its session is released only once they are done, and an entry in use is
+ * never evicted.
  */
 export class WorkerModel {
-  state: ModelState = ModelState.LOADING;
+  state: ModelState = ModelState.UNLOADED;
   reason = '';
   session: ModelSession | undefined;
-  /** From the registry's signature; 0 when the model does not limit its batch. */
-  maxBatchSize = 0;
+  /** What the loaded version is charged against the memory budget; 0 when it is not loaded. */
+  memoryBytes = 0;
+  /** Last time a request used it (ms since the epoch): eviction goes least recently used first. */
+  lastUsedMs = 0;
+  /** The load in progress, shared by every request that waits for it. */
+  loading: Promise<void> | undefined;
   private inflight = 0;
-  private idle: (() => void) | undefined;
+  private idleWaiters: (() => void)[] = [];
+  private processingOf: { record: ModelVersion; processing: ModelProcessing } | undefined;
 
   constructor(
     readonly name: string,
     readonly model: string,
     readonly version: string,
+    /** The registry's record: artifact, signature, processing. Refreshed by every sync. */
+    public record: ModelVersion,
+    public pinned: boolean,
   ) {}
 
   get executionProvider(): string {
     return this.session?.executionProvider ?? '';
   }
 
-  ready(session: ModelSession, maxBatchSize: number): void {
+  /** READY with no request holding it: may be evicted. */
+  get idle(): boolean {
+    return this.state === ModelState.READY && this.inflight === 0;
+  }
+
+  /** The pre- and post-processing the registry declares for the version, built once per record. */
+  get processing(): ModelProcessing {
+    if (this.processingOf?.record !== this.record) this.processingOf = { record: this.record, processing: new ModelProcessing(this.record) };
+    return this.processingOf.processing;
+  }
+
+  /** From the registry's signature; 0 when the model does not limit its batch. */
+  get maxBatchSize(): number {
+    return this.record.signature?.maxBatchSize ?? 0;
+  }
+
+  ready(session: ModelSession, memoryBytes: number): void {
     this.session = session;
-    this.maxBatchSize = maxBatchSize;
+    this.memoryBytes = memoryBytes;
     this.state = ModelState.READY;
     this.reason = '';
   }
@@ -50,36 +78,50 @@ export class WorkerModel {
     this.reason = reason;
   }
 
-  /** Runs `work` with the session held; release() waits for it. */
+  /** Runs `work` with the session held; unloading waits for it. */
   async use<T>(work: (session: ModelSession) => Promise<T>): Promise<T> {
     const session = this.session;
     if (session === undefined) throw new Error(`${this.name} has no session`);
     this.inflight += 1;
+    this.lastUsedMs = Date.now();
     try {
       return await work(session);
     } finally {
       this.inflight -= 1;
-      if (this.inflight === 0) this.idle?.();
+      this.lastUsedMs = Date.now();
+      if (this.inflight === 0) for (const resolve of this.idleWaiters.splice(0)) resolve();
     }
   }
 
-  /** Waits for the requests holding the session, then frees it. */
-  async release(): Promise<void> {
-    if (this.inflight > 0) await new Promise<void>((resolve) => (this.idle = resolve));
+  /**
+   * Takes the session away at once (the entry becomes UNLOADED, or keeps `state` if given, and is
+   * charged nothing), then waits for the requests holding it and frees it.
+   */
+  async unload(reason: string, state: ModelState = ModelState.UNLOADED): Promise<void> {
     const session = this.session;
     this.session = undefined;
+    this.memoryBytes = 0;
+    this.state = state;
+    this.reason = reason;
+    if (this.inflight > 0) await new Promise<void>((resolve) => this.idleWaiters.push(resolve));
     await session?.release();
   }
 }
 
-/** The model versions this worker holds, by resource name. */
+/** The model versions this worker knows, by resource name, and the memory the loaded ones are charged. */
 @Injectable()
 export class ModelTable {
   private readonly models = new Map<string, WorkerModel>();
-  private readonly loadedGauge: Gauge;
+  private readonly loadedGauge: Gauge<'device'>;
+  private readonly memoryGauge: Gauge<'device'>;
 
   constructor(metrics: Metrics) {
-    this.loadedGauge = metrics.gauge('models_loaded', 'Model versions loaded and READY on this worker.');
+    this.loadedGauge = metrics.gauge('models_loaded', 'Model versions loaded and READY on this worker, by execution provider.', ['device']);
+    this.memoryGauge = metrics.gauge(
+      'models_loaded_bytes',
+      'Memory the loaded model versions are charged against the budget, by execution provider.',
+      ['device'],
+    );
   }
 
   get(name: string): WorkerModel | undefined {
@@ -96,6 +138,13 @@ export class ModelTable {
     return [...this.models.values()];
   }
 
+  /** What every loaded version is charged, in all. */
+  get usedBytes(): number {
+    let used = 0;
+    for (const entry of this.models.values()) used += entry.memoryBytes;
+    return used;
+  }
+
   add(entry: WorkerModel): void {
     this.models.set(entry.name, entry);
     this.changed();
@@ -109,8 +158,23 @@ export class ModelTable {
     return entry;
   }
 
-  /** Updates the loaded gauge after a state change. */
+  /** Updates the gauges after a state change. */
   changed(): void {
-    this.loadedGauge.set(this.list().filter((m) => m.state === ModelState.READY).length);
+    const loaded = new Map<string, { count: number; bytes: number }>();
+    for (const entry of this.models.values()) {
+      if (entry.session === undefined) continue;
+      const device = entry.executionProvider;
+      const sum = loaded.get(device) ?? { count: 0, bytes: 0 };
+      sum.count += entry.state === ModelState.READY ? 1 : 0;
+      sum.bytes += entry.memoryBytes;
+      loaded.set(device, sum);
+    }
+    this.loadedGauge.reset();
+    this.memoryGauge.reset();
+    for (const device of ['cpu', ...loaded.keys()]) {
+      const sum = loaded.get(device) ?? { count: 0, bytes: 0 };
+      this.loadedGauge.set({ device }, sum.count);
+      this.memoryGauge.set({ device }, sum.bytes);
+    }
   }
 }

@@ -3,9 +3,9 @@ import { status } from '@grpc/grpc-js';
 import { buildIdentityModel } from '@infermesh/model-builder';
 import { RpcError } from '@infermesh/grpc';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { DataType, datatypeName, encodeBytesElements, toHalfBits } from '@infermesh/tensors';
-import { fromOrtTensor, toOrtTensor } from './ort-tensors';
-import { OrtModelRuntime } from './model-runtime.ort';
+import { DataType, datatypeName, decodeBytesElements, encodeBytesElements, toHalfBits } from '@infermesh/tensors';
+import { ThreadsModelRuntime } from './model-runtime.threads';
+import { fromWireTensor, toWireTensor, type WireTensor } from './ort-tensors';
 
 const le = (array: ArrayBufferView) => Buffer.from(array.buffer, array.byteOffset, array.byteLength);
 
@@ -42,14 +42,24 @@ function misaligned(data: Buffer): Uint8Array {
   return backing.subarray(1);
 }
 
-describe('toOrtTensor and fromOrtTensor', () => {
+/** The wire tensor's elements as the execution thread reads them. */
+function elements(wire: WireTensor): ArrayLike<unknown> {
+  if (wire.type === 'string') return decodeBytesElements(new Uint8Array(wire.data))!.map((b) => b.toString('utf8'));
+  const arrays: Record<string, new (buffer: ArrayBuffer) => ArrayLike<unknown>> = {
+    bool: Uint8Array, uint8: Uint8Array, int8: Int8Array, uint16: Uint16Array, int16: Int16Array, uint32: Uint32Array, int32: Int32Array,
+    uint64: BigUint64Array, int64: BigInt64Array, float16: Uint16Array, float32: Float32Array, float64: Float64Array,
+  };
+  return new arrays[wire.type]!(wire.data);
+}
+
+describe('toWireTensor and fromWireTensor', () => {
   it.each(Object.keys(SAMPLES))('round-trips %s bytes and shape', (name) => {
     const sample = SAMPLES[name]!;
-    const sut = toOrtTensor(tensor('t', sample.datatype, sample.data));
+    const sut = toWireTensor(tensor('t', sample.datatype, sample.data));
     expect(sut.type).toBe(sample.ort);
     expect(sut.dims).toEqual([2, 3]);
-    if (sample.values.length > 0) expect(Array.from(sut.data as ArrayLike<unknown>)).toEqual(sample.values);
-    const back = fromOrtTensor('t', sut);
+    if (sample.values.length > 0) expect(Array.from(elements(sut))).toEqual(sample.values);
+    const back = fromWireTensor(sut);
     expect(back.datatype).toBe(sample.datatype);
     expect(back.shape).toEqual([2n, 3n]);
     expect(Buffer.from(back.data).equals(sample.data)).toBe(true);
@@ -57,32 +67,52 @@ describe('toOrtTensor and fromOrtTensor', () => {
 
   it.each(Object.keys(SAMPLES))('copies %s data that sits at an offset not aligned for its elements', (name) => {
     const sample = SAMPLES[name]!;
-    const back = fromOrtTensor('t', toOrtTensor(tensor('t', sample.datatype, misaligned(sample.data))));
+    const sut = toWireTensor(tensor('t', sample.datatype, misaligned(sample.data)));
+    expect(sut.data.byteLength).toBe(sample.data.byteLength);
+    const back = fromWireTensor(sut);
     expect(Buffer.from(back.data).equals(sample.data)).toBe(true);
   });
 
-  it('refuses BF16, which onnxruntime-node cannot hold, naming the tensor', () => {
-    const act = () => toOrtTensor(tensor('weights', DataType.BF16, Buffer.alloc(12)));
-    expect(act).toThrow(RpcError);
-    expect(act).toThrow(/"weights".*BF16/);
+  it('refuses BF16, which onnxruntime-node cannot hold, with UNIMPLEMENTED naming the tensor', () => {
+    try {
+      toWireTensor(tensor('weights', DataType.BF16, Buffer.alloc(12)));
+      throw new Error('accepted');
+    } catch (error) {
+      expect(error).toBeInstanceOf(RpcError);
+      expect([(error as RpcError).code, (error as RpcError).reason]).toEqual([status.UNIMPLEMENTED, 'DATATYPE_UNSUPPORTED']);
+      expect((error as RpcError).message).toMatch(/"weights".*BF16/);
+    }
   });
 
   it('refuses data whose length does not fit the shape', () => {
     try {
-      toOrtTensor(tensor('x', DataType.FP32, Buffer.alloc(20)));
+      toWireTensor(tensor('x', DataType.FP32, Buffer.alloc(20)));
       throw new Error('accepted');
     } catch (error) {
       expect(error).toBeInstanceOf(RpcError);
       expect((error as RpcError).code).toBe(status.INVALID_ARGUMENT);
       expect((error as RpcError).reason).toBe('INVALID_TENSOR');
     }
-    expect(() => toOrtTensor(tensor('s', DataType.BYTES, encodeBytesElements([Buffer.from('one')])))).toThrow(/"s"/);
+  });
+
+  it('has BYTES data that does not hold the shape\'s elements refused by the session, naming the tensor', async () => {
+    const session = await new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1 }).load(buildIdentityModel(['BYTES']).bytes, ['cpu']);
+    try {
+      const short = await session.run([tensor('bytes_in', DataType.BYTES, encodeBytesElements([Buffer.from('one')]))], []).catch((e: unknown) => e);
+      expect(short).toBeInstanceOf(RpcError);
+      expect([(short as RpcError).code, (short as RpcError).reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
+      expect((short as RpcError).message).toMatch(/"bytes_in": BYTES data does not hold 6 length-prefixed elements/);
+      const truncated = await session.run([tensor('bytes_in', DataType.BYTES, Buffer.from([5, 0, 0, 0, 65]), [1n, 1n])], []).catch((e: unknown) => e);
+      expect((truncated as RpcError).code).toBe(status.INVALID_ARGUMENT);
+    } finally {
+      await session.release();
+    }
   });
 
   it('passes every datatype through a real session unchanged', async () => {
-    const session = await new OrtModelRuntime({ intraOpThreads: 1 }).load(buildIdentityModel().bytes, ['cpu']);
+    const session = await new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1 }).load(buildIdentityModel().bytes, ['cpu']);
     const inputs = Object.values(SAMPLES).map((s) => tensor(`${datatypeName(s.datatype).toLowerCase()}_in`, s.datatype, misaligned(s.data)));
-    const outputs = await session.run(inputs, []);
+    const { outputs } = await session.run(inputs, []);
     expect(outputs).toHaveLength(Object.keys(SAMPLES).length);
     for (const output of outputs) {
       const name = datatypeName(output.datatype);

@@ -1,8 +1,18 @@
 import { Inject, Injectable } from '@nestjs/common';
+import { create } from '@bufbuild/protobuf';
 import { type CallContext, RpcError, type ServiceImpl } from '@infermesh/grpc';
-import type { InferRequest, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import {
+  type InferRequest,
+  type LoadedModel,
+  LoadedModelSchema,
+  type LoadModelRequest,
+  type UnloadModelRequest,
+  type WorkerService,
+} from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { InferenceExecutor } from './inference-executor';
-import { ModelTable } from './model-table';
+import { ModelLifecycle } from './model-lifecycle';
+import { ModelSync } from './model-sync';
+import { ModelTable, parseVersionName, type WorkerModel } from './model-table';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
 /** gRPC transport of the worker. */
@@ -11,6 +21,8 @@ export class WorkerGrpcController implements ServiceImpl<typeof WorkerService> {
   constructor(
     private readonly executor: InferenceExecutor,
     private readonly table: ModelTable,
+    private readonly lifecycle: ModelLifecycle,
+    private readonly sync: ModelSync,
     @Inject(WORKER_CONFIG) private readonly config: WorkerConfig,
   ) {}
 
@@ -22,12 +34,44 @@ export class WorkerGrpcController implements ServiceImpl<typeof WorkerService> {
   async listModels() {
     return {
       workerId: this.config.workerId,
-      models: this.table.list().map((m) => ({
-        name: m.name,
-        state: m.state,
-        stateReason: m.reason,
-        executionProvider: m.executionProvider,
-      })),
+      models: this.table.list().map(describe),
+      memoryBudgetBytes: BigInt(this.config.memoryBudgetBytes),
+      memoryUsedBytes: BigInt(this.table.usedBytes),
     };
   }
+
+  async loadModel(request: LoadModelRequest) {
+    const entry = await this.find(request.name);
+    if (request.pin) entry.pinned = true;
+    await this.lifecycle.ensureLoaded(entry);
+    return { model: describe(entry) };
+  }
+
+  async unloadModel(request: UnloadModelRequest) {
+    const entry = await this.find(request.name);
+    entry.pinned = false;
+    await this.lifecycle.unload(entry, 'requested');
+    return {};
+  }
+
+  private async find(name: string): Promise<WorkerModel> {
+    if (parseVersionName(name) === undefined) {
+      throw RpcError.invalidArgument(`"${name}" is not a model version name; expected models/{model}/versions/{version}`);
+    }
+    const entry = this.table.get(name) ?? (await this.sync.lookup(name));
+    if (entry === undefined) throw RpcError.notFound(`${name} is not registered for this worker`, 'MODEL_NOT_FOUND');
+    return entry;
+  }
+}
+
+function describe(entry: WorkerModel): LoadedModel {
+  return create(LoadedModelSchema, {
+    name: entry.name,
+    state: entry.state,
+    stateReason: entry.reason,
+    executionProvider: entry.executionProvider,
+    memoryBytes: BigInt(entry.memoryBytes),
+    pinned: entry.pinned,
+    instances: entry.session?.instanceCount ?? 0,
+  });
 }

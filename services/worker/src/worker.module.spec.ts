@@ -1,66 +1,273 @@
+import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { createClient, RpcError } from '@infermesh/grpc';
+import { createClient, type ServiceClient } from '@infermesh/grpc';
+import { buildMlpModel, buildPaddedModel, buildTinyModel, encodeModel, node } from '@infermesh/model-builder';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
-import { WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
-import { bind, bootstrap, type RunningService } from '@infermesh/runtime';
+import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import { bind, bootstrap } from '@infermesh/runtime';
+import { DataType } from '@infermesh/tensors';
 import { Metrics } from '@infermesh/telemetry';
-import { freePort } from '@infermesh/testing';
+import { rpcRejection } from '@infermesh/testing';
+import { createHash } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { InferenceExecutor } from './inference-executor';
+import { ModelRegistry } from './model-registry';
+import { ModelSync } from './model-sync';
 import { loadWorkerConfig } from './worker.config';
 import { WorkerGrpcController } from './worker.grpc';
 import { WorkerModule } from './worker.module';
 
-describe(WorkerModule.name, () => {
-  let dir: string;
-  let sut: RunningService;
-  let address: string;
+const MiB = 2 ** 20;
 
-  beforeAll(async () => {
-    dir = mkdtempSync(join(tmpdir(), 'worker-'));
-    const config = loadWorkerConfig({
-      WORKER_GRPC_PORT: '0',
-      WORKER_METRICS_PORT: '0',
-      WORKER_LOG_LEVEL: 'error',
-      WORKER_ID: 'worker-under-test',
-      // Nothing listens there: the registry is down for the whole test.
-      WORKER_REGISTRY_ADDRESS: `127.0.0.1:${await freePort()}`,
-      WORKER_ARTIFACT_DIR: dir,
-      WORKER_SYNC_INTERVAL_MS: '50',
-    });
-    sut = await bootstrap({
-      module: WorkerModule.forRoot(config),
-      grpc: (app) => [bind(WorkerService, app.get(WorkerGrpcController))],
-    });
-    address = `127.0.0.1:${sut.grpcPort}`;
-  });
-  afterAll(async () => {
-    await sut?.stop();
-    rmSync(dir, { recursive: true, force: true });
-  });
+/**
+ * The registry as the worker sees it, in memory: the registry is another service (its own specs and
+ * the e2e suites run it for real); here the worker must meet versions, artifacts and failures that
+ * would be hard to arrange through it, such as an artifact whose bytes do not match their record.
+ */
+class InMemoryRegistry extends ModelRegistry {
+  readonly versions = new Map<string, ModelVersion>();
+  readonly artifacts = new Map<string, Uint8Array>();
+  readonly reports: { name: string; state: VersionState; reason: string }[] = [];
+  downloads = 0;
 
-  it('starts SERVING and keeps answering while the registry is down', async () => {
-    const health = createClient(Health, address);
-    const worker = createClient(WorkerService, address);
-    try {
-      await new Promise((r) => setTimeout(r, 300)); // several sync intervals against the dead registry
-      expect((await health.check({ service: '' })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
-      expect((await health.check({ service: WorkerService.typeName })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
-      expect(await worker.listModels({})).toMatchObject({ workerId: 'worker-under-test', models: [] });
-      const error = await worker.infer({ request: { modelName: 'tiny', modelVersion: '1' } }).then(
-        () => undefined,
-        (e: unknown) => e,
-      );
-      expect(error).toBeInstanceOf(RpcError);
-      expect([(error as RpcError).code, (error as RpcError).reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
-      const metrics = await sut.app.get(Metrics).render();
-      expect(metrics).toMatch(/infermesh_worker_registry_sync_failures_total [1-9]/);
-      expect(metrics).toMatch(/infermesh_worker_models_loaded 0/);
-    } finally {
+  add(model: string, bytes: Uint8Array, options: { maxBatchSize?: number; serve?: Uint8Array } = {}): string {
+    const sha256 = createHash('sha256').update(bytes).digest('hex');
+    const name = `models/${model}/versions/1`;
+    this.artifacts.set(sha256, options.serve ?? bytes);
+    this.versions.set(
+      name,
+      create(ModelVersionSchema, {
+        name,
+        state: VersionState.REGISTERED,
+        artifact: { sha256, sizeBytes: BigInt(bytes.byteLength), format: 'onnx' },
+        signature: { maxBatchSize: options.maxBatchSize ?? 8 },
+      }),
+    );
+    return name;
+  }
+
+  async listVersions(): Promise<ModelVersion[]> {
+    return [...this.versions.values()].map((v) => create(ModelVersionSchema, v));
+  }
+
+  async *download(sha256: string): AsyncIterable<Uint8Array> {
+    this.downloads += 1;
+    const bytes = this.artifacts.get(sha256);
+    if (bytes === undefined) throw new Error(`no artifact ${sha256}`);
+    for (let offset = 0; offset < bytes.byteLength; offset += MiB) yield bytes.subarray(offset, offset + MiB);
+  }
+
+  async reportState(name: string, state: VersionState, reason: string): Promise<void> {
+    this.reports.push({ name, state, reason });
+    const version = this.versions.get(name);
+    if (version !== undefined) version.state = state;
+  }
+
+  close(): void {}
+}
+
+const input = (rows: number): Tensor =>
+  create(TensorSchema, { name: 'input', datatype: DataType.FP32, shape: [BigInt(rows), 4n], data: new Uint8Array(rows * 16) });
+const request = (model: string, rows = 1) => ({ request: { modelName: model, modelVersion: '1', id: model, inputs: [input(rows)] } });
+
+async function startWorker(registry: InMemoryRegistry, env: Record<string, string>) {
+  const dir = mkdtempSync(join(tmpdir(), 'worker-'));
+  const config = loadWorkerConfig({
+    WORKER_GRPC_PORT: '0',
+    WORKER_METRICS_PORT: '0',
+    WORKER_LOG_LEVEL: process.env['DEBUG_WORKER'] === undefined ? 'error' : 'info',
+    WORKER_ID: 'worker-under-test',
+    WORKER_ARTIFACT_DIR: dir,
+    WORKER_SYNC_INTERVAL_MS: '50',
+    WORKER_EXECUTION_PROVIDERS: 'cpu',
+    WORKER_INTRA_OP_THREADS: '1',
+    ...env,
+  });
+  const module = WorkerModule.forRoot(config);
+  module.providers = module.providers!.map((p) => ('provide' in p && p.provide === ModelRegistry ? { provide: ModelRegistry, useValue: registry } : p));
+  const running = await bootstrap({
+    module,
+    grpc: (app) => [bind(WorkerService, app.get(WorkerGrpcController))],
+    onListening: (app) => app.get(ModelSync).pinnedReady(),
+    beforeShutdown: (app) => app.get(InferenceExecutor).drain(),
+  });
+  const address = `127.0.0.1:${running.grpcPort}`;
+  const client = createClient(WorkerService, address);
+  const health = createClient(Health, address);
+  return {
+    running,
+    client,
+    health,
+    metrics: () => running.app.get(Metrics).render(),
+    stop: async () => {
+      client.close();
       health.close();
-      worker.close();
+      await running.stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+type Worker = Awaited<ReturnType<typeof startWorker>>;
+
+async function until(check: () => Promise<boolean>, timeoutMs = 20_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error('condition not met in time');
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+const states = async (client: ServiceClient<typeof WorkerService>): Promise<Record<string, string>> =>
+  Object.fromEntries((await client.listModels({})).models.map((m) => [m.name.split('/')[1]!, ModelState[m.state]]));
+
+function metric(text: string, name: string): number {
+  const escaped = name.replace(/[{}"=]/g, (c) => `\\${c}`);
+  const match = new RegExp(`^infermesh_worker_${escaped} (\\S+)$`, 'm').exec(text);
+  return match === null ? 0 : Number(match[1]);
+}
+
+describe(WorkerModule.name, () => {
+  let worker: Worker | undefined;
+  afterEach(async () => {
+    await worker?.stop();
+    worker = undefined;
+  });
+
+  it('serves three models under a budget that fits two, evicting the least recently used, with no failed request', async () => {
+    const registry = new InMemoryRegistry();
+    for (const seed of [1, 2, 3]) registry.add(`m${seed}`, buildPaddedModel(48 * MiB, seed).bytes);
+    worker = await startWorker(registry, { WORKER_MEMORY_BUDGET_BYTES: '120MiB' });
+    const { client } = worker;
+    // Each version is loaded once to validate it, evicting as it goes: all three are READY in the registry.
+    await until(async () => [...registry.versions.values()].every((v) => v.state === VersionState.READY));
+    expect(Object.values(await states(client)).filter((s) => s === 'READY')).toHaveLength(2);
+
+    for (let round = 0; round < 3; round++) {
+      for (const model of ['m1', 'm2', 'm3']) {
+        const { response } = await client.infer(request(model, 2));
+        expect(response?.outputs[0]?.shape).toEqual([2n, 3n]);
+        const listed = await client.listModels({});
+        expect(listed.models.filter((m) => m.state === ModelState.READY).length).toBeLessThanOrEqual(2);
+        expect(Number(listed.memoryUsedBytes)).toBeLessThanOrEqual(120 * MiB);
+        const served = listed.models.find((m) => m.name === `models/${model}/versions/1`)!;
+        expect(served.state).toBe(ModelState.READY);
+        // Charged at least its artifact's size.
+        expect(served.memoryBytes).toBeGreaterThanOrEqual(registry.versions.get(served.name)!.artifact!.sizeBytes);
+      }
     }
+    // Concurrent requests for an evicted model share one load.
+    const evicted = Object.entries(await states(client)).find(([, s]) => s === 'UNLOADED')![0];
+    const loadsBefore = metric(await worker.metrics(), 'model_loads_total{outcome="ready"}');
+    const answers = await Promise.all(Array.from({ length: 5 }, () => client.infer(request(evicted))));
+    expect(answers.every((a) => a.response?.modelName === evicted)).toBe(true);
+    const text = await worker.metrics();
+    expect(metric(text, 'model_loads_total{outcome="ready"}')).toBe(loadsBefore + 1);
+    expect(metric(text, 'model_evictions_total{model="m1"}') + metric(text, 'model_evictions_total{model="m2"}') + metric(text, 'model_evictions_total{model="m3"}')).toBeGreaterThanOrEqual(9);
+    expect(metric(text, 'inference_failures_total{reason="MEMORY_BUDGET_EXCEEDED"}')).toBe(0);
+    expect(metric(text, 'models_loaded{device="cpu"}')).toBe(2);
+    expect(metric(text, 'models_loaded_bytes{device="cpu"}')).toBe(Number((await client.listModels({})).memoryUsedBytes));
+    expect(metric(text, 'memory_budget_bytes')).toBe(120 * MiB);
+    expect(text).toMatch(/infermesh_worker_inference_compute_seconds_count\{model="m1",version="1",device="cpu"\} [1-9]/);
+  });
+
+  it('refuses a load that cannot fit beside pinned models with RESOURCE_EXHAUSTED naming the budget, and says SERVING once they are READY', async () => {
+    const registry = new InMemoryRegistry();
+    registry.add('pinned', buildPaddedModel(64 * MiB, 1).bytes);
+    registry.versions.get('models/pinned/versions/1')!.state = VersionState.READY;
+    registry.add('big', buildPaddedModel(64 * MiB, 2).bytes);
+    registry.versions.get('models/big/versions/1')!.state = VersionState.READY;
+    worker = await startWorker(registry, { WORKER_MEMORY_BUDGET_BYTES: '100MiB', WORKER_PINNED_MODELS: 'pinned' });
+    // bootstrap resolved: SERVING, so the pinned model must be READY already.
+    expect((await worker.health.check({ service: '' })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
+    expect(await states(worker.client)).toEqual({ pinned: 'READY', big: 'UNLOADED' });
+    const error = await rpcRejection(worker.client.infer(request('big')));
+    expect([error.code, error.reason]).toEqual([status.RESOURCE_EXHAUSTED, 'MEMORY_BUDGET_EXCEEDED']);
+    expect(error.message).toMatch(/needs 64\.0 MiB but the worker's memory budget \(WORKER_MEMORY_BUDGET_BYTES\) is 100\.0 MiB/);
+    // Unpinning and unloading the pinned model makes the room.
+    await worker.client.unloadModel({ name: 'models/pinned/versions/1' });
+    expect((await worker.client.infer(request('big'))).response?.modelName).toBe('big');
+    const { model } = await worker.client.loadModel({ name: 'models/pinned/versions/1', pin: true });
+    expect(model).toMatchObject({ state: ModelState.READY, pinned: true, instances: 1 });
+    expect(await states(worker.client)).toEqual({ pinned: 'READY', big: 'UNLOADED' });
+  });
+
+  it('refuses an artifact whose bytes do not match the registry\'s SHA-256 and never loads it', async () => {
+    const registry = new InMemoryRegistry();
+    const good = buildTinyModel().bytes;
+    const corrupted = Uint8Array.from(good);
+    corrupted[corrupted.length - 1]! ^= 0xff;
+    registry.add('corrupt', good, { serve: corrupted });
+    worker = await startWorker(registry, {});
+    await until(async () => registry.reports.some((r) => r.state === VersionState.FAILED));
+    const report = registry.reports.find((r) => r.state === VersionState.FAILED)!;
+    expect(report.reason).toMatch(/artifact refused: artifact [0-9a-f]{64} failed verification: the downloaded bytes hash to [0-9a-f]{64}/);
+    expect(await states(worker.client)).toEqual({ corrupt: 'FAILED' });
+    const error = await rpcRejection(worker.client.infer(request('corrupt')));
+    expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
+    const text = await worker.metrics();
+    expect(metric(text, 'artifact_verification_failures_total{model="corrupt"}')).toBe(1);
+    expect(metric(text, 'model_loads_total{outcome="ready"}')).toBe(0);
+  });
+
+  it('is READY only once warm-up ran every configured batch size: a model that breaks at its max batch FAILS', async () => {
+    // Reshape to [1, 4] works for a batch of 1 and fails for any other.
+    const batchOfOne = encodeModel('batch-of-one', {
+      nodes: [node('Reshape', ['input', 'shape'], ['output'], 'reshape')],
+      initializers: [{ name: 'shape', dims: [2], dataType: 7, rawData: new Uint8Array(BigInt64Array.of(1n, 4n).buffer) }],
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 4] }],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [1, 4] }],
+    });
+    const registry = new InMemoryRegistry();
+    registry.add('batch-of-one', batchOfOne.bytes, { maxBatchSize: 16 });
+    registry.add('tiny', buildTinyModel().bytes, { maxBatchSize: 16 });
+    worker = await startWorker(registry, { WORKER_WARMUP_BATCH_SIZES: '1,max' });
+    await until(async () => registry.reports.filter((r) => r.state === VersionState.READY || r.state === VersionState.FAILED).length === 2);
+    const failed = registry.reports.find((r) => r.state === VersionState.FAILED)!;
+    expect(failed.name).toBe('models/batch-of-one/versions/1');
+    expect(failed.reason).toMatch(/warm-up at batch 16 failed on cpu/);
+    expect(await states(worker.client)).toEqual({ 'batch-of-one': 'FAILED', tiny: 'READY' });
+  });
+
+  it('on shutdown says NOT_SERVING, refuses new requests with UNAVAILABLE and finishes those running', async () => {
+    const registry = new InMemoryRegistry();
+    registry.add('mlp', buildMlpModel().bytes, { maxBatchSize: 0 });
+    registry.add('tiny', buildTinyModel().bytes, { maxBatchSize: 0 });
+    worker = await startWorker(registry, {});
+    await until(async () => Object.values(await states(worker!.client)).join() === 'READY,READY');
+    const rows = 4096;
+    const running = worker.client.infer({
+      request: {
+        modelName: 'mlp',
+        modelVersion: '1',
+        inputs: [create(TensorSchema, { name: 'input', datatype: DataType.FP32, shape: [BigInt(rows), 512n], data: new Uint8Array(rows * 2048) })],
+      },
+    });
+    await until(async () => metric(await worker!.metrics(), 'inference_requests_in_flight') === 1);
+    const stopped = worker.running.stop();
+    expect((await worker.health.check({ service: '' }).catch(() => ({ status: HealthCheckResponse_ServingStatus.NOT_SERVING }))).status).toBe(
+      HealthCheckResponse_ServingStatus.NOT_SERVING,
+    );
+    expect((await running).response?.outputs[0]?.shape).toEqual([BigInt(rows), 512n]);
+    const refused = await rpcRejection(worker.client.infer(request('tiny')));
+    expect(refused.code).toBe(status.UNAVAILABLE);
+    await stopped;
+  });
+
+  it('keeps answering while the registry is down and says which models it does not know', async () => {
+    const registry = new InMemoryRegistry();
+    registry.listVersions = () => Promise.reject(new Error('connection refused'));
+    worker = await startWorker(registry, {});
+    await new Promise((r) => setTimeout(r, 300)); // several sync intervals against the dead registry
+    expect((await worker.health.check({ service: '' })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
+    expect(await worker.client.listModels({})).toMatchObject({ workerId: 'worker-under-test', models: [] });
+    const error = await rpcRejection(worker.client.infer(request('tiny')));
+    expect([error.code, error.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
+    expect(metric(await worker.metrics(), 'registry_sync_failures_total')).toBeGreaterThan(1);
   });
 });
 
@@ -71,15 +278,28 @@ describe(loadWorkerConfig.name, () => {
       registryAddress: '127.0.0.1:50051',
       executionProviders: ['cuda', 'cpu'],
       syncIntervalMs: 1000,
-      intraOpThreads: 1,
+      instancesPerModel: 1,
+      warmupBatchSizes: [1, 'max'],
+      loadTimeoutMs: 120_000,
       runtime: { grpc: { port: 50055 }, metrics: { port: 9105 } },
     });
+    expect(sut.intraOpThreads).toBeGreaterThanOrEqual(1);
+    expect(sut.memoryBudgetBytes).toBeGreaterThan(0);
+    expect(sut.pinnedModels.size).toBe(0);
     expect(sut.workerId).toMatch(new RegExp(`-${process.pid}$`));
     expect(sut.artifactDir).toMatch(/\.infermesh\/worker-artifacts$/);
+  });
+
+  it('shares the cores out among instances by default', () => {
+    expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2' }).intraOpThreads).toBe(Math.max(1, Math.floor(availableParallelism() / 2)));
+    expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2', WORKER_INTRA_OP_THREADS: '3' }).intraOpThreads).toBe(3);
   });
 
   it('names the variable that is wrong', () => {
     expect(() => loadWorkerConfig({ WORKER_EXECUTION_PROVIDERS: ' , ' })).toThrow(/WORKER_EXECUTION_PROVIDERS/);
     expect(() => loadWorkerConfig({ WORKER_REGISTRY_ADDRESS: 'nowhere' })).toThrow(/WORKER_REGISTRY_ADDRESS/);
+    expect(() => loadWorkerConfig({ WORKER_MEMORY_BUDGET_BYTES: 'lots' })).toThrow(/WORKER_MEMORY_BUDGET_BYTES/);
+    expect(() => loadWorkerConfig({ WORKER_WARMUP_BATCH_SIZES: '1,0' })).toThrow(/WORKER_WARMUP_BATCH_SIZES/);
+    expect(() => loadWorkerConfig({ WORKER_PINNED_MODELS: 'a b' })).toThrow(/WORKER_PINNED_MODELS/);
   });
 });

@@ -1,11 +1,14 @@
 import { type DynamicModule, Module } from '@nestjs/common';
 import { RuntimeModule } from '@infermesh/runtime';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { ArtifactCache } from './artifact-cache';
+import { GpuMetrics } from './gpu-metrics';
 import { InferenceExecutor } from './inference-executor';
+import { ModelLifecycle } from './model-lifecycle';
 import { ModelRegistry } from './model-registry';
 import { GrpcModelRegistry } from './model-registry.adapter';
 import { ModelRuntime } from './model-runtime';
-import { OrtModelRuntime } from './model-runtime.ort';
+import { ThreadsModelRuntime } from './model-runtime.threads';
 import { ModelSync } from './model-sync';
 import { ModelTable } from './model-table';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
@@ -30,11 +33,35 @@ export class WorkerModule {
               maxMessageBytes: config.runtime.maxMessageBytes,
             }),
         },
-        { provide: ModelRuntime, useFactory: (): ModelRuntime => new OrtModelRuntime({ intraOpThreads: config.intraOpThreads }) },
-        { provide: ArtifactCache, useFactory: () => new ArtifactCache(config.artifactDir) },
+        {
+          provide: ModelRuntime,
+          inject: [Metrics, JsonLogger],
+          useFactory: (metrics: Metrics, logger: JsonLogger): ModelRuntime => {
+            const failures = metrics.counter('execution_thread_failures_total', 'Execution threads that died unasked or failed to restart; each is replaced.');
+            return new ThreadsModelRuntime({
+              instancesPerModel: config.instancesPerModel,
+              intraOpThreads: config.intraOpThreads,
+              threadHeapMb: Math.max(16, Math.floor(config.threadHeapBytes / 2 ** 20)),
+              onThreadCrash: (reason) => {
+                failures.inc();
+                logger.warn('execution thread failed; replacing it', { reason });
+              },
+            });
+          },
+        },
+        {
+          provide: ArtifactCache,
+          inject: [Metrics],
+          useFactory: (metrics: Metrics) => {
+            const evictions = metrics.counter('artifact_cache_evictions_total', 'Local artifact copies deleted to keep the cache within WORKER_ARTIFACT_CACHE_BYTES.');
+            return new ArtifactCache(config.artifactDir, config.artifactCacheBytes, () => evictions.inc());
+          },
+        },
         ModelTable,
+        ModelLifecycle,
         ModelSync,
         InferenceExecutor,
+        GpuMetrics,
         WorkerGrpcController,
       ],
     };

@@ -1,4 +1,4 @@
-import { DEMO_MODELS } from '@infermesh/model-builder';
+import { type BuiltModel, DEMO_MODELS } from '@infermesh/model-builder';
 import { System, type SystemPorts } from '@infermesh/system';
 import { freePort } from '@infermesh/testing';
 import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -41,7 +41,12 @@ export interface Fixture {
  * Starts the six services from dist/ as processes on free ports, with a fresh data directory, the
  * named demo models registered, and their logs in a file (printed when start-up fails).
  */
-export async function startFixture(options: { models: string[]; redisUrl?: string; env?: Record<string, string> }): Promise<Fixture> {
+export async function startFixture(options: {
+  /** Demo models by name, or models built by the test (registered under their own name). */
+  models: (string | BuiltModel)[];
+  redisUrl?: string;
+  env?: Record<string, string>;
+}): Promise<Fixture> {
   const dataDir = mkdtempSync(join(tmpdir(), 'infermesh-e2e-'));
   const logFile = join(dataDir, 'services.log');
   const logTail = (lines = 60) => {
@@ -61,7 +66,10 @@ export async function startFixture(options: { models: string[]; redisUrl?: strin
       ports: await freePorts(),
       sink: (service, line) => appendFileSync(logFile, `${service} | ${line}\n`),
       env: options.env ?? {},
-      models: options.models.map((name) => ({ name, version: '1', bytes: DEMO_MODELS[name]!().bytes })),
+      models: options.models.map((model) => {
+        const built = typeof model === 'string' ? DEMO_MODELS[model]!() : model;
+        return { name: typeof model === 'string' ? model : model.name, version: '1', bytes: built.bytes, processing: built.processing };
+      }),
       readyTimeoutMs: 90_000,
     });
   } catch (error) {

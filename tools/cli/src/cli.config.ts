@@ -7,7 +7,7 @@ const shape = {
   INFERMESH_DATA_DIR: z.string().min(1).default('.infermesh'),
   INFERMESH_DEMO_MODELS: z
     .string()
-    .default('mlp,tiny,multi-io')
+    .default('mlp,tiny,multi-io,classifier')
     .transform((v) => v.split(',').map((s) => s.trim()).filter((s) => s.length > 0)),
   INFERMESH_LOG_LEVEL: logLevel(),
   INFERMESH_READY_TIMEOUT_MS: z.coerce.number().int().positive().default(120_000),

@@ -14,7 +14,7 @@ Environment (up):
   REDIS_URL                   Use Redis for the registry and the result cache (embedded stores otherwise)
   INFERMESH_DATA_DIR          Where embedded stores and artifacts live (default .infermesh)
   INFERMESH_HOST              Address the services listen on (default 127.0.0.1)
-  INFERMESH_DEMO_MODELS       Demo models to register (default mlp,tiny,multi-io)
+  INFERMESH_DEMO_MODELS       Demo models to register (default mlp,tiny,multi-io,classifier)
   INFERMESH_LOG_LEVEL         debug | info | warn | error (default info)
   INFERMESH_READY_TIMEOUT_MS  How long to wait for the system to be ready (default 120000)
 `;

@@ -27,7 +27,10 @@ export async function up(config: CliConfig, distDir: string): Promise<void> {
   if (unknown.length > 0) {
     throw new Error(`INFERMESH_DEMO_MODELS: unknown model(s) ${unknown.join(', ')}; known: ${Object.keys(DEMO_MODELS).join(', ')}`);
   }
-  const models = config.demoModels.map((name) => ({ name, version: '1', bytes: DEMO_MODELS[name]!().bytes }));
+  const models = config.demoModels.map((name) => {
+    const built = DEMO_MODELS[name]!();
+    return { name, version: '1', bytes: built.bytes, processing: built.processing };
+  });
   const started = Date.now();
   let shuttingDown = false;
   const system = new System({

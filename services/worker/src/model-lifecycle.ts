@@ -1,0 +1,288 @@
+import { Inject, Injectable } from '@nestjs/common';
+import { status } from '@grpc/grpc-js';
+import { RpcError } from '@infermesh/grpc';
+import { VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import type { Counter, Histogram } from 'prom-client';
+import { ArtifactCache, ArtifactVerificationError } from './artifact-cache';
+import { chooseEvictions, formatBytes } from './memory-budget';
+import { ModelRegistry } from './model-registry';
+import { ModelRuntime, type ModelSession } from './model-runtime';
+import { ModelTable, type WorkerModel } from './model-table';
+import { warmUpBatchSizes, warmUpInputs } from './warm-up-inputs';
+import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
+
+const LOAD_BUCKETS_SECONDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
+
+/** Why a loaded version was unloaded, as the unloads counter labels it. */
+export type UnloadReason = 'evicted' | 'requested' | 'retired' | 'shutdown';
+
+/** A failure that retrying the same bytes will not fix: the version is FAILED on this worker. */
+class LoadFailure extends Error {}
+
+/**
+ * Loads and unloads model versions within the worker's memory budget (the model lifecycle, apart
+ * from the registry that says which versions exist):
+ * - one load at a time, so that the process memory growth measured across it is that version's;
+ * - one load per version however many requests wait for it;
+ * - a load first makes room: idle unpinned versions are evicted least recently used first, and when
+ *   that cannot free enough the load fails with RESOURCE_EXHAUSTED naming the budget;
+ * - a version is READY only after warm-up has run it at its warm-up batch sizes on every instance;
+ * - the artifact is verified against the registry's SHA-256 and a mismatch is never loaded.
+ */
+@Injectable()
+export class ModelLifecycle {
+  private queue: Promise<unknown> = Promise.resolve();
+  private prepared: Promise<void> | undefined;
+  private stopped = false;
+  private readonly abort = new AbortController();
+  private readonly releases = new Set<Promise<void>>();
+  /** Measured cost of each artifact loaded before, to make room for it up front next time. */
+  private readonly measuredBytes = new Map<string, number>();
+  private readonly loadSeconds: Histogram<'model' | 'outcome'>;
+  private readonly loads: Counter<'outcome'>;
+  private readonly unloads: Counter<'reason'>;
+  private readonly evictions: Counter<'model'>;
+  private readonly verificationFailures: Counter<'model'>;
+
+  constructor(
+    @Inject(WORKER_CONFIG) private readonly config: WorkerConfig,
+    private readonly registry: ModelRegistry,
+    private readonly artifacts: ArtifactCache,
+    private readonly runtime: ModelRuntime,
+    private readonly table: ModelTable,
+    private readonly logger: JsonLogger,
+    metrics: Metrics,
+  ) {
+    this.loadSeconds = metrics.histogram(
+      'model_load_duration_seconds',
+      'Time to download, verify, load and warm up a model version, by outcome.',
+      ['model', 'outcome'],
+      LOAD_BUCKETS_SECONDS,
+    );
+    this.loads = metrics.counter('model_loads_total', 'Model version loads by outcome: ready, failed, no_room, interrupted.', ['outcome']);
+    this.unloads = metrics.counter('model_unloads_total', 'Model versions unloaded, by reason: evicted, requested, retired, shutdown.', ['reason']);
+    this.evictions = metrics.counter('model_evictions_total', 'Idle model versions evicted to make room for another under the memory budget.', ['model']);
+    this.verificationFailures = metrics.counter(
+      'artifact_verification_failures_total',
+      'Artifacts refused because their bytes did not match the SHA-256 the registry recorded.',
+      ['model'],
+    );
+    metrics.gauge('memory_budget_bytes', 'The memory loaded model versions may be charged in all.').set(config.memoryBudgetBytes);
+  }
+
+  /**
+   * Loads the version unless it is READY; concurrent calls share one load. Rejects with an RpcError:
+   * RESOURCE_EXHAUSTED when the budget has no room, UNAVAILABLE (MODEL_NOT_READY) when it failed.
+   */
+  ensureLoaded(entry: WorkerModel): Promise<void> {
+    if (entry.state === ModelState.READY) return Promise.resolve();
+    if (entry.state === ModelState.FAILED) return Promise.reject(notReady(entry, `failed to load: ${entry.reason}`));
+    if (entry.loading === undefined) {
+      const load = this.queue.then(() => this.load(entry));
+      this.queue = load.catch(() => undefined);
+      entry.loading = load.finally(() => (entry.loading = undefined));
+    }
+    return entry.loading;
+  }
+
+  /** Unloads a loaded version once its requests in flight are done; it stays known, UNLOADED. */
+  unload(entry: WorkerModel, reason: UnloadReason): Promise<void> {
+    if (entry.session === undefined) return Promise.resolve();
+    this.unloads.inc({ reason });
+    this.logger.info('unloading model version', { name: entry.name, reason });
+    const released = entry
+      .unload(reason === 'evicted' ? `evicted to make room under the ${formatBytes(this.config.memoryBudgetBytes)} memory budget` : '')
+      .catch((error: unknown) => this.logger.warn('releasing a session failed', { name: entry.name, err: message(error) }))
+      .finally(() => {
+        this.releases.delete(released);
+        this.table.changed();
+      });
+    this.releases.add(released);
+    this.table.changed();
+    return released;
+  }
+
+  /** Forgets a version the registry no longer serves, unloading it. */
+  retire(entry: WorkerModel): Promise<void> {
+    if (this.table.get(entry.name) === entry) this.table.remove(entry.name);
+    return this.unload(entry, 'retired');
+  }
+
+  /** Would the version fit without evicting anything, besides `plannedBytes` about to be loaded? */
+  fitsWithoutEviction(entry: WorkerModel, plannedBytes = 0): boolean {
+    return this.table.usedBytes + plannedBytes + this.estimateBytes(entry) <= this.config.memoryBudgetBytes;
+  }
+
+  /** Stops loading, unloads every version once its requests are done, and waits for the sessions to be freed. */
+  async shutdown(): Promise<void> {
+    this.stopped = true;
+    this.abort.abort();
+    await this.queue;
+    for (const entry of this.table.list()) void this.unload(entry, 'shutdown');
+    await Promise.all(this.releases);
+  }
+
+  /** What loading the version is expected to cost: its artifact, or what it measured when it last loaded. */
+  estimateBytes(entry: WorkerModel): number {
+    const artifact = entry.record.artifact;
+    return Math.max(Number(artifact?.sizeBytes ?? 0n), this.measuredBytes.get(artifact?.sha256 ?? '') ?? 0);
+  }
+
+  private async load(entry: WorkerModel): Promise<void> {
+    if (entry.state === ModelState.READY) return;
+    if (entry.state === ModelState.FAILED) throw notReady(entry, `failed to load: ${entry.reason}`);
+    if (this.stopped) throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down', { reason: 'WORKER_DRAINING' });
+    const start = process.hrtime.bigint();
+    const seconds = () => Number(process.hrtime.bigint() - start) / 1e9;
+    entry.state = ModelState.LOADING;
+    entry.reason = '';
+    this.table.changed();
+    this.logger.info('loading model version', { name: entry.name, sha256: entry.record.artifact?.sha256, pinned: entry.pinned });
+    if (entry.record.state === VersionState.REGISTERED) await this.report(entry, VersionState.LOADING, '');
+
+    let session: ModelSession | undefined;
+    try {
+      const bytes = await this.fetchArtifact(entry);
+      await (this.prepared ??= this.runtime.prepare(this.config.executionProviders).catch((error: unknown) => {
+        this.logger.warn('could not prepare the runtime; the first load is charged its start-up costs', { err: message(error) });
+      }));
+      await this.makeRoom(entry, Math.max(bytes.byteLength, this.estimateBytes(entry)));
+      const rssBefore = process.memoryUsage.rss();
+      try {
+        session = await this.runtime.load(bytes, this.config.executionProviders);
+      } catch (error) {
+        throw new LoadFailure(`could not create a session: ${message(error)}`);
+      }
+      await this.warmUp(entry, session);
+      const memoryBytes = Math.max(bytes.byteLength, process.memoryUsage.rss() - rssBefore);
+      this.measuredBytes.set(entry.record.artifact?.sha256 ?? '', memoryBytes);
+      await this.makeRoom(entry, memoryBytes);
+      if (this.stopped) throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down', { reason: 'WORKER_DRAINING' });
+      entry.ready(session, memoryBytes);
+      session = undefined;
+    } catch (error) {
+      await session?.release();
+      const outcome = this.failed(entry, error);
+      this.loads.inc({ outcome });
+      this.loadSeconds.observe({ model: entry.model, outcome }, seconds());
+      this.table.changed();
+      if (outcome === 'failed') await this.report(entry, VersionState.FAILED, entry.reason);
+      throw error instanceof RpcError ? error : notReady(entry, (entry.state as ModelState) === ModelState.FAILED ? `failed to load: ${entry.reason}` : entry.reason);
+    }
+    this.table.changed();
+    this.loads.inc({ outcome: 'ready' });
+    this.loadSeconds.observe({ model: entry.model, outcome: 'ready' }, seconds());
+    this.logger.info('model version ready', {
+      name: entry.name,
+      execution_provider: entry.executionProvider,
+      memory_bytes: entry.memoryBytes,
+      load_ms: Math.round(seconds() * 1000),
+    });
+    if (entry.record.state !== VersionState.READY) await this.report(entry, VersionState.READY, '');
+  }
+
+  /** Records why a load did not finish and returns its outcome label. */
+  private failed(entry: WorkerModel, error: unknown): string {
+    if (error instanceof LoadFailure) {
+      entry.fail(error.message);
+      this.logger.error('model version failed to load', { name: entry.name, reason: error.message });
+      return 'failed';
+    }
+    entry.state = ModelState.UNLOADED;
+    entry.reason = message(error);
+    if (error instanceof RpcError && error.code === status.RESOURCE_EXHAUSTED) {
+      this.logger.warn('no room to load model version', { name: entry.name, reason: entry.reason });
+      return 'no_room';
+    }
+    if (!this.stopped) this.logger.warn('model version load interrupted; it loads again when asked', { name: entry.name, err: entry.reason });
+    return 'interrupted';
+  }
+
+  /**
+   * Makes room for `bytes` more (besides what `entry` is charged): evicts idle unpinned versions
+   * least recently used first and waits for their sessions to be freed, or throws RESOURCE_EXHAUSTED.
+   */
+  private async makeRoom(entry: WorkerModel, bytes: number): Promise<void> {
+    const budget = this.config.memoryBudgetBytes;
+    const candidates = this.table.list().filter((e) => e !== entry && e.idle && !e.pinned);
+    const victims = chooseEvictions(candidates, this.table.usedBytes - entry.memoryBytes, bytes, budget);
+    if (victims === undefined) {
+      const held = this.table.list().filter((e) => e !== entry && e.memoryBytes > 0);
+      throw new RpcError(
+        status.RESOURCE_EXHAUSTED,
+        `version ${entry.version} of model "${entry.model}" needs ${formatBytes(bytes)} but the worker's memory budget ` +
+          `(WORKER_MEMORY_BUDGET_BYTES) is ${formatBytes(budget)}, of which ${formatBytes(this.table.usedBytes)} is held by ` +
+          `${held.length} loaded version(s) that are pinned or in use`,
+        { reason: 'MEMORY_BUDGET_EXCEEDED', metadata: { model: entry.model, version: entry.version, budget_bytes: String(budget) } },
+      );
+    }
+    const freed: Promise<void>[] = [];
+    for (const victim of victims) {
+      const victimEntry = this.table.get(victim.name);
+      if (victimEntry === undefined) continue;
+      this.evictions.inc({ model: victimEntry.model });
+      this.logger.info('evicting model version', { name: victim.name, for: entry.name, memory_bytes: victim.memoryBytes });
+      freed.push(this.unload(victimEntry, 'evicted'));
+    }
+    await Promise.all(freed);
+  }
+
+  /** Runs the version at each warm-up batch size on every instance; a failure is a LoadFailure. */
+  private async warmUp(entry: WorkerModel, session: ModelSession): Promise<void> {
+    for (const batch of warmUpBatchSizes(this.config.warmupBatchSizes, entry.maxBatchSize)) {
+      try {
+        await Promise.all(Array.from({ length: Math.max(1, session.instanceCount) }, () => session.run(warmUpInputs(session.inputs, batch), [])));
+      } catch (error) {
+        throw new LoadFailure(`warm-up at batch ${batch} failed on ${session.executionProvider}: ${message(error)}`);
+      }
+    }
+  }
+
+  /** The version's verified artifact; a mismatch or an artifact the registry lacks is a LoadFailure. */
+  private async fetchArtifact(entry: WorkerModel): Promise<Buffer> {
+    const sha256 = entry.record.artifact?.sha256 ?? '';
+    if (sha256 === '') throw new LoadFailure('the registry records no artifact for this version');
+    try {
+      return await this.artifacts.fetch(sha256, () => this.registry.download(sha256, this.abort.signal));
+    } catch (error) {
+      if (error instanceof ArtifactVerificationError) {
+        this.verificationFailures.inc({ model: entry.model });
+        throw new LoadFailure(`artifact refused: ${error.message}`);
+      }
+      if (error instanceof RpcError && error.code === status.NOT_FOUND) {
+        throw new LoadFailure(`artifact ${sha256} is not in the registry: ${error.message}`);
+      }
+      throw new RpcError(status.UNAVAILABLE, `could not download the artifact of ${entry.name}: ${message(error)}`, {
+        reason: 'MODEL_NOT_READY',
+        metadata: { model: entry.model, version: entry.version },
+      });
+    }
+  }
+
+  private async report(entry: WorkerModel, state: VersionState, reason: string): Promise<void> {
+    if (this.stopped) return;
+    try {
+      await this.registry.reportState(entry.name, state, reason);
+      entry.record.state = state;
+    } catch (error) {
+      this.logger.warn('could not report a version state; will report again', {
+        name: entry.name,
+        state: VersionState[state],
+        err: message(error),
+      });
+    }
+  }
+}
+
+function notReady(entry: WorkerModel, detail: string): RpcError {
+  return new RpcError(status.UNAVAILABLE, `version ${entry.version} of model "${entry.model}" ${detail}`, {
+    reason: 'MODEL_NOT_READY',
+    metadata: { model: entry.model, version: entry.version },
+  });
+}
+
+export function message(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}

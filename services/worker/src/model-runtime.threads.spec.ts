@@ -1,0 +1,230 @@
+import { create } from '@bufbuild/protobuf';
+import { status } from '@grpc/grpc-js';
+import { buildIdentityModel, buildMlpModel, buildMultiIoModel, buildTinyModel, TINY_BIAS, TINY_WEIGHT } from '@infermesh/model-builder';
+import { RpcError } from '@infermesh/grpc';
+import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { DataType, decodeBytesElements, encodeBytesElements } from '@infermesh/tensors';
+import * as ort from 'onnxruntime-node';
+import type { Worker } from 'node:worker_threads';
+import { ModelLoadError, PREPARATION_MODEL } from './model-runtime';
+import { ThreadsModelRuntime, type ThreadsModelSession } from './model-runtime.threads';
+
+const fp32 = (name: string, values: ArrayLike<number>, shape: number[]): Tensor =>
+  create(TensorSchema, { name, datatype: DataType.FP32, shape: shape.map(BigInt), data: Buffer.from(Float32Array.from(values).buffer) });
+const int64 = (name: string, values: bigint[], shape: number[]): Tensor =>
+  create(TensorSchema, { name, datatype: DataType.INT64, shape: shape.map(BigInt), data: Buffer.from(BigInt64Array.from(values).buffer) });
+const floats = (t: Tensor) => Array.from(new Float32Array(Uint8Array.from(t.data).buffer));
+const bigints = (t: Tensor) => Array.from(new BigInt64Array(Uint8Array.from(t.data).buffer));
+
+const MLP = buildMlpModel();
+const STRINGS = buildIdentityModel(['BYTES']);
+const strings = (values: string[]): Tensor =>
+  create(TensorSchema, { name: 'bytes_in', datatype: DataType.BYTES, shape: [1n, BigInt(values.length)], data: encodeBytesElements(values.map((v) => Buffer.from(v))) });
+/** A batch of MLP inputs, different for each seed. */
+const mlpInput = (rows: number, seed = 0) => fp32('input', Float32Array.from({ length: rows * 512 }, (_, i) => Math.sin(seed * 7919 + i)), [rows, 512]);
+
+async function rejection(promise: Promise<unknown>): Promise<RpcError> {
+  const error = await promise.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(error).toBeInstanceOf(RpcError);
+  return error as RpcError;
+}
+
+const exited = (thread: Worker) => new Promise<number>((resolve) => thread.once('exit', resolve));
+
+describe(ThreadsModelRuntime.name, () => {
+  const crashes: string[] = [];
+  const sut = new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1, onThreadCrash: (reason) => crashes.push(reason), restartDelayMs: 50 });
+  const two = new ThreadsModelRuntime({ instancesPerModel: 2, intraOpThreads: 1 });
+  const open: ThreadsModelSession[] = [];
+  const load = async (runtime: ThreadsModelRuntime, bytes: Uint8Array, providers = ['cpu']) => {
+    const session = (await runtime.load(bytes, providers)) as ThreadsModelSession;
+    open.push(session);
+    return session;
+  };
+  afterEach(async () => {
+    await Promise.all(open.splice(0).map((s) => s.release()));
+  });
+
+  it('runs the tiny model: input · W + b', async () => {
+    const session = await load(sut, buildTinyModel().bytes);
+    const x = [1, 2, 3, 4, -1, 0.5, 0, 2];
+    const { outputs: [output] } = await session.run([fp32('input', x, [2, 4])], []);
+    expect(output!.name).toBe('output');
+    expect(output!.datatype).toBe(DataType.FP32);
+    expect(output!.shape).toEqual([2n, 3n]);
+    const expected = [0, 1].flatMap((r) =>
+      [0, 1, 2].map((o) => TINY_BIAS[o]! + [0, 1, 2, 3].reduce((sum, i) => sum + x[r * 4 + i]! * TINY_WEIGHT[i * 3 + o]!, 0)),
+    );
+    floats(output!).forEach((v, i) => expect(v).toBeCloseTo(expected[i]!, 5));
+  });
+
+  it('gives the same bytes as onnxruntime-node run in-process', async () => {
+    const session = await load(sut, MLP.bytes);
+    const reference = await ort.InferenceSession.create(MLP.bytes, { intraOpNumThreads: 1, interOpNumThreads: 1, graphOptimizationLevel: 'all' });
+    try {
+      for (const rows of [1, 8, 33]) {
+        const input = mlpInput(rows, rows);
+        const { outputs: [output] } = await session.run([input], []);
+        const expected = (await reference.run({ input: new ort.Tensor('float32', new Float32Array(Uint8Array.from(input.data).buffer), [rows, 512]) }))[reference.outputNames[0]!]!;
+        const bytes = expected.data as Float32Array;
+        expect(output!.shape).toEqual(expected.dims.map(BigInt));
+        expect(Buffer.from(output!.data).equals(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength))).toBe(true);
+      }
+    } finally {
+      await reference.release();
+    }
+  });
+
+  it('reads the signature from the model, -1 for the dynamic batch dimension', async () => {
+    const session = await load(sut, buildMultiIoModel().bytes);
+    expect(session.inputs.map((s) => [s.name, s.datatype, s.shape])).toEqual([
+      ['x', DataType.FP32, [-1n, 4n]],
+      ['ids', DataType.INT64, [-1n, 2n]],
+    ]);
+    expect(session.outputs.map((s) => [s.name, s.datatype])).toEqual([
+      ['y', DataType.FP32],
+      ['ids_plus_one', DataType.INT64],
+      ['positive', DataType.BOOL],
+    ]);
+  });
+
+  it('runs the multi-io model, every output in its own datatype', async () => {
+    const session = await load(sut, buildMultiIoModel().bytes);
+    const { outputs } = await session.run([fp32('x', [1, -2, 0, 3.5, -0.5, 4, 5, -6], [2, 4]), int64('ids', [0n, 41n, -1n, 2n ** 62n], [2, 2])], []);
+    expect(outputs.map((o) => o.name)).toEqual(['y', 'ids_plus_one', 'positive']);
+    expect(floats(outputs[0]!)).toEqual([2, -4, 0, 7, -1, 8, 10, -12]);
+    expect(bigints(outputs[1]!)).toEqual([1n, 42n, 0n, 2n ** 62n + 1n]);
+    expect(outputs[2]!.datatype).toBe(DataType.BOOL);
+    expect(Array.from(outputs[2]!.data)).toEqual([1, 0, 0, 1, 0, 1, 1, 0]);
+    expect(outputs[2]!.shape).toEqual([2n, 4n]);
+  });
+
+  it('returns only the outputs asked for, in the order asked', async () => {
+    const session = await load(sut, buildMultiIoModel().bytes);
+    const { outputs } = await session.run([fp32('x', [1, -1, 1, -1], [1, 4]), int64('ids', [7n, 8n], [1, 2])], ['positive', 'ids_plus_one']);
+    expect(outputs.map((o) => o.name)).toEqual(['positive', 'ids_plus_one']);
+    expect(Array.from(outputs[0]!.data)).toEqual([1, 0, 1, 0]);
+  });
+
+  it('answers INVALID_ARGUMENT for an unknown output and for input the model refuses, and keeps serving', async () => {
+    const session = await load(sut, buildTinyModel().bytes);
+    const unknown = await rejection(session.run([fp32('input', [1, 2, 3, 4], [1, 4])], ['logits']));
+    expect(unknown.code).toBe(status.INVALID_ARGUMENT);
+    expect(unknown.message).toMatch(/"logits"/);
+    const refused = await rejection(session.run([fp32('input', [1, 2, 3], [1, 3])], []));
+    expect(refused.code).toBe(status.INVALID_ARGUMENT);
+    expect(refused.reason).toBe('INVALID_TENSOR');
+    expect((await session.run([fp32('input', [1, 2, 3, 4], [1, 4])], [])).outputs).toHaveLength(1);
+  });
+
+  it('falls back to the next execution provider and records the one that created the session', async () => {
+    const session = await load(sut, buildTinyModel().bytes, ['no-such-provider', 'cpu']);
+    expect(session.executionProvider).toBe('cpu');
+    expect((await session.run([fp32('input', [1, 2, 3, 4], [1, 4])], [])).outputs).toHaveLength(1);
+  });
+
+  it('fails with every provider\'s reason when none can load the model', async () => {
+    await expect(sut.load(Buffer.from('not an onnx model'), ['no-such-provider', 'cpu'])).rejects.toThrow(ModelLoadError);
+    await expect(sut.load(Buffer.from('not an onnx model'), ['cpu'])).rejects.toThrow(/cpu: /);
+  });
+
+  it('keeps the event loop responsive while a long batch runs', async () => {
+    const session = await load(sut, MLP.bytes);
+    const input = mlpInput(1024);
+    await session.run([input], []); // warm
+    let maxGapMs = 0;
+    let last = performance.now();
+    let ticking = true;
+    const tick = () => {
+      const now = performance.now();
+      maxGapMs = Math.max(maxGapMs, now - last);
+      last = now;
+      if (ticking) setImmediate(tick);
+    };
+    setImmediate(tick);
+    const start = performance.now();
+    await session.run([input], []); // one run: on the event loop, the longest gap would be all of it
+    const runMs = performance.now() - start;
+    ticking = false;
+    expect(maxGapMs).toBeLessThan(runMs / 4);
+  });
+
+  it('runs requests on two instances at once', async () => {
+    const session = await load(two, MLP.bytes);
+    expect(session.occupancy).toEqual({ busy: 0, instances: 2, queued: 0 });
+    const runs = [0, 1, 2].map((i) => session.run([mlpInput(64, i)], []));
+    expect(session.occupancy).toEqual({ busy: 2, instances: 2, queued: 1 });
+    const results = await Promise.all(runs);
+    expect(session.occupancy).toEqual({ busy: 0, instances: 2, queued: 0 });
+    const alone = await session.run([mlpInput(64, 2)], []);
+    expect(Buffer.from(results[2]!.outputs[0]!.data).equals(Buffer.from(alone.outputs[0]!.data))).toBe(true);
+  });
+
+  it('queues requests for a busy instance first in, first out', async () => {
+    const session = await load(sut, MLP.bytes);
+    const order: number[] = [];
+    const runs = [0, 1, 2, 3].map((i) => session.run([mlpInput(16, i)], []).then(() => order.push(i)));
+    expect(session.occupancy).toEqual({ busy: 1, instances: 1, queued: 3 });
+    await Promise.all(runs);
+    expect(order).toEqual([0, 1, 2, 3]);
+  });
+
+  it('replaces a thread that dies: its request fails UNAVAILABLE, the next succeeds, other models are untouched', async () => {
+    // A thread whose JavaScript heap overflows (here: strings far beyond its 16 MiB limit) dies
+    // before onnxruntime runs; the runtime must fail that request alone and start a new thread.
+    const small = new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1, threadHeapMb: 16, onThreadCrash: (r) => crashes.push(r), restartDelayMs: 50 });
+    const session = await load(small, STRINGS.bytes);
+    const other = await load(sut, buildTinyModel().bytes);
+    const [thread] = session.threads;
+    crashes.length = 0;
+    const exit = exited(thread!);
+    const error = await rejection(session.run([strings(Array.from({ length: 64 }, (_, i) => `${i}`.repeat(1 << 20)))], []));
+    expect(await exit).not.toBe(0);
+    expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'EXECUTION_FAILED']);
+    expect(error.message).toMatch(/can be retried/);
+    expect(crashes).toHaveLength(1);
+    const { outputs: [output] } = await session.run([strings(['é', ''])], []);
+    expect(decodeBytesElements(output!.data)!.map((b) => b.toString('utf8'))).toEqual(['é', '']);
+    expect(session.threads).toHaveLength(1);
+    expect(session.threads[0]).not.toBe(thread);
+    expect((await other.run([fp32('input', [1, 2, 3, 4], [1, 4])], [])).outputs).toHaveLength(1);
+  });
+
+  it('lets a run in progress finish when the session is released, then ends its threads', async () => {
+    const session = await load(sut, MLP.bytes);
+    const exits = session.threads.map(exited);
+    const running = session.run([mlpInput(512)], []);
+    await session.release();
+    const { outputs: [output] } = await running;
+    expect(output!.shape).toEqual([512n, 512n]);
+    expect(await Promise.all(exits)).toEqual([0]);
+  });
+
+  it('refuses a BF16 tensor with UNIMPLEMENTED naming the tensor', async () => {
+    const session = await load(sut, buildTinyModel().bytes);
+    const bf16 = create(TensorSchema, { name: 'input', datatype: DataType.BF16, shape: [1n, 4n], data: new Uint8Array(8) });
+    const error = await rejection(session.run([bf16], []));
+    expect([error.code, error.reason]).toEqual([status.UNIMPLEMENTED, 'DATATYPE_UNSUPPORTED']);
+    expect(error.message).toMatch(/tensor "input": datatype BF16 is not supported/);
+  });
+
+  it('ends the model\'s threads on release and refuses to run after', async () => {
+    const session = await load(two, buildTinyModel().bytes);
+    const exits = session.threads.map(exited);
+    expect(exits).toHaveLength(2);
+    await session.release();
+    await Promise.all(exits);
+    expect(session.occupancy).toEqual({ busy: 0, instances: 0, queued: 0 });
+    const error = await rejection(session.run([fp32('input', [1, 2, 3, 4], [1, 4])], []));
+    expect(error.code).toBe(status.UNAVAILABLE);
+  });
+});
+
+describe('PREPARATION_MODEL', () => {
+  it('is the identity model the model builder writes', () => {
+    expect(Buffer.from(buildIdentityModel(['FP32'], 'runtime-preparation').bytes).equals(PREPARATION_MODEL)).toBe(true);
+  });
+});
