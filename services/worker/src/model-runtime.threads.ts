@@ -18,8 +18,6 @@ export interface ThreadsRuntimeOptions {
   onThreadCrash?: (reason: string) => void;
   /** Wait before starting a replacement again after one failed to start. */
   restartDelayMs?: number;
-  /** V8 heap limit of each execution thread; one that exceeds it dies and is replaced. */
-  threadHeapMb?: number;
 }
 
 /**
@@ -56,7 +54,6 @@ interface ThreadSpec {
   model: Uint8Array;
   provider: string;
   intraOpThreads: number;
-  heapMb: number | undefined;
 }
 
 /** How long close() waits for a thread to end itself before leaving it to end with the process. */
@@ -95,7 +92,7 @@ export class ThreadsModelRuntime extends ModelRuntime {
         failures.push(`${provider}: ${missing}`);
         continue;
       }
-      const spec: ThreadSpec = { model: bytes, provider, intraOpThreads: this.options.intraOpThreads, heapMb: this.options.threadHeapMb };
+      const spec: ThreadSpec = { model: bytes, provider, intraOpThreads: this.options.intraOpThreads };
       let first: { thread: ExecutionThread; ready: Extract<FromThread, { type: 'ready' }> };
       try {
         first = await ExecutionThread.start(spec);
@@ -292,7 +289,6 @@ class ExecutionThread {
   static start(spec: ThreadSpec): Promise<{ thread: ExecutionThread; ready: Extract<FromThread, { type: 'ready' }> }> {
     const worker = new Worker(EXECUTION_THREAD_FILE, {
       workerData: { model: spec.model, provider: spec.provider, intraOpThreads: spec.intraOpThreads },
-      resourceLimits: spec.heapMb === undefined ? undefined : { maxOldGenerationSizeMb: spec.heapMb },
     });
     const thread = new ExecutionThread(worker);
     return new Promise((resolve, reject) => {

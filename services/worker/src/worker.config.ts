@@ -24,7 +24,6 @@ const shape = {
   WORKER_SYNC_INTERVAL_MS: positiveInt(1000),
   WORKER_INSTANCES_PER_MODEL: positiveInt(1),
   WORKER_INTRA_OP_THREADS: z.coerce.number().int().positive().optional(),
-  WORKER_THREAD_HEAP_BYTES: byteSize('512MiB'),
   WORKER_MEMORY_BUDGET_BYTES: byteSize(Math.floor(totalmem() / 2)),
   WORKER_PINNED_MODELS: nameList(/^[^\s,/]+$/, 'expected model names separated by commas'),
   WORKER_LOAD_TIMEOUT_MS: positiveInt(120_000),
@@ -50,8 +49,6 @@ export function loadWorkerConfig(env: Env) {
     instancesPerModel: e.WORKER_INSTANCES_PER_MODEL,
     /** ONNX Runtime intra-op threads per instance; by default the cores shared out among a model's instances. */
     intraOpThreads: e.WORKER_INTRA_OP_THREADS ?? defaultIntraOpThreads(e.WORKER_INSTANCES_PER_MODEL),
-    /** JavaScript heap of one execution thread (its tensors in transit, not the model's weights). */
-    threadHeapBytes: e.WORKER_THREAD_HEAP_BYTES,
     /** What loaded models may be charged in all; idle unpinned ones are evicted to make room. */
     memoryBudgetBytes: e.WORKER_MEMORY_BUDGET_BYTES,
     /** Models whose versions load at start-up and are never evicted; SERVING waits for them. */

@@ -41,7 +41,6 @@ export class WorkerModule {
             return new ThreadsModelRuntime({
               instancesPerModel: config.instancesPerModel,
               intraOpThreads: config.intraOpThreads,
-              threadHeapMb: Math.max(16, Math.floor(config.threadHeapBytes / 2 ** 20)),
               onThreadCrash: (reason) => {
                 failures.inc();
                 logger.warn('execution thread failed; replacing it', { reason });
