@@ -162,7 +162,8 @@ async function main() {
       intraOpNumThreads: intraOpThreads,
       interOpNumThreads: 1,
       graphOptimizationLevel: 'all',
-      logSeverityLevel: 3,
+      // Fatal only: a run the model refuses is answered as INVALID_ARGUMENT with ORT's message, not logged again.
+      logSeverityLevel: 4,
       // Pool threads that spin after a run keep cores busy that the event loop and other instances
       // need; a server sharing its cores among many sessions is better off letting them sleep.
       extra: { session: { intra_op: { allow_spinning: '0' } } },
