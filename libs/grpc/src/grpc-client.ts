@@ -39,7 +39,7 @@ export function createClient<S extends DescService>(service: S, address: string,
   return result as ServiceClient<S>;
 }
 
-function prepare(options: CallOptions | undefined): { metadata: grpc.Metadata; callOptions: grpc.CallOptions } {
+function prepare(options: CallOptions | undefined): { metadata: grpc.Metadata; callOptions: grpc.CallOptions; signal: AbortSignal | undefined } {
   const ambient = requestContext.current();
   const metadata = new grpc.Metadata();
   for (const [key, value] of Object.entries(options?.metadata ?? {})) metadata.set(key, value);
@@ -58,7 +58,8 @@ function prepare(options: CallOptions | undefined): { metadata: grpc.Metadata; c
     }
     callOptions.deadline = deadline;
   }
-  return { metadata, callOptions };
+  // A call made for a request is cancelled when that request is: the cancellation travels upstream.
+  return { metadata, callOptions, signal: options?.signal ?? ambient?.signal };
 }
 
 function rethrow(error: unknown): never {
@@ -82,20 +83,20 @@ function clientMethod(client: Record<string, unknown>, method: DescMethod) {
     case 'unary':
       return (request: unknown, options?: CallOptions) =>
         new Promise((resolve, reject) => {
-          const { metadata, callOptions } = prepare(options);
+          const { metadata, callOptions, signal } = prepare(options);
           const call = raw[name]!.call(client, request, metadata, callOptions, (error: grpc.ServiceError | null, response: unknown) => {
             unlink();
             if (error) reject(RpcError.fromServiceError(error));
             else resolve(response);
           });
-          const unlink = linkAbort(options?.signal, call);
+          const unlink = linkAbort(signal, call);
         });
     case 'server_streaming':
       return (request: unknown, options?: CallOptions) => ({
         async *[Symbol.asyncIterator]() {
-          const { metadata, callOptions } = prepare(options);
+          const { metadata, callOptions, signal } = prepare(options);
           const call = raw[name]!.call(client, request, metadata, callOptions) as grpc.ClientReadableStream<unknown>;
-          const unlink = linkAbort(options?.signal, call);
+          const unlink = linkAbort(signal, call);
           try {
             for await (const message of call) yield message;
           } catch (error) {
@@ -108,7 +109,7 @@ function clientMethod(client: Record<string, unknown>, method: DescMethod) {
       });
     case 'client_streaming':
       return async (requests: AsyncIterable<unknown>, options?: CallOptions) => {
-        const { metadata, callOptions } = prepare(options);
+        const { metadata, callOptions, signal } = prepare(options);
         let call!: grpc.ClientWritableStream<unknown>;
         const done = new Promise((resolve, reject) => {
           call = raw[name]!.call(client, metadata, callOptions, (error: grpc.ServiceError | null, response: unknown) =>
@@ -117,7 +118,7 @@ function clientMethod(client: Record<string, unknown>, method: DescMethod) {
         });
         // The call may fail while the requests are still being produced; it is awaited below.
         done.catch(() => undefined);
-        const unlink = linkAbort(options?.signal, call);
+        const unlink = linkAbort(signal, call);
         try {
           for await (const message of requests) {
             if (!call.write(message)) await new Promise((resolve) => call.once('drain', resolve));

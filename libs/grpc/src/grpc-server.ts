@@ -160,7 +160,7 @@ export class GrpcServer {
     const onCancel = () => controller.abort(new RpcError(grpc.status.CANCELLED, 'the call was cancelled'));
     call.once('cancelled', onCancel);
     const ctx: CallContext = { requestId, deadlineMs, signal: controller.signal, metadata };
-    const context = deadlineMs === undefined ? { requestId } : { requestId, deadlineMs };
+    const context = deadlineMs === undefined ? { requestId, signal: controller.signal } : { requestId, deadlineMs, signal: controller.signal };
     return { ctx, context, dispose: () => call.removeListener('cancelled', onCancel) };
   }
 }

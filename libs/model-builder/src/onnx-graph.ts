@@ -1,5 +1,5 @@
 import type { MessageInitShape } from '@bufbuild/protobuf';
-import type { ProcessingSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import type { BatchingSchema, ProcessingSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { onnx } from 'onnx-proto';
 import { endianness } from 'node:os';
 
@@ -18,6 +18,9 @@ export interface ModelTensorSpec {
 /** The pre- and post-processing a model is registered with, as plain data (the registry's Processing). */
 export type ProcessingInit = MessageInitShape<typeof ProcessingSchema>;
 
+/** How the batcher queues and batches a model's requests, as plain data (the registry's Batching). */
+export type BatchingInit = MessageInitShape<typeof BatchingSchema>;
+
 /** A generated model: its name, the serialized ONNX ModelProto, and its signature. */
 export interface BuiltModel {
   readonly name: string;
@@ -27,6 +30,8 @@ export interface BuiltModel {
   readonly outputs: readonly ModelTensorSpec[];
   /** The processing to register the model with, when it has one. */
   readonly processing?: ProcessingInit;
+  /** The batching to register the model with, when it declares one. */
+  readonly batching?: BatchingInit;
 }
 
 /** The ONNX opset the generated models import. */

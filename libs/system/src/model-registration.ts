@@ -2,6 +2,7 @@ import type { MessageInitShape } from '@bufbuild/protobuf';
 import { createHash } from 'node:crypto';
 import type { ServiceClient } from '@infermesh/grpc';
 import {
+  type BatchingSchema,
   type ModelVersion,
   type ProcessingSchema,
   type RegistryService,
@@ -17,8 +18,8 @@ async function* chunks(bytes: Uint8Array, expectedSha256: string) {
 }
 
 /**
- * Uploads an ONNX file and registers it as a model version with its pre- and post-processing, when
- * given (idempotent for the same bytes and processing).
+ * Uploads an ONNX file and registers it as a model version with its pre- and post-processing and its
+ * batching, when given (idempotent for the same bytes, processing and batching).
  */
 export async function registerModel(
   registry: ServiceClient<typeof RegistryService>,
@@ -26,11 +27,18 @@ export async function registerModel(
   versionId: string,
   bytes: Uint8Array,
   processing?: MessageInitShape<typeof ProcessingSchema>,
+  batching?: MessageInitShape<typeof BatchingSchema>,
 ): Promise<ModelVersion> {
   const sha256 = createHash('sha256').update(bytes).digest('hex');
   const { artifact } = await registry.uploadArtifact(chunks(bytes, sha256), { timeoutMs: 120_000 });
   const { version } = await registry.createModelVersion(
-    { parent: `models/${name}`, versionId, artifactSha256: artifact?.sha256 ?? sha256, ...(processing !== undefined && { processing }) },
+    {
+      parent: `models/${name}`,
+      versionId,
+      artifactSha256: artifact?.sha256 ?? sha256,
+      ...(processing !== undefined && { processing }),
+      ...(batching !== undefined && { batching }),
+    },
     { timeoutMs: 60_000 },
   );
   if (version === undefined) throw new Error(`registry returned no version for models/${name}`);

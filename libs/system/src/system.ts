@@ -1,7 +1,7 @@
 import type { MessageInitShape } from '@bufbuild/protobuf';
 import { createClient } from '@infermesh/grpc';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
-import { type ProcessingSchema, RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type BatchingSchema, type ProcessingSchema, RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { registerModel, waitForVersionsReady } from './model-registration';
@@ -47,6 +47,8 @@ export interface ModelToRegister {
   bytes: Uint8Array;
   /** Pre- and post-processing to register the version with (input normalization, class labels). */
   processing?: MessageInitShape<typeof ProcessingSchema> | undefined;
+  /** How the batcher queues and batches the version's requests; unset: every default. */
+  batching?: MessageInitShape<typeof BatchingSchema> | undefined;
 }
 
 export interface SystemOptions {
@@ -114,7 +116,7 @@ export class System {
       try {
         const names: string[] = [];
         for (const model of options.models) {
-          const version = await registerModel(registry, model.name, model.version, model.bytes, model.processing);
+          const version = await registerModel(registry, model.name, model.version, model.bytes, model.processing, model.batching);
           names.push(version.name);
         }
         await waitForVersionsReady(registry, names, Math.max(1, deadline - Date.now()));
@@ -224,6 +226,7 @@ export class System {
       case 'batcher':
         env['BATCHER_GRPC_PORT'] = String(ports.batcher);
         env['BATCHER_WORKER_ADDRESSES'] = `${h}:${ports.worker}`;
+        env['BATCHER_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
         break;
       case 'router':
         env['ROUTER_GRPC_PORT'] = String(ports.router);

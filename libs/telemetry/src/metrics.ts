@@ -26,8 +26,19 @@ export class Metrics {
     return new prom.Counter({ name: this.prefix + name, help, labelNames, registers: [this.registry] });
   }
 
-  gauge<L extends string>(name: string, help: string, labelNames: readonly L[] = []): prom.Gauge<L> {
-    return new prom.Gauge({ name: this.prefix + name, help, labelNames, registers: [this.registry] });
+  /** A gauge; `collect`, when given, sets its values each time the metrics are scraped. */
+  gauge<L extends string>(name: string, help: string, labelNames: readonly L[] = [], collect?: (gauge: prom.Gauge<L>) => void): prom.Gauge<L> {
+    return new prom.Gauge({
+      name: this.prefix + name,
+      help,
+      labelNames,
+      registers: [this.registry],
+      ...(collect !== undefined && {
+        collect(this: prom.Gauge<L>) {
+          collect(this);
+        },
+      }),
+    });
   }
 
   histogram<L extends string>(

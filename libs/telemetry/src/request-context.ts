@@ -6,6 +6,8 @@ export interface RequestContext {
   readonly requestId: string;
   /** Epoch milliseconds after which the work is no longer wanted. */
   readonly deadlineMs?: number;
+  /** Aborted when the caller gives up (cancels its call or goes away): the calls it led to are cancelled too. */
+  readonly signal?: AbortSignal;
 }
 
 const storage = new AsyncLocalStorage<RequestContext>();

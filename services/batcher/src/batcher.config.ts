@@ -1,11 +1,17 @@
-import { addressList, type Env, parseEnv, positiveInt } from '@infermesh/config';
+import { address, addressList, type Env, parseEnv, positiveInt } from '@infermesh/config';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
+import { z } from 'zod';
 
 const shape = {
   ...runtimeShape('BATCHER', { grpc: 50054, metrics: 9104 }),
   BATCHER_WORKER_ADDRESSES: addressList('127.0.0.1:50055'),
   BATCHER_WORKER_POLL_MS: positiveInt(1_000),
   BATCHER_WORKER_TIMEOUT_MS: positiveInt(2_000),
+  BATCHER_REGISTRY_ADDRESS: address('127.0.0.1:50051'),
+  BATCHER_SETTINGS_TTL_MS: positiveInt(5_000),
+  BATCHER_MAX_BATCHES_PER_WORKER: positiveInt(2),
+  BATCHER_DEFAULT_MAX_QUEUE_DELAY_US: z.coerce.number().int().nonnegative().max(10_000_000).default(1_000),
+  BATCHER_DEFAULT_MAX_QUEUE_SIZE: positiveInt(1_000),
 };
 
 /** The batcher's configuration, validated once at start-up. */
@@ -19,6 +25,17 @@ export function loadBatcherConfig(env: Env) {
     workerPollMs: e.BATCHER_WORKER_POLL_MS,
     /** Budget of a poll. */
     workerTimeoutMs: e.BATCHER_WORKER_TIMEOUT_MS,
+    /** Where each version's batching settings are read. */
+    registryAddress: e.BATCHER_REGISTRY_ADDRESS,
+    /** How long a version's settings are used before the registry is asked again (the last ones stay while it is down). */
+    settingsTtlMs: e.BATCHER_SETTINGS_TTL_MS,
+    /** Batches in flight on one worker at most: one computing, the next one ready behind it. */
+    maxBatchesPerWorker: e.BATCHER_MAX_BATCHES_PER_WORKER,
+    /** What a version's Batching leaves unset. */
+    defaults: {
+      maxQueueDelayUs: e.BATCHER_DEFAULT_MAX_QUEUE_DELAY_US,
+      maxQueueSize: e.BATCHER_DEFAULT_MAX_QUEUE_SIZE,
+    },
   };
 }
 

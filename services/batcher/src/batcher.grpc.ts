@@ -1,15 +1,15 @@
 import { Injectable } from '@nestjs/common';
-import { RpcError, type ServiceImpl } from '@infermesh/grpc';
+import { type CallContext, RpcError, type ServiceImpl } from '@infermesh/grpc';
 import type { BatcherService, InferRequest } from '@infermesh/proto/gen/infermesh/batcher/v1/batcher_pb';
-import { Dispatcher } from './dispatcher';
+import { Scheduler } from './scheduler';
 
 /** gRPC transport of the batcher. */
 @Injectable()
 export class BatcherGrpcController implements ServiceImpl<typeof BatcherService> {
-  constructor(private readonly dispatcher: Dispatcher) {}
+  constructor(private readonly scheduler: Scheduler) {}
 
-  async infer(request: InferRequest) {
+  async infer(request: InferRequest, ctx: CallContext) {
     if (request.request === undefined) throw RpcError.invalidArgument('the call carries no request');
-    return { response: await this.dispatcher.infer(request.request) };
+    return { response: await this.scheduler.infer(request.request, ctx) };
   }
 }

@@ -2,7 +2,8 @@ import { type DynamicModule, Module } from '@nestjs/common';
 import { RuntimeModule } from '@infermesh/runtime';
 import { BATCHER_CONFIG, type BatcherConfig } from './batcher.config';
 import { BatcherGrpcController } from './batcher.grpc';
-import { Dispatcher } from './dispatcher';
+import { Scheduler } from './scheduler';
+import { VersionSettings } from './version-settings';
 import { WorkerPool } from './worker-pool';
 
 @Module({})
@@ -11,7 +12,7 @@ export class BatcherModule {
     return {
       module: BatcherModule,
       imports: [RuntimeModule.forRoot('batcher', config.runtime)],
-      providers: [{ provide: BATCHER_CONFIG, useValue: config }, WorkerPool, Dispatcher, BatcherGrpcController],
+      providers: [{ provide: BATCHER_CONFIG, useValue: config }, WorkerPool, VersionSettings, Scheduler, BatcherGrpcController],
     };
   }
 }

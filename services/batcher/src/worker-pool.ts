@@ -1,5 +1,5 @@
 import { Inject, Injectable, type OnApplicationBootstrap, type OnApplicationShutdown } from '@nestjs/common';
-import { createClient, type ServiceClient, toRpcError } from '@infermesh/grpc';
+import { type CallOptions, createClient, type ServiceClient, toRpcError } from '@infermesh/grpc';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
@@ -14,16 +14,17 @@ export class WorkerHandle {
   /** Versions it knows but has not in memory (never loaded, or evicted): it loads one when asked. */
   loadable = new Set<string>();
   reachable = false;
+  /** Batches sent to it and not answered yet. */
   outstanding = 0;
 
   constructor(readonly address: string) {
     this.client = createClient(WorkerService, address);
   }
 
-  async infer(request: InferenceRequest): Promise<InferenceResponse> {
+  async infer(request: InferenceRequest, options?: CallOptions): Promise<InferenceResponse> {
     this.outstanding += 1;
     try {
-      const { response } = await this.client.infer({ request });
+      const { response } = await this.client.infer({ request }, options);
       if (response === undefined) throw new Error(`worker ${this.address} answered without a response`);
       return response;
     } finally {
@@ -42,6 +43,7 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
   readonly workers: WorkerHandle[];
   private timer: NodeJS.Timeout | undefined;
   private polling: Promise<void> | undefined;
+  private readonly listeners: (() => void)[] = [];
   private readonly reachableGauge: Gauge;
 
   constructor(
@@ -72,8 +74,26 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     const found = this.holding(versionName);
     if (found.length > 0) return found;
     await this.poll();
+    return this.available(versionName);
+  }
+
+  /**
+   * The workers a batch of the version can go to now, without asking them: those that have it ready,
+   * else those that can load it.
+   */
+  available(versionName: string): WorkerHandle[] {
     const ready = this.holding(versionName);
     return ready.length > 0 ? ready : this.workers.filter((w) => w.reachable && w.loadable.has(versionName));
+  }
+
+  /** Asks every worker again what it holds (one poll shared by concurrent callers). */
+  refresh(): Promise<void> {
+    return this.poll();
+  }
+
+  /** Calls the listener after every poll: what the workers hold may have changed. */
+  onPolled(listener: () => void): void {
+    this.listeners.push(listener);
   }
 
   /** Forgets what a worker holds after it failed to answer; the next poll tells again. */
@@ -91,6 +111,7 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     this.polling ??= Promise.all(this.workers.map((w) => this.pollOne(w))).then(() => {
       this.polling = undefined;
       this.reachableGauge.set(this.workers.filter((w) => w.reachable).length);
+      for (const listener of this.listeners) listener();
     });
     return this.polling;
   }

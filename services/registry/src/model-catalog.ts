@@ -14,6 +14,7 @@ import {
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { Gauge } from 'prom-client';
 import { ArtifactStore, SHA256_HEX } from './artifact-store';
+import { checkBatching, sameBatching } from './batching-check';
 import { Clock } from './clock';
 import { ModelStore } from './model-store';
 import { maxBatchSizeFor, readOnnxSignature } from './onnx-signature';
@@ -57,9 +58,9 @@ export class ModelCatalog implements OnApplicationShutdown {
   }
 
   /**
-   * Registers a version, creating its model when missing, with its processing checked against the
-   * signature. Registering the same version with the same artifact (and processing) again returns the
-   * existing version; with a different one it is ALREADY_EXISTS.
+   * Registers a version, creating its model when missing, with its processing and batching checked
+   * against the signature. Registering the same version with the same artifact (and processing and
+   * batching) again returns the existing version; with a different one it is ALREADY_EXISTS.
    */
   async createVersion(request: CreateModelVersionRequest): Promise<ModelVersion> {
     const modelId = parseModelName(request.parent, 'parent');
@@ -93,6 +94,7 @@ export class ModelCatalog implements OnApplicationShutdown {
       updateTime: now,
     });
     version.processing = checkProcessing(request.processing, version.signature!);
+    version.batching = checkBatching(request.batching, version.signature!);
     let created = false;
     const stored = await this.store(() =>
       this.models.update(modelId, (current) => {
@@ -233,6 +235,12 @@ function checkSameVersion(existing: ModelVersion, sha256: string, request: Creat
   }
   if (!sameProcessing(existing.processing, request.processing)) {
     throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with a different processing; register the new processing as a new version`, {
+      reason: 'ALREADY_EXISTS',
+      metadata: { version: existing.name },
+    });
+  }
+  if (!sameBatching(existing.batching, request.batching)) {
+    throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with a different batching; register the new batching as a new version`, {
       reason: 'ALREADY_EXISTS',
       metadata: { version: existing.name },
     });

@@ -1,5 +1,5 @@
 import { create } from '@bufbuild/protobuf';
-import { type Model, ModelSchema, ProcessingSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { BatchingSchema, type Model, ModelSchema, ProcessingSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
 import { JsonLogger } from '@infermesh/telemetry';
 import { type RedisServer, startRedisServer } from '@infermesh/testing';
@@ -117,6 +117,28 @@ function contract(name: string, makeBacking: () => Backing) {
       await sut.close();
       sut = await backing.reopen();
       expect((await sut.list())[0]?.versions[0]?.processing).toEqual(create(ProcessingSchema, processing));
+    });
+
+    it('keeps a version\'s batching, an explicit 0 apart from unset, also across a restart', async () => {
+      const batching = create(BatchingSchema, {
+        maxBatchSize: 0,
+        maxQueueDelayUs: 2_500n,
+        preferredBatchSizes: [4, 8],
+        preserveOrdering: true,
+        priorityLevels: 3,
+        defaultPriorityLevel: 2,
+        maxQueueSize: 500,
+      });
+      const withBatching = model('batched', ['1', '2']);
+      withBatching.versions[0]!.batching = batching;
+      await sut.update('batched', () => withBatching);
+      const read = async () => (await sut.get('batched'))!.versions.map((v) => v.batching);
+      expect(await read()).toEqual([batching, undefined]);
+      expect((await read())[0]?.maxBatchSize).toBe(0);
+      await sut.close();
+      sut = await backing.reopen();
+      expect(await read()).toEqual([batching, undefined]);
+      expect((await sut.list())[0]?.versions[0]?.batching?.maxBatchSize).toBe(0);
     });
 
     it('keeps everything across a restart', async () => {

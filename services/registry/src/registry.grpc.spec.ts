@@ -4,6 +4,7 @@ import { buildClassifierModel, buildMultiIoModel, buildTinyModel, CLASSIFIER_PRO
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   type Artifact,
+  BatchingSchema,
   ProcessingSchema,
   RegistryService,
   type UploadArtifactRequestSchema,
@@ -240,6 +241,75 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       expect([conflict.code, conflict.reason]).toEqual([status.ALREADY_EXISTS, 'ALREADY_EXISTS']);
       expect(conflict.message).toMatch(/different processing/);
     }
+  });
+
+  const BATCHING: MessageInitShape<typeof BatchingSchema> = {
+    maxBatchSize: 16,
+    maxQueueDelayUs: 2_000n,
+    preferredBatchSizes: [4, 16],
+    preserveOrdering: true,
+    priorityLevels: 2,
+    defaultPriorityLevel: 1,
+    maxQueueSize: 100,
+  };
+
+  it('registers a version with its batching, returns it everywhere, and keeps it across a restart', async () => {
+    const { artifact } = await upload(sut, buildTinyModel().bytes);
+    const request = { parent: 'models/tiny', versionId: '1', artifactSha256: artifact!.sha256, batching: BATCHING };
+    const expected = create(BatchingSchema, BATCHING);
+    expect((await sut.createModelVersion(request)).version!.batching).toEqual(expected);
+    expect((await sut.createModelVersion(request)).version!.batching).toEqual(expected);
+    await ready('tiny', '1');
+    expect((await sut.resolveModelVersion({ model: 'models/tiny', versionId: '1' })).version!.batching).toEqual(expected);
+    expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.batching).toEqual(expected);
+    await stop();
+    await start();
+    expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.batching).toEqual(expected);
+    expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.batching).toEqual(expected);
+    // A version without batching, or with every field at its default, has none; an explicit 0 is kept.
+    expect((await register('tiny', '2', buildTinyModel().bytes)).batching).toBeUndefined();
+    expect((await sut.createModelVersion({ ...request, versionId: '3', batching: {} })).version!.batching).toBeUndefined();
+    const fixed = (await upload(sut, fixedBatchModel())).artifact!.sha256;
+    const off = await sut.createModelVersion({ parent: 'models/fixed', versionId: '1', artifactSha256: fixed, batching: { maxBatchSize: 0 } });
+    expect(off.version!.batching?.maxBatchSize).toBe(0);
+    expect((await sut.getModel({ name: 'models/fixed' })).model!.versions[0]!.batching?.maxBatchSize).toBe(0);
+  });
+
+  it('refuses batching that does not fit the signature, naming the problem, and registers nothing', async () => {
+    const tiny = (await upload(sut, buildTinyModel().bytes)).artifact!.sha256;
+    const fixed = (await upload(sut, fixedBatchModel())).artifact!.sha256;
+    const cases: [string, MessageInitShape<typeof BatchingSchema>, string, number?][] = [
+      [tiny, { maxBatchSize: 65 }, "batching: max_batch_size is 65, above the signature's max_batch_size 64"],
+      [tiny, { maxBatchSize: 16 }, "batching: max_batch_size is 16, above the signature's max_batch_size 8", 8],
+      [fixed, { maxBatchSize: 4 }, "batching: max_batch_size is 4 but the model does not batch (its signature's max_batch_size is 0)"],
+      [fixed, { preferredBatchSizes: [1] }, 'batching: preferred_batch_sizes are given but batching is off'],
+      [tiny, { maxQueueDelayUs: 10_000_001n }, 'batching: max_queue_delay_us is 10000001, above the limit of 10000000 (10 s)'],
+      [tiny, { maxBatchSize: 8, preferredBatchSizes: [16] }, 'batching: preferred batch size 16 is above the max batch size 8'],
+      [tiny, { preferredBatchSizes: [4, 4] }, 'batching: preferred batch size 4 is given more than once'],
+      [tiny, { priorityLevels: 17 }, 'batching: priority_levels is 17, above the limit of 16'],
+      [tiny, { priorityLevels: 2, defaultPriorityLevel: 3 }, 'batching: default_priority_level is 3, above the 2 priority levels'],
+    ];
+    for (const [artifactSha256, batching, message, maxBatchSize] of cases) {
+      const error = await rpcError(
+        sut.createModelVersion({ parent: 'models/batched', versionId: '1', artifactSha256, batching, ...(maxBatchSize !== undefined && { maxBatchSize }) }),
+      );
+      expect(error.code).toBe(status.INVALID_ARGUMENT);
+      expect(error.message).toContain(message);
+    }
+    const missing = await rpcError(sut.getModel({ name: 'models/batched' }));
+    expect(missing.code).toBe(status.NOT_FOUND);
+  });
+
+  it('refuses to register an existing version again with a different batching', async () => {
+    const { artifact } = await upload(sut, buildTinyModel().bytes);
+    const base = { parent: 'models/tiny', versionId: '1', artifactSha256: artifact!.sha256 };
+    await sut.createModelVersion({ ...base, batching: BATCHING });
+    for (const batching of [undefined, { ...BATCHING, maxQueueDelayUs: 3_000n }, { ...BATCHING, preferredBatchSizes: [4] }]) {
+      const conflict = await rpcError(sut.createModelVersion({ ...base, ...(batching !== undefined && { batching }) }));
+      expect([conflict.code, conflict.reason]).toEqual([status.ALREADY_EXISTS, 'ALREADY_EXISTS']);
+      expect(conflict.message).toBe('models/tiny/versions/1 already exists with a different batching; register the new batching as a new version');
+    }
+    expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.batching).toEqual(create(BatchingSchema, BATCHING));
   });
 
   it('refuses an upload over the size limit, naming the limit, and stores nothing', async () => {

@@ -6,6 +6,9 @@ import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/i
 import { type ModelVersion, RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 
+/** How long the router waits for the registry to resolve a version. */
+const RESOLVE_TIMEOUT_MS = 5_000;
+
 /** The registry as the router sees it: where a model name resolves to a version. */
 @Injectable()
 export class RegistryAdapter implements OnApplicationShutdown {
@@ -16,7 +19,7 @@ export class RegistryAdapter implements OnApplicationShutdown {
   }
 
   async resolve(model: string, versionId: string): Promise<ModelVersion> {
-    const { version } = await this.client.resolveModelVersion({ model: `models/${model}`, versionId });
+    const { version } = await this.client.resolveModelVersion({ model: `models/${model}`, versionId }, { timeoutMs: RESOLVE_TIMEOUT_MS });
     if (version === undefined) throw new Error(`registry resolved models/${model} to nothing`);
     return version;
   }

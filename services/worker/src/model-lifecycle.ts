@@ -3,7 +3,7 @@ import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
 import { VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
-import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import type { Counter, Histogram } from 'prom-client';
 import { ArtifactCache, ArtifactVerificationError } from './artifact-cache';
 import { chooseEvictions, formatBytes } from './memory-budget';
@@ -80,7 +80,9 @@ export class ModelLifecycle {
     if (entry.state === ModelState.READY) return Promise.resolve();
     if (entry.state === ModelState.FAILED) return Promise.reject(notReady(entry, `failed to load: ${entry.reason}`));
     if (entry.loading === undefined) {
-      const load = this.queue.then(() => this.load(entry));
+      // Shared by every request that waits for it, so it runs outside the request that started it:
+      // that request's deadline or cancellation must not end the download for the others.
+      const load = this.queue.then(() => requestContext.run({ requestId: `load:${entry.name}` }, () => this.load(entry)));
       this.queue = load.catch(() => undefined);
       entry.loading = load.finally(() => (entry.loading = undefined));
     }

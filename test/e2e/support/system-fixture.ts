@@ -68,7 +68,8 @@ export async function startFixture(options: {
       env: options.env ?? {},
       models: options.models.map((model) => {
         const built = typeof model === 'string' ? DEMO_MODELS[model]!() : model;
-        return { name: typeof model === 'string' ? model : model.name, version: '1', bytes: built.bytes, processing: built.processing };
+        const name = typeof model === 'string' ? model : model.name;
+        return { name, version: '1', bytes: built.bytes, processing: built.processing, batching: built.batching };
       }),
       readyTimeoutMs: 90_000,
     });

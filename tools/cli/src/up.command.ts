@@ -29,7 +29,7 @@ export async function up(config: CliConfig, distDir: string): Promise<void> {
   }
   const models = config.demoModels.map((name) => {
     const built = DEMO_MODELS[name]!();
-    return { name, version: '1', bytes: built.bytes, processing: built.processing };
+    return { name, version: '1', bytes: built.bytes, processing: built.processing, batching: built.batching };
   });
   const started = Date.now();
   let shuttingDown = false;

@@ -1,0 +1,240 @@
+import { create } from '@bufbuild/protobuf';
+import { status } from '@grpc/grpc-js';
+import { createClient, toRpcError } from '@infermesh/grpc';
+import { buildMlpModel } from '@infermesh/model-builder';
+import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import * as ort from 'onnxruntime-node';
+import { availableParallelism } from 'node:os';
+import { performance } from 'node:perf_hooks';
+import { API_KEY, metricValue, startFixture } from '../../e2e/support/system-fixture';
+import { quantile, round, table } from './stats';
+
+const FEATURES = 512;
+const CONCURRENCIES = [1, 8, 32, 64, 128];
+/** Each closed-loop point runs this long after its warm-up. */
+const POINT_MS = 4_000;
+const POINT_WARMUP_MS = 500;
+const OVERLOAD_MS = 5_000;
+/** A request unanswered this long after the overload ends counts as never answered. */
+const ANSWER_GRACE_MS = 15_000;
+/**
+ * The queue bound of the batched model: about four max-size batches, so that what waits is what the
+ * worker clears in a few batch times. Overload beyond it is refused, not queued.
+ */
+const QUEUE_SIZE = 256;
+
+interface Point {
+  mode: 'on' | 'off';
+  concurrency: number;
+  throughput: number;
+  p50: number;
+  p99: number;
+  errors: number;
+}
+
+/**
+ * Dynamic batching through the whole system (gateway gRPC, router, batcher, worker; result cache off
+ * so every request computes): closed-loop throughput and latency at several concurrencies with
+ * batching on and off, then an open-loop overload at twice the capacity measured with batching on.
+ * The same MLP is registered twice: "mlp" batches (max batch size 64, the registry's default), "mlp-off"
+ * has batching off (max_batch_size 0). The reference is the same model in-process.
+ */
+export async function batching(): Promise<Record<string, unknown>> {
+  const model = buildMlpModel();
+  const fixture = await startFixture({
+    models: [
+      { ...buildMlpModel({ name: 'mlp' }), batching: { maxQueueSize: QUEUE_SIZE } },
+      { ...buildMlpModel({ name: 'mlp-off' }), batching: { maxBatchSize: 0, maxQueueSize: QUEUE_SIZE } },
+    ],
+    env: { ROUTER_CACHE_ENABLED: 'false', GATEWAY_LOG_LEVEL: 'warn', ROUTER_LOG_LEVEL: 'warn', BATCHER_LOG_LEVEL: 'warn' },
+  });
+  const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
+  const metadata = { authorization: `Bearer ${API_KEY}` };
+  let counter = 0;
+  const request = (name: string) => {
+    const data = new Float32Array(FEATURES);
+    const seed = counter++;
+    for (let j = 0; j < FEATURES; j++) data[j] = Math.sin(seed * 0.37 + j);
+    return create(ModelInferRequestSchema, {
+      modelName: name,
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, BigInt(FEATURES)] }],
+      rawInputContents: [new Uint8Array(data.buffer)],
+    });
+  };
+  const call = (name: string) => grpc.modelInfer(request(name), { metadata, timeoutMs: 30_000 });
+  const rssMb = async (service: 'batcher' | 'gateway') =>
+    round((await metricValue(fixture.system.metricsUrl(service), `infermesh_${service}_process_resident_memory_bytes`)) / 2 ** 20, 1);
+
+  const points: Point[] = [];
+  let inprocess: { b1: number; b64: number };
+  let overload: Record<string, number>;
+  try {
+    inprocess = await inProcessItemsPerSecond(model.bytes);
+
+    for (const concurrency of CONCURRENCIES) {
+      // Alternating the order per concurrency spreads the machine's drift over both modes.
+      const modes: ('on' | 'off')[] = concurrency % 2 === 0 ? ['on', 'off'] : ['off', 'on'];
+      for (const mode of modes) {
+        const point = await closedLoop(() => call(mode === 'on' ? 'mlp' : 'mlp-off'), concurrency);
+        points.push({ mode, concurrency, ...point });
+        process.stdout.write(`batching ${mode} c${concurrency}: ${round(point.throughput, 1)} req/s p50 ${round(point.p50, 2)} ms p99 ${round(point.p99, 2)} ms errors ${point.errors}\n`);
+      }
+    }
+
+    const best = points.filter((p) => p.mode === 'on').reduce((a, b) => (b.throughput > a.throughput ? b : a));
+    const rate = 2 * best.throughput;
+    const rssBefore = { batcher: await rssMb('batcher'), gateway: await rssMb('gateway') };
+    const rssMax = { ...rssBefore };
+    const sampler = setInterval(() => {
+      void Promise.all([rssMb('batcher'), rssMb('gateway')]).then(([b, g]) => {
+        rssMax.batcher = Math.max(rssMax.batcher, b);
+        rssMax.gateway = Math.max(rssMax.gateway, g);
+      });
+    }, 250);
+    const open = await openLoop(() => call('mlp'), rate);
+    clearInterval(sampler);
+    overload = {
+      capacity_rps: round(best.throughput, 1),
+      capacity_concurrency: best.concurrency,
+      capacity_p99_ms: round(best.p99, 2),
+      offered_rps: round(rate, 1),
+      sent: open.sent,
+      admitted: open.admitted.length,
+      refused: open.refused.length,
+      other_errors: open.otherErrors,
+      unanswered: open.unanswered,
+      admitted_rps: round(open.admitted.length / (OVERLOAD_MS / 1000), 1),
+      admitted_p50_ms: round(quantile(open.admitted, 0.5), 2),
+      admitted_p99_ms: round(quantile(open.admitted, 0.99), 2),
+      reject_p50_ms: round(quantile(open.refused, 0.5), 2),
+      reject_p99_ms: round(quantile(open.refused, 0.99), 2),
+      batcher_rss_mb_before: rssBefore.batcher,
+      batcher_rss_mb_max: rssMax.batcher,
+      gateway_rss_mb_before: rssBefore.gateway,
+      gateway_rss_mb_max: rssMax.gateway,
+    };
+  } finally {
+    grpc.close();
+    await fixture.stop();
+  }
+
+  const at = (mode: 'on' | 'off', c: number) => points.find((p) => p.mode === mode && p.concurrency === c)!;
+  process.stdout.write(
+    `\n${table(
+      ['concurrency', 'on req/s', 'off req/s', 'gain', 'on p50', 'off p50', 'on p99', 'off p99'],
+      CONCURRENCIES.map((c) => [
+        c,
+        round(at('on', c).throughput, 1),
+        round(at('off', c).throughput, 1),
+        round(at('on', c).throughput / at('off', c).throughput, 2),
+        round(at('on', c).p50, 2),
+        round(at('off', c).p50, 2),
+        round(at('on', c).p99, 2),
+        round(at('off', c).p99, 2),
+      ]),
+    )}\n\noverload: ${JSON.stringify(overload)}\n`,
+  );
+  return {
+    scenario: 'batching',
+    model: 'mlp (FP32 512-2048-2048-512), 1 item per request, through gateway gRPC; result cache off',
+    point_seconds: POINT_MS / 1000,
+    queue_size: QUEUE_SIZE,
+    gain_c64: round(at('on', 64).throughput / at('off', 64).throughput, 2),
+    p99_on_le_off: CONCURRENCIES.filter((c) => c >= 8).every((c) => at('on', c).p99 <= at('off', c).p99),
+    overload_admitted_p99_ratio: round(overload.admitted_p99_ms! / overload.capacity_p99_ms!, 2),
+    overload_reject_p99_ms: overload.reject_p99_ms,
+    overload_unanswered: overload.unanswered,
+    /** In-process onnxruntime-node, same model, same thread count as the worker, items/s. */
+    inprocess_items_per_s: { b1: round(inprocess.b1, 1), b64: round(inprocess.b64, 1) },
+    /** System throughput with batching on at concurrency 64 ÷ in-process at batch 64. */
+    on_c64_over_inprocess_b64: round(at('on', 64).throughput / inprocess.b64, 3),
+    points: points.map((p) => ({ ...p, throughput: round(p.throughput, 1), p50: round(p.p50, 2), p99: round(p.p99, 2) })),
+    overload,
+  };
+}
+
+/** `concurrency` clients each sending its next request when the last is answered. */
+async function closedLoop(send: () => Promise<unknown>, concurrency: number): Promise<Omit<Point, 'mode' | 'concurrency'>> {
+  const latencies: number[] = [];
+  let errors = 0;
+  const start = performance.now();
+  const measureFrom = start + POINT_WARMUP_MS;
+  const end = measureFrom + POINT_MS;
+  let completed = 0;
+  const client = async () => {
+    while (performance.now() < end) {
+      const t = performance.now();
+      try {
+        await send();
+        if (t >= measureFrom) {
+          latencies.push(performance.now() - t);
+          completed += 1;
+        }
+      } catch {
+        if (t >= measureFrom) errors += 1;
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: concurrency }, client));
+  // Requests that started in the window and finished after it count towards its throughput.
+  const seconds = (Math.max(end, performance.now()) - measureFrom) / 1000;
+  return { throughput: completed / seconds, p50: quantile(latencies, 0.5), p99: quantile(latencies, 0.99), errors };
+}
+
+/** Requests sent at a fixed rate whatever the answers, for OVERLOAD_MS. */
+async function openLoop(send: () => Promise<unknown>, rate: number) {
+  const admitted: number[] = [];
+  const refused: number[] = [];
+  let otherErrors = 0;
+  let sent = 0;
+  let answered = 0;
+  const start = performance.now();
+  await new Promise<void>((resolve) => {
+    const tick = setInterval(() => {
+      const now = performance.now();
+      const due = Math.min(Math.floor(((now - start) / 1000) * rate), Math.floor((OVERLOAD_MS / 1000) * rate));
+      for (; sent < due; sent++) {
+        const t = performance.now();
+        send().then(
+          () => {
+            answered += 1;
+            admitted.push(performance.now() - t);
+          },
+          (error: unknown) => {
+            answered += 1;
+            if (toRpcError(error).code === status.RESOURCE_EXHAUSTED) refused.push(performance.now() - t);
+            else otherErrors += 1;
+          },
+        );
+      }
+      if (now - start >= OVERLOAD_MS) {
+        clearInterval(tick);
+        resolve();
+      }
+    }, 2);
+  });
+  const graceEnd = performance.now() + ANSWER_GRACE_MS;
+  while (answered < sent && performance.now() < graceEnd) await new Promise((r) => setTimeout(r, 50));
+  return { sent, admitted, refused, otherErrors, unanswered: sent - answered };
+}
+
+/** The model in-process with the worker's default threads (cores ÷ 1 instance), at batch 1 and 64. */
+async function inProcessItemsPerSecond(bytes: Uint8Array): Promise<{ b1: number; b64: number }> {
+  const session = await ort.InferenceSession.create(bytes, { intraOpNumThreads: availableParallelism() });
+  const rate = async (batch: number) => {
+    const feeds = { input: new ort.Tensor('float32', new Float32Array(batch * FEATURES).fill(0.5), [batch, FEATURES]) };
+    for (let i = 0; i < 5; i++) await session.run(feeds);
+    let items = 0;
+    const start = performance.now();
+    while (performance.now() - start < 2_000) {
+      await session.run(feeds);
+      items += batch;
+    }
+    return items / ((performance.now() - start) / 1000);
+  };
+  try {
+    return { b1: await rate(1), b64: await rate(64) };
+  } finally {
+    await session.release();
+  }
+}
