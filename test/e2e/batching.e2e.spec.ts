@@ -38,7 +38,7 @@ describe('dynamic batching through the whole system', () => {
         modelName: model,
         inputs: [{ name: 'input', datatype: 'FP32', shape: [BigInt(data.length / features), BigInt(features)] }],
         rawInputContents: [new Uint8Array(data.buffer, data.byteOffset, data.byteLength)],
-        parameters: Object.fromEntries(Object.entries(parameters).map(([k, value]) => [k, { parameterChoice: { case: 'int64Param', value } }])),
+        parameters: Object.fromEntries(Object.entries(parameters).map(([k, value]) => [k, { parameterChoice: { case: 'int64Param' as const, value } }])),
       }),
       { metadata, timeoutMs: 60_000 },
     );

@@ -434,6 +434,30 @@ describe(GrpcServer.name, () => {
       expect((reason as RpcError).code).toBe(status.CANCELLED);
     });
 
+    it('cancels the calls a handler made when its own caller cancels: the cancellation travels upstream', async () => {
+      const secondHop = deferred();
+      let secondAbort: Promise<unknown> = Promise.resolve();
+      registry.onListModels = async (_request, ctx) => {
+        secondAbort = aborted(ctx.signal);
+        secondHop.resolve();
+        await secondAbort;
+        return { models: [] };
+      };
+      // The first hop calls the second inside its request context, without passing any signal.
+      registry.onGetModel = async () => {
+        await client.listModels({});
+        return {};
+      };
+      const controller = new AbortController();
+
+      const call = client.getModel({ name: 'models/a' }, { signal: controller.signal });
+      await secondHop.promise;
+      controller.abort();
+
+      expect((await rpcError(call)).code).toBe(status.CANCELLED);
+      expect(((await secondAbort) as RpcError).code).toBe(status.CANCELLED);
+    });
+
     it('aborts ctx.signal when the caller deadline passes during the call', async () => {
       const entered = deferred();
       let serverAbort: Promise<unknown> = Promise.resolve();

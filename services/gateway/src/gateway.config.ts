@@ -14,6 +14,7 @@ const shape = {
     .transform((value) => value.split(',').map((key) => key.trim()).filter((key) => key.length > 0)),
   GATEWAY_REQUEST_TIMEOUT_MS: positiveInt(30_000),
   GATEWAY_MAX_BODY_BYTES: positiveInt(64 * 1024 * 1024),
+  GATEWAY_MAX_IN_FLIGHT: positiveInt(1_024),
 };
 
 /** The gateway's configuration, validated once at start-up. */
@@ -32,6 +33,8 @@ export function loadGatewayConfig(env: Env) {
     defaultTimeoutMs: e.GATEWAY_REQUEST_TIMEOUT_MS,
     /** The largest REST request body accepted. */
     maxBodyBytes: e.GATEWAY_MAX_BODY_BYTES,
+    /** Inference requests this gateway works on at once; more are refused at once (load shedding). */
+    maxInFlight: e.GATEWAY_MAX_IN_FLIGHT,
     /** How long a readiness probe of the upstreams may take, and how long its answer is reused. */
     upstreamProbeTimeoutMs: 1_000,
     upstreamProbeCacheMs: 500,

@@ -23,7 +23,7 @@ import {
 import { RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
 import type { RunningService } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { freePort } from '@infermesh/testing';
+import { freePort, rpcRejection } from '@infermesh/testing';
 import { request as httpRequest } from 'node:http';
 import { loadGatewayConfig } from './gateway.config';
 import { GatewayGrpcController } from './gateway.grpc';
@@ -153,7 +153,7 @@ async function startUpstream(add: (server: GrpcServer) => void, typeName: string
   return { address: `127.0.0.1:${port}`, health, stop: () => server.shutdown(100) };
 }
 
-async function startTestGateway(routerAddress: string, registryAddress: string): Promise<RunningService> {
+async function startTestGateway(routerAddress: string, registryAddress: string, env: Record<string, string> = {}): Promise<RunningService> {
   const config = loadGatewayConfig({
     GATEWAY_API_KEYS: `other-key-abcdefghijkl, ${KEY}`,
     GATEWAY_ROUTER_ADDRESS: routerAddress,
@@ -164,6 +164,7 @@ async function startTestGateway(routerAddress: string, registryAddress: string):
     GATEWAY_MAX_BODY_BYTES: String(MAX_BODY_BYTES),
     GATEWAY_LOG_LEVEL: 'error',
     GATEWAY_SHUTDOWN_GRACE_MS: '200',
+    ...env,
   });
   return startGateway(config);
 }
@@ -585,5 +586,44 @@ describe('gateway with its upstreams down', () => {
     expect(ready.json).toEqual({ error: expect.any(String) });
     // Metadata needs only the registry, which is up.
     expect((await http(port, 'GET', '/v2/models/mlp', { headers: AUTH })).status).toBe(200);
+  });
+});
+
+describe('gateway at its limit of requests in flight', () => {
+  it('refuses inference beyond GATEWAY_MAX_IN_FLIGHT at once: 429 with Retry-After on REST, RESOURCE_EXHAUSTED (OVERLOADED) on gRPC', async () => {
+    const routerState: FakeRouter = { requests: [] };
+    const router = await startUpstream((s) => s.add(RouterService, fakeRouter(routerState)), 'infermesh.router.v1.RouterService');
+    const registry = await startUpstream((s) => s.add(RegistryService, fakeRegistry()), 'infermesh.registry.v1.RegistryService');
+    const gateway = await startTestGateway(router.address, registry.address, { GATEWAY_MAX_IN_FLIGHT: '2' });
+    const grpcClient = createClient(GRPCInferenceService, `127.0.0.1:${gateway.grpcPort}`);
+    try {
+      const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
+      // Two requests the router holds for a second fill the gateway.
+      const held = [postJson(gateway.httpPort!, '/v2/models/slow/infer', { inputs: [input] }), postJson(gateway.httpPort!, '/v2/models/slow/infer', { inputs: [input] })];
+      for (let i = 0; i < 100 && routerState.requests.length < 2; i++) await new Promise((r) => setTimeout(r, 5));
+
+      const started = Date.now();
+      const refused = await postJson(gateway.httpPort!, '/v2/models/tiny/infer', { inputs: [input] });
+      const grpcError = await rpcRejection(
+        grpcClient.modelInfer(create(ModelInferRequestSchema, { modelName: 'tiny', inputs: [{ name: 'x', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } }] }), {
+          metadata: AUTH,
+        }),
+      );
+
+      expect(Date.now() - started).toBeLessThan(900);
+      expect(refused.status).toBe(429);
+      expect(refused.headers['retry-after']).toBe('1');
+      expect(refused.json).toEqual({ error: expect.stringContaining('GATEWAY_MAX_IN_FLIGHT') });
+      expect([grpcError.code, grpcError.reason]).toEqual([status.RESOURCE_EXHAUSTED, 'OVERLOADED']);
+      expect(routerState.requests).toHaveLength(2);
+      expect((await Promise.all(held)).map((r) => r.status)).toEqual([200, 200]);
+      // Once they are answered, requests pass again.
+      expect((await postJson(gateway.httpPort!, '/v2/models/tiny/infer', { inputs: [input] })).status).toBe(200);
+    } finally {
+      grpcClient.close();
+      await gateway.stop();
+      await router.stop();
+      await registry.stop();
+    }
   });
 });

@@ -6,6 +6,7 @@ import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/
 import * as ort from 'onnxruntime-node';
 import { availableParallelism } from 'node:os';
 import { performance } from 'node:perf_hooks';
+import { SERVICE_NAMES } from '@infermesh/system';
 import { API_KEY, metricValue, startFixture } from '../../e2e/support/system-fixture';
 import { quantile, round, table } from './stats';
 
@@ -22,6 +23,11 @@ const ANSWER_GRACE_MS = 15_000;
  * worker clears in a few batch times. Overload beyond it is refused, not queued.
  */
 const QUEUE_SIZE = 256;
+/**
+ * The gateway's load-shedding bound: about what it clears in half a second at this machine's
+ * capacity, so that what it admits under overload waits about as long as at capacity.
+ */
+const GATEWAY_MAX_IN_FLIGHT = 512;
 
 interface Point {
   mode: 'on' | 'off';
@@ -30,6 +36,8 @@ interface Point {
   p50: number;
   p99: number;
   errors: number;
+  /** Process CPU time of each service per answered request. */
+  cpu_us_per_req: Record<string, number>;
 }
 
 /**
@@ -46,7 +54,7 @@ export async function batching(): Promise<Record<string, unknown>> {
       { ...buildMlpModel({ name: 'mlp' }), batching: { maxQueueSize: QUEUE_SIZE } },
       { ...buildMlpModel({ name: 'mlp-off' }), batching: { maxBatchSize: 0, maxQueueSize: QUEUE_SIZE } },
     ],
-    env: { ROUTER_CACHE_ENABLED: 'false', GATEWAY_LOG_LEVEL: 'warn', ROUTER_LOG_LEVEL: 'warn', BATCHER_LOG_LEVEL: 'warn' },
+    env: { ROUTER_CACHE_ENABLED: 'false', GATEWAY_MAX_IN_FLIGHT: String(GATEWAY_MAX_IN_FLIGHT), GATEWAY_LOG_LEVEL: 'warn', ROUTER_LOG_LEVEL: 'warn', BATCHER_LOG_LEVEL: 'warn' },
   });
   const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
   const metadata = { authorization: `Bearer ${API_KEY}` };
@@ -65,6 +73,12 @@ export async function batching(): Promise<Record<string, unknown>> {
   const rssMb = async (service: 'batcher' | 'gateway') =>
     round((await metricValue(fixture.system.metricsUrl(service), `infermesh_${service}_process_resident_memory_bytes`)) / 2 ** 20, 1);
 
+  const cpuSeconds = async () =>
+    Object.fromEntries(
+      await Promise.all(
+        SERVICE_NAMES.map(async (name) => [name, await metricValue(fixture.system.metricsUrl(name), `infermesh_${name}_process_cpu_seconds_total`)] as const),
+      ),
+    );
   const points: Point[] = [];
   let inprocess: { b1: number; b64: number };
   let overload: Record<string, number>;
@@ -75,9 +89,17 @@ export async function batching(): Promise<Record<string, unknown>> {
       // Alternating the order per concurrency spreads the machine's drift over both modes.
       const modes: ('on' | 'off')[] = concurrency % 2 === 0 ? ['on', 'off'] : ['off', 'on'];
       for (const mode of modes) {
+        const cpuBefore = await cpuSeconds();
         const point = await closedLoop(() => call(mode === 'on' ? 'mlp' : 'mlp-off'), concurrency);
-        points.push({ mode, concurrency, ...point });
-        process.stdout.write(`batching ${mode} c${concurrency}: ${round(point.throughput, 1)} req/s p50 ${round(point.p50, 2)} ms p99 ${round(point.p99, 2)} ms errors ${point.errors}\n`);
+        const cpuAfter = await cpuSeconds();
+        const cpu_us_per_req = Object.fromEntries(
+          SERVICE_NAMES.map((name) => [name, round(((cpuAfter[name]! - cpuBefore[name]!) * 1e6) / point.answered, 0)]),
+        );
+        const { answered: _answered, ...measured } = point;
+        points.push({ mode, concurrency, ...measured, cpu_us_per_req });
+        process.stdout.write(
+          `batching ${mode} c${concurrency}: ${round(point.throughput, 1)} req/s p50 ${round(point.p50, 2)} ms p99 ${round(point.p99, 2)} ms errors ${point.errors} CPU µs/req ${JSON.stringify(cpu_us_per_req)}\n`,
+        );
       }
     }
 
@@ -139,6 +161,7 @@ export async function batching(): Promise<Record<string, unknown>> {
     model: 'mlp (FP32 512-2048-2048-512), 1 item per request, through gateway gRPC; result cache off',
     point_seconds: POINT_MS / 1000,
     queue_size: QUEUE_SIZE,
+    gateway_max_in_flight: GATEWAY_MAX_IN_FLIGHT,
     gain_c64: round(at('on', 64).throughput / at('off', 64).throughput, 2),
     p99_on_le_off: CONCURRENCIES.filter((c) => c >= 8).every((c) => at('on', c).p99 <= at('off', c).p99),
     overload_admitted_p99_ratio: round(overload.admitted_p99_ms! / overload.capacity_p99_ms!, 2),
@@ -154,18 +177,23 @@ export async function batching(): Promise<Record<string, unknown>> {
 }
 
 /** `concurrency` clients each sending its next request when the last is answered. */
-async function closedLoop(send: () => Promise<unknown>, concurrency: number): Promise<Omit<Point, 'mode' | 'concurrency'>> {
+async function closedLoop(
+  send: () => Promise<unknown>,
+  concurrency: number,
+): Promise<Omit<Point, 'mode' | 'concurrency' | 'cpu_us_per_req'> & { answered: number }> {
   const latencies: number[] = [];
   let errors = 0;
   const start = performance.now();
   const measureFrom = start + POINT_WARMUP_MS;
   const end = measureFrom + POINT_MS;
   let completed = 0;
+  let answered = 0;
   const client = async () => {
     while (performance.now() < end) {
       const t = performance.now();
       try {
         await send();
+        answered += 1;
         if (t >= measureFrom) {
           latencies.push(performance.now() - t);
           completed += 1;
@@ -178,7 +206,7 @@ async function closedLoop(send: () => Promise<unknown>, concurrency: number): Pr
   await Promise.all(Array.from({ length: concurrency }, client));
   // Requests that started in the window and finished after it count towards its throughput.
   const seconds = (Math.max(end, performance.now()) - measureFrom) / 1000;
-  return { throughput: completed / seconds, p50: quantile(latencies, 0.5), p99: quantile(latencies, 0.99), errors };
+  return { throughput: completed / seconds, p50: quantile(latencies, 0.5), p99: quantile(latencies, 0.99), errors, answered };
 }
 
 /** Requests sent at a fixed rate whatever the answers, for OVERLOAD_MS. */
