@@ -131,7 +131,7 @@ describe('dynamic batching through the whole system', () => {
       headers: { 'content-type': 'application/json', ...metadata },
       body: JSON.stringify({
         inputs: [{ name: 'input', shape: [1, 16], datatype: 'FP32', data: Array.from(rows(1, 4, 16)) }],
-        parameters: { timeout: 100_000 },
+        parameters: { timeout: 300_000 },
       }),
     });
     const body = (await res.json()) as { error: string };

@@ -28,7 +28,7 @@ function refusal(init: Init, sig = signature()): RpcError {
 }
 
 describe(checkBatching.name, () => {
-  it('accepts every field within its limits and returns the batching as given', () => {
+  it('accepts every field within its limits and returns the batching with its preferred sizes in ascending order', () => {
     const init: Init = {
       maxBatchSize: 16,
       maxQueueDelayUs: 10_000_000n,
@@ -38,7 +38,7 @@ describe(checkBatching.name, () => {
       defaultPriorityLevel: 16,
       maxQueueSize: 1000,
     };
-    expect(check(init)).toEqual(create(BatchingSchema, init));
+    expect(check(init)).toEqual(create(BatchingSchema, { ...init, preferredBatchSizes: [4, 8, 16] }));
   });
 
   it('returns undefined for no batching or one with every field at its default', () => {
@@ -98,6 +98,7 @@ describe(sameBatching.name, () => {
     const batching = create(BatchingSchema, { maxBatchSize: 8, preferredBatchSizes: [4, 8] });
     expect(sameBatching(undefined, create(BatchingSchema))).toBe(true);
     expect(sameBatching(batching, create(BatchingSchema, { maxBatchSize: 8, preferredBatchSizes: [4, 8] }))).toBe(true);
+    expect(sameBatching(batching, create(BatchingSchema, { maxBatchSize: 8, preferredBatchSizes: [8, 4] }))).toBe(true);
     expect(sameBatching(batching, undefined)).toBe(false);
     expect(sameBatching(batching, create(BatchingSchema, { maxBatchSize: 8, preferredBatchSizes: [8] }))).toBe(false);
     expect(sameBatching(undefined, create(BatchingSchema, { maxBatchSize: 0 }))).toBe(false);

@@ -34,12 +34,17 @@ export function checkBatching(batching: Batching | undefined, signature: Signatu
     const declared = priorityLevels === 0 ? 'priority_levels 0 is one level' : `priority_levels ${priorityLevels}`;
     throw invalid(`default_priority_level is ${defaultPriorityLevel}, above the ${levels} priority level${levels === 1 ? '' : 's'} (${declared}); give 0 to ${levels}`);
   }
-  return batching;
+  return canonical(batching);
 }
 
-/** True when two batchings declare the same thing; unset and all defaults are the same. */
+/** True when two batchings declare the same thing; unset and all defaults are the same, and so are preferred sizes in any order. */
 export function sameBatching(a: Batching | undefined, b: Batching | undefined): boolean {
-  return equals(BatchingSchema, a ?? create(BatchingSchema), b ?? create(BatchingSchema));
+  return equals(BatchingSchema, canonical(a ?? create(BatchingSchema)), canonical(b ?? create(BatchingSchema)));
+}
+
+/** The batching with its preferred batch sizes in ascending order, as it is stored. */
+function canonical(batching: Batching): Batching {
+  return create(BatchingSchema, { ...batching, preferredBatchSizes: [...batching.preferredBatchSizes].sort((x, y) => x - y) });
 }
 
 function isEmptyBatching(batching: Batching): boolean {
