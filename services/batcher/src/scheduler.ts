@@ -296,8 +296,11 @@ export class Scheduler implements OnApplicationShutdown {
     if (value === 0) return defaultPriorityLevel;
     if (Number.isInteger(value) && value >= 1 && value <= priorityLevels) return value;
     this.rejections.inc({ model: queue.model, reason: 'INVALID_PRIORITY' });
+    const what = `model "${queue.model}" version ${queue.version}`;
     throw RpcError.invalidArgument(
-      `parameter "priority" must be an integer from 1 (highest) to ${priorityLevels}, or 0 for the default level ${defaultPriorityLevel}, for model "${queue.model}" version ${queue.version}`,
+      priorityLevels === 1
+        ? `parameter "priority" must be 0 or 1: ${what} has one priority level`
+        : `parameter "priority" must be an integer from 1 (highest) to ${priorityLevels}, or 0 for the default level ${defaultPriorityLevel}, for ${what}`,
     );
   }
 
