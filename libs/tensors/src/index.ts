@@ -5,3 +5,4 @@ export * from './json-data';
 export * from './half-float';
 export * from './signature-check';
 export * from './cache-key';
+export * from './parameters';

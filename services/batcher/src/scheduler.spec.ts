@@ -166,6 +166,21 @@ async function eventually(condition: () => boolean, timeoutMs = 5_000): Promise<
   }
 }
 
+/** Holds the worker on a first request ("blocker") until release(), so that what follows queues behind it. */
+async function occupy(sut: Scheduler, worker: FakeWorker, tag = 0): Promise<{ blocker: Promise<InferenceResponse>; release: () => void }> {
+  const held = gate();
+  worker.hold = held.promise;
+  const blocker = sut.infer(rowsRequest('blocker', 1, tag), call());
+  await eventually(() => worker.received.length === 1);
+  return {
+    blocker,
+    release: () => {
+      held.open();
+      worker.hold = undefined;
+    },
+  };
+}
+
 function gate(): { promise: Promise<void>; open: () => void } {
   let open!: () => void;
   const promise = new Promise<void>((r) => (open = r));
@@ -384,16 +399,12 @@ describe(Scheduler.name, () => {
       const [w1] = workers as [FakeWorker, FakeWorker];
       w1.models.set(v('mlp', '1'), ModelState.READY);
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 900), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1, 900);
 
       const sizes = [1, 3, 2, 1];
       const answers = Promise.all(sizes.map((rows, i) => sut.infer(rowsRequest(`r${i}`, rows, i * 100), call())));
       await new Promise((r) => setTimeout(r, 20));
-      held.open();
-      w1.hold = undefined;
+      release();
       const responses = await answers;
       await blocker;
 
@@ -410,10 +421,7 @@ describe(Scheduler.name, () => {
       const [w1] = workers as [FakeWorker, FakeWorker];
       w1.models.set(v('mlp', '1'), ModelState.READY);
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1);
 
       const words = [['a', 'bb'], ['ccc', '', 'dddd', 'e']];
       const bytesRequest = (id: string, elements: string[]) =>
@@ -432,8 +440,7 @@ describe(Scheduler.name, () => {
         });
       const answers = Promise.all(words.map((w, i) => sut.infer(bytesRequest(`s${i}`, w), call())));
       await new Promise((r) => setTimeout(r, 20));
-      held.open();
-      w1.hold = undefined;
+      release();
       const responses = await answers;
       await blocker;
 
@@ -447,10 +454,7 @@ describe(Scheduler.name, () => {
       const [w1] = workers as [FakeWorker, FakeWorker];
       w1.models.set(v('mlp', '1'), ModelState.READY);
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1);
 
       const answers = Promise.all([
         sut.infer(rowsRequest('wide-1', 1, 10, {}, 4), call()),
@@ -459,8 +463,7 @@ describe(Scheduler.name, () => {
         sut.infer(rowsRequest('narrow-2', 1, 40, {}, 2), call()),
       ]);
       await new Promise((r) => setTimeout(r, 20));
-      held.open();
-      w1.hold = undefined;
+      release();
       const responses = await answers;
       await blocker;
 
@@ -475,18 +478,14 @@ describe(Scheduler.name, () => {
       const [w1] = workers as [FakeWorker, FakeWorker];
       w1.models.set(v('mlp', '1'), ModelState.READY);
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1);
       w1.mangle = (response) => {
         const y = response.outputs[0]!;
         if (y.shape[0]! > 1n) y.shape = [1n, y.shape[0]! * y.shape[1]!];
       };
 
       const answers = [sut.infer(rowsRequest('a', 1, 0), call()), sut.infer(rowsRequest('b', 1, 1), call())].map((p) => rpcRejection(p));
-      held.open();
-      w1.hold = undefined;
+      release();
       const errors = await Promise.all(answers);
       await blocker;
 
@@ -501,15 +500,11 @@ describe(Scheduler.name, () => {
       w1.models.set(v('mlp', '1'), ModelState.READY);
       registry.batching.set(v('mlp', '1'), { maxBatchSize: 0 });
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1);
 
       const answers = Promise.all([1, 2, 1].map((rows, i) => sut.infer(rowsRequest(`r${i}`, rows, i), call())));
       await new Promise((r) => setTimeout(r, 20));
-      held.open();
-      w1.hold = undefined;
+      release();
       await answers;
       await blocker;
 
@@ -536,10 +531,7 @@ describe(Scheduler.name, () => {
       w1.models.set(v('mlp', '1'), ModelState.READY);
       registry.batching.set(v('mlp', '1'), { maxQueueDelayUs: 300_000n });
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '2' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1);
 
       // The worker has room for a second batch, but it computes: the batch waits for company.
       const early = sut.infer(rowsRequest('early', 1, 1), call());
@@ -547,8 +539,7 @@ describe(Scheduler.name, () => {
       expect(w1.received).toHaveLength(1);
       const late = sut.infer(rowsRequest('late', 2, 2), call());
       await eventually(() => w1.received.length === 2, 2_000);
-      held.open();
-      w1.hold = undefined;
+      release();
       await Promise.all([blocker, early, late]);
 
       expect(batchSizes(w1)).toEqual([1, 3]);
@@ -559,15 +550,11 @@ describe(Scheduler.name, () => {
       w1.models.set(v('mlp', '1'), ModelState.READY);
       registry.batching.set(v('mlp', '1'), { maxQueueDelayUs: 10_000_000n, maxBatchSize: 4 });
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '2' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1);
 
       const answers = Promise.all([sut.infer(rowsRequest('a', 3, 1), call()), sut.infer(rowsRequest('b', 1, 2), call())]);
       await eventually(() => w1.received.length === 2, 2_000);
-      held.open();
-      w1.hold = undefined;
+      release();
       await Promise.all([blocker, answers]);
 
       expect(batchSizes(w1)).toEqual([1, 4]);
@@ -578,16 +565,12 @@ describe(Scheduler.name, () => {
       w1.models.set(v('mlp', '1'), ModelState.READY);
       registry.batching.set(v('mlp', '1'), { preferredBatchSizes: [2, 4], maxQueueDelayUs: 200_000n });
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1);
 
       // Five single items queue behind the blocker: a batch of 4 (preferred), then 1 left over.
       const five = Promise.all([1, 2, 3, 4, 5].map((i) => sut.infer(rowsRequest(`r${i}`, 1, i), call())));
       await new Promise((r) => setTimeout(r, 20));
-      held.open();
-      w1.hold = undefined;
+      release();
       await eventually(() => w1.received.length === 2);
       // The one left is below the smallest preferred size: it waits for the delay, with the worker idle.
       await new Promise((r) => setTimeout(r, 80));
@@ -605,10 +588,7 @@ describe(Scheduler.name, () => {
       w1.models.set(v('mlp', '1'), ModelState.READY);
       registry.batching.set(v('mlp', '1'), { priorityLevels: 3, defaultPriorityLevel: 2, maxBatchSize: 2 });
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1);
 
       const answers = Promise.all([
         sut.infer(rowsRequest('low', 1, 1, { parameters: priority(3) }), call()),
@@ -617,8 +597,7 @@ describe(Scheduler.name, () => {
         sut.infer(rowsRequest('default-0', 1, 4, { parameters: priority(0) }), call()),
       ]);
       await new Promise((r) => setTimeout(r, 20));
-      held.open();
-      w1.hold = undefined;
+      release();
       await answers;
       await blocker;
 
@@ -638,10 +617,7 @@ describe(Scheduler.name, () => {
       w1.models.set(v('mlp', '1'), ModelState.READY);
       registry.batching.set(v('mlp', '1'), { maxQueueSize: 2 });
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1);
       const queued = [sut.infer(rowsRequest('q1', 1, 1), call()), sut.infer(rowsRequest('q2', 1, 2), call())];
 
       const started = Date.now();
@@ -653,8 +629,7 @@ describe(Scheduler.name, () => {
       expect(error.retryDelayMs).toBeGreaterThan(0);
       expect(await metric('rejections_total', { model: 'mlp', reason: 'QUEUE_FULL' })).toBe(1);
       expect(await metric('queue_depth', { model: 'mlp', version: '1' })).toBe(2);
-      held.open();
-      w1.hold = undefined;
+      release();
       await Promise.all([blocker, ...queued]);
       expect(await metric('queue_depth', { model: 'mlp', version: '1' })).toBe(0);
     });
@@ -663,15 +638,11 @@ describe(Scheduler.name, () => {
       const [w1] = workers as [FakeWorker, FakeWorker];
       w1.models.set(v('mlp', '1'), ModelState.READY);
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1);
 
       const error = await rpcRejection(sut.infer(rowsRequest('late', 1, 1), call({ deadlineMs: Date.now() + 50 })));
       expect(await metric('queue_oldest_age_seconds', { model: 'mlp', version: '1' })).toBe(0);
-      held.open();
-      w1.hold = undefined;
+      release();
       await blocker;
       await new Promise((r) => setTimeout(r, 20));
 
@@ -703,10 +674,7 @@ describe(Scheduler.name, () => {
       const [w1] = workers as [FakeWorker, FakeWorker];
       w1.models.set(v('mlp', '1'), ModelState.READY);
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
-      const held = gate();
-      w1.hold = held.promise;
-      const blocker = sut.infer(rowsRequest('blocker', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
+      const { blocker, release } = await occupy(sut, w1);
 
       const cancel = new AbortController();
       const cancelled = rpcRejection(sut.infer(rowsRequest('cancelled', 1, 1), call({ signal: cancel.signal })));
@@ -714,8 +682,7 @@ describe(Scheduler.name, () => {
       await new Promise((r) => setTimeout(r, 20));
       cancel.abort();
       expect((await cancelled).code).toBe(status.CANCELLED);
-      held.open();
-      w1.hold = undefined;
+      release();
       await Promise.all([blocker, kept]);
 
       expect(w1.received.map((r) => r.id)).toEqual(['blocker', 'kept']);

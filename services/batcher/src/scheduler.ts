@@ -1,11 +1,11 @@
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
 import { status } from '@grpc/grpc-js';
 import { type CallContext, RpcError, toRpcError } from '@infermesh/grpc';
-import type { InferParameter } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { integerParameter } from '@infermesh/tensors';
 import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import { performance } from 'node:perf_hooks';
-import type { Counter, Histogram } from 'prom-client';
+import type { Counter, Gauge, Histogram } from 'prom-client';
 import { batchItems, batchKey, concatRequests, splitResponse } from './batch-assembly';
 import { BATCHER_CONFIG, type BatcherConfig } from './batcher.config';
 import type { BatchingPolicy } from './batching-policy';
@@ -22,10 +22,10 @@ interface Waiting {
   readonly requestId: string;
   /** Items along the batch dimension; 1 for a request that cannot join others. */
   readonly items: number;
-  /** Requests with the same key may share a batch. */
-  readonly key: string;
-  /** 1 is the highest priority. */
-  readonly level: number;
+  /** Requests with the same key may share a batch; undefined for one that always goes alone. */
+  readonly key: string | undefined;
+  /** 1 is the highest priority; lowered when the version's levels shrink while it waits. */
+  level: number;
   /** performance.now() at arrival. */
   readonly arrivedAt: number;
   /** Epoch milliseconds; undefined when the caller set none. */
@@ -138,7 +138,8 @@ class VersionQueue {
     this.length = 0;
     for (const entry of entries) {
       entry.queued = false;
-      this.add(Object.assign(entry, { level: Math.min(entry.level, levels) }));
+      entry.level = Math.min(entry.level, levels);
+      this.add(entry);
     }
   }
 }
@@ -175,7 +176,7 @@ export class Scheduler implements OnApplicationShutdown {
     private readonly logger: JsonLogger,
     metrics: Metrics,
   ) {
-    const perQueue = (value: (queue: VersionQueue) => number) => (gauge: { reset(): void; set(labels: { model: string; version: string }, v: number): void }) => {
+    const perQueue = (value: (queue: VersionQueue) => number) => (gauge: Gauge<'model' | 'version'>) => {
       gauge.reset();
       for (const queue of this.queues.values()) gauge.set({ model: queue.model, version: queue.version }, value(queue));
     };
@@ -237,7 +238,7 @@ export class Scheduler implements OnApplicationShutdown {
         request,
         requestId: ctx.requestId,
         items: items ?? 1,
-        key: items === undefined ? `#${this.nextId}` : batchKey(request),
+        key: items === undefined ? undefined : batchKey(request),
         level,
         arrivedAt,
         deadlineMs,
@@ -284,15 +285,9 @@ export class Scheduler implements OnApplicationShutdown {
   /** The request's priority level from its `priority` parameter (Triton's: 0 or absent is the default level). */
   private levelOf(request: InferenceRequest, queue: VersionQueue): number {
     const { priorityLevels, defaultPriorityLevel } = queue.policy;
-    const parameter: InferParameter | undefined = request.parameters['priority'];
+    const parameter = request.parameters['priority'];
     if (parameter === undefined) return defaultPriorityLevel;
-    const choice = parameter.parameterChoice;
-    const value =
-      choice.case === 'int64Param' || choice.case === 'uint64Param'
-        ? Number(choice.value)
-        : choice.case === 'doubleParam' && Number.isInteger(choice.value)
-          ? choice.value
-          : NaN;
+    const value = integerParameter(parameter);
     if (value === 0) return defaultPriorityLevel;
     if (Number.isInteger(value) && value >= 1 && value <= priorityLevels) return value;
     this.rejections.inc({ model: queue.model, reason: 'INVALID_PRIORITY' });
@@ -427,7 +422,7 @@ export class Scheduler implements OnApplicationShutdown {
   private form(queue: VersionQueue): { entries: Waiting[]; items: number; full: boolean } {
     const head = queue.head()!;
     const { maxBatchSize, preferredBatchSizes } = queue.policy;
-    if (maxBatchSize === 0 || head.items >= maxBatchSize || head.key.startsWith('#')) return { entries: [head], items: head.items, full: true };
+    if (head.key === undefined || head.items >= maxBatchSize) return { entries: [head], items: head.items, full: true };
     let target = maxBatchSize;
     if (preferredBatchSizes.length > 0) {
       let available = 0;

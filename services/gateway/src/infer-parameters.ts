@@ -1,5 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import { RpcError } from '@infermesh/grpc';
+import { integerParameter } from '@infermesh/tensors';
 import { type InferParameter, InferParameterSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 
 export type JsonParameter = boolean | number | string;
@@ -67,13 +68,7 @@ function safeNumber(value: bigint): number | string {
 export function timeoutParameterMs(parameters: Readonly<Record<string, InferParameter>>): number | undefined {
   const parameter = parameters['timeout'];
   if (parameter === undefined) return undefined;
-  const choice = parameter.parameterChoice;
-  const us =
-    choice.case === 'int64Param' || choice.case === 'uint64Param'
-      ? Number(choice.value)
-      : choice.case === 'doubleParam' && Number.isInteger(choice.value)
-        ? choice.value
-        : NaN;
+  const us = integerParameter(parameter);
   if (!(us > 0)) throw RpcError.invalidArgument('parameter "timeout" must be a positive integer of microseconds');
   return Math.max(1, Math.ceil(us / 1000));
 }
@@ -107,12 +102,7 @@ function classCountParameter(output: string, parameters: Readonly<Record<string,
   const parameter = parameters['class_count'];
   if (parameter === undefined) return undefined;
   const choice = parameter.parameterChoice;
-  const count =
-    choice.case === 'int64Param' || choice.case === 'uint64Param'
-      ? Number(choice.value)
-      : choice.case === 'doubleParam' && Number.isInteger(choice.value)
-        ? choice.value
-        : NaN;
+  const count = integerParameter(parameter);
   if (!(count >= 1 && count <= MAX_CLASS_COUNT)) {
     const shown = choice.case === undefined ? 'empty' : choice.case === 'stringParam' ? JSON.stringify(choice.value) : String(choice.value);
     throw RpcError.invalidArgument(
