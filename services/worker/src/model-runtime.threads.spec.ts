@@ -5,6 +5,7 @@ import { RpcError } from '@infermesh/grpc';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { DataType, decodeBytesElements, encodeBytesElements } from '@infermesh/tensors';
 import * as ort from 'onnxruntime-node';
+import { join } from 'node:path';
 import type { Worker } from 'node:worker_threads';
 import { ModelLoadError, PREPARATION_MODEL } from './model-runtime';
 import { ThreadsModelRuntime, type ThreadsModelSession } from './model-runtime.threads';
@@ -150,6 +151,33 @@ describe(ThreadsModelRuntime.name, () => {
     const runMs = performance.now() - start;
     ticking = false;
     expect(maxGapMs).toBeLessThan(runMs / 4);
+  });
+
+  it('replaces a thread that dies: only its request fails, UNAVAILABLE (EXECUTION_FAILED), and the model serves on', async () => {
+    const died: string[] = [];
+    const crashing = new ThreadsModelRuntime({
+      instancesPerModel: 2,
+      intraOpThreads: 1,
+      onThreadCrash: (reason) => died.push(reason),
+      restartDelayMs: 50,
+      threadFile: join(__dirname, 'execution-thread.crash-fixture.js'),
+    });
+    const session = await load(crashing, MLP.bytes);
+    const before = [...session.threads];
+
+    const [crashed, other] = await Promise.allSettled([session.run([fp32('crash', [0], [1])], []), session.run([mlpInput(64)], [])]);
+
+    expect(crashed.status).toBe('rejected');
+    const error = (crashed as PromiseRejectedResult).reason as RpcError;
+    expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'EXECUTION_FAILED']);
+    expect(other.status).toBe('fulfilled');
+    expect(died).toHaveLength(1);
+    expect(died[0]).toContain('70');
+    for (let i = 0; i < 200 && session.occupancy.instances < 2; i++) await new Promise((r) => setTimeout(r, 10));
+    expect(session.occupancy.instances).toBe(2);
+    expect(session.threads.filter((t) => before.includes(t))).toHaveLength(1);
+    const runs = await Promise.all([0, 1, 2, 3].map((i) => session.run([mlpInput(8, i)], [])));
+    expect(runs.every((r) => r.outputs[0]!.shape[0] === 8n)).toBe(true);
   });
 
   it('runs requests on two instances at once', async () => {

@@ -18,6 +18,8 @@ export interface ThreadsRuntimeOptions {
   onThreadCrash?: (reason: string) => void;
   /** Wait before starting a replacement again after one failed to start. */
   restartDelayMs?: number;
+  /** The thread entry: EXECUTION_THREAD_FILE unless a test wraps it. */
+  threadFile?: string;
 }
 
 /**
@@ -51,6 +53,7 @@ type FromThread =
   | { type: 'refused'; id: number; message: string };
 
 interface ThreadSpec {
+  file: string;
   model: Uint8Array;
   provider: string;
   intraOpThreads: number;
@@ -92,7 +95,7 @@ export class ThreadsModelRuntime extends ModelRuntime {
         failures.push(`${provider}: ${missing}`);
         continue;
       }
-      const spec: ThreadSpec = { model: bytes, provider, intraOpThreads: this.options.intraOpThreads };
+      const spec: ThreadSpec = { file: this.options.threadFile ?? EXECUTION_THREAD_FILE, model: bytes, provider, intraOpThreads: this.options.intraOpThreads };
       let first: { thread: ExecutionThread; ready: Extract<FromThread, { type: 'ready' }> };
       try {
         first = await ExecutionThread.start(spec);
@@ -287,7 +290,7 @@ class ExecutionThread {
 
   /** Starts a thread and waits until its session is ready; rejects with the session's error. */
   static start(spec: ThreadSpec): Promise<{ thread: ExecutionThread; ready: Extract<FromThread, { type: 'ready' }> }> {
-    const worker = new Worker(EXECUTION_THREAD_FILE, {
+    const worker = new Worker(spec.file, {
       workerData: { model: spec.model, provider: spec.provider, intraOpThreads: spec.intraOpThreads },
     });
     const thread = new ExecutionThread(worker);
