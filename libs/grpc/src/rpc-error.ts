@@ -21,6 +21,7 @@ export type ErrorReason =
   | 'ALREADY_EXISTS'
   | 'QUEUE_FULL'
   | 'OVERLOADED'
+  | 'CIRCUIT_OPEN'
   | 'DEADLINE_EXCEEDED'
   | 'UPSTREAM_UNAVAILABLE'
   | 'SHUTTING_DOWN'

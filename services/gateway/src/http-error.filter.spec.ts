@@ -29,6 +29,8 @@ describe(HttpErrorFilter.name, () => {
     const reply = sut.reply(new RpcError(status.RESOURCE_EXHAUSTED, 'full', { retryDelayMs: 250 }), req);
     expect(reply.headers).toEqual({ 'retry-after': '1' });
     expect(sut.reply(new RpcError(status.RESOURCE_EXHAUSTED, 'full', { retryDelayMs: 2001 }), req).headers).toEqual({ 'retry-after': '3' });
+    // A 503 from an open circuit says when the next attempt goes through.
+    expect(sut.reply(new RpcError(status.UNAVAILABLE, 'circuit open', { reason: 'CIRCUIT_OPEN', retryDelayMs: 4200 }), req).headers).toEqual({ 'retry-after': '5' });
     expect(sut.reply(new RpcError(status.RESOURCE_EXHAUSTED, 'full'), req).headers).toEqual({});
   });
 

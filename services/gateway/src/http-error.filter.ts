@@ -14,7 +14,7 @@ export interface HttpErrorReply {
 
 /**
  * Every failure of a REST request as `{"error": "..."}` with the Open Inference Protocol's status:
- * RpcErrors by their gRPC code (429 with Retry-After when the upstream said when to retry), Nest's
+ * RpcErrors by their gRPC code (429 or 503 with Retry-After when the upstream said when to retry), Nest's
  * HTTP exceptions by their status (unknown route 404, a known path with the wrong method 405), and
  * anything else, a bug, logged and answered 500.
  */
@@ -39,7 +39,8 @@ export class HttpErrorFilter implements ExceptionFilter {
     if (exception instanceof RpcError) {
       const headers: Record<string, string> = {};
       if (exception.code === status.UNAUTHENTICATED) headers['www-authenticate'] = 'Bearer';
-      if (exception.code === status.RESOURCE_EXHAUSTED && exception.retryDelayMs !== undefined) {
+      const retriable = exception.code === status.RESOURCE_EXHAUSTED || exception.code === status.UNAVAILABLE;
+      if (retriable && exception.retryDelayMs !== undefined) {
         headers['retry-after'] = String(Math.max(1, Math.ceil(exception.retryDelayMs / 1000)));
       }
       const code = httpStatusOf(exception.code);

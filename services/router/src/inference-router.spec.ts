@@ -13,7 +13,7 @@ import {
   InferenceResponseSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import { cacheKey } from '@infermesh/tensors';
 import { freePort, rpcRejection } from '@infermesh/testing';
 import { InferenceRouter } from './inference-router';
@@ -87,9 +87,13 @@ class FakeCache {
 /** Runs requests the way a worker does: the requested outputs, stamped with the request's version and id. */
 class FakeBatcher {
   readonly requests: InferenceRequest[] = [];
+  /** Errors the next calls throw, one each, before answering again. */
+  readonly failures: RpcError[] = [];
 
   async infer(request: InferenceRequest): Promise<InferenceResponse> {
     this.requests.push(request);
+    const failure = this.failures.shift();
+    if (failure !== undefined) throw failure;
     const names = request.outputNames.length > 0 ? request.outputNames : signature.outputs.map((o) => o.name);
     return create(InferenceResponseSchema, {
       modelName: request.modelName,
@@ -386,6 +390,83 @@ describe(InferenceRouter.name, () => {
       expect(batcher.requests).toHaveLength(2);
       expect(second).toMatchObject({ id: 'b', cached: false });
       expect(await counter(app, 'cache_requests_total', { outcome: 'disabled' })).toBe(2);
+    });
+  });
+
+  describe('batcher failures', () => {
+    const unavailable = () => RpcError.unavailable('no worker has model "mlp" version 2 ready', 'MODEL_NOT_READY');
+    // No cache on these paths: every request reaches the batcher.
+    const env = { ROUTER_CACHE_ENABLED: 'false', ROUTER_RETRY_BASE_MS: '5', ROUTER_RETRY_MAX_MS: '20' };
+
+    it('retries an UNAVAILABLE answer with backoff, up to ROUTER_RETRY_ATTEMPTS times', async () => {
+      const { sut, batcher, app } = await startRouter(env);
+      batcher.failures.push(unavailable(), unavailable());
+
+      await expect(sut.infer(inferRequest())).resolves.toMatchObject({ modelVersion: '2' });
+      expect(batcher.requests).toHaveLength(3);
+      expect(await counter(app, 'batcher_retries_total', { model: 'mlp' })).toBe(2);
+
+      batcher.failures.push(unavailable(), unavailable(), unavailable());
+      const error = await rpcRejection(sut.infer(inferRequest()));
+      expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
+      expect(batcher.requests).toHaveLength(6);
+    });
+
+    it('does not retry other errors, a full queue included', async () => {
+      const { sut, batcher } = await startRouter(env);
+      batcher.failures.push(new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL', retryDelayMs: 100 }));
+
+      const error = await rpcRejection(sut.infer(inferRequest()));
+
+      expect([error.code, error.reason, error.retryDelayMs]).toEqual([status.RESOURCE_EXHAUSTED, 'QUEUE_FULL', 100]);
+      expect(batcher.requests).toHaveLength(1);
+    });
+
+    it('does not retry past the request deadline', async () => {
+      const { sut, batcher } = await startRouter({ ...env, ROUTER_RETRY_BASE_MS: '1000', ROUTER_RETRY_MAX_MS: '1000' });
+      batcher.failures.push(unavailable(), unavailable());
+
+      // The jittered wait draws 500 ms, with 30 ms left: the error goes back at once instead.
+      const random = jest.spyOn(Math, 'random').mockReturnValue(0.5);
+      try {
+        const started = Date.now();
+        const error = await rpcRejection(requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 30 }, () => sut.infer(inferRequest())));
+
+        expect(Date.now() - started).toBeLessThan(200);
+        expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
+        expect(batcher.requests).toHaveLength(1);
+      } finally {
+        random.mockRestore();
+      }
+    });
+
+    it('opens the circuit of a version after ROUTER_BREAKER_FAILURES consecutive failures, then probes it after the cool-down', async () => {
+      const { sut, batcher, app } = await startRouter({ ...env, ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_FAILURES: '3', ROUTER_BREAKER_COOLDOWN_MS: '300' });
+      batcher.failures.push(unavailable(), unavailable(), unavailable());
+      for (let i = 0; i < 3; i++) await rpcRejection(sut.infer(inferRequest()));
+
+      const open = await rpcRejection(sut.infer(inferRequest()));
+      expect([open.code, open.reason]).toEqual([status.UNAVAILABLE, 'CIRCUIT_OPEN']);
+      expect(open.message).toContain('model "mlp" version 2');
+      expect(open.retryDelayMs).toBeGreaterThan(0);
+      expect(batcher.requests).toHaveLength(3);
+      expect(await counter(app, 'circuit_state', { model: 'mlp', version: '2' })).toBe(2);
+      // Another version of the model has a circuit of its own.
+      await expect(sut.infer(inferRequest({ modelVersion: '1' }))).resolves.toMatchObject({ modelVersion: '1' });
+
+      await new Promise((r) => setTimeout(r, 350));
+      await expect(sut.infer(inferRequest())).resolves.toMatchObject({ modelVersion: '2' });
+      expect(await counter(app, 'circuit_state', { model: 'mlp', version: '2' })).toBe(0);
+      expect(await counter(app, 'circuit_transitions_total', { model: 'mlp', version: '2', state: 'open' })).toBe(1);
+      expect(await counter(app, 'circuit_transitions_total', { model: 'mlp', version: '2', state: 'closed' })).toBe(1);
+    });
+
+    it('counts an answer the batcher gave on purpose (a bad request) as the path working', async () => {
+      const { sut, batcher } = await startRouter({ ...env, ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_FAILURES: '2' });
+      batcher.failures.push(unavailable(), RpcError.invalidArgument('bad tensor', 'INVALID_TENSOR'), unavailable());
+      for (let i = 0; i < 3; i++) await rpcRejection(sut.infer(inferRequest()));
+
+      await expect(sut.infer(inferRequest())).resolves.toMatchObject({ modelVersion: '2' });
     });
   });
 });

@@ -11,7 +11,8 @@ import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { cacheKey, checkInputs } from '@infermesh/tensors';
 import type { Counter, Histogram } from 'prom-client';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
-import { BatcherAdapter, CacheAdapter } from './upstreams.adapter';
+import { GuardedBatcher } from './guarded-batcher';
+import { CacheAdapter } from './upstreams.adapter';
 import { VersionResolver } from './version-resolver';
 
 type CacheOutcome = 'hit' | 'miss' | 'bypass' | 'disabled';
@@ -31,7 +32,7 @@ export class InferenceRouter {
   constructor(
     private readonly resolver: VersionResolver,
     private readonly cache: CacheAdapter,
-    private readonly batcher: BatcherAdapter,
+    private readonly batcher: GuardedBatcher,
     @Inject(ROUTER_CONFIG) private readonly config: RouterConfig,
     private readonly logger: JsonLogger,
     metrics: Metrics,

@@ -11,6 +11,11 @@ const shape = {
   ROUTER_CACHE_ENABLED: z.enum(['true', 'false']).default('true'),
   ROUTER_CACHE_TIMEOUT_MS: positiveInt(100),
   ROUTER_CACHE_TTL_MS: nonNegativeInt(0),
+  ROUTER_BREAKER_FAILURES: positiveInt(5),
+  ROUTER_BREAKER_COOLDOWN_MS: positiveInt(5_000),
+  ROUTER_RETRY_ATTEMPTS: nonNegativeInt(2),
+  ROUTER_RETRY_BASE_MS: positiveInt(25),
+  ROUTER_RETRY_MAX_MS: positiveInt(250),
 };
 
 /** The router's configuration, validated once at start-up. */
@@ -32,6 +37,10 @@ export function loadRouterConfig(env: Env) {
       /** 0 uses the cache service's default. */
       ttlMs: e.ROUTER_CACHE_TTL_MS,
     },
+    /** Per model version: consecutive failures that open its circuit, and how long it stays open. */
+    breaker: { failureThreshold: e.ROUTER_BREAKER_FAILURES, cooldownMs: e.ROUTER_BREAKER_COOLDOWN_MS },
+    /** Retries of an UNAVAILABLE batcher answer: at most `attempts`, waiting a random time up to base·2^n ms (at most max). */
+    retry: { attempts: e.ROUTER_RETRY_ATTEMPTS, baseMs: e.ROUTER_RETRY_BASE_MS, maxMs: e.ROUTER_RETRY_MAX_MS },
   };
 }
 

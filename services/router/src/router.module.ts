@@ -1,5 +1,6 @@
 import { type DynamicModule, Module } from '@nestjs/common';
 import { RuntimeModule } from '@infermesh/runtime';
+import { GuardedBatcher } from './guarded-batcher';
 import { InferenceRouter } from './inference-router';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { RouterGrpcController } from './router.grpc';
@@ -17,6 +18,7 @@ export class RouterModule {
         RegistryAdapter,
         CacheAdapter,
         BatcherAdapter,
+        GuardedBatcher,
         VersionResolver,
         InferenceRouter,
         RouterGrpcController,
