@@ -75,6 +75,9 @@ class ScriptedRegistry implements Impl {
   reportVersionState: Impl['reportVersionState'] = async () => {
     throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
   };
+  setRolloutPolicy: Impl['setRolloutPolicy'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
 }
 
 async function rejection(promise: Promise<unknown>): Promise<unknown> {

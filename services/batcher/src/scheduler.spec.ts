@@ -116,6 +116,7 @@ class FakeRegistry {
       getModel: refuse,
       listModels: refuse,
       reportVersionState: refuse,
+      setRolloutPolicy: refuse,
     };
     this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error'), metrics: new Metrics('fake_registry'), maxMessageBytes: 1 << 20 });
     this.server.add(RegistryService, impl);

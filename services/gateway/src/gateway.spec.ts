@@ -116,6 +116,7 @@ function fakeRegistry() {
     downloadArtifact: notUsed,
     createModelVersion: notUsed,
     reportVersionState: notUsed,
+    setRolloutPolicy: notUsed,
     async getModel({ name }: { name: string }) {
       return { model: find(name) };
     },

@@ -1,4 +1,4 @@
-import { create } from '@bufbuild/protobuf';
+import { create, toJsonString } from '@bufbuild/protobuf';
 import { timestampFromDate } from '@bufbuild/protobuf/wkt';
 import { status } from '@grpc/grpc-js';
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
@@ -9,8 +9,11 @@ import {
   ModelSchema,
   type ModelVersion,
   ModelVersionSchema,
+  type RolloutPolicy,
+  RolloutPolicySchema,
   VersionState,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { compareVersionIds, stableVersion, versionIdOf } from '@infermesh/rollout';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { Gauge } from 'prom-client';
 import { ArtifactStore, SHA256_HEX } from './artifact-store';
@@ -20,15 +23,8 @@ import { ModelStore } from './model-store';
 import { maxBatchSizeFor, readOnnxSignature } from './onnx-signature';
 import { checkProcessing, sameProcessing } from './processing-check';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
-import {
-  checkVersionId,
-  compareVersionIds,
-  modelName,
-  parseModelName,
-  parseVersionName,
-  versionIdOf,
-  versionName,
-} from './resource-names';
+import { checkVersionId, modelName, parseModelName, parseVersionName, versionName } from './resource-names';
+import { checkRollout } from './rollout-check';
 
 export const ONNX_PLATFORM = 'onnxruntime_onnx';
 
@@ -129,7 +125,7 @@ export class ModelCatalog implements OnApplicationShutdown {
 
   /**
    * The version that serves a request: the given version when it is READY, or without a version id
-   * the highest-numbered READY version. A version that exists but is not READY is UNAVAILABLE with
+   * the model's stable version (its rollout's, when READY, else the highest-numbered READY one). A version that exists but is not READY is UNAVAILABLE with
    * MODEL_NOT_READY, so that callers may retry once it has loaded.
    */
   async resolve(model: string, versionId: string): Promise<ModelVersion> {
@@ -149,14 +145,28 @@ export class ModelCatalog implements OnApplicationShutdown {
       }
       return version;
     }
-    const ready = found.versions.filter((v) => v.state === VersionState.READY);
-    if (ready.length === 0) {
+    const stable = stableVersion(found);
+    if (stable === undefined) {
       throw new RpcError(status.UNAVAILABLE, `model "${modelId}" has no READY version`, {
         reason: 'MODEL_NOT_READY',
         metadata: { model: modelId },
       });
     }
-    return ready.reduce((a, b) => (compareVersionIds(versionIdOf(a.name), versionIdOf(b.name)) >= 0 ? a : b));
+    return stable;
+  }
+
+  /** Replaces a model's rollout policy, checked against its versions; an empty one clears it. */
+  async setRollout(model: string, policy: RolloutPolicy | undefined): Promise<Model> {
+    const modelId = parseModelName(model, 'model');
+    const stored = await this.store(() =>
+      this.models.update(modelId, (current) => {
+        if (current === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
+        current.rollout = checkRollout(policy, current);
+        return current;
+      }),
+    );
+    this.logger.info('rollout policy set', { model: modelId, rollout: stored?.rollout === undefined ? 'none' : toJsonString(RolloutPolicySchema, stored.rollout) });
+    return stored!;
   }
 
   /** Records the state a worker reports for a version: LOADING, READY, or FAILED with a reason. */

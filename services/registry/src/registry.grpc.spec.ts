@@ -5,6 +5,7 @@ import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_
 import {
   type Artifact,
   BatchingSchema,
+  RolloutPolicySchema,
   ProcessingSchema,
   RegistryService,
   type UploadArtifactRequestSchema,
@@ -310,6 +311,50 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       expect(conflict.message).toBe('models/tiny/versions/1 already exists with a different batching; register the new batching as a new version');
     }
     expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.batching).toEqual(create(BatchingSchema, BATCHING));
+  });
+
+  it('sets a rollout policy in one operation, keeps it across a restart, resolves the stable version by it, and clears it', async () => {
+    for (const id of ['1', '2', '3']) {
+      await register('tiny', id, buildTinyModel().bytes);
+      await ready('tiny', id);
+    }
+    const policy = { stableVersion: '2', canary: { version: '3', percent: 10 }, variants: [{ version: '1', percent: 25 }] };
+
+    const { model } = await sut.setRolloutPolicy({ model: 'models/tiny', policy });
+
+    expect(model!.rollout).toEqual(create(RolloutPolicySchema, policy));
+    expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/2');
+    await stop();
+    await start();
+    expect((await sut.getModel({ name: 'models/tiny' })).model!.rollout).toEqual(create(RolloutPolicySchema, policy));
+    await sut.setRolloutPolicy({ model: 'models/tiny' });
+    expect((await sut.getModel({ name: 'models/tiny' })).model!.rollout).toBeUndefined();
+    expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/3');
+  });
+
+  it('refuses a rollout policy that does not fit the model, naming the problem, and keeps the one it had', async () => {
+    for (const id of ['1', '2']) await register('tiny', id, buildTinyModel().bytes);
+    await sut.reportVersionState({ name: 'models/tiny/versions/2', state: VersionState.FAILED, stateReason: 'bad', workerId: 'w' });
+    const kept = { stableVersion: '1' };
+    await sut.setRolloutPolicy({ model: 'models/tiny', policy: kept });
+    const cases: [MessageInitShape<typeof RolloutPolicySchema>, string][] = [
+      [{ stableVersion: '7' }, 'rollout: the stable version is version "7", which model "tiny" does not have; its versions are 1, 2'],
+      [{ canary: { version: '2', percent: 5 } }, 'rollout: the canary is version 2, which is FAILED and will never serve'],
+      [{ stableVersion: '1', canary: { version: '1', percent: 5 } }, 'rollout: version 1 is named more than once (as the canary too)'],
+      [{ canary: { version: '1', percent: 101 } }, "rollout: the canary's percent is 101; it must be from 0 to 100"],
+      [{ canary: { version: '1', percent: Number.NaN } }, "rollout: the canary's percent is NaN; it must be from 0 to 100"],
+    ];
+    for (const [policy, message] of cases) {
+      const error = await rpcError(sut.setRolloutPolicy({ model: 'models/tiny', policy }));
+      expect([error.code, error.message]).toEqual([status.INVALID_ARGUMENT, message]);
+    }
+    await register('tiny', '3', buildTinyModel().bytes);
+    const over = await rpcError(
+      sut.setRolloutPolicy({ model: 'models/tiny', policy: { canary: { version: '3', percent: 60 }, variants: [{ version: '1', percent: 50 }] } }),
+    );
+    expect(over.message).toBe("rollout: the canary's and the variants' percents add up to 110, more than 100");
+    expect((await rpcError(sut.setRolloutPolicy({ model: 'models/none', policy: kept }))).code).toBe(status.NOT_FOUND);
+    expect((await sut.getModel({ name: 'models/tiny' })).model!.rollout).toEqual(create(RolloutPolicySchema, kept));
   });
 
   it('refuses an upload over the size limit, naming the limit, and stores nothing', async () => {

@@ -7,6 +7,7 @@ import type {
   RegistryService,
   ReportVersionStateRequest,
   ResolveModelVersionRequest,
+  SetRolloutPolicyRequest,
   UploadArtifactRequest,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ArtifactTransfer } from './artifact-transfer';
@@ -46,5 +47,9 @@ export class RegistryGrpcController implements ServiceImpl<typeof RegistryServic
 
   async reportVersionState(request: ReportVersionStateRequest) {
     return { version: await this.catalog.reportState(request.name, request.state, request.stateReason, request.workerId) };
+  }
+
+  async setRolloutPolicy(request: SetRolloutPolicyRequest) {
+    return { model: await this.catalog.setRollout(request.model, request.policy) };
   }
 }

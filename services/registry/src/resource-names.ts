@@ -42,13 +42,3 @@ export function parseVersionName(name: string, field: string): { modelId: string
   if (match === null) throw RpcError.invalidArgument(`${field} must be "models/{model}/versions/{version}", got "${name}"`);
   return { modelId: checkModelId(match[1]!), versionId: checkVersionId(match[2]!) };
 }
-
-/** The version id at the end of a version's resource name. */
-export function versionIdOf(versionResourceName: string): string {
-  return versionResourceName.slice(versionResourceName.lastIndexOf('/') + 1);
-}
-
-/** Orders version ids numerically, oldest first. */
-export function compareVersionIds(a: string, b: string): number {
-  return Number(a) - Number(b);
-}
