@@ -13,6 +13,7 @@ import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
 import { GatewayMetrics } from './gateway-metrics';
 import { inferRequestFromGrpc, inferResponseToGrpc } from './grpc-codec';
 import { timeoutParameterMs } from './infer-parameters';
+import { ROUTING_KEY_HEADER, routingKeyOf } from './routing-key';
 import { ModelCatalog, type TensorMetadata } from './model-catalog';
 import { ModelInference } from './model-inference';
 import { ServerStatus } from './server-status';
@@ -59,7 +60,12 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
 
   modelInfer(request: ModelInferRequest, ctx: CallContext) {
     return this.handle('ModelInfer', ctx, { timeout: () => timeoutParameterMs(request.parameters) }, async () =>
-      inferResponseToGrpc(await this.inference.infer(inferRequestFromGrpc(request), ctx.signal)),
+      inferResponseToGrpc(
+        await this.inference.infer(
+          { ...inferRequestFromGrpc(request), routingKey: routingKeyOf(ctx.metadata[ROUTING_KEY_HEADER], ctx.metadata['authorization']) },
+          ctx.signal,
+        ),
+      ),
     );
   }
 

@@ -470,6 +470,29 @@ describe('gateway', () => {
     const inferRequest = (init: Parameters<typeof create<typeof ModelInferRequestSchema>>[1]): ModelInferRequest =>
       create(ModelInferRequestSchema, init);
 
+    it('passes the routing key on: x-routing-key over REST and gRPC, else a digest of the API key, never the key', async () => {
+      const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
+      const grpcInput = { modelName: 'tiny', inputs: [{ name: 'x', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } }] };
+      const keyOf = () => routerState.requests.at(-1)!.request.routingKey;
+
+      await postJson(port, '/v2/models/tiny/infer', { inputs: [input] }, { ...AUTH, 'x-routing-key': 'user-42' });
+      expect(keyOf()).toBe('user-42');
+      await grpcClient.modelInfer(inferRequest(grpcInput), { metadata: { ...metadata, 'x-routing-key': 'user-43' } });
+      expect(keyOf()).toBe('user-43');
+      await postJson(port, '/v2/models/tiny/infer', { inputs: [input] });
+      const fromKey = keyOf();
+      await grpcClient.modelInfer(inferRequest(grpcInput), { metadata });
+      expect(keyOf()).toBe(fromKey);
+      expect(fromKey).toMatch(/^key:[0-9a-f]{32}$/);
+      expect(fromKey).not.toContain(KEY);
+      const other = await postJson(port, '/v2/models/tiny/infer', { inputs: [input] }, { authorization: 'Bearer other-key-abcdefghijkl' });
+      expect(other.status).toBe(200);
+      expect(keyOf()).not.toBe(fromKey);
+
+      const bad = await postJson(port, '/v2/models/tiny/infer', { inputs: [input] }, { ...AUTH, 'x-routing-key': 'has space' });
+      expect([bad.status, bad.json]).toEqual([400, { error: expect.stringContaining('x-routing-key') }]);
+    });
+
     it('answers ServerLive and ServerReady without a key, the rest only with one', async () => {
       expect(await grpcClient.serverLive({})).toMatchObject({ live: true });
       expect(await grpcClient.serverReady({})).toMatchObject({ ready: true });

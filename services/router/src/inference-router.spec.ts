@@ -12,7 +12,14 @@ import {
   type InferenceResponse,
   InferenceResponseSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  ModelSchema,
+  type ModelVersion,
+  ModelVersionSchema,
+  type RolloutPolicySchema,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import { cacheKey } from '@infermesh/tensors';
 import { freePort, rpcRejection } from '@infermesh/testing';
@@ -42,6 +49,12 @@ const version = (model: string, id: string, state: VersionState): ModelVersion =
 const MODELS: Record<string, ModelVersion[]> = {
   mlp: [version('mlp', '1', VersionState.READY), version('mlp', '2', VersionState.READY), version('mlp', '3', VersionState.LOADING)],
   cold: [version('cold', '1', VersionState.LOADING)],
+  ab: [version('ab', '1', VersionState.READY), version('ab', '2', VersionState.READY)],
+};
+
+/** Rollout policies by model: ab sends half of its routing keys to version 2, the rest to version 1. */
+const ROLLOUTS: Record<string, MessageInitShape<typeof RolloutPolicySchema>> = {
+  ab: { stableVersion: '1', variants: [{ version: '2', percent: 50 }] },
 };
 
 /** Answers like the registry's ResolveModelVersion: no version id means the latest READY one. */
@@ -60,6 +73,14 @@ class FakeRegistry {
     const found = versions.find((v) => v.name.endsWith(`/versions/${versionId}`));
     if (found === undefined) throw RpcError.notFound(`model "${model}" has no version ${versionId}`, 'VERSION_NOT_FOUND');
     return found;
+  }
+
+  /** The model, its versions and rollout policy; recorded as a lookup without a version id. */
+  async getModel(model: string): Promise<Model> {
+    this.calls.push({ model, versionId: '' });
+    const versions = MODELS[model];
+    if (versions === undefined) throw RpcError.notFound(`model "${model}" not found`, 'MODEL_NOT_FOUND');
+    return create(ModelSchema, { name: `models/${model}`, versions, ...(ROLLOUTS[model] !== undefined && { rollout: ROLLOUTS[model] }) });
   }
 }
 
@@ -233,6 +254,27 @@ describe(InferenceRouter.name, () => {
       expect(error.code).toBe(status.INVALID_ARGUMENT);
       expect(registry.calls).toHaveLength(0);
       expect(batcher.requests).toHaveLength(0);
+    });
+  });
+
+  describe('rollout', () => {
+    it('keeps each routing key on the version the rollout gives it, and counts how each request was routed', async () => {
+      const { sut, app } = await startRouter({ ROUTER_CACHE_ENABLED: 'false' });
+      const versionsOf = async () => {
+        const served: string[] = [];
+        for (let k = 0; k < 40; k++) served.push((await sut.infer(inferRequest({ modelName: 'ab', routingKey: `user-${k}` }))).modelVersion);
+        return served;
+      };
+
+      const first = await versionsOf();
+      expect(await versionsOf()).toEqual(first);
+      expect(new Set(first)).toEqual(new Set(['1', '2']));
+      const onTwo = first.filter((v) => v === '2').length;
+      expect(await counter(app, 'routed_total', { model: 'ab', version: '2', route: 'variant' })).toBe(2 * onTwo);
+      expect(await counter(app, 'routed_total', { model: 'ab', version: '1', route: 'stable' })).toBe(2 * (40 - onTwo));
+      // A request naming its version is served that version whatever its key.
+      await sut.infer(inferRequest({ modelName: 'ab', modelVersion: '2', routingKey: 'user-0' }));
+      expect(await counter(app, 'routed_total', { model: 'ab', version: '2', route: 'explicit' })).toBe(1);
     });
   });
 

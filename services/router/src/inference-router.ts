@@ -8,6 +8,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { versionIdOf } from '@infermesh/rollout';
 import { cacheKey, checkInputs } from '@infermesh/tensors';
 import type { Counter, Histogram } from 'prom-client';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
@@ -27,6 +28,7 @@ type CacheOutcome = 'hit' | 'miss' | 'bypass' | 'disabled';
 export class InferenceRouter {
   private readonly requests: Counter<'model' | 'version' | 'outcome'>;
   private readonly cacheOutcomes: Counter<'outcome'>;
+  private readonly routes: Counter<'model' | 'version' | 'route'>;
   private readonly duration: Histogram<'model' | 'cached'>;
 
   constructor(
@@ -45,6 +47,11 @@ export class InferenceRouter {
     this.cacheOutcomes = metrics.counter('cache_requests_total', 'Result cache use by outcome: hit, miss, bypass (cache failed or slow), disabled.', [
       'outcome',
     ]);
+    this.routes = metrics.counter('routed_total', 'Requests by model, the version that serves them, and how it was chosen: explicit, stable, canary or variant.', [
+      'model',
+      'version',
+      'route',
+    ]);
     this.duration = metrics.histogram('request_duration_seconds', 'Time to route and answer an inference request.', ['model', 'cached']);
   }
 
@@ -54,9 +61,10 @@ export class InferenceRouter {
     let version = '';
     try {
       if (model === '') throw RpcError.invalidArgument('the request names no model');
-      const resolved = await this.resolver.resolve(model, request.modelVersion);
-      version = versionId(resolved);
-      this.check(model, resolved, request);
+      const resolved = await this.resolver.resolve(model, request.modelVersion, request.routingKey);
+      version = versionIdOf(resolved.version.name);
+      this.routes.inc({ model, version, route: resolved.route });
+      this.check(model, resolved.version, request);
       const routed = create(InferenceRequestSchema, { ...request, modelVersion: version });
       const response = await this.serve(routed);
       this.requests.inc({ model, version, outcome: 'OK' });
@@ -71,7 +79,7 @@ export class InferenceRouter {
 
   private check(model: string, version: ModelVersion, request: InferenceRequest): void {
     if (version.state !== VersionState.READY) {
-      throw RpcError.unavailable(`model "${model}" version ${versionId(version)} is not ready`, 'MODEL_NOT_READY');
+      throw RpcError.unavailable(`model "${model}" version ${versionIdOf(version.name)} is not ready`, 'MODEL_NOT_READY');
     }
     const signature = version.signature;
     if (signature === undefined) throw RpcError.unavailable(`model "${model}" has no signature yet`, 'MODEL_NOT_READY');
@@ -114,9 +122,4 @@ export class InferenceRouter {
     }
     return response;
   }
-}
-
-/** "3" from "models/mlp/versions/3". */
-export function versionId(version: ModelVersion): string {
-  return version.name.slice(version.name.lastIndexOf('/') + 1);
 }

@@ -3,7 +3,7 @@ import { createClient } from '@infermesh/grpc';
 import { BatcherService } from '@infermesh/proto/gen/infermesh/batcher/v1/batcher_pb';
 import { CacheService } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type ModelVersion, RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type Model, type ModelVersion, RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 
 /** How long the router waits for the registry to resolve a version. */
@@ -22,6 +22,13 @@ export class RegistryAdapter implements OnApplicationShutdown {
     const { version } = await this.client.resolveModelVersion({ model: `models/${model}`, versionId }, { timeoutMs: RESOLVE_TIMEOUT_MS });
     if (version === undefined) throw new Error(`registry resolved models/${model} to nothing`);
     return version;
+  }
+
+  /** The model with its versions and rollout policy. */
+  async getModel(model: string): Promise<Model> {
+    const { model: found } = await this.client.getModel({ name: `models/${model}` }, { timeoutMs: RESOLVE_TIMEOUT_MS });
+    if (found === undefined) throw new Error(`registry answered models/${model} with nothing`);
+    return found;
   }
 
   onApplicationShutdown(): void {

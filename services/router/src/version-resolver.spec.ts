@@ -4,7 +4,7 @@ import { status } from '@grpc/grpc-js';
 import type { DynamicModule, INestApplicationContext, Type } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { RpcError } from '@infermesh/grpc';
-import { type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type Model, ModelSchema, type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { loadRouterConfig } from './router.config';
 import { RouterModule } from './router.module';
 import { BatcherAdapter, CacheAdapter, RegistryAdapter } from './upstreams.adapter';
@@ -25,6 +25,12 @@ class FakeRegistry {
     this.calls.push({ model, versionId });
     if (!this.manual) return this.version(model, versionId);
     return new Promise((resolve, reject) => this.waiting.push({ resolve, reject, model, versionId }));
+  }
+
+  /** The model with one READY version, the latest; recorded as a lookup without a version id. */
+  async getModel(model: string): Promise<Model> {
+    const version = await this.resolve(model, '');
+    return create(ModelSchema, { name: `models/${model}`, versions: [version] });
   }
 
   answer(): void {
@@ -74,14 +80,14 @@ describe(VersionResolver.name, () => {
     const now = jest.spyOn(Date, 'now').mockReturnValue(1_000_000);
     const sut = await start(500);
 
-    expect((await sut.resolve('mlp', '')).name).toBe('models/mlp/versions/1');
+    expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
     registry.latest = '2';
     now.mockReturnValue(1_000_499);
-    expect((await sut.resolve('mlp', '')).name).toBe('models/mlp/versions/1');
+    expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
     expect(registry.calls).toHaveLength(1);
 
     now.mockReturnValue(1_000_501);
-    expect((await sut.resolve('mlp', '')).name).toBe('models/mlp/versions/2');
+    expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/2');
     expect(registry.calls).toHaveLength(2);
   });
 
@@ -121,9 +127,9 @@ describe(VersionResolver.name, () => {
     ]);
     registry.answer();
 
-    const names = (await Promise.all(lookups)).map((v) => v.name);
+    const names = (await Promise.all(lookups)).map((r) => r.version.name);
     expect(names).toEqual(['models/mlp/versions/1', 'models/mlp/versions/1', 'models/mlp/versions/1']);
-    expect((await other).name).toBe('models/mlp/versions/7');
+    expect((await other).version.name).toBe('models/mlp/versions/7');
   });
 
   it('gives a failed lookup to every waiting caller and does not remember it', async () => {
@@ -143,7 +149,7 @@ describe(VersionResolver.name, () => {
     }
 
     registry.manual = false;
-    expect((await sut.resolve('mlp', '')).name).toBe('models/mlp/versions/1');
+    expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
     expect(registry.calls).toHaveLength(2);
   });
 });

@@ -1,29 +1,41 @@
 import { Inject, Injectable } from '@nestjs/common';
-import type { ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { RpcError } from '@infermesh/grpc';
+import type { Model, ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { route, type RouteKind } from '@infermesh/rollout';
 import { LookupMemo } from '@infermesh/runtime';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { RegistryAdapter } from './upstreams.adapter';
 
+export interface Resolved {
+  version: ModelVersion;
+  /** How it was chosen: named by the request, or by the model's rollout policy. */
+  route: RouteKind | 'explicit';
+}
+
 /**
- * Resolves a model name (and an optional version id) to the version that serves it, reusing an
- * answer for a short time so that the registry is not asked on every request. Concurrent lookups
- * of the same key share one registry call.
+ * Resolves a request to the version that serves it: the version it names (checked by the registry),
+ * or, when it names none, the one the model's rollout policy gives its routing key. Registry answers
+ * are reused for ROUTER_RESOLVE_TTL_MS so that the registry is not asked on every request; concurrent
+ * lookups of the same key share one registry call.
  */
 @Injectable()
 export class VersionResolver {
-  private readonly memo: LookupMemo<ModelVersion>;
+  private readonly versions: LookupMemo<ModelVersion>;
+  private readonly models: LookupMemo<Model>;
 
   constructor(registry: RegistryAdapter, @Inject(ROUTER_CONFIG) config: RouterConfig) {
-    this.memo = new LookupMemo(
-      (key) => {
-        const [model, versionId] = key.split('\u0000') as [string, string];
-        return registry.resolve(model, versionId);
-      },
-      { ttlMs: config.resolveTtlMs, keepStale: false },
-    );
+    const options = { ttlMs: config.resolveTtlMs, keepStale: false };
+    this.versions = new LookupMemo((key) => {
+      const [model, versionId] = key.split('\u0000') as [string, string];
+      return registry.resolve(model, versionId);
+    }, options);
+    this.models = new LookupMemo((model) => registry.getModel(model), options);
   }
 
-  resolve(model: string, versionId: string): Promise<ModelVersion> {
-    return this.memo.get(`${model}\u0000${versionId}`);
+  async resolve(model: string, versionId: string, routingKey = ''): Promise<Resolved> {
+    if (versionId !== '') return { version: await this.versions.get(`${model}\u0000${versionId}`), route: 'explicit' };
+    const chosen = route(await this.models.get(model), routingKey);
+    if (chosen === undefined) throw RpcError.unavailable(`model "${model}" has no READY version`, 'MODEL_NOT_READY');
+    return { version: chosen.version, route: chosen.kind };
   }
 }
