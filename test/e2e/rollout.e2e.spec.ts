@@ -1,10 +1,10 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { createClient } from '@infermesh/grpc';
-import { buildTinyModel } from '@infermesh/model-builder';
+import { buildMlpModel, buildTinyModel } from '@infermesh/model-builder';
 import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { RegistryService, type RolloutPolicySchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { registerModel, waitForVersionsReady } from '@infermesh/system';
-import { API_KEY, type Fixture, startFixture } from './support/system-fixture';
+import { API_KEY, type Fixture, metricValue, startFixture } from './support/system-fixture';
 
 /** How long the router reuses what the registry said; a new policy applies after it. */
 const RESOLVE_TTL_MS = 200;
@@ -20,11 +20,11 @@ describe('rollouts through the whole system', () => {
   let grpc: ReturnType<typeof createClient<typeof GRPCInferenceService>>;
   let registry: ReturnType<typeof createClient<typeof RegistryService>>;
 
-  const infer = async (routingKey?: string) => {
+  const infer = async (routingKey?: string, input = [1, 2, 3, 4]) => {
     const response = await grpc.modelInfer(
       create(ModelInferRequestSchema, {
         modelName: 'tiny',
-        inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n], contents: { fp32Contents: [1, 2, 3, 4] } }],
+        inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n], contents: { fp32Contents: input } }],
       }),
       { metadata: { authorization: `Bearer ${API_KEY}`, ...(routingKey !== undefined && { 'x-routing-key': routingKey }) }, timeoutMs: 30_000 },
     );
@@ -55,8 +55,10 @@ describe('rollouts through the whole system', () => {
     fixture = await startFixture({ models: ['tiny'], env: { ROUTER_RESOLVE_TTL_MS: String(RESOLVE_TTL_MS), ROUTER_CACHE_ENABLED: 'false' } });
     grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
     registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
+    // Version 2 is the same model again; version 3 has the same signature and other weights.
     const second = await registerModel(registry, 'tiny', '2', buildTinyModel().bytes);
-    await waitForVersionsReady(registry, [second.name], 60_000);
+    const perturbed = await registerModel(registry, 'tiny', '3', buildMlpModel({ sizes: [4, 16, 3], seed: 7 }).bytes);
+    await waitForVersionsReady(registry, [second.name, perturbed.name], 60_000);
   }, 120_000);
 
   afterAll(async () => {
@@ -96,5 +98,25 @@ describe('rollouts through the whole system', () => {
     expect(onTwo(before)).toBeLessThan(140);
     expect(onTwo(after)).toBeGreaterThan(440);
     expect(onTwo(after)).toBeLessThan(560);
+  }, 180_000);
+
+  it('compares a 100 % shadow with the served version: agreement exactly 1.0 for the same model, below 1.0 for another', async () => {
+    const router = (name: string, shadow: string) =>
+      metricValue(fixture.system.metricsUrl('router'), `infermesh_router_${name}`, { model: 'tiny', primary: '1', shadow });
+    const inputs = Array.from({ length: 200 }, (_, i) => [Math.sin(i), Math.cos(i * 3), Math.sin(i * 7), Math.cos(i * 11)]);
+    const agreement = async (shadow: string) => {
+      await setPolicy({ stableVersion: '1', shadow: { version: shadow, percent: 100 } });
+      const served = await many(inputs.length, (i) => infer(undefined, inputs[i]));
+      expect(new Set(served)).toEqual(new Set(['1']));
+      for (let i = 0; i < 300 && (await router('shadow_requests_total', shadow)) < inputs.length; i++) await new Promise((r) => setTimeout(r, 50));
+      expect(await router('shadow_requests_total', shadow)).toBe(inputs.length);
+      return (await router('shadow_agreed_items_total', shadow)) / (await router('shadow_compared_items_total', shadow));
+    };
+
+    const same = await agreement('2');
+    const other = await agreement('3');
+    process.stdout.write(`shadow agreement: ${same} with the same model, ${other.toFixed(3)} with other weights\n`);
+    expect(same).toBe(1);
+    expect(other).toBeLessThan(1);
   }, 180_000);
 });

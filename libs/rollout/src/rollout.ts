@@ -73,6 +73,17 @@ export function route(model: Model, routingKey: string, random: () => number = M
   return version === undefined ? undefined : { version, kind: 'stable' };
 }
 
+/**
+ * The version that mirrors a request the policy routed to `served`: its shadow, for a random share of
+ * requests, when it is READY and is not the version that served.
+ */
+export function shadowOf(model: Model, served: ModelVersion, random: () => number = Math.random): ModelVersion | undefined {
+  const shadow = model.rollout?.shadow;
+  if (shadow === undefined || !(shadow.percent > 0) || random() * 100 >= shadow.percent) return undefined;
+  const version = readyVersion(model, shadow.version);
+  return version === undefined || version.name === served.name ? undefined : version;
+}
+
 function readyVersion(model: Model, versionId: string): ModelVersion | undefined {
   if (versionId === '') return undefined;
   const version = model.versions.find((v) => versionIdOf(v.name) === versionId);

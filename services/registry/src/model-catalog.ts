@@ -158,6 +158,11 @@ export class ModelCatalog implements OnApplicationShutdown {
   /** Replaces a model's rollout policy, checked against its versions; an empty one clears it. */
   async setRollout(model: string, policy: RolloutPolicy | undefined): Promise<Model> {
     const modelId = parseModelName(model, 'model');
+    const fallback = policy?.fallbackModel ?? '';
+    if (fallback === modelId) throw RpcError.invalidArgument(`rollout: model "${modelId}" cannot be its own fallback`);
+    if (fallback !== '' && (await this.store(() => this.models.get(fallback))) === undefined) {
+      throw RpcError.invalidArgument(`rollout: the fallback model "${fallback}" does not exist`);
+    }
     const stored = await this.store(() =>
       this.models.update(modelId, (current) => {
         if (current === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });

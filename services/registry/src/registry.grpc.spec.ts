@@ -314,11 +314,18 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
   });
 
   it('sets a rollout policy in one operation, keeps it across a restart, resolves the stable version by it, and clears it', async () => {
-    for (const id of ['1', '2', '3']) {
+    for (const id of ['1', '2', '3', '4']) {
       await register('tiny', id, buildTinyModel().bytes);
       await ready('tiny', id);
     }
-    const policy = { stableVersion: '2', canary: { version: '3', percent: 10 }, variants: [{ version: '1', percent: 25 }] };
+    await register('small', '1', buildTinyModel().bytes);
+    const policy = {
+      stableVersion: '2',
+      canary: { version: '3', percent: 10 },
+      variants: [{ version: '1', percent: 25 }],
+      shadow: { version: '4', percent: 5 },
+      fallbackModel: 'small',
+    };
 
     const { model } = await sut.setRolloutPolicy({ model: 'models/tiny', policy });
 
@@ -329,7 +336,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect((await sut.getModel({ name: 'models/tiny' })).model!.rollout).toEqual(create(RolloutPolicySchema, policy));
     await sut.setRolloutPolicy({ model: 'models/tiny' });
     expect((await sut.getModel({ name: 'models/tiny' })).model!.rollout).toBeUndefined();
-    expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/3');
+    expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/4');
   });
 
   it('refuses a rollout policy that does not fit the model, naming the problem, and keeps the one it had', async () => {
@@ -354,6 +361,10 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     );
     expect(over.message).toBe("rollout: the canary's and the variants' percents add up to 110, more than 100");
     expect((await rpcError(sut.setRolloutPolicy({ model: 'models/none', policy: kept }))).code).toBe(status.NOT_FOUND);
+    const self = await rpcError(sut.setRolloutPolicy({ model: 'models/tiny', policy: { fallbackModel: 'tiny' } }));
+    expect(self.message).toBe('rollout: model "tiny" cannot be its own fallback');
+    const unknown = await rpcError(sut.setRolloutPolicy({ model: 'models/tiny', policy: { fallbackModel: 'small' } }));
+    expect([unknown.code, unknown.message]).toEqual([status.INVALID_ARGUMENT, 'rollout: the fallback model "small" does not exist']);
     expect((await sut.getModel({ name: 'models/tiny' })).model!.rollout).toEqual(create(RolloutPolicySchema, kept));
   });
 

@@ -11,8 +11,8 @@ const ENDED = new Set([VersionState.FAILED, VersionState.RETIRED]);
  * Checks a rollout policy against the model's versions and returns what to store: undefined when it
  * declares nothing. Refuses with INVALID_ARGUMENT, naming the problem: a version the model does not
  * have, or one that is FAILED or RETIRED; a percent that is not a number from 0 to 100; a version
- * named twice (stable, canary and variants are distinct); shares of the canary and the variants that
- * add up to more than 100.
+ * named twice (stable, canary, variants and shadow are distinct); shares of the canary and the
+ * variants that add up to more than 100.
  */
 export function checkRollout(policy: RolloutPolicy | undefined, model: Model): RolloutPolicy | undefined {
   if (policy === undefined || equals(RolloutPolicySchema, policy, create(RolloutPolicySchema))) return undefined;
@@ -42,5 +42,9 @@ export function checkRollout(policy: RolloutPolicy | undefined, model: Model): R
     total += checkPercent(variant.percent, `variant ${variant.version}`);
   }
   if (total > 100) throw invalid(`the canary's and the variants' percents add up to ${total}, more than 100`);
+  if (policy.shadow !== undefined) {
+    checkVersion(policy.shadow.version, 'shadow');
+    checkPercent(policy.shadow.percent, 'shadow');
+  }
   return policy;
 }

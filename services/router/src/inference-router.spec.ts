@@ -23,6 +23,7 @@ import {
 import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import { cacheKey } from '@infermesh/tensors';
 import { freePort, rpcRejection } from '@infermesh/testing';
+import { stickyBucket } from '@infermesh/rollout';
 import { InferenceRouter } from './inference-router';
 import { loadRouterConfig } from './router.config';
 import { RouterModule } from './router.module';
@@ -49,12 +50,16 @@ const version = (model: string, id: string, state: VersionState): ModelVersion =
 const MODELS: Record<string, ModelVersion[]> = {
   mlp: [version('mlp', '1', VersionState.READY), version('mlp', '2', VersionState.READY), version('mlp', '3', VersionState.LOADING)],
   cold: [version('cold', '1', VersionState.LOADING)],
+  frozen: [version('frozen', '1', VersionState.LOADING)],
   ab: [version('ab', '1', VersionState.READY), version('ab', '2', VersionState.READY)],
+  sh: [version('sh', '1', VersionState.READY), version('sh', '2', VersionState.READY)],
 };
 
 /** Rollout policies by model: ab sends half of its routing keys to version 2, the rest to version 1. */
 const ROLLOUTS: Record<string, MessageInitShape<typeof RolloutPolicySchema>> = {
-  ab: { stableVersion: '1', variants: [{ version: '2', percent: 50 }] },
+  sh: { stableVersion: '1', shadow: { version: '2', percent: 100 } },
+  frozen: { fallbackModel: 'mlp' },
+  ab: { stableVersion: '1', variants: [{ version: '2', percent: 50 }], fallbackModel: 'mlp' },
 };
 
 /** Answers like the registry's ResolveModelVersion: no version id means the latest READY one. */
@@ -110,9 +115,12 @@ class FakeBatcher {
   readonly requests: InferenceRequest[] = [];
   /** Errors the next calls throw, one each, before answering again. */
   readonly failures: RpcError[] = [];
+  /** A version whose every call fails UNAVAILABLE. */
+  failingVersion: string | undefined;
 
   async infer(request: InferenceRequest): Promise<InferenceResponse> {
     this.requests.push(request);
+    if (request.modelVersion === this.failingVersion) throw RpcError.unavailable(`version ${request.modelVersion} is down`);
     const failure = this.failures.shift();
     if (failure !== undefined) throw failure;
     const names = request.outputNames.length > 0 ? request.outputNames : signature.outputs.map((o) => o.name);
@@ -275,6 +283,76 @@ describe(InferenceRouter.name, () => {
       // A request naming its version is served that version whatever its key.
       await sut.infer(inferRequest({ modelName: 'ab', modelVersion: '2', routingKey: 'user-0' }));
       expect(await counter(app, 'routed_total', { model: 'ab', version: '2', route: 'explicit' })).toBe(1);
+    });
+  });
+
+  describe('fallback', () => {
+    it('answers with the fallback model, marked degraded, when the model has no READY version', async () => {
+      const { sut, batcher, app } = await startRouter({ ROUTER_CACHE_ENABLED: 'false' });
+
+      const response = await sut.infer(inferRequest({ modelName: 'frozen' }));
+
+      expect(response).toMatchObject({ modelName: 'mlp', modelVersion: '2', degraded: true, id: 'req-1' });
+      expect(batcher.requests.map((r) => r.modelName)).toEqual(['mlp']);
+      expect(await counter(app, 'fallbacks_total', { model: 'frozen', fallback: 'mlp', reason: 'MODEL_NOT_READY' })).toBe(1);
+    });
+
+    it('answers with the fallback when the queue is full or the circuit is open, never for an invalid request', async () => {
+      const { sut, batcher, app } = await startRouter({ ROUTER_CACHE_ENABLED: 'false', ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_FAILURES: '1' });
+      batcher.failures.push(new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL' }));
+      await expect(sut.infer(inferRequest({ modelName: 'ab', routingKey: 'k' }))).resolves.toMatchObject({ modelName: 'mlp', degraded: true });
+
+      // Version 1 of ab fails: its first failure opens its circuit; its keys go to the fallback, version 2's are served.
+      batcher.failingVersion = '1';
+      for (let k = 0; k < 20; k++) {
+        const routingKey = `k${k}`;
+        const onTwo = stickyBucket('models/ab', routingKey) < 50;
+        const response = await sut.infer(inferRequest({ modelName: 'ab', routingKey }));
+        expect(response).toMatchObject(onTwo ? { modelName: 'ab', modelVersion: '2', degraded: false } : { modelName: 'mlp', degraded: true });
+      }
+      expect(await counter(app, 'fallbacks_total', { model: 'ab', fallback: 'mlp', reason: 'CIRCUIT_OPEN' })).toBeGreaterThan(0);
+
+      const invalid = await rpcRejection(sut.infer(inferRequest({ modelName: 'ab', inputs: [] })));
+      expect(invalid.code).toBe(status.INVALID_ARGUMENT);
+    });
+
+    it('does not fall back for a request that names its version', async () => {
+      const { sut } = await startRouter({ ROUTER_CACHE_ENABLED: 'false' });
+
+      const error = await rpcRejection(sut.infer(inferRequest({ modelName: 'frozen', modelVersion: '1' })));
+
+      expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
+    });
+  });
+
+  describe('shadow traffic', () => {
+    const shadowLabels = { model: 'sh', primary: '1', shadow: '2' };
+    const eventually = async (condition: () => Promise<boolean>) => {
+      for (let i = 0; i < 200 && !(await condition()); i++) await new Promise((r) => setTimeout(r, 10));
+    };
+
+    it('mirrors a request to the shadow version after answering it, and counts how the outputs agree', async () => {
+      const { sut, batcher, app } = await startRouter({ ROUTER_CACHE_ENABLED: 'false' });
+
+      const response = await sut.infer(inferRequest({ modelName: 'sh' }));
+
+      expect(response.modelVersion).toBe('1');
+      await eventually(async () => (await counter(app, 'shadow_requests_total', { ...shadowLabels, outcome: 'ok' })) === 1);
+      expect(batcher.requests.map((r) => r.modelVersion)).toEqual(['1', '2']);
+      // Both versions answer the same zeros: two outputs of shape [1], each compared whole, both agreeing.
+      expect(await counter(app, 'shadow_compared_items_total', shadowLabels)).toBe(2);
+      expect(await counter(app, 'shadow_agreed_items_total', shadowLabels)).toBe(2);
+    });
+
+    it('never fails or delays the answer when the shadow fails', async () => {
+      const { sut, batcher, app } = await startRouter({ ROUTER_CACHE_ENABLED: 'false', ROUTER_RETRY_BASE_MS: '1', ROUTER_RETRY_MAX_MS: '1' });
+      batcher.failingVersion = '2';
+
+      await expect(sut.infer(inferRequest({ modelName: 'sh' }))).resolves.toMatchObject({ modelVersion: '1' });
+
+      await eventually(async () => (await counter(app, 'shadow_requests_total', { ...shadowLabels, outcome: String(status.UNAVAILABLE) })) === 1);
+      expect(await counter(app, 'shadow_requests_total', { ...shadowLabels, outcome: String(status.UNAVAILABLE) })).toBe(1);
+      expect(await counter(app, 'shadow_compared_items_total', shadowLabels)).toBe(0);
     });
   });
 

@@ -1,5 +1,6 @@
 import { Inject, Injectable } from '@nestjs/common';
 import { create } from '@bufbuild/protobuf';
+import { status } from '@grpc/grpc-js';
 import { RpcError, toRpcError } from '@infermesh/grpc';
 import {
   type InferenceRequest,
@@ -13,6 +14,7 @@ import { cacheKey, checkInputs } from '@infermesh/tensors';
 import type { Counter, Histogram } from 'prom-client';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { GuardedBatcher } from './guarded-batcher';
+import { ShadowTraffic } from './shadow-traffic';
 import { CacheAdapter } from './upstreams.adapter';
 import { VersionResolver } from './version-resolver';
 
@@ -29,12 +31,14 @@ export class InferenceRouter {
   private readonly requests: Counter<'model' | 'version' | 'outcome'>;
   private readonly cacheOutcomes: Counter<'outcome'>;
   private readonly routes: Counter<'model' | 'version' | 'route'>;
+  private readonly fallbacks: Counter<'model' | 'fallback' | 'reason'>;
   private readonly duration: Histogram<'model' | 'cached'>;
 
   constructor(
     private readonly resolver: VersionResolver,
     private readonly cache: CacheAdapter,
     private readonly batcher: GuardedBatcher,
+    private readonly shadow: ShadowTraffic,
     @Inject(ROUTER_CONFIG) private readonly config: RouterConfig,
     private readonly logger: JsonLogger,
     metrics: Metrics,
@@ -52,11 +56,37 @@ export class InferenceRouter {
       'version',
       'route',
     ]);
+    this.fallbacks = metrics.counter('fallbacks_total', 'Requests answered by the fallback model, marked degraded, by model, fallback and why.', [
+      'model',
+      'fallback',
+      'reason',
+    ]);
     this.duration = metrics.histogram('request_duration_seconds', 'Time to route and answer an inference request.', ['model', 'cached']);
   }
 
   async infer(request: InferenceRequest): Promise<InferenceResponse> {
     const start = process.hrtime.bigint();
+    const model = request.modelName;
+    try {
+      return await this.routeAndServe(request, start);
+    } catch (error) {
+      const rpcError = toRpcError(error);
+      const fallback = request.modelVersion === '' && fallsBack(rpcError) ? await this.resolver.fallbackOf(model).catch(() => '') : '';
+      if (fallback !== '') {
+        try {
+          const response = await this.routeAndServe(create(InferenceRequestSchema, { ...request, modelName: fallback }), start);
+          this.fallbacks.inc({ model, fallback, reason: rpcError.reason ?? String(rpcError.code) });
+          return { ...response, degraded: true };
+        } catch {
+          // The fallback cannot answer either: the client learns why the model it asked for could not.
+        }
+      }
+      throw rpcError;
+    }
+  }
+
+  /** Resolves the version that serves the request, checks the request against it, and answers it. */
+  private async routeAndServe(request: InferenceRequest, start: bigint): Promise<InferenceResponse> {
     const model = request.modelName;
     let version = '';
     try {
@@ -67,8 +97,10 @@ export class InferenceRouter {
       this.check(model, resolved.version, request);
       const routed = create(InferenceRequestSchema, { ...request, modelVersion: version });
       const response = await this.serve(routed);
+      const seconds = Number(process.hrtime.bigint() - start) / 1e9;
       this.requests.inc({ model, version, outcome: 'OK' });
-      this.duration.observe({ model, cached: String(response.cached) }, Number(process.hrtime.bigint() - start) / 1e9);
+      this.duration.observe({ model, cached: String(response.cached) }, seconds);
+      if (resolved.shadow !== undefined) this.shadow.mirror(routed, resolved.shadow, response, seconds * 1000);
       return response;
     } catch (error) {
       const rpcError = toRpcError(error);
@@ -122,4 +154,13 @@ export class InferenceRouter {
     }
     return response;
   }
+}
+
+/**
+ * Failures the fallback model covers: the model has no ready replica or cannot be reached (any
+ * UNAVAILABLE, an open circuit included), or its queue is full. A request the model refused as
+ * invalid, or one whose deadline passed, is not retried elsewhere.
+ */
+function fallsBack(error: RpcError): boolean {
+  return error.code === status.UNAVAILABLE || (error.code === status.RESOURCE_EXHAUSTED && error.reason === 'QUEUE_FULL');
 }

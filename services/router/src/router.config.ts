@@ -16,6 +16,7 @@ const shape = {
   ROUTER_RETRY_ATTEMPTS: nonNegativeInt(2),
   ROUTER_RETRY_BASE_MS: positiveInt(25),
   ROUTER_RETRY_MAX_MS: positiveInt(250),
+  ROUTER_SHADOW_TIMEOUT_MS: positiveInt(10_000),
 };
 
 /** The router's configuration, validated once at start-up. */
@@ -41,6 +42,8 @@ export function loadRouterConfig(env: Env) {
     breaker: { failureThreshold: e.ROUTER_BREAKER_FAILURES, cooldownMs: e.ROUTER_BREAKER_COOLDOWN_MS },
     /** Retries of an UNAVAILABLE batcher answer: at most `attempts`, waiting a random time up to base·2^n ms (at most max). */
     retry: { attempts: e.ROUTER_RETRY_ATTEMPTS, baseMs: e.ROUTER_RETRY_BASE_MS, maxMs: e.ROUTER_RETRY_MAX_MS },
+    /** Deadline of a mirrored request on a shadow version. */
+    shadowTimeoutMs: e.ROUTER_SHADOW_TIMEOUT_MS,
   };
 }
 

@@ -4,6 +4,7 @@ import { GuardedBatcher } from './guarded-batcher';
 import { InferenceRouter } from './inference-router';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { RouterGrpcController } from './router.grpc';
+import { ShadowTraffic } from './shadow-traffic';
 import { BatcherAdapter, CacheAdapter, RegistryAdapter } from './upstreams.adapter';
 import { VersionResolver } from './version-resolver';
 
@@ -19,6 +20,7 @@ export class RouterModule {
         CacheAdapter,
         BatcherAdapter,
         GuardedBatcher,
+        ShadowTraffic,
         VersionResolver,
         InferenceRouter,
         RouterGrpcController,

@@ -1,7 +1,7 @@
 import { Inject, Injectable } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
 import type { Model, ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { route, type RouteKind } from '@infermesh/rollout';
+import { route, type RouteKind, shadowOf } from '@infermesh/rollout';
 import { LookupMemo } from '@infermesh/runtime';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { RegistryAdapter } from './upstreams.adapter';
@@ -10,6 +10,8 @@ export interface Resolved {
   version: ModelVersion;
   /** How it was chosen: named by the request, or by the model's rollout policy. */
   route: RouteKind | 'explicit';
+  /** The version that also runs the request in the background, when the policy mirrors it. */
+  shadow?: ModelVersion | undefined;
 }
 
 /**
@@ -32,10 +34,16 @@ export class VersionResolver {
     this.models = new LookupMemo((model) => registry.getModel(model), options);
   }
 
+  /** The model that answers for this one, marked degraded, when it cannot; empty when none. */
+  async fallbackOf(model: string): Promise<string> {
+    return (await this.models.get(model)).rollout?.fallbackModel ?? '';
+  }
+
   async resolve(model: string, versionId: string, routingKey = ''): Promise<Resolved> {
     if (versionId !== '') return { version: await this.versions.get(`${model}\u0000${versionId}`), route: 'explicit' };
-    const chosen = route(await this.models.get(model), routingKey);
+    const found = await this.models.get(model);
+    const chosen = route(found, routingKey);
     if (chosen === undefined) throw RpcError.unavailable(`model "${model}" has no READY version`, 'MODEL_NOT_READY');
-    return { version: chosen.version, route: chosen.kind };
+    return { version: chosen.version, route: chosen.kind, shadow: shadowOf(found, chosen.version) };
   }
 }

@@ -1,0 +1,83 @@
+import { Inject, Injectable } from '@nestjs/common';
+import { create } from '@bufbuild/protobuf';
+import { toRpcError } from '@infermesh/grpc';
+import { type InferenceRequest, InferenceRequestSchema, type InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import type { ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { versionIdOf } from '@infermesh/rollout';
+import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
+import { performance } from 'node:perf_hooks';
+import type { Counter, Histogram } from 'prom-client';
+import { GuardedBatcher } from './guarded-batcher';
+import { compareOutputs } from './output-comparison';
+import { ROUTER_CONFIG, type RouterConfig } from './router.config';
+
+type Labels = 'model' | 'primary' | 'shadow';
+
+/**
+ * Shadow traffic: a request the rollout mirrors runs again on the shadow version in the background,
+ * under its own deadline, after the client has its answer, which it never delays, changes or fails.
+ * The shadow's outputs are compared with the served ones and the comparison exported per model,
+ * primary and shadow version: top-1 agreement, largest absolute difference, relative L2 distance and
+ * the difference in latency.
+ */
+@Injectable()
+export class ShadowTraffic {
+  private readonly requests: Counter<Labels | 'outcome'>;
+  private readonly items: Counter<Labels>;
+  private readonly agreed: Counter<Labels>;
+  private readonly mismatched: Counter<Labels>;
+  private readonly maxAbsDiff: Histogram<Labels>;
+  private readonly relativeL2: Histogram<Labels>;
+  private readonly latencyDiff: Histogram<Labels>;
+
+  constructor(
+    private readonly batcher: GuardedBatcher,
+    @Inject(ROUTER_CONFIG) private readonly config: RouterConfig,
+    private readonly logger: JsonLogger,
+    metrics: Metrics,
+  ) {
+    const labels: Labels[] = ['model', 'primary', 'shadow'];
+    this.requests = metrics.counter('shadow_requests_total', 'Requests mirrored to a shadow version, by outcome (ok or the error code).', [...labels, 'outcome']);
+    this.items = metrics.counter('shadow_compared_items_total', 'Batch items (or whole outputs) compared between the served and the shadow version.', labels);
+    this.agreed = metrics.counter('shadow_agreed_items_total', 'Compared items on which the shadow agreed: the same top class, or the same bits.', labels);
+    this.mismatched = metrics.counter('shadow_mismatched_outputs_total', 'Shadow outputs of another shape or datatype than the served ones, or missing.', labels);
+    const spread = [0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10];
+    this.maxAbsDiff = metrics.histogram('shadow_max_abs_diff', 'Largest absolute difference between served and shadow floating-point outputs, per request.', labels, spread);
+    this.relativeL2 = metrics.histogram('shadow_relative_l2', 'Relative L2 distance of the shadow outputs from the served ones, per request.', labels, spread);
+    this.latencyDiff = metrics.histogram(
+      'shadow_latency_diff_seconds',
+      'Shadow latency minus the served latency, per request.',
+      labels,
+      [-1, -0.1, -0.025, -0.01, -0.005, -0.001, 0, 0.001, 0.005, 0.01, 0.025, 0.1, 1],
+    );
+  }
+
+  /** Runs the request on the shadow version in the background and compares its answer with `served`. */
+  mirror(request: InferenceRequest, shadow: ModelVersion, served: InferenceResponse, servedMs: number): void {
+    const labels = { model: request.modelName, primary: served.modelVersion, shadow: versionIdOf(shadow.name) };
+    const mirrored = create(InferenceRequestSchema, { ...request, modelVersion: labels.shadow });
+    const start = performance.now();
+    // Not the client's context: its deadline and cancellation end with its answer.
+    void requestContext
+      .run({ requestId: `${requestContext.current()?.requestId ?? 'shadow'}-shadow`, deadlineMs: Date.now() + this.config.shadowTimeoutMs }, () =>
+        this.batcher.infer(mirrored),
+      )
+      .then(
+        (response) => {
+          this.requests.inc({ ...labels, outcome: 'ok' });
+          this.latencyDiff.observe(labels, (performance.now() - start - servedMs) / 1000);
+          const comparison = compareOutputs(served.outputs, response.outputs);
+          this.items.inc(labels, comparison.items);
+          this.agreed.inc(labels, comparison.agreed);
+          if (comparison.mismatched > 0) this.mismatched.inc(labels, comparison.mismatched);
+          this.maxAbsDiff.observe(labels, comparison.maxAbsDiff);
+          this.relativeL2.observe(labels, comparison.relativeL2);
+        },
+        (error: unknown) => {
+          const rpcError = toRpcError(error);
+          this.requests.inc({ ...labels, outcome: String(rpcError.code) });
+          this.logger.debug('shadow request failed', { model: labels.model, shadow: labels.shadow, err: rpcError.message });
+        },
+      );
+  }
+}
