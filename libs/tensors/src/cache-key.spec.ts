@@ -43,6 +43,14 @@ describe('cacheKey', () => {
     expect(key(base)).toBe(key({ ...base }));
   });
 
+  it('changes with the scope (a tenant), and does not depend on the tenant or routing key fields themselves', () => {
+    const request = create(InferenceRequestSchema, base);
+    expect(cacheKey(request, 'key:a').equals(cacheKey(request, 'key:b'))).toBe(false);
+    expect(cacheKey(request, 'key:a').equals(cacheKey(request))).toBe(false);
+    const other = create(InferenceRequestSchema, { ...base, tenant: 'key:a', routingKey: 'user-1' });
+    expect(cacheKey(other).equals(cacheKey(request))).toBe(true);
+  });
+
   it('does not depend on the order of the inputs', () => {
     expect(key({ ...base, inputs: [...base.inputs].reverse() })).toBe(key(base));
   });

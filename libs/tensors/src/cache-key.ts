@@ -2,13 +2,13 @@ import { createHash } from 'node:crypto';
 import type { InferenceRequest } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 
 /**
- * The result-cache key of a request for a resolved model version: SHA-256 over the model, the
- * version, each input's name, datatype, shape and bytes (in name order, so input order does not
- * matter), the requested outputs in their order, and the class counts asked of outputs (in name
- * order). Every variable-length field is length-prefixed, so no two different requests share a byte
- * stream.
+ * The result-cache key of a request for a resolved model version: SHA-256 over the scope (a tenant
+ * when entries are kept per tenant, else empty), the model, the version, each input's name,
+ * datatype, shape and bytes (in name order, so input order does not matter), the requested outputs
+ * in their order, and the class counts asked of outputs (in name order). Every variable-length field
+ * is length-prefixed, so no two different requests share a byte stream.
  */
-export function cacheKey(request: InferenceRequest): Buffer {
+export function cacheKey(request: InferenceRequest, scope = ''): Buffer {
   const hash = createHash('sha256');
   const field = (value: string | Uint8Array) => {
     const bytes = typeof value === 'string' ? Buffer.from(value, 'utf8') : value;
@@ -17,7 +17,8 @@ export function cacheKey(request: InferenceRequest): Buffer {
     hash.update(length);
     hash.update(bytes);
   };
-  field('infermesh.cache.v1');
+  field('infermesh.cache.v2');
+  field(scope);
   field(request.modelName);
   field(request.modelVersion);
   const inputs = [...request.inputs].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));

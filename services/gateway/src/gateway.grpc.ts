@@ -13,7 +13,7 @@ import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
 import { GatewayMetrics } from './gateway-metrics';
 import { inferRequestFromGrpc, inferResponseToGrpc } from './grpc-codec';
 import { timeoutParameterMs } from './infer-parameters';
-import { ROUTING_KEY_HEADER, routingKeyOf } from './routing-key';
+import { callerOf, ROUTING_KEY_HEADER } from './routing-key';
 import { ModelCatalog, type TensorMetadata } from './model-catalog';
 import { ModelInference } from './model-inference';
 import { ServerStatus } from './server-status';
@@ -62,7 +62,7 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
     return this.handle('ModelInfer', ctx, { timeout: () => timeoutParameterMs(request.parameters) }, async () =>
       inferResponseToGrpc(
         await this.inference.infer(
-          { ...inferRequestFromGrpc(request), routingKey: routingKeyOf(ctx.metadata[ROUTING_KEY_HEADER], ctx.metadata['authorization']) },
+          { ...inferRequestFromGrpc(request), ...callerOf(ctx.metadata[ROUTING_KEY_HEADER], ctx.metadata['authorization']) },
           ctx.signal,
         ),
       ),

@@ -6,7 +6,7 @@ import type { Request, Response } from 'express';
 import { Public } from './api-key.guard';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
 import { timeoutParameterMs } from './infer-parameters';
-import { ROUTING_KEY_HEADER, routingKeyOf } from './routing-key';
+import { callerOf, ROUTING_KEY_HEADER } from './routing-key';
 import { readJsonBody } from './json-body';
 import { ModelCatalog, type ModelMetadata, type RepositoryEntry } from './model-catalog';
 import { ModelInference } from './model-inference';
@@ -113,7 +113,7 @@ export class GatewayHttpController {
 
   private async infer(req: Request, res: Response, model: string, version: string): Promise<JsonInferResponse> {
     const body = await readJsonBody(req, res, this.config.maxBodyBytes);
-    const request = { ...inferRequestFromJson(model, version, body), routingKey: routingKeyOf(req.header(ROUTING_KEY_HEADER), req.header('authorization')) };
+    const request = { ...inferRequestFromJson(model, version, body), ...callerOf(req.header(ROUTING_KEY_HEADER), req.header('authorization')) };
     const aborted = new AbortController();
     res.once('close', () => {
       if (!res.writableFinished) aborted.abort();

@@ -470,7 +470,7 @@ describe('gateway', () => {
     const inferRequest = (init: Parameters<typeof create<typeof ModelInferRequestSchema>>[1]): ModelInferRequest =>
       create(ModelInferRequestSchema, init);
 
-    it('passes the routing key on: x-routing-key over REST and gRPC, else a digest of the API key, never the key', async () => {
+    it('passes the routing key on: x-routing-key over REST and gRPC, else the tenant (a digest of the API key, never the key)', async () => {
       const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
       const grpcInput = { modelName: 'tiny', inputs: [{ name: 'x', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } }] };
       const keyOf = () => routerState.requests.at(-1)!.request.routingKey;
@@ -481,6 +481,8 @@ describe('gateway', () => {
       expect(keyOf()).toBe('user-43');
       await postJson(port, '/v2/models/tiny/infer', { inputs: [input] });
       const fromKey = keyOf();
+      // Without x-routing-key the routing key is the tenant: the API key's digest.
+      expect(routerState.requests.at(-1)!.request.tenant).toBe(fromKey);
       await grpcClient.modelInfer(inferRequest(grpcInput), { metadata });
       expect(keyOf()).toBe(fromKey);
       expect(fromKey).toMatch(/^key:[0-9a-f]{32}$/);

@@ -117,9 +117,12 @@ class FakeBatcher {
   readonly failures: RpcError[] = [];
   /** A version whose every call fails UNAVAILABLE. */
   failingVersion: string | undefined;
+  /** While set, calls wait for it before answering. */
+  hold: Promise<void> | undefined;
 
   async infer(request: InferenceRequest): Promise<InferenceResponse> {
     this.requests.push(request);
+    if (this.hold !== undefined) await this.hold;
     if (request.modelVersion === this.failingVersion) throw RpcError.unavailable(`version ${request.modelVersion} is down`);
     const failure = this.failures.shift();
     if (failure !== undefined) throw failure;
@@ -497,6 +500,39 @@ describe(InferenceRouter.name, () => {
       };
 
       await expect(sut.infer(inferRequest())).resolves.toMatchObject({ modelVersion: '2', cached: false });
+    });
+
+    it('with ROUTER_CACHE_PER_TENANT=true never answers one tenant from the entry of another', async () => {
+      const shared = await startRouter();
+      await shared.sut.infer(inferRequest({ tenant: 'key:a' }));
+      await expect(shared.sut.infer(inferRequest({ tenant: 'key:b' }))).resolves.toMatchObject({ cached: true });
+
+      const { sut, batcher } = await startRouter({ ROUTER_CACHE_PER_TENANT: 'true' });
+      await sut.infer(inferRequest({ tenant: 'key:a' }));
+      await expect(sut.infer(inferRequest({ tenant: 'key:b' }))).resolves.toMatchObject({ cached: false });
+      await expect(sut.infer(inferRequest({ tenant: 'key:a' }))).resolves.toMatchObject({ cached: true });
+      expect(batcher.requests).toHaveLength(2);
+    });
+
+    it('runs identical requests that miss together once, each answered with its own id', async () => {
+      const { sut, batcher, cache, app } = await startRouter();
+      let release!: () => void;
+      batcher.hold = new Promise((r) => (release = r));
+
+      const answers = Promise.all(['a', 'b', 'c'].map((id) => sut.infer(inferRequest({ id }))));
+      for (let i = 0; i < 100 && batcher.requests.length === 0; i++) await new Promise((r) => setTimeout(r, 5));
+      await new Promise((r) => setTimeout(r, 20));
+      release();
+      const responses = await answers;
+
+      expect(batcher.requests).toHaveLength(1);
+      expect(responses.map((r) => r.id)).toEqual(['a', 'b', 'c']);
+      expect(responses.every((r) => r.outputs.length === 2 && !r.cached)).toBe(true);
+      expect(await counter(app, 'cache_requests_total', { outcome: 'coalesced' })).toBe(2);
+      expect(cache.stores).toHaveLength(1);
+      // A different request is not joined to it.
+      await sut.infer(inferRequest({ id: 'd', outputNames: ['y'] }));
+      expect(batcher.requests).toHaveLength(2);
     });
 
     it('with ROUTER_CACHE_ENABLED=false never touches the cache', async () => {

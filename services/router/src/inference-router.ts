@@ -8,7 +8,7 @@ import {
   type InferenceResponse,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import { versionIdOf } from '@infermesh/rollout';
 import { cacheKey, checkInputs } from '@infermesh/tensors';
 import type { Counter, Histogram } from 'prom-client';
@@ -18,7 +18,7 @@ import { ShadowTraffic } from './shadow-traffic';
 import { CacheAdapter } from './upstreams.adapter';
 import { VersionResolver } from './version-resolver';
 
-type CacheOutcome = 'hit' | 'miss' | 'bypass' | 'disabled';
+type CacheOutcome = 'hit' | 'miss' | 'bypass' | 'coalesced' | 'disabled';
 
 /**
  * The router's use case: resolve the version that serves a request, check the request against that
@@ -32,6 +32,9 @@ export class InferenceRouter {
   private readonly cacheOutcomes: Counter<'outcome'>;
   private readonly routes: Counter<'model' | 'version' | 'route'>;
   private readonly fallbacks: Counter<'model' | 'fallback' | 'reason'>;
+  private readonly hitSeconds: Histogram;
+  /** Inferences running for cache misses, by cache key: identical misses join them. */
+  private readonly inflight = new Map<string, Promise<InferenceResponse>>();
   private readonly duration: Histogram<'model' | 'cached'>;
 
   constructor(
@@ -48,7 +51,7 @@ export class InferenceRouter {
       'version',
       'outcome',
     ]);
-    this.cacheOutcomes = metrics.counter('cache_requests_total', 'Result cache use by outcome: hit, miss, bypass (cache failed or slow), disabled.', [
+    this.cacheOutcomes = metrics.counter('cache_requests_total', 'Result cache use by outcome: hit, miss, bypass (cache failed or slow), coalesced (joined an identical miss in flight), disabled.', [
       'outcome',
     ]);
     this.routes = metrics.counter('routed_total', 'Requests by model, the version that serves them, and how it was chosen: explicit, stable, canary or variant.', [
@@ -56,6 +59,7 @@ export class InferenceRouter {
       'version',
       'route',
     ]);
+    this.hitSeconds = metrics.histogram('cache_hit_seconds', 'Time to answer a request from the result cache (its lookup).');
     this.fallbacks = metrics.counter('fallbacks_total', 'Requests answered by the fallback model, marked degraded, by model, fallback and why.', [
       'model',
       'fallback',
@@ -133,20 +137,36 @@ export class InferenceRouter {
       this.cacheOutcomes.inc({ outcome: 'disabled' });
       return this.batcher.infer(request);
     }
-    const key = cacheKey(request);
+    const key = cacheKey(request, this.config.cache.perTenant ? request.tenant : '');
     let outcome: CacheOutcome = 'miss';
     try {
+      const lookupStart = process.hrtime.bigint();
       const cached = await this.cache.lookup(key, this.config.cache.timeoutMs);
       if (cached !== undefined) {
         this.cacheOutcomes.inc({ outcome: 'hit' });
+        this.hitSeconds.observe(Number(process.hrtime.bigint() - lookupStart) / 1e9);
         return { ...cached, id: request.id, cached: true };
       }
     } catch (error) {
       outcome = 'bypass';
       this.logger.debug('result cache unavailable; serving without it', { err: toRpcError(error).message });
     }
+    // Identical requests that miss together share one inference.
+    const flight = key.toString('hex');
+    const running = this.inflight.get(flight);
+    if (running !== undefined) {
+      this.cacheOutcomes.inc({ outcome: 'coalesced' });
+      return { ...(await running), id: request.id };
+    }
     this.cacheOutcomes.inc({ outcome });
-    const response = await this.batcher.infer(request);
+    // Shared by whoever joins it, so it does not end when the request that started it is cancelled;
+    // it keeps that request's deadline.
+    const ambient = requestContext.current();
+    const shared = requestContext
+      .run({ requestId: ambient?.requestId ?? request.id, ...(ambient?.deadlineMs !== undefined && { deadlineMs: ambient.deadlineMs }) }, () => this.batcher.infer(request))
+      .finally(() => this.inflight.delete(flight));
+    this.inflight.set(flight, shared);
+    const response = await shared;
     if (outcome === 'miss') {
       this.cache.store(key, response, this.config.cache.ttlMs, this.config.cache.timeoutMs * 10).catch((error: unknown) => {
         this.logger.debug('result cache store failed', { err: toRpcError(error).message });
@@ -154,6 +174,7 @@ export class InferenceRouter {
     }
     return response;
   }
+
 }
 
 /**

@@ -11,6 +11,7 @@ const shape = {
   ROUTER_CACHE_ENABLED: z.enum(['true', 'false']).default('true'),
   ROUTER_CACHE_TIMEOUT_MS: positiveInt(100),
   ROUTER_CACHE_TTL_MS: nonNegativeInt(0),
+  ROUTER_CACHE_PER_TENANT: z.enum(['true', 'false']).default('false'),
   ROUTER_BREAKER_FAILURES: positiveInt(5),
   ROUTER_BREAKER_COOLDOWN_MS: positiveInt(5_000),
   ROUTER_RETRY_ATTEMPTS: nonNegativeInt(2),
@@ -37,6 +38,8 @@ export function loadRouterConfig(env: Env) {
       timeoutMs: e.ROUTER_CACHE_TIMEOUT_MS,
       /** 0 uses the cache service's default. */
       ttlMs: e.ROUTER_CACHE_TTL_MS,
+      /** Keys entries by tenant (the caller's API key digest) too: no tenant is answered from another's entries. */
+      perTenant: e.ROUTER_CACHE_PER_TENANT === 'true',
     },
     /** Per model version: consecutive failures that open its circuit, and how long it stays open. */
     breaker: { failureThreshold: e.ROUTER_BREAKER_FAILURES, cooldownMs: e.ROUTER_BREAKER_COOLDOWN_MS },

@@ -2,11 +2,12 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { REPO_ROOT } from '../../e2e/support/system-fixture';
 import { batching } from './batching.scenario';
+import { cache } from './cache.scenario';
 import { latency } from './latency.scenario';
 import { worker } from './worker.scenario';
 
 /** Benchmark scenarios by name: each runs against real processes and returns its figures. */
-const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = { latency, worker, batching };
+const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = { latency, worker, batching, cache };
 
 async function main(): Promise<number> {
   const name = process.argv[2];

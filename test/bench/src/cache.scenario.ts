@@ -1,0 +1,110 @@
+import { create } from '@bufbuild/protobuf';
+import { createClient } from '@infermesh/grpc';
+import { buildMlpModel } from '@infermesh/model-builder';
+import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { registerModel, waitForVersionsReady } from '@infermesh/system';
+import { performance } from 'node:perf_hooks';
+import { API_KEY, metricValue, startFixture } from '../../e2e/support/system-fixture';
+import { quantile, round, table } from './stats';
+
+const FEATURES = 512;
+const ROUNDS = 400;
+const WARMUP = 40;
+/** Inputs answered from the cache: each is sent once before the measured rounds. */
+const HOT_INPUTS = 16;
+
+/**
+ * The result cache and shadow traffic through the whole system, gRPC at concurrency 1, the MLP at
+ * batch 1, measured interleaved round by round so that the machine's noise hits every path alike:
+ * - miss: a new input every time (the cache is asked, misses, and the model runs);
+ * - hit: an input answered before (served from the cache);
+ * - shadowed: a new input to a model whose rollout mirrors 100 % of its requests to a second version
+ *   (the same MLP), against "miss" as the same request without a shadow.
+ */
+export async function cache(): Promise<Record<string, unknown>> {
+  const fixture = await startFixture({ models: [buildMlpModel({ name: 'mlp' }), buildMlpModel({ name: 'mlp-shadowed' })] });
+  const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
+  const registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
+  const metadata = { authorization: `Bearer ${API_KEY}` };
+  const input = (seed: number) => {
+    const data = new Float32Array(FEATURES);
+    for (let j = 0; j < FEATURES; j++) data[j] = Math.sin(seed * 0.37 + j);
+    return new Uint8Array(data.buffer);
+  };
+  const call = async (model: string, data: Uint8Array) => {
+    const start = performance.now();
+    const response = await grpc.modelInfer(
+      create(ModelInferRequestSchema, {
+        modelName: model,
+        inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, BigInt(FEATURES)] }],
+        rawInputContents: [data],
+      }),
+      { metadata, timeoutMs: 30_000 },
+    );
+    return { ms: performance.now() - start, cached: response.parameters['cached']?.parameterChoice.value === true };
+  };
+  const samples = { miss: [] as number[], hit: [] as number[], shadowed: [] as number[] };
+  let wrongHits = 0;
+  let shadowRequests = 0;
+  try {
+    const second = await registerModel(registry, 'mlp-shadowed', '2', buildMlpModel({ name: 'mlp-shadowed' }).bytes);
+    await waitForVersionsReady(registry, [second.name], 120_000);
+    await registry.setRolloutPolicy({ model: 'models/mlp-shadowed', policy: { stableVersion: '1', shadow: { version: '2', percent: 100 } } });
+    await new Promise((r) => setTimeout(r, 1_500)); // past the router's resolve TTL
+    const hot = Array.from({ length: HOT_INPUTS }, (_, i) => input(-1 - i));
+    for (const data of hot) await call('mlp', data);
+
+    let seed = 0;
+    for (let round = 0; round < WARMUP + ROUNDS; round++) {
+      const miss = await call('mlp', input(seed++));
+      const hit = await call('mlp', hot[round % HOT_INPUTS]!);
+      const shadowed = await call('mlp-shadowed', input(seed++));
+      if (miss.cached || !hit.cached || shadowed.cached) wrongHits += 1;
+      if (round >= WARMUP) {
+        samples.miss.push(miss.ms);
+        samples.hit.push(hit.ms);
+        samples.shadowed.push(shadowed.ms);
+      }
+    }
+    await new Promise((r) => setTimeout(r, 1_000));
+    shadowRequests = await metricValue(fixture.system.metricsUrl('router'), 'infermesh_router_shadow_requests_total', {
+      model: 'mlp-shadowed',
+      outcome: 'ok',
+    });
+  } finally {
+    grpc.close();
+    registry.close();
+    await fixture.stop();
+  }
+
+  const p = (list: number[], q: number) => round(quantile(list, q), 3);
+  const result = {
+    scenario: 'cache',
+    model: 'mlp (FP32 512-2048-2048-512, batch 1), gRPC through the gateway, concurrency 1, embedded result cache',
+    rounds: ROUNDS,
+    miss_p50_ms: p(samples.miss, 0.5),
+    miss_p99_ms: p(samples.miss, 0.99),
+    hit_p50_ms: p(samples.hit, 0.5),
+    hit_p99_ms: p(samples.hit, 0.99),
+    shadowed_p50_ms: p(samples.shadowed, 0.5),
+    shadowed_p99_ms: p(samples.shadowed, 0.99),
+    hit_p50_over_miss_p50: round(quantile(samples.hit, 0.5) / quantile(samples.miss, 0.5), 3),
+    shadow100_p50_overhead: round(quantile(samples.shadowed, 0.5) / quantile(samples.miss, 0.5), 3),
+    /** Answers whose cached flag was not what the path expects (a miss answered from the cache, or a hit that missed). */
+    unexpected_cache_answers: wrongHits,
+    /** Mirrored requests the shadow version answered (one per shadowed request, warm-up included). */
+    shadow_requests_ok: shadowRequests,
+  };
+  process.stdout.write(
+    `${table(
+      ['path', 'p50 ms', 'p99 ms', 'p50 ÷ miss'],
+      [
+        ['miss (model runs)', result.miss_p50_ms, result.miss_p99_ms, 1],
+        ['hit (from the cache)', result.hit_p50_ms, result.hit_p99_ms, result.hit_p50_over_miss_p50],
+        ['miss with a 100 % shadow', result.shadowed_p50_ms, result.shadowed_p99_ms, result.shadow100_p50_overhead],
+      ],
+    )}\n`,
+  );
+  return result;
+}
