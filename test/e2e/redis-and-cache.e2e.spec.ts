@@ -8,7 +8,8 @@ describe('serving with Redis stores and the result cache', () => {
 
   beforeAll(async () => {
     redis = await startRedisServer();
-    fixture = await startFixture({ models: ['tiny'], redisUrl: redis.url });
+    // The router's own cache off: every repeated request goes to the shared cache in Redis.
+    fixture = await startFixture({ models: ['tiny'], redisUrl: redis.url, env: { ROUTER_LOCAL_CACHE_ENABLED: 'false' } });
     url = fixture.system.gatewayUrl;
   });
 

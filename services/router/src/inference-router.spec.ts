@@ -420,8 +420,8 @@ describe(InferenceRouter.name, () => {
       expect(await counter(app, 'cache_requests_total', { outcome: 'miss' })).toBe(1);
     });
 
-    it('on a hit answers without the batcher, marked cached, with the request’s own id', async () => {
-      const { sut, batcher, app } = await startRouter();
+    it('on a hit answers without the batcher, marked cached, with the request’s own id: from its own cache once it has seen the answer', async () => {
+      const { sut, batcher, cache, app } = await startRouter();
       const first = await sut.infer(inferRequest({ id: 'first' }));
 
       const second = await sut.infer(inferRequest({ id: 'second' }));
@@ -429,7 +429,25 @@ describe(InferenceRouter.name, () => {
       expect(batcher.requests).toHaveLength(1);
       expect(second).toMatchObject({ id: 'second', cached: true, modelName: 'mlp', modelVersion: '2' });
       expect(second.outputs).toEqual(first.outputs);
+      expect(await counter(app, 'cache_requests_total', { outcome: 'local_hit' })).toBe(1);
+      expect(cache.lookups).toHaveLength(1);
+    });
+
+    it('on a hit in the shared cache (an answer another router stored) answers from it, then from its own cache', async () => {
+      const { sut, batcher, cache, app } = await startRouter();
+      const key = hex(cacheKey(inferRequest({ modelVersion: '2' })));
+      cache.entries.set(key, create(InferenceResponseSchema, { modelName: 'mlp', modelVersion: '2', id: 'elsewhere', outputs: [{ name: 'y', data: new Uint8Array(8) }] }));
+
+      const first = await sut.infer(inferRequest({ id: 'a' }));
+      const second = await sut.infer(inferRequest({ id: 'b' }));
+
+      expect(batcher.requests).toHaveLength(0);
+      expect([first, second].map((r) => [r.id, r.cached, r.outputs[0]!.name])).toEqual([
+        ['a', true, 'y'],
+        ['b', true, 'y'],
+      ]);
       expect(await counter(app, 'cache_requests_total', { outcome: 'hit' })).toBe(1);
+      expect(await counter(app, 'cache_requests_total', { outcome: 'local_hit' })).toBe(1);
     });
 
     it('does not serve one version’s cached result for another version', async () => {

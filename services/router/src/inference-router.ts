@@ -14,11 +14,12 @@ import { cacheKey, checkInputs } from '@infermesh/tensors';
 import type { Counter, Histogram } from 'prom-client';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { GuardedBatcher } from './guarded-batcher';
+import { LocalResultCache } from './local-result-cache';
 import { ShadowTraffic } from './shadow-traffic';
 import { CacheAdapter } from './upstreams.adapter';
 import { VersionResolver } from './version-resolver';
 
-type CacheOutcome = 'hit' | 'miss' | 'bypass' | 'coalesced' | 'disabled';
+type CacheOutcome = 'local_hit' | 'hit' | 'miss' | 'bypass' | 'coalesced' | 'disabled';
 
 /**
  * The router's use case: resolve the version that serves a request, check the request against that
@@ -33,6 +34,7 @@ export class InferenceRouter {
   private readonly routes: Counter<'model' | 'version' | 'route'>;
   private readonly fallbacks: Counter<'model' | 'fallback' | 'reason'>;
   private readonly hitSeconds: Histogram;
+  private readonly local: LocalResultCache;
   /** Inferences running for cache misses, by cache key: identical misses join them. */
   private readonly inflight = new Map<string, Promise<InferenceResponse>>();
   private readonly duration: Histogram<'model' | 'cached'>;
@@ -51,7 +53,7 @@ export class InferenceRouter {
       'version',
       'outcome',
     ]);
-    this.cacheOutcomes = metrics.counter('cache_requests_total', 'Result cache use by outcome: hit, miss, bypass (cache failed or slow), coalesced (joined an identical miss in flight), disabled.', [
+    this.cacheOutcomes = metrics.counter('cache_requests_total', 'Result cache use by outcome: local_hit (the router\'s own cache), hit (the shared cache), miss, bypass (cache failed or slow), coalesced (joined an identical miss in flight), disabled.', [
       'outcome',
     ]);
     this.routes = metrics.counter('routed_total', 'Requests by model, the version that serves them, and how it was chosen: explicit, stable, canary or variant.', [
@@ -59,6 +61,8 @@ export class InferenceRouter {
       'version',
       'route',
     ]);
+    this.local = new LocalResultCache(config.cache.local.maxBytes, config.cache.local.ttlMs);
+    metrics.gauge('local_cache_bytes', "Bytes held by the router's own result cache.", [], (gauge) => gauge.set(this.local.size));
     this.hitSeconds = metrics.histogram('cache_hit_seconds', 'Time to answer a request from the result cache (its lookup).');
     this.fallbacks = metrics.counter('fallbacks_total', 'Requests answered by the fallback model, marked degraded, by model, fallback and why.', [
       'model',
@@ -138,6 +142,12 @@ export class InferenceRouter {
       return this.batcher.infer(request);
     }
     const key = cacheKey(request, this.config.cache.perTenant ? request.tenant : '');
+    const flight = key.toString('hex');
+    const local = this.local.get(flight);
+    if (local !== undefined) {
+      this.cacheOutcomes.inc({ outcome: 'local_hit' });
+      return { ...local, id: request.id, cached: true };
+    }
     let outcome: CacheOutcome = 'miss';
     try {
       const lookupStart = process.hrtime.bigint();
@@ -145,6 +155,7 @@ export class InferenceRouter {
       if (cached !== undefined) {
         this.cacheOutcomes.inc({ outcome: 'hit' });
         this.hitSeconds.observe(Number(process.hrtime.bigint() - lookupStart) / 1e9);
+        this.local.set(flight, cached);
         return { ...cached, id: request.id, cached: true };
       }
     } catch (error) {
@@ -152,7 +163,6 @@ export class InferenceRouter {
       this.logger.debug('result cache unavailable; serving without it', { err: toRpcError(error).message });
     }
     // Identical requests that miss together share one inference.
-    const flight = key.toString('hex');
     const running = this.inflight.get(flight);
     if (running !== undefined) {
       this.cacheOutcomes.inc({ outcome: 'coalesced' });
@@ -167,6 +177,7 @@ export class InferenceRouter {
       .finally(() => this.inflight.delete(flight));
     this.inflight.set(flight, shared);
     const response = await shared;
+    this.local.set(flight, response);
     if (outcome === 'miss') {
       this.cache.store(key, response, this.config.cache.ttlMs, this.config.cache.timeoutMs * 10).catch((error: unknown) => {
         this.logger.debug('result cache store failed', { err: toRpcError(error).message });

@@ -1,4 +1,4 @@
-import { address, type Env, nonNegativeInt, parseEnv, positiveInt } from '@infermesh/config';
+import { address, byteSize, type Env, nonNegativeInt, parseEnv, positiveInt } from '@infermesh/config';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
 import { z } from 'zod';
 
@@ -12,6 +12,9 @@ const shape = {
   ROUTER_CACHE_TIMEOUT_MS: positiveInt(100),
   ROUTER_CACHE_TTL_MS: nonNegativeInt(0),
   ROUTER_CACHE_PER_TENANT: z.enum(['true', 'false']).default('false'),
+  ROUTER_LOCAL_CACHE_ENABLED: z.enum(['true', 'false']).default('true'),
+  ROUTER_LOCAL_CACHE_BYTES: byteSize(64 * 1024 * 1024),
+  ROUTER_LOCAL_CACHE_TTL_MS: positiveInt(30_000),
   ROUTER_BREAKER_FAILURES: positiveInt(5),
   ROUTER_BREAKER_COOLDOWN_MS: positiveInt(5_000),
   ROUTER_RETRY_ATTEMPTS: nonNegativeInt(2),
@@ -40,6 +43,8 @@ export function loadRouterConfig(env: Env) {
       ttlMs: e.ROUTER_CACHE_TTL_MS,
       /** Keys entries by tenant (the caller's API key digest) too: no tenant is answered from another's entries. */
       perTenant: e.ROUTER_CACHE_PER_TENANT === 'true',
+      /** The router's own cache in front of the shared one: its byte budget (0 when off) and how long an entry lives there. */
+      local: { maxBytes: e.ROUTER_LOCAL_CACHE_ENABLED === 'true' ? e.ROUTER_LOCAL_CACHE_BYTES : 0, ttlMs: e.ROUTER_LOCAL_CACHE_TTL_MS },
     },
     /** Per model version: consecutive failures that open its circuit, and how long it stays open. */
     breaker: { failureThreshold: e.ROUTER_BREAKER_FAILURES, cooldownMs: e.ROUTER_BREAKER_COOLDOWN_MS },

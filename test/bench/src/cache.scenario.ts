@@ -81,7 +81,7 @@ export async function cache(): Promise<Record<string, unknown>> {
   const p = (list: number[], q: number) => round(quantile(list, q), 3);
   const result = {
     scenario: 'cache',
-    model: 'mlp (FP32 512-2048-2048-512, batch 1), gRPC through the gateway, concurrency 1, embedded result cache',
+    model: 'mlp (FP32 512-2048-2048-512, batch 1), gRPC through the gateway, concurrency 1; the router keeps hot answers in its own cache, before the embedded shared one',
     rounds: ROUNDS,
     miss_p50_ms: p(samples.miss, 0.5),
     miss_p99_ms: p(samples.miss, 0.99),
