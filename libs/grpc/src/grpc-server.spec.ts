@@ -78,6 +78,9 @@ class ScriptedRegistry implements Impl {
   setRolloutPolicy: Impl['setRolloutPolicy'] = async () => {
     throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
   };
+  updateRollout: Impl['updateRollout'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
 }
 
 async function rejection(promise: Promise<unknown>): Promise<unknown> {

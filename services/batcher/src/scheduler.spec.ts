@@ -117,6 +117,7 @@ class FakeRegistry {
       listModels: refuse,
       reportVersionState: refuse,
       setRolloutPolicy: refuse,
+      updateRollout: refuse,
     };
     this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error'), metrics: new Metrics('fake_registry'), maxMessageBytes: 1 << 20 });
     this.server.add(RegistryService, impl);

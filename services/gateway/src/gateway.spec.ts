@@ -117,6 +117,7 @@ function fakeRegistry() {
     createModelVersion: notUsed,
     reportVersionState: notUsed,
     setRolloutPolicy: notUsed,
+    updateRollout: notUsed,
     async getModel({ name }: { name: string }) {
       return { model: find(name) };
     },

@@ -11,6 +11,7 @@ import {
   ModelVersionSchema,
   type RolloutPolicy,
   RolloutPolicySchema,
+  type UpdateRolloutRequest,
   VersionState,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { compareVersionIds, stableVersion, versionIdOf } from '@infermesh/rollout';
@@ -24,6 +25,7 @@ import { maxBatchSizeFor, readOnnxSignature } from './onnx-signature';
 import { checkProcessing, sameProcessing } from './processing-check';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 import { checkVersionId, modelName, parseModelName, parseVersionName, versionName } from './resource-names';
+import { applyRolloutAction } from './rollout-actions';
 import { checkRollout } from './rollout-check';
 
 export const ONNX_PLATFORM = 'onnxruntime_onnx';
@@ -153,6 +155,20 @@ export class ModelCatalog implements OnApplicationShutdown {
       });
     }
     return stable;
+  }
+
+  /** Changes a model's rollout in one step: promote, roll back or set shares; the result is checked like any policy. */
+  async updateRollout(model: string, action: UpdateRolloutRequest['action']): Promise<Model> {
+    const modelId = parseModelName(model, 'model');
+    const stored = await this.store(() =>
+      this.models.update(modelId, (current) => {
+        if (current === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
+        current.rollout = checkRollout(applyRolloutAction(current, action), current);
+        return current;
+      }),
+    );
+    this.logger.info('rollout updated', { model: modelId, action: action.case ?? 'none', rollout: stored?.rollout === undefined ? 'none' : toJsonString(RolloutPolicySchema, stored.rollout) });
+    return stored!;
   }
 
   /** Replaces a model's rollout policy, checked against its versions; an empty one clears it. */

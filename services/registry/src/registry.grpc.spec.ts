@@ -368,6 +368,38 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect((await sut.getModel({ name: 'models/tiny' })).model!.rollout).toEqual(create(RolloutPolicySchema, kept));
   });
 
+  it('promotes, sets weights and rolls back in one operation each', async () => {
+    for (const id of ['1', '2', '3', '4']) {
+      await register('tiny', id, buildTinyModel().bytes);
+      await ready('tiny', id);
+    }
+    const rollout = async (action: Parameters<Client['updateRollout']>[0]['action']) =>
+      (await sut.updateRollout({ model: 'models/tiny', action })).model!.rollout;
+    await sut.setRolloutPolicy({
+      model: 'models/tiny',
+      policy: { stableVersion: '1', canary: { version: '2', percent: 10 }, variants: [{ version: '3', percent: 20 }], shadow: { version: '4', percent: 5 } },
+    });
+
+    const weighted = await rollout({ case: 'setWeights', value: { percents: { '2': 50 } } });
+    expect([weighted!.canary!.percent, weighted!.variants[0]!.percent, weighted!.stableVersion]).toEqual([50, 20, '1']);
+    const tooMuch = await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'setWeights', value: { percents: { '3': 60 } } } }));
+    expect(tooMuch.message).toBe("rollout: the canary's and the variants' percents add up to 110, more than 100");
+    const stranger = await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'setWeights', value: { percents: { '4': 1 } } } }));
+    expect(stranger.message).toBe('rollout: version 4 is neither the canary nor a variant of model "tiny"; it has 2, 3');
+
+    const promoted = await rollout({ case: 'promote', value: '' });
+    expect(promoted).toEqual(create(RolloutPolicySchema, { stableVersion: '2', shadow: { version: '4', percent: 5 } }));
+    expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/2');
+    const nothing = await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'promote', value: '' } }));
+    expect([nothing.code, nothing.message]).toEqual([status.FAILED_PRECONDITION, 'rollout: model "tiny" has no canary to promote']);
+
+    // A canary on a model without a pinned stable version: rolling back pins the latest version outside the trial.
+    await sut.setRolloutPolicy({ model: 'models/tiny', policy: { canary: { version: '4', percent: 30 } } });
+    expect(await rollout({ case: 'rollback', value: true })).toEqual(create(RolloutPolicySchema, { stableVersion: '3' }));
+    expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/3');
+    expect((await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'rollback', value: true } }))).code).toBe(status.FAILED_PRECONDITION);
+  });
+
   it('refuses an upload over the size limit, naming the limit, and stores nothing', async () => {
     const error = await rpcError(upload(sut, randomBytes(MAX_ARTIFACT_BYTES + 1), 64 * 1024));
     expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_ARTIFACT']);

@@ -8,6 +8,7 @@ import type {
   ReportVersionStateRequest,
   ResolveModelVersionRequest,
   SetRolloutPolicyRequest,
+  UpdateRolloutRequest,
   UploadArtifactRequest,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ArtifactTransfer } from './artifact-transfer';
@@ -51,5 +52,9 @@ export class RegistryGrpcController implements ServiceImpl<typeof RegistryServic
 
   async setRolloutPolicy(request: SetRolloutPolicyRequest) {
     return { model: await this.catalog.setRollout(request.model, request.policy) };
+  }
+
+  async updateRollout(request: UpdateRolloutRequest) {
+    return { model: await this.catalog.updateRollout(request.model, request.action) };
   }
 }
