@@ -40,7 +40,7 @@ describe('killing one service at a time', () => {
     expect((await infer()).status).toBe(200);
   });
 
-  it.each<ServiceName>(['worker', 'batcher', 'router', 'registry'])(
+  it.each<ServiceName>(['worker', 'batcher', 'router'])(
     'answers 503 while the %s is down and recovers when it is back, without restarting the others',
     async (service) => {
       const others = ['registry', 'cache', 'worker', 'batcher', 'router', 'gateway'].filter((s) => s !== service) as ServiceName[];
@@ -55,6 +55,17 @@ describe('killing one service at a time', () => {
       expect(others.map((s) => fixture.system.process(s).pid)).toEqual(pids);
     },
   );
+
+  it('keeps serving with the last configuration while the registry is down, and follows it again when it is back', async () => {
+    await fixture.system.process('registry').kill();
+    // Well past ROUTER_RESOLVE_TTL_MS (200 ms): every answer comes from what the data plane last saw.
+    const statuses: number[] = [];
+    for (const end = Date.now() + 3_000; Date.now() < end; ) statuses.push((await infer()).status);
+    expect(statuses.length).toBeGreaterThan(10);
+    expect(statuses.filter((s) => s !== 200)).toEqual([]);
+    await fixture.system.restart('registry');
+    expect((await eventually(200)).status).toBe(200);
+  });
 
   it('keeps serving without caching while the cache is down', async () => {
     await fixture.system.process('cache').kill();

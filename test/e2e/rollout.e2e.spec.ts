@@ -46,9 +46,15 @@ describe('rollouts through the whole system', () => {
     return results;
   }
 
+  /**
+   * Sets a policy and waits until the router follows it: past its resolve TTL, the next request
+   * (still served by the last policy) makes it ask the registry again.
+   */
   async function setPolicy(policy: MessageInitShape<typeof RolloutPolicySchema>): Promise<void> {
     await registry.setRolloutPolicy({ model: 'models/tiny', policy });
     await new Promise((r) => setTimeout(r, RESOLVE_TTL_MS * 2));
+    await infer();
+    await new Promise((r) => setTimeout(r, 100));
   }
 
   beforeAll(async () => {

@@ -76,7 +76,7 @@ describe(VersionResolver.name, () => {
     await app?.close();
   });
 
-  it('reuses an answer within ROUTER_RESOLVE_TTL_MS and asks the registry again after it', async () => {
+  it('reuses an answer within ROUTER_RESOLVE_TTL_MS, then serves it once more while it asks the registry again', async () => {
     const now = jest.spyOn(Date, 'now').mockReturnValue(1_000_000);
     const sut = await start(500);
 
@@ -87,8 +87,23 @@ describe(VersionResolver.name, () => {
     expect(registry.calls).toHaveLength(1);
 
     now.mockReturnValue(1_000_501);
-    expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/2');
+    expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
     expect(registry.calls).toHaveLength(2);
+    await new Promise((r) => setImmediate(r));
+    expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/2');
+  });
+
+  it('keeps serving the last answer while the registry is down', async () => {
+    const now = jest.spyOn(Date, 'now').mockReturnValue(1_000_000);
+    const sut = await start(500);
+    await sut.resolve('mlp', '');
+    registry.manual = true;
+
+    now.mockReturnValue(1_060_000);
+    expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
+    registry.fail(RpcError.unavailable('the registry is down'));
+    await new Promise((r) => setImmediate(r));
+    expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
   });
 
   it('remembers each model and version separately', async () => {

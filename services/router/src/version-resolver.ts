@@ -17,8 +17,9 @@ export interface Resolved {
 /**
  * Resolves a request to the version that serves it: the version it names (checked by the registry),
  * or, when it names none, the one the model's rollout policy gives its routing key. Registry answers
- * are reused for ROUTER_RESOLVE_TTL_MS so that the registry is not asked on every request; concurrent
- * lookups of the same key share one registry call.
+ * are reused for ROUTER_RESOLVE_TTL_MS so that the registry is not asked on every request; after that
+ * they are fetched again in the background while the last one serves, and kept while the registry
+ * is down. Concurrent lookups of the same key share one registry call.
  */
 @Injectable()
 export class VersionResolver {
@@ -26,7 +27,9 @@ export class VersionResolver {
   private readonly models: LookupMemo<Model>;
 
   constructor(registry: RegistryAdapter, @Inject(ROUTER_CONFIG) config: RouterConfig) {
-    const options = { ttlMs: config.resolveTtlMs, keepStale: false };
+    // Past its time an answer still serves while a fresh one is fetched, and stays while the
+    // registry is down: the data plane keeps its last configuration.
+    const options = { ttlMs: config.resolveTtlMs, keepStale: true };
     this.versions = new LookupMemo((key) => {
       const [model, versionId] = key.split('\u0000') as [string, string];
       return registry.resolve(model, versionId);
