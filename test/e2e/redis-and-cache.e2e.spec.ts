@@ -52,4 +52,29 @@ describe('serving with Redis stores and the result cache', () => {
     const different = await infer([0.5, 1, 1.5, 2.5]);
     expect(different.parameters?.['cached']).not.toBe(true);
   });
+
+  it('fails no inference when Redis dies mid-run: the last configuration serves, the cache answers misses', async () => {
+    const statuses: number[] = [];
+    let seq = 0;
+    const run = (async () => {
+      for (const end = Date.now() + 4_000; Date.now() < end; ) {
+        seq += 1;
+        const res = await fetch(`${url}/v2/models/tiny/infer`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [seq, 7, 8, 9] }] }),
+        });
+        await res.arrayBuffer();
+        statuses.push(res.status);
+      }
+    })();
+    await new Promise((r) => setTimeout(r, 500));
+    await redis.stop();
+    await run;
+
+    expect(statuses.length).toBeGreaterThan(10);
+    expect(statuses.filter((s) => s !== 200)).toEqual([]);
+    // The cache service answered its failed Redis lookups as misses.
+    expect(await metricValue(fixture.system.metricsUrl('cache'), 'infermesh_cache_lookups_total', { outcome: 'error' })).toBeGreaterThan(0);
+  });
 });

@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
-import { freePort } from '@infermesh/testing';
+import { freePortList } from '@infermesh/testing';
 import { DIST } from './support/system-fixture';
 
 function alive(pid: number): boolean {
@@ -14,7 +14,7 @@ function alive(pid: number): boolean {
 
 describe('services under a supervisor', () => {
   it('shut down when the supervisor dies, even by SIGKILL, instead of living on as orphans', async () => {
-    const [grpcPort, metricsPort] = [await freePort(), await freePort()];
+    const [grpcPort, metricsPort] = await freePortList(2);
     // A stand-in for `infermesh up`: starts the cache service through ServiceProcess, prints its pid.
     const script = `
       const { ServiceProcess, serviceEntry } = require(${JSON.stringify(join(DIST, 'node_modules', '@infermesh', 'system'))});

@@ -23,7 +23,7 @@ import {
 import { RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
 import type { RunningService } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { freePort, rpcRejection } from '@infermesh/testing';
+import { freePort, freePortList, rpcRejection } from '@infermesh/testing';
 import { request as httpRequest } from 'node:http';
 import { loadGatewayConfig } from './gateway.config';
 import { GatewayGrpcController } from './gateway.grpc';
@@ -160,9 +160,11 @@ async function startTestGateway(routerAddress: string, registryAddress: string, 
     GATEWAY_API_KEYS: `other-key-abcdefghijkl, ${KEY}`,
     GATEWAY_ROUTER_ADDRESS: routerAddress,
     GATEWAY_REGISTRY_ADDRESS: registryAddress,
-    GATEWAY_GRPC_PORT: String(await freePort()),
-    GATEWAY_METRICS_PORT: String(await freePort()),
-    GATEWAY_HTTP_PORT: String(await freePort()),
+    ...(await freePortList(3).then(([grpc, metrics, http]) => ({
+      GATEWAY_GRPC_PORT: String(grpc),
+      GATEWAY_METRICS_PORT: String(metrics),
+      GATEWAY_HTTP_PORT: String(http),
+    }))),
     GATEWAY_MAX_BODY_BYTES: String(MAX_BODY_BYTES),
     GATEWAY_LOG_LEVEL: 'error',
     GATEWAY_SHUTDOWN_GRACE_MS: '200',

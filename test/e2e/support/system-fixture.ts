@@ -1,6 +1,6 @@
 import { type BuiltModel, DEMO_MODELS } from '@infermesh/model-builder';
 import { System, type SystemPorts } from '@infermesh/system';
-import { freePort } from '@infermesh/testing';
+import { freePortList } from '@infermesh/testing';
 import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -24,9 +24,8 @@ export async function freePorts(): Promise<SystemPorts> {
     'gatewayHttp', 'gatewayGrpc', 'gatewayMetrics', 'registry', 'registryMetrics', 'router', 'routerMetrics',
     'cache', 'cacheMetrics', 'batcher', 'batcherMetrics', 'worker', 'workerMetrics',
   ];
-  const ports = {} as SystemPorts;
-  for (const name of names) ports[name] = await freePort();
-  return ports;
+  const list = await freePortList(names.length);
+  return Object.fromEntries(names.map((name, i) => [name, list[i]!])) as unknown as SystemPorts;
 }
 
 export interface Fixture {
