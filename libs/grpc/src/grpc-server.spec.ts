@@ -81,6 +81,9 @@ class ScriptedRegistry implements Impl {
   updateRollout: Impl['updateRollout'] = async () => {
     throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
   };
+  setCachePolicy: Impl['setCachePolicy'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
 }
 
 async function rejection(promise: Promise<unknown>): Promise<unknown> {

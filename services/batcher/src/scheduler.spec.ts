@@ -118,6 +118,7 @@ class FakeRegistry {
       reportVersionState: refuse,
       setRolloutPolicy: refuse,
       updateRollout: refuse,
+      setCachePolicy: refuse,
     };
     this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error'), metrics: new Metrics('fake_registry'), maxMessageBytes: 1 << 20 });
     this.server.add(RegistryService, impl);

@@ -118,6 +118,7 @@ function fakeRegistry() {
     reportVersionState: notUsed,
     setRolloutPolicy: notUsed,
     updateRollout: notUsed,
+    setCachePolicy: notUsed,
     async getModel({ name }: { name: string }) {
       return { model: find(name) };
     },

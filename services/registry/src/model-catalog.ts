@@ -1,9 +1,11 @@
-import { create, toJsonString } from '@bufbuild/protobuf';
+import { create, equals, toJsonString } from '@bufbuild/protobuf';
 import { timestampFromDate } from '@bufbuild/protobuf/wkt';
 import { status } from '@grpc/grpc-js';
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
 import {
+  type CachePolicy,
+  CachePolicySchema,
   type CreateModelVersionRequest,
   type Model,
   ModelSchema,
@@ -29,6 +31,9 @@ import { applyRolloutAction } from './rollout-actions';
 import { checkRollout } from './rollout-check';
 
 export const ONNX_PLATFORM = 'onnxruntime_onnx';
+
+/** The longest a model's cached results may live. */
+const MAX_CACHE_TTL_MS = 7n * 24n * 3_600_000n;
 
 /** The states a worker may report for a version it loads. */
 const REPORTABLE_STATES = new Set([VersionState.LOADING, VersionState.READY, VersionState.FAILED]);
@@ -168,6 +173,27 @@ export class ModelCatalog implements OnApplicationShutdown {
       }),
     );
     this.logger.info('rollout updated', { model: modelId, action: action.case ?? 'none', rollout: stored?.rollout === undefined ? 'none' : toJsonString(RolloutPolicySchema, stored.rollout) });
+    return stored!;
+  }
+
+  /** Replaces how the router caches a model's results; an empty policy clears it. */
+  async setCachePolicy(model: string, policy: CachePolicy | undefined): Promise<Model> {
+    const modelId = parseModelName(model, 'model');
+    if (policy !== undefined) {
+      if (policy.ttlMs < 0n || policy.ttlMs > MAX_CACHE_TTL_MS) {
+        throw RpcError.invalidArgument(`cache: ttl_ms is ${policy.ttlMs}; it must be from 0 (the router's default) to ${MAX_CACHE_TTL_MS} (7 days)`);
+      }
+      if (policy.maxEntryBytes < 0n) throw RpcError.invalidArgument(`cache: max_entry_bytes is ${policy.maxEntryBytes}; it cannot be negative`);
+    }
+    const empty = policy === undefined || equals(CachePolicySchema, policy, create(CachePolicySchema));
+    const stored = await this.store(() =>
+      this.models.update(modelId, (current) => {
+        if (current === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
+        current.cache = empty ? undefined : policy;
+        return current;
+      }),
+    );
+    this.logger.info('cache policy set', { model: modelId, cache: stored?.cache === undefined ? 'defaults' : toJsonString(CachePolicySchema, stored.cache) });
     return stored!;
   }
 

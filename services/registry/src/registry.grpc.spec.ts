@@ -5,6 +5,7 @@ import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_
 import {
   type Artifact,
   BatchingSchema,
+  CachePolicySchema,
   RolloutPolicySchema,
   ProcessingSchema,
   RegistryService,
@@ -398,6 +399,22 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect(await rollout({ case: 'rollback', value: true })).toEqual(create(RolloutPolicySchema, { stableVersion: '3' }));
     expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/3');
     expect((await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'rollback', value: true } }))).code).toBe(status.FAILED_PRECONDITION);
+  });
+
+  it('sets a model cache policy, keeps it across a restart, refuses one out of its limits, and clears it', async () => {
+    await register('tiny', '1', buildTinyModel().bytes);
+    const policy = { enabled: true, ttlMs: 60_000n, maxEntryBytes: 1_024n };
+
+    expect((await sut.setCachePolicy({ model: 'models/tiny', policy })).model!.cache).toEqual(create(CachePolicySchema, policy));
+    await stop();
+    await start();
+    expect((await sut.getModel({ name: 'models/tiny' })).model!.cache).toEqual(create(CachePolicySchema, policy));
+    const long = await rpcError(sut.setCachePolicy({ model: 'models/tiny', policy: { ttlMs: 604_800_001n } }));
+    expect([long.code, long.message]).toEqual([status.INVALID_ARGUMENT, "cache: ttl_ms is 604800001; it must be from 0 (the router's default) to 604800000 (7 days)"]);
+    const negative = await rpcError(sut.setCachePolicy({ model: 'models/tiny', policy: { maxEntryBytes: -1n } }));
+    expect(negative.message).toBe('cache: max_entry_bytes is -1; it cannot be negative');
+    expect((await sut.setCachePolicy({ model: 'models/tiny', policy: { enabled: false } })).model!.cache?.enabled).toBe(false);
+    expect((await sut.setCachePolicy({ model: 'models/tiny' })).model!.cache).toBeUndefined();
   });
 
   it('refuses an upload over the size limit, naming the limit, and stores nothing', async () => {

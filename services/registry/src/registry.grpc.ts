@@ -7,6 +7,7 @@ import type {
   RegistryService,
   ReportVersionStateRequest,
   ResolveModelVersionRequest,
+  SetCachePolicyRequest,
   SetRolloutPolicyRequest,
   UpdateRolloutRequest,
   UploadArtifactRequest,
@@ -52,6 +53,10 @@ export class RegistryGrpcController implements ServiceImpl<typeof RegistryServic
 
   async setRolloutPolicy(request: SetRolloutPolicyRequest) {
     return { model: await this.catalog.setRollout(request.model, request.policy) };
+  }
+
+  async setCachePolicy(request: SetCachePolicyRequest) {
+    return { model: await this.catalog.setCachePolicy(request.model, request.policy) };
   }
 
   async updateRollout(request: UpdateRolloutRequest) {

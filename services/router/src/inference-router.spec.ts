@@ -17,6 +17,7 @@ import {
   ModelSchema,
   type ModelVersion,
   ModelVersionSchema,
+  type CachePolicySchema,
   type RolloutPolicySchema,
   VersionState,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
@@ -53,6 +54,14 @@ const MODELS: Record<string, ModelVersion[]> = {
   frozen: [version('frozen', '1', VersionState.LOADING)],
   ab: [version('ab', '1', VersionState.READY), version('ab', '2', VersionState.READY)],
   sh: [version('sh', '1', VersionState.READY), version('sh', '2', VersionState.READY)],
+  uncached: [version('uncached', '1', VersionState.READY)],
+  small: [version('small', '1', VersionState.READY)],
+};
+
+/** Cache policies by model: uncached is never cached; small keeps entries 5 s and none over 4 bytes. */
+const CACHES: Record<string, MessageInitShape<typeof CachePolicySchema>> = {
+  uncached: { enabled: false },
+  small: { ttlMs: 5_000n, maxEntryBytes: 4n },
 };
 
 /** Rollout policies by model: ab sends half of its routing keys to version 2, the rest to version 1. */
@@ -85,7 +94,12 @@ class FakeRegistry {
     this.calls.push({ model, versionId: '' });
     const versions = MODELS[model];
     if (versions === undefined) throw RpcError.notFound(`model "${model}" not found`, 'MODEL_NOT_FOUND');
-    return create(ModelSchema, { name: `models/${model}`, versions, ...(ROLLOUTS[model] !== undefined && { rollout: ROLLOUTS[model] }) });
+    return create(ModelSchema, {
+      name: `models/${model}`,
+      versions,
+      ...(ROLLOUTS[model] !== undefined && { rollout: ROLLOUTS[model] }),
+      ...(CACHES[model] !== undefined && { cache: CACHES[model] }),
+    });
   }
 }
 
@@ -93,7 +107,7 @@ class FakeRegistry {
 class FakeCache {
   readonly entries = new Map<string, InferenceResponse>();
   readonly lookups: { key: string; timeoutMs: number }[] = [];
-  readonly stores: { key: string; response: InferenceResponse }[] = [];
+  readonly stores: { key: string; response: InferenceResponse; ttlMs: number }[] = [];
   failWith: Error | undefined;
 
   async lookup(key: Uint8Array, timeoutMs: number): Promise<InferenceResponse | undefined> {
@@ -102,8 +116,8 @@ class FakeCache {
     return this.entries.get(hex(key));
   }
 
-  async store(key: Uint8Array, response: InferenceResponse): Promise<boolean> {
-    this.stores.push({ key: hex(key), response });
+  async store(key: Uint8Array, response: InferenceResponse, ttlMs: number): Promise<boolean> {
+    this.stores.push({ key: hex(key), response, ttlMs });
     if (this.failWith) throw this.failWith;
     this.entries.set(hex(key), response);
     return true;
@@ -219,7 +233,11 @@ describe(InferenceRouter.name, () => {
 
       const response = await sut.infer(inferRequest({ modelVersion: '1' }));
 
-      expect(registry.calls).toEqual([{ model: 'mlp', versionId: '1' }]);
+      // The version is resolved by the registry; the model is read too, for its cache policy.
+      expect(registry.calls).toEqual([
+        { model: 'mlp', versionId: '1' },
+        { model: 'mlp', versionId: '' },
+      ]);
       expect(batcher.requests[0]!.modelVersion).toBe('1');
       expect(response.modelVersion).toBe('1');
     });
@@ -530,6 +548,26 @@ describe(InferenceRouter.name, () => {
       await expect(sut.infer(inferRequest({ tenant: 'key:b' }))).resolves.toMatchObject({ cached: false });
       await expect(sut.infer(inferRequest({ tenant: 'key:a' }))).resolves.toMatchObject({ cached: true });
       expect(batcher.requests).toHaveLength(2);
+    });
+
+    it('follows the model cache policy: off, its own time to live, and no entry over its size limit', async () => {
+      const { sut, batcher, cache, app } = await startRouter();
+
+      await sut.infer(inferRequest({ modelName: 'uncached' }));
+      await sut.infer(inferRequest({ modelName: 'uncached', modelVersion: '1' }));
+      expect(cache.lookups).toHaveLength(0);
+      expect(await counter(app, 'cache_requests_total', { outcome: 'disabled' })).toBe(2);
+
+      // Answers of 2 outputs x 4 bytes are over the 4-byte limit: never stored, run every time.
+      await sut.infer(inferRequest({ modelName: 'small' }));
+      await sut.infer(inferRequest({ modelName: 'small' }));
+      expect(cache.stores).toHaveLength(0);
+      expect(batcher.requests.filter((r) => r.modelName === 'small')).toHaveLength(2);
+
+      // One output of 4 bytes fits, and is stored for the model's 5 s.
+      await sut.infer(inferRequest({ modelName: 'small', outputNames: ['y'] }));
+      await expect(sut.infer(inferRequest({ modelName: 'small', outputNames: ['y'] }))).resolves.toMatchObject({ cached: true });
+      expect(cache.stores.map((st) => st.ttlMs)).toEqual([5_000]);
     });
 
     it('runs identical requests that miss together once, each answered with its own id', async () => {

@@ -7,7 +7,7 @@ import {
   InferenceRequestSchema,
   type InferenceResponse,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type CachePolicy, type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import { versionIdOf } from '@infermesh/rollout';
 import { cacheKey, checkInputs } from '@infermesh/tensors';
@@ -104,7 +104,7 @@ export class InferenceRouter {
       this.routes.inc({ model, version, route: resolved.route });
       this.check(model, resolved.version, request);
       const routed = create(InferenceRequestSchema, { ...request, modelVersion: version });
-      const response = await this.serve(routed);
+      const response = await this.serve(routed, resolved.cache);
       const seconds = Number(process.hrtime.bigint() - start) / 1e9;
       this.requests.inc({ model, version, outcome: 'OK' });
       this.duration.observe({ model, cached: String(response.cached) }, seconds);
@@ -136,12 +136,14 @@ export class InferenceRouter {
     }
   }
 
-  private async serve(request: InferenceRequest): Promise<InferenceResponse> {
-    if (!this.config.cache.enabled) {
+  /** Answers from the result cache when it can, else runs the request and remembers the answer, as the model's cache policy says. */
+  private async serve(request: InferenceRequest, policy: CachePolicy | undefined): Promise<InferenceResponse> {
+    if (!this.config.cache.enabled || policy?.enabled === false) {
       this.cacheOutcomes.inc({ outcome: 'disabled' });
       return this.batcher.infer(request);
     }
     const key = cacheKey(request, this.config.cache.perTenant ? request.tenant : '');
+    const ttlMs = policy !== undefined && policy.ttlMs > 0n ? Number(policy.ttlMs) : this.config.cache.ttlMs;
     const flight = key.toString('hex');
     const local = this.local.get(flight);
     if (local !== undefined) {
@@ -155,7 +157,7 @@ export class InferenceRouter {
       if (cached !== undefined) {
         this.cacheOutcomes.inc({ outcome: 'hit' });
         this.hitSeconds.observe(Number(process.hrtime.bigint() - lookupStart) / 1e9);
-        this.local.set(flight, cached);
+        this.local.set(flight, cached, ttlMs || undefined);
         return { ...cached, id: request.id, cached: true };
       }
     } catch (error) {
@@ -177,9 +179,11 @@ export class InferenceRouter {
       .finally(() => this.inflight.delete(flight));
     this.inflight.set(flight, shared);
     const response = await shared;
-    this.local.set(flight, response);
+    const bytes = response.outputs.reduce((n, t) => n + t.data.byteLength, 0);
+    if (policy !== undefined && policy.maxEntryBytes > 0n && bytes > Number(policy.maxEntryBytes)) return response;
+    this.local.set(flight, response, ttlMs || undefined);
     if (outcome === 'miss') {
-      this.cache.store(key, response, this.config.cache.ttlMs, this.config.cache.timeoutMs * 10).catch((error: unknown) => {
+      this.cache.store(key, response, ttlMs, this.config.cache.timeoutMs * 10).catch((error: unknown) => {
         this.logger.debug('result cache store failed', { err: toRpcError(error).message });
       });
     }

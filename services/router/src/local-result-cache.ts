@@ -36,7 +36,8 @@ export class LocalResultCache {
     return entry.response;
   }
 
-  set(key: string, response: InferenceResponse): void {
+  /** Holds an answer for `ttlMs`, or this cache's own time when that is shorter or not given. */
+  set(key: string, response: InferenceResponse, ttlMs = this.ttlMs): void {
     const bytes = response.outputs.reduce((n, t) => n + t.data.byteLength, ENTRY_OVERHEAD_BYTES);
     if (bytes > this.maxBytes) return;
     const previous = this.entries.get(key);
@@ -44,7 +45,7 @@ export class LocalResultCache {
       this.entries.delete(key);
       this.bytes -= previous.bytes;
     }
-    this.entries.set(key, { response, bytes, expiresAt: this.now() + this.ttlMs });
+    this.entries.set(key, { response, bytes, expiresAt: this.now() + Math.min(ttlMs, this.ttlMs) });
     this.bytes += bytes;
     for (const [oldest, entry] of this.entries) {
       if (this.bytes <= this.maxBytes) break;

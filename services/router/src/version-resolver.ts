@@ -1,6 +1,6 @@
 import { Inject, Injectable } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
-import type { Model, ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import type { CachePolicy, Model, ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { route, type RouteKind, shadowOf } from '@infermesh/rollout';
 import { LookupMemo } from '@infermesh/runtime';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
@@ -12,6 +12,8 @@ export interface Resolved {
   route: RouteKind | 'explicit';
   /** The version that also runs the request in the background, when the policy mirrors it. */
   shadow?: ModelVersion | undefined;
+  /** How the model's results are cached; undefined: the router's defaults. */
+  cache?: CachePolicy | undefined;
 }
 
 /**
@@ -43,10 +45,13 @@ export class VersionResolver {
   }
 
   async resolve(model: string, versionId: string, routingKey = ''): Promise<Resolved> {
-    if (versionId !== '') return { version: await this.versions.get(`${model}\u0000${versionId}`), route: 'explicit' };
+    if (versionId !== '') {
+      const [version, found] = await Promise.all([this.versions.get(`${model}\u0000${versionId}`), this.models.get(model).catch(() => undefined)]);
+      return { version, route: 'explicit', cache: found?.cache };
+    }
     const found = await this.models.get(model);
     const chosen = route(found, routingKey);
     if (chosen === undefined) throw RpcError.unavailable(`model "${model}" has no READY version`, 'MODEL_NOT_READY');
-    return { version: chosen.version, route: chosen.kind, shadow: shadowOf(found, chosen.version) };
+    return { version: chosen.version, route: chosen.kind, shadow: shadowOf(found, chosen.version), cache: found.cache };
   }
 }
