@@ -44,6 +44,25 @@ export default tseslint.config(
     },
   },
   {
+    // Specs of shared libraries may use the test helpers (a real redis-server, free ports); their
+    // production code may not.
+    files: ['libs/**/*.spec.ts'],
+    rules: {
+      '@nx/enforce-module-boundaries': [
+        'error',
+        {
+          allow: [],
+          depConstraints: [
+            { sourceTag: 'type:lib', onlyDependOnLibsWithTags: ['type:lib'] },
+            { sourceTag: 'scope:shared', onlyDependOnLibsWithTags: ['scope:shared', 'scope:testing'] },
+            { sourceTag: 'scope:ops', onlyDependOnLibsWithTags: ['scope:shared', 'scope:ops', 'scope:testing'] },
+            { sourceTag: 'scope:testing', onlyDependOnLibsWithTags: ['scope:shared', 'scope:ops', 'scope:testing'] },
+          ],
+        },
+      ],
+    },
+  },
+  {
     files: ['**/*.spec.ts', 'test/**/*.ts'],
     rules: {
       '@typescript-eslint/no-non-null-assertion': 'off',

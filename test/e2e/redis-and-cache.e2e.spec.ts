@@ -1,3 +1,5 @@
+import { createClient } from '@infermesh/grpc';
+import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { type RedisServer, startRedisServer } from '@infermesh/testing';
 import { API_KEY, type Fixture, metricValue, startFixture } from './support/system-fixture';
 
@@ -31,6 +33,28 @@ describe('serving with Redis stores and the result cache', () => {
   it('serves the model registered in Redis', async () => {
     const res = await fetch(`${url}/v2/repository/index`, { method: 'POST', headers: { authorization: `Bearer ${API_KEY}` } });
     expect(await res.json()).toEqual([{ name: 'tiny', version: '1', state: 'READY' }]);
+  });
+
+  it('loses nothing when the registry restarts: models, versions, policies and revisions come back from Redis', async () => {
+    const registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
+    try {
+      await registry.updateModel({
+        model: { name: 'models/tiny', labels: { team: 'e2e' }, versionPolicy: { policy: { case: 'latest', value: 2 } } },
+        updateMask: { paths: ['labels', 'version_policy'] },
+      });
+      await registry.setCachePolicy({ model: 'models/tiny', policy: { ttlMs: 60_000n } });
+      const before = (await registry.listModels({})).models;
+      const pid = fixture.system.process('registry').pid;
+
+      await fixture.system.process('registry').kill();
+      await fixture.system.restart('registry');
+
+      expect(fixture.system.process('registry').pid).not.toBe(pid);
+      expect((await registry.listModels({})).models).toEqual(before);
+      expect(before[0]).toMatchObject({ labels: { team: 'e2e' }, cache: { ttlMs: 60_000n } });
+    } finally {
+      registry.close();
+    }
   });
 
   it('answers a repeated identical request from the cache, visible in the cache service metrics', async () => {

@@ -117,13 +117,19 @@ function clientMethod(client: Record<string, unknown>, method: DescMethod) {
           ) as grpc.ClientWritableStream<unknown>;
         });
         // The call may fail while the requests are still being produced; it is awaited below.
-        done.catch(() => undefined);
+        // Once the server has answered (a refusal, typically), the rest of the requests is not read.
+        let settled = false;
+        const answered = done.then(
+          () => (settled = true),
+          () => (settled = true),
+        );
         const unlink = linkAbort(signal, call);
         try {
           for await (const message of requests) {
-            if (!call.write(message)) await new Promise((resolve) => call.once('drain', resolve));
+            if (settled) break;
+            if (!call.write(message)) await Promise.race([new Promise((resolve) => call.once('drain', resolve)), answered]);
           }
-          call.end();
+          if (!settled) call.end();
         } catch (error) {
           call.cancel();
           unlink();

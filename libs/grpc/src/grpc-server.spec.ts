@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { createServer } from 'node:net';
 import { type MessageInitShape } from '@bufbuild/protobuf';
+import * as grpc from '@grpc/grpc-js';
 import { status } from '@grpc/grpc-js';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
@@ -84,6 +85,18 @@ class ScriptedRegistry implements Impl {
   setCachePolicy: Impl['setCachePolicy'] = async () => {
     throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
   };
+  updateModel: Impl['updateModel'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
+  retireModelVersion: Impl['retireModelVersion'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
+  deleteModel: Impl['deleteModel'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
+  watchModels: Impl['watchModels'] = () => ({
+    [Symbol.asyncIterator]: () => ({ next: () => Promise.reject(new RpcError(status.UNIMPLEMENTED, 'not in this test')) }),
+  });
 }
 
 async function rejection(promise: Promise<unknown>): Promise<unknown> {
@@ -357,6 +370,27 @@ describe(GrpcServer.name, () => {
       expect(error.metadata).toEqual({ expected: 'ff' });
     });
 
+    it('stops reading a client stream once the server has refused the call', async () => {
+      registry.onUpload = async () => {
+        throw RpcError.invalidArgument('refused at once', 'INVALID_ARTIFACT');
+      };
+      let produced = 0;
+      async function* endless() {
+        for (;;) {
+          produced += 1;
+          yield { chunk: Buffer.alloc(64 * 1024) };
+          await new Promise((r) => setTimeout(r, 5));
+        }
+      }
+
+      const error = await rpcError(client.uploadArtifact(endless()));
+
+      expect(error.message).toBe('refused at once');
+      const afterAnswer = produced;
+      await new Promise((r) => setTimeout(r, 100));
+      expect(produced).toBe(afterAnswer);
+    });
+
     it('refuses a request larger than maxMessageBytes with RESOURCE_EXHAUSTED before the handler sees it', async () => {
       client.close();
       await sut.shutdown(100);
@@ -366,6 +400,46 @@ describe(GrpcServer.name, () => {
 
       expect(error.code).toBe(status.RESOURCE_EXHAUSTED);
       expect(registry.calls).toEqual([]);
+    });
+  });
+
+  describe('malformed messages', () => {
+    /** Sends raw bytes as the request of a method, bypassing any serializer. */
+    const rawCall = (path: string, kind: 'unary' | 'server' | 'client', bytes: Buffer) => {
+      const raw = new grpc.Client(address, grpc.credentials.createInsecure());
+      const identity = (b: Buffer) => b;
+      return new Promise<grpc.ServiceError | undefined>((resolve) => {
+        const done = (error: grpc.ServiceError | null) => {
+          raw.close();
+          resolve(error ?? undefined);
+        };
+        if (kind === 'unary') raw.makeUnaryRequest(path, identity, identity, bytes, (error) => done(error));
+        else if (kind === 'server') {
+          const stream = raw.makeServerStreamRequest(path, identity, identity, bytes);
+          stream.on('data', () => undefined);
+          stream.on('error', (error: grpc.ServiceError) => done(error));
+          stream.on('end', () => done(null));
+        } else {
+          const stream = raw.makeClientStreamRequest(path, identity, identity, (error) => done(error));
+          stream.write(bytes);
+          stream.end();
+        }
+      });
+    };
+    // Field 1 (a string) with length 200 but 3 bytes: truncated.
+    const truncated = Buffer.from([0x0a, 0xc8, 0x01, 0x61, 0x62, 0x63]);
+
+    it.each([
+      ['unary', '/infermesh.registry.v1.RegistryService/GetModel'],
+      ['server', '/infermesh.registry.v1.RegistryService/DownloadArtifact'],
+      ['client', '/infermesh.registry.v1.RegistryService/UploadArtifact'],
+    ] as const)('refuses a %s call whose bytes do not decode with INVALID_ARGUMENT naming the message', async (kind, path) => {
+      const error = await rawCall(path, kind, truncated);
+
+      expect(error?.code).toBe(status.INVALID_ARGUMENT);
+      expect(error?.details).toMatch(/^malformed infermesh\.registry\.v1\.\w+Request message: /);
+      // A unary or server-streaming handler never runs; a client-streaming one fails reading the message.
+      expect(registry.calls.length).toBe(kind === 'client' ? 1 : 0);
     });
   });
 

@@ -4,7 +4,7 @@ import { type JsonLogger, type Metrics, requestContext, sanitizeRequestId } from
 import type { Histogram } from 'prom-client';
 import type { CallContext, ServiceImpl } from './method-types';
 import { RpcError, toRpcError } from './rpc-error';
-import { toServiceDefinition } from './service-definition';
+import { MalformedMessage, toServiceDefinition } from './service-definition';
 
 export interface GrpcServerOptions {
   logger: JsonLogger;
@@ -95,6 +95,10 @@ export class GrpcServer {
       case 'unary':
         return (call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) => {
           const start = process.hrtime.bigint();
+          if (call.request instanceof MalformedMessage) {
+            callback(fail(start, call.request.toError()));
+            return;
+          }
           const { ctx, context, dispose } = this.callContext(call);
           requestContext
             .run(context, () => handler(call.request, ctx) as Promise<unknown>)
@@ -110,6 +114,10 @@ export class GrpcServer {
       case 'server_streaming':
         return (call: grpc.ServerWritableStream<unknown, unknown>) => {
           const start = process.hrtime.bigint();
+          if (call.request instanceof MalformedMessage) {
+            call.emit('error', fail(start, call.request.toError()));
+            return;
+          }
           const { ctx, context, dispose } = this.callContext(call);
           const pump = async () => {
             for await (const message of handler(call.request, ctx) as AsyncIterable<unknown>) {
@@ -174,6 +182,7 @@ async function* requestsOf(call: grpc.ServerReadableStream<unknown, unknown>, si
   const cancelled = () => new RpcError(grpc.status.CANCELLED, 'the client cancelled the call');
   for await (const message of call as AsyncIterable<unknown>) {
     if (signal.aborted) throw cancelled();
+    if (message instanceof MalformedMessage) throw message.toError();
     yield message;
   }
   await new Promise((resolve) => setImmediate(resolve));

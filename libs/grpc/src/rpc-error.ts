@@ -25,6 +25,11 @@ export type ErrorReason =
   | 'DEADLINE_EXCEEDED'
   | 'UPSTREAM_UNAVAILABLE'
   | 'SHUTTING_DOWN'
+  | 'MALFORMED_MESSAGE'
+  | 'PERMISSION_DENIED'
+  | 'VERSION_IN_USE'
+  | 'MODEL_IN_USE'
+  | 'RATE_LIMITED'
   | 'INTERNAL';
 
 export interface RpcErrorOptions {

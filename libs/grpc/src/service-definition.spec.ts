@@ -7,7 +7,22 @@ describe('toServiceDefinition', () => {
 
   it('keys each method by its local name with its fully qualified path', () => {
     expect(Object.keys(sut).sort()).toEqual(
-      ['createModelVersion', 'downloadArtifact', 'getModel', 'listModels', 'reportVersionState', 'resolveModelVersion', 'setCachePolicy', 'setRolloutPolicy', 'updateRollout', 'uploadArtifact'],
+      [
+        'createModelVersion',
+        'deleteModel',
+        'downloadArtifact',
+        'getModel',
+        'listModels',
+        'reportVersionState',
+        'resolveModelVersion',
+        'retireModelVersion',
+        'setCachePolicy',
+        'setRolloutPolicy',
+        'updateModel',
+        'updateRollout',
+        'uploadArtifact',
+        'watchModels',
+      ],
     );
     expect(sut['getModel']?.path).toBe('/infermesh.registry.v1.RegistryService/GetModel');
     expect(sut['uploadArtifact']?.path).toBe('/infermesh.registry.v1.RegistryService/UploadArtifact');

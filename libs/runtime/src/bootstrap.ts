@@ -3,8 +3,10 @@ import type { DescService } from '@bufbuild/protobuf';
 import type { INestApplication, INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { GrpcServer, HealthService, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
-import { JsonLogger, Metrics, MetricsServer } from '@infermesh/telemetry';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Server } from 'node:http';
+import { HealthDetails } from './health-details';
+import { MonitoringServer } from './monitoring-server';
 import { ServiceIdentity } from './runtime.module';
 
 /** A generated service and the object implementing it. */
@@ -42,7 +44,8 @@ export interface RunningService {
 
 /**
  * Starts a service: Nest application, gRPC server with the standard health service, Prometheus
- * metrics on their own port, optional HTTP; SIGTERM and SIGINT shut it down gracefully.
+ * metrics and health details on their own port (GET /metrics, GET /health), optional HTTP; SIGTERM
+ * and SIGINT shut it down gracefully.
  */
 export async function bootstrap(options: BootstrapOptions): Promise<RunningService> {
   const moduleRef = options.module as Parameters<typeof NestFactory.createApplicationContext>[0];
@@ -68,7 +71,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   await app.init();
 
   const grpcPort = await grpcServer.listen(settings.grpc.host, settings.grpc.port);
-  const metricsServer = new MetricsServer(metrics);
+  const metricsServer = new MonitoringServer(metrics, app.get(HealthDetails));
   const metricsPort = await metricsServer.listen(settings.metrics.host, settings.metrics.port);
   let httpPort: number | undefined;
   let httpServer: Server | undefined;

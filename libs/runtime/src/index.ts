@@ -2,3 +2,5 @@ export * from './runtime.module';
 export * from './bootstrap';
 export * from './runtime-config';
 export * from './lookup-memo';
+export * from './health-details';
+export * from './monitoring-server';

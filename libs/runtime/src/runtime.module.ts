@@ -1,6 +1,7 @@
 import { type DynamicModule, Global, Module } from '@nestjs/common';
 import { HealthService } from '@infermesh/grpc';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { HealthDetails } from './health-details';
 import type { RuntimeSettings } from './runtime-config';
 
 /** The settings of the running service, injectable. */
@@ -12,8 +13,9 @@ export class ServiceIdentity {
 }
 
 /**
- * What every service shares: its identity and settings, its JSON logger, its Prometheus metrics and
- * its gRPC health state. Imported once by each service's root module.
+ * What every service shares: its identity and settings, its JSON logger, its Prometheus metrics, its
+ * gRPC health state and the health details its components add to. Imported once by each service's
+ * root module.
  */
 @Global()
 @Module({})
@@ -27,8 +29,9 @@ export class RuntimeModule {
         { provide: JsonLogger, useValue: logger },
         { provide: Metrics, useValue: new Metrics(name) },
         { provide: HealthService, useValue: new HealthService() },
+        { provide: HealthDetails, inject: [HealthService], useFactory: (health: HealthService) => new HealthDetails(name, health) },
       ],
-      exports: [ServiceIdentity, JsonLogger, Metrics, HealthService],
+      exports: [ServiceIdentity, JsonLogger, Metrics, HealthService, HealthDetails],
     };
   }
 }

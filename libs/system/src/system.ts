@@ -205,7 +205,7 @@ export class System {
     const h = this.host;
     const env: NodeJS.ProcessEnv = { ...process.env, ...this.options.env };
     delete env['REDIS_URL'];
-    if (redisUrl !== undefined && (name === 'registry' || name === 'cache')) env['REDIS_URL'] = redisUrl;
+    if (redisUrl !== undefined && (name === 'registry' || name === 'cache' || name === 'gateway')) env['REDIS_URL'] = redisUrl;
     const prefix = name.toUpperCase();
     env[`${prefix}_GRPC_HOST`] = h;
     env[`${prefix}_METRICS_HOST`] = h;
@@ -241,6 +241,7 @@ export class System {
         env['GATEWAY_ROUTER_ADDRESS'] = `${h}:${ports.router}`;
         env['GATEWAY_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
         env['GATEWAY_API_KEYS'] = apiKey;
+        env['GATEWAY_DATA_DIR'] = join(dataDir, 'gateway');
         break;
     }
     return env;

@@ -1,20 +1,4 @@
-import { request } from 'node:http';
-import type { Counter } from 'prom-client';
-import { LATENCY_BUCKETS_SECONDS, Metrics, MetricsServer } from './metrics';
-
-/** A GET or POST over a fresh connection, so that close() is not held up by keep-alive. */
-function get(port: number, path: string, method = 'GET'): Promise<{ status: number; type: string; body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = request({ host: '127.0.0.1', port, path, method, agent: false }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (chunk: string) => (body += chunk));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, type: String(res.headers['content-type']), body }));
-    });
-    req.on('error', reject);
-    req.end();
-  });
-}
+import { LATENCY_BUCKETS_SECONDS, Metrics } from './metrics';
 
 describe(Metrics.name, () => {
   it('names every metric infermesh_<service>_<name>, default process metrics included', async () => {
@@ -54,68 +38,5 @@ describe(Metrics.name, () => {
 
     expect(await one.render()).toContain('infermesh_svc_calls_total 1');
     expect(await two.render()).toContain('infermesh_svc_calls_total 5');
-  });
-});
-
-describe(MetricsServer.name, () => {
-  let metrics: Metrics;
-  let requests: Counter;
-  let sut: MetricsServer;
-  let port: number;
-
-  beforeEach(async () => {
-    metrics = new Metrics('gateway');
-    requests = metrics.counter('http_requests_total', 'HTTP requests.');
-    requests.inc(7);
-    sut = new MetricsServer(metrics);
-    port = await sut.listen('127.0.0.1', 0);
-  });
-
-  afterEach(async () => {
-    await sut.close();
-  });
-
-  it('serves the registry in the Prometheus text format at GET /metrics', async () => {
-    const response = await get(port, '/metrics');
-
-    expect(response.status).toBe(200);
-    expect(response.type).toBe(metrics.registry.contentType);
-    expect(response.body).toContain('infermesh_gateway_http_requests_total 7');
-    expect(response.body).toContain('# TYPE infermesh_gateway_http_requests_total counter');
-  });
-
-  it('serves the current values on each scrape and accepts a query string', async () => {
-    expect((await get(port, '/metrics')).body).toContain('infermesh_gateway_http_requests_total 7');
-    requests.inc();
-
-    expect((await get(port, '/metrics?name[]=x')).body).toContain('infermesh_gateway_http_requests_total 8');
-  });
-
-  it.each([
-    ['GET', '/'],
-    ['GET', '/metricsx'],
-    ['GET', '/v2/health/ready'],
-    ['POST', '/metrics'],
-  ])('answers 404 to %s %s, saying where metrics are', async (method, path) => {
-    const response = await get(port, path, method);
-
-    expect(response.status).toBe(404);
-    expect(response.body).toContain('GET /metrics');
-  });
-
-  it('stops listening on close', async () => {
-    await sut.close();
-
-    await expect(get(port, '/metrics')).rejects.toThrow(/ECONNREFUSED/);
-  });
-
-  it('rejects listen on a port already in use', async () => {
-    const other = new MetricsServer(metrics);
-
-    await expect(other.listen('127.0.0.1', port)).rejects.toThrow(/EADDRINUSE/);
-  });
-
-  it('closes without error when it never listened', async () => {
-    await expect(new MetricsServer(metrics).close()).resolves.toBeUndefined();
   });
 });

@@ -1,5 +1,3 @@
-import { createServer, type Server } from 'node:http';
-import { type AddressInfo } from 'node:net';
 import * as prom from 'prom-client';
 
 /** Latency buckets in seconds, from 100 µs to 10 s. */
@@ -52,44 +50,5 @@ export class Metrics {
 
   async render(): Promise<string> {
     return this.registry.metrics();
-  }
-}
-
-/** Serves `GET /metrics` on its own port, apart from any public listener. */
-export class MetricsServer {
-  private server: Server | undefined;
-
-  constructor(private readonly metrics: Metrics) {}
-
-  async listen(host: string, port: number): Promise<number> {
-    const server = createServer((req, res) => {
-      if (req.method === 'GET' && (req.url === '/metrics' || req.url?.startsWith('/metrics?'))) {
-        this.metrics.render().then(
-          (body) => {
-            res.writeHead(200, { 'content-type': this.metrics.registry.contentType });
-            res.end(body);
-          },
-          (error: unknown) => {
-            res.writeHead(503, { 'content-type': 'text/plain' });
-            res.end(`metrics unavailable: ${String(error)}\n`);
-          },
-        );
-        return;
-      }
-      res.writeHead(404, { 'content-type': 'text/plain' });
-      res.end('not found: metrics are served at GET /metrics\n');
-    });
-    this.server = server;
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen(port, host, () => resolve());
-    });
-    return (server.address() as AddressInfo).port;
-  }
-
-  async close(): Promise<void> {
-    const server = this.server;
-    if (server === undefined) return;
-    await new Promise<void>((resolve) => server.close(() => resolve()));
   }
 }

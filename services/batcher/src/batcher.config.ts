@@ -25,9 +25,12 @@ export function loadBatcherConfig(env: Env) {
     workerPollMs: e.BATCHER_WORKER_POLL_MS,
     /** Budget of a poll. */
     workerTimeoutMs: e.BATCHER_WORKER_TIMEOUT_MS,
-    /** Where each version's batching settings are read. */
+    /** The registry: its watch gives each version's batching settings. */
     registryAddress: e.BATCHER_REGISTRY_ADDRESS,
-    /** How long a version's settings are used before the registry is asked again (the last ones stay while it is down). */
+    /**
+     * Until the watch holds a model: how long a version's settings read from the registry are used
+     * before it is asked again (the last ones stay while it is down).
+     */
     settingsTtlMs: e.BATCHER_SETTINGS_TTL_MS,
     /** Batches in flight on one worker at most: one computing, the next one ready behind it. */
     maxBatchesPerWorker: e.BATCHER_MAX_BATCHES_PER_WORKER,

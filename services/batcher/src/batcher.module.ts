@@ -1,4 +1,5 @@
 import { type DynamicModule, Module } from '@nestjs/common';
+import { registryWatchProvider } from '@infermesh/registry-watch';
 import { RuntimeModule } from '@infermesh/runtime';
 import { BATCHER_CONFIG, type BatcherConfig } from './batcher.config';
 import { BatcherGrpcController } from './batcher.grpc';
@@ -12,7 +13,14 @@ export class BatcherModule {
     return {
       module: BatcherModule,
       imports: [RuntimeModule.forRoot('batcher', config.runtime)],
-      providers: [{ provide: BATCHER_CONFIG, useValue: config }, WorkerPool, VersionSettings, Scheduler, BatcherGrpcController],
+      providers: [
+        { provide: BATCHER_CONFIG, useValue: config },
+        registryWatchProvider(config.registryAddress),
+        WorkerPool,
+        VersionSettings,
+        Scheduler,
+        BatcherGrpcController,
+      ],
     };
   }
 }

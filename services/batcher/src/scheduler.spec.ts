@@ -12,11 +12,23 @@ import {
   type InferenceResponse,
   TensorSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type BatchingSchema, ModelVersionSchema, RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type BatchingSchema,
+  type Model,
+  ModelSchema,
+  ModelVersionSchema,
+  RegistryService,
+  VersionState,
+  type WatchModelsResponse,
+  WatchModelsResponseSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { encodeBytesElements, decodeBytesElements } from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { RegistryWatch } from '@infermesh/registry-watch';
+import { HealthDetails } from '@infermesh/runtime';
 import { rpcRejection } from '@infermesh/testing';
+import { EventEmitter, on } from 'node:events';
 import { loadBatcherConfig } from './batcher.config';
 import { BatcherModule } from './batcher.module';
 import { Scheduler } from './scheduler';
@@ -90,7 +102,35 @@ class FakeRegistry {
   maxBatchSize = 8;
   resolveCalls = 0;
   address = '';
+  /**
+   * Once a model is put, WatchModels follows its contract: a snapshot of the models put (or an empty
+   * message when the follower's revision is current), then one message per change. Before, it is
+   * UNIMPLEMENTED, and the batcher reads the settings with ResolveModelVersion.
+   */
+  private readonly models = new Map<string, Model>();
+  private readonly changes = new EventEmitter();
+  private revision = 0n;
   private server: GrpcServer | undefined;
+
+  put(init: MessageInitShape<typeof ModelSchema>): void {
+    this.revision += 1n;
+    const model = create(ModelSchema, { ...init, revision: this.revision });
+    this.models.set(model.name, model);
+    this.changes.emit('change', create(WatchModelsResponseSchema, { revision: this.revision, models: [model] }));
+  }
+
+  private async *watch(fromRevision: bigint, signal: AbortSignal): AsyncGenerator<WatchModelsResponse> {
+    if (this.revision === 0n) throw new RpcError(status.UNIMPLEMENTED, 'no watch in this test');
+    const changes = on(this.changes, 'change', { signal });
+    try {
+      yield fromRevision === this.revision
+        ? create(WatchModelsResponseSchema, { revision: this.revision })
+        : create(WatchModelsResponseSchema, { revision: this.revision, models: [...this.models.values()], snapshot: true });
+      for await (const [change] of changes) yield change as WatchModelsResponse;
+    } catch (error) {
+      if (!signal.aborted) throw error;
+    }
+  }
 
   async start(): Promise<this> {
     const refuse = () => Promise.reject(RpcError.invalidArgument('not used by the batcher'));
@@ -119,6 +159,10 @@ class FakeRegistry {
       setRolloutPolicy: refuse,
       updateRollout: refuse,
       setCachePolicy: refuse,
+      updateModel: refuse,
+      retireModelVersion: refuse,
+      deleteModel: refuse,
+      watchModels: (request, ctx) => this.watch(request.fromRevision, ctx.signal),
     };
     this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error'), metrics: new Metrics('fake_registry'), maxMessageBytes: 1 << 20 });
     this.server.add(RegistryService, impl);
@@ -726,6 +770,85 @@ describe(Scheduler.name, () => {
       await expect(sut.infer(rowsRequest('second', 1, 1), call())).resolves.toMatchObject({ id: 'second' });
       held.open();
       await first;
+    });
+  });
+
+  describe('following the registry watch', () => {
+    const mlp = (batching: MessageInitShape<typeof BatchingSchema>, states: VersionState[] = [VersionState.READY], unloaded = false) => ({
+      name: 'models/mlp',
+      unloaded,
+      versions: states.map((state, i) => ({ name: v('mlp', String(i + 1)), state, signature: { maxBatchSize: 8 }, batching })),
+    });
+
+    /** Starts the batcher and waits until its watch holds what the registry holds. */
+    async function following(env: Record<string, string> = {}): Promise<Scheduler> {
+      const sut = await start(env);
+      await app!.get(RegistryWatch).ready();
+      return sut;
+    }
+
+    async function applied(revision: bigint): Promise<void> {
+      await eventually(() => app!.get(RegistryWatch).revision === revision);
+    }
+
+    it('applies new batching settings to the requests already waiting, without asking the registry', async () => {
+      const [w1] = workers as [FakeWorker, FakeWorker];
+      w1.models.set(v('mlp', '1'), ModelState.READY);
+      registry.put(mlp({ maxQueueDelayUs: 10_000_000n, maxBatchSize: 4 }));
+      const sut = await following({ BATCHER_MAX_BATCHES_PER_WORKER: '2' });
+      const { blocker, release } = await occupy(sut, w1);
+      // The worker computes: the request waits up to 10 s for company.
+      const waiting = sut.infer(rowsRequest('waiting', 1, 1), call());
+      await new Promise((r) => setTimeout(r, 50));
+      expect(w1.received).toHaveLength(1);
+
+      registry.put(mlp({ maxQueueDelayUs: 0n, maxBatchSize: 4 }));
+
+      await eventually(() => w1.received.length === 2, 2_000);
+      release();
+      await Promise.all([blocker, waiting]);
+      expect(registry.resolveCalls).toBe(0);
+    });
+
+    it('serves a DRAINING version, refuses one that is not READY, an unknown one and those of an unloaded model', async () => {
+      const [w1] = workers as [FakeWorker, FakeWorker];
+      w1.models.set(v('mlp', '1'), ModelState.READY);
+      w1.models.set(v('mlp', '2'), ModelState.READY);
+      registry.put(mlp({}, [VersionState.DRAINING, VersionState.LOADING]));
+      const sut = await following();
+
+      await expect(sut.infer(rowsRequest('late', 1, 0), call())).resolves.toMatchObject({ id: 'late' });
+      const loading = await rpcRejection(sut.infer(rowsRequest('early', 1, 0, { modelVersion: '2' }), call()));
+      expect([loading.code, loading.reason, loading.message]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY', 'version 2 of model "mlp" is LOADING, not READY']);
+      const unknown = await rpcRejection(sut.infer(rowsRequest('unknown', 1, 0, { modelVersion: '9' }), call()));
+      expect([unknown.code, unknown.reason, unknown.message]).toEqual([status.NOT_FOUND, 'VERSION_NOT_FOUND', 'model "mlp" has no version 9']);
+
+      registry.put(mlp({}, [VersionState.DRAINING, VersionState.READY], true));
+      await applied(2n);
+      const unloaded = await rpcRejection(sut.infer(rowsRequest('unloaded', 1, 0), call()));
+      expect([unloaded.code, unloaded.reason, unloaded.message]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY', 'model "mlp" is unloaded']);
+      expect(w1.received.map((r) => r.id)).toEqual(['late']);
+      expect(registry.resolveCalls).toBe(0);
+    });
+
+    it('keeps serving with the settings it last saw while the registry is down, and says so in its health details', async () => {
+      const [w1] = workers as [FakeWorker, FakeWorker];
+      w1.models.set(v('mlp', '1'), ModelState.READY);
+      registry.put(mlp({ maxBatchSize: 0 }));
+      const sut = await following({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
+
+      await registry.stop();
+      await eventually(() => !app!.get(RegistryWatch).status().connected);
+      const { blocker, release } = await occupy(sut, w1);
+      const answers = Promise.all([1, 2].map((rows, i) => sut.infer(rowsRequest(`r${i}`, rows, i), call())));
+      await new Promise((r) => setTimeout(r, 20));
+      release();
+      await Promise.all([blocker, answers]);
+
+      // Batching off, as the watch last said: each request went on its own.
+      expect(batchSizes(w1)).toEqual([1, 1, 2]);
+      expect(registry.resolveCalls).toBe(0);
+      expect(app!.get(HealthDetails).report()['registry']).toMatchObject({ connected: false, serving_last_config: true, revision: 1 });
     });
   });
 });

@@ -211,6 +211,22 @@ export class Scheduler implements OnApplicationShutdown {
     );
     this.duration = metrics.histogram('dispatch_duration_seconds', 'Time from arrival to a worker answer.', ['model', 'version']);
     pool.onPolled(() => this.pumpAll());
+    // A version's new batching settings apply to the batches formed from now on, also those of the
+    // requests already waiting; a version that no longer takes requests keeps its queue until it drains.
+    settings.onChange((models) => {
+      const changed = new Set(models);
+      for (const queue of this.queues.values()) {
+        if (!changed.has(queue.model)) continue;
+        this.settings.policy(queue.name).then(
+          (policy) => {
+            if (policy === queue.policy) return;
+            queue.adopt(policy);
+            if (queue.length > 0) this.pump(queue);
+          },
+          () => undefined,
+        );
+      }
+    });
   }
 
   async infer(request: InferenceRequest, ctx: Pick<CallContext, 'deadlineMs' | 'signal' | 'requestId'>): Promise<InferenceResponse> {

@@ -12,6 +12,9 @@ export type Protocol = 'rest' | 'grpc';
 export class GatewayMetrics {
   private readonly requestSeconds: Histogram<'protocol' | 'endpoint' | 'code'>;
   private readonly inferences: Counter<'model' | 'version' | 'outcome'>;
+  private readonly rateLimited: Counter<'bucket'>;
+  /** Rate-limit decisions taken by the GATEWAY_RATE_LIMIT_REDIS_DOWN policy while Redis could not be reached. */
+  readonly rateLimitFallbacks: Counter<'policy'>;
 
   constructor(metrics: Metrics) {
     this.requestSeconds = metrics.histogram(
@@ -24,6 +27,17 @@ export class GatewayMetrics {
       'Inference requests by model, served version and outcome (ok, cached, degraded or the error code).',
       ['model', 'version', 'outcome'],
     );
+    this.rateLimited = metrics.counter(
+      'rate_limited_total',
+      'Inference requests refused by a rate limit, by the bucket that refused: key (all models of a key) or model (one model of a key).',
+      ['bucket'],
+    );
+    for (const bucket of ['key', 'model'] as const) this.rateLimited.inc({ bucket }, 0);
+    this.rateLimitFallbacks = metrics.counter(
+      'rate_limit_fallbacks_total',
+      'Rate-limit decisions taken while Redis could not be reached, by the GATEWAY_RATE_LIMIT_REDIS_DOWN policy that applied.',
+      ['policy'],
+    );
   }
 
   observeRequest(protocol: Protocol, endpoint: string, code: string, startNs: bigint): void {
@@ -32,5 +46,9 @@ export class GatewayMetrics {
 
   countInference(model: string, version: string, outcome: string): void {
     this.inferences.inc({ model, version, outcome });
+  }
+
+  countRateLimited(bucket: 'key' | 'model'): void {
+    this.rateLimited.inc({ bucket });
   }
 }

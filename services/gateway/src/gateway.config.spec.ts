@@ -1,6 +1,7 @@
 import { ConfigError } from '@infermesh/config';
 import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
+import { Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
 import { loadGatewayConfig } from './gateway.config';
 import { SERVER_VERSION } from './server-status';
 
@@ -11,15 +12,46 @@ describe(loadGatewayConfig.name, () => {
       http: { host: '127.0.0.1', port: 8000 },
       routerAddress: '127.0.0.1:50052',
       registryAddress: '127.0.0.1:50051',
-      apiKeys: ['k1'],
+      apiKeys: [{ key: 'k1', scopes: [Scope.INFER, Scope.ADMIN] }],
       defaultTimeoutMs: 30_000,
       maxBodyBytes: 64 * 1024 * 1024,
       runtime: { grpc: { port: 8001 }, metrics: { port: 8002 } },
     });
   });
 
-  it('splits the keys on commas, trimming blanks', () => {
-    expect(loadGatewayConfig({ GATEWAY_API_KEYS: ' a , b,,c ' }).apiKeys).toEqual(['a', 'b', 'c']);
+  it('splits the keys on commas, trimming blanks; a key alone has every scope', () => {
+    expect(loadGatewayConfig({ GATEWAY_API_KEYS: ' a , b,,c ' }).apiKeys.map((k) => k.key)).toEqual(['a', 'b', 'c']);
+    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'a' }).apiKeys[0]!.scopes).toEqual([Scope.INFER, Scope.ADMIN]);
+  });
+
+  it('reads the scopes of KEY:SCOPE[+SCOPE] entries', () => {
+    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'reader:infer, ops:admin ,both:admin+infer,all, spaced: infer + admin' }).apiKeys).toEqual([
+      { key: 'reader', scopes: [Scope.INFER] },
+      { key: 'ops', scopes: [Scope.ADMIN] },
+      { key: 'both', scopes: [Scope.INFER, Scope.ADMIN] },
+      { key: 'all', scopes: [Scope.INFER, Scope.ADMIN] },
+      { key: 'spaced', scopes: [Scope.INFER, Scope.ADMIN] },
+    ]);
+  });
+
+  it.each([
+    ['an unknown scope', 'ok-key, secret-one:write', /entry 2 names an unknown or empty scope/],
+    ['an empty scope', 'secret-one:', /entry 1 names an unknown or empty scope/],
+    ['a dangling +', 'a,,secret-one:infer+', /entry 3 names an unknown or empty scope/],
+    ['scopes without a key', 'a, :admin', /entry 2 has no key/],
+    ['a key given twice', 'secret-one:infer,b,secret-one:admin', /entry 3 repeats the key of entry 1/],
+  ])('refuses %s, naming the entry by its position and never printing it', (_label, keys, message) => {
+    let error: unknown;
+    try {
+      loadGatewayConfig({ GATEWAY_API_KEYS: keys });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    expect((error as Error).message).toMatch(message);
+    expect((error as Error).message).toContain('GATEWAY_API_KEYS');
+    expect((error as Error).message).not.toContain('secret-one');
+    expect((error as Error).message).not.toMatch(/write/);
   });
 
   it.each([
@@ -43,6 +75,65 @@ describe(loadGatewayConfig.name, () => {
 
   it('refuses a bad upstream address, naming the variable', () => {
     expect(() => loadGatewayConfig({ GATEWAY_API_KEYS: 'k', GATEWAY_ROUTER_ADDRESS: 'router' })).toThrow(/GATEWAY_ROUTER_ADDRESS/);
+  });
+
+  it('keeps stored keys in a file under GATEWAY_DATA_DIR and limits nothing by default', () => {
+    const sut = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' });
+    expect(sut).toMatchObject({
+      redisUrl: undefined,
+      redisKeyPrefix: 'infermesh:',
+      dataDir: resolve('.infermesh/gateway'),
+      apiKeysFile: resolve('.infermesh/gateway/api-keys.json'),
+      apiKeyCacheMs: 1_000,
+      defaultRateLimit: { requestsPerSecond: 0, burst: 0, perModelRequestsPerSecond: 0, perModelBurst: 0 },
+      rateLimitRedisDown: 'local',
+    });
+  });
+
+  it('reads Redis, the data folder, the key cache time, the default rate limits and the Redis-down policy', () => {
+    const sut = loadGatewayConfig({
+      GATEWAY_API_KEYS: 'k1',
+      REDIS_URL: 'redis://cache:6379/2',
+      GATEWAY_DATA_DIR: '/var/lib/infermesh/gateway',
+      GATEWAY_API_KEY_CACHE_MS: '250',
+      GATEWAY_RATE_LIMIT_RPS: '12.5',
+      GATEWAY_RATE_LIMIT_BURST: '20',
+      GATEWAY_RATE_LIMIT_PER_MODEL_RPS: '0.5',
+      GATEWAY_RATE_LIMIT_PER_MODEL_BURST: '2',
+      GATEWAY_RATE_LIMIT_REDIS_DOWN: 'closed',
+    });
+    expect(sut).toMatchObject({
+      redisUrl: 'redis://cache:6379/2',
+      apiKeysFile: '/var/lib/infermesh/gateway/api-keys.json',
+      apiKeyCacheMs: 250,
+      defaultRateLimit: { requestsPerSecond: 12.5, burst: 20, perModelRequestsPerSecond: 0.5, perModelBurst: 2 },
+      rateLimitRedisDown: 'closed',
+    });
+  });
+
+  it.each([
+    ['a URL that is not Redis', { REDIS_URL: 'http://cache:6379' }, /REDIS_URL/],
+    ['a negative rate', { GATEWAY_RATE_LIMIT_RPS: '-1' }, /GATEWAY_RATE_LIMIT_RPS/],
+    ['a rate that is not a number', { GATEWAY_RATE_LIMIT_PER_MODEL_RPS: 'fast' }, /GATEWAY_RATE_LIMIT_PER_MODEL_RPS/],
+    ['a fractional burst', { GATEWAY_RATE_LIMIT_RPS: '1', GATEWAY_RATE_LIMIT_BURST: '1.5' }, /GATEWAY_RATE_LIMIT_BURST/],
+    ['a burst without a rate', { GATEWAY_RATE_LIMIT_BURST: '5' }, /GATEWAY_RATE_LIMIT_BURST: set GATEWAY_RATE_LIMIT_RPS too/],
+    ['a model burst without a rate', { GATEWAY_RATE_LIMIT_PER_MODEL_BURST: '5' }, /GATEWAY_RATE_LIMIT_PER_MODEL_BURST: set GATEWAY_RATE_LIMIT_PER_MODEL_RPS too/],
+    ['an unknown Redis-down policy', { GATEWAY_RATE_LIMIT_REDIS_DOWN: 'ignore' }, /GATEWAY_RATE_LIMIT_REDIS_DOWN/],
+  ])('refuses %s, naming the variable', (_label, env, message) => {
+    expect(() => loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', ...env })).toThrow(message);
+  });
+
+  it('refuses a configured key in the format of stored keys, never printing it', () => {
+    const stored = `im_0123456789ab_${'s'.repeat(43)}`;
+    let error: unknown;
+    try {
+      loadGatewayConfig({ GATEWAY_API_KEYS: `ok-key, ${stored}:infer` });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    expect((error as Error).message).toMatch(/GATEWAY_API_KEYS: entry 2 has the format of a stored key/);
+    expect((error as Error).message).not.toContain('sss');
   });
 
   it('reports the version in package.json', () => {

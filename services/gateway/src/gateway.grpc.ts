@@ -7,8 +7,10 @@ import type {
   ModelMetadataRequest,
   ModelReadyRequest,
 } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
 import { requestContext } from '@infermesh/telemetry';
-import { ApiKeyAuth } from './api-key-auth';
+import { ApiKeyAuth, checkModelAccess } from './api-key-auth';
+import type { Principal } from './api-keys/api-keys';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
 import { GatewayMetrics } from './gateway-metrics';
 import { inferRequestFromGrpc, inferResponseToGrpc } from './grpc-codec';
@@ -16,13 +18,16 @@ import { timeoutParameterMs } from './infer-parameters';
 import { callerOf, ROUTING_KEY_HEADER } from './routing-key';
 import { ModelCatalog, type TensorMetadata } from './model-catalog';
 import { ModelInference } from './model-inference';
+import { RateLimits } from './rate-limits';
 import { ServerStatus } from './server-status';
 
 const grpcTensor = (t: TensorMetadata) => ({ name: t.name, datatype: t.datatype, shape: t.shape.map(BigInt) });
 
 /**
  * The KServe v2 GRPCInferenceService. ServerLive and ServerReady are open; the other RPCs need
- * `authorization: Bearer <key>` metadata. Calls without a deadline get the configured default.
+ * `authorization: Bearer <key>` metadata of a key with the infer scope, and a key that names the
+ * models it may use is refused (PERMISSION_DENIED) every other one. ModelInfer is rate limited. Calls
+ * without a deadline get the configured default.
  */
 @Injectable()
 export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceService> {
@@ -31,6 +36,7 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
     private readonly server: ServerStatus,
     private readonly catalog: ModelCatalog,
     private readonly inference: ModelInference,
+    private readonly rateLimits: RateLimits,
     private readonly metrics: GatewayMetrics,
     @Inject(GATEWAY_CONFIG) private readonly config: GatewayConfig,
   ) {}
@@ -44,7 +50,7 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
   }
 
   modelReady(request: ModelReadyRequest, ctx: CallContext) {
-    return this.handle('ModelReady', ctx, {}, async () => ({ ready: await this.catalog.ready(request.name, request.version) }));
+    return this.handle('ModelReady', ctx, { model: request.name }, async () => ({ ready: await this.catalog.ready(request.name, request.version) }));
   }
 
   serverMetadata(_request: unknown, ctx: CallContext) {
@@ -52,43 +58,44 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
   }
 
   modelMetadata(request: ModelMetadataRequest, ctx: CallContext) {
-    return this.handle('ModelMetadata', ctx, {}, async () => {
+    return this.handle('ModelMetadata', ctx, { model: request.name }, async () => {
       const metadata = await this.catalog.metadata(request.name, request.version);
       return { ...metadata, inputs: metadata.inputs.map(grpcTensor), outputs: metadata.outputs.map(grpcTensor) };
     });
   }
 
   modelInfer(request: ModelInferRequest, ctx: CallContext) {
-    return this.handle('ModelInfer', ctx, { timeout: () => timeoutParameterMs(request.parameters) }, async () =>
+    return this.handle('ModelInfer', ctx, { model: request.modelName, rateLimited: true, timeout: () => timeoutParameterMs(request.parameters) }, async (principal) =>
       inferResponseToGrpc(
-        await this.inference.infer(
-          { ...inferRequestFromGrpc(request), ...callerOf(ctx.metadata[ROUTING_KEY_HEADER], ctx.metadata['authorization']) },
-          ctx.signal,
-        ),
+        await this.inference.infer({ ...inferRequestFromGrpc(request), ...callerOf(ctx.metadata[ROUTING_KEY_HEADER], principal!) }, ctx.signal),
       ),
     );
   }
 
   /**
-   * Authenticates (unless open), runs the handler with the call's deadline, the earliest of the
-   * gRPC deadline and a Triton `timeout` parameter, else the configured default, and records the
-   * call's duration.
+   * Authenticates (unless open), checks the key may use the call's model and, for inference, its rate
+   * limits; runs the handler with the call's deadline, the earliest of the gRPC deadline and a Triton
+   * `timeout` parameter, else the configured default, and records the call's duration.
    */
   private async handle<T>(
     rpc: string,
     ctx: CallContext,
-    options: { open?: boolean; timeout?: () => number | undefined },
-    fn: () => Promise<T>,
+    options: { open?: boolean; model?: string; rateLimited?: boolean; timeout?: () => number | undefined },
+    fn: (principal: Principal | undefined) => Promise<T>,
   ): Promise<T> {
     const start = process.hrtime.bigint();
     let code = status.OK;
     try {
-      if (options.open !== true) this.auth.verify(ctx.metadata['authorization']);
+      const principal = options.open === true ? undefined : await this.auth.authorize(ctx.metadata['authorization'], Scope.INFER);
+      if (principal !== undefined && options.model !== undefined) {
+        checkModelAccess(principal, options.model);
+        if (options.rateLimited === true) await this.rateLimits.admit(principal, options.model);
+      }
       const parameterTimeoutMs = options.timeout?.();
       const deadlines = [ctx.deadlineMs, parameterTimeoutMs === undefined ? undefined : Date.now() + parameterTimeoutMs];
       const given = deadlines.filter((d): d is number => d !== undefined);
       const deadlineMs = given.length > 0 ? Math.min(...given) : Date.now() + this.config.defaultTimeoutMs;
-      return await requestContext.run({ requestId: ctx.requestId, deadlineMs }, fn);
+      return await requestContext.run({ requestId: ctx.requestId, deadlineMs }, () => fn(principal));
     } catch (error) {
       code = toRpcError(error).code;
       throw error;

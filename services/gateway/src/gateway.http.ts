@@ -1,28 +1,31 @@
-import { BadRequestException, Controller, Get, HttpCode, Inject, Param, Post, Req, Res } from '@nestjs/common';
+import { Controller, Get, HttpCode, Inject, Param, Post, Req, Res } from '@nestjs/common';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
-import { requestContext } from '@infermesh/telemetry';
 import type { Request, Response } from 'express';
-import { Public } from './api-key.guard';
+import { allowsModel, checkModelAccess } from './api-key-auth';
+import { principalOf, Public } from './api-key.guard';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
 import { timeoutParameterMs } from './infer-parameters';
 import { callerOf, ROUTING_KEY_HEADER } from './routing-key';
 import { readJsonBody } from './json-body';
 import { ModelCatalog, type ModelMetadata, type RepositoryEntry } from './model-catalog';
 import { ModelInference } from './model-inference';
-import { restRequestId } from './request-tracking.middleware';
+import { RateLimits } from './rate-limits';
+import { clientGone, withinRequest } from './rest-context';
 import { inferRequestFromJson, inferResponseToJson, type JsonInferResponse } from './rest-codec';
 import { type ServerMetadata, ServerStatus } from './server-status';
 
-const TIMEOUT_HEADER = 'x-request-timeout-ms';
-
-/** The KServe v2 / Open Inference Protocol REST API. */
+/**
+ * The KServe v2 / Open Inference Protocol REST API. A key that names the models it may use is refused
+ * (403) every other model, and sees only its own in the repository index; inference is rate limited.
+ */
 @Controller('v2')
 export class GatewayHttpController {
   constructor(
     private readonly server: ServerStatus,
     private readonly catalog: ModelCatalog,
     private readonly inference: ModelInference,
+    private readonly rateLimits: RateLimits,
     @Inject(GATEWAY_CONFIG) private readonly config: GatewayConfig,
   ) {}
 
@@ -47,6 +50,7 @@ export class GatewayHttpController {
 
   @Get('models/:model')
   modelMetadata(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string): Promise<ModelMetadata> {
+    checkModelAccess(principalOf(req), model);
     return this.within(req, res, undefined, () => this.catalog.metadata(model, ''));
   }
 
@@ -57,6 +61,7 @@ export class GatewayHttpController {
     @Param('model') model: string,
     @Param('version') version: string,
   ): Promise<ModelMetadata> {
+    checkModelAccess(principalOf(req), model);
     return this.within(req, res, undefined, () => this.catalog.metadata(model, version));
   }
 
@@ -101,45 +106,33 @@ export class GatewayHttpController {
     }
     const readyOnly = (body as { ready?: unknown } | undefined)?.ready;
     if (readyOnly !== undefined && typeof readyOnly !== 'boolean') throw RpcError.invalidArgument('"ready" must be a boolean');
-    return this.within(req, res, undefined, () => this.catalog.repositoryIndex(readyOnly === true));
+    const principal = principalOf(req);
+    return this.within(req, res, undefined, () => this.catalog.repositoryIndex(readyOnly === true, (model) => allowsModel(principal, model)));
   }
 
   private async modelReadiness(req: Request, res: Response, model: string, version: string) {
+    checkModelAccess(principalOf(req), model);
     const ready = await this.within(req, res, undefined, () => this.catalog.ready(model, version));
     const what = version === '' ? `model "${model}"` : `version "${version}" of model "${model}"`;
     if (!ready) throw new RpcError(status.UNAVAILABLE, `${what} is not ready`, { reason: 'MODEL_NOT_READY' });
     return version === '' ? { name: model, ready } : { name: model, version, ready };
   }
 
+  /** Checks the key may use the model and is within its rate limits before the body is read: a refusal costs little. */
   private async infer(req: Request, res: Response, model: string, version: string): Promise<JsonInferResponse> {
+    const principal = principalOf(req);
+    checkModelAccess(principal, model);
+    await this.rateLimits.admit(principal, model);
     const body = await readJsonBody(req, res, this.config.maxBodyBytes);
-    const request = { ...inferRequestFromJson(model, version, body), ...callerOf(req.header(ROUTING_KEY_HEADER), req.header('authorization')) };
-    const aborted = new AbortController();
-    res.once('close', () => {
-      if (!res.writableFinished) aborted.abort();
-    });
+    const request = { ...inferRequestFromJson(model, version, body), ...callerOf(req.header(ROUTING_KEY_HEADER), principal) };
+    const signal = clientGone(res);
     return this.within(req, res, timeoutParameterMs(request.parameters), async () =>
-      inferResponseToJson(await this.inference.infer(request, aborted.signal)),
+      inferResponseToJson(await this.inference.infer(request, signal)),
     );
   }
 
-  /**
-   * Runs a use case inside the request's context: its id, and its deadline: the earliest of the
-   * `x-request-timeout-ms` header and the Triton `timeout` parameter, else the configured default.
-   * Upstream calls made inside carry both.
-   */
+  /** Runs a use case inside the request's context: its id and its deadline, the configured default unless the request names one. */
   private within<T>(req: Request, res: Response, parameterTimeoutMs: number | undefined, fn: () => Promise<T>): Promise<T> {
-    const timeouts = [headerTimeoutMs(req), parameterTimeoutMs].filter((t): t is number => t !== undefined);
-    const timeoutMs = timeouts.length > 0 ? Math.min(...timeouts) : this.config.defaultTimeoutMs;
-    return requestContext.run({ requestId: restRequestId(res), deadlineMs: Date.now() + timeoutMs }, fn);
+    return withinRequest(req, res, { parameterTimeoutMs, defaultTimeoutMs: this.config.defaultTimeoutMs }, fn);
   }
-}
-
-function headerTimeoutMs(req: Request): number | undefined {
-  const value = req.header(TIMEOUT_HEADER);
-  if (value === undefined) return undefined;
-  if (!/^\d{1,10}$/.test(value.trim()) || Number(value) <= 0) {
-    throw new BadRequestException(`${TIMEOUT_HEADER} must be a positive integer of milliseconds`);
-  }
-  return Number(value);
 }

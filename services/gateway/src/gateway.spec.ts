@@ -1,218 +1,41 @@
-import { create, type MessageInitShape } from '@bufbuild/protobuf';
-import { timestampNow } from '@bufbuild/protobuf/wkt';
+import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { createClient, GrpcServer, HealthService, RpcError, type ServiceClient, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
-import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
+import { createClient, type ServiceClient, ServingStatus } from '@infermesh/grpc';
 import {
   GRPCInferenceService,
   type ModelInferRequest,
   ModelInferRequestSchema,
 } from '@infermesh/proto/gen/inference/grpc_service_pb';
-import {
-  DataType,
-  type InferenceRequest,
-  type InferenceResponseSchema,
-} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import {
-  type Model,
-  ModelSchema,
-  ModelVersionSchema,
-  RegistryService,
-  VersionState,
-} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
 import type { RunningService } from '@infermesh/runtime';
-import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { freePort, freePortList, rpcRejection } from '@infermesh/testing';
-import { request as httpRequest } from 'node:http';
-import { loadGatewayConfig } from './gateway.config';
+import { freePort, rpcRejection } from '@infermesh/testing';
 import { GatewayGrpcController } from './gateway.grpc';
 import { GatewayHttpController } from './gateway.http';
-import { startGateway } from './gateway.start';
+import {
+  type FakeRouter,
+  fakeRegistry,
+  fakeRouter,
+  http,
+  postJson as postJsonAs,
+  startTestGateway as startHarnessGateway,
+  startUpstream,
+  type Upstream,
+} from './testing/gateway-harness';
 
 const KEY = 'gateway-spec-key-0123456789';
 const AUTH = { authorization: `Bearer ${KEY}` };
 const MAX_BODY_BYTES = 4096;
 
-// ---------------------------------------------------------------------------------------------
-// Fake upstreams: the router and the registry are outside the gateway, so these stand in for them,
-// served by the real GrpcServer over real sockets.
-// ---------------------------------------------------------------------------------------------
-
-interface FakeRouter {
-  requests: { request: InferenceRequest; requestId: string; deadlineMs: number | undefined }[];
-}
-
-/** An identity model: every input comes back as an output of the same name, served by version "3". */
-function fakeRouter(state: FakeRouter): ServiceImpl<typeof RouterService> {
-  return {
-    async infer({ request }, ctx) {
-      const req = request!;
-      state.requests.push({ request: req, requestId: ctx.requestId, deadlineMs: ctx.deadlineMs });
-      switch (req.modelName) {
-        case 'missing':
-          throw RpcError.notFound('model "missing" not found', 'MODEL_NOT_FOUND');
-        case 'busy':
-          throw new RpcError(status.RESOURCE_EXHAUSTED, 'the queue of model "busy" is full', { reason: 'QUEUE_FULL', retryDelayMs: 1500 });
-        case 'slow':
-          await new Promise((r) => setTimeout(r, 1_000));
-          break;
-        case 'strict':
-          throw RpcError.invalidArgument('input "x" has shape [3] but model "strict" expects [4]', 'INVALID_TENSOR');
-      }
-      const outputs = req.inputs
-        .filter((t) => req.outputNames.length === 0 || req.outputNames.includes(t.name))
-        .map((t) => ({ name: t.name, datatype: t.datatype, shape: t.shape, data: t.data }));
-      const response: MessageInitShape<typeof InferenceResponseSchema> = {
-        modelName: req.modelName,
-        modelVersion: req.modelVersion === '' ? '3' : req.modelVersion,
-        id: req.id,
-        outputs,
-        parameters: req.parameters,
-        cached: req.modelName === 'cached',
-        degraded: req.modelName === 'degraded',
-      };
-      return { response };
-    },
-  };
-}
-
-const version = (model: string, id: string, state: VersionState, reason = '') =>
-  create(ModelVersionSchema, {
-    name: `models/${model}/versions/${id}`,
-    state,
-    stateReason: reason,
-    createTime: timestampNow(),
-    signature: {
-      inputs: [{ name: 'input', datatype: DataType.FP32, shape: [-1n, BigInt(Number(id) * 2)] }],
-      outputs: [{ name: 'output', datatype: DataType.INT64, shape: [-1n] }],
-    },
-  });
-
-const MODELS: Model[] = [
-  create(ModelSchema, {
-    name: 'models/mlp',
-    platform: 'onnxruntime_onnx',
-    versions: [version('mlp', '1', VersionState.RETIRED), version('mlp', '2', VersionState.READY), version('mlp', '3', VersionState.LOADING)],
-  }),
-  create(ModelSchema, {
-    name: 'models/broken',
-    platform: 'onnxruntime_onnx',
-    versions: [version('broken', '1', VersionState.FAILED, 'bad artifact')],
-  }),
-];
-
-function fakeRegistry() {
-  const find = (name: string) => {
-    const model = MODELS.find((m) => m.name === name);
-    if (model === undefined) throw RpcError.notFound(`model "${name.slice(7)}" not found`, 'MODEL_NOT_FOUND');
-    return model;
-  };
-  const notUsed = () => {
-    throw new RpcError(status.UNIMPLEMENTED, 'not used by the gateway');
-  };
-  return {
-    uploadArtifact: notUsed,
-    downloadArtifact: notUsed,
-    createModelVersion: notUsed,
-    reportVersionState: notUsed,
-    setRolloutPolicy: notUsed,
-    updateRollout: notUsed,
-    setCachePolicy: notUsed,
-    async getModel({ name }: { name: string }) {
-      return { model: find(name) };
-    },
-    async listModels() {
-      return { models: MODELS };
-    },
-    async resolveModelVersion({ model, versionId }: { model: string; versionId: string }) {
-      const found = find(model);
-      if (versionId === '') {
-        const ready = found.versions.findLast((v) => v.state === VersionState.READY);
-        if (ready === undefined) throw new RpcError(status.UNAVAILABLE, `no version of ${model} is ready`, { reason: 'MODEL_NOT_READY' });
-        return { version: ready };
-      }
-      const v = found.versions.find((x) => x.name.endsWith(`/versions/${versionId}`));
-      if (v === undefined) throw RpcError.notFound(`${model} has no version ${versionId}`, 'VERSION_NOT_FOUND');
-      return { version: v };
-    },
-  };
-}
-
-interface Upstream {
-  address: string;
-  health: HealthService;
-  stop(): Promise<void>;
-}
-
-async function startUpstream(add: (server: GrpcServer) => void, typeName: string): Promise<Upstream> {
-  const server = new GrpcServer({ logger: new JsonLogger('fake', 'error'), metrics: new Metrics('fake'), maxMessageBytes: 1 << 20 });
-  const health = new HealthService();
-  server.add(Health, health);
-  add(server);
-  const port = await server.listen('127.0.0.1', 0);
-  health.set('', ServingStatus.SERVING);
-  health.set(typeName, ServingStatus.SERVING);
-  return { address: `127.0.0.1:${port}`, health, stop: () => server.shutdown(100) };
-}
-
 async function startTestGateway(routerAddress: string, registryAddress: string, env: Record<string, string> = {}): Promise<RunningService> {
-  const config = loadGatewayConfig({
+  return startHarnessGateway(routerAddress, registryAddress, {
     GATEWAY_API_KEYS: `other-key-abcdefghijkl, ${KEY}`,
-    GATEWAY_ROUTER_ADDRESS: routerAddress,
-    GATEWAY_REGISTRY_ADDRESS: registryAddress,
-    ...(await freePortList(3).then(([grpc, metrics, http]) => ({
-      GATEWAY_GRPC_PORT: String(grpc),
-      GATEWAY_METRICS_PORT: String(metrics),
-      GATEWAY_HTTP_PORT: String(http),
-    }))),
     GATEWAY_MAX_BODY_BYTES: String(MAX_BODY_BYTES),
-    GATEWAY_LOG_LEVEL: 'error',
-    GATEWAY_SHUTDOWN_GRACE_MS: '200',
     ...env,
   });
-  return startGateway(config);
 }
 
-interface Reply {
-  status: number;
-  headers: Record<string, string | string[] | undefined>;
-  text: string;
-  json: unknown;
-}
-
-/** A plain HTTP request, with full control of headers and chunking. */
-function http(
-  port: number,
-  method: string,
-  path: string,
-  options: { headers?: Record<string, string>; body?: string | Buffer; chunks?: Buffer[] } = {},
-): Promise<Reply> {
-  return new Promise((resolve, reject) => {
-    const req = httpRequest({ host: '127.0.0.1', port, method, path, headers: options.headers ?? {} }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => {
-        const text = Buffer.concat(chunks).toString('utf8');
-        let json: unknown;
-        try {
-          json = JSON.parse(text);
-        } catch {
-          json = undefined;
-        }
-        resolve({ status: res.statusCode ?? 0, headers: res.headers, text, json });
-      });
-    });
-    req.on('error', reject);
-    if (options.chunks !== undefined) {
-      for (const chunk of options.chunks) req.write(chunk);
-      req.end();
-    } else req.end(options.body);
-  });
-}
-
-const postJson = (port: number, path: string, body: unknown, headers: Record<string, string> = AUTH) =>
-  http(port, 'POST', path, { headers: { 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+const postJson = (port: number, path: string, body: unknown, headers: Record<string, string> = AUTH) => postJsonAs(port, path, body, headers);
 
 const f32 = (values: number[]) => Buffer.from(Float32Array.from(values).buffer);
 

@@ -1,15 +1,26 @@
 import type { NestExpressApplication } from '@nestjs/platform-express';
 import { GRPCInferenceService } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { ApiKeyService } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
+import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { bind, bootstrap, type RunningService } from '@infermesh/runtime';
+import { ApiKeysAdminGrpcController } from './api-keys-admin.grpc';
 import type { GatewayConfig } from './gateway.config';
 import { GatewayGrpcController } from './gateway.grpc';
 import { GatewayModule } from './gateway.module';
+import { RegistryAdminGrpcController } from './registry-admin.grpc';
 
-/** Starts the gateway: REST on the HTTP port, GRPCInferenceService on the gRPC port. */
+/**
+ * Starts the gateway: REST on the HTTP port; on the gRPC port GRPCInferenceService and, for
+ * administrators, the registry's RegistryService and the gateway's own ApiKeyService.
+ */
 export function startGateway(config: GatewayConfig): Promise<RunningService> {
   return bootstrap({
     module: GatewayModule.forRoot(config),
-    grpc: (app) => [bind(GRPCInferenceService, app.get(GatewayGrpcController))],
+    grpc: (app) => [
+      bind(GRPCInferenceService, app.get(GatewayGrpcController)),
+      bind(RegistryService, app.get(RegistryAdminGrpcController)),
+      bind(ApiKeyService, app.get(ApiKeysAdminGrpcController)),
+    ],
     http: {
       host: config.http.host,
       port: config.http.port,

@@ -11,7 +11,7 @@ describe(HttpErrorFilter.name, () => {
 
   it.each([
     [status.INVALID_ARGUMENT, 400],
-    [status.FAILED_PRECONDITION, 400],
+    [status.FAILED_PRECONDITION, 409],
     [status.UNAUTHENTICATED, 401],
     [status.PERMISSION_DENIED, 403],
     [status.NOT_FOUND, 404],

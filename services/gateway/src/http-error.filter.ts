@@ -31,6 +31,9 @@ export class HttpErrorFilter implements ExceptionFilter {
       res.end();
       return;
     }
+    // Refused before its body was read (a 401 to an upload, say): the connection closes rather than drains it.
+    const hasBody = Number(req.headers['content-length']) > 0 || req.headers['transfer-encoding'] !== undefined;
+    if (hasBody && !req.complete) res.setHeader('connection', 'close');
     for (const [name, value] of Object.entries(reply.headers)) res.setHeader(name, value);
     res.status(reply.status).json(reply.body);
   }

@@ -1,12 +1,14 @@
 import { status } from '@grpc/grpc-js';
 
-/** The HTTP status of a canonical gRPC code, per the Open Inference Protocol's REST mapping. */
+/**
+ * The HTTP status of a canonical gRPC code, per the Open Inference Protocol's REST mapping; a failed
+ * precondition (a state that forbids the change, e.g. retiring a version that serves) is a conflict.
+ */
 export function httpStatusOf(code: status): number {
   switch (code) {
     case status.OK:
       return 200;
     case status.INVALID_ARGUMENT:
-    case status.FAILED_PRECONDITION:
     case status.OUT_OF_RANGE:
       return 400;
     case status.UNAUTHENTICATED:
@@ -16,6 +18,7 @@ export function httpStatusOf(code: status): number {
     case status.NOT_FOUND:
       return 404;
     case status.ALREADY_EXISTS:
+    case status.FAILED_PRECONDITION:
     case status.ABORTED:
       return 409;
     case status.RESOURCE_EXHAUSTED:

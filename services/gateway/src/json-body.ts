@@ -1,3 +1,4 @@
+import { RpcError } from '@infermesh/grpc';
 import { BadRequestException, HttpException, HttpStatus, PayloadTooLargeException } from '@nestjs/common';
 import type { Request, Response } from 'express';
 
@@ -60,5 +61,14 @@ export async function readJsonBody(req: Request, res: Response, maxBytes: number
     return JSON.parse(text) as unknown;
   } catch (error) {
     throw new BadRequestException(`malformed JSON body: ${error instanceof Error ? error.message : String(error)}`);
+  }
+}
+
+/** The body of a route that takes none: no body, or an empty JSON object; anything else is a 400. */
+export async function readNoBody(req: Request, res: Response, maxBytes: number): Promise<void> {
+  const body = await readJsonBody(req, res, maxBytes);
+  const empty = typeof body === 'object' && body !== null && !Array.isArray(body) && Object.keys(body).length === 0;
+  if (body !== undefined && !empty) {
+    throw RpcError.invalidArgument('this request takes no body (or an empty JSON object)');
   }
 }

@@ -99,12 +99,13 @@ export class ModelCatalog {
     }
   }
 
-  /** Every version of every model with its state; only READY ones when `readyOnly`. */
-  async repositoryIndex(readyOnly: boolean): Promise<RepositoryEntry[]> {
+  /** Every version of every model (those `listed` accepts) with its state; only READY ones when `readyOnly`. */
+  async repositoryIndex(readyOnly: boolean, listed: (model: string) => boolean = () => true): Promise<RepositoryEntry[]> {
     const models = await this.registry.listModels();
     const entries: RepositoryEntry[] = [];
     for (const model of models) {
       const name = versionId(model.name);
+      if (!listed(name)) continue;
       for (const v of model.versions) {
         const state = repositoryState(v.state);
         if (readyOnly && state !== 'READY') continue;

@@ -1,16 +1,9 @@
-import { createHash } from 'node:crypto';
 import { RpcError } from '@infermesh/grpc';
 
 /** The header (REST) and metadata key (gRPC) a caller sets to stay on one version of an A/B experiment. */
 export const ROUTING_KEY_HEADER = 'x-routing-key';
 
 const PRINTABLE = /^[\x21-\x7e]{1,256}$/;
-
-/** Who sends a request: a digest of the API key it presented (the key itself never leaves the gateway); empty without one. */
-function tenantOf(authorization: string | undefined): string {
-  if (authorization === undefined || authorization === '') return '';
-  return `key:${createHash('sha256').update(authorization.trim()).digest('hex').slice(0, 32)}`;
-}
 
 /**
  * What keeps a caller on one version of a sticky rollout: its `x-routing-key`, else its tenant. A
@@ -22,8 +15,10 @@ function routingKeyOf(explicit: string | undefined, tenant: string): string {
   return explicit;
 }
 
-/** The caller's identity on a request: its tenant and its routing key. */
-export function callerOf(explicitRoutingKey: string | undefined, authorization: string | undefined): { tenant: string; routingKey: string } {
-  const tenant = tenantOf(authorization);
-  return { tenant, routingKey: routingKeyOf(explicitRoutingKey, tenant) };
+/**
+ * The caller's identity on a request: its tenant (its API key's, never the key itself: see
+ * ApiKeyAuth) and its routing key.
+ */
+export function callerOf(explicitRoutingKey: string | undefined, principal: { tenant: string }): { tenant: string; routingKey: string } {
+  return { tenant: principal.tenant, routingKey: routingKeyOf(explicitRoutingKey, principal.tenant) };
 }

@@ -13,8 +13,9 @@ import {
 
 /**
  * Artifacts as files named by their SHA-256 in one directory (a volume shared by the registry
- * replicas on Kubernetes). Uploads stream into `.incoming/` in the same directory, then are renamed
- * into place, so a file under its final name is always complete.
+ * replicas on Kubernetes). Uploads stream into `.incoming/` in the same directory, then are checked
+ * and renamed into place, so a file under its final name is always complete and checked; a write that
+ * fails anywhere removes its temporary file.
  */
 export class FilesystemArtifactStore extends ArtifactStore {
   private readonly incomingDir: string;
@@ -44,6 +45,10 @@ export class FilesystemArtifactStore extends ArtifactStore {
       const expected = options.expectedSha256?.()?.toLowerCase();
       if (expected !== undefined && expected !== '' && expected !== sha256) throw new ArtifactDigestMismatchError(expected, sha256);
       options.signal?.throwIfAborted();
+      if (options.check !== undefined) {
+        await options.check(await readFile(temp));
+        options.signal?.throwIfAborted();
+      }
       const target = this.path(sha256);
       if ((await this.size(sha256)) !== undefined) {
         await rm(temp, { force: true });

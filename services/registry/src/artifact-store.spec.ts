@@ -107,6 +107,50 @@ describe(FilesystemArtifactStore.name, () => {
     expect(incomingFiles()).toEqual([]);
   });
 
+  it('checks the complete bytes before it commits them, and stores nothing when the check refuses', async () => {
+    const bytes = randomBytes(5000);
+    const checked: Buffer[] = [];
+    const refused = await sut
+      .write(chunksOf(bytes, 1000), {
+        maxBytes: MiB,
+        check: async (complete) => {
+          checked.push(complete);
+          // Nothing is under its final name while the check runs.
+          expect(storedFiles()).toEqual([]);
+          throw new Error('not a model');
+        },
+      })
+      .catch((e: unknown) => e);
+    expect(refused).toEqual(new Error('not a model'));
+    expect(checked.map((b) => b.equals(bytes))).toEqual([true]);
+    expect(storedFiles()).toEqual([]);
+    expect(incomingFiles()).toEqual([]);
+
+    const stored = await sut.write(chunksOf(bytes, 1000), { maxBytes: MiB, check: async () => undefined });
+    expect(storedFiles()).toEqual([stored.sha256]);
+  });
+
+  it('does not check bytes that fail sooner: over the limit or not the expected SHA-256', async () => {
+    let checks = 0;
+    const check = async () => {
+      checks += 1;
+    };
+    await expect(sut.write(chunksOf(randomBytes(5000), 1000), { maxBytes: 4000, check })).rejects.toThrow(ArtifactTooLargeError);
+    await expect(sut.write(chunksOf(randomBytes(500), 100), { maxBytes: MiB, check, expectedSha256: () => sha256(Buffer.from('x')) })).rejects.toThrow(
+      ArtifactDigestMismatchError,
+    );
+    expect(checks).toBe(0);
+    expect(incomingFiles()).toEqual([]);
+  });
+
+  it('commits nothing when the upload is cancelled while its bytes are checked', async () => {
+    const controller = new AbortController();
+    const check = async () => controller.abort(new Error('cancelled during the check'));
+    await expect(sut.write(chunksOf(randomBytes(500), 100), { maxBytes: MiB, signal: controller.signal, check })).rejects.toThrow('cancelled during the check');
+    expect(storedFiles()).toEqual([]);
+    expect(incomingFiles()).toEqual([]);
+  });
+
   it('knows nothing of an unknown or malformed address', async () => {
     const unknown = sha256(Buffer.from('never stored'));
     expect(await sut.size(unknown)).toBeUndefined();

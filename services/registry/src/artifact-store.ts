@@ -20,6 +20,11 @@ export interface ArtifactWriteOptions {
    * write fails with the signal's reason and stores nothing. (A cancelled stream may look complete.)
    */
   signal?: AbortSignal;
+  /**
+   * Checks the complete bytes once they hash right, before they are committed: when it throws, the
+   * write fails with its error and stores nothing. Runs for bytes already stored too.
+   */
+  check?: (bytes: Buffer) => Promise<void>;
 }
 
 export class ArtifactTooLargeError extends Error {

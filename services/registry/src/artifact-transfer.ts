@@ -6,6 +6,8 @@ import { type Artifact, ArtifactSchema, type UploadArtifactRequest } from '@infe
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import { ArtifactDigestMismatchError, ArtifactStore, ArtifactTooLargeError, SHA256_HEX } from './artifact-store';
+import { readOnnxSignature } from './onnx-signature';
+import { OnnxValidator } from './onnx-validator.adapter';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 
 type UploadOutcome = 'stored' | 'deduplicated' | 'too_large' | 'digest_mismatch' | 'invalid' | 'cancelled' | 'error';
@@ -18,6 +20,7 @@ export class ArtifactTransfer {
 
   constructor(
     private readonly artifacts: ArtifactStore,
+    private readonly validator: OnnxValidator,
     @Inject(REGISTRY_CONFIG) private readonly config: RegistryConfig,
     private readonly logger: JsonLogger,
     metrics: Metrics,
@@ -27,8 +30,10 @@ export class ArtifactTransfer {
   }
 
   /**
-   * Stores the chunks of an upload under their SHA-256. The expected_sha256 may come with any message;
-   * a mismatch, an upload over the size limit or a cancelled upload stores nothing.
+   * Stores the chunks of an upload under their SHA-256. The expected_sha256 may come with any message.
+   * The bytes must be an ONNX model that onnxruntime can load. A mismatch, an upload over the size
+   * limit (refused as soon as it passes it), bytes that are not a loadable ONNX model, or a cancelled
+   * upload store nothing.
    */
   async upload(requests: AsyncIterable<UploadArtifactRequest>, signal: AbortSignal): Promise<Artifact> {
     let expected: string | undefined;
@@ -55,6 +60,7 @@ export class ArtifactTransfer {
         maxBytes: this.config.maxArtifactBytes,
         expectedSha256: () => expected,
         signal,
+        check: (bytes) => this.checkModel(bytes),
       });
       outcome = stored.created ? 'stored' : 'deduplicated';
       if (stored.created) {
@@ -87,6 +93,17 @@ export class ArtifactTransfer {
       throw error;
     } finally {
       this.uploads.inc({ outcome });
+    }
+  }
+
+  /** Refuses bytes that are not an ONNX model with a signature the registry can serve, or that onnxruntime cannot load. */
+  private async checkModel(bytes: Buffer): Promise<void> {
+    readOnnxSignature(bytes);
+    try {
+      await this.validator.load(bytes);
+    } catch (error) {
+      const reason = (error instanceof Error ? error.message : String(error)).trim();
+      throw RpcError.invalidArgument(`onnxruntime cannot load the artifact: ${reason}; nothing was stored`, 'INVALID_ARTIFACT');
     }
   }
 

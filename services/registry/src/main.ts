@@ -1,6 +1,7 @@
 import { loadOrExit } from '@infermesh/config';
 import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { bind, bootstrap, runMain } from '@infermesh/runtime';
+import { ModelWatch } from './model-watch';
 import { loadRegistryConfig } from './registry.config';
 import { RegistryGrpcController } from './registry.grpc';
 import { RegistryModule } from './registry.module';
@@ -10,5 +11,7 @@ runMain('registry', async () => {
   return bootstrap({
     module: RegistryModule.forRoot(config),
     grpc: (app) => [bind(RegistryService, app.get(RegistryGrpcController))],
+    // WatchModels streams last until the follower leaves: end them, so that shutdown need not wait.
+    beforeShutdown: (app) => void app.get(ModelWatch).close(),
   });
 });

@@ -22,13 +22,16 @@ import { Gauge } from 'prom-client';
 import { ArtifactStore, SHA256_HEX } from './artifact-store';
 import { checkBatching, sameBatching } from './batching-check';
 import { Clock } from './clock';
-import { ModelStore } from './model-store';
+import { ModelStore, type ModelMutation } from './model-store';
+import { checkLabels, checkUpdateMask, checkVersionPolicy } from './model-update-check';
+import { ModelWatch } from './model-watch';
 import { maxBatchSizeFor, readOnnxSignature } from './onnx-signature';
 import { checkProcessing, sameProcessing } from './processing-check';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 import { checkVersionId, modelName, parseModelName, parseVersionName, versionName } from './resource-names';
 import { applyRolloutAction } from './rollout-actions';
 import { checkRollout } from './rollout-check';
+import { applyLifecycle, describeVersionPolicy, hasEnded, RETIRING_REASON, servingSet, stateName, type Transition, whyServing } from './version-lifecycle';
 
 export const ONNX_PLATFORM = 'onnxruntime_onnx';
 
@@ -38,14 +41,14 @@ const MAX_CACHE_TTL_MS = 7n * 24n * 3_600_000n;
 /** The states a worker may report for a version it loads. */
 const REPORTABLE_STATES = new Set([VersionState.LOADING, VersionState.READY, VersionState.FAILED]);
 
-/** "READY" for VersionState.READY. */
-export function stateName(state: VersionState): string {
-  return (VersionState[state] ?? String(state)).replace(/^VERSION_STATE_/, '');
-}
+/** The states of a version some worker has loaded, or is loading: its model cannot be deleted. */
+const LOADED_STATES = new Set([VersionState.LOADING, VersionState.READY, VersionState.DRAINING]);
 
 /**
  * The registry's use cases on models and versions: register a version from an uploaded artifact,
- * read models, resolve the version that serves a request, and record the states workers report.
+ * read models, resolve the version that serves a request, record the states workers report, change a
+ * model's settings, retire versions and delete models. Every change also brings the model's version
+ * states in line with its serving set (version-lifecycle.ts), and tells the watchers.
  */
 @Injectable()
 export class ModelCatalog implements OnApplicationShutdown {
@@ -55,6 +58,7 @@ export class ModelCatalog implements OnApplicationShutdown {
     private readonly clock: Clock,
     @Inject(REGISTRY_CONFIG) private readonly config: RegistryConfig,
     private readonly logger: JsonLogger,
+    private readonly watch: ModelWatch,
     metrics: Metrics,
   ) {
     registerGauges(metrics, models, logger);
@@ -99,21 +103,19 @@ export class ModelCatalog implements OnApplicationShutdown {
     version.processing = checkProcessing(request.processing, version.signature!);
     version.batching = checkBatching(request.batching, version.signature!);
     let created = false;
-    const stored = await this.store(() =>
-      this.models.update(modelId, (current) => {
-        created = false;
-        const model = current ?? create(ModelSchema, { name: modelName(modelId), platform: ONNX_PLATFORM });
-        const raced = findVersion(model, versionId);
-        if (raced !== undefined) {
-          checkSameVersion(raced, sha256, request);
-          return undefined;
-        }
-        model.versions.push(version);
-        model.versions.sort((a, b) => compareVersionIds(versionIdOf(a.name), versionIdOf(b.name)));
-        created = true;
-        return model;
-      }),
-    );
+    const stored = await this.mutate(modelId, (current) => {
+      created = false;
+      const model = current ?? create(ModelSchema, { name: modelName(modelId), platform: ONNX_PLATFORM });
+      const raced = findVersion(model, versionId);
+      if (raced !== undefined) {
+        checkSameVersion(raced, sha256, request);
+        return undefined;
+      }
+      model.versions.push(version);
+      model.versions.sort((a, b) => compareVersionIds(versionIdOf(a.name), versionIdOf(b.name)));
+      created = true;
+      return model;
+    });
     if (created) {
       this.logger.info('model version registered', { version: name, artifact: sha256, max_batch_size: version.signature?.maxBatchSize });
     }
@@ -132,13 +134,21 @@ export class ModelCatalog implements OnApplicationShutdown {
 
   /**
    * The version that serves a request: the given version when it is READY, or without a version id
-   * the model's stable version (its rollout's, when READY, else the highest-numbered READY one). A version that exists but is not READY is UNAVAILABLE with
+   * the model's stable version (its rollout's, when READY, else the highest-numbered READY one). A
+   * version that exists but is not READY, or a model that is unloaded, is UNAVAILABLE with
    * MODEL_NOT_READY, so that callers may retry once it has loaded.
    */
   async resolve(model: string, versionId: string): Promise<ModelVersion> {
     const modelId = parseModelName(model, 'model');
     if (versionId !== '') checkVersionId(versionId);
     const found = await this.existingModel(modelId);
+    if (found.unloaded) {
+      throw new RpcError(
+        status.UNAVAILABLE,
+        `model "${modelId}" is unloaded; load it again with \`infermesh models load ${modelId}\` or POST /v2/repository/models/${modelId}/load`,
+        { reason: 'MODEL_NOT_READY', metadata: { model: modelId, unloaded: 'true' } },
+      );
+    }
     if (versionId !== '') {
       const version = findVersion(found, versionId);
       if (version === undefined) {
@@ -165,13 +175,11 @@ export class ModelCatalog implements OnApplicationShutdown {
   /** Changes a model's rollout in one step: promote, roll back or set shares; the result is checked like any policy. */
   async updateRollout(model: string, action: UpdateRolloutRequest['action']): Promise<Model> {
     const modelId = parseModelName(model, 'model');
-    const stored = await this.store(() =>
-      this.models.update(modelId, (current) => {
-        if (current === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
-        current.rollout = checkRollout(applyRolloutAction(current, action), current);
-        return current;
-      }),
-    );
+    const stored = await this.mutate(modelId, (current) => {
+      const model = existing(current, modelId);
+      model.rollout = checkRollout(applyRolloutAction(model, action), model);
+      return model;
+    });
     this.logger.info('rollout updated', { model: modelId, action: action.case ?? 'none', rollout: stored?.rollout === undefined ? 'none' : toJsonString(RolloutPolicySchema, stored.rollout) });
     return stored!;
   }
@@ -186,13 +194,11 @@ export class ModelCatalog implements OnApplicationShutdown {
       if (policy.maxEntryBytes < 0n) throw RpcError.invalidArgument(`cache: max_entry_bytes is ${policy.maxEntryBytes}; it cannot be negative`);
     }
     const empty = policy === undefined || equals(CachePolicySchema, policy, create(CachePolicySchema));
-    const stored = await this.store(() =>
-      this.models.update(modelId, (current) => {
-        if (current === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
-        current.cache = empty ? undefined : policy;
-        return current;
-      }),
-    );
+    const stored = await this.mutate(modelId, (current) => {
+      const model = existing(current, modelId);
+      model.cache = empty ? undefined : policy;
+      return model;
+    });
     this.logger.info('cache policy set', { model: modelId, cache: stored?.cache === undefined ? 'defaults' : toJsonString(CachePolicySchema, stored.cache) });
     return stored!;
   }
@@ -205,18 +211,21 @@ export class ModelCatalog implements OnApplicationShutdown {
     if (fallback !== '' && (await this.store(() => this.models.get(fallback))) === undefined) {
       throw RpcError.invalidArgument(`rollout: the fallback model "${fallback}" does not exist`);
     }
-    const stored = await this.store(() =>
-      this.models.update(modelId, (current) => {
-        if (current === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
-        current.rollout = checkRollout(policy, current);
-        return current;
-      }),
-    );
+    const stored = await this.mutate(modelId, (current) => {
+      const model = existing(current, modelId);
+      model.rollout = checkRollout(policy, model);
+      return model;
+    });
     this.logger.info('rollout policy set', { model: modelId, rollout: stored?.rollout === undefined ? 'none' : toJsonString(RolloutPolicySchema, stored.rollout) });
     return stored!;
   }
 
-  /** Records the state a worker reports for a version: LOADING, READY, or FAILED with a reason. */
+  /**
+   * Records the state a worker reports for a version: LOADING, READY, or FAILED with a reason. A
+   * version outside its model's serving set (DRAINING, RETIRED, or not selected) keeps its state: a
+   * late LOADING or READY report does not bring it back. A FAILED report is recorded unless the
+   * version is RETIRED. The version is returned as stored.
+   */
   async reportState(name: string, state: VersionState, reason: string, workerId: string): Promise<ModelVersion> {
     const { modelId, versionId } = parseVersionName(name, 'name');
     if (!REPORTABLE_STATES.has(state)) {
@@ -224,27 +233,157 @@ export class ModelCatalog implements OnApplicationShutdown {
     }
     const stateReason = state === VersionState.FAILED ? reason || 'failed (no reason given)' : '';
     const now = timestampFromDate(this.clock.now());
-    let changed = false;
-    const stored = await this.store(() =>
-      this.models.update(modelId, (current) => {
-        changed = false;
-        const version = current === undefined ? undefined : findVersion(current, versionId);
-        if (current === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
-        if (version === undefined) {
-          throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', { model: modelId, version: versionId });
-        }
-        if (version.state === state && version.stateReason === stateReason) return undefined;
-        version.state = state;
-        version.stateReason = stateReason;
-        version.updateTime = now;
-        changed = true;
-        return current;
+    let outcome = 'unchanged' as 'recorded' | 'unchanged' | 'ignored';
+    const stored = await this.mutate(modelId, (current) => {
+      const model = existing(current, modelId);
+      const version = existingVersion(model, modelId, versionId);
+      outcome = 'unchanged';
+      if (version.state === state && version.stateReason === stateReason) return undefined;
+      const outside = state !== VersionState.FAILED && !servingSet(model).has(versionId);
+      if (version.state === VersionState.RETIRED || outside) {
+        outcome = 'ignored';
+        return undefined;
+      }
+      version.state = state;
+      version.stateReason = stateReason;
+      version.updateTime = now;
+      outcome = 'recorded';
+      return model;
+    });
+    const version = findVersion(stored, versionId)!;
+    if (outcome === 'recorded') {
+      this.logger.info('model version state reported', { version: name, state: stateName(state), reason: stateReason, worker_id: workerId });
+    } else if (outcome === 'ignored') {
+      this.logger.info('model version state report ignored: the version is outside its serving set', {
+        version: name,
+        reported: stateName(state),
+        state: stateName(version.state),
+        worker_id: workerId,
+      });
+    }
+    return version;
+  }
+
+  /**
+   * Changes the model settings the update mask names: labels, pinned, version_policy (unset: latest 1)
+   * and unloaded (explicit model control: an unloaded model's versions drain and none serves until it
+   * is loaded again). Each is checked; the version states follow at once.
+   */
+  async updateModel(update: Model | undefined, paths: readonly string[]): Promise<Model> {
+    const modelId = parseModelName(update?.name ?? '', 'model.name');
+    const fields = checkUpdateMask(paths);
+    const labels = fields.has('labels') ? checkLabels(update?.labels ?? {}) : undefined;
+    const stored = await this.mutate(modelId, (current) => {
+      const model = existing(current, modelId);
+      if (labels !== undefined) model.labels = labels;
+      if (fields.has('pinned')) model.pinned = update?.pinned ?? false;
+      if (fields.has('version_policy')) model.versionPolicy = checkVersionPolicy(update?.versionPolicy, model);
+      if (fields.has('unloaded')) model.unloaded = update?.unloaded ?? false;
+      return model;
+    });
+    this.logger.info('model updated', {
+      model: modelId,
+      fields: [...fields].join(','),
+      pinned: stored!.pinned,
+      unloaded: stored!.unloaded,
+      version_policy: describeVersionPolicy(stored!.versionPolicy),
+      labels: Object.keys(stored!.labels).length,
+    });
+    return stored!;
+  }
+
+  /**
+   * Retires a version for good: it stops being loaded and never serves again, whatever the policies
+   * say later. Refused with FAILED_PRECONDITION (VERSION_IN_USE) while it takes traffic: while the
+   * rollout policy names it, or while it is READY in the serving set. A loaded version drains first
+   * (DRAINING, then RETIRED after the drain grace period); one that is not goes RETIRED at once.
+   */
+  async retireVersion(name: string): Promise<ModelVersion> {
+    const { modelId, versionId } = parseVersionName(name, 'name');
+    const now = this.clock.now();
+    let retired = false;
+    const stored = await this.mutate(modelId, (current) => {
+      retired = false;
+      const model = applyLifecycle(existing(current, modelId), now, this.config.drainGraceMs).model;
+      const version = existingVersion(model, modelId, versionId);
+      if (hasEnded(version)) return undefined;
+      const why = whyServing(model, versionId);
+      if (why !== undefined) {
+        throw new RpcError(status.FAILED_PRECONDITION, `version ${versionId} of model ${modelId} still serves traffic: ${why}`, {
+          reason: 'VERSION_IN_USE',
+          metadata: { model: modelId, version: versionId },
+        });
+      }
+      if (version.state === VersionState.READY || version.state === VersionState.DRAINING) {
+        // Loaded: it drains first. A DRAINING version keeps the time it started to.
+        if (version.state === VersionState.READY) version.updateTime = timestampFromDate(now);
+        version.state = VersionState.DRAINING;
+        version.stateReason = RETIRING_REASON;
+      } else {
+        version.state = VersionState.RETIRED;
+        version.stateReason = '';
+        version.updateTime = timestampFromDate(now);
+      }
+      retired = true;
+      return model;
+    });
+    const version = findVersion(stored, versionId)!;
+    if (retired) this.logger.info('model version retired', { version: name, state: stateName(version.state) });
+    return version;
+  }
+
+  /**
+   * Deletes a model and its versions; their artifacts stay (content addressed, they may be shared).
+   * Refused with FAILED_PRECONDITION (MODEL_IN_USE) while any version is loaded (LOADING, READY or
+   * DRAINING): unload the model first and let it drain; and while another model names it as its
+   * fallback model.
+   */
+  async deleteModel(name: string): Promise<void> {
+    const modelId = parseModelName(name, 'name');
+    const dependents = (await this.store(() => this.models.list()))
+      .filter((m) => m.rollout?.fallbackModel === modelId)
+      .map((m) => `"${m.name.slice('models/'.length)}"`);
+    if (dependents.length > 0) {
+      throw new RpcError(
+        status.FAILED_PRECONDITION,
+        `model "${modelId}" is the fallback model of model ${dependents.join(', ')}; change ${dependents.length === 1 ? 'its' : 'their'} rollout policy first`,
+        { reason: 'MODEL_IN_USE', metadata: { model: modelId } },
+      );
+    }
+    const now = this.clock.now();
+    const deleted = await this.store(() =>
+      this.models.delete(modelId, (current) => {
+        const { model } = applyLifecycle(current, now, this.config.drainGraceMs);
+        const loaded = model.versions.filter((v) => LOADED_STATES.has(v.state));
+        if (loaded.length === 0) return;
+        const states = loaded.map((v) => `version ${versionIdOf(v.name)} is ${stateName(v.state)}`).join(', ');
+        throw new RpcError(
+          status.FAILED_PRECONDITION,
+          `model "${modelId}" is still loaded (${states}); unload it first: \`infermesh models unload ${modelId}\` or POST /v2/repository/models/${modelId}/unload, and wait for it to drain`,
+          { reason: 'MODEL_IN_USE', metadata: { model: modelId } },
+        );
       }),
     );
-    if (changed) {
-      this.logger.info('model version state reported', { version: name, state: stateName(state), reason: stateReason, worker_id: workerId });
+    if (!deleted) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
+    this.logger.info('model deleted', { model: modelId });
+    void this.watch.notify();
+  }
+
+  /**
+   * Applies the lifecycle to every model whose states it would change now: chiefly versions that have
+   * drained for the grace period become RETIRED (REGISTERED for an unloaded model). Returns the
+   * number of models changed.
+   */
+  async sweep(): Promise<number> {
+    const now = this.clock.now();
+    let changed = 0;
+    // Not through store(): the sweeper retries on its own, without a warning a second while Redis is down.
+    for (const model of await this.models.list()) {
+      if (applyLifecycle(model, now, this.config.drainGraceMs).transitions.length === 0) continue;
+      await this.mutate(model.name.slice('models/'.length), () => undefined);
+      changed += 1;
     }
-    return findVersion(stored, versionId)!;
+    return changed;
   }
 
   async onApplicationShutdown(): Promise<void> {
@@ -255,6 +394,35 @@ export class ModelCatalog implements OnApplicationShutdown {
     const model = await this.store(() => this.models.get(modelId));
     if (model === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
     return model;
+  }
+
+  /**
+   * Changes one model, then brings its version states in line with its serving set, in one atomic
+   * update; logs the state changes and tells the watchers. A change that returns undefined still
+   * applies the lifecycle (a version may have drained meanwhile).
+   */
+  private async mutate(modelId: string, change: ModelMutation): Promise<Model | undefined> {
+    const now = this.clock.now();
+    let transitions: Transition[] = [];
+    let wrote = false;
+    const stored = await this.store(() =>
+      this.models.update(modelId, (current) => {
+        transitions = [];
+        wrote = false;
+        const changed = change(current);
+        const base = changed ?? current;
+        if (base === undefined) return undefined;
+        const result = applyLifecycle(base, now, this.config.drainGraceMs);
+        transitions = result.transitions;
+        wrote = changed !== undefined || transitions.length > 0;
+        return wrote ? result.model : undefined;
+      }),
+    );
+    for (const t of transitions) {
+      this.logger.info('model version state changed', { version: t.version, from: stateName(t.from), to: stateName(t.to), reason: t.reason });
+    }
+    if (wrote) void this.watch.notify();
+    return stored;
   }
 
   /** Runs a store operation; a store failure (Redis unreachable...) is UNAVAILABLE, not INTERNAL. */
@@ -271,6 +439,19 @@ export class ModelCatalog implements OnApplicationShutdown {
 
 function findVersion(model: Model | undefined, versionId: string): ModelVersion | undefined {
   return model?.versions.find((v) => versionIdOf(v.name) === versionId);
+}
+
+function existing(model: Model | undefined, modelId: string): Model {
+  if (model === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
+  return model;
+}
+
+function existingVersion(model: Model, modelId: string, versionId: string): ModelVersion {
+  const version = findVersion(model, versionId);
+  if (version === undefined) {
+    throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', { model: modelId, version: versionId });
+  }
+  return version;
 }
 
 /** An existing version registered again: the same request is idempotent, a different one a conflict. */

@@ -4,7 +4,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { open, rename, rm } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { ModelStore, type ModelMutation } from './model-store';
+import { type DeleteCheck, ModelStore, type ModelMutation } from './model-store';
 
 interface StoreFile {
   revision: number;
@@ -51,19 +51,27 @@ export class EmbeddedModelStore extends ModelStore {
   }
 
   update(modelId: string, mutate: ModelMutation): Promise<Model | undefined> {
-    const run = async () => {
+    return this.serialized(async () => {
       const current = this.models.get(modelId);
       const next = mutate(current === undefined ? undefined : clone(ModelSchema, current));
       if (next === undefined) return current === undefined ? undefined : clone(ModelSchema, current);
-      const models = new Map(this.models).set(modelId, clone(ModelSchema, next));
-      await this.write(models, this.rev + 1);
-      this.models = models;
-      this.rev += 1;
-      return clone(ModelSchema, next);
-    };
-    const result = this.queue.then(run, run);
-    this.queue = result.catch(() => undefined);
-    return result;
+      const stored = clone(ModelSchema, next);
+      stored.revision = BigInt(this.rev + 1);
+      await this.commit(new Map(this.models).set(modelId, stored));
+      return clone(ModelSchema, stored);
+    });
+  }
+
+  delete(modelId: string, check?: DeleteCheck): Promise<boolean> {
+    return this.serialized(async () => {
+      const current = this.models.get(modelId);
+      if (current === undefined) return false;
+      check?.(clone(ModelSchema, current));
+      const models = new Map(this.models);
+      models.delete(modelId);
+      await this.commit(models);
+      return true;
+    });
   }
 
   async revision(): Promise<number> {
@@ -72,6 +80,20 @@ export class EmbeddedModelStore extends ModelStore {
 
   async close(): Promise<void> {
     await this.queue;
+  }
+
+  /** Runs changes one at a time, in the order they were asked for. */
+  private serialized<T>(run: () => Promise<T>): Promise<T> {
+    const result = this.queue.then(run, run);
+    this.queue = result.catch(() => undefined);
+    return result;
+  }
+
+  /** Writes the models as the next revision, then makes them current. */
+  private async commit(models: Map<string, Model>): Promise<void> {
+    await this.write(models, this.rev + 1);
+    this.models = models;
+    this.rev += 1;
   }
 
   private async write(models: Map<string, Model>, revision: number): Promise<void> {

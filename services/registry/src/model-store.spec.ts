@@ -141,6 +141,108 @@ function contract(name: string, makeBacking: () => Backing) {
       expect((await sut.list())[0]?.versions[0]?.batching?.maxBatchSize).toBe(0);
     });
 
+    it('stamps each stored model with the store revision of its last change', async () => {
+      expect((await sut.update('mlp', () => model('mlp', ['1'])))?.revision).toBe(1n);
+      expect((await sut.update('tiny', () => model('tiny', ['1'])))?.revision).toBe(2n);
+      expect((await sut.update('mlp', (current) => withVersion(current, 'mlp', '2')))?.revision).toBe(3n);
+      // Whatever revision the mutation returns, the store's wins.
+      expect((await sut.update('tiny', (current) => ({ ...current!, revision: 99n })))?.revision).toBe(4n);
+      expect((await sut.get('mlp'))?.revision).toBe(3n);
+      expect((await sut.list()).map((m) => [m.name, m.revision])).toEqual([
+        ['models/mlp', 3n],
+        ['models/tiny', 4n],
+      ]);
+      // An update that changes nothing keeps the revisions.
+      expect((await sut.update('mlp', () => undefined))?.revision).toBe(3n);
+    });
+
+    it('deletes a model atomically and bumps the revision; a missing model is false', async () => {
+      await sut.update('mlp', () => model('mlp', ['1']));
+      await sut.update('tiny', () => model('tiny', ['1']));
+      expect(await sut.delete('mlp')).toBe(true);
+      expect(await sut.get('mlp')).toBeUndefined();
+      expect((await sut.list()).map((m) => m.name)).toEqual(['models/tiny']);
+      expect(await sut.revision()).toBe(3);
+      expect(await sut.delete('mlp')).toBe(false);
+      expect(await sut.revision()).toBe(3);
+      // Created again, it starts afresh.
+      expect((await sut.update('mlp', (current) => withVersion(current, 'mlp', '7')))?.versions.map((v) => v.name)).toEqual(['models/mlp/versions/7']);
+      expect(await sut.revision()).toBe(4);
+    });
+
+    it('deletes nothing when the check refuses, and passes the error on', async () => {
+      await sut.update('mlp', () => model('mlp', ['1']));
+      const seen: string[] = [];
+      await expect(
+        sut.delete('mlp', (current) => {
+          seen.push(current.name);
+          throw new Error('still loaded');
+        }),
+      ).rejects.toThrow('still loaded');
+      expect(seen).toEqual(['models/mlp']);
+      expect((await sut.get('mlp'))?.versions).toHaveLength(1);
+      expect(await sut.revision()).toBe(1);
+    });
+
+    it('checks a delete against the model as it is when deleted, not as an earlier writer saw it', async () => {
+      const writers = await backing.writers(sut);
+      await sut.update('mlp', () => model('mlp', ['1']));
+      const other = writers[writers.length - 1]!;
+      let checks = 0;
+      const deleted = sut.delete('mlp', (current) => {
+        checks += 1;
+        if (current.versions.length > 1) throw new Error('now in use');
+      });
+      await other.update('mlp', (current) => withVersion(current, 'mlp', '2'));
+      // Either the delete ran first (and the update then created the model afresh) or it saw version 2.
+      const outcome = await deleted.then(
+        () => 'deleted',
+        (error: Error) => error.message,
+      );
+      const versions = (await sut.get('mlp'))?.versions.map((v) => v.name) ?? [];
+      expect(checks).toBeGreaterThanOrEqual(1);
+      expect([outcome, versions]).toEqual(
+        outcome === 'deleted' ? ['deleted', ['models/mlp/versions/2']] : ['now in use', ['models/mlp/versions/1', 'models/mlp/versions/2']],
+      );
+    });
+
+    it('keeps models with their versions, states, policies, settings and revisions across a restart, and deletions too', async () => {
+      const full = create(ModelSchema, {
+        name: 'models/mlp',
+        platform: 'onnxruntime_onnx',
+        versions: [
+          { name: 'models/mlp/versions/1', state: VersionState.RETIRED, artifact: { sha256: 'a'.repeat(64), sizeBytes: 10n, format: 'onnx' } },
+          { name: 'models/mlp/versions/2', state: VersionState.DRAINING, stateReason: 'left the serving set, draining' },
+          { name: 'models/mlp/versions/3', state: VersionState.READY, signature: { maxBatchSize: 8 } },
+          { name: 'models/mlp/versions/4', state: VersionState.FAILED, stateReason: 'out of memory' },
+        ],
+        rollout: { stableVersion: '3', canary: { version: '2', percent: 10 }, fallbackModel: 'tiny' },
+        cache: { enabled: false, ttlMs: 1_000n },
+        labels: { team: 'vision', tier: 'gold' },
+        pinned: true,
+        versionPolicy: { policy: { case: 'specific', value: { versions: ['2', '3'] } } },
+        unloaded: true,
+      });
+      await sut.update('tiny', () => model('tiny', ['1']));
+      await sut.update('gone', () => model('gone', ['1']));
+      const stored = await sut.update('mlp', () => full);
+      await sut.delete('gone');
+      const revision = await sut.revision();
+      await sut.close();
+
+      sut = await backing.reopen();
+      expect(await sut.revision()).toBe(revision);
+      expect(await sut.get('mlp')).toEqual({ ...full, revision: 3n });
+      expect(await sut.get('mlp')).toEqual(stored);
+      expect(await sut.get('gone')).toBeUndefined();
+      expect((await sut.list()).map((m) => [m.name, m.revision])).toEqual([
+        ['models/mlp', 3n],
+        ['models/tiny', 1n],
+      ]);
+      // It goes on from there.
+      expect((await sut.update('tiny', (current) => withVersion(current, 'tiny', '2')))?.revision).toBe(BigInt(revision + 1));
+    });
+
     it('keeps everything across a restart', async () => {
       await sut.update('mlp', () => model('mlp', ['1', '2']));
       await sut.update('tiny', () => model('tiny', ['7']));

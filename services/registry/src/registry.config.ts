@@ -1,4 +1,4 @@
-import { type Env, parseEnv, positiveInt, redisUrl } from '@infermesh/config';
+import { byteSize, type Env, nonNegativeInt, parseEnv, positiveInt, redisUrl } from '@infermesh/config';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
 import { resolve } from 'node:path';
 import { z } from 'zod';
@@ -10,8 +10,10 @@ const shape = {
   REDIS_URL: redisUrl(),
   REGISTRY_DATA_DIR: path(),
   REGISTRY_ARTIFACT_DIR: path(),
-  REGISTRY_MAX_ARTIFACT_BYTES: positiveInt(1024 * 1024 * 1024),
+  REGISTRY_MAX_ARTIFACT_BYTES: byteSize('2GiB'),
   REGISTRY_DEFAULT_MAX_BATCH_SIZE: positiveInt(64),
+  REGISTRY_DRAIN_GRACE_MS: nonNegativeInt(10_000),
+  REGISTRY_WATCH_POLL_MS: positiveInt(250),
 };
 
 /** The registry's configuration, validated once at start-up. Relative paths resolve against the working directory. */
@@ -27,7 +29,14 @@ export function loadRegistryConfig(env: Env) {
     metadataFile: resolve(dataDir, 'models.json'),
     /** Artifacts always live on the filesystem, addressed by SHA-256, whichever metadata store is used. */
     artifactDir: resolve(e.REGISTRY_ARTIFACT_DIR ?? resolve(dataDir, 'artifacts')),
+    /** Uploads larger than this are refused as soon as they pass it. */
     maxArtifactBytes: e.REGISTRY_MAX_ARTIFACT_BYTES,
+    /** How long a version that left the serving set drains (DRAINING) before it is RETIRED. */
+    drainGraceMs: e.REGISTRY_DRAIN_GRACE_MS,
+    /** How often the registry looks for drained versions: a tenth of the grace, from 10 ms to 1 s. */
+    drainSweepIntervalMs: Math.min(1_000, Math.max(10, Math.floor(e.REGISTRY_DRAIN_GRACE_MS / 10))),
+    /** How often WatchModels looks at the store for changes made by other replicas. */
+    watchPollMs: e.REGISTRY_WATCH_POLL_MS,
     /** The max batch size of a model whose inputs and outputs all have a dynamic first dimension. */
     defaultMaxBatchSize: e.REGISTRY_DEFAULT_MAX_BATCH_SIZE,
     /** DownloadArtifact sends the artifact in chunks of 1 MiB, or less when messages must be smaller. */

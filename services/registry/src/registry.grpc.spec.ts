@@ -1,6 +1,6 @@
 import { status } from '@grpc/grpc-js';
 import { createClient, RpcError, type ServiceClient } from '@infermesh/grpc';
-import { buildClassifierModel, buildMultiIoModel, buildTinyModel, CLASSIFIER_PROCESSING, encodeModel, floatInitializer, node } from '@infermesh/model-builder';
+import { buildClassifierModel, buildMultiIoModel, buildPaddedModel, buildTinyModel, CLASSIFIER_PROCESSING, encodeModel, floatInitializer, node } from '@infermesh/model-builder';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   type Artifact,
@@ -11,6 +11,8 @@ import {
   RegistryService,
   type UploadArtifactRequestSchema,
   VersionState,
+  type WatchModelsResponse,
+  WatchModelsResponseSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { bind, bootstrap, type RunningService } from '@infermesh/runtime';
 import { type RedisServer, startRedisServer } from '@infermesh/testing';
@@ -19,6 +21,7 @@ import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
+import { ModelWatch } from './model-watch';
 import { loadRegistryConfig } from './registry.config';
 import { RegistryGrpcController } from './registry.grpc';
 import { RegistryModule } from './registry.module';
@@ -93,6 +96,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     running = await bootstrap({
       module: RegistryModule.forRoot(config),
       grpc: (app) => [bind(RegistryService, app.get(RegistryGrpcController))],
+      beforeShutdown: (app) => void app.get(ModelWatch).close(),
     });
     sut = createClient(RegistryService, `127.0.0.1:${running.grpcPort}`);
   }
@@ -154,7 +158,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
   it('downloads a large artifact in chunks of at most 1 MiB', async () => {
     await stop();
     await start({ REGISTRY_MAX_ARTIFACT_BYTES: String(8 * 1024 * 1024) });
-    const big = randomBytes(2 * 1024 * 1024 + 5);
+    const big = buildPaddedModel(2 * 1024 * 1024 + 4096).bytes;
     const { artifact } = await upload(sut, big, 256 * 1024);
     const sizes: number[] = [];
     const chunks: Uint8Array[] = [];
@@ -162,7 +166,9 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       sizes.push(response.chunk.byteLength);
       chunks.push(response.chunk);
     }
-    expect(sizes).toEqual([1024 * 1024, 1024 * 1024, 5]);
+    expect(big.length).toBeGreaterThan(2 * 1024 * 1024);
+    expect(big.length).toBeLessThan(3 * 1024 * 1024);
+    expect(sizes).toEqual([1024 * 1024, 1024 * 1024, big.length - 2 * 1024 * 1024]);
     expect(Buffer.concat(chunks).equals(big)).toBe(true);
   });
 
@@ -508,6 +514,124 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect(Buffer.compare(await download(sut, sha256(tiny)), Buffer.from(tiny))).toBe(0);
   });
 
+  it('refuses an upload that is not an ONNX model, or that onnxruntime cannot load, and leaves nothing behind', async () => {
+    const unknownOp = encodeModel('unknown-op', {
+      nodes: [node('NoSuchOperator', ['input'], ['output'], 'mystery')],
+      initializers: [],
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 4] }],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 4] }],
+    }).bytes;
+    const cases: [Uint8Array, RegExp][] = [
+      [Buffer.from('garbage bytes, not a model'), /^the artifact is not a valid ONNX model: /],
+      [unknownOp, /^onnxruntime cannot load the artifact: .*NoSuchOperator.*; nothing was stored$/s],
+    ];
+    for (const [bytes, message] of cases) {
+      const error = await rpcError(upload(sut, bytes, 100, sha256(bytes)));
+      expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_ARTIFACT']);
+      expect(error.message).toMatch(message);
+      expect((await rpcError(download(sut, sha256(bytes)))).reason).toBe('ARTIFACT_NOT_FOUND');
+    }
+    expect(readdirSync(join(dataDir, 'artifacts')).filter((f) => f !== '.incoming')).toEqual([]);
+    expect(readdirSync(join(dataDir, 'artifacts', '.incoming'))).toEqual([]);
+    const body = await (await fetch(`http://127.0.0.1:${running.metricsPort}/metrics`)).text();
+    expect(body).toMatch(/^infermesh_registry_artifact_uploads_total\{outcome="invalid"\} 2$/m);
+  });
+
+  it('changes labels, pinned, the version policy and unloaded with UpdateModel, only those the mask names', async () => {
+    for (const id of ['1', '2']) {
+      await register('tiny', id, buildTinyModel().bytes);
+      await ready('tiny', id);
+    }
+    const { model } = await sut.updateModel({
+      model: { name: 'models/tiny', labels: { team: 'vision' }, pinned: true, versionPolicy: { policy: { case: 'latest', value: 2 } }, unloaded: true },
+      updateMask: { paths: ['labels', 'pinned', 'version_policy'] },
+    });
+    expect([model!.labels, model!.pinned, model!.versionPolicy?.policy, model!.unloaded]).toEqual([{ team: 'vision' }, true, { case: 'latest', value: 2 }, false]);
+    expect(model!.versions.map((v) => v.state)).toEqual([VersionState.READY, VersionState.READY]);
+    expect((await sut.getModel({ name: 'models/tiny' })).model).toEqual(model);
+
+    const bad = await rpcError(sut.updateModel({ model: { name: 'models/tiny' }, updateMask: { paths: ['versions'] } }));
+    expect([bad.code, bad.message]).toEqual([
+      status.INVALID_ARGUMENT,
+      'update_mask: "versions" cannot be changed with UpdateModel; only labels, pinned, version_policy, unloaded can (versions, rollout and cache have their own RPCs)',
+    ]);
+    const missing = await rpcError(sut.updateModel({ model: { name: 'models/none' }, updateMask: { paths: ['pinned'] } }));
+    expect([missing.code, missing.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
+  });
+
+  it('retires a version and deletes a model only once nothing takes traffic, with FAILED_PRECONDITION until then', async () => {
+    for (const id of ['1', '2']) {
+      await register('tiny', id, buildTinyModel().bytes);
+      await ready('tiny', id);
+    }
+    const inUse = await rpcError(sut.retireModelVersion({ name: 'models/tiny/versions/2' }));
+    expect([inUse.code, inUse.reason]).toEqual([status.FAILED_PRECONDITION, 'VERSION_IN_USE']);
+    expect(inUse.message).toMatch(/^version 2 of model tiny still serves traffic: it is the latest READY version under version policy latest 1/);
+    const retired = await sut.retireModelVersion({ name: 'models/tiny/versions/1' });
+    expect(retired.version).toMatchObject({ name: 'models/tiny/versions/1', state: VersionState.DRAINING });
+    expect((await rpcError(sut.retireModelVersion({ name: 'models/tiny/versions/3' }))).reason).toBe('VERSION_NOT_FOUND');
+
+    const loaded = await rpcError(sut.deleteModel({ name: 'models/tiny' }));
+    expect([loaded.code, loaded.reason]).toEqual([status.FAILED_PRECONDITION, 'MODEL_IN_USE']);
+    expect(loaded.message).toContain('`infermesh models unload tiny` or POST /v2/repository/models/tiny/unload');
+
+    await register('never-loaded', '1', buildTinyModel().bytes);
+    await sut.deleteModel({ name: 'models/never-loaded' });
+    expect((await rpcError(sut.getModel({ name: 'models/never-loaded' }))).reason).toBe('MODEL_NOT_FOUND');
+    expect((await rpcError(sut.deleteModel({ name: 'models/never-loaded' }))).code).toBe(status.NOT_FOUND);
+  });
+
+  it('retires drained versions after REGISTRY_DRAIN_GRACE_MS without being asked', async () => {
+    await stop();
+    await start({ REGISTRY_DRAIN_GRACE_MS: '100' });
+    for (const id of ['1', '2']) {
+      await register('tiny', id, buildTinyModel().bytes);
+      await ready('tiny', id);
+    }
+    const states = async () => (await sut.getModel({ name: 'models/tiny' })).model!.versions.map((v) => VersionState[v.state]);
+    for (let i = 0; i < 200 && (await states())[0] === 'DRAINING'; i += 1) await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(await states()).toEqual(['RETIRED', 'READY']);
+  });
+
+  it('streams the models with WatchModels: a snapshot, then each change and deletion, until the client cancels', async () => {
+    await register('tiny', '1', buildTinyModel().bytes);
+    const controller = new AbortController();
+    const stream = sut.watchModels({ fromRevision: 0n }, { signal: controller.signal })[Symbol.asyncIterator]();
+    const next = async () => (await stream.next()).value as WatchModelsResponse;
+
+    const snapshot = await next();
+    expect([snapshot.snapshot, snapshot.models.map((m) => m.name)]).toEqual([true, ['models/tiny']]);
+    expect(snapshot.revision).toBe(snapshot.models[0]!.revision);
+
+    const { model } = await sut.updateModel({ model: { name: 'models/tiny', pinned: true }, updateMask: { paths: ['pinned'] } });
+    const change = await next();
+    expect(change).toEqual(create(WatchModelsResponseSchema, { revision: model!.revision, models: [model!] }));
+
+    await sut.deleteModel({ name: 'models/tiny' });
+    const deletion = await next();
+    expect([deletion.revision, deletion.models, deletion.deleted]).toEqual([model!.revision + 1n, [], ['models/tiny']]);
+
+    // A follower that is current gets only the revision first.
+    const current = sut.watchModels({ fromRevision: deletion.revision })[Symbol.asyncIterator]();
+    expect((await current.next()).value).toEqual(create(WatchModelsResponseSchema, { revision: deletion.revision }));
+    await current.return?.();
+
+    controller.abort();
+    expect((await rpcError(stream.next())).code).toBe(status.CANCELLED);
+    const metrics = async () => (await fetch(`http://127.0.0.1:${running.metricsPort}/metrics`)).text();
+    for (let i = 0; i < 100 && !/^infermesh_registry_watchers 0$/m.test(await metrics()); i += 1) await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(await metrics()).toMatch(/^infermesh_registry_watchers 0$/m);
+  });
+
+  it('ends WatchModels streams when it shuts down, without waiting for the followers', async () => {
+    const stream = sut.watchModels({})[Symbol.asyncIterator]();
+    expect((await stream.next()).value).toMatchObject({ snapshot: true, models: [] });
+    const pending = stream.next();
+    await stop();
+    expect((await pending).done).toBe(true);
+    await start();
+  });
+
   it('exports model and version gauges and the artifact bytes stored', async () => {
     const tiny = buildTinyModel().bytes;
     await register('tiny', '1', tiny);
@@ -516,7 +640,9 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     const body = await (await fetch(`http://127.0.0.1:${running.metricsPort}/metrics`)).text();
     expect(body).toMatch(/^infermesh_registry_models 1$/m);
     expect(body).toMatch(/^infermesh_registry_model_versions\{state="READY"\} 1$/m);
-    expect(body).toMatch(/^infermesh_registry_model_versions\{state="REGISTERED"\} 1$/m);
+    // Version 1 never loaded and left the serving set (latest 1) once version 2 was READY.
+    expect(body).toMatch(/^infermesh_registry_model_versions\{state="RETIRED"\} 1$/m);
+    expect(body).toMatch(/^infermesh_registry_model_versions\{state="REGISTERED"\} 0$/m);
     expect(body).toMatch(new RegExp(`^infermesh_registry_artifact_stored_bytes_total ${tiny.length}$`, 'm'));
     expect(body).toMatch(/^infermesh_registry_artifact_uploads_total\{outcome="deduplicated"\} 1$/m);
     expect(body).toMatch(/infermesh_registry_grpc_server_handling_seconds_count\{method="RegistryService\/CreateModelVersion",code="OK"\} 2/);

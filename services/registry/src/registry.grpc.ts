@@ -2,18 +2,23 @@ import { Injectable } from '@nestjs/common';
 import type { CallContext, ServiceImpl } from '@infermesh/grpc';
 import type {
   CreateModelVersionRequest,
+  DeleteModelRequest,
   DownloadArtifactRequest,
   GetModelRequest,
   RegistryService,
   ReportVersionStateRequest,
   ResolveModelVersionRequest,
+  RetireModelVersionRequest,
   SetCachePolicyRequest,
   SetRolloutPolicyRequest,
+  UpdateModelRequest,
   UpdateRolloutRequest,
   UploadArtifactRequest,
+  WatchModelsRequest,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ArtifactTransfer } from './artifact-transfer';
 import { ModelCatalog } from './model-catalog';
+import { ModelWatch } from './model-watch';
 
 /** gRPC transport of the registry service. */
 @Injectable()
@@ -21,6 +26,7 @@ export class RegistryGrpcController implements ServiceImpl<typeof RegistryServic
   constructor(
     private readonly catalog: ModelCatalog,
     private readonly transfer: ArtifactTransfer,
+    private readonly watch: ModelWatch,
   ) {}
 
   async uploadArtifact(requests: AsyncIterable<UploadArtifactRequest>, ctx: CallContext) {
@@ -61,5 +67,22 @@ export class RegistryGrpcController implements ServiceImpl<typeof RegistryServic
 
   async updateRollout(request: UpdateRolloutRequest) {
     return { model: await this.catalog.updateRollout(request.model, request.action) };
+  }
+
+  async updateModel(request: UpdateModelRequest) {
+    return { model: await this.catalog.updateModel(request.model, request.updateMask?.paths ?? []) };
+  }
+
+  async retireModelVersion(request: RetireModelVersionRequest) {
+    return { version: await this.catalog.retireVersion(request.name) };
+  }
+
+  async deleteModel(request: DeleteModelRequest) {
+    await this.catalog.deleteModel(request.name);
+    return {};
+  }
+
+  watchModels(request: WatchModelsRequest, ctx: CallContext) {
+    return this.watch.watch(request.fromRevision, ctx.signal);
   }
 }

@@ -6,10 +6,13 @@ import { ArtifactStore } from './artifact-store';
 import { FilesystemArtifactStore } from './artifact-store.filesystem';
 import { ArtifactTransfer } from './artifact-transfer';
 import { Clock } from './clock';
+import { DrainSweeper } from './drain-sweeper';
 import { ModelCatalog } from './model-catalog';
 import { ModelStore } from './model-store';
 import { EmbeddedModelStore } from './model-store.embedded';
 import { RedisModelStore } from './model-store.redis';
+import { ModelWatch } from './model-watch';
+import { OnnxValidator } from './onnx-validator.adapter';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 import { RegistryGrpcController } from './registry.grpc';
 
@@ -36,7 +39,10 @@ export class RegistryModule {
         },
         { provide: ArtifactStore, useFactory: (): ArtifactStore => new FilesystemArtifactStore(config.artifactDir) },
         Clock,
+        OnnxValidator,
+        ModelWatch,
         ModelCatalog,
+        DrainSweeper,
         ArtifactTransfer,
         RegistryGrpcController,
       ],

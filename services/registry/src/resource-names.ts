@@ -22,8 +22,13 @@ export function checkModelId(modelId: string): string {
   return modelId;
 }
 
+/** Whether a string is a valid version id: a positive integer such as "1". */
+export function isVersionId(versionId: string): boolean {
+  return VERSION_ID.test(versionId);
+}
+
 export function checkVersionId(versionId: string): string {
-  if (!VERSION_ID.test(versionId)) {
+  if (!isVersionId(versionId)) {
     throw RpcError.invalidArgument(`invalid version id "${versionId}": expected a positive integer such as "1"`);
   }
   return versionId;

@@ -3,6 +3,7 @@ import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
 import { type Model, type RolloutPolicy, RolloutPolicySchema, type UpdateRolloutRequest, VersionState, WeightedVersionSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { compareVersionIds, versionIdOf } from '@infermesh/rollout';
+import { isRetiring } from './version-lifecycle';
 
 const invalid = (message: string) => RpcError.invalidArgument(`rollout: ${message}`);
 
@@ -26,10 +27,12 @@ export function applyRolloutAction(model: Model, action: UpdateRolloutRequest['a
       if (trial.length === 0) throw new RpcError(status.FAILED_PRECONDITION, `rollout: model "${modelId}" has no canary or variant to roll back`);
       let stable = current.stableVersion;
       if (stable === '') {
+        // A version that left the serving set when the trial took over drains for a while and may
+        // still be rolled back to.
         const before = model.versions
-          .filter((v) => v.state === VersionState.READY && !trial.includes(versionIdOf(v.name)))
+          .filter((v) => (v.state === VersionState.READY || (v.state === VersionState.DRAINING && !isRetiring(v))) && !trial.includes(versionIdOf(v.name)))
           .sort((a, b) => compareVersionIds(versionIdOf(b.name), versionIdOf(a.name)))[0];
-        if (before === undefined) throw new RpcError(status.FAILED_PRECONDITION, `rollout: model "${modelId}" has no READY version outside its rollout to roll back to`);
+        if (before === undefined) throw new RpcError(status.FAILED_PRECONDITION, `rollout: model "${modelId}" has no READY (or still draining) version outside its rollout to roll back to`);
         stable = versionIdOf(before.name);
       }
       return create(RolloutPolicySchema, { ...withoutTrial(current), stableVersion: stable });

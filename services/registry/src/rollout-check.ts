@@ -2,6 +2,7 @@ import { create, equals } from '@bufbuild/protobuf';
 import { RpcError } from '@infermesh/grpc';
 import { type Model, type RolloutPolicy, RolloutPolicySchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { versionIdOf } from '@infermesh/rollout';
+import { isRetiring } from './version-lifecycle';
 
 const invalid = (message: string) => RpcError.invalidArgument(`rollout: ${message}`);
 /** States a version never leaves: a rollout naming one would never send it a request. */
@@ -10,7 +11,7 @@ const ENDED = new Set([VersionState.FAILED, VersionState.RETIRED]);
 /**
  * Checks a rollout policy against the model's versions and returns what to store: undefined when it
  * declares nothing. Refuses with INVALID_ARGUMENT, naming the problem: a version the model does not
- * have, or one that is FAILED or RETIRED; a percent that is not a number from 0 to 100; a version
+ * have, or one that is FAILED, RETIRED or retired and draining; a percent that is not a number from 0 to 100; a version
  * named twice (stable, canary, variants and shadow are distinct); shares of the canary and the
  * variants that add up to more than 100.
  */
@@ -24,6 +25,7 @@ export function checkRollout(policy: RolloutPolicy | undefined, model: Model): R
       throw invalid(`the ${role} is version "${versionId}", which model "${modelId}" does not have; its versions are ${model.versions.map((v) => versionIdOf(v.name)).join(', ') || 'none'}`);
     }
     if (ENDED.has(version.state)) throw invalid(`the ${role} is version ${versionId}, which is ${VersionState[version.state]} and will never serve`);
+    if (isRetiring(version)) throw invalid(`the ${role} is version ${versionId}, which was retired (it is DRAINING) and will never serve again`);
     if (named.has(versionId)) throw invalid(`version ${versionId} is named more than once (as the ${role} too)`);
     named.add(versionId);
   };

@@ -193,7 +193,9 @@ async function startRouter(env: Record<string, string> = {}, keep: Type[] = []):
     [BatcherAdapter, batcher],
   ]);
   for (const k of keep) replacements.delete(k);
-  const config = loadRouterConfig({ ROUTER_LOG_LEVEL: 'error', ...env });
+  // The registry watch finds no registry there: the router asks the fake registry above instead
+  // (version-resolver.spec.ts tests the router following the watch).
+  const config = loadRouterConfig({ ROUTER_LOG_LEVEL: 'error', ROUTER_REGISTRY_ADDRESS: `127.0.0.1:${await freePort()}`, ...env });
   const app = await NestFactory.createApplicationContext(overridden(RouterModule.forRoot(config), replacements), {
     logger: false,
     abortOnError: false,

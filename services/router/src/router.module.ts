@@ -1,4 +1,5 @@
 import { type DynamicModule, Module } from '@nestjs/common';
+import { registryWatchProvider } from '@infermesh/registry-watch';
 import { RuntimeModule } from '@infermesh/runtime';
 import { GuardedBatcher } from './guarded-batcher';
 import { InferenceRouter } from './inference-router';
@@ -17,6 +18,7 @@ export class RouterModule {
       providers: [
         { provide: ROUTER_CONFIG, useValue: config },
         RegistryAdapter,
+        registryWatchProvider(config.upstreams.registry),
         CacheAdapter,
         BatcherAdapter,
         GuardedBatcher,

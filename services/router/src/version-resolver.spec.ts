@@ -1,10 +1,24 @@
 import 'reflect-metadata';
-import { create } from '@bufbuild/protobuf';
+import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import type { DynamicModule, INestApplicationContext, Type } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import { RpcError } from '@infermesh/grpc';
-import { type Model, ModelSchema, type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { GrpcServer, RpcError, type ServiceImpl } from '@infermesh/grpc';
+import {
+  type Model,
+  ModelSchema,
+  type ModelVersion,
+  ModelVersionSchema,
+  RegistryService,
+  VersionState,
+  type WatchModelsResponse,
+  WatchModelsResponseSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { RegistryWatch } from '@infermesh/registry-watch';
+import { HealthDetails } from '@infermesh/runtime';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { freePort, rpcRejection } from '@infermesh/testing';
+import { EventEmitter, on } from 'node:events';
 import { loadRouterConfig } from './router.config';
 import { RouterModule } from './router.module';
 import { BatcherAdapter, CacheAdapter, RegistryAdapter } from './upstreams.adapter';
@@ -46,15 +60,90 @@ class FakeRegistry {
   }
 }
 
+/**
+ * The registry's WatchModels as its contract says, over a real socket: a snapshot first (or an
+ * empty message when the follower's revision is current), then one message per change.
+ */
+class WatchingRegistry {
+  private readonly models = new Map<string, Model>();
+  private readonly changes = new EventEmitter();
+  private server: GrpcServer | undefined;
+  revision = 0n;
+  address = '';
+
+  put(init: MessageInitShape<typeof ModelSchema>): void {
+    this.revision += 1n;
+    const model = create(ModelSchema, { ...init, revision: this.revision });
+    this.models.set(model.name, model);
+    this.changes.emit('change', create(WatchModelsResponseSchema, { revision: this.revision, models: [model] }));
+  }
+
+  delete(name: string): void {
+    this.revision += 1n;
+    this.models.delete(name);
+    this.changes.emit('change', create(WatchModelsResponseSchema, { revision: this.revision, deleted: [name] }));
+  }
+
+  async start(): Promise<this> {
+    const refuse = () => Promise.reject(RpcError.invalidArgument('the router asks the fake registry adapter instead'));
+    const impl: ServiceImpl<typeof RegistryService> = {
+      watchModels: (request, ctx) => this.watch(request.fromRevision, ctx.signal),
+      uploadArtifact: refuse,
+      downloadArtifact: () => ({ [Symbol.asyncIterator]: () => ({ next: refuse }) }),
+      createModelVersion: refuse,
+      getModel: refuse,
+      listModels: refuse,
+      resolveModelVersion: refuse,
+      reportVersionState: refuse,
+      setRolloutPolicy: refuse,
+      updateRollout: refuse,
+      setCachePolicy: refuse,
+      updateModel: refuse,
+      retireModelVersion: refuse,
+      deleteModel: refuse,
+    };
+    this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error', () => undefined), metrics: new Metrics('fake_registry'), maxMessageBytes: 1 << 20 });
+    this.server.add(RegistryService, impl);
+    this.address = `127.0.0.1:${await this.server.listen('127.0.0.1', 0)}`;
+    return this;
+  }
+
+  async stop(): Promise<void> {
+    await this.server?.shutdown(1);
+    this.server = undefined;
+  }
+
+  private async *watch(fromRevision: bigint, signal: AbortSignal): AsyncGenerator<WatchModelsResponse> {
+    const changes = on(this.changes, 'change', { signal });
+    try {
+      yield fromRevision !== 0n && fromRevision === this.revision
+        ? create(WatchModelsResponseSchema, { revision: this.revision })
+        : create(WatchModelsResponseSchema, { revision: this.revision, models: [...this.models.values()], snapshot: true });
+      for await (const [change] of changes) yield change as WatchModelsResponse;
+    } catch (error) {
+      if (!signal.aborted) throw error;
+    }
+  }
+}
+
 const unused = {};
+
+const watchedVersion = (model: string, id: string, state: VersionState) => ({ name: `models/${model}/versions/${id}`, state });
 
 describe(VersionResolver.name, () => {
   let app: INestApplicationContext;
   let registry: FakeRegistry;
 
-  async function start(resolveTtlMs: number): Promise<VersionResolver> {
+  /** Starts the router's Nest context; its registry watch follows `watchAddress`, by default an address nothing listens on. */
+  async function start(resolveTtlMs: number, watchAddress?: string): Promise<VersionResolver> {
     registry = new FakeRegistry();
-    const module = RouterModule.forRoot(loadRouterConfig({ ROUTER_LOG_LEVEL: 'error', ROUTER_RESOLVE_TTL_MS: String(resolveTtlMs) }));
+    const module = RouterModule.forRoot(
+      loadRouterConfig({
+        ROUTER_LOG_LEVEL: 'error',
+        ROUTER_RESOLVE_TTL_MS: String(resolveTtlMs),
+        ROUTER_REGISTRY_ADDRESS: watchAddress ?? `127.0.0.1:${await freePort()}`,
+      }),
+    );
     const replacements = new Map<Type, object>([
       [RegistryAdapter, registry],
       [CacheAdapter, unused],
@@ -166,5 +255,150 @@ describe(VersionResolver.name, () => {
     registry.manual = false;
     expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
     expect(registry.calls).toHaveLength(2);
+  });
+
+  describe('following the registry watch', () => {
+    let watched: WatchingRegistry;
+
+    /** The router following `watched`, once its watch holds the first snapshot. */
+    async function following(): Promise<VersionResolver> {
+      const sut = await start(60_000, watched.address);
+      await app.get(RegistryWatch).ready();
+      return sut;
+    }
+
+    /** Waits until the router's watch has applied every change made so far. */
+    async function applied(): Promise<void> {
+      const watch = app.get(RegistryWatch);
+      const deadline = Date.now() + 10_000;
+      while (watch.revision !== watched.revision) {
+        if (Date.now() > deadline) throw new Error(`the watch is at revision ${watch.revision}, the registry at ${watched.revision}`);
+        await new Promise((r) => setTimeout(r, 5));
+      }
+    }
+
+    beforeEach(async () => {
+      watched = await new WatchingRegistry().start();
+      watched.put({
+        name: 'models/mlp',
+        versions: [watchedVersion('mlp', '1', VersionState.READY), watchedVersion('mlp', '2', VersionState.READY), watchedVersion('mlp', '3', VersionState.LOADING)],
+        cache: { ttlMs: 5_000n },
+      });
+      watched.put({ name: 'models/cold', versions: [watchedVersion('cold', '1', VersionState.LOADING)] });
+    });
+
+    afterEach(async () => {
+      await watched.stop();
+    });
+
+    it('resolves from the models the watch holds without asking the registry, and applies a change to the next request', async () => {
+      const sut = await following();
+
+      expect(await sut.resolve('mlp', '')).toMatchObject({ version: { name: 'models/mlp/versions/2' }, route: 'stable', cache: { ttlMs: 5_000n } });
+      expect(await sut.resolve('mlp', '1')).toMatchObject({ version: { name: 'models/mlp/versions/1' }, route: 'explicit', cache: { ttlMs: 5_000n } });
+
+      watched.put({
+        name: 'models/mlp',
+        versions: [watchedVersion('mlp', '2', VersionState.DRAINING), watchedVersion('mlp', '3', VersionState.READY)],
+      });
+      await applied();
+
+      expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/3');
+      expect(registry.calls).toEqual([]);
+    });
+
+    it('follows the rollout policy and the fallback model of the watched model', async () => {
+      const sut = await following();
+      watched.put({
+        name: 'models/mlp',
+        versions: [watchedVersion('mlp', '1', VersionState.READY), watchedVersion('mlp', '2', VersionState.READY)],
+        rollout: { stableVersion: '1', shadow: { version: '2', percent: 100 }, fallbackModel: 'cold' },
+      });
+      await applied();
+
+      const resolved = await sut.resolve('mlp', '');
+
+      expect(resolved).toMatchObject({ version: { name: 'models/mlp/versions/1' }, route: 'stable', shadow: { name: 'models/mlp/versions/2' } });
+      expect(await sut.fallbackOf('mlp')).toBe('cold');
+      expect(await sut.fallbackOf('cold')).toBe('');
+      expect(registry.calls).toEqual([]);
+    });
+
+    it.each([
+      ['an unknown version', 'mlp', '9', status.NOT_FOUND, 'VERSION_NOT_FOUND', 'model "mlp" has no version 9'],
+      ['a version that is not READY', 'mlp', '3', status.UNAVAILABLE, 'MODEL_NOT_READY', 'version 3 of model "mlp" is LOADING, not READY'],
+      ['a version id that is not one', 'mlp', 'v1', status.INVALID_ARGUMENT, 'INVALID_REQUEST', 'invalid version id "v1": expected a positive integer such as "1"'],
+      ['a model with no READY version', 'cold', '', status.UNAVAILABLE, 'MODEL_NOT_READY', 'model "cold" has no READY version'],
+    ])('refuses %s as the registry would', async (_case, model, versionId, code, reason, message) => {
+      const sut = await following();
+
+      const error = await rpcRejection(sut.resolve(model, versionId));
+
+      expect([error.code, error.reason, error.message]).toEqual([code, reason, message]);
+      expect(registry.calls).toEqual([]);
+    });
+
+    it('refuses an unloaded model with UNAVAILABLE MODEL_NOT_READY, with or without a version, and serves it again once loaded', async () => {
+      const sut = await following();
+      watched.put({ name: 'models/mlp', versions: [watchedVersion('mlp', '1', VersionState.DRAINING)], unloaded: true });
+      await applied();
+
+      for (const versionId of ['', '1']) {
+        const error = await rpcRejection(sut.resolve('mlp', versionId));
+        expect([error.code, error.reason, error.message]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY', 'model "mlp" is unloaded']);
+      }
+
+      watched.put({ name: 'models/mlp', versions: [watchedVersion('mlp', '1', VersionState.READY)] });
+      await applied();
+      expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
+    });
+
+    it('asks the registry about a model the watch does not hold, and about a deleted one afresh', async () => {
+      const sut = await following();
+
+      expect((await sut.resolve('other', '')).version.name).toBe('models/other/versions/1');
+      expect(registry.calls).toEqual([{ model: 'other', versionId: '' }]);
+
+      watched.delete('models/mlp');
+      await applied();
+      expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
+      expect((await sut.resolve('other', '')).version.name).toBe('models/other/versions/1');
+      // The deletion cleared the answers remembered before it: "other" is asked again.
+      expect(registry.calls).toEqual([
+        { model: 'other', versionId: '' },
+        { model: 'mlp', versionId: '' },
+        { model: 'other', versionId: '' },
+      ]);
+    });
+
+    it('keeps serving the last configuration while the registry is down, and says so in its health details', async () => {
+      const sut = await following();
+      const watch = app.get(RegistryWatch);
+
+      await watched.stop();
+      const deadline = Date.now() + 10_000;
+      while (watch.status().connected) {
+        if (Date.now() > deadline) throw new Error('the watch did not notice the registry going away');
+        await new Promise((r) => setTimeout(r, 5));
+      }
+
+      expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/2');
+      expect(registry.calls).toEqual([]);
+      expect(app.get(HealthDetails).report()['registry']).toMatchObject({
+        address: watched.address,
+        connected: false,
+        revision: 2,
+        serving_last_config: true,
+        disconnected_for_ms: expect.any(Number),
+      });
+    });
+
+    it('asks the registry until the watch has delivered its first message', async () => {
+      const sut = await start(60_000);
+
+      expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
+      expect(registry.calls).toEqual([{ model: 'mlp', versionId: '' }]);
+      expect(app.get(HealthDetails).report()['registry']).toMatchObject({ connected: false, serving_last_config: false, models: 0 });
+    });
   });
 });

@@ -1,10 +1,15 @@
 import { Inject, Injectable } from '@nestjs/common';
+import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
-import type { CachePolicy, Model, ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { route, type RouteKind, shadowOf } from '@infermesh/rollout';
+import { type CachePolicy, type Model, type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { RegistryWatch } from '@infermesh/registry-watch';
+import { route, type RouteKind, shadowOf, versionIdOf } from '@infermesh/rollout';
 import { LookupMemo } from '@infermesh/runtime';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { RegistryAdapter } from './upstreams.adapter';
+
+/** A version id as the registry accepts it: a positive integer without leading zeros. */
+const VERSION_ID = /^[1-9][0-9]{0,14}$/;
 
 export interface Resolved {
   version: ModelVersion;
@@ -17,18 +22,26 @@ export interface Resolved {
 }
 
 /**
- * Resolves a request to the version that serves it: the version it names (checked by the registry),
- * or, when it names none, the one the model's rollout policy gives its routing key. Registry answers
- * are reused for ROUTER_RESOLVE_TTL_MS so that the registry is not asked on every request; after that
- * they are fetched again in the background while the last one serves, and kept while the registry
- * is down. Concurrent lookups of the same key share one registry call.
+ * Resolves a request to the version that serves it: the version it names (which must be READY), or,
+ * when it names none, the one the model's rollout policy gives its routing key.
+ *
+ * Models come from the registry watch, so a change made in the registry applies to the next request
+ * without asking it, and while the registry is down the last configuration the watch saw keeps
+ * serving. A model the watch does not hold (it has not synced yet, or the model is newer than its
+ * last message) is asked of the registry instead: those answers are reused for ROUTER_RESOLVE_TTL_MS,
+ * then fetched again in the background while the last one serves, and kept while the registry is
+ * down; concurrent lookups of the same key share one registry call.
  */
 @Injectable()
 export class VersionResolver {
   private readonly versions: LookupMemo<ModelVersion>;
   private readonly models: LookupMemo<Model>;
 
-  constructor(registry: RegistryAdapter, @Inject(ROUTER_CONFIG) config: RouterConfig) {
+  constructor(
+    registry: RegistryAdapter,
+    private readonly watch: RegistryWatch,
+    @Inject(ROUTER_CONFIG) config: RouterConfig,
+  ) {
     // Past its time an answer still serves while a fresh one is fetched, and stays while the
     // registry is down: the data plane keeps its last configuration.
     const options = { ttlMs: config.resolveTtlMs, keepStale: true };
@@ -37,21 +50,67 @@ export class VersionResolver {
       return registry.resolve(model, versionId);
     }, options);
     this.models = new LookupMemo((model) => registry.getModel(model), options);
+    // Once the watch holds a model, answers fetched before it are stale; a model it dropped (deleted)
+    // must be asked again rather than served from a remembered answer.
+    watch.onChange(() => {
+      this.versions.clear();
+      this.models.clear();
+    });
   }
 
   /** The model that answers for this one, marked degraded, when it cannot; empty when none. */
   async fallbackOf(model: string): Promise<string> {
-    return (await this.models.get(model)).rollout?.fallbackModel ?? '';
+    return ((this.watch.model(model) ?? (await this.models.get(model))).rollout?.fallbackModel ?? '');
   }
 
   async resolve(model: string, versionId: string, routingKey = ''): Promise<Resolved> {
+    const watched = this.watch.model(model);
+    if (watched !== undefined) return resolveWatched(model, watched, versionId, routingKey);
     if (versionId !== '') {
       const [version, found] = await Promise.all([this.versions.get(`${model}\u0000${versionId}`), this.models.get(model).catch(() => undefined)]);
       return { version, route: 'explicit', cache: found?.cache };
     }
-    const found = await this.models.get(model);
-    const chosen = route(found, routingKey);
-    if (chosen === undefined) throw RpcError.unavailable(`model "${model}" has no READY version`, 'MODEL_NOT_READY');
-    return { version: chosen.version, route: chosen.kind, shadow: shadowOf(found, chosen.version), cache: found.cache };
+    return routed(model, await this.models.get(model), routingKey);
   }
+}
+
+/** Resolves against a model as the watch holds it, with the registry's ResolveModelVersion errors. */
+function resolveWatched(modelId: string, model: Model, versionId: string, routingKey: string): Resolved {
+  if (versionId === '') return routed(modelId, model, routingKey);
+  checkLoaded(modelId, model);
+  if (!VERSION_ID.test(versionId)) throw RpcError.invalidArgument(`invalid version id "${versionId}": expected a positive integer such as "1"`);
+  const version = model.versions.find((v) => versionIdOf(v.name) === versionId);
+  if (version === undefined) {
+    throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', { model: modelId, version: versionId });
+  }
+  if (version.state !== VersionState.READY) {
+    const state = stateName(version.state);
+    throw new RpcError(status.UNAVAILABLE, `version ${versionId} of model "${modelId}" is ${state}, not READY`, {
+      reason: 'MODEL_NOT_READY',
+      metadata: { model: modelId, version: versionId, state },
+    });
+  }
+  return { version, route: 'explicit', cache: model.cache };
+}
+
+/** The version the model's rollout policy gives the routing key, and the shadow that mirrors it. */
+function routed(modelId: string, model: Model, routingKey: string): Resolved {
+  checkLoaded(modelId, model);
+  const chosen = route(model, routingKey);
+  if (chosen === undefined) {
+    throw new RpcError(status.UNAVAILABLE, `model "${modelId}" has no READY version`, { reason: 'MODEL_NOT_READY', metadata: { model: modelId } });
+  }
+  return { version: chosen.version, route: chosen.kind, shadow: shadowOf(model, chosen.version), cache: model.cache };
+}
+
+/** An unloaded model (Triton's explicit model control) serves no version until it is loaded again. */
+function checkLoaded(modelId: string, model: Model): void {
+  if (model.unloaded) {
+    throw new RpcError(status.UNAVAILABLE, `model "${modelId}" is unloaded`, { reason: 'MODEL_NOT_READY', metadata: { model: modelId } });
+  }
+}
+
+/** "READY" for VersionState.READY. */
+function stateName(state: VersionState): string {
+  return (VersionState[state] ?? String(state)).replace(/^VERSION_STATE_/, '');
 }

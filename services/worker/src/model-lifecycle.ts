@@ -77,6 +77,7 @@ export class ModelLifecycle {
    * RESOURCE_EXHAUSTED when the budget has no room, UNAVAILABLE (MODEL_NOT_READY) when it failed.
    */
   ensureLoaded(entry: WorkerModel): Promise<void> {
+    if (entry.retired) return Promise.reject(notReady(entry, 'is no longer served by this worker'));
     if (entry.state === ModelState.READY) return Promise.resolve();
     if (entry.state === ModelState.FAILED) return Promise.reject(notReady(entry, `failed to load: ${entry.reason}`));
     if (entry.loading === undefined) {
@@ -106,8 +107,12 @@ export class ModelLifecycle {
     return released;
   }
 
-  /** Forgets a version the registry no longer serves, unloading it. */
+  /**
+   * Forgets a version the registry no longer serves: new requests no longer find it, a load under way
+   * is dropped, and its session is freed once the requests running on it are done.
+   */
   retire(entry: WorkerModel): Promise<void> {
+    entry.retired = true;
     if (this.table.get(entry.name) === entry) this.table.remove(entry.name);
     return this.unload(entry, 'retired');
   }
@@ -133,6 +138,7 @@ export class ModelLifecycle {
   }
 
   private async load(entry: WorkerModel): Promise<void> {
+    if (entry.retired) throw notReady(entry, 'is no longer served by this worker');
     if (entry.state === ModelState.READY) return;
     if (entry.state === ModelState.FAILED) throw notReady(entry, `failed to load: ${entry.reason}`);
     if (this.stopped) throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down', { reason: 'WORKER_DRAINING' });
@@ -158,10 +164,12 @@ export class ModelLifecycle {
         throw new LoadFailure(`could not create a session: ${message(error)}`);
       }
       await this.warmUp(entry, session);
+      if (entry.retired) throw notReady(entry, 'was retired while it loaded');
       const memoryBytes = Math.max(bytes.byteLength, process.memoryUsage.rss() - rssBefore);
       this.measuredBytes.set(entry.record.artifact?.sha256 ?? '', memoryBytes);
       await this.makeRoom(entry, memoryBytes);
       if (this.stopped) throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down', { reason: 'WORKER_DRAINING' });
+      if (entry.retired) throw notReady(entry, 'was retired while it loaded');
       entry.ready(session, memoryBytes);
       session = undefined;
     } catch (error) {
@@ -198,7 +206,8 @@ export class ModelLifecycle {
       this.logger.warn('no room to load model version', { name: entry.name, reason: entry.reason });
       return 'no_room';
     }
-    if (!this.stopped) this.logger.warn('model version load interrupted; it loads again when asked', { name: entry.name, err: entry.reason });
+    if (entry.retired) this.logger.info('model version retired while it loaded; its session is freed', { name: entry.name });
+    else if (!this.stopped) this.logger.warn('model version load interrupted; it loads again when asked', { name: entry.name, err: entry.reason });
     return 'interrupted';
   }
 

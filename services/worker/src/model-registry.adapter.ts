@@ -1,5 +1,5 @@
 import { createClient, type ServiceClient } from '@infermesh/grpc';
-import { type ModelVersion, RegistryService, type VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type Model, RegistryService, type VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelRegistry } from './model-registry';
 
 export interface RegistryClientOptions {
@@ -20,9 +20,8 @@ export class GrpcModelRegistry extends ModelRegistry {
     this.client = createClient(RegistryService, options.address, { maxMessageBytes: options.maxMessageBytes });
   }
 
-  async listVersions(): Promise<ModelVersion[]> {
-    const { models } = await this.client.listModels({}, { timeoutMs: this.options.timeoutMs });
-    return models.flatMap((model) => model.versions);
+  async listModels(): Promise<Model[]> {
+    return (await this.client.listModels({}, { timeoutMs: this.options.timeoutMs })).models;
   }
 
   async *download(sha256: string, signal: AbortSignal): AsyncIterable<Uint8Array> {

@@ -1,6 +1,8 @@
+import { clone } from '@bufbuild/protobuf';
 import { Inject, Injectable, type OnApplicationBootstrap, type OnApplicationShutdown } from '@nestjs/common';
-import { type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type Model, type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import { modelIdOf, RegistryWatch } from '@infermesh/registry-watch';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import { message, ModelLifecycle } from './model-lifecycle';
@@ -10,33 +12,55 @@ import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
 /** Registry states of versions the worker serves. */
 const SERVED = new Set([VersionState.REGISTERED, VersionState.LOADING, VersionState.READY]);
-/** Registry states in which a version already known stays (draining finishes its traffic). */
+/** Registry states in which a version already known stays (a loaded DRAINING one finishes its traffic). */
 const KEPT = new Set([...SERVED, VersionState.DRAINING, VersionState.FAILED]);
 /** Registry states of versions no worker has loaded yet: loading one once is how it is validated. */
 const UNVALIDATED = new Set([VersionState.REGISTERED, VersionState.LOADING]);
+/** How long a change the watch reports waits for the ones that follow it, so that a burst makes one sync. */
+const CHANGE_DEBOUNCE_MS = 5;
+
+/** A version of a model as the registry has it, with what it asks of this worker. */
+interface Wanted {
+  version: ModelVersion;
+  /** The model is unloaded: none of its versions serves, and only a loaded DRAINING one stays until it drains. */
+  unloaded: boolean;
+  /** Model.pinned or WORKER_PINNED_MODELS. */
+  pinned: boolean;
+}
 
 /**
- * Keeps the worker's view of the registry current: every interval it lists the versions, learns the
- * new ones, forgets (and unloads) those the registry no longer serves, and decides what to load
- * ahead of requests:
- * - pinned versions (WORKER_PINNED_MODELS), evicting others if needed;
+ * Keeps the worker's view of the registry current. The models come from the registry watch while it
+ * is connected, so that a change made in the registry applies here as soon as it arrives (a sync
+ * runs a few milliseconds after each); otherwise from ListModels, every WORKER_SYNC_INTERVAL_MS (also
+ * the watch's backstop) and when a request names a version this worker does not know. Each sync
+ * learns the new versions, forgets (and unloads, once their requests in flight are done) those the
+ * registry no longer serves, and decides what to load ahead of requests:
+ * - pinned versions (Model.pinned or WORKER_PINNED_MODELS), evicting others if needed;
  * - versions no worker has loaded yet, so that the registry learns they work (READY) or not (FAILED);
  * - any other version while it fits in the memory budget without evicting anything.
- * Everything else loads on its first request. A registry that cannot be reached changes nothing:
- * loaded models keep serving and the next interval tries again.
+ * Everything else loads on its first request. A version of an unloaded model is never loaded; a
+ * DRAINING version stays loaded, serving late requests, until the registry retires it. A registry
+ * that cannot be reached changes nothing: loaded models keep serving and the next sync tries again.
  */
 @Injectable()
 export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown {
   private timer: NodeJS.Timeout | undefined;
+  private debounce: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
+  private again: Promise<void> | undefined;
   private stopped = false;
   private synced = false;
   private registryReachable: boolean | undefined;
   private readonly syncFailures: Counter;
+  /** Whether each known version was last pinned by the registry or the configuration: a change of it re-pins or unpins. */
+  private readonly pinnedBy = new Map<string, boolean>();
+  /** This worker's copy of each record the watch holds: the lifecycle updates its own state on it. */
+  private readonly copies = new WeakMap<ModelVersion, ModelVersion>();
 
   constructor(
     @Inject(WORKER_CONFIG) private readonly config: WorkerConfig,
     private readonly registry: ModelRegistry,
+    private readonly watch: RegistryWatch,
     private readonly lifecycle: ModelLifecycle,
     private readonly table: ModelTable,
     private readonly logger: JsonLogger,
@@ -49,18 +73,35 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
     void this.syncNow();
     this.timer = setInterval(() => void this.syncNow(), this.config.syncIntervalMs);
     this.timer.unref();
+    this.watch.onChange(() => {
+      if (this.stopped || this.debounce !== undefined) return;
+      this.debounce = setTimeout(() => {
+        this.debounce = undefined;
+        void this.syncNow();
+      }, CHANGE_DEBOUNCE_MS);
+    });
   }
 
-  /** One sync; a call while one runs waits for that one. Never rejects. */
+  /**
+   * One sync; never rejects. A call while one runs is answered by one more sync after it, which sees
+   * what changed meanwhile (concurrent calls share it).
+   */
   syncNow(): Promise<void> {
-    this.running ??= this.sync()
+    if (this.running !== undefined) {
+      this.again ??= this.running.then(() => {
+        this.again = undefined;
+        return this.syncNow();
+      });
+      return this.again;
+    }
+    this.running = this.sync()
       .catch((error: unknown) => this.logger.error('model sync failed', { err: message(error) }))
       .finally(() => (this.running = undefined));
     return this.running;
   }
 
   /**
-   * Resolves once a sync has listed the registry and every pinned version it names is READY: when
+   * Resolves once a sync has read the registry and every pinned version it names is READY: when
    * the worker can say SERVING. Waits through registry outages and retries.
    */
   async pinnedReady(): Promise<void> {
@@ -84,16 +125,76 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
   async onApplicationShutdown(): Promise<void> {
     this.stopped = true;
     clearInterval(this.timer);
+    clearTimeout(this.debounce);
     await this.lifecycle.shutdown();
     await this.running;
+    await this.again;
     this.registry.close();
   }
 
   private async sync(): Promise<void> {
     if (this.stopped) return;
-    let versions: ModelVersion[];
+    const models = await this.currentModels();
+    if (models === undefined || this.stopped) return;
+
+    const wanted = new Map<string, Wanted>();
+    for (const model of models) {
+      const pinned = model.pinned || this.config.pinnedModels.has(modelIdOf(model.name));
+      for (const version of model.versions) wanted.set(version.name, { version: this.copyOf(version), unloaded: model.unloaded, pinned });
+    }
+    for (const entry of this.table.list()) {
+      if (!keeps(entry, wanted.get(entry.name))) {
+        this.pinnedBy.delete(entry.name);
+        void this.lifecycle.retire(entry);
+      }
+    }
+    // Loads queued by earlier syncs will take room too.
+    let plannedBytes = this.table
+      .list()
+      .filter((e) => e.loading !== undefined)
+      .reduce((sum, e) => sum + this.lifecycle.estimateBytes(e), 0);
+    const toLoad: WorkerModel[] = [];
+    // Pinned versions first: the others only fill the room they leave.
+    for (const { version, unloaded, pinned } of [...wanted.values()].sort((a, b) => Number(b.pinned) - Number(a.pinned))) {
+      if (unloaded) continue;
+      let entry = this.table.get(version.name);
+      if (entry === undefined) {
+        if (!SERVED.has(version.state)) continue;
+        const ids = parseVersionName(version.name);
+        if (ids === undefined) {
+          this.logger.warn('ignoring a version with a malformed name', { name: version.name });
+          continue;
+        }
+        entry = new WorkerModel(version.name, ids.model, ids.version, version, pinned);
+        this.table.add(entry);
+      } else {
+        entry.record = version;
+        // LoadModel / UnloadModel may pin or unpin a version by hand; that holds until the registry's or the configuration's say changes.
+        if (this.pinnedBy.get(entry.name) !== pinned) entry.pinned = pinned;
+      }
+      this.pinnedBy.set(entry.name, pinned);
+      if (this.shouldLoad(entry, plannedBytes)) {
+        toLoad.push(entry);
+        plannedBytes += this.lifecycle.estimateBytes(entry);
+      } else if (UNVALIDATED.has(version.state)) await this.reportAgain(entry);
+    }
+    this.synced = true;
+    // Loads run one at a time in the lifecycle, apart from the sync, so that a change arriving
+    // meanwhile is not held up by them; errors are logged and counted there.
+    for (const entry of toLoad) void this.lifecycle.ensureLoaded(entry).catch(() => undefined);
+  }
+
+  /**
+   * The models as the registry has them: the watch's while it is connected, else asked with
+   * ListModels; undefined when the registry cannot be reached (what is loaded keeps serving).
+   */
+  private async currentModels(): Promise<Model[] | undefined> {
+    if (this.watch.isConnected && this.watch.isSynced) return this.watch.models();
     try {
-      versions = await this.registry.listVersions();
+      const models = await this.registry.listModels();
+      if (this.registryReachable === false) this.logger.info('registry reachable again', { registry: this.config.registryAddress });
+      this.registryReachable = true;
+      return models;
     } catch (error) {
       this.syncFailures.inc();
       if (this.registryReachable !== false) {
@@ -103,51 +204,24 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
         });
       }
       this.registryReachable = false;
-      return;
+      return undefined;
     }
-    if (this.registryReachable === false) this.logger.info('registry reachable again', { registry: this.config.registryAddress });
-    this.registryReachable = true;
+  }
 
-    const byName = new Map(versions.map((v) => [v.name, v]));
-    for (const entry of this.table.list()) {
-      const version = byName.get(entry.name);
-      if (version === undefined || !KEPT.has(version.state) || (version.state === VersionState.DRAINING && entry.session === undefined)) {
-        void this.lifecycle.retire(entry);
-      }
+  /** This worker's copy of a record: the same one for as long as the registry's record is the same. */
+  private copyOf(version: ModelVersion): ModelVersion {
+    let copy = this.copies.get(version);
+    if (copy === undefined) {
+      copy = clone(ModelVersionSchema, version);
+      this.copies.set(version, copy);
     }
-    const toLoad: WorkerModel[] = [];
-    let plannedBytes = 0;
-    // Pinned versions first: the others only fill the room they leave.
-    const pinned = (v: ModelVersion) => Number(this.config.pinnedModels.has(parseVersionName(v.name)?.model ?? ''));
-    for (const version of [...versions].sort((a, b) => pinned(b) - pinned(a))) {
-      let entry = this.table.get(version.name);
-      if (entry === undefined) {
-        if (!SERVED.has(version.state)) continue;
-        const ids = parseVersionName(version.name);
-        if (ids === undefined) {
-          this.logger.warn('ignoring a version with a malformed name', { name: version.name });
-          continue;
-        }
-        entry = new WorkerModel(version.name, ids.model, ids.version, version, this.config.pinnedModels.has(ids.model));
-        this.table.add(entry);
-      } else {
-        entry.record = version;
-      }
-      if (this.shouldLoad(entry, plannedBytes)) {
-        toLoad.push(entry);
-        plannedBytes += this.lifecycle.estimateBytes(entry);
-      } else if (UNVALIDATED.has(version.state)) await this.reportAgain(entry);
-    }
-    this.synced = true;
-    for (const entry of toLoad) {
-      if (this.stopped) return;
-      // Loads run one at a time in the lifecycle; errors are logged and counted there.
-      await this.lifecycle.ensureLoaded(entry).catch(() => undefined);
-    }
+    return copy;
   }
 
   private shouldLoad(entry: WorkerModel, plannedBytes: number): boolean {
     if (entry.state !== ModelState.UNLOADED || entry.loading !== undefined) return false;
+    // A version that leaves service (DRAINING) is not loaded again.
+    if (!SERVED.has(entry.record.state)) return false;
     // A version that found no room, or was evicted, loads again only when a request asks for it.
     if (entry.reason !== '') return false;
     if (entry.pinned) return true;
@@ -165,4 +239,16 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
       this.logger.warn('could not report a version state; will report again', { name: entry.name, err: message(error) });
     }
   }
+}
+
+/**
+ * Whether a version this worker knows stays: the registry still has it in a state that is served or
+ * failed, its model is not unloaded, or it is DRAINING and loaded (it serves late requests until the
+ * registry retires it, or returns it to REGISTERED when its model was unloaded).
+ */
+function keeps(entry: WorkerModel, wanted: Wanted | undefined): boolean {
+  if (wanted === undefined) return false;
+  const { state } = wanted.version;
+  if (state === VersionState.DRAINING) return entry.session !== undefined;
+  return !wanted.unloaded && KEPT.has(state);
 }

@@ -33,6 +33,8 @@ export class WorkerModel {
   lastUsedMs = 0;
   /** The load in progress, shared by every request that waits for it. */
   loading: Promise<void> | undefined;
+  /** The registry no longer serves it here: it is never loaded again, and a load under way is dropped. */
+  retired = false;
   private inflight = 0;
   private idleWaiters: (() => void)[] = [];
   private processingOf: { record: ModelVersion; processing: ModelProcessing } | undefined;

@@ -21,7 +21,7 @@ const shape = {
     .pipe(z.array(z.string()).min(1, 'name at least one execution provider')),
   WORKER_ARTIFACT_DIR: z.string().min(1).default('.infermesh/worker-artifacts'),
   WORKER_ARTIFACT_CACHE_BYTES: byteSize('10GiB'),
-  WORKER_SYNC_INTERVAL_MS: positiveInt(1000),
+  WORKER_SYNC_INTERVAL_MS: positiveInt(5_000),
   WORKER_INSTANCES_PER_MODEL: positiveInt(1),
   WORKER_INTRA_OP_THREADS: z.coerce.number().int().positive().optional(),
   WORKER_MEMORY_BUDGET_BYTES: byteSize(Math.floor(totalmem() / 2)),
@@ -44,6 +44,7 @@ export function loadWorkerConfig(env: Env) {
     artifactDir: resolve(e.WORKER_ARTIFACT_DIR),
     /** Disk the local artifact copies may take; least recently used ones beyond it are deleted. */
     artifactCacheBytes: e.WORKER_ARTIFACT_CACHE_BYTES,
+    /** How often the models are synced without a change from the registry watch (its backstop), and the registry listed while the watch is down. */
     syncIntervalMs: e.WORKER_SYNC_INTERVAL_MS,
     /** Execution threads per loaded model, each with its own session (Triton's instance_group count). */
     instancesPerModel: e.WORKER_INSTANCES_PER_MODEL,

@@ -1,16 +1,27 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { createClient, type ServiceClient } from '@infermesh/grpc';
+import { createClient, GrpcServer, RpcError, type ServiceClient, type ServiceImpl } from '@infermesh/grpc';
 import { buildMlpModel, buildPaddedModel, buildTinyModel, encodeModel, node } from '@infermesh/model-builder';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  ModelSchema,
+  type ModelVersion,
+  ModelVersionSchema,
+  RegistryService,
+  VersionState,
+  type WatchModelsResponse,
+  WatchModelsResponseSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import { RegistryWatch } from '@infermesh/registry-watch';
 import { bind, bootstrap } from '@infermesh/runtime';
 import { DataType } from '@infermesh/tensors';
-import { Metrics } from '@infermesh/telemetry';
-import { rpcRejection } from '@infermesh/testing';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { freePort, rpcRejection } from '@infermesh/testing';
 import { createHash } from 'node:crypto';
+import { EventEmitter, on } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -30,13 +41,20 @@ const MiB = 2 ** 20;
  */
 class InMemoryRegistry extends ModelRegistry {
   readonly versions = new Map<string, ModelVersion>();
+  /** Model settings by model id; a model not named here is neither pinned nor unloaded. */
+  readonly settings = new Map<string, { pinned?: boolean; unloaded?: boolean }>();
   readonly artifacts = new Map<string, Uint8Array>();
   readonly reports: { name: string; state: VersionState; reason: string }[] = [];
   downloads = 0;
+  /** Each change to a model, for the WatchModels stream. */
+  private readonly changes = new EventEmitter();
+  private revision = 0n;
+  private server: GrpcServer | undefined;
+  watchAddress = '';
 
-  add(model: string, bytes: Uint8Array, options: { maxBatchSize?: number; serve?: Uint8Array } = {}): string {
+  add(model: string, bytes: Uint8Array, options: { maxBatchSize?: number; serve?: Uint8Array; version?: string } = {}): string {
     const sha256 = createHash('sha256').update(bytes).digest('hex');
-    const name = `models/${model}/versions/1`;
+    const name = `models/${model}/versions/${options.version ?? '1'}`;
     this.artifacts.set(sha256, options.serve ?? bytes);
     this.versions.set(
       name,
@@ -47,15 +65,91 @@ class InMemoryRegistry extends ModelRegistry {
         signature: { maxBatchSize: options.maxBatchSize ?? 8 },
       }),
     );
+    this.changed(model);
     return name;
   }
 
-  async listVersions(): Promise<ModelVersion[]> {
-    return [...this.versions.values()].map((v) => create(ModelVersionSchema, v));
+  /** Changes a version's state or a model's settings as the registry would, and tells the watch. */
+  change(model: string, update: { state?: VersionState; version?: string; pinned?: boolean; unloaded?: boolean }): void {
+    if (update.state !== undefined) this.versions.get(`models/${model}/versions/${update.version ?? '1'}`)!.state = update.state;
+    const settings = this.settings.get(model) ?? {};
+    if (update.pinned !== undefined) settings.pinned = update.pinned;
+    if (update.unloaded !== undefined) settings.unloaded = update.unloaded;
+    this.settings.set(model, settings);
+    this.changed(model);
   }
+
+  async listModels(): Promise<Model[]> {
+    const ids = new Set([...this.versions.keys()].map((name) => name.split('/')[1]!));
+    return [...ids].map((id) => this.model(id));
+  }
+
+  /**
+   * Serves WatchModels as its contract says, over a real socket: a snapshot first (or an empty
+   * message when the follower's revision is current), then one message per change.
+   */
+  async serveWatch(): Promise<this> {
+    const refuse = () => Promise.reject(RpcError.invalidArgument('the worker reaches the rest through InMemoryRegistry'));
+    const impl: ServiceImpl<typeof RegistryService> = {
+      watchModels: (request, ctx) => this.watch(request.fromRevision, ctx.signal),
+      uploadArtifact: refuse,
+      downloadArtifact: () => ({ [Symbol.asyncIterator]: () => ({ next: refuse }) }),
+      createModelVersion: refuse,
+      getModel: refuse,
+      listModels: refuse,
+      resolveModelVersion: refuse,
+      reportVersionState: refuse,
+      setRolloutPolicy: refuse,
+      updateRollout: refuse,
+      setCachePolicy: refuse,
+      updateModel: refuse,
+      retireModelVersion: refuse,
+      deleteModel: refuse,
+    };
+    this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error', () => undefined), metrics: new Metrics('fake_registry'), maxMessageBytes: 1 << 20 });
+    this.server.add(RegistryService, impl);
+    this.watchAddress = `127.0.0.1:${await this.server.listen('127.0.0.1', 0)}`;
+    return this;
+  }
+
+  /** The revision of the last change. */
+  get currentRevision(): bigint {
+    return this.revision;
+  }
+
+  async stopWatch(): Promise<void> {
+    await this.server?.shutdown(1);
+    this.server = undefined;
+  }
+
+  private model(id: string): Model {
+    const versions = [...this.versions.values()].filter((v) => v.name.startsWith(`models/${id}/`)).map((v) => create(ModelVersionSchema, v));
+    return create(ModelSchema, { name: `models/${id}`, versions, revision: this.revision, ...this.settings.get(id) });
+  }
+
+  private changed(model: string): void {
+    this.revision += 1n;
+    this.changes.emit('change', create(WatchModelsResponseSchema, { revision: this.revision, models: [this.model(model)] }));
+  }
+
+  private async *watch(fromRevision: bigint, signal: AbortSignal): AsyncGenerator<WatchModelsResponse> {
+    const changes = on(this.changes, 'change', { signal });
+    try {
+      yield fromRevision !== 0n && fromRevision === this.revision
+        ? create(WatchModelsResponseSchema, { revision: this.revision })
+        : create(WatchModelsResponseSchema, { revision: this.revision, models: await this.listModels(), snapshot: true });
+      for await (const [change] of changes) yield change as WatchModelsResponse;
+    } catch (error) {
+      if (!signal.aborted) throw error;
+    }
+  }
+
+  /** While set, downloads wait for it. */
+  hold: Promise<void> | undefined;
 
   async *download(sha256: string): AsyncIterable<Uint8Array> {
     this.downloads += 1;
+    await this.hold;
     const bytes = this.artifacts.get(sha256);
     if (bytes === undefined) throw new Error(`no artifact ${sha256}`);
     for (let offset = 0; offset < bytes.byteLength; offset += MiB) yield bytes.subarray(offset, offset + MiB);
@@ -65,6 +159,7 @@ class InMemoryRegistry extends ModelRegistry {
     this.reports.push({ name, state, reason });
     const version = this.versions.get(name);
     if (version !== undefined) version.state = state;
+    this.changed(name.split('/')[1]!);
   }
 
   close(): void {}
@@ -74,9 +169,11 @@ const input = (rows: number): Tensor =>
   create(TensorSchema, { name: 'input', datatype: DataType.FP32, shape: [BigInt(rows), 4n], data: new Uint8Array(rows * 16) });
 const request = (model: string, rows = 1) => ({ request: { modelName: model, modelVersion: '1', id: model, inputs: [input(rows)] } });
 
+/** Starts the worker with `registry` in place of the registry; its watch follows WORKER_REGISTRY_ADDRESS, by default an address nothing listens on. */
 async function startWorker(registry: InMemoryRegistry, env: Record<string, string>) {
   const dir = mkdtempSync(join(tmpdir(), 'worker-'));
   const config = loadWorkerConfig({
+    WORKER_REGISTRY_ADDRESS: `127.0.0.1:${await freePort()}`,
     WORKER_GRPC_PORT: '0',
     WORKER_METRICS_PORT: '0',
     WORKER_LOG_LEVEL: process.env['DEBUG_WORKER'] === undefined ? 'error' : 'info',
@@ -260,7 +357,7 @@ describe(WorkerModule.name, () => {
 
   it('keeps answering while the registry is down and says which models it does not know', async () => {
     const registry = new InMemoryRegistry();
-    registry.listVersions = () => Promise.reject(new Error('connection refused'));
+    registry.listModels = () => Promise.reject(new Error('connection refused'));
     worker = await startWorker(registry, {});
     await new Promise((r) => setTimeout(r, 300)); // several sync intervals against the dead registry
     expect((await worker.health.check({ service: '' })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
@@ -268,6 +365,151 @@ describe(WorkerModule.name, () => {
     const error = await rpcRejection(worker.client.infer(request('tiny')));
     expect([error.code, error.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
     expect(metric(await worker.metrics(), 'registry_sync_failures_total')).toBeGreaterThan(1);
+  });
+
+  describe('following the registry watch', () => {
+    let registry: InMemoryRegistry;
+
+    beforeEach(async () => {
+      registry = await new InMemoryRegistry().serveWatch();
+    });
+
+    afterEach(async () => {
+      await worker?.stop();
+      worker = undefined;
+      await registry.stopWatch();
+    });
+
+    /** The worker following the registry's watch; the periodic sync is an hour away, so only the watch brings changes. */
+    async function follow(env: Record<string, string> = {}): Promise<Worker> {
+      worker = await startWorker(registry, { WORKER_REGISTRY_ADDRESS: registry.watchAddress, WORKER_SYNC_INTERVAL_MS: '3600000', ...env });
+      await worker.running.app.get(RegistryWatch).ready();
+      return worker;
+    }
+
+    /** Waits until the worker's watch has every change made so far, then for a sync after it. */
+    async function settled(): Promise<void> {
+      const { app } = worker!.running;
+      await until(async () => app.get(RegistryWatch).revision === registry.currentRevision);
+      await app.get(ModelSync).syncNow();
+    }
+
+    /** What the worker lists, by version name. */
+    const listed = async (): Promise<Record<string, string>> =>
+      Object.fromEntries((await worker!.client.listModels({})).models.map((m) => [m.name, ModelState[m.state]]));
+    const inferOn = (model: string, version: string) => worker!.client.infer({ request: { modelName: model, modelVersion: version, inputs: [input(1)] } });
+
+    it('loads a new version as soon as the watch tells, keeps a DRAINING one serving, and frees what the registry stops serving', async () => {
+      const tiny = buildTinyModel().bytes;
+      await follow();
+      registry.add('tiny', tiny);
+      await until(async () => (await listed())['models/tiny/versions/1'] === 'READY');
+      registry.add('tiny', tiny, { version: '2' });
+      await until(async () => (await listed())['models/tiny/versions/2'] === 'READY');
+
+      registry.change('tiny', { version: '1', state: VersionState.DRAINING });
+      await settled();
+      expect(await listed()).toEqual({ 'models/tiny/versions/1': 'READY', 'models/tiny/versions/2': 'READY' });
+      expect((await inferOn('tiny', '1')).response?.modelVersion).toBe('1');
+
+      registry.change('tiny', { version: '1', state: VersionState.RETIRED });
+      await settled();
+      expect(await listed()).toEqual({ 'models/tiny/versions/2': 'READY' });
+
+      // Unloaded: the serving version drains, then goes back to REGISTERED, which is not loaded again.
+      registry.change('tiny', { unloaded: true, version: '2', state: VersionState.DRAINING });
+      await settled();
+      expect(await listed()).toEqual({ 'models/tiny/versions/2': 'READY' });
+      registry.change('tiny', { version: '2', state: VersionState.REGISTERED });
+      await settled();
+      expect(await listed()).toEqual({});
+      const refused = await rpcRejection(inferOn('tiny', '2'));
+      expect([refused.code, refused.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
+
+      // Loaded again: the REGISTERED version loads ahead of requests.
+      registry.change('tiny', { unloaded: false });
+      await until(async () => (await listed())['models/tiny/versions/2'] === 'READY');
+      expect(metric(await worker!.metrics(), 'model_unloads_total{reason="retired"}')).toBe(2);
+    });
+
+    it('keeps serving while the registry is down and says so at GET /health', async () => {
+      registry.add('tiny', buildTinyModel().bytes);
+      await follow();
+      await until(async () => (await listed())['models/tiny/versions/1'] === 'READY');
+
+      await registry.stopWatch();
+      registry.listModels = () => Promise.reject(new Error('connection refused'));
+      await until(async () => !worker!.running.app.get(RegistryWatch).status().connected);
+      await worker!.running.app.get(ModelSync).syncNow();
+
+      expect((await inferOn('tiny', '1')).response?.modelName).toBe('tiny');
+      expect((await worker!.health.check({ service: '' })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
+      const response = await fetch(`http://127.0.0.1:${worker!.running.metricsPort}/health`);
+      expect(response.status).toBe(200);
+      expect(await response.json()).toMatchObject({
+        service: 'worker',
+        status: 'SERVING',
+        registry: { address: registry.watchAddress, connected: false, serving_last_config: true, models: 1 },
+      });
+    });
+
+    it('loads a model the registry pins ahead of requests and never evicts it, until the registry unpins it', async () => {
+      registry.add('pinned', buildPaddedModel(64 * MiB, 1).bytes);
+      registry.add('big', buildPaddedModel(64 * MiB, 2).bytes);
+      registry.change('pinned', { state: VersionState.READY, pinned: true });
+      registry.change('big', { state: VersionState.READY });
+      await follow({ WORKER_MEMORY_BUDGET_BYTES: '100MiB' });
+      await until(async () => (await listed())['models/pinned/versions/1'] === 'READY');
+
+      const error = await rpcRejection(inferOn('big', '1'));
+      expect([error.code, error.reason]).toEqual([status.RESOURCE_EXHAUSTED, 'MEMORY_BUDGET_EXCEEDED']);
+      expect((await worker!.client.listModels({})).models.find((m) => m.name === 'models/pinned/versions/1')?.pinned).toBe(true);
+
+      registry.change('pinned', { pinned: false });
+      await settled();
+      expect((await inferOn('big', '1')).response?.modelName).toBe('big');
+      expect(await listed()).toEqual({ 'models/pinned/versions/1': 'UNLOADED', 'models/big/versions/1': 'READY' });
+    });
+
+    it('drops a load under way when the registry retires the version', async () => {
+      let release!: () => void;
+      registry.hold = new Promise<void>((resolve) => (release = resolve));
+      registry.add('tiny', buildTinyModel().bytes);
+      await follow();
+      await until(async () => registry.reports.some((r) => r.state === VersionState.LOADING));
+
+      registry.change('tiny', { state: VersionState.RETIRED });
+      await settled();
+      expect(await listed()).toEqual({});
+      release();
+
+      await until(async () => metric(await worker!.metrics(), 'model_loads_total{outcome="interrupted"}') === 1);
+      expect(metric(await worker!.metrics(), 'model_loads_total{outcome="ready"}')).toBe(0);
+      expect(registry.reports.map((r) => VersionState[r.state])).toEqual(['LOADING']);
+    });
+
+    it('unloads a retired version only once the request running on it has finished', async () => {
+      registry.add('mlp', buildMlpModel().bytes, { maxBatchSize: 0 });
+      await follow();
+      await until(async () => (await listed())['models/mlp/versions/1'] === 'READY');
+      const rows = 4096;
+      const running = worker!.client.infer({
+        request: {
+          modelName: 'mlp',
+          modelVersion: '1',
+          inputs: [create(TensorSchema, { name: 'input', datatype: DataType.FP32, shape: [BigInt(rows), 512n], data: new Uint8Array(rows * 2048) })],
+        },
+      });
+      await until(async () => metric(await worker!.metrics(), 'inference_requests_in_flight') === 1);
+
+      registry.change('mlp', { state: VersionState.RETIRED });
+      await settled();
+
+      expect(await listed()).toEqual({});
+      expect((await running).response?.outputs[0]?.shape).toEqual([BigInt(rows), 512n]);
+      await until(async () => metric(await worker!.metrics(), 'models_loaded{device="cpu"}') === 0);
+      expect(metric(await worker!.metrics(), 'model_unloads_total{reason="retired"}')).toBe(1);
+    });
   });
 });
 
@@ -277,7 +519,7 @@ describe(loadWorkerConfig.name, () => {
     expect(sut).toMatchObject({
       registryAddress: '127.0.0.1:50051',
       executionProviders: ['cuda', 'cpu'],
-      syncIntervalMs: 1000,
+      syncIntervalMs: 5000,
       instancesPerModel: 1,
       warmupBatchSizes: [1, 'max'],
       loadTimeoutMs: 120_000,

@@ -1,4 +1,5 @@
 import { type DynamicModule, Module } from '@nestjs/common';
+import { registryWatchProvider } from '@infermesh/registry-watch';
 import { RuntimeModule } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { ArtifactCache } from './artifact-cache';
@@ -22,6 +23,7 @@ export class WorkerModule {
       imports: [RuntimeModule.forRoot('worker', config.runtime)],
       providers: [
         { provide: WORKER_CONFIG, useValue: config },
+        registryWatchProvider(config.registryAddress),
         {
           provide: ModelRegistry,
           useFactory: (): ModelRegistry =>

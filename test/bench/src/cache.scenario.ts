@@ -48,6 +48,8 @@ export async function cache(): Promise<Record<string, unknown>> {
   let wrongHits = 0;
   let shadowRequests = 0;
   try {
+    // Version 1 keeps serving once version 2 is READY (the default version policy, latest 1, would drain it).
+    await registry.updateModel({ model: { name: 'models/mlp-shadowed', versionPolicy: { policy: { case: 'all', value: {} } } }, updateMask: { paths: ['version_policy'] } });
     const second = await registerModel(registry, 'mlp-shadowed', '2', buildMlpModel({ name: 'mlp-shadowed' }).bytes);
     await waitForVersionsReady(registry, [second.name], 120_000);
     await registry.setRolloutPolicy({ model: 'models/mlp-shadowed', policy: { stableVersion: '1', shadow: { version: '2', percent: 100 } } });

@@ -1,4 +1,4 @@
-import { type Env, host, logLevel, parseEnv, redisUrl } from '@infermesh/config';
+import { address, ConfigError, type Env, host, logLevel, parseEnv, redisUrl } from '@infermesh/config';
 import { z } from 'zod';
 
 const shape = {
@@ -29,3 +29,41 @@ export function loadCliConfig(env: Env) {
 }
 
 export type CliConfig = ReturnType<typeof loadCliConfig>;
+
+// The admin commands (`infermesh models`, `infermesh rollout`) call the gateway's admin API. The key
+// they present is only checked to be there: the gateway decides whether it is accepted (`up` above
+// insists on 16 characters because it sets the key).
+const gatewayShape = {
+  INFERMESH_GATEWAY: address('127.0.0.1:8001'),
+  INFERMESH_API_KEY: z.string().min(1, 'must not be empty').optional(),
+};
+
+/** Flags that override the environment: --gateway and --api-key. */
+export interface GatewayFlags {
+  gateway?: string | undefined;
+  apiKey?: string | undefined;
+}
+
+/**
+ * Where the admin commands reach the gateway and the key they present, validated once: a flag wins
+ * over its variable (and the variable it overrides is not read). The key may still be missing; the
+ * command says so.
+ */
+export function loadGatewayClientConfig(env: Env, flags: GatewayFlags) {
+  const e = parseEnv(gatewayShape, {
+    INFERMESH_GATEWAY: flags.gateway === undefined ? env['INFERMESH_GATEWAY'] : undefined,
+    INFERMESH_API_KEY: flags.apiKey === undefined ? env['INFERMESH_API_KEY'] : undefined,
+  });
+  return {
+    gateway: flags.gateway === undefined ? e.INFERMESH_GATEWAY : checkFlag('--gateway', gatewayShape.INFERMESH_GATEWAY, flags.gateway),
+    apiKey: flags.apiKey === undefined ? e.INFERMESH_API_KEY : checkFlag('--api-key', gatewayShape.INFERMESH_API_KEY, flags.apiKey),
+  };
+}
+
+export type GatewayClientConfig = ReturnType<typeof loadGatewayClientConfig>;
+
+function checkFlag<T>(flag: string, schema: z.ZodType<T>, value: string): T {
+  const result = schema.safeParse(value);
+  if (result.success) return result.data;
+  throw new ConfigError(result.error.issues.map((issue) => `${flag}: ${issue.message} (got ${JSON.stringify(value)})`));
+}

@@ -1,0 +1,2 @@
+export * from './registry-watch';
+export * from './registry-watch.provider';

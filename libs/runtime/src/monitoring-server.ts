@@ -1,0 +1,58 @@
+import type { Metrics } from '@infermesh/telemetry';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { HealthDetails } from './health-details';
+
+/**
+ * The service's own HTTP port, apart from any public listener: Prometheus metrics at GET /metrics and
+ * the health details as JSON at GET /health (200 while the service is SERVING, 503 otherwise).
+ */
+export class MonitoringServer {
+  private server: Server | undefined;
+
+  constructor(
+    private readonly metrics: Metrics,
+    private readonly details: HealthDetails,
+  ) {}
+
+  async listen(host: string, port: number): Promise<number> {
+    const server = createServer((req, res) => this.handle(req, res));
+    this.server = server;
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(port, host, () => resolve());
+    });
+    return (server.address() as AddressInfo).port;
+  }
+
+  async close(): Promise<void> {
+    const server = this.server;
+    if (server === undefined) return;
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
+
+  private handle(req: IncomingMessage, res: ServerResponse): void {
+    const path = (req.url ?? '').split('?')[0];
+    if (req.method === 'GET' && path === '/metrics') {
+      this.metrics.render().then(
+        (body) => {
+          res.writeHead(200, { 'content-type': this.metrics.registry.contentType });
+          res.end(body);
+        },
+        (error: unknown) => {
+          res.writeHead(503, { 'content-type': 'text/plain' });
+          res.end(`metrics unavailable: ${String(error)}\n`);
+        },
+      );
+      return;
+    }
+    if (req.method === 'GET' && path === '/health') {
+      const report = this.details.report();
+      res.writeHead(report['status'] === 'SERVING' ? 200 : 503, { 'content-type': 'application/json' });
+      res.end(`${JSON.stringify(report, (_key, value: unknown) => (typeof value === 'bigint' ? Number(value) : value))}\n`);
+      return;
+    }
+    res.writeHead(404, { 'content-type': 'text/plain' });
+    res.end('not found: metrics are served at GET /metrics, health details at GET /health\n');
+  }
+}

@@ -1,0 +1,138 @@
+import { status } from '@grpc/grpc-js';
+import { Inject, Injectable } from '@nestjs/common';
+import { type CallContext, RpcError, type ServiceImpl, type ServiceClient, toRpcError } from '@infermesh/grpc';
+import type {
+  CreateModelVersionRequest,
+  DeleteModelRequest,
+  DownloadArtifactRequest,
+  GetModelRequest,
+  ListModelsRequest,
+  RegistryService,
+  ResolveModelVersionRequest,
+  RetireModelVersionRequest,
+  SetCachePolicyRequest,
+  SetRolloutPolicyRequest,
+  UpdateModelRequest,
+  UpdateRolloutRequest,
+  UploadArtifactRequest,
+  WatchModelsRequest,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
+import { requestContext } from '@infermesh/telemetry';
+import { ApiKeyAuth } from './api-key-auth';
+import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
+import { GatewayMetrics } from './gateway-metrics';
+import { RegistryClient } from './registry.client';
+
+type Registry = ServiceClient<typeof RegistryService>;
+
+/**
+ * The registry's RegistryService on the gateway's gRPC port, for administrators: every call needs
+ * `authorization: Bearer <key>` metadata of a key with the admin scope, and is forwarded to the
+ * registry with the caller's deadline, request id and cancellation; the registry's errors come back
+ * with their code, message and ErrorInfo. Unary calls without a deadline get the configured default;
+ * the streaming ones (UploadArtifact, DownloadArtifact, WatchModels) only the caller's, and pass
+ * their messages on one by one as they come, with backpressure, never gathering them.
+ * ReportVersionState is the workers' own and is refused.
+ */
+@Injectable()
+export class RegistryAdminGrpcController implements ServiceImpl<typeof RegistryService> {
+  constructor(
+    private readonly auth: ApiKeyAuth,
+    private readonly registry: RegistryClient,
+    private readonly metrics: GatewayMetrics,
+    @Inject(GATEWAY_CONFIG) private readonly config: GatewayConfig,
+  ) {}
+
+  uploadArtifact(requests: AsyncIterable<UploadArtifactRequest>, ctx: CallContext) {
+    return this.unary('UploadArtifact', ctx, { streaming: true }, (r) => r.uploadArtifact(requests));
+  }
+
+  downloadArtifact(request: DownloadArtifactRequest, ctx: CallContext) {
+    return this.serverStream('DownloadArtifact', ctx, (r) => r.downloadArtifact(request));
+  }
+
+  createModelVersion(request: CreateModelVersionRequest, ctx: CallContext) {
+    return this.unary('CreateModelVersion', ctx, {}, (r) => r.createModelVersion(request));
+  }
+
+  getModel(request: GetModelRequest, ctx: CallContext) {
+    return this.unary('GetModel', ctx, {}, (r) => r.getModel(request));
+  }
+
+  listModels(request: ListModelsRequest, ctx: CallContext) {
+    return this.unary('ListModels', ctx, {}, (r) => r.listModels(request));
+  }
+
+  resolveModelVersion(request: ResolveModelVersionRequest, ctx: CallContext) {
+    return this.unary('ResolveModelVersion', ctx, {}, (r) => r.resolveModelVersion(request));
+  }
+
+  reportVersionState(_request: unknown, ctx: CallContext) {
+    return this.unary('ReportVersionState', ctx, {}, async (): Promise<never> => {
+      throw new RpcError(status.PERMISSION_DENIED, 'ReportVersionState is reported by workers only, straight to the registry; the gateway does not forward it', {
+        reason: 'PERMISSION_DENIED',
+      });
+    });
+  }
+
+  setRolloutPolicy(request: SetRolloutPolicyRequest, ctx: CallContext) {
+    return this.unary('SetRolloutPolicy', ctx, {}, (r) => r.setRolloutPolicy(request));
+  }
+
+  updateRollout(request: UpdateRolloutRequest, ctx: CallContext) {
+    return this.unary('UpdateRollout', ctx, {}, (r) => r.updateRollout(request));
+  }
+
+  setCachePolicy(request: SetCachePolicyRequest, ctx: CallContext) {
+    return this.unary('SetCachePolicy', ctx, {}, (r) => r.setCachePolicy(request));
+  }
+
+  updateModel(request: UpdateModelRequest, ctx: CallContext) {
+    return this.unary('UpdateModel', ctx, {}, (r) => r.updateModel(request));
+  }
+
+  retireModelVersion(request: RetireModelVersionRequest, ctx: CallContext) {
+    return this.unary('RetireModelVersion', ctx, {}, (r) => r.retireModelVersion(request));
+  }
+
+  deleteModel(request: DeleteModelRequest, ctx: CallContext) {
+    return this.unary('DeleteModel', ctx, {}, (r) => r.deleteModel(request));
+  }
+
+  watchModels(request: WatchModelsRequest, ctx: CallContext) {
+    return this.serverStream('WatchModels', ctx, (r) => r.watchModels(request));
+  }
+
+  /** Authorizes, then forwards a call with one answer inside the call's context, and records its duration. */
+  private async unary<T>(rpc: string, ctx: CallContext, options: { streaming?: boolean }, call: (registry: Registry) => Promise<T>): Promise<T> {
+    const start = process.hrtime.bigint();
+    let code = status.OK;
+    try {
+      await this.auth.authorize(ctx.metadata['authorization'], Scope.ADMIN);
+      const deadlineMs = ctx.deadlineMs ?? (options.streaming === true ? undefined : Date.now() + this.config.defaultTimeoutMs);
+      return await requestContext.run({ requestId: ctx.requestId, deadlineMs, signal: ctx.signal }, () => this.registry.forward(call));
+    } catch (error) {
+      code = toRpcError(error).code;
+      throw error;
+    } finally {
+      this.metrics.observeRequest('grpc', rpc, status[code] ?? String(code), start);
+    }
+  }
+
+  /** Authorizes, then passes on the messages of a server-streaming call as they come, and records its duration. */
+  private async *serverStream<T>(rpc: string, ctx: CallContext, call: (registry: Registry) => AsyncIterable<T>): AsyncGenerator<T> {
+    const start = process.hrtime.bigint();
+    let code = status.OK;
+    try {
+      await this.auth.authorize(ctx.metadata['authorization'], Scope.ADMIN);
+      // The server runs this generator inside the call's context: its id, the caller's deadline, its cancellation.
+      yield* this.registry.forwardStream(call);
+    } catch (error) {
+      code = toRpcError(error).code;
+      throw error;
+    } finally {
+      this.metrics.observeRequest('grpc', rpc, status[code] ?? String(code), start);
+    }
+  }
+}

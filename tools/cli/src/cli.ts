@@ -1,0 +1,143 @@
+import { status } from '@grpc/grpc-js';
+import { ConfigError } from '@infermesh/config';
+import { RpcError } from '@infermesh/grpc';
+import { command, type CommandNode, type GroupSpec, type Invocation, parseCommandLine } from './args';
+import { loadCliConfig } from './cli.config';
+import { CliError, EXIT, UsageError } from './cli-errors';
+import type { CliIo } from './cli-io';
+import { CommandContext, type CommandHandler } from './command-context';
+import { renderHelp } from './help';
+import { KEYS_GROUP } from './keys.command';
+import { MODELS_GROUP } from './models.command';
+import { ROLLOUT_GROUP } from './rollout.command';
+import { up } from './up.command';
+
+const ROOT_DETAILS = `Environment (models, rollout, keys):
+  INFERMESH_GATEWAY           The gateway's gRPC address (default 127.0.0.1:8001); --gateway wins
+  INFERMESH_API_KEY           An admin API key of the gateway; --api-key wins
+
+Environment (up):
+  INFERMESH_API_KEY           API key clients must send (generated and printed when unset)
+  REDIS_URL                   Use Redis for the registry, the result cache, and the gateway's API keys and
+                              rate limits (embedded stores otherwise)
+  INFERMESH_DATA_DIR          Where embedded stores and artifacts live (default .infermesh)
+  INFERMESH_HOST              Address the services listen on (default 127.0.0.1)
+  INFERMESH_DEMO_MODELS       Demo models to register (default mlp,tiny,multi-io,classifier)
+  INFERMESH_LOG_LEVEL         debug | info | warn | error (default info)
+  INFERMESH_READY_TIMEOUT_MS  How long to wait for the system to be ready (default 120000)
+
+Exit status: 0 done; 1 the operation failed (the gateway refused it, a version FAILED, a wait timed
+out); 2 usage error (unknown command or flag, bad value, no API key); 3 the gateway cannot be reached.`;
+
+/** Every command of `infermesh`. */
+export const COMMANDS: GroupSpec<CommandHandler> = {
+  kind: 'group',
+  name: 'infermesh',
+  summary: 'infermesh: online ONNX model inference serving (KServe v2 / Open Inference Protocol).',
+  details: ROOT_DETAILS,
+  flags: [],
+  commands: [
+    command<CommandHandler>({
+      name: 'up',
+      summary: 'Start the six services on this machine with the demo models (what `npm start` runs)',
+      positionals: [],
+      flags: [],
+      handler: async (ctx) => up(loadCliConfig(ctx.io.env), ctx.io.distDir),
+    }),
+    MODELS_GROUP,
+    ROLLOUT_GROUP,
+    KEYS_GROUP,
+    command<CommandHandler>({
+      name: 'help',
+      summary: 'Show this help, or a command\'s: `infermesh help models register`',
+      positionals: [{ name: '[command...]', optional: true, variadic: true }],
+      flags: [],
+      // Handled before parsing: `help <words>` is `<words> --help`.
+      handler: async () => undefined,
+    }),
+  ],
+};
+
+/**
+ * Runs `infermesh` with its arguments and returns the exit status: 0 done, 1 the operation failed,
+ * 2 usage error, 3 the gateway cannot be reached. Results go to stdout; progress, notes and errors
+ * (`infermesh: <message>`) to stderr.
+ */
+export async function runCli(argv: readonly string[], io: CliIo): Promise<number> {
+  if (argv.length === 0) {
+    io.stdout.write(renderHelp([COMMANDS], []));
+    return EXIT.ok;
+  }
+  const words = argv[0] === 'help' ? [...argv.slice(1), '--help'] : argv;
+  let invocation: Invocation<CommandHandler>;
+  try {
+    invocation = parseCommandLine(words, COMMANDS);
+  } catch (error) {
+    if (error instanceof UsageError) return usageFailure(io, error, error.path ?? []);
+    throw error;
+  }
+  if (invocation.help) {
+    io.stdout.write(renderHelp(invocation.nodes, invocation.path));
+    return EXIT.ok;
+  }
+  const node = invocation.nodes[invocation.nodes.length - 1]!;
+  if (node.kind !== 'command') return usageFailure(io, new UsageError('missing command'), invocation.path);
+  const context = new CommandContext(io, invocation.args);
+  try {
+    await node.handler(context);
+    return EXIT.ok;
+  } catch (error) {
+    if (error instanceof UsageError) return usageFailure(io, error, error.path ?? invocation.path);
+    return reportFailure(io, error, context);
+  } finally {
+    context.close();
+  }
+}
+
+function usageFailure(io: CliIo, error: UsageError, path: readonly string[]): number {
+  const nodes: CommandNode<CommandHandler>[] = [COMMANDS];
+  for (const word of path) {
+    const last = nodes[nodes.length - 1]!;
+    const next = last.kind === 'group' ? last.commands.find((c) => c.name === word) : undefined;
+    if (next === undefined) break;
+    nodes.push(next);
+  }
+  io.stderr.write(`infermesh: ${error.message}\n\n${renderHelp(nodes, path.slice(0, nodes.length - 1))}`);
+  return EXIT.usage;
+}
+
+/** Prints why a command failed and returns its exit status. */
+function reportFailure(io: CliIo, error: unknown, context: CommandContext): number {
+  if (error instanceof CliError) {
+    io.stderr.write(`infermesh: ${error.message}\n`);
+    return error.exitCode;
+  }
+  if (error instanceof ConfigError) {
+    io.stderr.write(`infermesh: ${error.message}\n`);
+    return EXIT.usage;
+  }
+  if (error instanceof RpcError) {
+    const code = status[error.code] ?? String(error.code);
+    if (error.code === status.UNAVAILABLE) {
+      const gateway = context.gatewayAddress ?? 'the gateway';
+      const transport = error.reason === undefined;
+      io.stderr.write(
+        transport
+          ? `infermesh: cannot reach the gateway at ${gateway} (${code}: ${error.message.replace(/\.? *Resolution note: *$/, '')}).\n` +
+              'Is infermesh running? Start it with `infermesh up`, or point --gateway (INFERMESH_GATEWAY) at its gRPC port.\n'
+          : `infermesh: ${error.message} (${code}); the gateway at ${gateway} cannot reach the registry: is it running?\n`,
+      );
+      return EXIT.unreachable;
+    }
+    const hint =
+      error.code === status.UNAUTHENTICATED
+        ? '\nCheck the API key (--api-key or INFERMESH_API_KEY).'
+        : error.code === status.PERMISSION_DENIED
+          ? '\nThe admin API needs a key with the admin scope.'
+          : '';
+    io.stderr.write(`infermesh: ${error.message} (${code})${hint}\n`);
+    return EXIT.failed;
+  }
+  io.stderr.write(`infermesh: ${error instanceof Error ? error.message : String(error)}\n`);
+  return EXIT.failed;
+}

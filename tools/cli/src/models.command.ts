@@ -1,0 +1,206 @@
+import type { MessageInitShape } from '@bufbuild/protobuf';
+import {
+  DeleteModelResponseSchema,
+  ListModelsResponseSchema,
+  type Model,
+  ModelSchema,
+  ModelVersionSchema,
+  type VersionPolicySchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { versionIdOf } from '@infermesh/rollout';
+import {
+  command,
+  type GroupSpec,
+  parseInteger,
+  parseKeyValue,
+  parseSeconds,
+  parseVersionId,
+} from './args';
+import { UsageError } from './cli-errors';
+import type { CommandContext, CommandHandler } from './command-context';
+import { GATEWAY_FLAGS } from './gateway-flags';
+import { registerModel } from './model-register';
+import { formatModelDetails, formatModelList, formatVersionPolicy, modelIdOf, stateName } from './output/format';
+
+const DEFAULT_REGISTER_TIMEOUT_S = 300;
+
+const NAME = { name: '<name>' };
+
+async function register(ctx: CommandContext): Promise<void> {
+  const { args } = ctx;
+  const version = args.value('version');
+  const maxBatchSize = args.value('max-batch-size');
+  const labels: Record<string, string> = {};
+  for (const label of args.list('label')) {
+    const [key, value] = parseKeyValue(label, '--label');
+    labels[key] = value;
+  }
+  await registerModel(ctx, {
+    file: args.positionals[0]!,
+    model: args.required('name'),
+    versionId: version === undefined ? undefined : parseVersionId(version, '--version'),
+    maxBatchSize: maxBatchSize === undefined ? undefined : parseInteger(maxBatchSize, '--max-batch-size', 0),
+    pin: args.switch('pin'),
+    labels,
+    timeoutMs: parseSeconds(args.value('timeout') ?? String(DEFAULT_REGISTER_TIMEOUT_S), '--timeout') * 1000,
+  });
+}
+
+async function list(ctx: CommandContext): Promise<void> {
+  const session = ctx.gateway();
+  const response = await session.registry.listModels({}, session.call());
+  ctx.result(ListModelsResponseSchema, response, () => formatModelList(response.models));
+}
+
+/** The model `name` (GetModel). */
+export async function getModel(ctx: CommandContext, name: string): Promise<Model> {
+  const session = ctx.gateway();
+  const { model } = await session.registry.getModel({ name: `models/${name}` }, session.call());
+  if (model === undefined) throw new Error(`the gateway returned no model for "${name}"`);
+  return model;
+}
+
+async function show(ctx: CommandContext): Promise<void> {
+  const model = await getModel(ctx, ctx.args.positionals[0]!);
+  ctx.result(ModelSchema, model, () => formatModelDetails(model));
+}
+
+async function setUnloaded(ctx: CommandContext, unloaded: boolean): Promise<void> {
+  const name = ctx.args.positionals[0]!;
+  const session = ctx.gateway();
+  const { model } = await session.registry.updateModel({ model: { name: `models/${name}`, unloaded }, updateMask: { paths: ['unloaded'] } }, session.call());
+  if (model === undefined) throw new Error(`the gateway returned no model for "${name}"`);
+  ctx.result(ModelSchema, model, () =>
+    unloaded
+      ? `${name} is unloaded: its versions drain and stop serving; \`infermesh models load ${name}\` loads it again.\n`
+      : `${name} loads the versions its policy selects (${formatVersionPolicy(model.versionPolicy)}); follow them with \`infermesh models show ${name}\`.\n`,
+  );
+}
+
+async function retire(ctx: CommandContext): Promise<void> {
+  const name = ctx.args.positionals[0]!;
+  const versionId = parseVersionId(ctx.args.required('version'), '--version');
+  const session = ctx.gateway();
+  const { version } = await session.registry.retireModelVersion({ name: `models/${name}/versions/${versionId}` }, session.call());
+  if (version === undefined) throw new Error(`the gateway returned no version for ${name} version ${versionId}`);
+  ctx.result(ModelVersionSchema, version, () => `${name} version ${versionIdOf(version.name)}: ${stateName(version.state)}\n`);
+}
+
+async function remove(ctx: CommandContext): Promise<void> {
+  const name = ctx.args.positionals[0]!;
+  const session = ctx.gateway();
+  const response = await session.registry.deleteModel({ name: `models/${name}` }, session.call());
+  ctx.result(DeleteModelResponseSchema, response, () => `Deleted model ${name} and its versions.\n`);
+}
+
+/** The version policy that --latest, --specific or --all (exactly one) asks for. */
+export function versionPolicyOf(ctx: CommandContext): MessageInitShape<typeof VersionPolicySchema> {
+  const { args } = ctx;
+  const given = ['latest', 'specific', 'all'].filter((f) => args.has(f));
+  if (given.length !== 1) {
+    throw new UsageError(given.length === 0 ? 'give one of --latest <n>, --specific <ids> or --all' : `give only one of ${given.map((f) => `--${f}`).join(', ')}`);
+  }
+  const latest = args.value('latest');
+  if (latest !== undefined) return { policy: { case: 'latest', value: parseInteger(latest, '--latest', 1) } };
+  const specific = args.value('specific');
+  if (specific !== undefined) {
+    const versions = specific.split(',').map((v) => v.trim());
+    return { policy: { case: 'specific', value: { versions: versions.map((v) => parseVersionId(v, '--specific')) } } };
+  }
+  return { policy: { case: 'all', value: {} } };
+}
+
+async function setPolicy(ctx: CommandContext): Promise<void> {
+  const name = ctx.args.positionals[0]!;
+  const versionPolicy = versionPolicyOf(ctx);
+  const session = ctx.gateway();
+  const { model } = await session.registry.updateModel(
+    { model: { name: `models/${name}`, versionPolicy }, updateMask: { paths: ['version_policy'] } },
+    session.call(),
+  );
+  if (model === undefined) throw new Error(`the gateway returned no model for "${name}"`);
+  ctx.result(ModelSchema, model, () => `${modelIdOf(model)}: version policy ${formatVersionPolicy(model.versionPolicy)}\n`);
+}
+
+/** `infermesh models ...`: the model repository, through the gateway's admin API. */
+export const MODELS_GROUP: GroupSpec<CommandHandler> = {
+  kind: 'group',
+  name: 'models',
+  summary: 'Register, list, inspect, load, unload, retire and delete models',
+  flags: GATEWAY_FLAGS,
+  commands: [
+    command<CommandHandler>({
+      name: 'register',
+      summary: 'Upload an ONNX file as a new version of a model and wait until it is READY',
+      details: [
+        'Streams the file to the registry in 1 MiB chunks (the registry checks its SHA-256), registers',
+        'it as a version, and follows its state (REGISTERED -> LOADING -> READY). Exits 0 once the',
+        'version is READY, 1 when it FAILED (the reason is printed) or the wait timed out.',
+      ].join('\n'),
+      positionals: [{ name: '<file.onnx>' }],
+      flags: [
+        { name: 'name', kind: 'value', placeholder: '<name>', required: true, description: 'The model the version belongs to (created when new)' },
+        { name: 'version', kind: 'value', placeholder: '<id>', description: "The version id (default: one more than the model's highest, 1 for a new model)" },
+        { name: 'max-batch-size', kind: 'value', placeholder: '<n>', description: 'Overrides the max batch size read from the model' },
+        { name: 'pin', kind: 'switch', description: 'Pin the model: workers load it ahead of requests and never evict it' },
+        { name: 'label', kind: 'list', placeholder: '<key=value>', description: 'Add a label to the model' },
+        { name: 'timeout', kind: 'value', placeholder: '<s>', description: `How long to wait for READY, in seconds (default ${DEFAULT_REGISTER_TIMEOUT_S})` },
+      ],
+      handler: register,
+    }),
+    command<CommandHandler>({
+      name: 'list',
+      summary: 'List the models with their versions, states, serving versions, pinned and unloaded',
+      positionals: [],
+      flags: [],
+      handler: list,
+    }),
+    command<CommandHandler>({
+      name: 'show',
+      summary: "Show a model: versions and states, signatures, batching, processing, rollout, cache, labels",
+      positionals: [NAME],
+      flags: [],
+      handler: show,
+    }),
+    command<CommandHandler>({
+      name: 'load',
+      summary: 'Load a model that was unloaded: the versions its policy selects load again',
+      positionals: [NAME],
+      flags: [],
+      handler: (ctx) => setUnloaded(ctx, false),
+    }),
+    command<CommandHandler>({
+      name: 'unload',
+      summary: 'Unload a model: its versions drain and no version serves until it is loaded again',
+      positionals: [NAME],
+      flags: [],
+      handler: (ctx) => setUnloaded(ctx, true),
+    }),
+    command<CommandHandler>({
+      name: 'retire',
+      summary: 'Retire a version: it drains and is unloaded for good (refused while it takes traffic)',
+      positionals: [NAME],
+      flags: [{ name: 'version', kind: 'value', placeholder: '<id>', required: true, description: 'The version to retire' }],
+      handler: retire,
+    }),
+    command<CommandHandler>({
+      name: 'delete',
+      summary: 'Delete a model and its versions (refused while one of them takes traffic)',
+      positionals: [NAME],
+      flags: [],
+      handler: remove,
+    }),
+    command<CommandHandler>({
+      name: 'set-policy',
+      summary: 'Choose which versions serve: the latest N, specific ones, or all',
+      details: 'Exactly one of --latest, --specific or --all. Versions that leave the policy drain, then retire.',
+      positionals: [NAME],
+      flags: [
+        { name: 'latest', kind: 'value', placeholder: '<n>', description: 'The n highest READY versions (plus any newer one still loading)' },
+        { name: 'specific', kind: 'value', placeholder: '<ids>', description: 'Exactly these versions, comma-separated: 1,2' },
+        { name: 'all', kind: 'switch', description: 'Every version' },
+      ],
+      handler: setPolicy,
+    }),
+  ],
+};
