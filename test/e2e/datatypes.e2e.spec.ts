@@ -1,3 +1,4 @@
+import { datatypeFromName, jsonToRaw } from '@infermesh/tensors';
 import { API_KEY, type Fixture, startFixture } from './support/system-fixture';
 import { kserveClient } from './support/kserve-grpc-client';
 
@@ -190,6 +191,40 @@ describe('every datatype through the whole system', () => {
         shape: c.shape,
         data: c.json,
       });
+    });
+
+    it('comes back over REST binary data bit for bit, the same as its JSON round trip', async () => {
+      const type = datatypeFromName(datatype)!;
+      // The JSON values as raw bytes: what the binary request sends in their place.
+      const sent = jsonToRaw(name, type, c.json, c.json.length);
+      const header = Buffer.from(
+        JSON.stringify({
+          inputs: DATATYPES.map((d) => ({
+            name: inputName(d),
+            datatype: d,
+            shape: d === datatype ? c.shape : [0, 0],
+            parameters: { binary_data_size: d === datatype ? sent.length : 0 },
+          })),
+          outputs: [{ name: outputName(datatype), parameters: { binary_data: true } }],
+        }),
+      );
+      const res = await fetch(`${url}/v2/models/identity/infer`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/octet-stream', 'inference-header-content-length': String(header.length), authorization: `Bearer ${API_KEY}` },
+        body: Buffer.concat([header, sent]),
+      });
+      const body = Buffer.from(await res.arrayBuffer());
+      expect({ status: res.status, text: res.status === 200 ? '' : body.toString() }).toEqual({ status: 200, text: '' });
+      const headerLength = Number(res.headers.get('inference-header-content-length'));
+      const answer = JSON.parse(body.subarray(0, headerLength).toString()) as { outputs: unknown[] };
+      expect(answer.outputs).toEqual([{ name: outputName(datatype), datatype, shape: c.shape, parameters: { binary_data_size: sent.length } }]);
+      const binary = body.subarray(headerLength);
+
+      const json = (await (await postInfer({ inputs: jsonInputs([{ name, datatype, shape: c.shape, data: c.json }]) })).json()) as JsonResponse;
+      const jsonData = json.outputs.find((o) => o.name === outputName(datatype))!.data;
+
+      expect(binary.equals(sent)).toBe(true);
+      expect(binary.equals(jsonToRaw(outputName(datatype), type, jsonData, jsonData.length))).toBe(true);
     });
 
     it('comes back bit for bit over gRPC raw contents', async () => {

@@ -1,1 +1,2 @@
 export * from './atomic-file';
+export * from './json-file';

@@ -1,99 +1,13 @@
 import 'reflect-metadata';
-import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { Module } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import { createClient, GrpcServer, RpcError, type ServiceClient, type ServiceImpl } from '@infermesh/grpc';
-import {
-  type Model,
-  ModelSchema,
-  RegistryService,
-  VersionState,
-  type WatchModelsResponse,
-  WatchModelsResponseSchema,
-} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { createClient, type ServiceClient } from '@infermesh/grpc';
+import { RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { HealthDetails, RuntimeModule, runtimeSettings } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { EventEmitter, on } from 'node:events';
+import { type FakeRegistry, startFakeRegistry } from '@infermesh/testing';
 import { RegistryWatch } from './registry-watch';
 import { registryWatchProvider } from './registry-watch.provider';
-
-/**
- * The registry's WatchModels as its contract says (the registry is another service; its own specs
- * test its side): the first message is a snapshot, or an empty message when the follower's revision
- * is current; then one message per change. Served by the real GrpcServer over a real socket.
- */
-class FakeRegistry {
-  readonly models = new Map<string, Model>();
-  /** The from_revision of every WatchModels call, in order. */
-  readonly watchCalls: bigint[] = [];
-  /** Streams open now. */
-  open = 0;
-  revision = 0n;
-  port = 0;
-  private readonly changes = new EventEmitter();
-  private server: GrpcServer | undefined;
-
-  put(init: MessageInitShape<typeof ModelSchema>): Model {
-    this.revision += 1n;
-    const model = create(ModelSchema, { ...init, revision: this.revision });
-    this.models.set(model.name, model);
-    this.changes.emit('change', create(WatchModelsResponseSchema, { revision: this.revision, models: [model] }));
-    return model;
-  }
-
-  delete(name: string): void {
-    this.revision += 1n;
-    this.models.delete(name);
-    this.changes.emit('change', create(WatchModelsResponseSchema, { revision: this.revision, deleted: [name] }));
-  }
-
-  async start(port = 0): Promise<this> {
-    const refuse = () => Promise.reject(RpcError.invalidArgument('not used by the watch'));
-    const impl: ServiceImpl<typeof RegistryService> = {
-      watchModels: (request, ctx) => this.watch(request.fromRevision, ctx.signal),
-      uploadArtifact: refuse,
-      downloadArtifact: () => ({ [Symbol.asyncIterator]: () => ({ next: refuse }) }),
-      createModelVersion: refuse,
-      getModel: refuse,
-      listModels: refuse,
-      resolveModelVersion: refuse,
-      reportVersionState: refuse,
-      setRolloutPolicy: refuse,
-      updateRollout: refuse,
-      setCachePolicy: refuse,
-      updateModel: refuse,
-      retireModelVersion: refuse,
-      deleteModel: refuse,
-    };
-    this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error', () => undefined), metrics: new Metrics('fake_registry'), maxMessageBytes: 1 << 20 });
-    this.server.add(RegistryService, impl);
-    this.port = await this.server.listen('127.0.0.1', port);
-    return this;
-  }
-
-  /** Stops at once, cutting the open streams. */
-  async stop(): Promise<void> {
-    await this.server?.shutdown(1);
-    this.server = undefined;
-  }
-
-  private async *watch(fromRevision: bigint, signal: AbortSignal): AsyncGenerator<WatchModelsResponse> {
-    this.watchCalls.push(fromRevision);
-    this.open += 1;
-    // Listening before the first message: no change falls between the snapshot and the stream.
-    const changes = on(this.changes, 'change', { signal });
-    try {
-      yield fromRevision !== 0n && fromRevision === this.revision
-        ? create(WatchModelsResponseSchema, { revision: this.revision })
-        : create(WatchModelsResponseSchema, { revision: this.revision, models: [...this.models.values()], snapshot: true });
-      for await (const [change] of changes) yield change as WatchModelsResponse;
-    } catch (error) {
-      if (!signal.aborted) throw error;
-    } finally {
-      this.open -= 1;
-    }
-  }
-}
 
 const mlp = { name: 'models/mlp', versions: [{ name: 'models/mlp/versions/1', state: VersionState.READY }] };
 const tiny = { name: 'models/tiny', versions: [{ name: 'models/tiny/versions/1', state: VersionState.READY }] };
@@ -135,7 +49,7 @@ describe(RegistryWatch.name, () => {
   const messages = (level: string) => logs.filter((l) => l['level'] === level).map((l) => l['msg']);
 
   beforeEach(async () => {
-    registry = await new FakeRegistry().start();
+    registry = await startFakeRegistry();
   });
 
   afterEach(async () => {
@@ -313,7 +227,7 @@ describe(registryWatchProvider.name, () => {
   let registry: FakeRegistry;
 
   beforeEach(async () => {
-    registry = await new FakeRegistry().start();
+    registry = await startFakeRegistry();
   });
 
   afterEach(async () => {

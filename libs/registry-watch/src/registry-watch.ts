@@ -1,6 +1,7 @@
 import { equals } from '@bufbuild/protobuf';
 import type { ServiceClient } from '@infermesh/grpc';
 import { type Model, ModelSchema, type RegistryService, type WatchModelsResponse } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { modelIdOf } from '@infermesh/rollout';
 import type { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 
@@ -35,11 +36,6 @@ export interface RegistryWatchStatus {
 export type ModelChangeListener = (models: readonly string[]) => void;
 
 const DEFAULT_BACKOFF = { initialMs: 100, maxMs: 2_000 };
-
-/** The model id of a resource name: "mlp" of "models/mlp". */
-export function modelIdOf(resourceName: string): string {
-  return resourceName.startsWith('models/') ? resourceName.slice('models/'.length) : resourceName;
-}
 
 /**
  * Follows the registry's WatchModels stream and holds every model as the registry last said it is,

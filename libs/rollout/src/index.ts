@@ -1,1 +1,2 @@
+export * from './resource-names';
 export * from './rollout';

@@ -1,6 +1,7 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { type Model, ModelSchema, type RolloutPolicySchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { latestReady, route, stableVersion, stickyBucket, versionIdOf } from './rollout';
+import { versionIdOf } from './resource-names';
+import { latestReady, route, stableVersion, stickyBucket } from './rollout';
 
 /** Model "m" with versions 1..4 in the given states (READY by default). */
 function model(rollout?: MessageInitShape<typeof RolloutPolicySchema>, states: Record<string, VersionState> = {}): Model {

@@ -1,10 +1,6 @@
 import { createHash } from 'node:crypto';
 import { type Model, type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-
-/** The version id at the end of a version's resource name: "3" of "models/mlp/versions/3". */
-export function versionIdOf(versionResourceName: string): string {
-  return versionResourceName.slice(versionResourceName.lastIndexOf('/') + 1);
-}
+import { versionIdOf } from './resource-names';
 
 /** Orders version ids numerically, oldest first. */
 export function compareVersionIds(a: string, b: string): number {

@@ -200,7 +200,8 @@ export class System {
     }
   }
 
-  private envFor(name: ServiceName): NodeJS.ProcessEnv {
+  /** The environment a service runs with: its ports, upstream addresses and stores (for starting another replica). */
+  envFor(name: ServiceName): NodeJS.ProcessEnv {
     const { ports, dataDir, redisUrl, apiKey } = this.options;
     const h = this.host;
     const env: NodeJS.ProcessEnv = { ...process.env, ...this.options.env };

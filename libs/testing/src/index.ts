@@ -1,3 +1,4 @@
 export * from './redis-server';
 export * from './free-port';
 export * from './rpc-rejection';
+export * from './fake-registry';

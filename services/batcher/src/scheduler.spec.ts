@@ -12,23 +12,13 @@ import {
   type InferenceResponse,
   TensorSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import {
-  type BatchingSchema,
-  type Model,
-  ModelSchema,
-  ModelVersionSchema,
-  RegistryService,
-  VersionState,
-  type WatchModelsResponse,
-  WatchModelsResponseSchema,
-} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type BatchingSchema, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { encodeBytesElements, decodeBytesElements } from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { HealthDetails } from '@infermesh/runtime';
-import { rpcRejection } from '@infermesh/testing';
-import { EventEmitter, on } from 'node:events';
+import { FakeRegistry, rpcRejection } from '@infermesh/testing';
 import { loadBatcherConfig } from './batcher.config';
 import { BatcherModule } from './batcher.module';
 import { Scheduler } from './scheduler';
@@ -96,83 +86,36 @@ class FakeWorker {
   }
 }
 
-class FakeRegistry {
+/**
+ * The registry: ResolveModelVersion answers each version's signature and batching. Once a model is put,
+ * WatchModels follows its contract; before, it is UNIMPLEMENTED, and the batcher reads the settings
+ * with ResolveModelVersion.
+ */
+class BatchingRegistry extends FakeRegistry {
   /** Batching by resource name; versions not named here have none (every default). */
   readonly batching = new Map<string, MessageInitShape<typeof BatchingSchema>>();
   maxBatchSize = 8;
   resolveCalls = 0;
-  address = '';
-  /**
-   * Once a model is put, WatchModels follows its contract: a snapshot of the models put (or an empty
-   * message when the follower's revision is current), then one message per change. Before, it is
-   * UNIMPLEMENTED, and the batcher reads the settings with ResolveModelVersion.
-   */
-  private readonly models = new Map<string, Model>();
-  private readonly changes = new EventEmitter();
-  private revision = 0n;
-  private server: GrpcServer | undefined;
 
-  put(init: MessageInitShape<typeof ModelSchema>): void {
-    this.revision += 1n;
-    const model = create(ModelSchema, { ...init, revision: this.revision });
-    this.models.set(model.name, model);
-    this.changes.emit('change', create(WatchModelsResponseSchema, { revision: this.revision, models: [model] }));
-  }
-
-  private async *watch(fromRevision: bigint, signal: AbortSignal): AsyncGenerator<WatchModelsResponse> {
-    if (this.revision === 0n) throw new RpcError(status.UNIMPLEMENTED, 'no watch in this test');
-    const changes = on(this.changes, 'change', { signal });
-    try {
-      yield fromRevision === this.revision
-        ? create(WatchModelsResponseSchema, { revision: this.revision })
-        : create(WatchModelsResponseSchema, { revision: this.revision, models: [...this.models.values()], snapshot: true });
-      for await (const [change] of changes) yield change as WatchModelsResponse;
-    } catch (error) {
-      if (!signal.aborted) throw error;
-    }
-  }
-
-  async start(): Promise<this> {
-    const refuse = () => Promise.reject(RpcError.invalidArgument('not used by the batcher'));
-    const impl: ServiceImpl<typeof RegistryService> = {
-      resolveModelVersion: async ({ model, versionId }) => {
-        this.resolveCalls += 1;
-        const name = `${model}/versions/${versionId}`;
-        const batching = this.batching.get(name);
-        return {
-          version: create(ModelVersionSchema, {
-            name,
-            state: VersionState.READY,
-            signature: { maxBatchSize: this.maxBatchSize },
-            ...(batching !== undefined && { batching }),
-          }),
-        };
+  constructor() {
+    super({
+      watchOnlyOnceChanged: true,
+      handlers: {
+        resolveModelVersion: async ({ model, versionId }) => {
+          this.resolveCalls += 1;
+          const name = `${model}/versions/${versionId}`;
+          const batching = this.batching.get(name);
+          return {
+            version: create(ModelVersionSchema, {
+              name,
+              state: VersionState.READY,
+              signature: { maxBatchSize: this.maxBatchSize },
+              ...(batching !== undefined && { batching }),
+            }),
+          };
+        },
       },
-      uploadArtifact: refuse,
-      downloadArtifact: () => ({
-        [Symbol.asyncIterator]: () => ({ next: () => Promise.reject(RpcError.invalidArgument('not used by the batcher')) }),
-      }),
-      createModelVersion: refuse,
-      getModel: refuse,
-      listModels: refuse,
-      reportVersionState: refuse,
-      setRolloutPolicy: refuse,
-      updateRollout: refuse,
-      setCachePolicy: refuse,
-      updateModel: refuse,
-      retireModelVersion: refuse,
-      deleteModel: refuse,
-      watchModels: (request, ctx) => this.watch(request.fromRevision, ctx.signal),
-    };
-    this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error'), metrics: new Metrics('fake_registry'), maxMessageBytes: 1 << 20 });
-    this.server.add(RegistryService, impl);
-    this.address = `127.0.0.1:${await this.server.listen('127.0.0.1', 0)}`;
-    return this;
-  }
-
-  async stop(): Promise<void> {
-    await this.server?.shutdown(10);
-    this.server = undefined;
+    });
   }
 }
 
@@ -236,7 +179,7 @@ function gate(): { promise: Promise<void>; open: () => void } {
 
 describe(Scheduler.name, () => {
   let workers: FakeWorker[];
-  let registry: FakeRegistry;
+  let registry: BatchingRegistry;
   let app: INestApplicationContext | undefined;
 
   /** Starts the batcher's Nest context against the fakes; the periodic poll is an hour away. */
@@ -267,7 +210,7 @@ describe(Scheduler.name, () => {
 
   beforeEach(async () => {
     workers = await Promise.all([new FakeWorker('w1').start(), new FakeWorker('w2').start()]);
-    registry = await new FakeRegistry().start();
+    registry = await new BatchingRegistry().start();
   });
 
   afterEach(async () => {

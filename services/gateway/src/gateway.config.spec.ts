@@ -123,6 +123,21 @@ describe(loadGatewayConfig.name, () => {
     expect(() => loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', ...env })).toThrow(message);
   });
 
+  it('limits inputs, elements per tensor and batch size generously by default, and reads each limit', () => {
+    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' }).tensorLimits).toEqual({ maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096 });
+    const sut = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_INPUTS: '3', GATEWAY_MAX_TENSOR_ELEMENTS: '1000', GATEWAY_MAX_BATCH_SIZE: '16' });
+    expect(sut.tensorLimits).toEqual({ maxInputs: 3, maxTensorElements: 1000, maxBatchSize: 16 });
+  });
+
+  it.each([
+    ['GATEWAY_MAX_INPUTS', '0'],
+    ['GATEWAY_MAX_TENSOR_ELEMENTS', '-5'],
+    ['GATEWAY_MAX_BATCH_SIZE', '2.5'],
+    ['GATEWAY_MAX_BATCH_SIZE', 'many'],
+  ])('refuses %s=%s, naming the variable', (name, value) => {
+    expect(() => loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', [name]: value })).toThrow(new RegExp(name));
+  });
+
   it('refuses a configured key in the format of stored keys, never printing it', () => {
     const stored = `im_0123456789ab_${'s'.repeat(43)}`;
     let error: unknown;

@@ -6,6 +6,7 @@ import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
 import { resolve } from 'node:path';
 import { z } from 'zod';
 import { parseKey } from './api-keys/api-key-secret';
+import { DEFAULT_TENSOR_LIMITS, type TensorLimits } from './tensor-limits';
 
 /** The scopes by their names in GATEWAY_API_KEYS: `infer` (inference, model metadata) and `admin` (the admin API). */
 export const SCOPE_NAMES: ReadonlyMap<string, Scope> = new Map([
@@ -42,6 +43,9 @@ const shape = {
   GATEWAY_REQUEST_TIMEOUT_MS: positiveInt(30_000),
   GATEWAY_MAX_BODY_BYTES: positiveInt(64 * 1024 * 1024),
   GATEWAY_MAX_IN_FLIGHT: positiveInt(1_024),
+  GATEWAY_MAX_INPUTS: positiveInt(DEFAULT_TENSOR_LIMITS.maxInputs),
+  GATEWAY_MAX_TENSOR_ELEMENTS: positiveInt(DEFAULT_TENSOR_LIMITS.maxTensorElements),
+  GATEWAY_MAX_BATCH_SIZE: positiveInt(DEFAULT_TENSOR_LIMITS.maxBatchSize),
   REDIS_URL: redisUrl(),
   GATEWAY_DATA_DIR: z.string().min(1).default('.infermesh/gateway'),
   GATEWAY_API_KEY_CACHE_MS: nonNegativeInt(1_000),
@@ -134,6 +138,12 @@ export function loadGatewayConfig(env: Env) {
     maxBodyBytes: e.GATEWAY_MAX_BODY_BYTES,
     /** Inference requests this gateway works on at once; more are refused at once (load shedding). */
     maxInFlight: e.GATEWAY_MAX_IN_FLIGHT,
+    /** What one inference request may hold: inputs, elements per tensor, batch size (400 beyond). */
+    tensorLimits: {
+      maxInputs: e.GATEWAY_MAX_INPUTS,
+      maxTensorElements: e.GATEWAY_MAX_TENSOR_ELEMENTS,
+      maxBatchSize: e.GATEWAY_MAX_BATCH_SIZE,
+    } satisfies TensorLimits,
     /** How long a readiness probe of the upstreams may take, and how long its answer is reused. */
     upstreamProbeTimeoutMs: 1_000,
     upstreamProbeCacheMs: 500,

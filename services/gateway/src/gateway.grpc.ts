@@ -67,7 +67,7 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
   modelInfer(request: ModelInferRequest, ctx: CallContext) {
     return this.handle('ModelInfer', ctx, { model: request.modelName, rateLimited: true, timeout: () => timeoutParameterMs(request.parameters) }, async (principal) =>
       inferResponseToGrpc(
-        await this.inference.infer({ ...inferRequestFromGrpc(request), ...callerOf(ctx.metadata[ROUTING_KEY_HEADER], principal!) }, ctx.signal),
+        await this.inference.infer({ ...inferRequestFromGrpc(request, this.config.tensorLimits), ...callerOf(ctx.metadata[ROUTING_KEY_HEADER], principal!) }, ctx.signal),
       ),
     );
   }

@@ -1,18 +1,19 @@
-import { Controller, Get, HttpCode, Inject, Param, Post, Req, Res } from '@nestjs/common';
+import { Controller, Get, HttpCode, Inject, Param, Post, Req, Res, StreamableFile } from '@nestjs/common';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
 import type { Request, Response } from 'express';
+import { Readable } from 'node:stream';
 import { allowsModel, checkModelAccess } from './api-key-auth';
 import { principalOf, Public } from './api-key.guard';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
 import { timeoutParameterMs } from './infer-parameters';
 import { callerOf, ROUTING_KEY_HEADER } from './routing-key';
-import { readJsonBody } from './json-body';
+import { INFERENCE_HEADER_LENGTH, readInferBody, readJsonBody } from './json-body';
 import { ModelCatalog, type ModelMetadata, type RepositoryEntry } from './model-catalog';
 import { ModelInference } from './model-inference';
 import { RateLimits } from './rate-limits';
 import { clientGone, withinRequest } from './rest-context';
-import { inferRequestFromJson, inferResponseToJson, type JsonInferResponse } from './rest-codec';
+import { inferResponseToBinary, inferResponseToJson, type JsonInferResponse, restInferRequest } from './rest-codec';
 import { type ServerMetadata, ServerStatus } from './server-status';
 
 /**
@@ -118,17 +119,26 @@ export class GatewayHttpController {
     return version === '' ? { name: model, ready } : { name: model, version, ready };
   }
 
-  /** Checks the key may use the model and is within its rate limits before the body is read: a refusal costs little. */
-  private async infer(req: Request, res: Response, model: string, version: string): Promise<JsonInferResponse> {
+  /**
+   * Checks the key may use the model and is within its rate limits before the body is read: a refusal
+   * costs little. The body is JSON or, with Inference-Header-Content-Length, Triton's binary tensor
+   * data extension; outputs asked for as binary data come back as raw bytes after a JSON header.
+   */
+  private async infer(req: Request, res: Response, model: string, version: string): Promise<JsonInferResponse | StreamableFile> {
     const principal = principalOf(req);
     checkModelAccess(principal, model);
     await this.rateLimits.admit(principal, model);
-    const body = await readJsonBody(req, res, this.config.maxBodyBytes);
-    const request = { ...inferRequestFromJson(model, version, body), ...callerOf(req.header(ROUTING_KEY_HEADER), principal) };
+    const body = await readInferBody(req, res, this.config.maxBodyBytes);
+    const decoded = restInferRequest(model, version, body.json, { limits: this.config.tensorLimits, binaryData: body.binaryData });
+    const request = { ...decoded.request, ...callerOf(req.header(ROUTING_KEY_HEADER), principal) };
     const signal = clientGone(res);
-    return this.within(req, res, timeoutParameterMs(request.parameters), async () =>
-      inferResponseToJson(await this.inference.infer(request, signal)),
-    );
+    return this.within(req, res, timeoutParameterMs(request.parameters), async () => {
+      const response = await this.inference.infer(request, signal);
+      const binary = inferResponseToBinary(response, decoded.binaryOutputs);
+      if (binary === undefined) return inferResponseToJson(response);
+      res.setHeader(INFERENCE_HEADER_LENGTH, String(binary.headerLength));
+      return new StreamableFile(Readable.from(binary.chunks), { type: 'application/octet-stream', length: binary.byteLength });
+    });
   }
 
   /** Runs a use case inside the request's context: its id and its deadline, the configured default unless the request names one. */

@@ -17,6 +17,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { checkData, datatypeName, encodeBytesElements } from '@infermesh/tensors';
 import { boolParameter, outputClassCounts } from './infer-parameters';
+import { checkInputCount, checkTensorSize, DEFAULT_TENSOR_LIMITS, type TensorLimits } from './tensor-limits';
 import { checkBytesElements, tensorDatatype, tensorElementCount } from './tensor-shape';
 
 type ContentsField = Exclude<keyof InferTensorContents, '$typeName' | '$unknown'>;
@@ -60,11 +61,13 @@ const invalid = (message: string) => RpcError.invalidArgument(message, 'INVALID_
 /**
  * A KServe v2 gRPC ModelInfer request as the internal request. Inputs come either all in
  * raw_input_contents (one entry per input, in order) or all as typed contents; either way they leave
- * as raw little-endian bytes whose length agrees with the shape.
+ * as raw little-endian bytes whose length agrees with the shape. `limits` bound the inputs and each
+ * tensor's size before any is converted.
  */
-export function inferRequestFromGrpc(request: ModelInferRequest): InferenceRequest {
+export function inferRequestFromGrpc(request: ModelInferRequest, limits: TensorLimits = DEFAULT_TENSOR_LIMITS): InferenceRequest {
   if (request.modelName === '') throw RpcError.invalidArgument('model_name is required');
   if (request.inputs.length === 0) throw RpcError.invalidArgument('the request has no inputs');
+  checkInputCount(request.inputs.length, limits);
   const raw = request.rawInputContents;
   if (raw.length > 0 && raw.length !== request.inputs.length) {
     throw invalid(`raw_input_contents has ${raw.length} entries but the request has ${request.inputs.length} inputs; give one per input, in order`);
@@ -75,7 +78,7 @@ export function inferRequestFromGrpc(request: ModelInferRequest): InferenceReque
     if (seen.has(input.name)) throw invalid(`input "${input.name}" is given more than once`);
     seen.add(input.name);
     if ('shared_memory_region' in input.parameters) throw invalid(`input "${input.name}": shared memory is not supported`);
-    return raw.length > 0 ? rawInput(input, raw[i]!) : typedInput(input);
+    return raw.length > 0 ? rawInput(input, raw[i]!, limits) : typedInput(input, limits);
   });
   return create(InferenceRequestSchema, {
     modelName: request.modelName,
@@ -88,9 +91,9 @@ export function inferRequestFromGrpc(request: ModelInferRequest): InferenceReque
   });
 }
 
-function rawInput(input: ModelInferRequest_InferInputTensor, data: Uint8Array): Tensor {
+function rawInput(input: ModelInferRequest_InferInputTensor, data: Uint8Array, limits: TensorLimits): Tensor {
   const datatype = tensorDatatype(input.name, input.datatype);
-  tensorElementCount(input.name, input.shape);
+  checkTensorSize(input.name, input.shape, tensorElementCount(input.name, input.shape), limits);
   if (input.contents !== undefined && usedFields(input.contents).length > 0) {
     throw invalid(`input "${input.name}" has typed contents, but raw_input_contents is used: then every input must be raw`);
   }
@@ -101,10 +104,11 @@ function rawInput(input: ModelInferRequest_InferInputTensor, data: Uint8Array): 
   return tensor;
 }
 
-function typedInput(input: ModelInferRequest_InferInputTensor): Tensor {
+function typedInput(input: ModelInferRequest_InferInputTensor, limits: TensorLimits): Tensor {
   const { name } = input;
   const datatype = tensorDatatype(name, input.datatype);
   const count = tensorElementCount(name, input.shape);
+  checkTensorSize(name, input.shape, count, limits);
   const field = CONTENTS_FIELD[datatype];
   const contents = input.contents ?? create(InferTensorContentsSchema);
   const used = usedFields(contents);

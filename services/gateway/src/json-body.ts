@@ -2,15 +2,62 @@ import { RpcError } from '@infermesh/grpc';
 import { BadRequestException, HttpException, HttpStatus, PayloadTooLargeException } from '@nestjs/common';
 import type { Request, Response } from 'express';
 
+/** Triton's binary tensor data extension: the length of the JSON header that starts the body. */
+export const INFERENCE_HEADER_LENGTH = 'inference-header-content-length';
+
 /**
  * Reads a request body as JSON, at most `maxBytes` of it. A body announced or found larger is
  * refused with 413 before it is buffered, and the connection is closed rather than drained; bad JSON
  * is a 400. An empty body is undefined. Content types are not enforced (curl -d sends a form type).
+ * Only inference takes the binary tensor data extension (readInferBody).
  */
 export async function readJsonBody(req: Request, res: Response, maxBytes: number): Promise<unknown> {
-  if (req.headers['inference-header-content-length'] !== undefined) {
-    throw new BadRequestException('the binary tensor data extension is not supported; send the request as JSON');
+  if (req.headers[INFERENCE_HEADER_LENGTH] !== undefined) {
+    throw new BadRequestException('Inference-Header-Content-Length (binary tensor data) is for inference requests only; send this body as JSON');
   }
+  return parseJson((await readBody(req, res, maxBytes)).toString('utf8'), 'body');
+}
+
+/** An inference body: its JSON, and the binary tensor data after it when the request uses that extension. */
+export interface InferBody {
+  json: unknown;
+  /** The bytes after the JSON header, undefined without Inference-Header-Content-Length. */
+  binaryData: Buffer | undefined;
+}
+
+/**
+ * Reads an inference request body: JSON, as readJsonBody, or with `Inference-Header-Content-Length: N`
+ * (Triton's binary tensor data extension) a JSON header of N bytes followed by the inputs' binary
+ * data. N must be a non-negative integer no larger than the body; `maxBytes` bounds the whole body.
+ */
+export async function readInferBody(req: Request, res: Response, maxBytes: number): Promise<InferBody> {
+  const header = req.headers[INFERENCE_HEADER_LENGTH];
+  if (header === undefined) return { json: await readJsonBody(req, res, maxBytes), binaryData: undefined };
+  const text = (Array.isArray(header) ? header.join(',') : header).trim();
+  const headerLength = /^\d{1,15}$/.test(text) ? Number(text) : NaN;
+  if (!Number.isSafeInteger(headerLength)) {
+    throw new BadRequestException(`Inference-Header-Content-Length must be a non-negative integer of bytes, got ${JSON.stringify(text.slice(0, 40))}`);
+  }
+  const body = await readBody(req, res, maxBytes);
+  if (headerLength > body.length) {
+    throw new BadRequestException(`Inference-Header-Content-Length is ${headerLength} but the body has only ${body.length} bytes`);
+  }
+  const json = parseJson(body.toString('utf8', 0, headerLength), 'inference header');
+  if (json === undefined) throw new BadRequestException(`the inference header (the first ${headerLength} bytes of the body) is empty; it must be a JSON object`);
+  return { json, binaryData: body.subarray(headerLength) };
+}
+
+function parseJson(text: string, what: string): unknown {
+  if (text.trim() === '') return undefined;
+  try {
+    return JSON.parse(text) as unknown;
+  } catch (error) {
+    throw new BadRequestException(`malformed JSON ${what}: ${error instanceof Error ? error.message : String(error)}`);
+  }
+}
+
+/** The whole body, at most `maxBytes` (413 beyond, announced or streamed); 415 for a compressed one. */
+async function readBody(req: Request, res: Response, maxBytes: number): Promise<Buffer> {
   const encoding = req.headers['content-encoding'];
   if (encoding !== undefined && encoding.toLowerCase() !== 'identity') {
     throw new HttpException(`Content-Encoding "${encoding}" is not supported; send the body uncompressed`, HttpStatus.UNSUPPORTED_MEDIA_TYPE);
@@ -21,7 +68,7 @@ export async function readJsonBody(req: Request, res: Response, maxBytes: number
   };
   const announced = Number(req.headers['content-length']);
   if (Number.isFinite(announced) && announced > maxBytes) throw tooLarge();
-  const text = await new Promise<string>((resolve, reject) => {
+  return new Promise<Buffer>((resolve, reject) => {
     const chunks: Buffer[] = [];
     let received = 0;
     const cleanup = () => {
@@ -42,7 +89,7 @@ export async function readJsonBody(req: Request, res: Response, maxBytes: number
     };
     const onEnd = () => {
       cleanup();
-      resolve(Buffer.concat(chunks, received).toString('utf8'));
+      resolve(Buffer.concat(chunks, received));
     };
     const onError = (error: Error) => {
       cleanup();
@@ -56,12 +103,6 @@ export async function readJsonBody(req: Request, res: Response, maxBytes: number
     req.on('error', onError);
     req.on('close', onClose);
   });
-  if (text.trim() === '') return undefined;
-  try {
-    return JSON.parse(text) as unknown;
-  } catch (error) {
-    throw new BadRequestException(`malformed JSON body: ${error instanceof Error ? error.message : String(error)}`);
-  }
 }
 
 /** The body of a route that takes none: no body, or an empty JSON object; anything else is a 400. */

@@ -3,6 +3,7 @@ import { Injectable } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
 import type { TensorSpec } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { modelIdOf, versionIdOf } from '@infermesh/rollout';
 import { datatypeName } from '@infermesh/tensors';
 import { RegistryClient } from './registry.client';
 
@@ -28,11 +29,6 @@ export interface RepositoryEntry {
   version: string;
   state: 'READY' | 'LOADING' | 'UNLOADING' | 'UNAVAILABLE';
   reason?: string;
-}
-
-/** The last part of `models/{model}/versions/{version}`. */
-export function versionId(resourceName: string): string {
-  return resourceName.slice(resourceName.lastIndexOf('/') + 1);
 }
 
 function repositoryState(state: VersionState): RepositoryEntry['state'] {
@@ -72,7 +68,7 @@ export class ModelCatalog {
     const live = found.versions.filter((v) => v.state !== VersionState.RETIRED);
     let chosen: ModelVersion | undefined;
     if (version !== '') {
-      chosen = found.versions.find((v) => versionId(v.name) === version);
+      chosen = found.versions.find((v) => versionIdOf(v.name) === version);
       if (chosen === undefined) {
         throw RpcError.notFound(`model "${model}" has no version "${version}"`, 'VERSION_NOT_FOUND', { model, version });
       }
@@ -81,7 +77,7 @@ export class ModelCatalog {
     }
     return {
       name: model,
-      versions: live.map((v) => versionId(v.name)),
+      versions: live.map((v) => versionIdOf(v.name)),
       platform: found.platform,
       inputs: chosen?.signature?.inputs.map(tensorMetadata) ?? [],
       outputs: chosen?.signature?.outputs.map(tensorMetadata) ?? [],
@@ -104,12 +100,12 @@ export class ModelCatalog {
     const models = await this.registry.listModels();
     const entries: RepositoryEntry[] = [];
     for (const model of models) {
-      const name = versionId(model.name);
+      const name = modelIdOf(model.name);
       if (!listed(name)) continue;
       for (const v of model.versions) {
         const state = repositoryState(v.state);
         if (readyOnly && state !== 'READY') continue;
-        const entry: RepositoryEntry = { name, version: versionId(v.name), state };
+        const entry: RepositoryEntry = { name, version: versionIdOf(v.name), state };
         if (v.stateReason !== '') entry.reason = v.stateReason;
         entries.push(entry);
       }

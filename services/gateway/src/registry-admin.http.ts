@@ -30,13 +30,14 @@ import {
   type UploadArtifactRequestSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
+import { checkVersionId } from '@infermesh/rollout';
 import type { Request, Response } from 'express';
 import { RequireScope } from './api-key.guard';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
 import { readJsonBody, readNoBody } from './json-body';
 import { RegistryClient } from './registry.client';
 import { jsonObject, messageFromJson, messageToJson } from './registry-json';
-import { checkVersionId, modelResource, versionResource } from './resource-names';
+import { modelResource, versionResource } from './resource-names';
 import { clientGone, withinRequest } from './rest-context';
 
 type Registry = ServiceClient<typeof RegistryService>;

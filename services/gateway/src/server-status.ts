@@ -6,7 +6,7 @@ import { UpstreamHealth } from './upstream-health';
 export const SERVER_VERSION = '0.1.0';
 
 /** KServe v2 extensions the gateway implements. */
-export const SERVER_EXTENSIONS = ['model_repository', 'parameters'] as const;
+export const SERVER_EXTENSIONS = ['model_repository', 'parameters', 'binary_tensor_data'] as const;
 
 export interface ServerMetadata {
   name: string;

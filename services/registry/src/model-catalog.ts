@@ -16,7 +16,7 @@ import {
   type UpdateRolloutRequest,
   VersionState,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { compareVersionIds, stableVersion, versionIdOf } from '@infermesh/rollout';
+import { checkVersionId, compareVersionIds, modelName, stableVersion, versionIdOf, versionName } from '@infermesh/rollout';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { Gauge } from 'prom-client';
 import { ArtifactStore, SHA256_HEX } from './artifact-store';
@@ -28,7 +28,7 @@ import { ModelWatch } from './model-watch';
 import { maxBatchSizeFor, readOnnxSignature } from './onnx-signature';
 import { checkProcessing, sameProcessing } from './processing-check';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
-import { checkVersionId, modelName, parseModelName, parseVersionName, versionName } from './resource-names';
+import { parseModelName, parseVersionName } from './resource-names';
 import { applyRolloutAction } from './rollout-actions';
 import { checkRollout } from './rollout-check';
 import { applyLifecycle, describeVersionPolicy, hasEnded, RETIRING_REASON, servingSet, stateName, type Transition, whyServing } from './version-lifecycle';

@@ -1,9 +1,8 @@
 import { clone, fromJson, type JsonValue, toJson } from '@bufbuild/protobuf';
+import { readJsonFileSync, writeFileAtomic } from '@infermesh/files';
 import { type Model, ModelSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { randomBytes } from 'node:crypto';
-import { mkdirSync, readFileSync } from 'node:fs';
-import { open, rename, rm } from 'node:fs/promises';
-import { basename, dirname, join } from 'node:path';
+import { mkdirSync } from 'node:fs';
+import { dirname } from 'node:path';
 import { type DeleteCheck, ModelStore, type ModelMutation } from './model-store';
 
 interface StoreFile {
@@ -25,20 +24,13 @@ export class EmbeddedModelStore extends ModelStore {
   constructor(private readonly file: string) {
     super();
     mkdirSync(dirname(file), { recursive: true });
-    let text: string;
-    try {
-      text = readFileSync(file, 'utf8');
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return;
-      throw error;
-    }
-    try {
-      const parsed = JSON.parse(text) as StoreFile;
-      this.rev = parsed.revision;
-      for (const [id, json] of Object.entries(parsed.models)) this.models.set(id, fromJson(ModelSchema, json));
-    } catch (error) {
-      throw new Error(`registry metadata file ${file} is corrupt: ${error instanceof Error ? error.message : String(error)}`);
-    }
+    const stored = readJsonFileSync(file, 'registry metadata file', (json) => {
+      const parsed = json as StoreFile;
+      return { revision: parsed.revision, models: new Map(Object.entries(parsed.models).map(([id, model]) => [id, fromJson(ModelSchema, model)])) };
+    });
+    if (stored === undefined) return;
+    this.rev = stored.revision;
+    this.models = stored.models;
   }
 
   async get(modelId: string): Promise<Model | undefined> {
@@ -99,19 +91,6 @@ export class EmbeddedModelStore extends ModelStore {
   private async write(models: Map<string, Model>, revision: number): Promise<void> {
     const content: StoreFile = { revision, models: {} };
     for (const id of [...models.keys()].sort()) content.models[id] = toJson(ModelSchema, models.get(id)!);
-    const temp = join(dirname(this.file), `.${basename(this.file)}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`);
-    try {
-      const handle = await open(temp, 'w');
-      try {
-        await handle.writeFile(`${JSON.stringify(content, null, 2)}\n`);
-        await handle.sync();
-      } finally {
-        await handle.close();
-      }
-      await rename(temp, this.file);
-    } catch (error) {
-      await rm(temp, { force: true });
-      throw error;
-    }
+    await writeFileAtomic(this.file, `${JSON.stringify(content, null, 2)}\n`);
   }
 }

@@ -1,7 +1,6 @@
 import { RpcError } from '@infermesh/grpc';
 import type { Model, VersionPolicy } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { versionIdOf } from '@infermesh/rollout';
-import { isVersionId } from './resource-names';
+import { isVersionId, versionIdOf } from '@infermesh/rollout';
 import { hasEnded, stateName } from './version-lifecycle';
 
 /** The fields of Model that UpdateModel changes; the others have their own RPCs. */

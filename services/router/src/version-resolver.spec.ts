@@ -1,24 +1,13 @@
 import 'reflect-metadata';
-import { create, type MessageInitShape } from '@bufbuild/protobuf';
+import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import type { DynamicModule, INestApplicationContext, Type } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import { GrpcServer, RpcError, type ServiceImpl } from '@infermesh/grpc';
-import {
-  type Model,
-  ModelSchema,
-  type ModelVersion,
-  ModelVersionSchema,
-  RegistryService,
-  VersionState,
-  type WatchModelsResponse,
-  WatchModelsResponseSchema,
-} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { RpcError } from '@infermesh/grpc';
+import { type Model, ModelSchema, type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { HealthDetails } from '@infermesh/runtime';
-import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { freePort, rpcRejection } from '@infermesh/testing';
-import { EventEmitter, on } from 'node:events';
+import { type FakeRegistry, freePort, rpcRejection, startFakeRegistry } from '@infermesh/testing';
 import { loadRouterConfig } from './router.config';
 import { RouterModule } from './router.module';
 import { BatcherAdapter, CacheAdapter, RegistryAdapter } from './upstreams.adapter';
@@ -28,7 +17,7 @@ import { VersionResolver } from './version-resolver';
  * A registry (another service, reached through RegistryAdapter) whose answers the test releases by
  * hand: each call waits until `answer` or `fail` settles it, and the latest version is `latest`.
  */
-class FakeRegistry {
+class FakeRegistryAdapter {
   readonly calls: { model: string; versionId: string }[] = [];
   latest = '1';
   private waiting: { resolve: (v: ModelVersion) => void; reject: (e: unknown) => void; model: string; versionId: string }[] = [];
@@ -60,83 +49,17 @@ class FakeRegistry {
   }
 }
 
-/**
- * The registry's WatchModels as its contract says, over a real socket: a snapshot first (or an
- * empty message when the follower's revision is current), then one message per change.
- */
-class WatchingRegistry {
-  private readonly models = new Map<string, Model>();
-  private readonly changes = new EventEmitter();
-  private server: GrpcServer | undefined;
-  revision = 0n;
-  address = '';
-
-  put(init: MessageInitShape<typeof ModelSchema>): void {
-    this.revision += 1n;
-    const model = create(ModelSchema, { ...init, revision: this.revision });
-    this.models.set(model.name, model);
-    this.changes.emit('change', create(WatchModelsResponseSchema, { revision: this.revision, models: [model] }));
-  }
-
-  delete(name: string): void {
-    this.revision += 1n;
-    this.models.delete(name);
-    this.changes.emit('change', create(WatchModelsResponseSchema, { revision: this.revision, deleted: [name] }));
-  }
-
-  async start(): Promise<this> {
-    const refuse = () => Promise.reject(RpcError.invalidArgument('the router asks the fake registry adapter instead'));
-    const impl: ServiceImpl<typeof RegistryService> = {
-      watchModels: (request, ctx) => this.watch(request.fromRevision, ctx.signal),
-      uploadArtifact: refuse,
-      downloadArtifact: () => ({ [Symbol.asyncIterator]: () => ({ next: refuse }) }),
-      createModelVersion: refuse,
-      getModel: refuse,
-      listModels: refuse,
-      resolveModelVersion: refuse,
-      reportVersionState: refuse,
-      setRolloutPolicy: refuse,
-      updateRollout: refuse,
-      setCachePolicy: refuse,
-      updateModel: refuse,
-      retireModelVersion: refuse,
-      deleteModel: refuse,
-    };
-    this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error', () => undefined), metrics: new Metrics('fake_registry'), maxMessageBytes: 1 << 20 });
-    this.server.add(RegistryService, impl);
-    this.address = `127.0.0.1:${await this.server.listen('127.0.0.1', 0)}`;
-    return this;
-  }
-
-  async stop(): Promise<void> {
-    await this.server?.shutdown(1);
-    this.server = undefined;
-  }
-
-  private async *watch(fromRevision: bigint, signal: AbortSignal): AsyncGenerator<WatchModelsResponse> {
-    const changes = on(this.changes, 'change', { signal });
-    try {
-      yield fromRevision !== 0n && fromRevision === this.revision
-        ? create(WatchModelsResponseSchema, { revision: this.revision })
-        : create(WatchModelsResponseSchema, { revision: this.revision, models: [...this.models.values()], snapshot: true });
-      for await (const [change] of changes) yield change as WatchModelsResponse;
-    } catch (error) {
-      if (!signal.aborted) throw error;
-    }
-  }
-}
-
 const unused = {};
 
 const watchedVersion = (model: string, id: string, state: VersionState) => ({ name: `models/${model}/versions/${id}`, state });
 
 describe(VersionResolver.name, () => {
   let app: INestApplicationContext;
-  let registry: FakeRegistry;
+  let registry: FakeRegistryAdapter;
 
   /** Starts the router's Nest context; its registry watch follows `watchAddress`, by default an address nothing listens on. */
   async function start(resolveTtlMs: number, watchAddress?: string): Promise<VersionResolver> {
-    registry = new FakeRegistry();
+    registry = new FakeRegistryAdapter();
     const module = RouterModule.forRoot(
       loadRouterConfig({
         ROUTER_LOG_LEVEL: 'error',
@@ -258,7 +181,7 @@ describe(VersionResolver.name, () => {
   });
 
   describe('following the registry watch', () => {
-    let watched: WatchingRegistry;
+    let watched: FakeRegistry;
 
     /** The router following `watched`, once its watch holds the first snapshot. */
     async function following(): Promise<VersionResolver> {
@@ -278,7 +201,7 @@ describe(VersionResolver.name, () => {
     }
 
     beforeEach(async () => {
-      watched = await new WatchingRegistry().start();
+      watched = await startFakeRegistry();
       watched.put({
         name: 'models/mlp',
         versions: [watchedVersion('mlp', '1', VersionState.READY), watchedVersion('mlp', '2', VersionState.READY), watchedVersion('mlp', '3', VersionState.LOADING)],

@@ -3,13 +3,10 @@ import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
 import { type CachePolicy, type Model, type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
-import { route, type RouteKind, shadowOf, versionIdOf } from '@infermesh/rollout';
+import { checkVersionId, route, type RouteKind, shadowOf, versionIdOf } from '@infermesh/rollout';
 import { LookupMemo } from '@infermesh/runtime';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { RegistryAdapter } from './upstreams.adapter';
-
-/** A version id as the registry accepts it: a positive integer without leading zeros. */
-const VERSION_ID = /^[1-9][0-9]{0,14}$/;
 
 export interface Resolved {
   version: ModelVersion;
@@ -78,7 +75,7 @@ export class VersionResolver {
 function resolveWatched(modelId: string, model: Model, versionId: string, routingKey: string): Resolved {
   if (versionId === '') return routed(modelId, model, routingKey);
   checkLoaded(modelId, model);
-  if (!VERSION_ID.test(versionId)) throw RpcError.invalidArgument(`invalid version id "${versionId}": expected a positive integer such as "1"`);
+  checkVersionId(versionId);
   const version = model.versions.find((v) => versionIdOf(v.name) === versionId);
   if (version === undefined) {
     throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', { model: modelId, version: versionId });

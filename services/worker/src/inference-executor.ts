@@ -8,11 +8,12 @@ import {
   InferenceResponseSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import { versionName } from '@infermesh/rollout';
 import { checkInputs } from '@infermesh/tensors';
 import { Metrics } from '@infermesh/telemetry';
 import type { Counter, Gauge, Histogram } from 'prom-client';
 import { ModelLifecycle } from './model-lifecycle';
-import { ModelTable, versionName, type WorkerModel } from './model-table';
+import { ModelTable, type WorkerModel } from './model-table';
 import { ModelSync } from './model-sync';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 

@@ -2,12 +2,13 @@ import { clone } from '@bufbuild/protobuf';
 import { Inject, Injectable, type OnApplicationBootstrap, type OnApplicationShutdown } from '@nestjs/common';
 import { type Model, type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
-import { modelIdOf, RegistryWatch } from '@infermesh/registry-watch';
+import { RegistryWatch } from '@infermesh/registry-watch';
+import { modelIdOf, splitVersionName } from '@infermesh/rollout';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import { message, ModelLifecycle } from './model-lifecycle';
 import { ModelRegistry } from './model-registry';
-import { ModelTable, parseVersionName, WorkerModel } from './model-table';
+import { ModelTable, WorkerModel } from './model-table';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
 /** Registry states of versions the worker serves. */
@@ -160,12 +161,12 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
       let entry = this.table.get(version.name);
       if (entry === undefined) {
         if (!SERVED.has(version.state)) continue;
-        const ids = parseVersionName(version.name);
+        const ids = splitVersionName(version.name);
         if (ids === undefined) {
           this.logger.warn('ignoring a version with a malformed name', { name: version.name });
           continue;
         }
-        entry = new WorkerModel(version.name, ids.model, ids.version, version, pinned);
+        entry = new WorkerModel(version.name, ids.modelId, ids.versionId, version, pinned);
         this.table.add(entry);
       } else {
         entry.record = version;

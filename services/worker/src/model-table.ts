@@ -6,17 +6,6 @@ import type { Gauge } from 'prom-client';
 import { ModelProcessing } from './model-processing';
 import type { ModelSession } from './model-runtime';
 
-/** models/{model}/versions/{version} */
-export function versionName(model: string, version: string): string {
-  return `models/${model}/versions/${version}`;
-}
-
-/** The model and version ids of a resource name, or undefined when it is not one. */
-export function parseVersionName(name: string): { model: string; version: string } | undefined {
-  const match = /^models\/([^/]+)\/versions\/([^/]+)$/.exec(name);
-  return match === null ? undefined : { model: match[1]!, version: match[2]! };
-}
-
 /**
  * One registered model version on this worker and its lifecycle: UNLOADED (known, not in memory),
  * LOADING, READY with a session and the memory it is charged, or FAILED with a reason. Requests hold

@@ -9,10 +9,11 @@ import {
   type UnloadModelRequest,
   type WorkerService,
 } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import { splitVersionName } from '@infermesh/rollout';
 import { InferenceExecutor } from './inference-executor';
 import { ModelLifecycle } from './model-lifecycle';
 import { ModelSync } from './model-sync';
-import { ModelTable, parseVersionName, type WorkerModel } from './model-table';
+import { ModelTable, type WorkerModel } from './model-table';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
 /** gRPC transport of the worker. */
@@ -55,7 +56,7 @@ export class WorkerGrpcController implements ServiceImpl<typeof WorkerService> {
   }
 
   private async find(name: string): Promise<WorkerModel> {
-    if (parseVersionName(name) === undefined) {
+    if (splitVersionName(name) === undefined) {
       throw RpcError.invalidArgument(`"${name}" is not a model version name; expected models/{model}/versions/{version}`);
     }
     const entry = this.table.get(name) ?? (await this.sync.lookup(name));

@@ -1,27 +1,17 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { createClient, GrpcServer, RpcError, type ServiceClient, type ServiceImpl } from '@infermesh/grpc';
+import { createClient, type ServiceClient } from '@infermesh/grpc';
 import { buildMlpModel, buildPaddedModel, buildTinyModel, encodeModel, node } from '@infermesh/model-builder';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import {
-  type Model,
-  ModelSchema,
-  type ModelVersion,
-  ModelVersionSchema,
-  RegistryService,
-  VersionState,
-  type WatchModelsResponse,
-  WatchModelsResponseSchema,
-} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type Model, ModelSchema, type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { bind, bootstrap } from '@infermesh/runtime';
 import { DataType } from '@infermesh/tensors';
-import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { freePort, rpcRejection } from '@infermesh/testing';
+import { Metrics } from '@infermesh/telemetry';
+import { FakeRegistry, freePort, rpcRejection } from '@infermesh/testing';
 import { createHash } from 'node:crypto';
-import { EventEmitter, on } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -46,11 +36,8 @@ class InMemoryRegistry extends ModelRegistry {
   readonly artifacts = new Map<string, Uint8Array>();
   readonly reports: { name: string; state: VersionState; reason: string }[] = [];
   downloads = 0;
-  /** Each change to a model, for the WatchModels stream. */
-  private readonly changes = new EventEmitter();
-  private revision = 0n;
-  private server: GrpcServer | undefined;
-  watchAddress = '';
+  /** Serves WatchModels, told of each change to a model. */
+  private readonly watched = new FakeRegistry();
 
   add(model: string, bytes: Uint8Array, options: { maxBatchSize?: number; serve?: Uint8Array; version?: string } = {}): string {
     const sha256 = createHash('sha256').update(bytes).digest('hex');
@@ -89,59 +76,30 @@ class InMemoryRegistry extends ModelRegistry {
    * message when the follower's revision is current), then one message per change.
    */
   async serveWatch(): Promise<this> {
-    const refuse = () => Promise.reject(RpcError.invalidArgument('the worker reaches the rest through InMemoryRegistry'));
-    const impl: ServiceImpl<typeof RegistryService> = {
-      watchModels: (request, ctx) => this.watch(request.fromRevision, ctx.signal),
-      uploadArtifact: refuse,
-      downloadArtifact: () => ({ [Symbol.asyncIterator]: () => ({ next: refuse }) }),
-      createModelVersion: refuse,
-      getModel: refuse,
-      listModels: refuse,
-      resolveModelVersion: refuse,
-      reportVersionState: refuse,
-      setRolloutPolicy: refuse,
-      updateRollout: refuse,
-      setCachePolicy: refuse,
-      updateModel: refuse,
-      retireModelVersion: refuse,
-      deleteModel: refuse,
-    };
-    this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error', () => undefined), metrics: new Metrics('fake_registry'), maxMessageBytes: 1 << 20 });
-    this.server.add(RegistryService, impl);
-    this.watchAddress = `127.0.0.1:${await this.server.listen('127.0.0.1', 0)}`;
+    await this.watched.start();
     return this;
+  }
+
+  get watchAddress(): string {
+    return this.watched.address;
   }
 
   /** The revision of the last change. */
   get currentRevision(): bigint {
-    return this.revision;
+    return this.watched.revision;
   }
 
   async stopWatch(): Promise<void> {
-    await this.server?.shutdown(1);
-    this.server = undefined;
+    await this.watched.stop();
   }
 
   private model(id: string): Model {
     const versions = [...this.versions.values()].filter((v) => v.name.startsWith(`models/${id}/`)).map((v) => create(ModelVersionSchema, v));
-    return create(ModelSchema, { name: `models/${id}`, versions, revision: this.revision, ...this.settings.get(id) });
+    return create(ModelSchema, { name: `models/${id}`, versions, revision: this.watched.revision, ...this.settings.get(id) });
   }
 
   private changed(model: string): void {
-    this.revision += 1n;
-    this.changes.emit('change', create(WatchModelsResponseSchema, { revision: this.revision, models: [this.model(model)] }));
-  }
-
-  private async *watch(fromRevision: bigint, signal: AbortSignal): AsyncGenerator<WatchModelsResponse> {
-    const changes = on(this.changes, 'change', { signal });
-    try {
-      yield fromRevision !== 0n && fromRevision === this.revision
-        ? create(WatchModelsResponseSchema, { revision: this.revision })
-        : create(WatchModelsResponseSchema, { revision: this.revision, models: await this.listModels(), snapshot: true });
-      for await (const [change] of changes) yield change as WatchModelsResponse;
-    } catch (error) {
-      if (!signal.aborted) throw error;
-    }
+    this.watched.put(this.model(model));
   }
 
   /** While set, downloads wait for it. */
@@ -270,7 +228,7 @@ describe(WorkerModule.name, () => {
     expect(metric(text, 'models_loaded_bytes{device="cpu"}')).toBe(Number((await client.listModels({})).memoryUsedBytes));
     expect(metric(text, 'memory_budget_bytes')).toBe(120 * MiB);
     expect(text).toMatch(/infermesh_worker_inference_compute_seconds_count\{model="m1",version="1",device="cpu"\} [1-9]/);
-  });
+  }, 90_000);
 
   it('refuses a load that cannot fit beside pinned models with RESOURCE_EXHAUSTED naming the budget, and says SERVING once they are READY', async () => {
     const registry = new InMemoryRegistry();

@@ -3,11 +3,12 @@ import { join } from 'node:path';
 import { REPO_ROOT } from '../../e2e/support/system-fixture';
 import { batching } from './batching.scenario';
 import { cache } from './cache.scenario';
+import { gateway } from './gateway.scenario';
 import { latency } from './latency.scenario';
 import { worker } from './worker.scenario';
 
 /** Benchmark scenarios by name: each runs against real processes and returns its figures. */
-const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = { latency, worker, batching, cache };
+const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = { latency, worker, batching, cache, gateway };
 
 async function main(): Promise<number> {
   const name = process.argv[2];

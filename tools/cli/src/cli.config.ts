@@ -2,7 +2,12 @@ import { address, ConfigError, type Env, host, logLevel, parseEnv, redisUrl } fr
 import { z } from 'zod';
 
 const shape = {
-  INFERMESH_API_KEY: z.string().min(16, 'must be at least 16 characters').optional(),
+  INFERMESH_API_KEY: z
+    .string()
+    .min(16, 'must be at least 16 characters')
+    // The gateway reads its keys as a comma-separated list of KEY[:SCOPES] entries.
+    .regex(/^[^,:\s]+$/, 'must not contain commas, colons or spaces')
+    .optional(),
   INFERMESH_HOST: host('127.0.0.1'),
   INFERMESH_DATA_DIR: z.string().min(1).default('.infermesh'),
   INFERMESH_DEMO_MODELS: z

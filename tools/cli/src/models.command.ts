@@ -7,7 +7,7 @@ import {
   ModelVersionSchema,
   type VersionPolicySchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { versionIdOf } from '@infermesh/rollout';
+import { modelIdOf, versionIdOf } from '@infermesh/rollout';
 import {
   command,
   type GroupSpec,
@@ -20,7 +20,7 @@ import { UsageError } from './cli-errors';
 import type { CommandContext, CommandHandler } from './command-context';
 import { GATEWAY_FLAGS } from './gateway-flags';
 import { registerModel } from './model-register';
-import { formatModelDetails, formatModelList, formatVersionPolicy, modelIdOf, stateName } from './output/format';
+import { formatModelDetails, formatModelList, formatVersionPolicy, stateName } from './output/format';
 
 const DEFAULT_REGISTER_TIMEOUT_S = 300;
 
@@ -119,7 +119,7 @@ async function setPolicy(ctx: CommandContext): Promise<void> {
     session.call(),
   );
   if (model === undefined) throw new Error(`the gateway returned no model for "${name}"`);
-  ctx.result(ModelSchema, model, () => `${modelIdOf(model)}: version policy ${formatVersionPolicy(model.versionPolicy)}\n`);
+  ctx.result(ModelSchema, model, () => `${modelIdOf(model.name)}: version policy ${formatVersionPolicy(model.versionPolicy)}\n`);
 }
 
 /** `infermesh models ...`: the model repository, through the gateway's admin API. */

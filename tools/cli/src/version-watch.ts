@@ -1,6 +1,6 @@
 import { RpcError } from '@infermesh/grpc';
 import { type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { versionIdOf } from '@infermesh/rollout';
+import { modelIdOf, modelNameOf, versionIdOf } from '@infermesh/rollout';
 import { CommandFailure } from './cli-errors';
 import type { GatewaySession } from './gateway-session';
 import { formatSeconds, stateName } from './output/format';
@@ -18,8 +18,8 @@ export interface WaitForReadyOptions {
  * ends the watch, or when `timeoutMs` pass.
  */
 export async function waitForReady(session: GatewaySession, versionName: string, options: WaitForReadyOptions): Promise<ModelVersion> {
-  const modelName = versionName.slice(0, versionName.lastIndexOf('/versions/'));
-  const modelId = modelName.slice('models/'.length);
+  const modelName = modelNameOf(versionName);
+  const modelId = modelIdOf(modelName);
   const label = `${modelId} version ${versionIdOf(versionName)}`;
   const controller = new AbortController();
   let timedOut = false;

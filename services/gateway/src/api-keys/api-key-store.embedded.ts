@@ -1,7 +1,6 @@
 import { clone, fromJson, type JsonValue, toJson } from '@bufbuild/protobuf';
-import { writeFileAtomic } from '@infermesh/files';
+import { readJsonFileSync, writeFileAtomic } from '@infermesh/files';
 import { type ApiKeyRecord, ApiKeyRecordSchema } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
-import { readFileSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { ApiKeyStore } from './api-key-store';
@@ -20,19 +19,10 @@ export class EmbeddedApiKeyStore extends ApiKeyStore {
    */
   constructor(private readonly file: string) {
     super();
-    let text: string;
-    try {
-      text = readFileSync(file, 'utf8');
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return;
-      throw error;
-    }
-    try {
-      const parsed = JSON.parse(text) as Record<string, JsonValue>;
-      for (const [id, json] of Object.entries(parsed)) this.records.set(id, fromJson(ApiKeyRecordSchema, json));
-    } catch (error) {
-      throw new Error(`API key file ${file} is corrupt: ${error instanceof Error ? error.message : String(error)}`);
-    }
+    const stored = readJsonFileSync(file, 'API key file', (json) =>
+      Object.entries(json as Record<string, JsonValue>).map(([id, record]) => [id, fromJson(ApiKeyRecordSchema, record)] as const),
+    );
+    this.records = new Map(stored);
   }
 
   async get(id: string): Promise<ApiKeyRecord | undefined> {

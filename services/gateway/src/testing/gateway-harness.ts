@@ -198,6 +198,8 @@ export async function startTestGateway(routerAddress: string, registryAddress: s
 export interface Reply {
   status: number;
   headers: Record<string, string | string[] | undefined>;
+  /** The body as it came, for binary responses. */
+  body: Buffer;
   text: string;
   json: unknown;
 }
@@ -214,14 +216,15 @@ export function http(
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
       res.on('end', () => {
-        const text = Buffer.concat(chunks).toString('utf8');
+        const body = Buffer.concat(chunks);
+        const text = body.toString('utf8');
         let json: unknown;
         try {
           json = JSON.parse(text);
         } catch {
           json = undefined;
         }
-        resolve({ status: res.statusCode ?? 0, headers: res.headers, text, json });
+        resolve({ status: res.statusCode ?? 0, headers: res.headers, body, text, json });
       });
     });
     req.on('error', reject);

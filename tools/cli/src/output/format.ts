@@ -11,7 +11,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import type { TensorSpec } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type ApiKey, type RateLimit, Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
-import { latestReady, versionIdOf } from '@infermesh/rollout';
+import { latestReady, modelIdOf, versionIdOf } from '@infermesh/rollout';
 import { datatypeName, formatShape } from '@infermesh/tensors';
 
 /** The protobuf JSON of a message (field names in lowerCamelCase, enums by name), indented. */
@@ -47,11 +47,6 @@ export function stateName(state: VersionState): string {
   return VersionState[state] ?? `STATE_${state}`;
 }
 
-/** "mlp" of "models/mlp". */
-export function modelIdOf(model: Pick<Model, 'name'>): string {
-  return model.name.startsWith('models/') ? model.name.slice('models/'.length) : model.name;
-}
-
 const yesNo = (value: boolean) => (value ? 'yes' : 'no');
 
 /** Rows under headers, each column as wide as its widest cell, two spaces apart. */
@@ -81,7 +76,7 @@ export function formatModelList(models: readonly Model[]): string {
   const sorted = [...models].sort((a, b) => a.name.localeCompare(b.name));
   return table(
     ['NAME', 'VERSIONS', 'SERVING', 'PINNED', 'UNLOADED'],
-    sorted.map((m) => [modelIdOf(m), versionsSummary(m), servingVersions(m).join(', ') || '-', yesNo(m.pinned), yesNo(m.unloaded)]),
+    sorted.map((m) => [modelIdOf(m.name), versionsSummary(m), servingVersions(m).join(', ') || '-', yesNo(m.pinned), yesNo(m.unloaded)]),
   );
 }
 
@@ -111,7 +106,7 @@ export function formatRollout(model: Model): string {
   const policy = model.rollout;
   const latest = latestReady(model);
   const latestText = latest === undefined ? 'none READY yet' : `now ${versionIdOf(latest.name)}`;
-  const header = `Rollout of ${modelIdOf(model)}`;
+  const header = `Rollout of ${modelIdOf(model.name)}`;
   if (policy === undefined) {
     return `${header}: none; requests that name no version go to the latest READY version (${latestText}).\n`;
   }
@@ -207,7 +202,7 @@ export function formatModelDetails(model: Model): string {
     .map(([k, v]) => `${k}=${v}`)
     .join(', ');
   const settings: [string, string][] = [
-    ['Model', modelIdOf(model)],
+    ['Model', modelIdOf(model.name)],
     ['Platform', model.platform || '-'],
     ['Pinned', yesNo(model.pinned)],
     ['Unloaded', model.unloaded ? 'yes (no version serves until `infermesh models load`)' : 'no'],

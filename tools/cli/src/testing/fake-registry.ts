@@ -13,6 +13,7 @@ import {
   WatchModelsResponseSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ApiKeyService } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
+import { modelNameOf } from '@infermesh/rollout';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { createHash } from 'node:crypto';
 import { FakeApiKeys } from './fake-api-keys';
@@ -66,7 +67,7 @@ export class FakeRegistry implements Impl {
 
   /** What a worker reports: the version (models/m/versions/v) is now in `state`. */
   setVersionState(versionName: string, state: VersionState, reason = ''): void {
-    const model = this.models.get(versionName.slice(0, versionName.lastIndexOf('/versions/')));
+    const model = this.models.get(modelNameOf(versionName));
     const version = model?.versions.find((v) => v.name === versionName);
     if (model === undefined || version === undefined) throw new Error(`no version ${versionName}`);
     version.state = state;
@@ -160,7 +161,7 @@ export class FakeRegistry implements Impl {
 
   retireModelVersion: Impl['retireModelVersion'] = async (request, ctx) => {
     this.admit('retireModelVersion', request, ctx);
-    const model = this.existing(request.name.slice(0, request.name.lastIndexOf('/versions/')));
+    const model = this.existing(modelNameOf(request.name));
     const version = model.versions.find((v) => v.name === request.name);
     if (version === undefined) throw RpcError.notFound(`no version ${request.name}`, 'VERSION_NOT_FOUND');
     version.state = version.state === VersionState.READY ? VersionState.DRAINING : VersionState.RETIRED;

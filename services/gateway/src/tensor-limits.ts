@@ -1,0 +1,48 @@
+import { RpcError } from '@infermesh/grpc';
+
+/**
+ * What one inference request may hold, checked on REST (JSON and binary) and gRPC (raw and typed)
+ * before any tensor is converted or copied. The body and message size limits (413,
+ * RESOURCE_EXHAUSTED) are separate: these bound what a small body can ask for.
+ */
+export interface TensorLimits {
+  /** Inputs per request (GATEWAY_MAX_INPUTS). */
+  readonly maxInputs: number;
+  /** Elements per tensor, the product of its shape (GATEWAY_MAX_TENSOR_ELEMENTS). */
+  readonly maxTensorElements: number;
+  /** A tensor's first dimension (GATEWAY_MAX_BATCH_SIZE). */
+  readonly maxBatchSize: number;
+}
+
+/** The defaults of GATEWAY_MAX_INPUTS, GATEWAY_MAX_TENSOR_ELEMENTS and GATEWAY_MAX_BATCH_SIZE. */
+export const DEFAULT_TENSOR_LIMITS: TensorLimits = { maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096 };
+
+/** Refuses a request with more inputs than the limit, before any of them is looked at. */
+export function checkInputCount(count: number, limits: TensorLimits): void {
+  if (count > limits.maxInputs) {
+    throw RpcError.invalidArgument(
+      `the request has ${count} inputs, over the gateway's limit of ${limits.maxInputs} inputs per request (GATEWAY_MAX_INPUTS)`,
+      'INVALID_REQUEST',
+      { limit: 'GATEWAY_MAX_INPUTS' },
+    );
+  }
+}
+
+/** Refuses a tensor over the element or batch-size limit, naming it and the limit; `count` is its element count. */
+export function checkTensorSize(tensor: string, shape: readonly (number | bigint)[], count: number, limits: TensorLimits): void {
+  if (count > limits.maxTensorElements) {
+    throw RpcError.invalidArgument(
+      `input "${tensor}" has ${count} elements, over the gateway's limit of ${limits.maxTensorElements} elements per tensor (GATEWAY_MAX_TENSOR_ELEMENTS)`,
+      'INVALID_TENSOR',
+      { tensor, limit: 'GATEWAY_MAX_TENSOR_ELEMENTS' },
+    );
+  }
+  const batch = shape.length > 0 ? Number(shape[0]) : 0;
+  if (batch > limits.maxBatchSize) {
+    throw RpcError.invalidArgument(
+      `input "${tensor}" has a batch size (first dimension) of ${batch}, over the gateway's limit of ${limits.maxBatchSize} (GATEWAY_MAX_BATCH_SIZE)`,
+      'INVALID_TENSOR',
+      { tensor, limit: 'GATEWAY_MAX_BATCH_SIZE' },
+    );
+  }
+}
