@@ -119,14 +119,8 @@ export class GrpcServer {
             return;
           }
           const { ctx, context, dispose } = this.callContext(call);
-          const pump = async () => {
-            for await (const message of handler(call.request, ctx) as AsyncIterable<unknown>) {
-              if (ctx.signal.aborted) return;
-              if (!call.write(message)) await new Promise((resolve) => call.once('drain', resolve));
-            }
-          };
           requestContext
-            .run(context, pump)
+            .run(context, () => writeAll(call, handler(call.request, ctx) as AsyncIterable<unknown>, ctx.signal))
             .then(
               () => {
                 finish(start, grpc.status.OK);
@@ -152,7 +146,23 @@ export class GrpcServer {
             .finally(dispose);
         };
       case 'bidi_streaming':
-        throw new Error(`${name}: bidirectional streaming is not supported`);
+        return (call: grpc.ServerDuplexStream<unknown, unknown>) => {
+          const start = process.hrtime.bigint();
+          const { ctx, context, dispose } = this.callContext(call);
+          // The handler may stop reading requests and go on answering: its request stream must not
+          // take the call (whose writable side is the same stream) down with it.
+          const requests = requestsOf(call, ctx.signal, { destroyOnReturn: false });
+          requestContext
+            .run(context, () => writeAll(call, handler(requests, ctx) as AsyncIterable<unknown>, ctx.signal))
+            .then(
+              () => {
+                finish(start, grpc.status.OK);
+                call.end();
+              },
+              (error: unknown) => call.emit('error', fail(start, error)),
+            )
+            .finally(dispose);
+        };
     }
   }
 
@@ -174,17 +184,46 @@ export class GrpcServer {
 }
 
 /**
- * The request stream of a client-streaming call. grpc-js ends the stream of a call the client
- * cancelled before it reports the cancellation, so the end is confirmed one turn later: a cancelled
- * upload throws CANCELLED instead of looking complete.
+ * The request stream of a client-streaming or bidirectional call. grpc-js ends the stream of a call
+ * the client cancelled before it reports the cancellation, so the end is confirmed one turn later: a
+ * cancelled upload throws CANCELLED instead of looking complete.
  */
-async function* requestsOf(call: grpc.ServerReadableStream<unknown, unknown>, signal: AbortSignal): AsyncGenerator<unknown> {
+async function* requestsOf(
+  call: grpc.ServerReadableStream<unknown, unknown> | grpc.ServerDuplexStream<unknown, unknown>,
+  signal: AbortSignal,
+  options: { destroyOnReturn: boolean } = { destroyOnReturn: true },
+): AsyncGenerator<unknown> {
   const cancelled = () => new RpcError(grpc.status.CANCELLED, 'the client cancelled the call');
-  for await (const message of call as AsyncIterable<unknown>) {
+  for await (const message of call.iterator(options) as AsyncIterable<unknown>) {
     if (signal.aborted) throw cancelled();
     if (message instanceof MalformedMessage) throw message.toError();
     yield message;
   }
   await new Promise((resolve) => setImmediate(resolve));
   if (signal.aborted || call.cancelled) throw cancelled();
+}
+
+/**
+ * Writes a handler's responses to its call as they come; while the call's write buffer is full the
+ * handler is not read further (it resumes on 'drain'), so responses are produced only as fast as
+ * grpc-js sends them. Stops when the call is cancelled, also while waiting for a drain that will
+ * not come.
+ */
+async function writeAll(call: grpc.ServerWritableStream<unknown, unknown> | grpc.ServerDuplexStream<unknown, unknown>, responses: AsyncIterable<unknown>, signal: AbortSignal): Promise<void> {
+  for await (const message of responses) {
+    if (signal.aborted) return;
+    if (!call.write(message)) await drained(call, signal);
+  }
+}
+
+function drained(call: NodeJS.EventEmitter, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      call.removeListener('drain', done);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    call.once('drain', done);
+    signal.addEventListener('abort', done, { once: true });
+  });
 }

@@ -20,9 +20,16 @@ export type HandlerFor<M extends MethodShape> = M['methodKind'] extends 'unary'
     ? (request: MessageShape<M['input']>, ctx: CallContext) => AsyncIterable<MessageInitShape<M['output']>>
     : M['methodKind'] extends 'client_streaming'
       ? (requests: AsyncIterable<MessageShape<M['input']>>, ctx: CallContext) => Promise<MessageInitShape<M['output']>>
-      : never;
+      : M['methodKind'] extends 'bidi_streaming'
+        ? (requests: AsyncIterable<MessageShape<M['input']>>, ctx: CallContext) => AsyncIterable<MessageInitShape<M['output']>>
+        : never;
 
-/** A server implementation of a generated service: one async handler per method. */
+/**
+ * A server implementation of a generated service: one async handler per method. Streaming requests
+ * come as an async iterable that throws INVALID_ARGUMENT on a malformed message and CANCELLED when
+ * the client cancels; streaming responses are returned as an async iterable, read only as fast as
+ * the call sends them.
+ */
 export type ServiceImpl<S extends DescService> = {
   [K in keyof Methods<S>]: HandlerFor<Methods<S>[K] & MethodShape>;
 };

@@ -29,6 +29,7 @@ export type ErrorReason =
   | 'PERMISSION_DENIED'
   | 'VERSION_IN_USE'
   | 'MODEL_IN_USE'
+  | 'MODEL_NOT_PLACED'
   | 'RATE_LIMITED'
   | 'INTERNAL';
 

@@ -5,8 +5,11 @@ import { join } from 'node:path';
 export const SERVICE_NAMES = ['registry', 'cache', 'worker', 'batcher', 'router', 'gateway'] as const;
 export type ServiceName = (typeof SERVICE_NAMES)[number];
 
-/** Where a service's log lines go: each line arrives with the service's name. */
-export type LogSink = (service: ServiceName, line: string) => void;
+/**
+ * Where a service's log lines go: each line arrives with the service's name, and for a worker of a
+ * system that runs several, which one (0 the first).
+ */
+export type LogSink = (service: ServiceName, line: string, instance?: number) => void;
 
 /** The compiled entry point of a service, relative to the repository's dist/ folder. */
 export function serviceEntry(distDir: string, service: ServiceName): string {

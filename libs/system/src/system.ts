@@ -7,6 +7,12 @@ import { join } from 'node:path';
 import { registerModel, waitForVersionsReady } from './model-registration';
 import { type LogSink, SERVICE_NAMES, type ServiceName, ServiceProcess, serviceEntry } from './service-process';
 
+/** The ports of one worker. */
+export interface WorkerPorts {
+  grpc: number;
+  metrics: number;
+}
+
 /** Every port the six services listen on. */
 export interface SystemPorts {
   gatewayHttp: number;
@@ -20,8 +26,11 @@ export interface SystemPorts {
   cacheMetrics: number;
   batcher: number;
   batcherMetrics: number;
+  /** The first worker. */
   worker: number;
   workerMetrics: number;
+  /** The workers after the first, in order, when the system runs more than one. */
+  moreWorkers?: readonly WorkerPorts[];
 }
 
 /** The ports `npm start` uses: the KServe/Triton conventions for the gateway (8000 REST, 8001 gRPC, 8002 metrics). */
@@ -51,6 +60,12 @@ export interface ModelToRegister {
   batching?: MessageInitShape<typeof BatchingSchema> | undefined;
 }
 
+/** One worker process of the system. */
+export interface WorkerOptions {
+  /** The models it serves (WORKER_MODELS); unset or empty: every model. */
+  models?: readonly string[];
+}
+
 export interface SystemOptions {
   /** The compiled repository output (dist/). */
   distDir: string;
@@ -65,6 +80,12 @@ export interface SystemOptions {
   /** Extra variables for every service (e.g. log levels). */
   env?: Record<string, string>;
   models: readonly ModelToRegister[];
+  /**
+   * The worker processes, each with its own ports (the first: `worker`/`workerMetrics`, the others:
+   * `moreWorkers`), WORKER_ID, artifact directory and placement; the batcher dispatches to all of
+   * them. Default: one worker serving every model.
+   */
+  workers?: readonly WorkerOptions[];
   readyTimeoutMs?: number;
   /** Called when a service exits without being asked to. */
   onUnexpectedExit?: (name: ServiceName, code: number | null, signal: NodeJS.Signals | null) => void;
@@ -78,17 +99,37 @@ export function metricsPort(ports: SystemPorts, service: ServiceName): number {
 /**
  * The six services as processes on one machine: the five behind the gateway first, then the models
  * registered and loaded, then the gateway, so that the system is ready when the gateway says so. Services can be killed and started again one by
- * one, as an operator or a chaos test would.
+ * one, as an operator or a chaos test would. There may be several workers; `process('worker')` is
+ * the first, `workerProcess(i)` any of them.
  */
 export class System {
+  /** Each service's process; for 'worker', the first worker. */
   readonly processes: ReadonlyMap<ServiceName, ServiceProcess>;
+  readonly workerProcesses: readonly ServiceProcess[];
   readonly host: string;
+  private readonly workers: readonly WorkerOptions[];
 
   constructor(readonly options: SystemOptions) {
     this.host = options.host ?? '127.0.0.1';
+    this.workers = options.workers ?? [{}];
+    if (this.workers.length === 0) throw new Error('a system needs at least one worker');
+    const extraPorts = options.ports.moreWorkers?.length ?? 0;
+    if (extraPorts < this.workers.length - 1) {
+      throw new Error(`${this.workers.length} workers need the ports of ${this.workers.length - 1} more in SystemPorts.moreWorkers; it has ${extraPorts}`);
+    }
+    const several = this.workers.length > 1;
+    this.workerProcesses = this.workers.map((_, i) => {
+      const sink: LogSink = several ? (service, line) => options.sink(service, line, i) : options.sink;
+      return new ServiceProcess('worker', serviceEntry(options.distDir, 'worker'), this.envForWorker(i), sink, options.onUnexpectedExit);
+    });
     const map = new Map<ServiceName, ServiceProcess>();
     for (const name of SERVICE_NAMES) {
-      map.set(name, new ServiceProcess(name, serviceEntry(options.distDir, name), this.envFor(name), options.sink, options.onUnexpectedExit));
+      map.set(
+        name,
+        name === 'worker'
+          ? this.workerProcesses[0]!
+          : new ServiceProcess(name, serviceEntry(options.distDir, name), this.envFor(name), options.sink, options.onUnexpectedExit),
+      );
     }
     this.processes = map;
   }
@@ -108,7 +149,10 @@ export class System {
     mkdirSync(options.dataDir, { recursive: true });
     try {
       // The gateway opens last, once the models are READY: when it says ready, they can be called.
-      for (const service of this.processes.values()) if (service.name !== 'gateway') service.start();
+      for (const name of SERVICE_NAMES) {
+        if (name === 'worker') for (const worker of this.workerProcesses) worker.start();
+        else if (name !== 'gateway') this.process(name).start();
+      }
       const timeoutMs = options.readyTimeoutMs ?? 60_000;
       const deadline = Date.now() + timeoutMs;
       await this.waitForHealth('registry', deadline);
@@ -152,12 +196,30 @@ export class System {
     return this.processes.get(name)!;
   }
 
+  /** Worker `index` (0 the first, the same as process('worker')). */
+  workerProcess(index: number): ServiceProcess {
+    const worker = this.workerProcesses[index];
+    if (worker === undefined) throw new RangeError(`no worker ${index}: the system runs ${this.workerProcesses.length}`);
+    return worker;
+  }
+
+  workerGrpcAddress(index: number): string {
+    return `${this.host}:${this.workerPorts(index).grpc}`;
+  }
+
+  workerMetricsUrl(index: number): string {
+    return `http://${this.host}:${this.workerPorts(index).metrics}/metrics`;
+  }
+
   private stopping = false;
 
   /** Stops every service gracefully, the gateway first. */
   async stop(): Promise<void> {
     this.stopping = true;
-    for (const name of [...SERVICE_NAMES].reverse()) await this.process(name).stop();
+    for (const name of [...SERVICE_NAMES].reverse()) {
+      if (name === 'worker') await Promise.all(this.workerProcesses.map((worker) => worker.stop()));
+      else await this.process(name).stop();
+    }
   }
 
   /** Starts one service again and waits until its health check says SERVING. */
@@ -166,12 +228,22 @@ export class System {
     await this.waitForHealth(name, Date.now() + timeoutMs);
   }
 
+  /** Starts worker `index` again and waits until its health check says SERVING. */
+  async restartWorker(index: number, timeoutMs = 30_000): Promise<void> {
+    this.workerProcess(index).start();
+    await this.waitForServing(this.workerProcess(index), `worker ${index}`, this.workerPorts(index).grpc, Date.now() + timeoutMs);
+  }
+
   async waitForHealth(name: ServiceName, deadline: number): Promise<void> {
     const port = name === 'gateway' ? this.options.ports.gatewayGrpc : this.options.ports[name];
+    await this.waitForServing(this.process(name), name, port, deadline);
+  }
+
+  private async waitForServing(service: ServiceProcess, name: string, port: number, deadline: number): Promise<void> {
     const health = createClient(Health, `${this.host}:${port}`);
     try {
       for (;;) {
-        if (!this.process(name).running) throw new Error(`${name} exited during start-up (see its log lines)`);
+        if (!service.running) throw new Error(`${name} exited during start-up (see its log lines)`);
         try {
           const { status } = await health.check({ service: '' }, { timeoutMs: 1_000 });
           if (status === HealthCheckResponse_ServingStatus.SERVING) return;
@@ -200,8 +272,9 @@ export class System {
     }
   }
 
-  /** The environment a service runs with: its ports, upstream addresses and stores (for starting another replica). */
+  /** The environment a service runs with: its ports, upstream addresses and stores (for starting another replica); for 'worker', the first worker's. */
   envFor(name: ServiceName): NodeJS.ProcessEnv {
+    if (name === 'worker') return this.envForWorker(0);
     const { ports, dataDir, redisUrl, apiKey } = this.options;
     const h = this.host;
     const env: NodeJS.ProcessEnv = { ...process.env, ...this.options.env };
@@ -219,14 +292,9 @@ export class System {
       case 'cache':
         env['CACHE_GRPC_PORT'] = String(ports.cache);
         break;
-      case 'worker':
-        env['WORKER_GRPC_PORT'] = String(ports.worker);
-        env['WORKER_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
-        env['WORKER_ARTIFACT_DIR'] = join(dataDir, 'worker-artifacts');
-        break;
       case 'batcher':
         env['BATCHER_GRPC_PORT'] = String(ports.batcher);
-        env['BATCHER_WORKER_ADDRESSES'] = `${h}:${ports.worker}`;
+        env['BATCHER_WORKER_ADDRESSES'] = this.workers.map((_, i) => `${h}:${this.workerPorts(i).grpc}`).join(',');
         env['BATCHER_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
         break;
       case 'router':
@@ -246,5 +314,31 @@ export class System {
         break;
     }
     return env;
+  }
+
+  /** The environment of worker `index`: its own ports, WORKER_ID (when there are several), artifact directory and placement. */
+  envForWorker(index: number): NodeJS.ProcessEnv {
+    const { ports, dataDir } = this.options;
+    const h = this.host;
+    const own = this.workerPorts(index);
+    const env: NodeJS.ProcessEnv = { ...process.env, ...this.options.env };
+    delete env['REDIS_URL'];
+    env['WORKER_GRPC_HOST'] = h;
+    env['WORKER_GRPC_PORT'] = String(own.grpc);
+    env['WORKER_METRICS_HOST'] = h;
+    env['WORKER_METRICS_PORT'] = String(own.metrics);
+    env['WORKER_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
+    env['WORKER_ARTIFACT_DIR'] = join(dataDir, index === 0 ? 'worker-artifacts' : `worker-artifacts-${index}`);
+    if (this.workers.length > 1) env['WORKER_ID'] = `worker-${index}`;
+    const models = this.workers[index]?.models ?? [];
+    if (models.length > 0) env['WORKER_MODELS'] = models.join(',');
+    return env;
+  }
+
+  private workerPorts(index: number): WorkerPorts {
+    if (index === 0) return { grpc: this.options.ports.worker, metrics: this.options.ports.workerMetrics };
+    const ports = this.options.ports.moreWorkers?.[index - 1];
+    if (ports === undefined || index >= this.workers.length) throw new RangeError(`no worker ${index}: the system runs ${this.workers.length}`);
+    return ports;
   }
 }

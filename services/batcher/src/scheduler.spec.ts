@@ -34,6 +34,8 @@ const v = (model: string, version: string) => `models/${model}/versions/${versio
 class FakeWorker {
   /** Resource name -> state reported by ListModels. */
   readonly models = new Map<string, ModelState>();
+  /** The models it says it serves (its WORKER_MODELS); empty: every model. */
+  placement: string[] = [];
   readonly received: InferenceRequest[] = [];
   listCalls = 0;
   /** Thrown by Infer when set. */
@@ -53,7 +55,7 @@ class FakeWorker {
     const impl: ServiceImpl<typeof WorkerService> = {
       listModels: async () => {
         this.listCalls += 1;
-        return { workerId: this.id, models: [...this.models].map(([name, state]) => ({ name, state })) };
+        return { workerId: this.id, models: [...this.models].map(([name, state]) => ({ name, state })), placedModels: this.placement };
       },
       infer: async ({ request }) => {
         const req = request!;
@@ -381,6 +383,84 @@ describe(Scheduler.name, () => {
 
       await expect(sut.infer(rowsRequest('b', 1, 0), call())).resolves.toMatchObject({ id: 'b' });
       await expect(sut.infer(rowsRequest('c', 1, 0), call())).resolves.toMatchObject({ id: 'c' });
+    });
+  });
+
+  describe('placement', () => {
+    const notPlaced = (worker: string) =>
+      new RpcError(status.FAILED_PRECONDITION, `model "mlp" is not placed on worker ${worker}`, { reason: 'MODEL_NOT_PLACED' });
+
+    it('sends a version only to workers whose placement includes its model, READY or to load on demand, whatever the others list', async () => {
+      const [w1, w2] = workers as [FakeWorker, FakeWorker];
+      // w1 lists versions of "mlp" but says it serves only "other": its placement wins.
+      w1.placement = ['other'];
+      w1.models.set(v('mlp', '1'), ModelState.READY);
+      w1.models.set(v('mlp', '2'), ModelState.UNLOADED);
+      w1.models.set(v('mlp', '3'), ModelState.READY);
+      w1.models.set(v('other', '1'), ModelState.READY);
+      w2.placement = ['mlp'];
+      w2.models.set(v('mlp', '1'), ModelState.UNLOADED);
+      w2.models.set(v('mlp', '2'), ModelState.UNLOADED);
+      const sut = await start();
+
+      await expect(sut.infer(rowsRequest('ready-elsewhere', 1, 0), call())).resolves.toMatchObject({ id: 'ready-elsewhere' });
+      await expect(sut.infer(rowsRequest('on-demand', 1, 0, { modelVersion: '2' }), call())).resolves.toMatchObject({ id: 'on-demand' });
+      const error = await rpcRejection(sut.infer(rowsRequest('nowhere', 1, 0, { modelVersion: '3' }), call()));
+      await expect(sut.infer(rowsRequest('other', 1, 0, { modelName: 'other' }), call())).resolves.toMatchObject({ id: 'other' });
+
+      expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
+      expect(w1.received.map((r) => r.id)).toEqual(['other']);
+      expect(w2.received.map((r) => r.id)).toEqual(['ready-elsewhere', 'on-demand']);
+    });
+
+    it('when the only worker placed for a model dies, answers its batch in flight and the requests queued behind it UNAVAILABLE at once; other models keep being served', async () => {
+      const [w1, w2] = workers as [FakeWorker, FakeWorker];
+      w1.placement = ['mlp'];
+      w1.models.set(v('mlp', '1'), ModelState.READY);
+      w2.placement = ['backup'];
+      w2.models.set(v('backup', '1'), ModelState.READY);
+      const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
+      const held = gate();
+      w1.hold = held.promise;
+      const inFlight = rpcRejection(sut.infer(rowsRequest('in-flight', 1, 0), call()));
+      await eventually(() => w1.received.length === 1);
+      const queued = ['q1', 'q2', 'q3'].map((id) => rpcRejection(sut.infer(rowsRequest(id, 1, 0), call())));
+      await new Promise((r) => setTimeout(r, 20));
+      expect(w1.received).toHaveLength(1);
+
+      const killedAt = Date.now();
+      await w1.stop();
+      const errors = await Promise.all([inFlight, ...queued]);
+      const tookMs = Date.now() - killedAt;
+      held.open();
+
+      expect(errors.map((e) => e.code)).toEqual(Array(4).fill(status.UNAVAILABLE));
+      expect(errors.every((e) => e.message.includes('"mlp"'))).toBe(true);
+      expect(tookMs).toBeLessThan(1_000);
+      expect(w2.received).toHaveLength(0);
+      const later = await rpcRejection(sut.infer(rowsRequest('later', 1, 0), call()));
+      expect([later.code, later.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
+      await expect(sut.infer(rowsRequest('b', 1, 0, { modelName: 'backup' }), call())).resolves.toMatchObject({ id: 'b', modelName: 'backup' });
+    });
+
+    it('sends a batch a worker refuses as not placed (FAILED_PRECONDITION, MODEL_NOT_PLACED) to another, then stops sending the model to it', async () => {
+      for (const w of workers) w.models.set(v('mlp', '1'), ModelState.READY);
+      const [w1, w2] = workers as [FakeWorker, FakeWorker];
+      const sut = await start();
+      w1.failWith = notPlaced('w1');
+
+      await expect(sut.infer(rowsRequest('a', 1, 0), call())).resolves.toMatchObject({ id: 'a' });
+      await expect(sut.infer(rowsRequest('b', 1, 0), call())).resolves.toMatchObject({ id: 'b' });
+      expect(w1.received.map((r) => r.id)).toEqual(['a']);
+      expect(w2.received.map((r) => r.id)).toEqual(['a', 'b']);
+      expect(await metric('retries_total', { model: 'mlp' })).toBe(1);
+
+      // Now the last worker that served it refuses it too: UNAVAILABLE, so that the router falls back.
+      w2.failWith = notPlaced('w2');
+      const error = await rpcRejection(sut.infer(rowsRequest('c', 1, 0), call()));
+      expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
+      expect(error.message).toContain('no reachable worker serves model "mlp" version 1');
+      expect(w1.received.map((r) => r.id)).toEqual(['a']);
     });
   });
 

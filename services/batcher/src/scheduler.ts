@@ -156,7 +156,10 @@ class VersionQueue {
  * request whose deadline passes while it waits is answered DEADLINE_EXCEEDED and never reaches a
  * worker, one whose deadline cannot be met given the queue ahead of it and the version's observed
  * batch time is refused at once, and a cancelled call leaves the queue. A batch that fails because
- * its worker is unavailable is sent once more to another worker, for the requests still waiting.
+ * its worker is unavailable (or no longer serves the model) is sent once more to another worker, for
+ * the requests still waiting. A version goes only to workers whose placement includes its model;
+ * when none of them can be reached, its requests, queued or in flight, are answered UNAVAILABLE at
+ * once (the router's fallback model then answers for them).
  */
 @Injectable()
 export class Scheduler implements OnApplicationShutdown {
@@ -534,15 +537,23 @@ export class Scheduler implements OnApplicationShutdown {
         return { responses: splitResponse(response, requests, items) };
       } catch (error) {
         const rpcError = toRpcError(error);
-        const unreachable = rpcError.code === status.UNAVAILABLE && rpcError.reason === undefined;
+        // CANCELLED that this batcher did not ask for: the worker's server ended the call as it went down.
+        const dropped = rpcError.code === status.CANCELLED && !abort.signal.aborted;
+        const unreachable = dropped || (rpcError.code === status.UNAVAILABLE && rpcError.reason === undefined);
+        // The worker does not serve the model (its placement changed since the last poll): another may.
+        const notPlaced = rpcError.code === status.FAILED_PRECONDITION && rpcError.reason === 'MODEL_NOT_PLACED';
         if (unreachable) this.pool.markUnreachable(worker);
-        const other = attempt === 0 && rpcError.code === status.UNAVAILABLE ? this.otherWorker(queue, worker) : undefined;
+        if (notPlaced) this.pool.markNotPlaced(worker, queue.model);
+        const other = attempt === 0 && (unreachable || notPlaced || rpcError.code === status.UNAVAILABLE) ? this.otherWorker(queue, worker) : undefined;
         if (other === undefined) {
-          return {
-            error: unreachable
-              ? RpcError.unavailable(`the worker for model "${queue.model}" version ${queue.version} is unreachable: ${rpcError.message}`)
-              : rpcError,
-          };
+          if (unreachable) {
+            return { error: RpcError.unavailable(`the worker for model "${queue.model}" version ${queue.version} is unreachable: ${rpcError.message}`) };
+          }
+          if (notPlaced) {
+            this.rejections.inc({ model: queue.model, reason: 'MODEL_NOT_READY' });
+            return { error: RpcError.unavailable(`no reachable worker serves model "${queue.model}" version ${queue.version}: ${rpcError.message}`, 'MODEL_NOT_READY') };
+          }
+          return { error: rpcError };
         }
         this.retries.inc({ model: queue.model });
         this.logger.info('batch retried on another worker', { model: queue.model, version: queue.version, from: worker.address, to: other.address, err: rpcError.message });

@@ -2,6 +2,7 @@ import { Inject, Injectable, type OnApplicationBootstrap, type OnApplicationShut
 import { type CallOptions, createClient, type ServiceClient, toRpcError } from '@infermesh/grpc';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import { splitVersionName } from '@infermesh/rollout';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Gauge } from 'prom-client';
 import { BATCHER_CONFIG, type BatcherConfig } from './batcher.config';
@@ -14,11 +15,21 @@ export class WorkerHandle {
   /** Versions it knows but has not in memory (never loaded, or evicted): it loads one when asked. */
   loadable = new Set<string>();
   reachable = false;
+  /**
+   * The models it serves, as its ListModels says (WORKER_MODELS); empty: every model. It is sent a
+   * version of no other model, whatever it lists.
+   */
+  placement: ReadonlySet<string> = new Set();
   /** Batches sent to it and not answered yet. */
   outstanding = 0;
 
   constructor(readonly address: string) {
     this.client = createClient(WorkerService, address);
+  }
+
+  /** Whether its placement includes the model. */
+  serves(model: string): boolean {
+    return this.placement.size === 0 || this.placement.has(model);
   }
 
   async infer(request: InferenceRequest, options?: CallOptions): Promise<InferenceResponse> {
@@ -34,9 +45,11 @@ export class WorkerHandle {
 }
 
 /**
- * The workers the batcher dispatches to. Each is polled for the versions it has READY; a worker that
- * does not answer holds nothing until it answers again. A request for a version no worker is known
- * to hold triggers an immediate poll (shared by concurrent requests) before it is refused.
+ * The workers the batcher dispatches to. Each is polled for the versions it has READY and for its
+ * placement (the models it serves); a worker that does not answer holds nothing until it answers
+ * again. A version only ever goes to a reachable worker whose placement includes its model. A request
+ * for a version no worker is known to hold triggers an immediate poll (shared by concurrent requests)
+ * before it is refused.
  */
 @Injectable()
 export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown {
@@ -83,7 +96,7 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
    */
   available(versionName: string): WorkerHandle[] {
     const ready = this.holding(versionName);
-    return ready.length > 0 ? ready : this.workers.filter((w) => w.reachable && w.loadable.has(versionName));
+    return ready.length > 0 ? ready : this.placed(versionName).filter((w) => w.loadable.has(versionName));
   }
 
   /** Asks every worker again what it holds (one poll shared by concurrent callers). */
@@ -103,8 +116,25 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     worker.loadable.clear();
   }
 
+  /**
+   * Forgets the versions of a model on a worker that refused it as outside its placement (it was
+   * started again with another one): it is not sent the model again until a poll lists it.
+   */
+  markNotPlaced(worker: WorkerHandle, model: string): void {
+    const prefix = `models/${model}/versions/`;
+    for (const set of [worker.ready, worker.loadable]) {
+      for (const name of set) if (name.startsWith(prefix)) set.delete(name);
+    }
+  }
+
   private holding(versionName: string): WorkerHandle[] {
-    return this.workers.filter((w) => w.reachable && w.ready.has(versionName));
+    return this.placed(versionName).filter((w) => w.ready.has(versionName));
+  }
+
+  /** Reachable workers whose placement includes the version's model. */
+  private placed(versionName: string): WorkerHandle[] {
+    const model = splitVersionName(versionName)?.modelId;
+    return this.workers.filter((w) => w.reachable && model !== undefined && w.serves(model));
   }
 
   private poll(): Promise<void> {
@@ -118,9 +148,10 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
 
   private async pollOne(worker: WorkerHandle): Promise<void> {
     try {
-      const { models } = await worker.client.listModels({}, { timeoutMs: this.config.workerTimeoutMs });
-      if (!worker.reachable) this.logger.info(`worker ${worker.address} is reachable`);
+      const { models, placedModels } = await worker.client.listModels({}, { timeoutMs: this.config.workerTimeoutMs });
+      if (!worker.reachable) this.logger.info(`worker ${worker.address} is reachable`, { placement: placedModels.length === 0 ? '(every model)' : placedModels.join(',') });
       worker.reachable = true;
+      worker.placement = new Set(placedModels);
       worker.ready = new Set(models.filter((m) => m.state === ModelState.READY).map((m) => m.name));
       worker.loadable = new Set(models.filter((m) => m.state === ModelState.UNLOADED || m.state === ModelState.LOADING).map((m) => m.name));
     } catch (error) {

@@ -1,4 +1,5 @@
 import type { NestExpressApplication } from '@nestjs/platform-express';
+import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { GRPCInferenceService } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { ApiKeyService } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
 import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
@@ -8,19 +9,26 @@ import type { GatewayConfig } from './gateway.config';
 import { GatewayGrpcController } from './gateway.grpc';
 import { GatewayModule } from './gateway.module';
 import { RegistryAdminGrpcController } from './registry-admin.grpc';
+import { ServerReflectionGrpcController } from './server-reflection';
 
 /**
  * Starts the gateway: REST on the HTTP port; on the gRPC port GRPCInferenceService and, for
- * administrators, the registry's RegistryService and the gateway's own ApiKeyService.
+ * administrators, the registry's RegistryService and the gateway's own ApiKeyService, with server
+ * reflection (open to all) describing them.
  */
 export function startGateway(config: GatewayConfig): Promise<RunningService> {
   return bootstrap({
     module: GatewayModule.forRoot(config),
-    grpc: (app) => [
-      bind(GRPCInferenceService, app.get(GatewayGrpcController)),
-      bind(RegistryService, app.get(RegistryAdminGrpcController)),
-      bind(ApiKeyService, app.get(ApiKeysAdminGrpcController)),
-    ],
+    grpc: (app) => {
+      const api = [
+        bind(GRPCInferenceService, app.get(GatewayGrpcController)),
+        bind(RegistryService, app.get(RegistryAdminGrpcController)),
+        bind(ApiKeyService, app.get(ApiKeysAdminGrpcController)),
+      ];
+      // bootstrap hosts grpc.health.v1.Health on every gRPC port; reflection lists it with the rest.
+      const reflection = new ServerReflectionGrpcController([Health, ...api.map((binding) => binding.service)]);
+      return [...api, ...reflection.bindings()];
+    },
     http: {
       host: config.http.host,
       port: config.http.port,

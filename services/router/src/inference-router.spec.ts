@@ -540,16 +540,16 @@ describe(InferenceRouter.name, () => {
       await expect(sut.infer(inferRequest())).resolves.toMatchObject({ modelVersion: '2', cached: false });
     });
 
-    it('with ROUTER_CACHE_PER_TENANT=true never answers one tenant from the entry of another', async () => {
-      const shared = await startRouter();
-      await shared.sut.infer(inferRequest({ tenant: 'key:a' }));
-      await expect(shared.sut.infer(inferRequest({ tenant: 'key:b' }))).resolves.toMatchObject({ cached: true });
-
-      const { sut, batcher } = await startRouter({ ROUTER_CACHE_PER_TENANT: 'true' });
+    it('never answers one tenant from the entry of another, unless ROUTER_CACHE_PER_TENANT=false shares entries', async () => {
+      const { sut, batcher } = await startRouter();
       await sut.infer(inferRequest({ tenant: 'key:a' }));
       await expect(sut.infer(inferRequest({ tenant: 'key:b' }))).resolves.toMatchObject({ cached: false });
       await expect(sut.infer(inferRequest({ tenant: 'key:a' }))).resolves.toMatchObject({ cached: true });
       expect(batcher.requests).toHaveLength(2);
+
+      const shared = await startRouter({ ROUTER_CACHE_PER_TENANT: 'false' });
+      await shared.sut.infer(inferRequest({ tenant: 'key:a' }));
+      await expect(shared.sut.infer(inferRequest({ tenant: 'key:b' }))).resolves.toMatchObject({ cached: true });
     });
 
     it('follows the model cache policy: off, its own time to live, and no entry over its size limit', async () => {

@@ -11,7 +11,7 @@ const shape = {
   ROUTER_CACHE_ENABLED: z.enum(['true', 'false']).default('true'),
   ROUTER_CACHE_TIMEOUT_MS: positiveInt(100),
   ROUTER_CACHE_TTL_MS: nonNegativeInt(0),
-  ROUTER_CACHE_PER_TENANT: z.enum(['true', 'false']).default('false'),
+  ROUTER_CACHE_PER_TENANT: z.enum(['true', 'false']).default('true'),
   ROUTER_LOCAL_CACHE_ENABLED: z.enum(['true', 'false']).default('true'),
   ROUTER_LOCAL_CACHE_BYTES: byteSize(64 * 1024 * 1024),
   ROUTER_LOCAL_CACHE_TTL_MS: positiveInt(30_000),

@@ -14,6 +14,7 @@ import { Metrics } from '@infermesh/telemetry';
 import type { Counter, Gauge, Histogram } from 'prom-client';
 import { ModelLifecycle } from './model-lifecycle';
 import { ModelTable, type WorkerModel } from './model-table';
+import { assertPlaced } from './model-placement';
 import { ModelSync } from './model-sync';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
@@ -23,7 +24,8 @@ const BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 /**
  * Runs inference requests on the model versions this worker knows. A version that is registered but
  * not loaded (never yet, or evicted) is loaded on the request's behalf, one load for every request
- * that waits for it, for at most WORKER_LOAD_TIMEOUT_MS and never past the request's deadline.
+ * that waits for it, for at most WORKER_LOAD_TIMEOUT_MS and never past the request's deadline. A
+ * model outside the worker's placement (WORKER_MODELS) is refused with FAILED_PRECONDITION.
  */
 @Injectable()
 export class InferenceExecutor {
@@ -73,6 +75,7 @@ export class InferenceExecutor {
     const { modelName: model, modelVersion: version } = request;
     if (model === '') throw RpcError.invalidArgument('the request names no model');
     if (version === '') throw RpcError.invalidArgument(`the request for model "${model}" carries no resolved model version`);
+    assertPlaced(this.config, model, version);
     const name = versionName(model, version);
     const entry = this.table.get(name) ?? (await this.sync.lookup(name));
     if (entry === undefined) {

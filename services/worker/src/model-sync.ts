@@ -8,6 +8,7 @@ import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import { message, ModelLifecycle } from './model-lifecycle';
 import { ModelRegistry } from './model-registry';
+import { isPlaced } from './model-placement';
 import { ModelTable, WorkerModel } from './model-table';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
@@ -39,7 +40,8 @@ interface Wanted {
  * - pinned versions (Model.pinned or WORKER_PINNED_MODELS), evicting others if needed;
  * - versions no worker has loaded yet, so that the registry learns they work (READY) or not (FAILED);
  * - any other version while it fits in the memory budget without evicting anything.
- * Everything else loads on its first request. A version of an unloaded model is never loaded; a
+ * Everything else loads on its first request. Models outside the worker's placement (WORKER_MODELS)
+ * are skipped altogether: never loaded, never reported. A version of an unloaded model is never loaded; a
  * DRAINING version stays loaded, serving late requests, until the registry retires it. A registry
  * that cannot be reached changes nothing: loaded models keep serving and the next sync tries again.
  */
@@ -140,6 +142,8 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
 
     const wanted = new Map<string, Wanted>();
     for (const model of models) {
+      // A model outside this worker's placement is never known here: never loaded, never reported.
+      if (!isPlaced(this.config, modelIdOf(model.name))) continue;
       const pinned = model.pinned || this.config.pinnedModels.has(modelIdOf(model.name));
       for (const version of model.versions) wanted.set(version.name, { version: this.copyOf(version), unloaded: model.unloaded, pinned });
     }

@@ -1,4 +1,4 @@
-import { address, byteSize, type Env, parseEnv, positiveInt } from '@infermesh/config';
+import { address, byteSize, ConfigError, type Env, parseEnv, positiveInt } from '@infermesh/config';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
 import { availableParallelism, hostname, totalmem } from 'node:os';
 import { resolve } from 'node:path';
@@ -26,6 +26,7 @@ const shape = {
   WORKER_INTRA_OP_THREADS: z.coerce.number().int().positive().optional(),
   WORKER_MEMORY_BUDGET_BYTES: byteSize(Math.floor(totalmem() / 2)),
   WORKER_PINNED_MODELS: nameList(/^[^\s,/]+$/, 'expected model names separated by commas'),
+  WORKER_MODELS: nameList(/^[^\s,/]+$/, 'expected model names separated by commas'),
   WORKER_LOAD_TIMEOUT_MS: positiveInt(120_000),
   WORKER_WARMUP_BATCH_SIZES: nameList(/^(max|[1-9]\d*)$/, 'expected batch sizes such as 1,max', '1,max'),
   WORKER_GPU_METRICS_INTERVAL_MS: positiveInt(5_000),
@@ -34,6 +35,13 @@ const shape = {
 /** The worker's configuration, validated once at start-up. */
 export function loadWorkerConfig(env: Env) {
   const e = parseEnv(shape, env);
+  const placed = new Set(e.WORKER_MODELS);
+  const unplacedPins = e.WORKER_PINNED_MODELS.filter((m) => placed.size > 0 && !placed.has(m));
+  if (unplacedPins.length > 0) {
+    throw new ConfigError([
+      `WORKER_PINNED_MODELS: ${unplacedPins.map((m) => `"${m}"`).join(', ')} not in WORKER_MODELS, the models this worker serves (got ${JSON.stringify(e.WORKER_PINNED_MODELS.join(','))})`,
+    ]);
+  }
   return {
     runtime: runtimeSettings('WORKER', e),
     registryAddress: e.WORKER_REGISTRY_ADDRESS,
@@ -52,6 +60,11 @@ export function loadWorkerConfig(env: Env) {
     intraOpThreads: e.WORKER_INTRA_OP_THREADS ?? defaultIntraOpThreads(e.WORKER_INSTANCES_PER_MODEL),
     /** What loaded models may be charged in all; idle unpinned ones are evicted to make room. */
     memoryBudgetBytes: e.WORKER_MEMORY_BUDGET_BYTES,
+    /**
+     * The models this worker serves (WORKER_MODELS; empty: every model). It never loads a version of
+     * another, refuses requests for one, and reports no state of one to the registry.
+     */
+    placedModels: placed as ReadonlySet<string>,
     /** Models whose versions load at start-up and are never evicted; SERVING waits for them. */
     pinnedModels: new Set(e.WORKER_PINNED_MODELS),
     /** How long a request waits for its model to load on demand. */

@@ -12,6 +12,7 @@ import {
 import { splitVersionName } from '@infermesh/rollout';
 import { InferenceExecutor } from './inference-executor';
 import { ModelLifecycle } from './model-lifecycle';
+import { assertPlaced } from './model-placement';
 import { ModelSync } from './model-sync';
 import { ModelTable, type WorkerModel } from './model-table';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
@@ -38,6 +39,7 @@ export class WorkerGrpcController implements ServiceImpl<typeof WorkerService> {
       models: this.table.list().map(describe),
       memoryBudgetBytes: BigInt(this.config.memoryBudgetBytes),
       memoryUsedBytes: BigInt(this.table.usedBytes),
+      placedModels: [...this.config.placedModels],
     };
   }
 
@@ -56,9 +58,11 @@ export class WorkerGrpcController implements ServiceImpl<typeof WorkerService> {
   }
 
   private async find(name: string): Promise<WorkerModel> {
-    if (splitVersionName(name) === undefined) {
+    const ids = splitVersionName(name);
+    if (ids === undefined) {
       throw RpcError.invalidArgument(`"${name}" is not a model version name; expected models/{model}/versions/{version}`);
     }
+    assertPlaced(this.config, ids.modelId, ids.versionId);
     const entry = this.table.get(name) ?? (await this.sync.lookup(name));
     if (entry === undefined) throw RpcError.notFound(`${name} is not registered for this worker`, 'MODEL_NOT_FOUND');
     return entry;

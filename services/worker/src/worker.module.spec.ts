@@ -313,13 +313,39 @@ describe(WorkerModule.name, () => {
     await stopped;
   });
 
+  it('serves only the models WORKER_MODELS places on it: never loads or reports another, and refuses it with FAILED_PRECONDITION naming the model and the worker', async () => {
+    const registry = new InMemoryRegistry();
+    registry.add('tiny', buildTinyModel().bytes);
+    registry.add('elsewhere', buildMlpModel({ sizes: [4, 8, 3], seed: 3 }).bytes);
+    registry.change('elsewhere', { pinned: true }); // the registry's pin does not place a model either
+    worker = await startWorker(registry, { WORKER_MODELS: 'tiny' });
+    await until(async () => registry.versions.get('models/tiny/versions/1')!.state === VersionState.READY);
+    await new Promise((r) => setTimeout(r, 300)); // several syncs
+
+    const listed = await worker.client.listModels({});
+    expect(listed.placedModels).toEqual(['tiny']);
+    expect(await states(worker.client)).toEqual({ tiny: 'READY' });
+    expect(registry.reports.filter((r) => r.name.includes('elsewhere'))).toEqual([]);
+    expect(registry.versions.get('models/elsewhere/versions/1')!.state).toBe(VersionState.REGISTERED);
+    for (const refused of [
+      await rpcRejection(worker.client.infer(request('elsewhere'))),
+      await rpcRejection(worker.client.loadModel({ name: 'models/elsewhere/versions/1' })),
+    ]) {
+      expect([refused.code, refused.reason]).toEqual([status.FAILED_PRECONDITION, 'MODEL_NOT_PLACED']);
+      expect(refused.message).toContain('model "elsewhere" is not placed on worker worker-under-test, which serves only "tiny" (WORKER_MODELS)');
+    }
+    expect(await states(worker.client)).toEqual({ tiny: 'READY' });
+    expect(registry.downloads).toBe(1);
+    expect((await worker.client.infer(request('tiny'))).response?.outputs[0]?.shape).toEqual([1n, 3n]);
+  });
+
   it('keeps answering while the registry is down and says which models it does not know', async () => {
     const registry = new InMemoryRegistry();
     registry.listModels = () => Promise.reject(new Error('connection refused'));
     worker = await startWorker(registry, {});
     await new Promise((r) => setTimeout(r, 300)); // several sync intervals against the dead registry
     expect((await worker.health.check({ service: '' })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
-    expect(await worker.client.listModels({})).toMatchObject({ workerId: 'worker-under-test', models: [] });
+    expect(await worker.client.listModels({})).toMatchObject({ workerId: 'worker-under-test', models: [], placedModels: [] });
     const error = await rpcRejection(worker.client.infer(request('tiny')));
     expect([error.code, error.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
     expect(metric(await worker.metrics(), 'registry_sync_failures_total')).toBeGreaterThan(1);
@@ -486,6 +512,7 @@ describe(loadWorkerConfig.name, () => {
     expect(sut.intraOpThreads).toBeGreaterThanOrEqual(1);
     expect(sut.memoryBudgetBytes).toBeGreaterThan(0);
     expect(sut.pinnedModels.size).toBe(0);
+    expect(sut.placedModels.size).toBe(0);
     expect(sut.workerId).toMatch(new RegExp(`-${process.pid}$`));
     expect(sut.artifactDir).toMatch(/\.infermesh\/worker-artifacts$/);
   });
@@ -493,6 +520,15 @@ describe(loadWorkerConfig.name, () => {
   it('shares the cores out among instances by default', () => {
     expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2' }).intraOpThreads).toBe(Math.max(1, Math.floor(availableParallelism() / 2)));
     expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2', WORKER_INTRA_OP_THREADS: '3' }).intraOpThreads).toBe(3);
+  });
+
+  it('reads the placement: the models the worker serves, which must include the pinned ones', () => {
+    expect([...loadWorkerConfig({ WORKER_MODELS: ' primary , backup,' }).placedModels]).toEqual(['primary', 'backup']);
+    expect([...loadWorkerConfig({ WORKER_MODELS: 'primary', WORKER_PINNED_MODELS: 'primary' }).pinnedModels]).toEqual(['primary']);
+    expect(() => loadWorkerConfig({ WORKER_MODELS: 'a b' })).toThrow(/WORKER_MODELS/);
+    expect(() => loadWorkerConfig({ WORKER_MODELS: 'primary', WORKER_PINNED_MODELS: 'primary,backup' })).toThrow(
+      /WORKER_PINNED_MODELS: "backup" not in WORKER_MODELS/,
+    );
   });
 
   it('names the variable that is wrong', () => {

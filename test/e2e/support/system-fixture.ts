@@ -1,5 +1,5 @@
 import { type BuiltModel, DEMO_MODELS } from '@infermesh/model-builder';
-import { System, type SystemPorts } from '@infermesh/system';
+import { System, type SystemPorts, type WorkerOptions } from '@infermesh/system';
 import { freePortList } from '@infermesh/testing';
 import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -19,13 +19,17 @@ export const REPO_ROOT = (() => {
 })();
 export const DIST = join(REPO_ROOT, 'dist');
 
-export async function freePorts(): Promise<SystemPorts> {
-  const names: (keyof SystemPorts)[] = [
+/** Free ports for every service, and for `workers` workers in all (two ports each), chosen at once so that no two are the same. */
+export async function freePorts(workers = 1): Promise<SystemPorts> {
+  const names = [
     'gatewayHttp', 'gatewayGrpc', 'gatewayMetrics', 'registry', 'registryMetrics', 'router', 'routerMetrics',
     'cache', 'cacheMetrics', 'batcher', 'batcherMetrics', 'worker', 'workerMetrics',
-  ];
-  const list = await freePortList(names.length);
-  return Object.fromEntries(names.map((name, i) => [name, list[i]!])) as unknown as SystemPorts;
+  ] as const;
+  const more = Math.max(0, workers - 1);
+  const list = await freePortList(names.length + 2 * more);
+  const ports = Object.fromEntries(names.map((name, i) => [name, list[i]!])) as Record<(typeof names)[number], number>;
+  const moreWorkers = Array.from({ length: more }, (_, i) => ({ grpc: list[names.length + 2 * i]!, metrics: list[names.length + 2 * i + 1]! }));
+  return more === 0 ? ports : { ...ports, moreWorkers };
 }
 
 export interface Fixture {
@@ -45,6 +49,8 @@ export async function startFixture(options: {
   models: (string | BuiltModel)[];
   redisUrl?: string;
   env?: Record<string, string>;
+  /** The worker processes and the models each serves; default one worker serving every model. */
+  workers?: WorkerOptions[];
 }): Promise<Fixture> {
   const dataDir = mkdtempSync(join(tmpdir(), 'infermesh-e2e-'));
   const logFile = join(dataDir, 'services.log');
@@ -62,8 +68,8 @@ export async function startFixture(options: {
       dataDir,
       apiKey: API_KEY,
       redisUrl: options.redisUrl,
-      ports: await freePorts(),
-      sink: (service, line) => appendFileSync(logFile, `${service} | ${line}\n`),
+      ports: await freePorts(options.workers?.length ?? 1),
+      sink: (service, line, instance) => appendFileSync(logFile, `${service}${instance === undefined ? '' : ` ${instance}`} | ${line}\n`),
       env: options.env ?? {},
       models: options.models.map((model) => {
         const built = typeof model === 'string' ? DEMO_MODELS[model]!() : model;
@@ -71,6 +77,7 @@ export async function startFixture(options: {
         return { name, version: '1', bytes: built.bytes, processing: built.processing, batching: built.batching };
       }),
       readyTimeoutMs: 90_000,
+      ...(options.workers !== undefined && { workers: options.workers }),
     });
   } catch (error) {
     throw new Error(`${error instanceof Error ? error.message : String(error)}\n--- service logs ---\n${logTail()}`);
