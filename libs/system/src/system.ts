@@ -64,6 +64,8 @@ export interface ModelToRegister {
 export interface WorkerOptions {
   /** The models it serves (WORKER_MODELS); unset or empty: every model. */
   models?: readonly string[];
+  /** Environment of this worker alone, over the system's. */
+  env?: Record<string, string>;
 }
 
 export interface SystemOptions {
@@ -332,7 +334,7 @@ export class System {
     if (this.workers.length > 1) env['WORKER_ID'] = `worker-${index}`;
     const models = this.workers[index]?.models ?? [];
     if (models.length > 0) env['WORKER_MODELS'] = models.join(',');
-    return env;
+    return { ...env, ...this.workers[index]?.env };
   }
 
   private workerPorts(index: number): WorkerPorts {

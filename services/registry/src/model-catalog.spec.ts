@@ -80,6 +80,27 @@ describe(ModelCatalog.name, () => {
       expect(await states()).toEqual({ '1': 'RETIRED', '2': 'READY' });
     });
 
+    it('keeps a version READY while another worker serves it: a second worker loading it, or failing to, does not take it away', async () => {
+      const from = (worker: string, state: VersionState, reason = '') => sut.reportState('models/mlp/versions/1', state, reason, worker);
+      await register('1');
+      await from('worker-a', VersionState.LOADING);
+      await from('worker-a', VersionState.READY);
+
+      await from('worker-b', VersionState.LOADING);
+      expect(await states()).toEqual({ '1': 'READY' });
+      await from('worker-b', VersionState.FAILED, 'no room in its memory budget');
+      expect(await states()).toEqual({ '1': 'READY' });
+      await from('worker-b', VersionState.READY);
+      expect((await sut.getModel('models/mlp')).versions[0]!.readyWorkerIds).toEqual(['worker-a', 'worker-b']);
+
+      // Only once no worker has it READY does a failure show.
+      await from('worker-a', VersionState.FAILED, 'worker lost its GPU');
+      expect(await states()).toEqual({ '1': 'READY' });
+      await from('worker-b', VersionState.FAILED, 'worker lost its GPU');
+      expect(await states()).toEqual({ '1': 'FAILED' });
+      expect((await sut.getModel('models/mlp')).versions[0]!.readyWorkerIds).toEqual([]);
+    });
+
     it('retires at once a version registered below the latest READY one', async () => {
       await register('2');
       await ready('2');

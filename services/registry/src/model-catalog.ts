@@ -238,14 +238,23 @@ export class ModelCatalog implements OnApplicationShutdown {
       const model = existing(current, modelId);
       const version = existingVersion(model, modelId, versionId);
       outcome = 'unchanged';
-      if (version.state === state && version.stateReason === stateReason) return undefined;
+      const readyWorkers = new Set(version.readyWorkerIds);
+      if (state === VersionState.READY) readyWorkers.add(workerId);
+      else readyWorkers.delete(workerId);
+      const sameWorkers = readyWorkers.size === version.readyWorkerIds.length && version.readyWorkerIds.every((w) => readyWorkers.has(w));
+      if (version.state === state && version.stateReason === stateReason && sameWorkers) return undefined;
       const outside = state !== VersionState.FAILED && !servingSet(model).has(versionId);
       if (version.state === VersionState.RETIRED || outside) {
         outcome = 'ignored';
         return undefined;
       }
-      version.state = state;
-      version.stateReason = stateReason;
+      version.readyWorkerIds = [...readyWorkers].sort();
+      // One worker loading the version again, or failing to, does not take it from the workers that serve it.
+      const keptReady = state !== VersionState.READY && version.state === VersionState.READY && readyWorkers.size > 0;
+      if (!keptReady) {
+        version.state = state;
+        version.stateReason = stateReason;
+      }
       version.updateTime = now;
       outcome = 'recorded';
       return model;

@@ -126,6 +126,8 @@ export function applyLifecycle(model: Model, now: Date, drainGraceMs: number): {
     version.state = to;
     version.stateReason = reason;
     version.updateTime = timestampFromDate(now);
+    // A version no worker keeps loaded any more has no ready workers; DRAINING ones are still loaded.
+    if (to !== VersionState.READY && to !== VersionState.DRAINING) version.readyWorkerIds = [];
   };
   for (const version of next.versions) {
     if (serving.has(versionIdOf(version.name))) {

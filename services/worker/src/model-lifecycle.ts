@@ -190,7 +190,10 @@ export class ModelLifecycle {
       memory_bytes: entry.memoryBytes,
       load_ms: Math.round(seconds() * 1000),
     });
-    if (entry.record.state !== VersionState.READY) await this.report(entry, VersionState.READY, '');
+    // READY also when the version already is, from other workers: the registry keeps it READY while any worker has it.
+    if (entry.record.state !== VersionState.READY || !entry.record.readyWorkerIds.includes(this.config.workerId)) {
+      await this.report(entry, VersionState.READY, '');
+    }
   }
 
   /** Records why a load did not finish and returns its outcome label. */
@@ -277,6 +280,7 @@ export class ModelLifecycle {
     try {
       await this.registry.reportState(entry.name, state, reason);
       entry.record.state = state;
+      if (state === VersionState.READY && !entry.record.readyWorkerIds.includes(this.config.workerId)) entry.record.readyWorkerIds.push(this.config.workerId);
     } catch (error) {
       this.logger.warn('could not report a version state; will report again', {
         name: entry.name,
