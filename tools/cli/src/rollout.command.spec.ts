@@ -32,6 +32,26 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
     registry.seed({ name: 'models/mlp', versions: versions(...states), ...(rollout !== undefined && { rollout }) });
   const policiesSet = () => registry.requests<SetRolloutPolicyRequest>('setRolloutPolicy');
 
+  describe('stable', () => {
+    it('pins the stable version and keeps the rest of the policy', async () => {
+      seed([VersionState.READY, VersionState.READY], { shadow: { version: '1', percent: 5 }, fallbackModel: 'tiny' });
+
+      const run = await sut('stable', 'mlp', '--version', '2');
+
+      expect(run.code).toBe(0);
+      expect(policiesSet()).toMatchObject([{ model: 'models/mlp', policy: { stableVersion: '2', shadow: { version: '1', percent: 5 }, fallbackModel: 'tiny' } }]);
+    });
+
+    it('refuses a malformed version with exit 2 and calls nothing', async () => {
+      seed([VersionState.READY]);
+
+      const run = await sut('stable', 'mlp', '--version', 'one');
+
+      expect(run.code).toBe(2);
+      expect(policiesSet()).toEqual([]);
+    });
+  });
+
   describe('canary', () => {
     it('pins the stable version to the latest READY one when none is set, so the rest of the traffic stays', async () => {
       seed([VersionState.READY, VersionState.READY, VersionState.LOADING]);
@@ -235,6 +255,14 @@ describe(keepStable.name, () => {
     keepStable(model(VersionState.LOADING, VersionState.READY), sut);
 
     expect(sut.stableVersion).toBe('');
+  });
+
+  it('pins the version still DRAINING when the canary has just replaced it', () => {
+    const sut = policy({ canary: { version: '2', percent: 10 } });
+
+    keepStable(model(VersionState.DRAINING, VersionState.READY), sut);
+
+    expect(sut.stableVersion).toBe('1');
   });
 
   it('skips every version the policy names', () => {

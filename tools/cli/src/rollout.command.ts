@@ -20,8 +20,9 @@ import { formatRollout } from './output/format';
  * Pins the stable version when the policy leaves it to "the latest READY version", so that a version
  * the policy now names (a canary, a variant, a shadow) does not take the rest of the traffic when it
  * becomes the latest READY one: the version that takes it now keeps it, or, when that is one of the
- * versions named, the latest READY version that is not. With no READY version there is no traffic to
- * keep and the stable version stays unset.
+ * versions named, the latest READY version that is not, else the latest one still DRAINING (replaced
+ * moments ago by the version now named: naming it in the policy makes it serve again). With none
+ * there is no traffic to keep and the stable version stays unset.
  */
 export function keepStable(model: Model, policy: RolloutPolicy): void {
   if (policy.stableVersion !== '') return;
@@ -31,11 +32,13 @@ export function keepStable(model: Model, policy: RolloutPolicy): void {
     policy.stableVersion = versionIdOf(current.name);
     return;
   }
-  const other = model.versions
-    .filter((v) => v.state === VersionState.READY && !named.has(versionIdOf(v.name)))
-    .map((v) => versionIdOf(v.name))
-    .sort(compareVersionIds)
-    .pop();
+  const latestIn = (state: VersionState) =>
+    model.versions
+      .filter((v) => v.state === state && !named.has(versionIdOf(v.name)))
+      .map((v) => versionIdOf(v.name))
+      .sort(compareVersionIds)
+      .pop();
+  const other = latestIn(VersionState.READY) ?? latestIn(VersionState.DRAINING);
   if (other !== undefined) policy.stableVersion = other;
 }
 
@@ -69,6 +72,11 @@ async function update(ctx: CommandContext, action: MessageInitShape<typeof Updat
 async function show(ctx: CommandContext): Promise<void> {
   const model = await getModel(ctx, ctx.args.positionals[0]!);
   ctx.result(ModelSchema, model, () => formatRollout(model));
+}
+
+async function stable(ctx: CommandContext): Promise<void> {
+  const version = parseVersionId(ctx.args.required('version'), '--version');
+  await setPolicy(ctx, (policy) => (policy.stableVersion = version), false);
 }
 
 async function canary(ctx: CommandContext): Promise<void> {
@@ -140,6 +148,15 @@ export const ROLLOUT_GROUP: GroupSpec<CommandHandler> = {
       positionals: [NAME],
       flags: [],
       handler: show,
+    }),
+    command<CommandHandler>({
+      name: 'stable',
+      summary: 'Pin the version that takes the traffic the canary and the variants leave',
+      details:
+        'Pin it before registering a version you want to try as a canary: otherwise the new version takes\nevery request once it is READY (it becomes the latest READY version).',
+      positionals: [NAME],
+      flags: [{ name: 'version', kind: 'value', placeholder: '<id>', required: true, description: 'The stable version' }],
+      handler: stable,
     }),
     command<CommandHandler>({
       name: 'canary',
