@@ -91,6 +91,39 @@ export class GrpcServer {
       return rpcError.toStatus();
     };
 
+    /** Runs a call's work in its context, then answers with its response or its error (unary and client streaming). */
+    const respond = (start: bigint, call: AnyCall, callback: grpc.sendUnaryData<unknown>, work: (ctx: CallContext) => Promise<unknown>) => {
+      const { ctx, context, dispose } = this.callContext(call);
+      requestContext
+        .run(context, () => work(ctx))
+        .then(
+          (response) => {
+            finish(start, grpc.status.OK);
+            callback(null, response);
+          },
+          (error: unknown) => callback(fail(start, error)),
+        )
+        .finally(dispose);
+    };
+    /** Runs a call's work in its context, then ends its response stream, or fails it (server and bidirectional streaming). */
+    const stream = (
+      start: bigint,
+      call: grpc.ServerWritableStream<unknown, unknown> | grpc.ServerDuplexStream<unknown, unknown>,
+      work: (ctx: CallContext) => Promise<void>,
+    ) => {
+      const { ctx, context, dispose } = this.callContext(call);
+      requestContext
+        .run(context, () => work(ctx))
+        .then(
+          () => {
+            finish(start, grpc.status.OK);
+            call.end();
+          },
+          (error: unknown) => call.emit('error', fail(start, error)),
+        )
+        .finally(dispose);
+    };
+
     switch (method.methodKind) {
       case 'unary':
         return (call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) => {
@@ -99,17 +132,7 @@ export class GrpcServer {
             callback(fail(start, call.request.toError()));
             return;
           }
-          const { ctx, context, dispose } = this.callContext(call);
-          requestContext
-            .run(context, () => handler(call.request, ctx) as Promise<unknown>)
-            .then(
-              (response) => {
-                finish(start, grpc.status.OK);
-                callback(null, response);
-              },
-              (error: unknown) => callback(fail(start, error)),
-            )
-            .finally(dispose);
+          respond(start, call, callback, (ctx) => handler(call.request, ctx) as Promise<unknown>);
         };
       case 'server_streaming':
         return (call: grpc.ServerWritableStream<unknown, unknown>) => {
@@ -118,50 +141,19 @@ export class GrpcServer {
             call.emit('error', fail(start, call.request.toError()));
             return;
           }
-          const { ctx, context, dispose } = this.callContext(call);
-          requestContext
-            .run(context, () => writeAll(call, handler(call.request, ctx) as AsyncIterable<unknown>, ctx.signal))
-            .then(
-              () => {
-                finish(start, grpc.status.OK);
-                call.end();
-              },
-              (error: unknown) => call.emit('error', fail(start, error)),
-            )
-            .finally(dispose);
+          stream(start, call, (ctx) => writeAll(call, handler(call.request, ctx) as AsyncIterable<unknown>, ctx.signal));
         };
       case 'client_streaming':
         return (call: grpc.ServerReadableStream<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) => {
-          const start = process.hrtime.bigint();
-          const { ctx, context, dispose } = this.callContext(call);
-          requestContext
-            .run(context, () => handler(requestsOf(call, ctx.signal), ctx) as Promise<unknown>)
-            .then(
-              (response) => {
-                finish(start, grpc.status.OK);
-                callback(null, response);
-              },
-              (error: unknown) => callback(fail(start, error)),
-            )
-            .finally(dispose);
+          respond(process.hrtime.bigint(), call, callback, (ctx) => handler(requestsOf(call, ctx.signal), ctx) as Promise<unknown>);
         };
       case 'bidi_streaming':
         return (call: grpc.ServerDuplexStream<unknown, unknown>) => {
-          const start = process.hrtime.bigint();
-          const { ctx, context, dispose } = this.callContext(call);
           // The handler may stop reading requests and go on answering: its request stream must not
           // take the call (whose writable side is the same stream) down with it.
-          const requests = requestsOf(call, ctx.signal, { destroyOnReturn: false });
-          requestContext
-            .run(context, () => writeAll(call, handler(requests, ctx) as AsyncIterable<unknown>, ctx.signal))
-            .then(
-              () => {
-                finish(start, grpc.status.OK);
-                call.end();
-              },
-              (error: unknown) => call.emit('error', fail(start, error)),
-            )
-            .finally(dispose);
+          stream(process.hrtime.bigint(), call, (ctx) =>
+            writeAll(call, handler(requestsOf(call, ctx.signal, { destroyOnReturn: false }), ctx) as AsyncIterable<unknown>, ctx.signal),
+          );
         };
     }
   }

@@ -72,7 +72,8 @@ describe(ApiKeyAuth.name, () => {
       expect([...(await sut.verify('Bearer admin-only-key')).scopes]).toEqual([Scope.ADMIN]);
     });
 
-    it('gives each key its own tenant, a digest of the header that never contains the key', async () => {
+    it('gives each key its own tenant, a digest of the key that never contains it, whatever the header spelling', async () => {
+      expect((await sut.verify('bearer   first-key ')).tenant).toBe((await sut.verify('Bearer first-key')).tenant);
       const first = await sut.verify('Bearer first-key');
       const again = await sut.verify('Bearer first-key');
       const second = await sut.verify('Bearer second-key');

@@ -13,11 +13,11 @@ const sha256 = (value: string) => createHash('sha256').update(value, 'utf8').dig
 const configKeyId = (position: number) => `config:${position}`;
 
 /**
- * The tenant of a configured key: a digest of the Authorization header that carried it, as it has
- * always been (cached results and sticky rollouts keep their tenant); the key never leaves the gateway.
+ * The tenant of a configured key: a digest of the key, computed once, so that the key never leaves
+ * the gateway and the header's spelling ("Bearer" or "bearer", spaces) does not change the tenant.
  */
-function configTenant(authorization: string): string {
-  return `key:${createHash('sha256').update(authorization.trim()).digest('hex').slice(0, 32)}`;
+function configTenant(key: string): string {
+  return `key:${sha256(key).toString('hex').slice(0, 32)}`;
 }
 
 /**
@@ -29,7 +29,7 @@ function configTenant(authorization: string): string {
  */
 @Injectable()
 export class ApiKeyAuth implements OnApplicationShutdown {
-  private readonly keys: { digest: Buffer; principal: Omit<Principal, 'tenant'> }[];
+  private readonly keys: { digest: Buffer; principal: Principal }[];
   private readonly defaultRateLimit: RateLimit;
 
   constructor(
@@ -40,7 +40,7 @@ export class ApiKeyAuth implements OnApplicationShutdown {
     this.defaultRateLimit = config.defaultRateLimit;
     this.keys = config.apiKeys.map(({ key, scopes }, i) => ({
       digest: sha256(key),
-      principal: { keyId: configKeyId(i + 1), scopes: new Set(scopes), models: new Set(), rateLimit: config.defaultRateLimit },
+      principal: { keyId: configKeyId(i + 1), scopes: new Set(scopes), tenant: configTenant(key), models: new Set(), rateLimit: config.defaultRateLimit },
     }));
   }
 
@@ -59,13 +59,13 @@ export class ApiKeyAuth implements OnApplicationShutdown {
       return principal.rateLimit === undefined ? { ...principal, rateLimit: this.defaultRateLimit } : principal;
     }
     const presented = sha256(token);
-    let found: Omit<Principal, 'tenant'> | undefined;
+    let found: Principal | undefined;
     for (const key of this.keys) {
       const equal = timingSafeEqual(key.digest, presented);
       found = equal ? key.principal : found;
     }
     if (found === undefined) throw unauthenticated('invalid API key');
-    return { ...found, tenant: configTenant(authorization) };
+    return found;
   }
 
   /** Verifies the key (UNAUTHENTICATED), then that it has `scope` (PERMISSION_DENIED); its principal. */

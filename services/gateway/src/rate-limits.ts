@@ -62,9 +62,10 @@ export class RateLimits implements OnApplicationShutdown {
     if (limit === undefined || (limit.requestsPerSecond <= 0 && limit.perModelRequestsPerSecond <= 0)) return;
     // A model's name becomes part of a bucket's key: only a name a model can have (it would be NOT_FOUND anyway).
     if (limit.perModelRequestsPerSecond > 0) modelResource(model);
+    const buckets = bucketsOf(limit, model);
     let decision: Decision;
     try {
-      decision = await this.limiter.take(principal.keyId, bucketsOf(limit, model));
+      decision = await this.limiter.take(principal.keyId, buckets);
     } catch (error) {
       if (!(error instanceof RateLimitStoreUnavailableError)) throw error;
       throw new RpcError(
@@ -74,9 +75,10 @@ export class RateLimits implements OnApplicationShutdown {
       );
     }
     if (decision.allowed) return;
-    const perModel = decision.limitedBy?.startsWith(MODEL_BUCKET) === true;
+    const bucket = buckets.find((b) => b.key === decision.limitedBy) ?? buckets[0]!;
+    const perModel = bucket.key !== KEY_BUCKET;
     this.metrics.countRateLimited(perModel ? 'model' : 'key');
-    throw new RpcError(status.RESOURCE_EXHAUSTED, refusal(principal, limit, perModel ? model : undefined, decision.retryAfterMs), {
+    throw new RpcError(status.RESOURCE_EXHAUSTED, refusal(principal, bucket, perModel ? model : undefined, decision.retryAfterMs), {
       reason: 'RATE_LIMITED',
       retryDelayMs: decision.retryAfterMs,
       metadata: { bucket: perModel ? 'model' : 'key' },
@@ -89,15 +91,13 @@ export class RateLimits implements OnApplicationShutdown {
 }
 
 /** Names the limit that refused, never a configured key: "rate limit of key apiKeys/…: 5 requests/s per key (burst 10); retry in 2 s". */
-function refusal(principal: Principal, limit: RateLimit, model: string | undefined, retryAfterMs: number): string {
+function refusal(principal: Principal, bucket: Bucket, model: string | undefined, retryAfterMs: number): string {
   const configured = principal.keyId.startsWith('config:');
   const whose = configured ? 'this API key' : `key apiKeys/${principal.keyId}`;
   const retry = `retry in ${Math.max(1, Math.ceil(retryAfterMs / 1000))} s`;
-  const [perS, burst] = model === undefined ? [limit.requestsPerSecond, limit.burst] : [limit.perModelRequestsPerSecond, limit.perModelBurst];
-  const bursts = burst > 0 ? burst : Math.max(1, perS);
   const source = configured ? (model === undefined ? ', GATEWAY_RATE_LIMIT_RPS' : ', GATEWAY_RATE_LIMIT_PER_MODEL_RPS') : '';
-  if (model === undefined) return `rate limit of ${whose}: ${rate(perS)} requests/s per key (burst ${rate(bursts)}${source}); ${retry}`;
-  return `rate limit of ${whose} for model "${model}": ${rate(perS)} requests/s per model (burst ${rate(bursts)}${source}); ${retry}`;
+  const limit = `${rate(bucket.ratePerS)} requests/s per ${model === undefined ? 'key' : 'model'} (burst ${rate(bucket.burst)}${source})`;
+  return model === undefined ? `rate limit of ${whose}: ${limit}; ${retry}` : `rate limit of ${whose} for model "${model}": ${limit}; ${retry}`;
 }
 
 /**

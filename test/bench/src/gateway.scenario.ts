@@ -142,7 +142,7 @@ async function measure(redisUrl: string | undefined): Promise<Variant> {
   const headers = { authorization, 'content-type': 'application/json' };
   const metadata = { authorization };
   // The tenant the gateway gives a configured key (see ApiKeyAuth), and its routing key without x-routing-key.
-  const tenant = `key:${createHash('sha256').update(authorization).digest('hex').slice(0, 32)}`;
+  const tenant = `key:${createHash('sha256').update(API_KEY).digest('hex').slice(0, 32)}`;
   const raw = new Uint8Array(INPUT.buffer);
   const restBody = JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: Array.from(INPUT) }] });
   const grpcRequest = create(ModelInferRequestSchema, {
