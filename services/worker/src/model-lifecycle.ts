@@ -159,7 +159,9 @@ export class ModelLifecycle {
       await this.makeRoom(entry, Math.max(bytes.byteLength, this.estimateBytes(entry)));
       const rssBefore = process.memoryUsage.rss();
       try {
-        session = await this.runtime.load(bytes, this.config.executionProviders);
+        // The runtime lets go of the bytes once the session runs, and reads them again (verified) from
+        // the artifact cache, or the registry, only to replace an execution thread that died.
+        session = await this.runtime.load(bytes, this.config.executionProviders, () => this.fetchArtifact(entry));
       } catch (error) {
         throw new LoadFailure(`could not create a session: ${message(error)}`);
       }

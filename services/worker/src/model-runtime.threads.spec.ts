@@ -35,6 +35,16 @@ async function rejection(promise: Promise<unknown>): Promise<RpcError> {
 
 const exited = (thread: Worker) => new Promise<number>((resolve) => thread.once('exit', resolve));
 
+/** A runtime whose threads die on a run of an input named "crash" (execution-thread.crash-fixture.js). */
+const crashingRuntime = (instancesPerModel: number, died: string[], restartDelayMs = 50) =>
+  new ThreadsModelRuntime({
+    instancesPerModel,
+    intraOpThreads: 1,
+    onThreadCrash: (reason) => died.push(reason),
+    restartDelayMs,
+    threadFile: join(__dirname, 'execution-thread.crash-fixture.js'),
+  });
+
 describe(ThreadsModelRuntime.name, () => {
   const crashes: string[] = [];
   const sut = new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1, onThreadCrash: (reason) => crashes.push(reason), restartDelayMs: 50 });
@@ -155,13 +165,7 @@ describe(ThreadsModelRuntime.name, () => {
 
   it('replaces a thread that dies: only its request fails, UNAVAILABLE (EXECUTION_FAILED), and the model serves on', async () => {
     const died: string[] = [];
-    const crashing = new ThreadsModelRuntime({
-      instancesPerModel: 2,
-      intraOpThreads: 1,
-      onThreadCrash: (reason) => died.push(reason),
-      restartDelayMs: 50,
-      threadFile: join(__dirname, 'execution-thread.crash-fixture.js'),
-    });
+    const crashing = crashingRuntime(2, died);
     const session = await load(crashing, MLP.bytes);
     const before = [...session.threads];
 
@@ -178,6 +182,44 @@ describe(ThreadsModelRuntime.name, () => {
     expect(session.threads.filter((t) => before.includes(t))).toHaveLength(1);
     const runs = await Promise.all([0, 1, 2, 3].map((i) => session.run([mlpInput(8, i)], [])));
     expect(runs.every((r) => r.outputs[0]!.shape[0] === 8n)).toBe(true);
+  });
+
+  it('lets go of the model bytes once its instances run, and reloads them only to replace a thread that dies', async () => {
+    const died: string[] = [];
+    const crashing = crashingRuntime(1, died);
+    let reloads = 0;
+    const session = (await crashing.load(buildTinyModel().bytes, ['cpu'], async () => {
+      reloads += 1;
+      return buildTinyModel().bytes;
+    })) as ThreadsModelSession;
+    open.push(session);
+    expect(session.holdsModelBytes).toBe(false);
+    expect(reloads).toBe(0);
+
+    await rejection(session.run([fp32('crash', [0], [1])], []));
+    const result = await session.run([fp32('input', [1, 2, 3, 4], [1, 4])], []); // waits for the replacement
+
+    expect(reloads).toBe(1);
+    expect(died).toHaveLength(1);
+    expect(floats(result.outputs[0]!)).toHaveLength(3);
+    expect(session.holdsModelBytes).toBe(false);
+  });
+
+  it('keeps the model bytes without a way to reload them; a failed reload leaves waiting requests UNAVAILABLE, not hanging', async () => {
+    expect((await load(sut, buildTinyModel().bytes)).holdsModelBytes).toBe(true);
+
+    const died: string[] = [];
+    const crashing = crashingRuntime(1, died, 60_000);
+    const session = (await crashing.load(buildTinyModel().bytes, ['cpu'], () => Promise.reject(new Error('artifact refused: bytes hash to 00')))) as ThreadsModelSession;
+    open.push(session);
+    const crashed = session.run([fp32('crash', [0], [1])], []);
+    const waiting = session.run([fp32('input', [1, 2, 3, 4], [1, 4])], []);
+
+    expect((await rejection(crashed)).code).toBe(status.UNAVAILABLE);
+    const error = await rejection(waiting);
+    expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'EXECUTION_FAILED']);
+    expect(error.message).toContain('artifact refused');
+    expect(died.at(-1)).toContain('a replacement execution thread failed to start: artifact refused');
   });
 
   it('runs requests on two instances at once', async () => {

@@ -54,7 +54,8 @@ type FromThread =
 
 interface ThreadSpec {
   file: string;
-  model: Uint8Array;
+  /** The model's bytes; dropped once the instances have started when the session can reload them. */
+  model: Uint8Array | undefined;
   provider: string;
   intraOpThreads: number;
 }
@@ -84,9 +85,9 @@ export class ThreadsModelRuntime extends ModelRuntime {
     }
   }
 
-  async load(model: Uint8Array, executionProviders: readonly string[]): Promise<ModelSession> {
-    // Kept to start replacement threads (each thread receives its own clone): the caller's bytes when
-    // they own their buffer, else a compact copy.
+  async load(model: Uint8Array, executionProviders: readonly string[], reload?: () => Promise<Uint8Array>): Promise<ModelSession> {
+    // Each thread receives its own clone: the caller's bytes when they own their buffer, else a compact
+    // copy. Kept to start replacement threads only when there is no `reload` to fetch them again.
     const bytes = model.byteOffset === 0 && model.byteLength === model.buffer.byteLength ? model : new Uint8Array(model);
     const failures: string[] = [];
     for (const provider of executionProviders) {
@@ -107,7 +108,7 @@ export class ThreadsModelRuntime extends ModelRuntime {
       }
       let session: ThreadsModelSession;
       try {
-        session = new ThreadsModelSession(spec, first.ready, this.options);
+        session = new ThreadsModelSession(spec, first.ready, this.options, reload);
       } catch (error) {
         await first.thread.close();
         throw error;
@@ -153,6 +154,8 @@ export class ThreadsModelSession implements ModelSession {
     private readonly spec: ThreadSpec,
     ready: Extract<FromThread, { type: 'ready' }>,
     private readonly options: ThreadsRuntimeOptions,
+    /** The model's bytes again, for a replacement thread, when the session does not keep them. */
+    private readonly reload?: () => Promise<Uint8Array>,
   ) {
     this.executionProvider = spec.provider;
     this.inputs = ready.inputs.map(toSpec);
@@ -181,6 +184,13 @@ export class ThreadsModelSession implements ModelSession {
     for (const other of others) if (other.status === 'fulfilled') this.adopt(other.value.thread);
     const failed = others.find((o) => o.status === 'rejected');
     if (failed !== undefined) throw new ModelLoadError(`an execution instance failed to start: ${errorMessage(failed.reason)}`);
+    // Every thread has its own copy: the service's can go, to be fetched again if a thread dies.
+    if (this.reload !== undefined) this.spec.model = undefined;
+  }
+
+  /** Whether the session still holds the model's bytes (for replacement threads). */
+  get holdsModelBytes(): boolean {
+    return this.spec.model !== undefined;
   }
 
   async run(inputs: readonly Tensor[], outputNames: readonly string[]): Promise<RunResult> {
@@ -257,7 +267,9 @@ export class ThreadsModelSession implements ModelSession {
   private replace(): void {
     if (this.released) return;
     this.starting += 1;
-    ExecutionThread.start(this.spec).then(
+    const spec = this.spec;
+    const model = spec.model !== undefined ? Promise.resolve(spec.model) : this.reload!();
+    model.then((bytes) => ExecutionThread.start({ ...spec, model: bytes })).then(
       ({ thread }) => {
         this.starting -= 1;
         this.adopt(thread);

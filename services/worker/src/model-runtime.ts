@@ -35,8 +35,13 @@ export class ModelLoadError extends Error {
  * threads, off the service's event loop; tensors stay raw bytes across the port.
  */
 export abstract class ModelRuntime {
-  /** Creates a session, trying the execution providers in order; throws ModelLoadError. */
-  abstract load(model: Uint8Array, executionProviders: readonly string[]): Promise<ModelSession>;
+  /**
+   * Creates a session, trying the execution providers in order; throws ModelLoadError. With `reload`,
+   * the runtime lets go of `model` once the session has started and calls `reload` for the bytes when
+   * it needs them again (to replace an execution instance that died), so that a loaded model does not
+   * also keep its artifact in the service's memory; without it, the runtime keeps `model`.
+   */
+  abstract load(model: Uint8Array, executionProviders: readonly string[], reload?: () => Promise<Uint8Array>): Promise<ModelSession>;
 
   /**
    * Pays the runtime's one-time start-up costs (its native library, global environment and thread

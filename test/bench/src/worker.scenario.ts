@@ -4,7 +4,10 @@ import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { DataType } from '@infermesh/tensors';
 import * as ort from 'onnxruntime-node';
+import { fork } from 'node:child_process';
+import { once } from 'node:events';
 import { availableParallelism } from 'node:os';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startFixture } from '../../e2e/support/system-fixture';
 import { quantile, round, table } from './stats';
@@ -20,8 +23,11 @@ const HEALTH_INTERVAL_MS = 5;
 /**
  * Items/s of the demo MLP at batch 1, 8, 32, 64 and concurrency 1 and 2: (a) in-process
  * onnxruntime-node with the worker's session settings, (b) WorkerService.Infer straight to the
- * worker, the two measured alternately, round by round. While (b) runs, a side client polls the
- * worker's grpc.health.v1 Check every ~5 ms.
+ * worker, (c) the same call to a process that computes nothing (transport-floor.server.ts), all three
+ * measured alternately, round by round. (c) is what the client, grpc-js, HTTP/2 and protobuf alone
+ * cost for the MLP's bytes on this machine: in-process ÷ (in-process + floor) is the best ratio any
+ * server could reach over this transport, and what the worker takes beyond compute and floor is its
+ * own overhead. While (b) runs, a side client polls the worker's grpc.health.v1 Check every ~5 ms.
  */
 export async function worker(): Promise<Record<string, unknown>> {
   const model = buildMlpModel();
@@ -39,18 +45,17 @@ export async function worker(): Promise<Record<string, unknown>> {
   const address = fixture.system.grpcAddress('worker');
   const client = createClient(WorkerService, address);
   const health = createClient(Health, address);
+  const floorServer = fork(join(__dirname, 'transport-floor.server.js'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  const [{ port: floorPort }] = (await once(floorServer, 'message')) as [{ port: number }];
+  const floorClient = createClient(WorkerService, `127.0.0.1:${floorPort}`);
 
   const inputFor = (batch: number, i: number) => {
     const data = new Float32Array(batch * 512);
     for (let j = 0; j < data.length; j++) data[j] = Math.sin(i * 7919 + j);
     return data;
   };
-  const paths = {
-    inprocess: async (batch: number, data: Float32Array) => {
-      await session.run({ input: new ort.Tensor('float32', data, [batch, 512]) });
-    },
-    worker: async (batch: number, data: Float32Array) => {
-      const response = await client.infer(
+  const viaGrpc = (to: typeof client) => async (batch: number, data: Float32Array) => {
+      const response = await to.infer(
         {
           request: {
             modelName: 'mlp',
@@ -60,8 +65,14 @@ export async function worker(): Promise<Record<string, unknown>> {
         },
         { timeoutMs: 30_000 },
       );
-      if (response.response?.outputs.length !== 1) throw new Error('the worker answered without the output');
+      if (response.response?.outputs.length !== 1) throw new Error('the server answered without the output');
+  };
+  const paths = {
+    inprocess: async (batch: number, data: Float32Array) => {
+      await session.run({ input: new ort.Tensor('float32', data, [batch, 512]) });
     },
+    worker: viaGrpc(client),
+    floor: viaGrpc(floorClient),
   };
 
   // Health-check latency with the worker idle, as the reference for the figure under load.
@@ -86,15 +97,15 @@ export async function worker(): Promise<Record<string, unknown>> {
     }
   })();
 
-  type Row = { inprocess: number; worker: number; ratio: number };
+  type Row = { inprocess: number; worker: number; ratio: number; transport_floor: number; ratio_ceiling: number; worker_added_ms: number };
   const throughput: Record<string, Row> = {};
   try {
     for (const concurrency of CONCURRENCY) {
       for (const batch of BATCH_SIZES) {
-        const elapsed = { inprocess: 0, worker: 0 };
+        const elapsed = { inprocess: 0, worker: 0, floor: 0 };
         const n = rounds(batch);
         for (let i = 0; i < WARMUP_ROUNDS + n; i++) {
-          for (const name of ['inprocess', 'worker'] as const) {
+          for (const name of ['inprocess', 'worker', 'floor'] as const) {
             const inputs = Array.from({ length: concurrency }, (_, c) => inputFor(batch, i * concurrency + c));
             measuring = name === 'worker' && i >= WARMUP_ROUNDS;
             const start = process.hrtime.bigint();
@@ -106,13 +117,24 @@ export async function worker(): Promise<Record<string, unknown>> {
         const items = batch * n * concurrency;
         const inprocess = items / elapsed.inprocess;
         const viaWorker = items / elapsed.worker;
-        throughput[`c${concurrency}_b${batch}`] = { inprocess: round(inprocess, 1), worker: round(viaWorker, 1), ratio: round(viaWorker / inprocess) };
+        throughput[`c${concurrency}_b${batch}`] = {
+          inprocess: round(inprocess, 1),
+          worker: round(viaWorker, 1),
+          ratio: round(viaWorker / inprocess),
+          transport_floor: round(items / elapsed.floor, 1),
+          // Compute and transport one after the other, as a caller that waits for each answer sees them.
+          ratio_ceiling: round(elapsed.inprocess / (elapsed.inprocess + elapsed.floor)),
+          // Per round: what the worker took beyond computing and the transport floor.
+          worker_added_ms: round(((elapsed.worker - elapsed.inprocess - elapsed.floor) / n) * 1000),
+        };
       }
     }
   } finally {
     polling = false;
     await poller.catch(() => undefined);
     client.close();
+    floorClient.close();
+    floorServer.disconnect();
     health.close();
     await session.release();
     await fixture.stop();
@@ -126,6 +148,8 @@ export async function worker(): Promise<Record<string, unknown>> {
     items_per_s: throughput,
     throughput_ratio_b32: throughput['c1_b32']!.ratio,
     throughput_ratio_b32_concurrency2: throughput['c2_b32']!.ratio,
+    throughput_ratio_b32_ceiling: throughput['c1_b32']!.ratio_ceiling,
+    worker_added_ms_b32: throughput['c1_b32']!.worker_added_ms,
     health_checks: healthMs.length,
     health_p50_ms: round(quantile(healthMs, 0.5)),
     health_p99_ms: round(quantile(healthMs, 0.99)),
@@ -135,8 +159,13 @@ export async function worker(): Promise<Record<string, unknown>> {
   };
   process.stdout.write(
     `${table(
-      ['concurrency', 'batch', 'in-process items/s', 'worker gRPC items/s', 'worker / in-process'],
-      CONCURRENCY.flatMap((c) => BATCH_SIZES.map((b) => [c, b, throughput[`c${c}_b${b}`]!.inprocess, throughput[`c${c}_b${b}`]!.worker, throughput[`c${c}_b${b}`]!.ratio])),
+      ['concurrency', 'batch', 'in-process items/s', 'worker gRPC items/s', 'worker / in-process', 'floor items/s', 'ceiling', 'worker added ms'],
+      CONCURRENCY.flatMap((c) =>
+        BATCH_SIZES.map((b) => {
+          const row = throughput[`c${c}_b${b}`]!;
+          return [c, b, row.inprocess, row.worker, row.ratio, row.transport_floor, row.ratio_ceiling, row.worker_added_ms];
+        }),
+      ),
     )}\n\nhealth Check while the worker computes: p50 ${result.health_p50_ms} ms, p99 ${result.health_p99_ms} ms, max ${result.health_max_ms} ms (${healthMs.length} checks); idle: p50 ${result.health_idle_p50_ms} ms, p99 ${result.health_idle_p99_ms} ms\n`,
   );
   return result;
