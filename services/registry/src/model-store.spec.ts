@@ -1,15 +1,13 @@
 import { create } from '@bufbuild/protobuf';
 import { BatchingSchema, type Model, ModelSchema, ProcessingSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
 import { JsonLogger } from '@infermesh/telemetry';
-import { type RedisServer, startRedisServer } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ModelStore } from './model-store';
 import { EmbeddedModelStore } from './model-store.embedded';
-import { RedisModelStore } from './model-store.redis';
+import { RedisModelStores } from './model-store.redis.testing';
 
 const logger = new JsonLogger('test', 'error');
 
@@ -275,21 +273,10 @@ contract('embedded', () => {
   };
 });
 
-let redisServer: RedisServer;
-const clients: Redis[] = [];
-beforeAll(async () => {
-  redisServer = await startRedisServer();
-});
-afterAll(async () => {
-  for (const client of clients) if (client.status !== 'end') client.disconnect();
-  await redisServer.stop();
-});
-async function redisStore(prefix: string): Promise<RedisModelStore> {
-  const client = createRedisClient(redisServer.url, logger, 'test');
-  clients.push(client);
-  await waitForRedis(client, 5_000);
-  return new RedisModelStore(client, prefix);
-}
+const stores = new RedisModelStores(logger);
+beforeAll(() => stores.start());
+afterAll(() => stores.stop());
+const redisStore = (prefix: string) => stores.open(prefix);
 contract('redis', () => {
   const prefix = `test:${randomBytes(4).toString('hex')}:`;
   return {

@@ -1,14 +1,13 @@
 import { create } from '@bufbuild/protobuf';
 import { type Model, ModelSchema, type WatchModelsResponse, WatchModelsResponseSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { type RedisServer, rpcRejection, startRedisServer } from '@infermesh/testing';
+import { rpcRejection } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { EmbeddedModelStore } from './model-store.embedded';
-import { RedisModelStore } from './model-store.redis';
+import { RedisModelStores } from './model-store.redis.testing';
 import { ModelWatch } from './model-watch';
 import { loadRegistryConfig } from './registry.config';
 
@@ -153,21 +152,10 @@ describe(ModelWatch.name, () => {
   });
 
   describe('with replicas sharing Redis', () => {
-    let redisServer: RedisServer;
-    const clients: Redis[] = [];
-    beforeAll(async () => {
-      redisServer = await startRedisServer();
-    });
-    afterAll(async () => {
-      for (const client of clients) if (client.status !== 'end') client.disconnect();
-      await redisServer.stop();
-    });
-    async function redisStore(prefix: string): Promise<RedisModelStore> {
-      const client = createRedisClient(redisServer.url, logger, 'test');
-      clients.push(client);
-      await waitForRedis(client, 5_000);
-      return new RedisModelStore(client, prefix);
-    }
+    const stores = new RedisModelStores(logger);
+    beforeAll(() => stores.start());
+    afterAll(() => stores.stop());
+    const redisStore = (prefix: string) => stores.open(prefix);
 
     it('sees the changes and deletions another replica makes, without being told', async () => {
       const prefix = `test:${randomBytes(4).toString('hex')}:`;
