@@ -1,7 +1,9 @@
-import { spawn } from 'node:child_process';
-import { join } from 'node:path';
+import { DEFAULT_RESTART_POLICY, type ServiceName } from '@infermesh/system';
 import { freePortList } from '@infermesh/testing';
-import { DIST } from './support/system-fixture';
+import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { API_KEY, DIST, type Fixture, startFixture } from './support/system-fixture';
 
 function alive(pid: number): boolean {
   try {
@@ -40,4 +42,61 @@ describe('services under a supervisor', () => {
     while (alive(servicePid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
     expect(alive(servicePid)).toBe(false);
   });
+});
+
+describe('a system supervised as `infermesh up` supervises it', () => {
+  let fixture: Fixture;
+
+  beforeAll(async () => {
+    fixture = await startFixture({ models: ['tiny'], restartPolicy: DEFAULT_RESTART_POLICY });
+  });
+
+  afterAll(async () => {
+    await fixture?.stop();
+  });
+
+  let seq = 0;
+  /** A request never the same twice (the result cache cannot answer it): its status, or 0 when the gateway could not be reached. */
+  const infer = async (): Promise<number> => {
+    seq += 1;
+    try {
+      const res = await fetch(`${fixture.system.gatewayUrl}/v2/models/tiny/infer`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [seq, 1, 2, 3] }] }),
+        signal: AbortSignal.timeout(20_000),
+      });
+      await res.arrayBuffer();
+      return res.status;
+    } catch {
+      return 0;
+    }
+  };
+
+  it.each<ServiceName>(['worker', 'gateway', 'router'])(
+    'starts the %s again after a kill -9 from outside, and the system serves again without anyone restarting it',
+    async (service) => {
+      const victim = fixture.system.process(service);
+      const pid = victim.pid!;
+      const restartsBefore = victim.restartCount;
+      expect(await infer()).toBe(200);
+
+      process.kill(pid, 'SIGKILL');
+      const deadline = Date.now() + 60_000;
+      let status = await infer();
+      while ((victim.pid === pid || status !== 200) && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 100));
+        status = await infer();
+      }
+
+      if (status !== 200) throw new Error(`no 200 after the ${service} was killed\n${fixture.logTail()}`);
+      expect(victim.state).toBe('running');
+      expect(victim.pid).not.toBe(pid);
+      expect(victim.restartCount).toBe(restartsBefore + 1);
+      expect(readFileSync(fixture.logFile, 'utf8')).toContain(`supervisor | ${service} exited unexpectedly (killed by SIGKILL after`);
+      // Once back, it keeps serving: ten in a row.
+      const after = await Promise.all(Array.from({ length: 10 }, () => infer()));
+      expect(after).toEqual(Array(10).fill(200));
+    },
+  );
 });

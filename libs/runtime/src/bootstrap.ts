@@ -3,6 +3,7 @@ import type { DescService } from '@bufbuild/protobuf';
 import type { INestApplication, INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { GrpcServer, HealthService, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
+import { exitOnUnsupportedNode } from '@infermesh/config';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Server } from 'node:http';
 import { HealthDetails } from './health-details';
@@ -109,6 +110,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
 
 /** Runs a service as a process: bootstrap, then exit cleanly on SIGTERM / SIGINT. */
 export function runMain(name: string, start: () => Promise<RunningService>): void {
+  exitOnUnsupportedNode(`infermesh ${name}`);
   const fatal = (error: unknown) => {
     process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level: 'fatal', service: name, msg: String(error instanceof Error ? error.stack : error) })}\n`);
     process.exit(1);

@@ -1,7 +1,14 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { type ServiceName, ServiceProcess, serviceEntry } from './service-process';
+import {
+  type RestartPolicy,
+  type ServiceName,
+  ServiceProcess,
+  type SupervisionEvent,
+  describeSupervisionEvent,
+  serviceEntry,
+} from './service-process';
 
 /**
  * A stand-in service: MODE=serve drains for 50 ms on SIGTERM, MODE=stubborn ignores SIGTERM,
@@ -50,14 +57,16 @@ describe(ServiceProcess.name, () => {
   const started: ServiceProcess[] = [];
   let lines: [ServiceName, string][];
   let exits: Exit[];
+  let events: SupervisionEvent[];
 
-  function create(mode: 'serve' | 'stubborn' | 'crash'): ServiceProcess {
+  function create(mode: 'serve' | 'stubborn' | 'crash', restart?: RestartPolicy): ServiceProcess {
     const sut = new ServiceProcess(
       'worker',
       entry,
       { MODE: mode, GREETING: 'hello' },
       (name, line) => lines.push([name, line]),
       (name, code, signal) => exits.push({ name, code, signal }),
+      { restart, onSupervision: (_name, event) => events.push(event) },
     );
     started.push(sut);
     return sut;
@@ -74,6 +83,7 @@ describe(ServiceProcess.name, () => {
   beforeEach(() => {
     lines = [];
     exits = [];
+    events = [];
   });
 
   afterEach(async () => {
@@ -205,6 +215,93 @@ describe(ServiceProcess.name, () => {
     await eventually(() => !sut.running);
     await expect(sut.stop()).resolves.toBeUndefined();
     expect(exits).toHaveLength(1);
+  });
+
+  describe('with a restart policy', () => {
+    const policy: RestartPolicy = { initialBackoffMs: 40, maxBackoffMs: 100, stableAfterMs: 60_000, crashLoopLimit: 4 };
+
+    it('starts a process killed from outside again after the back-off, saying why it ended', async () => {
+      const sut = create('serve', policy);
+      sut.start();
+      await eventually(() => said('ready'));
+      const firstPid = sut.pid!;
+
+      process.kill(firstPid, 'SIGKILL');
+      await eventually(() => events.some((e) => e.kind === 'restarted'));
+      await eventually(() => lines.filter(([, line]) => line === 'ready').length === 2);
+
+      expect(sut.running).toBe(true);
+      expect(sut.pid).not.toBe(firstPid);
+      expect(sut.restartCount).toBe(1);
+      expect(exits).toEqual([{ name: 'worker', code: null, signal: 'SIGKILL' }]);
+      expect(events[0]).toEqual({
+        kind: 'restarting',
+        delayMs: 40,
+        quickExits: 1,
+        exit: { code: null, signal: 'SIGKILL', ranMs: expect.any(Number), lastLine: expect.stringMatching(/^(ready|a line on stderr)$/) },
+      });
+      expect(events[1]).toEqual({ kind: 'restarted', pid: sut.pid, restarts: 1 });
+    });
+
+    it('doubles the back-off with each quick exit in a row, up to its maximum, and gives up on a crash loop', async () => {
+      const sut = create('crash', policy);
+
+      sut.start();
+      await eventually(() => sut.state === 'crash-loop', 10_000);
+      await new Promise((resolve) => setTimeout(resolve, 300)); // no restart comes after giving up
+
+      expect(events.map((e) => (e.kind === 'restarting' ? `restarting in ${e.delayMs}` : e.kind))).toEqual([
+        'restarting in 40',
+        'restarted',
+        'restarting in 80',
+        'restarted',
+        'restarting in 100',
+        'restarted',
+        'crash-loop',
+      ]);
+      expect(exits).toHaveLength(4);
+      expect(sut.running).toBe(false);
+      const last = events.at(-1)!;
+      expect(last).toMatchObject({ kind: 'crash-loop', quickExits: 4, exit: { code: 3, signal: null } });
+      expect(describeSupervisionEvent('worker', last)).toMatch(
+        /^worker is crash-looping: 4 exits in a row, each soon after starting \(exit code 3 after \d+\.\d s; its last line: (ready|a line on stderr)\); not restarting it again$/,
+      );
+    });
+
+    it('counts an exit after a healthy run as the first of a new series: the back-off starts over', async () => {
+      const sut = create('serve', { ...policy, stableAfterMs: 300 });
+      sut.start();
+      for (let round = 1; round <= 3; round += 1) {
+        await eventually(() => lines.filter(([, line]) => line === 'ready').length === round);
+        await new Promise((resolve) => setTimeout(resolve, 350));
+        process.kill(sut.pid!, 'SIGKILL');
+        await eventually(() => events.filter((e) => e.kind === 'restarted').length === round);
+      }
+
+      expect(events.filter((e) => e.kind === 'restarting')).toEqual(
+        Array.from({ length: 3 }, () => expect.objectContaining({ delayMs: 40, quickExits: 1 })),
+      );
+      expect(sut.state).toBe('running');
+    });
+
+    it('never restarts a process after stop() or kill(), even one stopped while it waited for its back-off', async () => {
+      const sut = create('serve', { ...policy, initialBackoffMs: 300 });
+      sut.start();
+      await eventually(() => said('ready'));
+      await sut.kill();
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      expect(sut.state).toBe('stopped');
+
+      sut.start();
+      await eventually(() => lines.filter(([, line]) => line === 'ready').length === 2);
+      process.kill(sut.pid!, 'SIGKILL');
+      await eventually(() => sut.state === 'backoff');
+      await sut.stop();
+      await new Promise((resolve) => setTimeout(resolve, 500));
+
+      expect(sut.state).toBe('stopped');
+      expect(events.map((e) => e.kind)).toEqual(['restarting']);
+    });
   });
 });
 

@@ -5,7 +5,15 @@ import { type BatchingSchema, type ProcessingSchema, RegistryService } from '@in
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { registerModel, waitForVersionsReady } from './model-registration';
-import { type LogSink, SERVICE_NAMES, type ServiceName, ServiceProcess, serviceEntry } from './service-process';
+import {
+  type LogSink,
+  type RestartPolicy,
+  SERVICE_NAMES,
+  type ServiceName,
+  ServiceProcess,
+  type SupervisionEvent,
+  serviceEntry,
+} from './service-process';
 
 /** The ports of one worker. */
 export interface WorkerPorts {
@@ -91,6 +99,10 @@ export interface SystemOptions {
   readyTimeoutMs?: number;
   /** Called when a service exits without being asked to. */
   onUnexpectedExit?: (name: ServiceName, code: number | null, signal: NodeJS.Signals | null) => void;
+  /** Start a service that exits without being asked to again, by this policy (`infermesh up` does); unset: leave it stopped. */
+  restartPolicy?: RestartPolicy | undefined;
+  /** Told of each restart and crash loop (the line to log: describeSupervisionEvent). */
+  onSupervision?: ((name: ServiceName, event: SupervisionEvent, instance?: number) => void) | undefined;
 }
 
 /** Which metrics port belongs to which service. */
@@ -122,7 +134,10 @@ export class System {
     const several = this.workers.length > 1;
     this.workerProcesses = this.workers.map((_, i) => {
       const sink: LogSink = several ? (service, line) => options.sink(service, line, i) : options.sink;
-      return new ServiceProcess('worker', serviceEntry(options.distDir, 'worker'), this.envForWorker(i), sink, options.onUnexpectedExit);
+      return new ServiceProcess('worker', serviceEntry(options.distDir, 'worker'), this.envForWorker(i), sink, options.onUnexpectedExit, {
+        restart: options.restartPolicy,
+        onSupervision: (name, event) => options.onSupervision?.(name, event, several ? i : undefined),
+      });
     });
     const map = new Map<ServiceName, ServiceProcess>();
     for (const name of SERVICE_NAMES) {
@@ -130,7 +145,10 @@ export class System {
         name,
         name === 'worker'
           ? this.workerProcesses[0]!
-          : new ServiceProcess(name, serviceEntry(options.distDir, name), this.envFor(name), options.sink, options.onUnexpectedExit),
+          : new ServiceProcess(name, serviceEntry(options.distDir, name), this.envFor(name), options.sink, options.onUnexpectedExit, {
+              restart: options.restartPolicy,
+              onSupervision: options.onSupervision,
+            }),
       );
     }
     this.processes = map;

@@ -1,5 +1,5 @@
 import { type BuiltModel, DEMO_MODELS } from '@infermesh/model-builder';
-import { System, type SystemPorts, type WorkerOptions } from '@infermesh/system';
+import { type RestartPolicy, System, describeSupervisionEvent, type SystemPorts, type WorkerOptions } from '@infermesh/system';
 import { freePortList } from '@infermesh/testing';
 import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -51,6 +51,8 @@ export async function startFixture(options: {
   env?: Record<string, string>;
   /** The worker processes and the models each serves; default one worker serving every model. */
   workers?: WorkerOptions[];
+  /** Restart services that exit unexpectedly, as `infermesh up` does; default: leave them stopped. */
+  restartPolicy?: RestartPolicy;
 }): Promise<Fixture> {
   const dataDir = mkdtempSync(join(tmpdir(), 'infermesh-e2e-'));
   const logFile = join(dataDir, 'services.log');
@@ -78,6 +80,9 @@ export async function startFixture(options: {
       }),
       readyTimeoutMs: 90_000,
       ...(options.workers !== undefined && { workers: options.workers }),
+      restartPolicy: options.restartPolicy,
+      onSupervision: (service, event, instance) =>
+        appendFileSync(logFile, `supervisor | ${describeSupervisionEvent(instance === undefined ? service : `${service} ${instance}`, event)}\n`),
     });
   } catch (error) {
     throw new Error(`${error instanceof Error ? error.message : String(error)}\n--- service logs ---\n${logTail()}`);

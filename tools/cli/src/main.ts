@@ -1,5 +1,8 @@
+import { exitOnUnsupportedNode } from '@infermesh/config';
 import { resolve } from 'node:path';
 import { runCli } from './cli';
+
+exitOnUnsupportedNode('infermesh');
 
 // The `infermesh` command: tools/cli/infermesh.js runs this file once built.
 runCli(process.argv.slice(2), {

@@ -1,5 +1,5 @@
 import { DEMO_MODELS } from '@infermesh/model-builder';
-import { DEFAULT_PORTS, SERVICE_NAMES, type ServiceName, System } from '@infermesh/system';
+import { DEFAULT_PORTS, DEFAULT_RESTART_POLICY, SERVICE_NAMES, type ServiceName, System, describeSupervisionEvent } from '@infermesh/system';
 import { randomBytes } from 'node:crypto';
 import { resolve } from 'node:path';
 import type { CliConfig } from './cli.config';
@@ -18,7 +18,8 @@ function prefixer(color: boolean) {
 /**
  * `infermesh up`: starts the six services as processes on this machine (embedded stores, or Redis
  * when REDIS_URL is set), registers the demo models, waits until the gateway is ready, prints how to
- * call it, and stops everything cleanly on Ctrl-C.
+ * call it, and stops everything cleanly on Ctrl-C. A service that exits unexpectedly is restarted
+ * with exponential back-off until it crash-loops (DEFAULT_RESTART_POLICY).
  */
 export async function up(config: CliConfig, distDir: string): Promise<void> {
   const generated = config.apiKey === undefined;
@@ -44,8 +45,10 @@ export async function up(config: CliConfig, distDir: string): Promise<void> {
     env: Object.fromEntries(SERVICE_NAMES.map((n) => [`${n.toUpperCase()}_LOG_LEVEL`, config.logLevel])),
     models,
     readyTimeoutMs: config.readyTimeoutMs,
-    onUnexpectedExit: (name, code, signal) => {
-      if (!shuttingDown) process.stderr.write(`infermesh: ${name} exited unexpectedly (code ${code}, signal ${signal})\n`);
+    // A service that crashes is started again, as a kubelet would, and the reason logged each time.
+    restartPolicy: DEFAULT_RESTART_POLICY,
+    onSupervision: (name, event, instance) => {
+      if (!shuttingDown) process.stderr.write(`infermesh: ${describeSupervisionEvent(instance === undefined ? name : `${name} ${instance}`, event)}\n`);
     },
   });
   // Ctrl-C stops everything cleanly, also while the system is still starting.
