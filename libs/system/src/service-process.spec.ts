@@ -278,9 +278,8 @@ describe(ServiceProcess.name, () => {
         await eventually(() => events.filter((e) => e.kind === 'restarted').length === round);
       }
 
-      expect(events.filter((e) => e.kind === 'restarting')).toEqual(
-        Array.from({ length: 3 }, () => expect.objectContaining({ delayMs: 40, quickExits: 1 })),
-      );
+      const firstOfASeries = expect.objectContaining({ delayMs: 40, quickExits: 1 }) as unknown;
+      expect(events.filter((e) => e.kind === 'restarting')).toEqual([firstOfASeries, firstOfASeries, firstOfASeries]);
       expect(sut.state).toBe('running');
     });
 

@@ -8,6 +8,7 @@ import type { CliIo } from './cli-io';
 import { CommandContext, type CommandHandler } from './command-context';
 import { renderHelp } from './help';
 import { KEYS_GROUP } from './keys.command';
+import { MESH_GROUP } from './mesh.command';
 import { MODELS_GROUP } from './models.command';
 import { ROLLOUT_GROUP } from './rollout.command';
 import { up } from './up.command';
@@ -47,6 +48,7 @@ export const COMMANDS: GroupSpec<CommandHandler> = {
     MODELS_GROUP,
     ROLLOUT_GROUP,
     KEYS_GROUP,
+    MESH_GROUP,
     command<CommandHandler>({
       name: 'help',
       summary: 'Show this help, or a command\'s: `infermesh help models register`',

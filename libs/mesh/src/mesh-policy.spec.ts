@@ -1,0 +1,95 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { parseDocument } from 'yaml';
+import { MeshPolicyError, parseDurationMs, parseMeshPolicy } from './mesh-policy';
+
+const SHIPPED = readFileSync(join(__dirname, '..', '..', '..', 'envoy', 'mesh.yaml'), 'utf8');
+
+type Change = [path: (string | number)[], value: unknown];
+
+/** The shipped policy with values set at paths (a path ending in 'push' adds to the list before it). */
+function changed(...changes: Change[]): string {
+  const doc = parseDocument(SHIPPED);
+  for (const [path, value] of changes) {
+    if (path.at(-1) === 'push') doc.addIn(path.slice(0, -1), doc.createNode(value));
+    else doc.setIn(path, doc.createNode(value));
+  }
+  return doc.toString();
+}
+
+function problemsOf(text: string): readonly string[] {
+  try {
+    parseMeshPolicy(text, 'test.yaml');
+  } catch (error) {
+    if (error instanceof MeshPolicyError) return error.problems;
+    throw error;
+  }
+  throw new Error('the policy was accepted');
+}
+
+describe('parseMeshPolicy', () => {
+  it('accepts the shipped envoy/mesh.yaml and resolves every edge over the defaults', () => {
+    const sut = parseMeshPolicy(SHIPPED);
+
+    const edges = sut.edges.map((e) => `${e.from}->${e.to}`);
+    expect(edges).toEqual([
+      'gateway->router', 'router->cache', 'router->batcher', 'batcher->worker',
+      'gateway->registry', 'router->registry', 'batcher->registry', 'worker->registry',
+    ]);
+    const gatewayRouter = sut.edges[0]!;
+    expect(gatewayRouter.loadBalancing).toEqual({ policy: 'ring_hash', hashHeader: 'x-routing-key', minimumRingSize: 1024 });
+    expect(gatewayRouter.retry).toEqual({ on: ['unavailable'], attempts: 3, backoff: { base: 25, max: 250 }, budget: { percent: 20, minConcurrency: 3 } });
+    expect(gatewayRouter.timeoutMs).toBe(60_000);
+    const routerCache = sut.edges[1]!;
+    expect(routerCache.timeoutMs).toBe(1_000);
+    expect(routerCache.retry.attempts).toBe(1);
+    expect(routerCache.retry.backoff).toEqual({ base: 25, max: 250 }); // the rest of the retry from the defaults
+    expect(sut.edges.find((e) => e.to === 'registry')!.timeoutMs).toBe(0);
+    expect(sut.services.router.subsets).toEqual({ stable: { track: 'stable' }, next: { track: 'next' } });
+  });
+
+  it.each<[string, Change, string]>([
+    ['a split to a subset the service does not have', [['edges', 0, 'split', 1, 'subset'], 'canary'], 'edges[0].split[1].subset: router has no subset "canary" (known: stable, next)'],
+    ['weights that add up to 0', [['edges', 2, 'split'], [{ subset: 'stable', weight: 0 }]], 'edges[2].split: the weights add up to 0, so no request could be sent'],
+    ['a negative timeout', [['defaults', 'timeout'], '-5s'], 'defaults.timeout: must be zero or more (got "-5s")'],
+    ['a duration without its unit', [['edges', 1, 'timeout'], 250], 'edges[1].timeout: expected a duration with its unit, such as 250ms, 10s or 2m (got 250)'],
+    ['an unknown field', [['edges', 1, 'retyr'], { attempts: 2 }], 'edges[1]: Unrecognized key: "retyr"'],
+    ['an unknown service', [['edges', 1, 'to'], 'cahce'], 'edges[1].to: Invalid option: expected one of'],
+    ['an edge declared twice', [['edges', 'push'], { from: 'router', to: 'cache' }], 'edges[5]: the edge router -> cache is declared more than once'],
+    ['a service as its own upstream', [['edges', 1, 'from'], 'cache'], 'edges[1]: cache cannot be its own upstream'],
+    ['two services on one port', [['services', 'cache', 'port'], 50052], "services.router.port: 50052 is also services.cache's port"],
+    ['a sidecar port that is a service port', [['sidecar', 'statsPort'], 50051], "sidecar.statsPort: 50051 is also services.registry's port"],
+    ['a retry back-off whose base is above its max', [['defaults', 'retry', 'backoff'], { base: '1s', max: '100ms' }], 'edges[0].retry.backoff: base is longer than max'],
+    ['more than 5 attempts', [['defaults', 'retry', 'attempts'], 6], 'defaults.retry.attempts: Too big: expected number to be <=5'],
+    ['a per-try timeout above the timeout', [['edges', 1, 'retry', 'perTryTimeout'], '2s'], "edges[1].retry.perTryTimeout: longer than the edge's timeout (1000 ms)"],
+    ['an ejection share above 100 %', [['defaults', 'outlierDetection', 'maxEjectionPercent'], 101], 'defaults.outlierDetection.maxEjectionPercent: Too big'],
+    ['a fault status that is not a gRPC code', [['edges', 2, 'fault'], { abort: { percent: 10, grpcStatus: 'UNAVAILIBLE' } }], 'edges[2].fault.abort.grpcStatus: Invalid option'],
+  ])('refuses %s, naming the field', (_what, change, expected) => {
+    const problems = problemsOf(changed(change));
+
+    expect(problems.map((p) => p.slice(0, expected.length))).toContain(expected);
+  });
+
+  it('says every problem at once, and which file it is', () => {
+    let error: unknown;
+    try {
+      parseMeshPolicy(changed([['defaults', 'timeout'], '-1s'], [['edges', 0, 'split', 0, 'subset'], 'x']), 'envoy/mesh.yaml');
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(MeshPolicyError);
+    expect((error as Error).message).toMatch(/^envoy\/mesh\.yaml: invalid mesh policy:\n {2}- defaults\.timeout/);
+  });
+
+  it('refuses text that is not YAML, and a duplicated key', () => {
+    expect(problemsOf('edges: [')[0]).toMatch(/^not valid YAML/);
+    expect(problemsOf(`${SHIPPED}\nversion: 1\n`)[0]).toMatch(/^not valid YAML: .*[Mm]ap keys must be unique/);
+  });
+});
+
+describe('parseDurationMs', () => {
+  it('reads durations with their unit', () => {
+    expect([parseDurationMs('250ms'), parseDurationMs('1.5s'), parseDurationMs('2m'), parseDurationMs('1h'), parseDurationMs('0s')]).toEqual([250, 1500, 120_000, 3_600_000, 0]);
+    expect([parseDurationMs('10'), parseDurationMs('s'), parseDurationMs('1d'), parseDurationMs('')]).toEqual([undefined, undefined, undefined, undefined]);
+  });
+});
