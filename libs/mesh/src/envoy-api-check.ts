@@ -165,6 +165,54 @@ export class EnvoyApi {
     return problems;
   }
 
+  /**
+   * The binary protobuf of a message given in its JSON form (as checked here: durations as "1.5s",
+   * typed configs with "@type", wrappers as plain values). Check it first: this throws on what the
+   * check would report.
+   */
+  encode(typeName: string, value: Json): Uint8Array {
+    const type = this.lookupType(typeName);
+    if (type === undefined) throw new Error(`${typeName} is not a type of Envoy's v3 API`);
+    return type.encode(type.fromObject(this.toObject(type, value))).finish();
+  }
+
+  /** A message's protobufjs object (what fromObject takes) from its JSON form. */
+  private toObject(type: protobuf.Type, value: Json): Record<string, unknown> {
+    const name = type.fullName.slice(1);
+    if (name === 'google.protobuf.Any') {
+      const { '@type': url, ...fields } = value as Record<string, Json>;
+      const inner = this.lookupType(String(url).slice(TYPE_URL_PREFIX.length));
+      if (inner === undefined) throw new Error(`unknown @type ${String(url)}`);
+      const content = this.isSpecialJson(inner.fullName.slice(1)) ? fields['value'] : fields;
+      return { type_url: url, value: inner.encode(inner.fromObject(this.toObject(inner, content))).finish() };
+    }
+    if (name === 'google.protobuf.Duration' || name === 'google.protobuf.Timestamp') {
+      const nanos = name === 'google.protobuf.Duration' ? durationNanos(value)! : BigInt(Date.parse(String(value))) * 1_000_000n;
+      return { seconds: String(nanos / 1_000_000_000n), nanos: Number(nanos % 1_000_000_000n) };
+    }
+    if (name in WRAPPERS) return { value };
+    if (name === 'google.protobuf.Struct') return { fields: Object.fromEntries(Object.entries(value as Record<string, Json>).map(([k, v]) => [k, structValue(v)])) };
+    if (name === 'google.protobuf.Value') return structValue(value);
+    if (name === 'google.protobuf.ListValue') return { values: (value as Json[]).map(structValue) };
+    const byName = new Map<string, protobuf.Field>();
+    for (const field of type.fieldsArray) {
+      byName.set(field.name, field);
+      byName.set(protobuf.util.camelCase(field.name), field);
+    }
+    const object: Record<string, unknown> = {};
+    for (const [key, child] of Object.entries(value as Record<string, Json>)) {
+      const field = byName.get(key);
+      if (field === undefined) throw new Error(`unknown field ${key} of ${name}`);
+      const one = (item: Json) => (field.resolvedType instanceof protobuf.Type ? this.toObject(field.resolvedType, item) : item);
+      object[field.name] = field.map
+        ? Object.fromEntries(Object.entries(child as Record<string, Json>).map(([k, v]) => [k, one(v)]))
+        : field.repeated
+          ? (child as Json[]).map(one)
+          : one(child);
+    }
+    return object;
+  }
+
   /** A bootstrap: the type check, then every cross-reference. */
   checkBootstrap(bootstrap: Json): string[] {
     const problems = this.check('envoy.config.bootstrap.v3.Bootstrap', bootstrap);
@@ -441,6 +489,16 @@ export class EnvoyApi {
   private isSpecialJson(name: string): boolean {
     return name in WRAPPERS || ['google.protobuf.Duration', 'google.protobuf.Timestamp', 'google.protobuf.Struct', 'google.protobuf.Value', 'google.protobuf.ListValue', 'google.protobuf.FieldMask'].includes(name);
   }
+}
+
+/** A google.protobuf.Value's protobufjs object from plain JSON. */
+function structValue(value: Json): Record<string, unknown> {
+  if (value === null) return { null_value: 0 };
+  if (typeof value === 'number') return { number_value: value };
+  if (typeof value === 'string') return { string_value: value };
+  if (typeof value === 'boolean') return { bool_value: value };
+  if (Array.isArray(value)) return { list_value: { values: value.map(structValue) } };
+  return { struct_value: { fields: Object.fromEntries(Object.entries(value as Record<string, Json>).map(([k, v]) => [k, structValue(v)])) } };
 }
 
 /** Walks a JSON document, calling `visit` with each object and its path. */

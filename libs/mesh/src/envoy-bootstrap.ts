@@ -193,15 +193,36 @@ const GRPC_HEALTH_CHECK: Json = {
   grpc_health_check: {},
 };
 
+/**
+ * The balancing policy as a list of candidates (gRFC A52): each client takes the first it supports.
+ * Envoy does least request; grpc-js has no least request and falls back to round robin.
+ */
 function lbSettings(edge: MeshEdge): Json {
   const lb = edge.loadBalancing;
+  const policy = (name: string, type: string, config: Json = {}) => ({ typed_extension_config: { name, typed_config: any(type, config) } });
+  const roundRobin = policy('envoy.load_balancing_policies.round_robin', 'envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin');
   switch (lb.policy) {
     case 'least_request':
-      return { lb_policy: 'LEAST_REQUEST', least_request_lb_config: { choice_count: lb.choiceCount } };
+      return {
+        load_balancing_policy: {
+          policies: [
+            policy('envoy.load_balancing_policies.least_request', 'envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest', {
+              choice_count: lb.choiceCount,
+            }),
+            roundRobin,
+          ],
+        },
+      };
     case 'round_robin':
-      return { lb_policy: 'ROUND_ROBIN' };
+      return { load_balancing_policy: { policies: [roundRobin] } };
     case 'ring_hash':
-      return { lb_policy: 'RING_HASH', ring_hash_lb_config: { minimum_ring_size: lb.minimumRingSize } };
+      return {
+        load_balancing_policy: {
+          policies: [
+            policy('envoy.load_balancing_policies.ring_hash', 'envoy.extensions.load_balancing_policies.ring_hash.v3.RingHash', { hash_function: 'XX_HASH' }),
+          ],
+        },
+      };
   }
 }
 
@@ -290,6 +311,23 @@ export function edgeListener(policy: MeshPolicy, edge: MeshEdge): Json {
     policy.services[edge.to].port,
     httpConnectionManager(policy, edge.from, `outbound_${edge.to}`, edgeRouteConfiguration(edge), faultFilter(edge)),
   );
+}
+
+/**
+ * The listener a proxyless gRPC client (grpc-js-xds) asks for when it dials `xds:///<upstream>`: no
+ * socket, the same routes and filters as a sidecar's outbound listener.
+ */
+export function edgeApiListener(edge: MeshEdge): Json {
+  return {
+    name: edge.to,
+    api_listener: {
+      api_listener: any('envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager', {
+        stat_prefix: `outbound_${edge.to}`,
+        route_config: edgeRouteConfiguration(edge),
+        http_filters: [...faultFilter(edge), ROUTER_FILTER],
+      }),
+    },
+  };
 }
 
 /** The bootstrap of the Envoy sidecar next to `service`. */

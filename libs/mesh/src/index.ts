@@ -2,3 +2,4 @@ export * from './mesh-policy';
 export * from './envoy-bootstrap';
 export * from './envoy-api-check';
 export * from './envoy-files';
+export * from './xds-resources';

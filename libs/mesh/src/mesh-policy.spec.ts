@@ -37,7 +37,7 @@ describe('parseMeshPolicy', () => {
       'gateway->registry', 'router->registry', 'batcher->registry', 'worker->registry',
     ]);
     const gatewayRouter = sut.edges[0]!;
-    expect(gatewayRouter.loadBalancing).toEqual({ policy: 'ring_hash', hashHeader: 'x-routing-key', minimumRingSize: 1024 });
+    expect(gatewayRouter.loadBalancing).toEqual({ policy: 'least_request', choiceCount: 2 });
     expect(gatewayRouter.retry).toEqual({ on: ['unavailable'], attempts: 3, backoff: { base: 25, max: 250 }, budget: { percent: 20, minConcurrency: 3 } });
     expect(gatewayRouter.timeoutMs).toBe(60_000);
     const routerCache = sut.edges[1]!;

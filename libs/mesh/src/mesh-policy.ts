@@ -120,14 +120,11 @@ const loadBalancingSchema = z.discriminatedUnion('policy', [
   /** The endpoint with the fewest active requests among `choiceCount` picked at random (P2C for 2). */
   z.object({ policy: z.literal('least_request'), choiceCount: z.number().int().min(2).max(10) }).strict(),
   z.object({ policy: z.literal('round_robin') }).strict(),
-  /** Consistent hashing on a request header, so one key keeps its endpoint (cache locality). */
-  z
-    .object({
-      policy: z.literal('ring_hash'),
-      hashHeader: z.string().regex(/^[a-z0-9-]+$/, 'expected a lower-case header name'),
-      minimumRingSize: positiveCount.max(8_388_608),
-    })
-    .strict(),
+  /**
+   * Consistent hashing on a request header, so one key keeps its endpoint (cache locality). The ring
+   * keeps its default size (1024 and up): grpc-js-xds refuses a ring size set in the policy.
+   */
+  z.object({ policy: z.literal('ring_hash'), hashHeader: z.string().regex(/^[a-z0-9-]+$/, 'expected a lower-case header name') }).strict(),
 ]);
 
 const faultSchema = z

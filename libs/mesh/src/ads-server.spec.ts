@@ -1,0 +1,204 @@
+import * as grpc from '@grpc/grpc-js';
+import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { createInterface } from 'node:readline';
+import { join } from 'node:path';
+import { parseDocument } from 'yaml';
+import { type AdsEvent, AdsServer } from './ads-server';
+import { EnvoyApi } from './envoy-api-check';
+import { type MeshPolicy, type MeshService, parseMeshPolicy } from './mesh-policy';
+import { type MeshInstance, xdsResources } from './xds-resources';
+
+const SHIPPED = readFileSync(join(__dirname, '..', '..', '..', 'envoy', 'mesh.yaml'), 'utf8');
+
+/** The shipped policy with values set at paths. */
+function policyWith(...changes: [path: (string | number)[], value: unknown][]): MeshPolicy {
+  const doc = parseDocument(SHIPPED);
+  for (const [path, value] of changes) doc.setIn(path, doc.createNode(value));
+  return parseMeshPolicy(doc.toString());
+}
+
+const IDENTITY = (value: Buffer) => value;
+/** A service that answers with the name of the instance that served it, or fails as told. */
+const ECHO: grpc.ServiceDefinition = {
+  Who: { path: '/test.Echo/Who', requestStream: false, responseStream: false, requestSerialize: IDENTITY, requestDeserialize: IDENTITY, responseSerialize: IDENTITY, responseDeserialize: IDENTITY },
+};
+
+/**
+ * The gateway's side of the edge, as its own process (grpc-js-xds keeps one xDS client per process
+ * for the life of the process): a grpc-js channel to `xds:///router` with the given bootstrap. Each
+ * line `N` on stdin makes N calls, one after the other; it answers one line of JSON, the count of
+ * each answer (the backend's name, or `error <CODE>`).
+ */
+const XDS_CLIENT = `
+const grpc = require('@grpc/grpc-js');
+require('@grpc/grpc-js-xds').register();
+const id = (b) => b;
+const client = new grpc.Client('xds:///router', grpc.credentials.createInsecure(), {
+  'grpc.TEST_ONLY_DO_NOT_USE_IN_PROD.xds_bootstrap_config': process.env.XDS_BOOTSTRAP,
+});
+const who = () => new Promise((resolve) => client.makeUnaryRequest('/test.Echo/Who', id, id, Buffer.alloc(0), { deadline: Date.now() + 5000 },
+  (error, value) => resolve(error ? 'error ' + grpc.status[error.code] : value.toString())));
+require('node:readline').createInterface({ input: process.stdin }).on('line', async (line) => {
+  const counts = {};
+  for (let i = 0; i < Number(line); i += 1) { const answer = await who(); counts[answer] = (counts[answer] || 0) + 1; }
+  process.stdout.write(JSON.stringify(counts) + '\\n');
+});
+`;
+
+interface Backend {
+  name: string;
+  port: number;
+  served: number;
+  /** Answer UNAVAILABLE instead of serving. */
+  failing: boolean;
+  server: grpc.Server;
+}
+
+async function startBackend(name: string): Promise<Backend> {
+  const server = new grpc.Server();
+  const backend: Backend = { name, port: 0, served: 0, failing: false, server };
+  server.addService(ECHO, {
+    Who: (_call: grpc.ServerUnaryCall<Buffer, Buffer>, callback: grpc.sendUnaryData<Buffer>) => {
+      if (backend.failing) {
+        callback({ code: grpc.status.UNAVAILABLE, details: `${name} is failing` });
+        return;
+      }
+      backend.served += 1;
+      callback(null, Buffer.from(name));
+    },
+  });
+  backend.port = await new Promise<number>((resolve, reject) =>
+    server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, port) => (error ? reject(error) : resolve(port))),
+  );
+  return backend;
+}
+
+describe(AdsServer.name, () => {
+  let controlPlane: grpc.Server;
+  let sut: AdsServer;
+  let policy: MeshPolicy;
+  let instances: MeshInstance[];
+  let events: AdsEvent[];
+  /** What the control plane serves each node; tests replace it to serve something the policy cannot say. */
+  let serve: (cluster: MeshService, kind: 'envoy' | 'grpc') => ReturnType<typeof xdsResources>;
+  let stable: Backend;
+  let next: Backend;
+  let client: ChildProcessWithoutNullStreams;
+  let answers: AsyncIterator<string>;
+
+  const instance = (backend: Backend, track: string): MeshInstance => ({
+    service: 'router', id: backend.name, address: '127.0.0.1', port: backend.port, labels: { track }, healthy: true,
+  });
+
+  /** `calls` calls of the gateway's xDS client to `xds:///router`, one after the other: how many each backend answered, and each error. */
+  const tally = async (calls: number): Promise<Record<string, number>> => {
+    client.stdin.write(`${calls}\n`);
+    const line = await answers.next();
+    return JSON.parse(String(line.value)) as Record<string, number>;
+  };
+
+  beforeAll(async () => {
+    [stable, next] = await Promise.all([startBackend('stable'), startBackend('next')]);
+    instances = [instance(stable, 'stable'), instance(next, 'next')];
+    policy = parseMeshPolicy(SHIPPED);
+    events = [];
+    serve = (cluster, kind) => xdsResources(policy, cluster, kind, instances);
+    sut = new AdsServer(
+      EnvoyApi.load(),
+      (node) => serve(node.cluster as MeshService, node.userAgentName === 'envoy' ? 'envoy' : 'grpc'),
+      (event) => events.push(event),
+    );
+    controlPlane = new grpc.Server();
+    sut.addTo(controlPlane);
+    const port = await new Promise<number>((resolve, reject) =>
+      controlPlane.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, p) => (error ? reject(error) : resolve(p))),
+    );
+    const bootstrap = {
+      xds_servers: [{ server_uri: `127.0.0.1:${port}`, channel_creds: [{ type: 'insecure' }], server_features: ['xds_v3'] }],
+      node: { id: 'gateway-0', cluster: 'gateway', locality: {} },
+    };
+    client = spawn(process.execPath, ['-e', XDS_CLIENT], { env: { ...process.env, XDS_BOOTSTRAP: JSON.stringify(bootstrap) } });
+    client.stderr.on('data', (chunk: Buffer) => process.stderr.write(chunk));
+    answers = createInterface({ input: client.stdout })[Symbol.asyncIterator]();
+  });
+
+  afterAll(async () => {
+    client?.kill();
+    sut?.close();
+    controlPlane?.forceShutdown();
+    for (const backend of [stable, next]) backend?.server.forceShutdown();
+  });
+
+  it("serves a grpc-js-xds client the policy's routes: every call to the stable subset, and each resource acknowledged", async () => {
+    expect(await tally(20)).toEqual({ stable: 20 });
+
+    const nodes = sut.connectedNodes();
+    expect(nodes).toHaveLength(1);
+    expect(nodes[0]!.node).toMatchObject({ id: 'gateway-0', cluster: 'gateway' });
+    expect(Object.keys(nodes[0]!.acked).sort()).toEqual([
+      'type.googleapis.com/envoy.config.cluster.v3.Cluster',
+      'type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment',
+      'type.googleapis.com/envoy.config.listener.v3.Listener',
+    ]);
+    expect(sut.counters.nacks).toBe(0);
+  });
+
+  it('applies a new split at run time without a new connection: 50/50 after the refresh', async () => {
+    const sentBefore = sut.counters.responses;
+    policy = policyWith([['edges', 0, 'split'], [{ subset: 'stable', weight: 50 }, { subset: 'next', weight: 50 }]]);
+    sut.refresh();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+
+    const counts = await tally(400);
+
+    expect(sut.counters.responses).toBe(sentBefore + 1); // only the listener changed
+    expect(counts['stable']! + counts['next']!).toBe(400);
+    expect(counts['next']).toBeGreaterThan(140);
+    expect(counts['stable']).toBeGreaterThan(140);
+  });
+
+  it('retries UNAVAILABLE on another endpoint as the policy says (gRFC A44): a failing instance loses no call', async () => {
+    policy = policyWith([['edges', 0, 'split'], [{ subset: 'stable', weight: 100 }]], [['edges', 0, 'loadBalancing'], { policy: 'round_robin' }]);
+    instances = [instance(stable, 'stable'), { ...instance(next, 'stable'), id: 'next-as-stable' }];
+    sut.refresh();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    next.failing = true;
+    const servedBefore = stable.served;
+
+    const counts = await tally(50);
+    next.failing = false;
+
+    expect(counts).toEqual({ stable: 50 });
+    expect(stable.served - servedBefore).toBe(50);
+  });
+
+  it('injects faults from the policy (gRFC A33): every call aborted with the status it names', async () => {
+    policy = policyWith([['edges', 0, 'fault'], { abort: { percent: 100, grpcStatus: 'RESOURCE_EXHAUSTED' } }], [['edges', 0, 'retry', 'attempts'], 1]);
+    sut.refresh();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+
+    expect(await tally(10)).toEqual({ 'error RESOURCE_EXHAUSTED': 10 });
+  });
+
+  it('counts a NACK, and the client keeps its last good configuration', async () => {
+    policy = parseMeshPolicy(SHIPPED);
+    instances = [instance(stable, 'stable'), instance(next, 'next')];
+    sut.refresh();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(await tally(5)).toEqual({ stable: 5 });
+    const nacksBefore = sut.counters.nacks;
+
+    // A cluster only Envoy can balance (least request without the round-robin fallback): grpc-js refuses it.
+    const resources = xdsResources(policy, 'gateway', 'grpc', instances);
+    const cluster = resources['type.googleapis.com/envoy.config.cluster.v3.Cluster'].get('router.stable') as { load_balancing_policy: { policies: unknown[] } };
+    cluster.load_balancing_policy.policies.pop();
+    serve = () => resources;
+    sut.refresh();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+
+    expect(sut.counters.nacks).toBe(nacksBefore + 1);
+    expect(events.find((e) => e.kind === 'nack')).toMatchObject({ typeUrl: 'type.googleapis.com/envoy.config.cluster.v3.Cluster' });
+    expect(await tally(5)).toEqual({ stable: 5 });
+  });
+});
