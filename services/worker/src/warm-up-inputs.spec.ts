@@ -4,7 +4,7 @@ import { DataType, type TensorSpec, TensorSpecSchema } from '@infermesh/proto/ge
 import { WarmUpSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { decodeBytesElements, encodeBytesElements, rawToJson } from '@infermesh/tensors';
 import * as ort from 'onnxruntime-node';
-import { warmUpBatchSizes, warmUpPlan } from './warm-up-inputs';
+import { MAX_WARM_UP_RUN_ELEMENTS, warmUpBatchSizes, warmUpPlan } from './warm-up-inputs';
 
 const spec = (name: string, datatype: DataType, shape: bigint[]): TensorSpec => create(TensorSpecSchema, { name, datatype, shape });
 const warmUp = (init: MessageInitShape<typeof WarmUpSchema>) => create(WarmUpSchema, init);
@@ -42,6 +42,17 @@ describe(warmUpPlan.name, () => {
     expect([x!.datatype, x!.shape, rawToJson(DataType.FP32, x!.data)]).toEqual([DataType.FP32, [5n, 2n], [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]]);
     expect([text!.shape, decodeBytesElements(text!.data)!.map(String)]).toEqual([[5n, 1n], ['a', 'b', 'a', 'b', 'a']]);
     expect(rawToJson(DataType.FP32, sut.runs[1]!.inputs()[0]!.data)).toEqual([1, 2]);
+  });
+
+  it('does not repeat a sample to a batch size at which a tensor would pass MAX_WARM_UP_RUN_ELEMENTS', () => {
+    const items = MAX_WARM_UP_RUN_ELEMENTS / 4;
+    const sut = warmUpPlan(
+      warmUp({ samples: [{ inputs: [{ name: 'audio', shape: [1n, BigInt(items)], contents: { case: 'zeroData', value: true } }] }] }),
+      [spec('audio', DataType.FP32, [-1n, -1n])],
+      64,
+      [1, 2, 4, 8, 'max'],
+    );
+    expect(sut.runs.map((r) => r.label)).toEqual(['warm-up sample 1', 'warm-up sample 1 at batch 2', 'warm-up sample 1 at batch 4']);
   });
 
   it('generates zeros and the same random values on every run, in range for the datatype', () => {

@@ -3,6 +3,13 @@ import { type Tensor, type TensorSpec, TensorSchema } from '@infermesh/proto/gen
 import type { WarmUp, WarmUpInput } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { DataType, datatypeInfo, decodeBytesElements, elementCount, encodeBytesElements, jsonToRaw } from '@infermesh/tensors';
 
+/**
+ * The most elements a tensor of a warm-up run may have once a sample is repeated to a warm-up batch
+ * size (the registry's limit for one given tensor); a batch size that would pass it is not run for
+ * that sample, so that repetition cannot multiply a warm-up's memory.
+ */
+export const MAX_WARM_UP_RUN_ELEMENTS = 16_777_216;
+
 /** One warm-up run: what it is called in messages, and its inputs, made when it runs. */
 export interface WarmUpRun {
   readonly label: string;
@@ -18,7 +25,7 @@ export interface WarmUpPlan {
 /**
  * The warm-up runs of a version. With a warm-up given at registration: each sample in order, as given,
  * and for a model that batches (maxBatchSize > 0) also repeated along the first dimension to each of
- * the warm-up batch sizes it does not already have. Without: synthetic inputs at each warm-up batch
+ * the warm-up batch sizes it does not already have (within MAX_WARM_UP_RUN_ELEMENTS per tensor). Without: synthetic inputs at each warm-up batch
  * size (see warmUpInputs).
  */
 export function warmUpPlan(
@@ -41,8 +48,10 @@ export function warmUpPlan(
     runs.push({ label, inputs });
     if (maxBatchSize <= 0) return;
     const own = Number(sample.inputs[0]?.shape[0] ?? 1n);
+    const largestItem = Math.max(0, ...sample.inputs.map((input) => elementCount(input.shape) / Math.max(own, 1)));
     for (const batch of batchSizes) {
-      if (batch !== own) runs.push({ label: `${label} at batch ${batch}`, inputs: () => inputs().map((t) => repeatItems(t, batch)) });
+      if (batch === own || batch * largestItem > MAX_WARM_UP_RUN_ELEMENTS) continue;
+      runs.push({ label: `${label} at batch ${batch}`, inputs: () => inputs().map((t) => repeatItems(t, batch)) });
     }
   });
   return { given: true, runs };
