@@ -256,8 +256,8 @@ export class ModelLifecycle {
    * Runs the version's warm-up on every instance and returns '' once it has. The samples given at
    * registration are what a client sends (the version's input normalization applies) and a failure
    * is a LoadFailure carrying the model's message. Without them, synthetic inputs may not suit the
-   * model (a minimum length, values in a set): their failure leaves the version to serve without
-   * warm-up, and the reason is returned.
+   * model (a minimum length, values in a set): the model refusing them (INVALID_ARGUMENT) leaves the
+   * version to serve without warm-up, and the reason is returned; any other failure is a LoadFailure.
    */
   private async warmUp(entry: WorkerModel, session: ModelSession): Promise<string> {
     const plan = warmUpPlan(entry.record.warmUp, session.inputs, entry.maxBatchSize, this.config.warmupBatchSizes);
@@ -267,7 +267,9 @@ export class ModelLifecycle {
         await Promise.all(Array.from({ length: Math.max(1, session.instanceCount) }, () => session.run(inputs, [])));
       } catch (error) {
         const reason = `${run.label} failed on ${session.executionProvider}: ${message(error)}`;
-        if (plan.given) throw new LoadFailure(reason);
+        // Only the model refusing made-up values is forgiven; a datatype it cannot hold, or an instance that dies, is not.
+        const refused = error instanceof RpcError && error.code === status.INVALID_ARGUMENT;
+        if (plan.given || !refused) throw new LoadFailure(reason);
         this.logger.warn('synthetic warm-up failed; the version serves without warm-up', { name: entry.name, reason });
         return `${reason} (give warm-up samples at registration: infermesh models register --warmup)`;
       }
