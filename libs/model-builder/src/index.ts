@@ -7,3 +7,4 @@ export * from './identity-model';
 export * from './classifier-model';
 export * from './demo-models';
 export * from './padded-model';
+export * from './warm-up-models';

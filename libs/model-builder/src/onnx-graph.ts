@@ -13,6 +13,8 @@ export interface ModelTensorSpec {
   readonly name: string;
   readonly datatype: ModelDatatype;
   readonly shape: readonly number[];
+  /** The symbolic names of its dynamic dimensions, by position; unnamed ones are "batch". */
+  readonly dimNames?: readonly (string | undefined)[];
 }
 
 /** The pre- and post-processing a model is registered with, as plain data (the registry's Processing). */
@@ -51,7 +53,7 @@ export function valueInfo(spec: ModelTensorSpec): onnx.IValueInfoProto {
     type: {
       tensorType: {
         elemType: ONNX_ELEM_TYPE[spec.datatype],
-        shape: { dim: spec.shape.map((d) => (d < 0 ? { dimParam: 'batch' } : { dimValue: d })) },
+        shape: { dim: spec.shape.map((d, i) => (d < 0 ? { dimParam: spec.dimNames?.[i] ?? 'batch' } : { dimValue: d })) },
       },
     },
   };
@@ -66,8 +68,8 @@ export function int64Initializer(name: string, dims: readonly number[], values: 
   return { name, dims: [...dims], dataType: ONNX_ELEM_TYPE.INT64, rawData: littleEndianBytes(values) };
 }
 
-export function node(opType: string, inputs: string[], outputs: string[], name: string): onnx.INodeProto {
-  return { opType, input: inputs, output: outputs, name };
+export function node(opType: string, inputs: string[], outputs: string[], name: string, attribute?: onnx.IAttributeProto[]): onnx.INodeProto {
+  return { opType, input: inputs, output: outputs, name, ...(attribute !== undefined && { attribute }) };
 }
 
 /** Serializes a graph into an ONNX model; the same graph always gives the same bytes. */

@@ -31,9 +31,13 @@ import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 import { parseModelName, parseVersionName } from './resource-names';
 import { applyRolloutAction } from './rollout-actions';
 import { checkRollout } from './rollout-check';
+import { checkWarmUp, sameWarmUp } from './warm-up-check';
 import { applyLifecycle, describeVersionPolicy, hasEnded, RETIRING_REASON, servingSet, stateName, type Transition, whyServing } from './version-lifecycle';
 
 export const ONNX_PLATFORM = 'onnxruntime_onnx';
+
+/** The longest warm_up_error a version records; a longer one is cut there. */
+const MAX_WARM_UP_ERROR_CHARS = 2_000;
 
 /** The longest a model's cached results may live. */
 const MAX_CACHE_TTL_MS = 7n * 24n * 3_600_000n;
@@ -102,6 +106,7 @@ export class ModelCatalog implements OnApplicationShutdown {
     });
     version.processing = checkProcessing(request.processing, version.signature!);
     version.batching = checkBatching(request.batching, version.signature!);
+    version.warmUp = checkWarmUp(request.warmUp, version.signature!);
     let created = false;
     const stored = await this.mutate(modelId, (current) => {
       created = false;
@@ -224,14 +229,17 @@ export class ModelCatalog implements OnApplicationShutdown {
    * Records the state a worker reports for a version: LOADING, READY, or FAILED with a reason. A
    * version outside its model's serving set (DRAINING, RETIRED, or not selected) keeps its state: a
    * late LOADING or READY report does not bring it back. A FAILED report is recorded unless the
-   * version is RETIRED. The version is returned as stored.
+   * version is RETIRED. A READY report records whether the worker warmed the version up
+   * (`warmUpError` empty) or serves it without, and why: the last READY report says. The version is
+   * returned as stored.
    */
-  async reportState(name: string, state: VersionState, reason: string, workerId: string): Promise<ModelVersion> {
+  async reportState(name: string, state: VersionState, reason: string, workerId: string, warmUpError = ''): Promise<ModelVersion> {
     const { modelId, versionId } = parseVersionName(name, 'name');
     if (!REPORTABLE_STATES.has(state)) {
       throw RpcError.invalidArgument(`a worker may report LOADING, READY or FAILED, not ${stateName(state)}`);
     }
     const stateReason = state === VersionState.FAILED ? reason || 'failed (no reason given)' : '';
+    const coldReason = state === VersionState.READY ? bounded(warmUpError) : '';
     const now = timestampFromDate(this.clock.now());
     let outcome = 'unchanged' as 'recorded' | 'unchanged' | 'ignored';
     const stored = await this.mutate(modelId, (current) => {
@@ -242,7 +250,8 @@ export class ModelCatalog implements OnApplicationShutdown {
       if (state === VersionState.READY) readyWorkers.add(workerId);
       else readyWorkers.delete(workerId);
       const sameWorkers = readyWorkers.size === version.readyWorkerIds.length && version.readyWorkerIds.every((w) => readyWorkers.has(w));
-      if (version.state === state && version.stateReason === stateReason && sameWorkers) return undefined;
+      const sameWarmUp = state !== VersionState.READY || version.warmUpError === coldReason;
+      if (version.state === state && version.stateReason === stateReason && sameWorkers && sameWarmUp) return undefined;
       const outside = state !== VersionState.FAILED && !servingSet(model).has(versionId);
       if (version.state === VersionState.RETIRED || outside) {
         outcome = 'ignored';
@@ -254,6 +263,7 @@ export class ModelCatalog implements OnApplicationShutdown {
       if (!keptReady) {
         version.state = state;
         version.stateReason = stateReason;
+        version.warmUpError = coldReason;
       }
       version.updateTime = now;
       outcome = 'recorded';
@@ -261,7 +271,13 @@ export class ModelCatalog implements OnApplicationShutdown {
     });
     const version = findVersion(stored, versionId)!;
     if (outcome === 'recorded') {
-      this.logger.info('model version state reported', { version: name, state: stateName(state), reason: stateReason, worker_id: workerId });
+      this.logger.info('model version state reported', {
+        version: name,
+        state: stateName(state),
+        reason: stateReason,
+        worker_id: workerId,
+        ...(coldReason !== '' && { warm_up_error: coldReason }),
+      });
     } else if (outcome === 'ignored') {
       this.logger.info('model version state report ignored: the version is outside its serving set', {
         version: name,
@@ -463,6 +479,11 @@ function existingVersion(model: Model, modelId: string, versionId: string): Mode
   return version;
 }
 
+/** A reported message cut to MAX_WARM_UP_ERROR_CHARS. */
+function bounded(message: string): string {
+  return message.length <= MAX_WARM_UP_ERROR_CHARS ? message : `${message.slice(0, MAX_WARM_UP_ERROR_CHARS - 1)}…`;
+}
+
 /** An existing version registered again: the same request is idempotent, a different one a conflict. */
 function checkSameVersion(existing: ModelVersion, sha256: string, request: CreateModelVersionRequest): ModelVersion {
   const { maxBatchSize } = request;
@@ -488,6 +509,12 @@ function checkSameVersion(existing: ModelVersion, sha256: string, request: Creat
   }
   if (!sameBatching(existing.batching, request.batching)) {
     throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with a different batching; register the new batching as a new version`, {
+      reason: 'ALREADY_EXISTS',
+      metadata: { version: existing.name },
+    });
+  }
+  if (!sameWarmUp(existing.warmUp, request.warmUp, existing.signature!)) {
+    throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with a different warm_up; register the new warm-up as a new version`, {
       reason: 'ALREADY_EXISTS',
       metadata: { version: existing.name },
     });

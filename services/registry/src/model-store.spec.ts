@@ -1,5 +1,6 @@
 import { create } from '@bufbuild/protobuf';
-import { BatchingSchema, type Model, ModelSchema, ProcessingSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { BatchingSchema, type Model, ModelSchema, ProcessingSchema, VersionState, WarmUpSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger } from '@infermesh/telemetry';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -137,6 +138,34 @@ function contract(name: string, makeBacking: () => Backing) {
       sut = await backing.reopen();
       expect(await read()).toEqual([batching, undefined]);
       expect((await sut.list())[0]?.versions[0]?.batching?.maxBatchSize).toBe(0);
+    });
+
+    it("keeps a version's warm-up samples, their bytes, and its warm-up error, also across a restart", async () => {
+      const warmUp = create(WarmUpSchema, {
+        samples: [
+          {
+            name: '16 kHz',
+            inputs: [
+              { name: 'audio', datatype: DataType.FP32, shape: [1n, 2n], contents: { case: 'data', value: new Uint8Array(new Float32Array([0.5, -1]).buffer) } },
+              { name: 'sr', datatype: DataType.INT64, shape: [1n], contents: { case: 'zeroData', value: true } },
+            ],
+          },
+          { inputs: [{ name: 'audio', datatype: DataType.FP32, shape: [1n, 512n], contents: { case: 'randomData', value: true } }] },
+        ],
+      });
+      const warmed = model('vad', ['1', '2']);
+      warmed.versions[0]!.warmUp = warmUp;
+      warmed.versions[1]!.warmUpError = 'synthetic warm-up at batch 1 failed on cpu: Pad reflect requires axis length >= 2';
+      await sut.update('vad', () => warmed);
+      const read = async () => (await sut.get('vad'))!.versions.map((v) => [v.warmUp, v.warmUpError]);
+      const expected = [
+        [warmUp, ''],
+        [undefined, warmed.versions[1]!.warmUpError],
+      ];
+      expect(await read()).toEqual(expected);
+      await sut.close();
+      sut = await backing.reopen();
+      expect(await read()).toEqual(expected);
     });
 
     it('stamps each stored model with the store revision of its last change', async () => {

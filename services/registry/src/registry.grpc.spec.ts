@@ -1,6 +1,6 @@
 import { status } from '@grpc/grpc-js';
 import { createClient, RpcError, type ServiceClient } from '@infermesh/grpc';
-import { buildClassifierModel, buildMultiIoModel, buildPaddedModel, buildTinyModel, CLASSIFIER_PROCESSING, encodeModel, floatInitializer, node } from '@infermesh/model-builder';
+import { buildClassifierModel, buildMultiIoModel, buildPaddedModel, buildSampleRateModel, buildTinyModel, CLASSIFIER_PROCESSING, encodeModel, floatInitializer, node } from '@infermesh/model-builder';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   type Artifact,
@@ -318,6 +318,45 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       expect(conflict.message).toBe('models/tiny/versions/1 already exists with a different batching; register the new batching as a new version');
     }
     expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.batching).toEqual(create(BatchingSchema, BATCHING));
+  });
+
+  it('registers a version with its warm-up checked against the signature, keeps it across a restart, and refuses another warm-up for it', async () => {
+    const { artifact } = await upload(sut, buildSampleRateModel().bytes);
+    const audio = { name: 'audio', shape: [1n, 3n], contents: { case: 'data' as const, value: new Uint8Array(Float32Array.of(0.1, 0.2, 0.3).buffer) } };
+    const rate = (sr: bigint) => ({ name: 'sr', shape: [1n], contents: { case: 'data' as const, value: new Uint8Array(BigInt64Array.of(sr).buffer) } });
+    const warmUp = { samples: [{ name: '16 kHz', inputs: [audio, rate(16000n)] }] };
+    const base = { parent: 'models/vad', versionId: '1', artifactSha256: artifact!.sha256 };
+
+    const refused = await rpcError(sut.createModelVersion({ ...base, warmUp: { samples: [{ inputs: [{ ...audio, shape: [1n, -1n] }, rate(16000n)] }] } }));
+    expect(refused.code).toBe(status.INVALID_ARGUMENT);
+    expect(refused.message).toBe('warm_up: samples[0] input "audio" has shape [1,-1] but the model expects [-1,-1]; give a concrete size (0 or more) for each -1');
+    expect((await rpcError(sut.getModel({ name: 'models/vad' }))).code).toBe(status.NOT_FOUND);
+
+    const { version } = await sut.createModelVersion({ ...base, warmUp });
+    expect(version!.warmUp!.samples[0]!.inputs.map((i) => [i.name, i.datatype])).toEqual([['audio', DataType.FP32], ['sr', DataType.INT64]]);
+    await stop();
+    await start();
+    const stored = (await sut.getModel({ name: 'models/vad' })).model!.versions[0]!;
+    expect(stored.warmUp).toEqual(version!.warmUp);
+    expect((await sut.createModelVersion({ ...base, warmUp })).version!.name).toBe('models/vad/versions/1');
+    for (const other of [undefined, { samples: [{ name: '16 kHz', inputs: [audio, rate(8000n)] }] }]) {
+      const conflict = await rpcError(sut.createModelVersion({ ...base, ...(other !== undefined && { warmUp: other }) }));
+      expect([conflict.code, conflict.message]).toEqual([status.ALREADY_EXISTS, 'models/vad/versions/1 already exists with a different warm_up; register the new warm-up as a new version']);
+    }
+  });
+
+  it('records that a READY version serves without warm-up, and why, until a READY report says it was warmed up', async () => {
+    await register('vad', '1', buildSampleRateModel().bytes);
+    const name = 'models/vad/versions/1';
+    const why = 'synthetic warm-up at batch 1 failed on cpu: indices element out of data bounds';
+    const cold = await sut.reportVersionState({ name, state: VersionState.READY, workerId: 'worker-1', warmUpError: why });
+    expect([cold.version!.state, cold.version!.warmUpError]).toEqual([VersionState.READY, why]);
+    expect((await sut.getModel({ name: 'models/vad' })).model!.versions[0]!.warmUpError).toBe(why);
+    // Only READY reports carry it; the latest one says.
+    await sut.reportVersionState({ name, state: VersionState.READY, workerId: 'worker-2' });
+    expect((await sut.getModel({ name: 'models/vad' })).model!.versions[0]!.warmUpError).toBe('');
+    const long = await sut.reportVersionState({ name, state: VersionState.READY, workerId: 'worker-1', warmUpError: 'x'.repeat(10_000) });
+    expect(long.version!.warmUpError).toHaveLength(2_000);
   });
 
   it('sets a rollout policy in one operation, keeps it across a restart, resolves the stable version by it, and clears it', async () => {

@@ -10,7 +10,7 @@ import { chooseEvictions, formatBytes } from './memory-budget';
 import { ModelRegistry } from './model-registry';
 import { ModelRuntime, type ModelSession } from './model-runtime';
 import { ModelTable, type WorkerModel } from './model-table';
-import { warmUpBatchSizes, warmUpInputs } from './warm-up-inputs';
+import { warmUpPlan } from './warm-up-inputs';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
 const LOAD_BUCKETS_SECONDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
@@ -28,7 +28,9 @@ class LoadFailure extends Error {}
  * - one load per version however many requests wait for it;
  * - a load first makes room: idle unpinned versions are evicted least recently used first, and when
  *   that cannot free enough the load fails with RESOURCE_EXHAUSTED naming the budget;
- * - a version is READY only after warm-up has run it at its warm-up batch sizes on every instance;
+ * - a version is READY only after warm-up has run it on every instance: the samples given at
+ *   registration (a failure FAILS the version with the model's message), else synthetic inputs at its
+ *   warm-up batch sizes (a failure leaves it READY but not warmed up, with the reason);
  * - the artifact is verified against the registry's SHA-256 and a mismatch is never loaded.
  */
 @Injectable()
@@ -165,14 +167,14 @@ export class ModelLifecycle {
       } catch (error) {
         throw new LoadFailure(`could not create a session: ${message(error)}`);
       }
-      await this.warmUp(entry, session);
+      const warmUpError = await this.warmUp(entry, session);
       if (entry.retired) throw notReady(entry, 'was retired while it loaded');
       const memoryBytes = Math.max(bytes.byteLength, process.memoryUsage.rss() - rssBefore);
       this.measuredBytes.set(entry.record.artifact?.sha256 ?? '', memoryBytes);
       await this.makeRoom(entry, memoryBytes);
       if (this.stopped) throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down', { reason: 'WORKER_DRAINING' });
       if (entry.retired) throw notReady(entry, 'was retired while it loaded');
-      entry.ready(session, memoryBytes);
+      entry.ready(session, memoryBytes, warmUpError);
       session = undefined;
     } catch (error) {
       await session?.release();
@@ -191,10 +193,15 @@ export class ModelLifecycle {
       execution_provider: entry.executionProvider,
       memory_bytes: entry.memoryBytes,
       load_ms: Math.round(seconds() * 1000),
+      warmed: entry.warmUpError === '',
     });
     // READY also when the version already is, from other workers: the registry keeps it READY while any worker has it.
-    if (entry.record.state !== VersionState.READY || !entry.record.readyWorkerIds.includes(this.config.workerId)) {
-      await this.report(entry, VersionState.READY, '');
+    if (
+      entry.record.state !== VersionState.READY ||
+      !entry.record.readyWorkerIds.includes(this.config.workerId) ||
+      entry.record.warmUpError !== entry.warmUpError
+    ) {
+      await this.report(entry, VersionState.READY, '', entry.warmUpError);
     }
   }
 
@@ -245,15 +252,29 @@ export class ModelLifecycle {
     await Promise.all(freed);
   }
 
-  /** Runs the version at each warm-up batch size on every instance; a failure is a LoadFailure. */
-  private async warmUp(entry: WorkerModel, session: ModelSession): Promise<void> {
-    for (const batch of warmUpBatchSizes(this.config.warmupBatchSizes, entry.maxBatchSize)) {
+  /**
+   * Runs the version's warm-up on every instance and returns '' once it has. The samples given at
+   * registration are what a client sends (the version's input normalization applies) and a failure
+   * is a LoadFailure carrying the model's message. Without them, synthetic inputs may not suit the
+   * model (a minimum length, values in a set): the model refusing them (INVALID_ARGUMENT) leaves the
+   * version to serve without warm-up, and the reason is returned; any other failure is a LoadFailure.
+   */
+  private async warmUp(entry: WorkerModel, session: ModelSession): Promise<string> {
+    const plan = warmUpPlan(entry.record.warmUp, session.inputs, entry.maxBatchSize, this.config.warmupBatchSizes);
+    for (const run of plan.runs) {
       try {
-        await Promise.all(Array.from({ length: Math.max(1, session.instanceCount) }, () => session.run(warmUpInputs(session.inputs, batch), [])));
+        const inputs = plan.given ? entry.processing.preprocess(run.inputs()) : run.inputs();
+        await Promise.all(Array.from({ length: Math.max(1, session.instanceCount) }, () => session.run(inputs, [])));
       } catch (error) {
-        throw new LoadFailure(`warm-up at batch ${batch} failed on ${session.executionProvider}: ${message(error)}`);
+        const reason = `${run.label} failed on ${session.executionProvider}: ${message(error)}`;
+        // Only the model refusing made-up values is forgiven; a datatype it cannot hold, or an instance that dies, is not.
+        const refused = error instanceof RpcError && error.code === status.INVALID_ARGUMENT;
+        if (plan.given || !refused) throw new LoadFailure(reason);
+        this.logger.warn('synthetic warm-up failed; the version serves without warm-up', { name: entry.name, reason });
+        return `${reason} (give warm-up samples at registration: infermesh models register --warmup)`;
       }
     }
+    return '';
   }
 
   /** The version's verified artifact; a mismatch or an artifact the registry lacks is a LoadFailure. */
@@ -277,11 +298,12 @@ export class ModelLifecycle {
     }
   }
 
-  private async report(entry: WorkerModel, state: VersionState, reason: string): Promise<void> {
+  private async report(entry: WorkerModel, state: VersionState, reason: string, warmUpError = ''): Promise<void> {
     if (this.stopped) return;
     try {
-      await this.registry.reportState(entry.name, state, reason);
+      await this.registry.reportState(entry.name, state, reason, warmUpError);
       entry.record.state = state;
+      if (state === VersionState.READY) entry.record.warmUpError = warmUpError;
       if (state === VersionState.READY && !entry.record.readyWorkerIds.includes(this.config.workerId)) entry.record.readyWorkerIds.push(this.config.workerId);
     } catch (error) {
       this.logger.warn('could not report a version state; will report again', {

@@ -30,9 +30,9 @@ export class GrpcModelRegistry extends ModelRegistry {
     }
   }
 
-  async reportState(name: string, state: VersionState, reason: string): Promise<void> {
+  async reportState(name: string, state: VersionState, reason: string, warmUpError = ''): Promise<void> {
     await this.client.reportVersionState(
-      { name, state, stateReason: reason, workerId: this.options.workerId },
+      { name, state, stateReason: reason, workerId: this.options.workerId, warmUpError },
       { timeoutMs: this.options.timeoutMs },
     );
   }

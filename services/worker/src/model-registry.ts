@@ -9,8 +9,8 @@ export abstract class ModelRegistry {
   abstract listModels(): Promise<Model[]>;
   /** An artifact's bytes, chunk by chunk. */
   abstract download(sha256: string, signal: AbortSignal): AsyncIterable<Uint8Array>;
-  /** Tells the registry the state of a version on this worker. */
-  abstract reportState(name: string, state: VersionState, reason: string): Promise<void>;
+  /** Tells the registry the state of a version on this worker; with READY, why it was not warmed up ('' when it was). */
+  abstract reportState(name: string, state: VersionState, reason: string, warmUpError?: string): Promise<void>;
   /** Closes connections. */
   abstract close(): void;
 }

@@ -238,7 +238,7 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
     if (entry.state !== ModelState.READY && entry.state !== ModelState.FAILED) return;
     const state = entry.state === ModelState.READY ? VersionState.READY : VersionState.FAILED;
     try {
-      await this.registry.reportState(entry.name, state, entry.reason);
+      await this.registry.reportState(entry.name, state, entry.reason, entry.warmUpError);
       entry.record.state = state;
     } catch (error) {
       this.logger.warn('could not report a version state; will report again', { name: entry.name, err: message(error) });

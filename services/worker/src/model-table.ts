@@ -15,6 +15,8 @@ import type { ModelSession } from './model-runtime';
 export class WorkerModel {
   state: ModelState = ModelState.UNLOADED;
   reason = '';
+  /** While READY: why it serves without warm-up (its synthetic warm-up failed); empty once warmed up. */
+  warmUpError = '';
   session: ModelSession | undefined;
   /** What the loaded version is charged against the memory budget; 0 when it is not loaded. */
   memoryBytes = 0;
@@ -57,11 +59,12 @@ export class WorkerModel {
     return this.record.signature?.maxBatchSize ?? 0;
   }
 
-  ready(session: ModelSession, memoryBytes: number): void {
+  ready(session: ModelSession, memoryBytes: number, warmUpError = ''): void {
     this.session = session;
     this.memoryBytes = memoryBytes;
     this.state = ModelState.READY;
     this.reason = '';
+    this.warmUpError = warmUpError;
   }
 
   fail(reason: string): void {
@@ -92,6 +95,7 @@ export class WorkerModel {
     const session = this.session;
     this.session = undefined;
     this.memoryBytes = 0;
+    this.warmUpError = '';
     this.state = state;
     this.reason = reason;
     if (this.inflight > 0) await new Promise<void>((resolve) => this.idleWaiters.push(resolve));

@@ -78,5 +78,6 @@ function describe(entry: WorkerModel): LoadedModel {
     memoryBytes: BigInt(entry.memoryBytes),
     pinned: entry.pinned,
     instances: entry.session?.instanceCount ?? 0,
+    warmUpError: entry.warmUpError,
   });
 }

@@ -1,10 +1,10 @@
-import { create } from '@bufbuild/protobuf';
+import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { createClient, type ServiceClient } from '@infermesh/grpc';
-import { buildMlpModel, buildPaddedModel, buildTinyModel, encodeModel, node } from '@infermesh/model-builder';
+import { buildMlpModel, buildPaddedModel, buildReflectPadModel, buildSampleRateModel, buildTinyModel, encodeModel, node } from '@infermesh/model-builder';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type Model, ModelSchema, type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type Model, ModelSchema, type ModelVersion, ModelVersionSchema, VersionState, type WarmUpSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { bind, bootstrap } from '@infermesh/runtime';
@@ -12,6 +12,7 @@ import { DataType } from '@infermesh/tensors';
 import { Metrics } from '@infermesh/telemetry';
 import { FakeRegistry, freePort, rpcRejection } from '@infermesh/testing';
 import { createHash } from 'node:crypto';
+import * as ort from 'onnxruntime-node';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -34,12 +35,12 @@ class InMemoryRegistry extends ModelRegistry {
   /** Model settings by model id; a model not named here is neither pinned nor unloaded. */
   readonly settings = new Map<string, { pinned?: boolean; unloaded?: boolean }>();
   readonly artifacts = new Map<string, Uint8Array>();
-  readonly reports: { name: string; state: VersionState; reason: string }[] = [];
+  readonly reports: { name: string; state: VersionState; reason: string; warmUpError: string }[] = [];
   downloads = 0;
   /** Serves WatchModels, told of each change to a model. */
   private readonly watched = new FakeRegistry();
 
-  add(model: string, bytes: Uint8Array, options: { maxBatchSize?: number; serve?: Uint8Array; version?: string } = {}): string {
+  add(model: string, bytes: Uint8Array, options: { maxBatchSize?: number; serve?: Uint8Array; version?: string; warmUp?: MessageInitShape<typeof WarmUpSchema> } = {}): string {
     const sha256 = createHash('sha256').update(bytes).digest('hex');
     const name = `models/${model}/versions/${options.version ?? '1'}`;
     this.artifacts.set(sha256, options.serve ?? bytes);
@@ -50,6 +51,7 @@ class InMemoryRegistry extends ModelRegistry {
         state: VersionState.REGISTERED,
         artifact: { sha256, sizeBytes: BigInt(bytes.byteLength), format: 'onnx' },
         signature: { maxBatchSize: options.maxBatchSize ?? 8 },
+        ...(options.warmUp !== undefined && { warmUp: options.warmUp }),
       }),
     );
     this.changed(model);
@@ -113,10 +115,13 @@ class InMemoryRegistry extends ModelRegistry {
     for (let offset = 0; offset < bytes.byteLength; offset += MiB) yield bytes.subarray(offset, offset + MiB);
   }
 
-  async reportState(name: string, state: VersionState, reason: string): Promise<void> {
-    this.reports.push({ name, state, reason });
+  async reportState(name: string, state: VersionState, reason: string, warmUpError = ''): Promise<void> {
+    this.reports.push({ name, state, reason, warmUpError });
     const version = this.versions.get(name);
-    if (version !== undefined) version.state = state;
+    if (version !== undefined) {
+      version.state = state;
+      if (state === VersionState.READY) version.warmUpError = warmUpError;
+    }
     this.changed(name.split('/')[1]!);
   }
 
@@ -269,7 +274,7 @@ describe(WorkerModule.name, () => {
     expect(metric(text, 'model_loads_total{outcome="ready"}')).toBe(0);
   });
 
-  it('is READY only once warm-up ran every configured batch size: a model that breaks at its max batch FAILS', async () => {
+  it('warms up at every configured batch size: a model that breaks at its max batch serves unwarmed with a synthetic warm-up, and FAILS with a given one', async () => {
     // Reshape to [1, 4] works for a batch of 1 and fails for any other.
     const batchOfOne = encodeModel('batch-of-one', {
       nodes: [node('Reshape', ['input', 'shape'], ['output'], 'reshape')],
@@ -279,13 +284,105 @@ describe(WorkerModule.name, () => {
     });
     const registry = new InMemoryRegistry();
     registry.add('batch-of-one', batchOfOne.bytes, { maxBatchSize: 16 });
+    registry.add('batch-of-one-given', batchOfOne.bytes, {
+      maxBatchSize: 16,
+      warmUp: { samples: [{ inputs: [{ name: 'input', datatype: DataType.FP32, shape: [1n, 4n], contents: { case: 'randomData', value: true } }] }] },
+    });
     registry.add('tiny', buildTinyModel().bytes, { maxBatchSize: 16 });
     worker = await startWorker(registry, { WORKER_WARMUP_BATCH_SIZES: '1,max' });
-    await until(async () => registry.reports.filter((r) => r.state === VersionState.READY || r.state === VersionState.FAILED).length === 2);
-    const failed = registry.reports.find((r) => r.state === VersionState.FAILED)!;
-    expect(failed.name).toBe('models/batch-of-one/versions/1');
-    expect(failed.reason).toMatch(/warm-up at batch 16 failed on cpu/);
-    expect(await states(worker.client)).toEqual({ 'batch-of-one': 'FAILED', tiny: 'READY' });
+    await until(async () => registry.reports.filter((r) => r.state === VersionState.READY || r.state === VersionState.FAILED).length === 3);
+    const outcome = (model: string) => registry.reports.find((r) => r.name === `models/${model}/versions/1` && r.state !== VersionState.LOADING)!;
+    expect(outcome('batch-of-one')).toMatchObject({ state: VersionState.READY, warmUpError: expect.stringMatching(/^synthetic warm-up at batch 16 failed on cpu: /) });
+    expect(outcome('batch-of-one-given')).toMatchObject({ state: VersionState.FAILED, reason: expect.stringMatching(/^warm-up sample 1 at batch 16 failed on cpu: .*Reshape/) });
+    expect(outcome('tiny')).toMatchObject({ state: VersionState.READY, warmUpError: '' });
+    expect(await states(worker.client)).toEqual({ 'batch-of-one': 'READY', 'batch-of-one-given': 'FAILED', tiny: 'READY' });
+    // It serves what it can: a batch of one.
+    expect((await worker.client.infer(request('batch-of-one'))).response!.outputs[0]!.shape).toEqual([1n, 4n]);
+  });
+
+  describe('warm-up of models that synthetic inputs do not suit', () => {
+    const floats = (values: number[]) => new Uint8Array(Float32Array.from(values).buffer);
+    const rate = (sr: number) => new Uint8Array(BigInt64Array.of(BigInt(sr)).buffer);
+    const audio = Array.from({ length: 512 }, (_, i) => Math.sin(i / 10));
+    const padSample = { inputs: [{ name: 'audio', shape: [1n, 512n], contents: { case: 'data' as const, value: floats(audio) } }] };
+    const rateSample = (sr: number) => ({
+      name: `${sr} Hz`,
+      inputs: [
+        { name: 'audio', shape: [1n, 512n], contents: { case: 'randomData' as const, value: true } },
+        { name: 'sr', shape: [1n], contents: { case: 'data' as const, value: rate(sr) } },
+      ],
+    });
+
+    /** What onnxruntime-node answers in-process for the same model and inputs. */
+    async function direct(bytes: Uint8Array, feeds: Record<string, ort.Tensor>): Promise<Record<string, number[]>> {
+      const session = await ort.InferenceSession.create(bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+      const out = await session.run(feeds);
+      await session.release();
+      return Object.fromEntries(Object.entries(out).map(([name, t]) => [name, Array.from(t.data as Float32Array)]));
+    }
+    const served = (outputs: readonly Tensor[]) =>
+      Object.fromEntries(outputs.map((t) => [t.name, Array.from(new Float32Array(Uint8Array.from(t.data).buffer))]));
+    const inferOn = (model: string, inputs: Tensor[]) => worker!.client.infer({ request: { modelName: model, modelVersion: '1', id: model, inputs } });
+    const listed = async () =>
+      Object.fromEntries((await worker!.client.listModels({})).models.map((m) => [m.name.split('/')[1]!, [ModelState[m.state], m.warmUpError, m.stateReason]]));
+
+    it('warms them up on the samples given and answers like onnxruntime-node in-process; without samples they serve unwarmed, saying why', async () => {
+      const pad = buildReflectPadModel();
+      const sampleRate = buildSampleRateModel();
+      const registry = new InMemoryRegistry();
+      registry.add('pad-warmed', pad.bytes, { maxBatchSize: 64, warmUp: { samples: [padSample] } });
+      registry.add('pad-cold', pad.bytes, { maxBatchSize: 64 });
+      registry.add('rate-warmed', sampleRate.bytes, { maxBatchSize: 0, warmUp: { samples: [rateSample(8000), rateSample(16000)] } });
+      registry.add('rate-cold', sampleRate.bytes, { maxBatchSize: 0 });
+      worker = await startWorker(registry, { WORKER_WARMUP_BATCH_SIZES: '1,max' });
+      await until(async () => registry.reports.filter((r) => r.state === VersionState.READY || r.state === VersionState.FAILED).length === 4);
+
+      expect(await listed()).toEqual({
+        'pad-warmed': ['READY', '', ''],
+        'pad-cold': ['READY', expect.stringMatching(/^synthetic warm-up at batch 1 failed on cpu: .*Pad reflect requires axis length >= 2.*infermesh models register --warmup/), ''],
+        'rate-warmed': ['READY', '', ''],
+        'rate-cold': ['READY', expect.stringMatching(/^synthetic warm-up at batch 1 failed on cpu: .*indices element out of data bounds/), ''],
+      });
+      expect(registry.versions.get('models/pad-cold/versions/1')!.warmUpError).toMatch(/Pad reflect requires axis length >= 2/);
+      expect(registry.versions.get('models/pad-warmed/versions/1')!.warmUpError).toBe('');
+
+      const rows = [audio.slice(0, 300), audio.slice(100, 400)].flat();
+      const padInput = create(TensorSchema, { name: 'audio', datatype: DataType.FP32, shape: [2n, 300n], data: floats(rows) });
+      const padExpected = await direct(pad.bytes, { audio: new ort.Tensor('float32', Float32Array.from(rows), [2, 300]) });
+      for (const model of ['pad-warmed', 'pad-cold']) expect(served((await inferOn(model, [padInput])).response!.outputs)).toEqual(padExpected);
+
+      const clip = audio.slice(0, 64);
+      for (const sr of [8000, 16000]) {
+        const inputs = [
+          create(TensorSchema, { name: 'audio', datatype: DataType.FP32, shape: [1n, 64n], data: floats(clip) }),
+          create(TensorSchema, { name: 'sr', datatype: DataType.INT64, shape: [1n], data: rate(sr) }),
+        ];
+        const expected = await direct(sampleRate.bytes, {
+          audio: new ort.Tensor('float32', Float32Array.from(clip), [1, 64]),
+          sr: new ort.Tensor('int64', BigInt64Array.of(BigInt(sr)), [1]),
+        });
+        for (const model of ['rate-warmed', 'rate-cold']) expect(served((await inferOn(model, inputs)).response!.outputs)).toEqual(expected);
+      }
+    });
+
+    it("FAILS a version whose given samples the model refuses, with onnxruntime's message naming the sample", async () => {
+      const registry = new InMemoryRegistry();
+      registry.add('pad-short', buildReflectPadModel().bytes, {
+        maxBatchSize: 64,
+        warmUp: { samples: [{ name: 'one sample', inputs: [{ name: 'audio', shape: [1n, 1n], contents: { case: 'zeroData', value: true } }] }] },
+      });
+      registry.add('rate-44k', buildSampleRateModel().bytes, { maxBatchSize: 0, warmUp: { samples: [rateSample(16000), rateSample(44100)] } });
+      worker = await startWorker(registry, {});
+      await until(async () => registry.reports.filter((r) => r.state === VersionState.FAILED).length === 2);
+
+      expect(await listed()).toEqual({
+        'pad-short': ['FAILED', '', expect.stringMatching(/^warm-up sample "one sample" failed on cpu: .*Pad reflect requires axis length >= 2/)],
+        'rate-44k': ['FAILED', '', expect.stringMatching(/^warm-up sample "44100 Hz" failed on cpu: .*Gather node.*indices element out of data bounds/)],
+      });
+      const refused = await rpcRejection(inferOn('rate-44k', []));
+      expect(refused.code).toBe(status.UNAVAILABLE);
+      expect(refused.message).toMatch(/failed to load: warm-up sample "44100 Hz" failed/);
+    });
   });
 
   it('on shutdown says NOT_SERVING, refuses new requests with UNAVAILABLE and finishes those running', async () => {

@@ -13,6 +13,7 @@ import type { GatewaySession } from './gateway-session';
 import { formatBytes, formatSeconds, stateName } from './output/format';
 import { ProgressBar, type ProgressMode } from './progress-bar';
 import { waitForReady } from './version-watch';
+import { readWarmUpFile } from './warm-up-file';
 
 /** The size of the chunks an artifact is uploaded in. */
 export const UPLOAD_CHUNK_BYTES = 1024 * 1024;
@@ -29,6 +30,8 @@ export interface RegisterRequest {
   /** Added to the model's labels (a key given again takes the new value). */
   labels: Readonly<Record<string, string>>;
   timeoutMs: number;
+  /** A warm-up file (readWarmUpFile): what the workers run the version on before it serves. */
+  warmUpFile: string | undefined;
 }
 
 /**
@@ -39,6 +42,8 @@ export interface RegisterRequest {
 export async function registerModel(ctx: CommandContext, request: RegisterRequest): Promise<void> {
   const started = performance.now();
   const sizeBytes = await fileSize(request.file);
+  // Read before anything is uploaded, so that a bad file costs nothing.
+  const warmUp = request.warmUpFile === undefined ? undefined : await readWarmUpFile(request.warmUpFile);
   const session = ctx.gateway();
   const parent = `models/${request.model}`;
   const existing = await getModelIfAny(session, parent);
@@ -65,6 +70,7 @@ export async function registerModel(ctx: CommandContext, request: RegisterReques
       versionId,
       artifactSha256: sha256,
       ...(request.maxBatchSize !== undefined && { maxBatchSize: request.maxBatchSize }),
+      ...(warmUp !== undefined && { warmUp }),
     },
     session.call(CREATE_TIMEOUT_MS),
   );
@@ -87,8 +93,12 @@ export async function registerModel(ctx: CommandContext, request: RegisterReques
     trail.end();
   }
   const totalMs = performance.now() - started;
+  if (ready.warmUpError !== '') {
+    ctx.note(`warning: ${request.model} version ${versionId} serves without warm-up: ${ready.warmUpError}\n`);
+  }
   ctx.result(ModelVersionSchema, ready, () =>
-    `${request.model} version ${versionId} is READY in ${formatSeconds(totalMs)} (upload ${formatSeconds(uploadedMs)}, registration and loading ${formatSeconds(totalMs - uploadedMs)})\n`,
+    `${request.model} version ${versionId} is READY${ready.warmUpError === '' ? '' : ' (not warmed up)'} in ${formatSeconds(totalMs)} ` +
+      `(upload ${formatSeconds(uploadedMs)}, registration and loading ${formatSeconds(totalMs - uploadedMs)})\n`,
   );
 }
 

@@ -9,6 +9,7 @@ import {
   type UpdateModelRequest,
   VersionState,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { runCapturing } from './testing/cli-runner';
 import { type FakeRegistry, type RunningFakeRegistry, startFakeRegistry } from './testing/fake-registry';
 import { MODELS_GROUP } from './models.command';
@@ -158,6 +159,45 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       expect(run.code).toBe(0);
       expect(run.stderr).toContain('\rUploading model.onnx [##############################] 100% (2.0 MiB of 2.0 MiB');
       expect(run.stderr).toContain('mlp version 1: REGISTERED → LOADING → READY\n');
+    });
+
+    it('sends the samples of --warmup with the registration, and warns when the version serves without warm-up', async () => {
+      const file = modelFile(10);
+      const warmUpFile = join(dir, 'samples.json');
+      writeFileSync(
+        warmUpFile,
+        JSON.stringify({ inputs: [{ name: 'audio', datatype: 'FP32', shape: [1, 2], data: [[0.5, -1]] }, { name: 'sr', shape: [1], random_data: true }] }),
+      );
+      loadsThrough('models/vad/versions/1', [VersionState.LOADING], [VersionState.READY]);
+
+      const run = await sut(['models', 'register', file.path, '--name', 'vad', '--warmup', warmUpFile]);
+
+      expect(run.code).toBe(0);
+      const [request] = registry.requests<CreateModelVersionRequest>('createModelVersion');
+      expect(request!.warmUp!.samples[0]!.inputs.map((i) => [i.name, i.datatype, i.shape, i.contents.case])).toEqual([
+        ['audio', DataType.FP32, [1n, 2n], 'data'],
+        ['sr', DataType.UNSPECIFIED, [1n], 'randomData'],
+      ]);
+      expect(request!.warmUp!.samples[0]!.inputs[0]!.contents.value).toEqual(new Uint8Array(Float32Array.of(0.5, -1).buffer));
+      expect(run.stderr).not.toContain('warning');
+
+      registry.afterSnapshot = (r) => r.setVersionState('models/cold/versions/1', VersionState.READY, '', 'synthetic warm-up at batch 1 failed on cpu: Pad reflect');
+      const cold = await sut(['models', 'register', file.path, '--name', 'cold']);
+      expect(cold.code).toBe(0);
+      expect(cold.stderr).toContain('warning: cold version 1 serves without warm-up: synthetic warm-up at batch 1 failed on cpu: Pad reflect\n');
+      expect(cold.stdout).toMatch(/^cold version 1 is READY \(not warmed up\) in /);
+    });
+
+    it('exits 1 before calling the gateway when the --warmup file is wrong, naming the file and the entry', async () => {
+      const file = modelFile(10);
+      const warmUpFile = join(dir, 'samples.json');
+      writeFileSync(warmUpFile, JSON.stringify({ inputs: [{ name: 'sr', datatype: 'INT64', shape: [1], data: [16000.5] }] }));
+
+      const run = await sut(['models', 'register', file.path, '--name', 'vad', '--warmup', warmUpFile]);
+
+      expect(run.code).toBe(1);
+      expect(run.stderr).toBe(`infermesh: --warmup ${warmUpFile}: inputs[0]: input "sr": element 0 (16000.5) is not an integer in the INT64 range\n`);
+      expect(registry.calls).toEqual([]);
     });
 
     it('exits 1 before calling the gateway when the file cannot be read', async () => {

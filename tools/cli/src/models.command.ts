@@ -43,6 +43,7 @@ async function register(ctx: CommandContext): Promise<void> {
     pin: args.switch('pin'),
     labels,
     timeoutMs: parseSeconds(args.value('timeout') ?? String(DEFAULT_REGISTER_TIMEOUT_S), '--timeout') * 1000,
+    warmUpFile: args.value('warmup'),
   });
 }
 
@@ -136,6 +137,15 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
         'Streams the file to the registry in 1 MiB chunks (the registry checks its SHA-256), registers',
         'it as a version, and follows its state (REGISTERED -> LOADING -> READY). Exits 0 once the',
         'version is READY, 1 when it FAILED (the reason is printed) or the wait timed out.',
+        '',
+        'With --warmup, workers run the samples of the file before the version serves, and a sample the',
+        'model fails makes it FAILED with the model\'s message. The file is one sample',
+        '  {"inputs":[{"name":"audio","datatype":"FP32","shape":[1,512],"data":[0.1,...]},',
+        '             {"name":"sr","datatype":"INT64","shape":[1],"data":[16000]}]}',
+        'or several, {"samples":[{"name":"16 kHz","inputs":[...]},...]}; an input may give',
+        '"zero_data": true or "random_data": true instead of "data". Without --warmup, workers run',
+        'synthetic inputs (zeros, each dynamic dimension 1): a model they do not suit is READY but not',
+        'warmed up, and a warning says why.',
       ].join('\n'),
       positionals: [{ name: '<file.onnx>' }],
       flags: [
@@ -144,6 +154,12 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
         { name: 'max-batch-size', kind: 'value', placeholder: '<n>', description: 'Overrides the max batch size read from the model' },
         { name: 'pin', kind: 'switch', description: 'Pin the model: workers load it ahead of requests and never evict it' },
         { name: 'label', kind: 'list', placeholder: '<key=value>', description: 'Add a label to the model' },
+        {
+          name: 'warmup',
+          kind: 'value',
+          placeholder: '<file.json>',
+          description: 'Warm-up samples the workers run before the version serves: JSON of named tensors as in a KServe v2 request',
+        },
         { name: 'timeout', kind: 'value', placeholder: '<s>', description: `How long to wait for READY, in seconds (default ${DEFAULT_REGISTER_TIMEOUT_S})` },
       ],
       handler: register,

@@ -92,6 +92,7 @@ describe('output format', () => {
         '    scores  FP16      [-1,10]',
         '  Max batch size: 8',
         '  Batching: max batch 4, max queue delay 500 us, preferred sizes 2, 4, 2 priority levels (default the lowest), queue up to 64 requests',
+        '  Warm-up: synthetic (no samples given); warmed up',
         '  Processing:',
         '    input image: (x - mean) / std, mean [0.485, 0.456, 0.406], std [0.229, 0.224, 0.225]',
         '    output scores: 2 class labels',
@@ -99,7 +100,24 @@ describe('output format', () => {
       ].join('\n'),
     );
     expect(text).toContain('Version 3: FAILED (input "image" has an unsupported type)\n  Batching: defaults');
+    expect(text).toContain('  Warm-up: synthetic (no samples given)\n  Processing: none');
     expect(text).not.toContain('Version 1:');
+  });
+
+  it('shows the warm-up samples a version was given, and a READY version that serves without warm-up, saying why', () => {
+    const vad = create(ModelSchema, {
+      name: 'models/vad',
+      versions: [
+        { ...version('vad', 1, VersionState.READY), warmUpError: 'synthetic warm-up at batch 1 failed on cpu: Pad reflect requires axis length >= 2' },
+        { ...version('vad', 2, VersionState.READY), warmUp: { samples: [{ name: '16 kHz' }, {}] } },
+        { ...version('vad', 3, VersionState.LOADING), warmUp: { samples: [{}] } },
+      ],
+    });
+    const text = formatModelDetails(vad);
+    expect(text).toMatch(/\n1 +READY +- +not warmed up \(see Warm-up\)\n2 +READY +-\n/);
+    expect(text).toContain('Version 1: READY\n  Batching: defaults (up to the max batch size, no waiting while a worker is idle)\n  Warm-up: synthetic (no samples given); NOT warmed up: synthetic warm-up at batch 1 failed on cpu: Pad reflect requires axis length >= 2\n');
+    expect(text).toContain('Version 2: READY\n  Batching: defaults (up to the max batch size, no waiting while a worker is idle)\n  Warm-up: 2 samples given ("16 kHz", sample 2); warmed up\n');
+    expect(text).toContain('Version 3: LOADING\n  Batching: defaults (up to the max batch size, no waiting while a worker is idle)\n  Warm-up: 1 sample given (sample 1)\n');
   });
 
   it('shows the stable version, canary, variants, shadow and fallback of a rollout, with the state of each version', () => {

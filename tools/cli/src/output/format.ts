@@ -154,6 +154,17 @@ export function formatBatching(batching: Batching | undefined): string {
   return parts.join(', ') || 'defaults';
 }
 
+/** The warm-up a version was registered with and, once READY, whether it was warmed up. */
+export function formatWarmUp(version: ModelVersion): string {
+  const samples = version.warmUp?.samples ?? [];
+  const given =
+    samples.length === 0
+      ? 'synthetic (no samples given)'
+      : `${samples.length} sample${samples.length === 1 ? '' : 's'} given (${samples.map((s, i) => (s.name === '' ? `sample ${i + 1}` : `"${s.name}"`)).join(', ')})`;
+  if (version.state !== VersionState.READY) return given;
+  return version.warmUpError === '' ? `${given}; warmed up` : `${given}; NOT warmed up: ${version.warmUpError}`;
+}
+
 export function formatProcessing(processing: Processing | undefined): string[] {
   if (processing === undefined) return ['none'];
   const lines = [
@@ -187,6 +198,7 @@ function formatVersion(version: ModelVersion): string {
     lines.push(`  Max batch size: ${signature.maxBatchSize === 0 ? '0 (does not batch)' : signature.maxBatchSize}`);
   }
   lines.push(`  Batching: ${formatBatching(version.batching)}`);
+  lines.push(`  Warm-up: ${formatWarmUp(version)}`);
   const processing = formatProcessing(version.processing);
   lines.push(processing.length === 1 ? `  Processing: ${processing[0]}` : `  Processing:\n${processing.map((p) => `    ${p}`).join('\n')}`);
   if (version.artifact !== undefined) {
@@ -223,7 +235,7 @@ export function formatModelDetails(model: Model): string {
           versionIdOf(v.name),
           stateName(v.state),
           v.createTime === undefined ? '-' : timestampDate(v.createTime).toISOString(),
-          v.stateReason,
+          v.stateReason !== '' ? v.stateReason : v.state === VersionState.READY && v.warmUpError !== '' ? 'not warmed up (see Warm-up)' : '',
         ]),
       ).trimEnd(),
     );

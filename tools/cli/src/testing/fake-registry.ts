@@ -66,12 +66,13 @@ export class FakeRegistry implements Impl {
   }
 
   /** What a worker reports: the version (models/m/versions/v) is now in `state`. */
-  setVersionState(versionName: string, state: VersionState, reason = ''): void {
+  setVersionState(versionName: string, state: VersionState, reason = '', warmUpError = ''): void {
     const model = this.models.get(modelNameOf(versionName));
     const version = model?.versions.find((v) => v.name === versionName);
     if (model === undefined || version === undefined) throw new Error(`no version ${versionName}`);
     version.state = state;
     version.stateReason = reason;
+    version.warmUpError = warmUpError;
     this.changed(model);
   }
 
