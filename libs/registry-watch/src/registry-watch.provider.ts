@@ -41,3 +41,4 @@ export function registryWatchProvider(address: string): FactoryProvider<Registry
     },
   };
 }
+

@@ -68,6 +68,14 @@ describe(RegistryWatch.name, () => {
     expect(sut.models().map((m) => m.name).sort()).toEqual(['models/mlp', 'models/tiny']);
     expect(sut.model('mlp')?.versions[0]?.state).toBe(VersionState.READY);
     expect(sut.model('missing')).toBeUndefined();
+    // What it holds is what the service may name in metric labels.
+    expect([sut.hasModel('mlp'), sut.hasModel('missing'), sut.hasVersion('mlp', '1'), sut.hasVersion('mlp', '9'), sut.hasVersion('missing', '1')]).toEqual([
+      true,
+      false,
+      true,
+      false,
+      false,
+    ]);
     expect(sut.revision).toBe(2n);
     expect(sut.status()).toMatchObject({ connected: true, synced: true, revision: 2n, lastError: undefined, disconnectedSince: undefined });
     expect(changes).toEqual([['mlp', 'tiny']]);
@@ -102,6 +110,7 @@ describe(RegistryWatch.name, () => {
     await eventually(() => sut.revision === 3n);
 
     expect(sut.model('mlp')).toBeUndefined();
+    expect(sut.hasModel('mlp')).toBe(false);
     expect(sut.models().map((m) => m.name)).toEqual(['models/tiny']);
     expect(changes.at(-1)).toEqual(['mlp']);
   });

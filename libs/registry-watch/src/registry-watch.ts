@@ -1,8 +1,8 @@
 import { equals } from '@bufbuild/protobuf';
 import type { ServiceClient } from '@infermesh/grpc';
 import { type Model, ModelSchema, type RegistryService, type WatchModelsResponse } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { modelIdOf } from '@infermesh/rollout';
-import type { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { modelIdOf, versionIdOf } from '@infermesh/rollout';
+import type { JsonLogger, KnownModels, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 
 export interface RegistryWatchOptions {
@@ -48,7 +48,7 @@ const DEFAULT_BACKOFF = { initialMs: 100, maxMs: 2_000 };
  * jitter, resuming from the last revision it applied. It logs once when it loses the registry and
  * once when it has it back.
  */
-export class RegistryWatch {
+export class RegistryWatch implements KnownModels {
   private readonly held = new Map<string, Model>();
   private readonly listeners = new Set<ModelChangeListener>();
   private readonly backoff: { initialMs: number; maxMs: number };
@@ -99,6 +99,16 @@ export class RegistryWatch {
   /** The model as the registry last said it is, by id ("mlp"); undefined when the watch does not hold it. */
   model(id: string): Model | undefined {
     return this.held.get(id);
+  }
+
+  /** Whether the watch holds the model: it is registered, as far as this service knows. */
+  hasModel(id: string): boolean {
+    return this.held.has(id);
+  }
+
+  /** Whether the model held has a version with this id. */
+  hasVersion(id: string, versionId: string): boolean {
+    return this.held.get(id)?.versions.some((v) => versionIdOf(v.name) === versionId) === true;
   }
 
   /** Every model held. */

@@ -1,3 +1,4 @@
 export * from './request-context';
 export * from './json-logger';
 export * from './metrics';
+export * from './model-labels';

@@ -28,8 +28,10 @@ const base: RequestInit = {
   outputNames: ['y', 'z'],
 };
 
-function key(init: RequestInit): string {
-  return cacheKey(create(InferenceRequestSchema, init)).toString('hex');
+const ARTIFACT = 'a'.repeat(64);
+
+function key(init: RequestInit, artifactSha256 = ARTIFACT): string {
+  return cacheKey(create(InferenceRequestSchema, init), artifactSha256).toString('hex');
 }
 
 function withInput(index: number, change: Partial<TensorInit>): RequestInit {
@@ -39,16 +41,24 @@ function withInput(index: number, change: Partial<TensorInit>): RequestInit {
 
 describe('cacheKey', () => {
   it('is a SHA-256 digest, the same for the same request', () => {
-    expect(cacheKey(create(InferenceRequestSchema, base))).toHaveLength(32);
+    expect(cacheKey(create(InferenceRequestSchema, base), ARTIFACT)).toHaveLength(32);
     expect(key(base)).toBe(key({ ...base }));
   });
 
   it('changes with the scope (a tenant), and does not depend on the tenant or routing key fields themselves', () => {
     const request = create(InferenceRequestSchema, base);
-    expect(cacheKey(request, 'key:a').equals(cacheKey(request, 'key:b'))).toBe(false);
-    expect(cacheKey(request, 'key:a').equals(cacheKey(request))).toBe(false);
+    expect(cacheKey(request, ARTIFACT, 'key:a').equals(cacheKey(request, ARTIFACT, 'key:b'))).toBe(false);
+    expect(cacheKey(request, ARTIFACT, 'key:a').equals(cacheKey(request, ARTIFACT))).toBe(false);
     const other = create(InferenceRequestSchema, { ...base, tenant: 'key:a', routingKey: 'user-1' });
-    expect(cacheKey(other).equals(cacheKey(request))).toBe(true);
+    expect(cacheKey(other, ARTIFACT).equals(cacheKey(request, ARTIFACT))).toBe(true);
+  });
+
+  it('changes with the artifact: the same model and version id with other weights (deleted and created again) is another result', () => {
+    expect(key(base, 'b'.repeat(64))).not.toBe(key(base));
+  });
+
+  it('cannot collide by moving bytes between the version and the artifact', () => {
+    expect(key({ ...base, modelVersion: '3a' }, 'a'.repeat(63))).not.toBe(key(base));
   });
 
   it('does not depend on the order of the inputs', () => {

@@ -3,12 +3,14 @@ import type { InferenceRequest } from '@infermesh/proto/gen/infermesh/inference/
 
 /**
  * The result-cache key of a request for a resolved model version: SHA-256 over the scope (a tenant
- * when entries are kept per tenant, else empty), the model, the version, each input's name,
+ * when entries are kept per tenant, else empty), the model, the version, the SHA-256 of the
+ * version's artifact (a model deleted and created again under the same version id with other
+ * weights must not be answered from the old entries), each input's name,
  * datatype, shape and bytes (in name order, so input order does not matter), the requested outputs
  * in their order, and the class counts asked of outputs (in name order). Every variable-length field
  * is length-prefixed, so no two different requests share a byte stream.
  */
-export function cacheKey(request: InferenceRequest, scope = ''): Buffer {
+export function cacheKey(request: InferenceRequest, artifactSha256: string, scope = ''): Buffer {
   const hash = createHash('sha256');
   const field = (value: string | Uint8Array) => {
     const bytes = typeof value === 'string' ? Buffer.from(value, 'utf8') : value;
@@ -17,10 +19,11 @@ export function cacheKey(request: InferenceRequest, scope = ''): Buffer {
     hash.update(length);
     hash.update(bytes);
   };
-  field('infermesh.cache.v2');
+  field('infermesh.cache.v3');
   field(scope);
   field(request.modelName);
   field(request.modelVersion);
+  field(artifactSha256);
   const inputs = [...request.inputs].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   field(String(inputs.length));
   for (const input of inputs) {

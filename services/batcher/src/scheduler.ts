@@ -3,7 +3,8 @@ import { status } from '@grpc/grpc-js';
 import { type CallContext, RpcError, toRpcError } from '@infermesh/grpc';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { integerParameter } from '@infermesh/tensors';
-import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
+import { RegistryWatch } from '@infermesh/registry-watch';
+import { JsonLogger, Metrics, ModelLabels, requestContext } from '@infermesh/telemetry';
 import { performance } from 'node:perf_hooks';
 import type { Counter, Gauge, Histogram } from 'prom-client';
 import { batchItems, batchKey, concatRequests, splitResponse } from './batch-assembly';
@@ -164,6 +165,9 @@ class VersionQueue {
 @Injectable()
 export class Scheduler implements OnApplicationShutdown {
   private readonly queues = new Map<string, VersionQueue>();
+  /** The models that have a queue. */
+  private readonly queuedModels = new Set<string>();
+  private readonly labels: ModelLabels;
   private nextId = 0;
   private readonly rejections: Counter<'model' | 'reason'>;
   private readonly dispatched: Counter<'model' | 'version' | 'outcome'>;
@@ -177,17 +181,32 @@ export class Scheduler implements OnApplicationShutdown {
     private readonly settings: VersionSettings,
     @Inject(BATCHER_CONFIG) private readonly config: BatcherConfig,
     private readonly logger: JsonLogger,
+    watch: RegistryWatch,
     metrics: Metrics,
   ) {
-    const perQueue = (value: (queue: VersionQueue) => number) => (gauge: Gauge<'model' | 'version'>) => {
+    // A model version is registered when the registry watch holds it, or when a worker has it (its
+    // queue exists only then): only those names become label values, any other is "(unknown)".
+    this.labels = new ModelLabels({
+      hasModel: (model) => watch.hasModel(model) || this.queuedModels.has(model),
+      hasVersion: (model, version) => watch.hasVersion(model, version) || this.queues.has(`models/${model}/versions/${version}`),
+    });
+    // Queues whose version the registry no longer has share the "(unknown)" labels: depths add up, ages take the oldest.
+    const perQueue = (value: (queue: VersionQueue) => number, combine: (a: number, b: number) => number) => (gauge: Gauge<'model' | 'version'>) => {
       gauge.reset();
-      for (const queue of this.queues.values()) gauge.set({ model: queue.model, version: queue.version }, value(queue));
+      const values = new Map<string, { labels: { model: string; version: string }; value: number }>();
+      for (const queue of this.queues.values()) {
+        const labels = this.labels.of(queue.model, queue.version);
+        const key = `${labels.model}\u0000${labels.version}`;
+        const known = values.get(key);
+        values.set(key, { labels, value: known === undefined ? value(queue) : combine(known.value, value(queue)) });
+      }
+      for (const { labels, value: v } of values.values()) gauge.set(labels, v);
     };
     metrics.gauge(
       'queue_depth',
       'Requests waiting in the queue of each model version.',
       ['model', 'version'],
-      perQueue((q) => q.length),
+      perQueue((q) => q.length, (a, b) => a + b),
     );
     metrics.gauge(
       'queue_oldest_age_seconds',
@@ -196,7 +215,7 @@ export class Scheduler implements OnApplicationShutdown {
       perQueue((q) => {
         const oldest = q.oldest();
         return oldest === undefined ? 0 : (performance.now() - oldest.arrivedAt) / 1000;
-      }),
+      }, Math.max),
     );
     this.rejections = metrics.counter('rejections_total', 'Requests answered without reaching a worker, by model and reason.', ['model', 'reason']);
     this.dispatched = metrics.counter('dispatched_total', 'Requests answered after a worker ran them, by model, version and outcome.', [
@@ -239,7 +258,7 @@ export class Scheduler implements OnApplicationShutdown {
     const arrivedAt = performance.now();
     const [policy, workers] = await Promise.all([this.settings.policy(name), this.pool.candidates(name)]);
     if (workers.length === 0) {
-      this.rejections.inc({ model, reason: 'MODEL_NOT_READY' });
+      this.rejections.inc({ model: this.labels.model(model), reason: 'MODEL_NOT_READY' });
       throw RpcError.unavailable(`no worker has model "${model}" version ${version} ready`, 'MODEL_NOT_READY');
     }
     const queue = this.queueFor(name, model, version, policy);
@@ -295,6 +314,7 @@ export class Scheduler implements OnApplicationShutdown {
     if (queue === undefined) {
       queue = new VersionQueue(name, model, version, policy);
       this.queues.set(name, queue);
+      this.queuedModels.add(model);
     } else if (queue.policy !== policy) {
       queue.adopt(policy);
     }
@@ -309,7 +329,7 @@ export class Scheduler implements OnApplicationShutdown {
     const value = integerParameter(parameter);
     if (value === 0) return defaultPriorityLevel;
     if (Number.isInteger(value) && value >= 1 && value <= priorityLevels) return value;
-    this.rejections.inc({ model: queue.model, reason: 'INVALID_PRIORITY' });
+    this.rejections.inc({ model: this.labels.model(queue.model), reason: 'INVALID_PRIORITY' });
     const what = `model "${queue.model}" version ${queue.version}`;
     throw RpcError.invalidArgument(
       priorityLevels === 1
@@ -349,7 +369,7 @@ export class Scheduler implements OnApplicationShutdown {
   }
 
   private refuse(queue: VersionQueue, reason: Rejection, error: RpcError): RpcError {
-    this.rejections.inc({ model: queue.model, reason });
+    this.rejections.inc({ model: this.labels.model(queue.model), reason });
     return error;
   }
 
@@ -358,7 +378,7 @@ export class Scheduler implements OnApplicationShutdown {
     const waitedMs = Math.round(performance.now() - entry.arrivedAt);
     if (entry.queued) {
       queue.remove(entry);
-      this.rejections.inc({ model: queue.model, reason: 'DEADLINE_EXCEEDED' });
+      this.rejections.inc({ model: this.labels.model(queue.model), reason: 'DEADLINE_EXCEEDED' });
       this.settle(entry, {
         error: new RpcError(
           status.DEADLINE_EXCEEDED,
@@ -378,7 +398,7 @@ export class Scheduler implements OnApplicationShutdown {
     if (entry.settled) return;
     if (entry.queued) {
       queue.remove(entry);
-      this.rejections.inc({ model: queue.model, reason: 'CANCELLED' });
+      this.rejections.inc({ model: this.labels.model(queue.model), reason: 'CANCELLED' });
       this.pump(queue);
     }
     this.settle(entry, { error: new RpcError(status.CANCELLED, 'the call was cancelled') });
@@ -474,7 +494,7 @@ export class Scheduler implements OnApplicationShutdown {
       if (this.pool.available(queue.name).length > 0) return this.pump(queue);
       for (const entry of [...queue.inOrder()]) {
         queue.remove(entry);
-        this.rejections.inc({ model: queue.model, reason: 'MODEL_NOT_READY' });
+        this.rejections.inc({ model: this.labels.model(queue.model), reason: 'MODEL_NOT_READY' });
         this.settle(entry, { error: RpcError.unavailable(`no worker has model "${queue.model}" version ${queue.version} ready`, 'MODEL_NOT_READY') });
       }
     });
@@ -482,7 +502,7 @@ export class Scheduler implements OnApplicationShutdown {
 
   private dispatch(queue: VersionQueue, entries: Waiting[], items: number, worker: WorkerHandle): void {
     const now = performance.now();
-    const labels = { model: queue.model, version: queue.version };
+    const labels = this.labels.of(queue.model, queue.version);
     for (const entry of entries) {
       queue.remove(entry);
       this.queueTime.observe(labels, (now - entry.arrivedAt) / 1000);
@@ -550,12 +570,12 @@ export class Scheduler implements OnApplicationShutdown {
             return { error: RpcError.unavailable(`the worker for model "${queue.model}" version ${queue.version} is unreachable: ${rpcError.message}`) };
           }
           if (notPlaced) {
-            this.rejections.inc({ model: queue.model, reason: 'MODEL_NOT_READY' });
+            this.rejections.inc({ model: this.labels.model(queue.model), reason: 'MODEL_NOT_READY' });
             return { error: RpcError.unavailable(`no reachable worker serves model "${queue.model}" version ${queue.version}: ${rpcError.message}`, 'MODEL_NOT_READY') };
           }
           return { error: rpcError };
         }
-        this.retries.inc({ model: queue.model });
+        this.retries.inc({ model: this.labels.model(queue.model) });
         this.logger.info('batch retried on another worker', { model: queue.model, version: queue.version, from: worker.address, to: other.address, err: rpcError.message });
         worker = other;
       }

@@ -31,6 +31,12 @@ export class ResultCache implements OnApplicationShutdown {
     this.lookups = metrics.counter('lookups_total', 'Cache lookups by outcome (hit, miss, error).', ['outcome']);
     this.stores = metrics.counter('stores_total', 'Cache stores by outcome (stored, too_large, error).', ['outcome']);
     this.lookupSeconds = metrics.histogram('lookup_duration_seconds', 'Time to look up a cache entry, by outcome.', ['outcome']);
+    if (results.heldBytes !== undefined) {
+      metrics.gauge('store_bytes', 'Bytes charged to the results held in this process (values, keys and per-entry overhead), within CACHE_MAX_BYTES.', [], (gauge) =>
+        gauge.set(results.heldBytes ?? 0),
+      );
+      metrics.gauge('store_budget_bytes', 'CACHE_MAX_BYTES: the most the results held in this process may be charged.', [], (gauge) => gauge.set(config.maxBytes));
+    }
   }
 
   async lookup(key: Uint8Array): Promise<InferenceResponse | undefined> {
@@ -54,7 +60,10 @@ export class ResultCache implements OnApplicationShutdown {
 
   async store(key: Uint8Array, response: InferenceResponse, ttlMs: number): Promise<boolean> {
     checkKey(key);
-    const value = Buffer.from(toBinary(InferenceResponseSchema, response));
+    // The encoding is a buffer of its own, of its exact size: wrapped, not copied (a copy of a few KB
+    // would land in Node's shared buffer pool, and keep a whole pool slab alive while cached).
+    const encoded = toBinary(InferenceResponseSchema, response);
+    const value = Buffer.from(encoded.buffer, encoded.byteOffset, encoded.byteLength);
     if (value.length > this.config.maxEntryBytes) {
       this.stores.inc({ outcome: 'too_large' });
       return false;

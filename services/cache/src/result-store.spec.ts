@@ -3,7 +3,7 @@ import { JsonLogger } from '@infermesh/telemetry';
 import { type RedisServer, startRedisServer } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
 import type { ResultStore } from './result-store';
-import { EmbeddedResultStore } from './result-store.embedded';
+import { EmbeddedResultStore, ENTRY_OVERHEAD_BYTES } from './result-store.embedded';
 import { RedisResultStore } from './result-store.redis';
 
 const logger = new JsonLogger('test', 'error');
@@ -68,8 +68,11 @@ contract('redis', async () => {
 });
 
 describe(EmbeddedResultStore.name, () => {
+  /** What an entry of a 32-byte key (44 base64 characters) and `bytes` bytes is charged. */
+  const charge = (bytes: number) => bytes + 88 + ENTRY_OVERHEAD_BYTES;
+
   it('evicts the least recently used entries to stay within its byte budget', async () => {
-    const sut = new EmbeddedResultStore(300);
+    const sut = new EmbeddedResultStore(charge(100) + charge(150) + 50);
     const [a, b, c] = [randomBytes(32), randomBytes(32), randomBytes(32)];
     await sut.set(a, Buffer.alloc(100), 60_000);
     await sut.set(b, Buffer.alloc(100), 60_000);
@@ -78,6 +81,26 @@ describe(EmbeddedResultStore.name, () => {
     expect(await sut.get(b)).toBeUndefined();
     expect(await sut.get(a)).toBeDefined();
     expect(await sut.get(c)).toBeDefined();
-    expect(sut.sizeBytes).toBeLessThanOrEqual(300);
+    expect(sut.heldBytes).toBe(charge(100) + charge(150));
+  });
+
+  it('keeps a value that is a view into a larger buffer (a pool slab, a received message) as a copy of its exact size', async () => {
+    const sut = new EmbeddedResultStore(1 << 20);
+    const key = randomBytes(32);
+    const slab = Buffer.alloc(8192, 3);
+    await sut.set(key, slab.subarray(100, 2_148), 60_000);
+
+    const held = (await sut.get(key))!;
+    expect(held.byteLength).toBe(2_048);
+    expect(held.buffer.byteLength).toBe(2_048);
+    expect(held.every((b) => b === 3)).toBe(true);
+  });
+
+  it('does not hold a value larger than its budget', async () => {
+    const sut = new EmbeddedResultStore(charge(100));
+    const key = randomBytes(32);
+    await sut.set(key, Buffer.alloc(101), 60_000);
+    expect(await sut.get(key)).toBeUndefined();
+    expect(sut.heldBytes).toBe(0);
   });
 });

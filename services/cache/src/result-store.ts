@@ -3,6 +3,11 @@ export abstract class ResultStore {
   /** The stored bytes, or undefined when absent or expired. */
   abstract get(key: Buffer): Promise<Buffer | undefined>;
   abstract set(key: Buffer, value: Buffer, ttlMs: number): Promise<void>;
+  /** Bytes of results this process holds and charges to its budget; undefined when they live elsewhere (Redis). */
+  get heldBytes(): number | undefined {
+    return undefined;
+  }
+
   /** Releases connections. */
   abstract close(): Promise<void>;
 }

@@ -1,12 +1,18 @@
 import { Injectable } from '@nestjs/common';
-import { Metrics } from '@infermesh/telemetry';
+import { Metrics, ModelLabels, ServedModels } from '@infermesh/telemetry';
 import type { Counter, Histogram } from 'prom-client';
 
 export type Protocol = 'rest' | 'grpc';
 
+/** Outcomes of an inference the router answered: its answer names a model version it resolved. */
+const SERVED_OUTCOMES: ReadonlySet<string> = new Set(['ok', 'cached', 'degraded']);
+/** The model label of a request refused before it reached the router. */
+const NOT_ROUTED = '(not routed)';
+
 /**
  * The gateway's own metrics. Labels stay bounded: endpoints are route templates or RPC names, never
- * raw paths; models are named only once the registry or router knew them.
+ * raw paths; a model or version becomes a label value only once the router has served it (the router
+ * resolves names against the registry), any other name a client sends is `(unknown)`.
  */
 @Injectable()
 export class GatewayMetrics {
@@ -15,6 +21,8 @@ export class GatewayMetrics {
   private readonly rateLimited: Counter<'bucket'>;
   /** Rate-limit decisions taken by the GATEWAY_RATE_LIMIT_REDIS_DOWN policy while Redis could not be reached. */
   readonly rateLimitFallbacks: Counter<'policy'>;
+  private readonly served = new ServedModels();
+  private readonly modelLabels = new ModelLabels(this.served);
 
   constructor(metrics: Metrics) {
     this.requestSeconds = metrics.histogram(
@@ -44,8 +52,14 @@ export class GatewayMetrics {
     this.requestSeconds.observe({ protocol, endpoint, code }, Number(process.hrtime.bigint() - startNs) / 1e9);
   }
 
+  /**
+   * Counts an inference by outcome: for one the router answered, the model version its answer names
+   * (which then becomes a known label value); for a failed one, the model and version the client
+   * asked for, when the router has served them, else `(unknown)`.
+   */
   countInference(model: string, version: string, outcome: string): void {
-    this.inferences.inc({ model, version, outcome });
+    if (SERVED_OUTCOMES.has(outcome)) this.served.remember(model, version);
+    this.inferences.inc({ ...(model === NOT_ROUTED ? { model, version } : this.modelLabels.of(model, version)), outcome });
   }
 
   countRateLimited(bucket: 'key' | 'model'): void {

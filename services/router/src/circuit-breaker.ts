@@ -67,7 +67,12 @@ export class CircuitBreaker {
     }
   }
 
-  /** The call ended without telling anything about the upstream (e.g. the client cancelled it). */
+  /**
+   * The call ended without telling anything about the upstream's health: the client cancelled it,
+   * its deadline was the caller's to miss, or the request was refused as invalid. Neither a failure
+   * nor a success: the count of consecutive failures stays, and a half-open circuit lets the next
+   * probe through.
+   */
   abandoned(): void {
     this.probing = false;
   }

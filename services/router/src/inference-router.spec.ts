@@ -45,7 +45,7 @@ const signature = {
 };
 
 const version = (model: string, id: string, state: VersionState): ModelVersion =>
-  create(ModelVersionSchema, { name: `models/${model}/versions/${id}`, state, signature });
+  create(ModelVersionSchema, { name: `models/${model}/versions/${id}`, state, signature, artifact: { sha256: `sha256-of-${model}-${id}` } });
 
 /** What the registry holds: mlp has 1 and 2 READY, 3 still LOADING; cold has nothing ready. */
 const MODELS: Record<string, ModelVersion[]> = {
@@ -254,10 +254,11 @@ describe(InferenceRouter.name, () => {
     });
 
     it.each([
-      ['an unknown model', 'missing', '', status.NOT_FOUND, 'MODEL_NOT_FOUND'],
-      ['an unknown version', 'mlp', '9', status.NOT_FOUND, 'VERSION_NOT_FOUND'],
-      ['a model with no READY version', 'cold', '', status.UNAVAILABLE, 'MODEL_NOT_READY'],
-    ])('passes the registry error for %s through with its code and reason', async (_case, modelName, modelVersion, code, reason) => {
+      // An unknown name is the caller's free text: it is counted under "(unknown)", never as a label value of its own.
+      ['an unknown model', 'missing', '', status.NOT_FOUND, 'MODEL_NOT_FOUND', '(unknown)'],
+      ['an unknown version', 'mlp', '9', status.NOT_FOUND, 'VERSION_NOT_FOUND', 'mlp'],
+      ['a model with no READY version', 'cold', '', status.UNAVAILABLE, 'MODEL_NOT_READY', 'cold'],
+    ])('passes the registry error for %s through with its code and reason', async (_case, modelName, modelVersion, code, reason, label) => {
       const { sut, batcher, app } = await startRouter();
 
       const error = await rpcRejection(sut.infer(inferRequest({ modelName, modelVersion })));
@@ -265,7 +266,7 @@ describe(InferenceRouter.name, () => {
       expect([error.code, error.reason]).toEqual([code, reason]);
       expect(error.message).toContain(modelName);
       expect(batcher.requests).toHaveLength(0);
-      expect(await counter(app, 'requests_total', { model: modelName, outcome: String(code) })).toBe(1);
+      expect(await counter(app, 'requests_total', { model: label, outcome: String(code) })).toBe(1);
     });
 
     it('answers UNAVAILABLE when the registry cannot be reached', async () => {
@@ -431,7 +432,7 @@ describe(InferenceRouter.name, () => {
 
       const response = await sut.infer(inferRequest());
 
-      const key = hex(cacheKey(inferRequest({ modelVersion: '2' })));
+      const key = hex(cacheKey(inferRequest({ modelVersion: '2' }), 'sha256-of-mlp-2'));
       expect(cache.lookups).toEqual([{ key, timeoutMs: 75 }]);
       expect(batcher.requests).toHaveLength(1);
       expect(cache.stores).toHaveLength(1);
@@ -455,7 +456,7 @@ describe(InferenceRouter.name, () => {
 
     it('on a hit in the shared cache (an answer another router stored) answers from it, then from its own cache', async () => {
       const { sut, batcher, cache, app } = await startRouter();
-      const key = hex(cacheKey(inferRequest({ modelVersion: '2' })));
+      const key = hex(cacheKey(inferRequest({ modelVersion: '2' }), 'sha256-of-mlp-2'));
       cache.entries.set(key, create(InferenceResponseSchema, { modelName: 'mlp', modelVersion: '2', id: 'elsewhere', outputs: [{ name: 'y', data: new Uint8Array(8) }] }));
 
       const first = await sut.infer(inferRequest({ id: 'a' }));
@@ -675,12 +676,44 @@ describe(InferenceRouter.name, () => {
       expect(await counter(app, 'circuit_transitions_total', { model: 'mlp', version: '2', state: 'closed' })).toBe(1);
     });
 
-    it('counts an answer the batcher gave on purpose (a bad request) as the path working', async () => {
+    it.each<[string, RpcError, number | undefined]>([
+      ['a refusal of bad input', RpcError.invalidArgument('bad tensor', 'INVALID_TENSOR'), undefined],
+      ['a full queue', new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL' }), undefined],
+      ['a cancelled call', new RpcError(status.CANCELLED, 'the call was cancelled'), undefined],
+      ['a deadline the queue could not meet', new RpcError(status.DEADLINE_EXCEEDED, 'cannot be met', { reason: 'DEADLINE_INFEASIBLE' }), 5_000],
+      ['a timeout of a caller that gave 5 ms', new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'), 5],
+      ['a timeout of a caller that gave 500 ms (under ROUTER_BREAKER_TIMEOUT_MIN_BUDGET_MS)', new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'), 500],
+    ])('never opens the circuit for what the caller caused: %s', async (_case, error, budgetMs) => {
+      const { sut, batcher, app } = await startRouter({ ...env, ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_FAILURES: '2' });
+      await sut.infer(inferRequest({ id: 'warm' })); // an observed latency for the version
+      for (let i = 0; i < 5; i++) batcher.failures.push(error);
+      const call = () => (budgetMs === undefined ? sut.infer(inferRequest()) : requestContext.run({ requestId: 'r', deadlineMs: Date.now() + budgetMs }, () => sut.infer(inferRequest())));
+
+      for (let i = 0; i < 5; i++) expect((await rpcRejection(call())).code).toBe(error.code);
+
+      await expect(sut.infer(inferRequest())).resolves.toMatchObject({ modelVersion: '2' });
+      expect(await counter(app, 'circuit_transitions_total', { model: 'mlp', version: '2', state: 'open' })).toBe(0);
+      expect(await counter(app, 'circuit_not_counted_total', { model: 'mlp', version: '2', code: status[error.code] })).toBe(5);
+    });
+
+    it('counts a timeout against the version when the caller gave it far more than the version needs', async () => {
+      const { sut, batcher } = await startRouter({ ...env, ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_FAILURES: '2' });
+      await sut.infer(inferRequest({ id: 'warm' }));
+      batcher.failures.push(new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'), new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'));
+      const generous = () => requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 10_000 }, () => sut.infer(inferRequest()));
+      for (let i = 0; i < 2; i++) await rpcRejection(generous());
+
+      const open = await rpcRejection(sut.infer(inferRequest()));
+      expect([open.code, open.reason]).toEqual([status.UNAVAILABLE, 'CIRCUIT_OPEN']);
+    });
+
+    it('does not let refusals of bad input hide a failing version: they neither count nor reset its failures', async () => {
       const { sut, batcher } = await startRouter({ ...env, ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_FAILURES: '2' });
       batcher.failures.push(unavailable(), RpcError.invalidArgument('bad tensor', 'INVALID_TENSOR'), unavailable());
       for (let i = 0; i < 3; i++) await rpcRejection(sut.infer(inferRequest()));
 
-      await expect(sut.infer(inferRequest())).resolves.toMatchObject({ modelVersion: '2' });
+      const open = await rpcRejection(sut.infer(inferRequest()));
+      expect([open.code, open.reason]).toEqual([status.UNAVAILABLE, 'CIRCUIT_OPEN']);
     });
   });
 });

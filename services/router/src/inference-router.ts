@@ -8,7 +8,7 @@ import {
   type InferenceResponse,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type CachePolicy, type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
+import { JsonLogger, Metrics, ModelLabels, requestContext } from '@infermesh/telemetry';
 import { versionIdOf } from '@infermesh/rollout';
 import { cacheKey, checkInputs } from '@infermesh/tensors';
 import type { Counter, Histogram } from 'prom-client';
@@ -46,6 +46,7 @@ export class InferenceRouter {
     private readonly shadow: ShadowTraffic,
     @Inject(ROUTER_CONFIG) private readonly config: RouterConfig,
     private readonly logger: JsonLogger,
+    private readonly labels: ModelLabels,
     metrics: Metrics,
   ) {
     this.requests = metrics.counter('requests_total', 'Inference requests by model, served version and outcome (status code).', [
@@ -83,7 +84,7 @@ export class InferenceRouter {
       if (fallback !== '') {
         try {
           const response = await this.routeAndServe(create(InferenceRequestSchema, { ...request, modelName: fallback }), start);
-          this.fallbacks.inc({ model, fallback, reason: rpcError.reason ?? String(rpcError.code) });
+          this.fallbacks.inc({ model: this.labels.model(model), fallback: this.labels.model(fallback), reason: rpcError.reason ?? String(rpcError.code) });
           return { ...response, degraded: true };
         } catch {
           // The fallback cannot answer either: the client learns why the model it asked for could not.
@@ -101,18 +102,19 @@ export class InferenceRouter {
       if (model === '') throw RpcError.invalidArgument('the request names no model');
       const resolved = await this.resolver.resolve(model, request.modelVersion, request.routingKey);
       version = versionIdOf(resolved.version.name);
-      this.routes.inc({ model, version, route: resolved.route });
+      this.routes.inc({ ...this.labels.of(model, version), route: resolved.route });
       this.check(model, resolved.version, request);
       const routed = create(InferenceRequestSchema, { ...request, modelVersion: version });
-      const response = await this.serve(routed, resolved.cache);
+      const response = await this.serve(routed, resolved.version.artifact?.sha256 ?? '', resolved.cache);
       const seconds = Number(process.hrtime.bigint() - start) / 1e9;
-      this.requests.inc({ model, version, outcome: 'OK' });
-      this.duration.observe({ model, cached: String(response.cached) }, seconds);
+      this.requests.inc({ ...this.labels.of(model, version), outcome: 'OK' });
+      this.duration.observe({ model: this.labels.model(model), cached: String(response.cached) }, seconds);
       if (resolved.shadow !== undefined) this.shadow.mirror(routed, resolved.shadow, response, seconds * 1000);
       return response;
     } catch (error) {
       const rpcError = toRpcError(error);
-      this.requests.inc({ model: model === '' ? '(none)' : model, version, outcome: String(rpcError.code) });
+      const labels = model === '' ? { model: '(none)', version } : this.labels.of(model, version);
+      this.requests.inc({ ...labels, outcome: String(rpcError.code) });
       throw rpcError;
     }
   }
@@ -136,13 +138,17 @@ export class InferenceRouter {
     }
   }
 
-  /** Answers from the result cache when it can, else runs the request and remembers the answer, as the model's cache policy says. */
-  private async serve(request: InferenceRequest, policy: CachePolicy | undefined): Promise<InferenceResponse> {
+  /**
+   * Answers from the result cache when it can, else runs the request and remembers the answer, as the
+   * model's cache policy says. Entries are keyed by the version's artifact too: a model deleted and
+   * created again under the same version id with other weights is never answered from the old ones.
+   */
+  private async serve(request: InferenceRequest, artifactSha256: string, policy: CachePolicy | undefined): Promise<InferenceResponse> {
     if (!this.config.cache.enabled || policy?.enabled === false) {
       this.cacheOutcomes.inc({ outcome: 'disabled' });
       return this.batcher.infer(request);
     }
-    const key = cacheKey(request, this.config.cache.perTenant ? request.tenant : '');
+    const key = cacheKey(request, artifactSha256, this.config.cache.perTenant ? request.tenant : '');
     const ttlMs = policy !== undefined && policy.ttlMs > 0n ? Number(policy.ttlMs) : this.config.cache.ttlMs;
     const flight = key.toString('hex');
     const local = this.local.get(flight);

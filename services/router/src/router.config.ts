@@ -17,6 +17,7 @@ const shape = {
   ROUTER_LOCAL_CACHE_TTL_MS: positiveInt(30_000),
   ROUTER_BREAKER_FAILURES: positiveInt(5),
   ROUTER_BREAKER_COOLDOWN_MS: positiveInt(5_000),
+  ROUTER_BREAKER_TIMEOUT_MIN_BUDGET_MS: positiveInt(1_000),
   ROUTER_RETRY_ATTEMPTS: nonNegativeInt(2),
   ROUTER_RETRY_BASE_MS: positiveInt(25),
   ROUTER_RETRY_MAX_MS: positiveInt(250),
@@ -46,8 +47,15 @@ export function loadRouterConfig(env: Env) {
       /** The router's own cache in front of the shared one: its byte budget (0 when off) and how long an entry lives there. */
       local: { maxBytes: e.ROUTER_LOCAL_CACHE_ENABLED === 'true' ? e.ROUTER_LOCAL_CACHE_BYTES : 0, ttlMs: e.ROUTER_LOCAL_CACHE_TTL_MS },
     },
-    /** Per model version: consecutive failures that open its circuit, and how long it stays open. */
-    breaker: { failureThreshold: e.ROUTER_BREAKER_FAILURES, cooldownMs: e.ROUTER_BREAKER_COOLDOWN_MS },
+    /**
+     * Per model version: consecutive failures of its own that open its circuit, how long it stays
+     * open, and the shortest budget whose timeout counts as its failure (see verdictOf).
+     */
+    breaker: {
+      failureThreshold: e.ROUTER_BREAKER_FAILURES,
+      cooldownMs: e.ROUTER_BREAKER_COOLDOWN_MS,
+      timeoutMinBudgetMs: e.ROUTER_BREAKER_TIMEOUT_MIN_BUDGET_MS,
+    },
     /** Retries of an UNAVAILABLE batcher answer: at most `attempts`, waiting a random time up to base·2^n ms (at most max). */
     retry: { attempts: e.ROUTER_RETRY_ATTEMPTS, baseMs: e.ROUTER_RETRY_BASE_MS, maxMs: e.ROUTER_RETRY_MAX_MS },
     /** Deadline of a mirrored request on a shadow version. */

@@ -1,5 +1,6 @@
 import { type DynamicModule, Module } from '@nestjs/common';
 import { registryWatchProvider } from '@infermesh/registry-watch';
+import { ModelLabels } from '@infermesh/telemetry';
 import { RuntimeModule } from '@infermesh/runtime';
 import { GuardedBatcher } from './guarded-batcher';
 import { InferenceRouter } from './inference-router';
@@ -24,6 +25,8 @@ export class RouterModule {
         GuardedBatcher,
         ShadowTraffic,
         VersionResolver,
+        // Model and version names become metric labels only when registered: known to the resolver.
+        { provide: ModelLabels, inject: [VersionResolver], useFactory: (resolver: VersionResolver) => new ModelLabels(resolver) },
         InferenceRouter,
         RouterGrpcController,
       ],

@@ -4,7 +4,7 @@ import { toRpcError } from '@infermesh/grpc';
 import { type InferenceRequest, InferenceRequestSchema, type InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import type { ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { versionIdOf } from '@infermesh/rollout';
-import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
+import { JsonLogger, Metrics, ModelLabels, requestContext } from '@infermesh/telemetry';
 import { performance } from 'node:perf_hooks';
 import type { Counter, Histogram } from 'prom-client';
 import { GuardedBatcher } from './guarded-batcher';
@@ -34,6 +34,7 @@ export class ShadowTraffic {
     private readonly batcher: GuardedBatcher,
     @Inject(ROUTER_CONFIG) private readonly config: RouterConfig,
     private readonly logger: JsonLogger,
+    private readonly modelLabels: ModelLabels,
     metrics: Metrics,
   ) {
     const labels: Labels[] = ['model', 'primary', 'shadow'];
@@ -54,8 +55,10 @@ export class ShadowTraffic {
 
   /** Runs the request on the shadow version in the background and compares its answer with `served`. */
   mirror(request: InferenceRequest, shadow: ModelVersion, served: InferenceResponse, servedMs: number): void {
-    const labels = { model: request.modelName, primary: served.modelVersion, shadow: versionIdOf(shadow.name) };
-    const mirrored = create(InferenceRequestSchema, { ...request, modelVersion: labels.shadow });
+    const model = request.modelName;
+    const shadowVersion = versionIdOf(shadow.name);
+    const labels = { model: this.modelLabels.model(model), primary: this.modelLabels.version(model, served.modelVersion), shadow: this.modelLabels.version(model, shadowVersion) };
+    const mirrored = create(InferenceRequestSchema, { ...request, modelVersion: shadowVersion });
     const start = performance.now();
     // Not the client's context: its deadline and cancellation end with its answer.
     void requestContext
@@ -76,7 +79,7 @@ export class ShadowTraffic {
         (error: unknown) => {
           const rpcError = toRpcError(error);
           this.requests.inc({ ...labels, outcome: String(rpcError.code) });
-          this.logger.debug('shadow request failed', { model: labels.model, shadow: labels.shadow, err: rpcError.message });
+          this.logger.debug('shadow request failed', { model, shadow: shadowVersion, err: rpcError.message });
         },
       );
   }

@@ -5,6 +5,7 @@ import { type CachePolicy, type Model, type ModelVersion, VersionState } from '@
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { checkVersionId, route, type RouteKind, shadowOf, versionIdOf } from '@infermesh/rollout';
 import { LookupMemo } from '@infermesh/runtime';
+import { type KnownModels, ServedModels } from '@infermesh/telemetry';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { RegistryAdapter } from './upstreams.adapter';
 
@@ -28,11 +29,16 @@ export interface Resolved {
  * last message) is asked of the registry instead: those answers are reused for ROUTER_RESOLVE_TTL_MS,
  * then fetched again in the background while the last one serves, and kept while the registry is
  * down; concurrent lookups of the same key share one registry call.
+ *
+ * It knows which models and versions are registered (for metric labels): those the watch holds, and
+ * those the registry resolved for it since the watch last changed.
  */
 @Injectable()
-export class VersionResolver {
+export class VersionResolver implements KnownModels {
   private readonly versions: LookupMemo<ModelVersion>;
   private readonly models: LookupMemo<Model>;
+  /** Model versions the registry resolved directly, while the watch did not hold them. */
+  private readonly resolvedByRegistry = new ServedModels();
 
   constructor(
     registry: RegistryAdapter,
@@ -42,17 +48,32 @@ export class VersionResolver {
     // Past its time an answer still serves while a fresh one is fetched, and stays while the
     // registry is down: the data plane keeps its last configuration.
     const options = { ttlMs: config.resolveTtlMs, keepStale: true };
-    this.versions = new LookupMemo((key) => {
+    this.versions = new LookupMemo(async (key) => {
       const [model, versionId] = key.split('\u0000') as [string, string];
-      return registry.resolve(model, versionId);
+      const version = await registry.resolve(model, versionId);
+      this.resolvedByRegistry.remember(model, versionIdOf(version.name));
+      return version;
     }, options);
-    this.models = new LookupMemo((model) => registry.getModel(model), options);
+    this.models = new LookupMemo(async (model) => {
+      const found = await registry.getModel(model);
+      for (const version of found.versions) this.resolvedByRegistry.remember(model, versionIdOf(version.name));
+      return found;
+    }, options);
     // Once the watch holds a model, answers fetched before it are stale; a model it dropped (deleted)
     // must be asked again rather than served from a remembered answer.
     watch.onChange(() => {
       this.versions.clear();
       this.models.clear();
+      this.resolvedByRegistry.clear();
     });
+  }
+
+  hasModel(model: string): boolean {
+    return this.watch.hasModel(model) || this.resolvedByRegistry.hasModel(model);
+  }
+
+  hasVersion(model: string, version: string): boolean {
+    return this.watch.hasVersion(model, version) || this.resolvedByRegistry.hasVersion(model, version);
   }
 
   /** The model that answers for this one, marked degraded, when it cannot; empty when none. */
