@@ -107,13 +107,29 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   return { app, grpcPort, metricsPort, httpPort, stop };
 }
 
-/** Runs a service as a process: bootstrap, then exit cleanly on SIGTERM / SIGINT. */
+/**
+ * Runs a service as a process: bootstrap, then exit cleanly on SIGTERM / SIGINT. A failure to start
+ * exits; once started, the last-resort guard holds: an exception or a rejection nothing caught (a
+ * callback of a library, a promise left alone) is logged and the service goes on. Requests fail on
+ * their own (GrpcServer and the REST error filter answer INTERNAL for the one request that threw);
+ * what reaches this guard belongs to no request, and no input may take the process down with it.
+ */
 export function runMain(name: string, start: () => Promise<RunningService>): void {
+  const log = (level: 'fatal' | 'error', msg: string, error: unknown) =>
+    process.stderr.write(
+      `${JSON.stringify({ time: new Date().toISOString(), level, service: name, msg, err: String(error instanceof Error ? error.stack : error) })}\n`,
+    );
   const fatal = (error: unknown) => {
-    process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level: 'fatal', service: name, msg: String(error instanceof Error ? error.stack : error) })}\n`);
+    log('fatal', 'the service stops', error);
     process.exit(1);
   };
-  process.on('uncaughtException', fatal);
+  let started = false;
+  const lastResort = (what: string) => (error: unknown) => {
+    if (!started) fatal(error);
+    else log('error', `${what}; the service goes on`, error);
+  };
+  process.on('uncaughtException', lastResort('uncaught exception'));
+  process.on('unhandledRejection', lastResort('unhandled promise rejection'));
   // A log reader that went away (a closed pipe) must not take the service down with it.
   for (const stream of [process.stdout, process.stderr]) {
     stream.on('error', (error: NodeJS.ErrnoException) => {
@@ -121,6 +137,7 @@ export function runMain(name: string, start: () => Promise<RunningService>): voi
     });
   }
   start().then((running) => {
+    started = true;
     let signals = 0;
     const onSignal = () => {
       signals += 1;

@@ -124,9 +124,9 @@ describe(loadGatewayConfig.name, () => {
   });
 
   it('limits inputs, elements per tensor and batch size generously by default, and reads each limit', () => {
-    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' }).tensorLimits).toEqual({ maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096 });
-    const sut = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_INPUTS: '3', GATEWAY_MAX_TENSOR_ELEMENTS: '1000', GATEWAY_MAX_BATCH_SIZE: '16' });
-    expect(sut.tensorLimits).toEqual({ maxInputs: 3, maxTensorElements: 1000, maxBatchSize: 16 });
+    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' }).tensorLimits).toEqual({ maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096, maxNameBytes: 1_024 });
+    const sut = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_INPUTS: '3', GATEWAY_MAX_TENSOR_ELEMENTS: '1000', GATEWAY_MAX_BATCH_SIZE: '16', GATEWAY_MAX_NAME_BYTES: '80' });
+    expect(sut.tensorLimits).toEqual({ maxInputs: 3, maxTensorElements: 1000, maxBatchSize: 16, maxNameBytes: 80 });
   });
 
   it.each([

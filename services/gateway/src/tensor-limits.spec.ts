@@ -107,6 +107,6 @@ describe('tensor limits', () => {
     expect(() => inferRequestFromJson('m', '', body)).toThrow(/input "x" has 1000000000 elements, over the gateway's limit of 16777216/);
     const grpc = create(ModelInferRequestSchema, { modelName: 'm', inputs: [{ name: 'x', datatype: 'FP32', shape: [5000n, 1n], contents: { fp32Contents: [] } }] });
     expect(() => inferRequestFromGrpc(grpc)).toThrow(/input "x" has a batch size \(first dimension\) of 5000, over the gateway's limit of 4096/);
-    expect(DEFAULT_TENSOR_LIMITS).toEqual({ maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096 });
+    expect(DEFAULT_TENSOR_LIMITS).toEqual({ maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096, maxNameBytes: 1_024 });
   });
 });
