@@ -155,4 +155,21 @@ describe(loadGatewayConfig.name, () => {
     const pkg = JSON.parse(readFileSync(join(__dirname, '..', '..', '..', 'package.json'), 'utf8')) as { version: string };
     expect(SERVER_VERSION).toBe(pkg.version);
   });
+
+  it('bounds deadlines, names and the bodies in flight by default, and reads each setting', () => {
+    const defaults = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' });
+    expect([defaults.maxTimeoutMs, defaults.maxBodyBytesInFlight, defaults.tensorLimits.maxNameBytes]).toEqual([600_000, 256 * 2 ** 20, 1_024]);
+    const sut = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_REQUEST_TIMEOUT_MS: '60000', GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '1GiB', GATEWAY_MAX_NAME_BYTES: '64' });
+    expect([sut.maxTimeoutMs, sut.maxBodyBytesInFlight, sut.tensorLimits.maxNameBytes]).toEqual([60_000, 2 ** 30, 64]);
+  });
+
+  it.each([
+    [{ GATEWAY_MAX_REQUEST_TIMEOUT_MS: '3000000000' }, /GATEWAY_MAX_REQUEST_TIMEOUT_MS: at most 2073600000/],
+    [{ GATEWAY_MAX_REQUEST_TIMEOUT_MS: '10000' }, /GATEWAY_REQUEST_TIMEOUT_MS: the default deadline \(30000\) is longer than GATEWAY_MAX_REQUEST_TIMEOUT_MS/],
+    [{ GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '1MiB' }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 1048576 bytes cannot hold one body of GATEWAY_MAX_BODY_BYTES/],
+    [{ GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 'lots' }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: expected a positive size/],
+    [{ GATEWAY_MAX_NAME_BYTES: '0' }, /GATEWAY_MAX_NAME_BYTES/],
+  ])('refuses %j at start-up, naming the variable', (env, message) => {
+    expect(() => loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', ...env })).toThrow(message);
+  });
 });

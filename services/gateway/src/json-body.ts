@@ -82,7 +82,7 @@ async function readBody(req: Request, res: Response, { maxBytes, budget }: BodyL
   let reserved = Number.isSafeInteger(announced) && announced > 0 ? announced : 0;
   const reservation = budget.reserve(reserved);
   if (res.closed) reservation.release(); // the client is gone already; reading fails below
-  else res.once('close', reservation.release);
+  else res.once('close', () => reservation.release());
   return new Promise<Buffer>((resolve, reject) => {
     // A body of announced size is copied into one buffer as it arrives: it is never held twice.
     const whole = reserved > 0 ? Buffer.allocUnsafe(reserved) : undefined;
