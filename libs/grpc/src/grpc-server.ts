@@ -100,8 +100,12 @@ export class GrpcServer {
     const answerFailed = (error: unknown) => this.options.logger.error(`${name}: the answer could not be sent`, error instanceof Error ? error : new Error(String(error)));
     /** Runs a call's work in its context, then answers with its response or its error (unary and client streaming). */
     const respond = (start: bigint, call: AnyCall, callback: grpc.sendUnaryData<unknown>, work: (ctx: CallContext) => Promise<unknown>) => {
-      const { ctx, context, dispose } = this.callContext(call);
-      guarded(() => requestContext.run(context, () => work(ctx)))
+      let dispose = () => undefined as unknown;
+      guarded(() => {
+        const { ctx, context, dispose: disposeCall } = this.callContext(call);
+        dispose = disposeCall;
+        return requestContext.run(context, () => work(ctx));
+      })
         .then(
           (response) => {
             finish(start, grpc.status.OK);
@@ -110,7 +114,7 @@ export class GrpcServer {
           (error: unknown) => callback(fail(start, error)),
         )
         .catch(answerFailed)
-        .finally(dispose);
+        .finally(() => dispose());
     };
     /** Runs a call's work in its context, then ends its response stream, or fails it (server and bidirectional streaming). */
     const stream = (
@@ -118,8 +122,12 @@ export class GrpcServer {
       call: grpc.ServerWritableStream<unknown, unknown> | grpc.ServerDuplexStream<unknown, unknown>,
       work: (ctx: CallContext) => Promise<void>,
     ) => {
-      const { ctx, context, dispose } = this.callContext(call);
-      guarded(() => requestContext.run(context, () => work(ctx)))
+      let dispose = () => undefined as unknown;
+      guarded(() => {
+        const { ctx, context, dispose: disposeCall } = this.callContext(call);
+        dispose = disposeCall;
+        return requestContext.run(context, () => work(ctx));
+      })
         .then(
           () => {
             finish(start, grpc.status.OK);
@@ -128,7 +136,7 @@ export class GrpcServer {
           (error: unknown) => call.emit('error', fail(start, error)),
         )
         .catch(answerFailed)
-        .finally(dispose);
+        .finally(() => dispose());
     };
 
     switch (method.methodKind) {
