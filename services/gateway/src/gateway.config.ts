@@ -137,6 +137,7 @@ function checkBounds(e: {
   GATEWAY_MAX_REQUEST_TIMEOUT_MS: number;
   GATEWAY_MAX_BODY_BYTES: number;
   GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: number;
+  GATEWAY_MAX_MESSAGE_BYTES: number;
 }): void {
   const problems: string[] = [];
   if (e.GATEWAY_REQUEST_TIMEOUT_MS > e.GATEWAY_MAX_REQUEST_TIMEOUT_MS) {
@@ -144,6 +145,9 @@ function checkBounds(e: {
   }
   if (e.GATEWAY_MAX_BODY_BYTES > e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT) {
     problems.push(`GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: ${e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT} bytes cannot hold one body of GATEWAY_MAX_BODY_BYTES (${e.GATEWAY_MAX_BODY_BYTES})`);
+  }
+  if (e.GATEWAY_MAX_MESSAGE_BYTES > e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT) {
+    problems.push(`GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: ${e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT} bytes cannot hold one gRPC message of GATEWAY_MAX_MESSAGE_BYTES (${e.GATEWAY_MAX_MESSAGE_BYTES})`);
   }
   if (problems.length > 0) throw new ConfigError(problems);
 }
