@@ -168,6 +168,7 @@ describe(loadGatewayConfig.name, () => {
     [{ GATEWAY_MAX_REQUEST_TIMEOUT_MS: '10000' }, /GATEWAY_REQUEST_TIMEOUT_MS: the default deadline \(30000\) is longer than GATEWAY_MAX_REQUEST_TIMEOUT_MS/],
     [{ GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '1MiB' }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 1048576 bytes cannot hold one body of GATEWAY_MAX_BODY_BYTES/],
     [{ GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 'lots' }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: expected a positive size/],
+    [{ GATEWAY_MAX_MESSAGE_BYTES: String(512 * 2 ** 20) }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 268435456 bytes cannot hold one gRPC message of GATEWAY_MAX_MESSAGE_BYTES/],
     [{ GATEWAY_MAX_NAME_BYTES: '0' }, /GATEWAY_MAX_NAME_BYTES/],
   ])('refuses %j at start-up, naming the variable', (env, message) => {
     expect(() => loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', ...env })).toThrow(message);
