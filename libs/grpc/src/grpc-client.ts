@@ -1,6 +1,7 @@
 import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { requestContext } from '@infermesh/telemetry';
+import { boundedDeadline } from './deadline';
 import type { CallOptions, ServiceClient } from './method-types';
 import { RpcError, isServiceError } from './rpc-error';
 import { toServiceDefinition } from './service-definition';
@@ -17,7 +18,8 @@ const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
 /**
  * A typed client of a generated service over grpc-js. Each call carries the ambient request id, and
  * its deadline is the earliest of the call's own and the ambient request's, so a budget shrinks as it
- * travels; a call whose budget is already spent fails with DEADLINE_EXCEEDED without being sent.
+ * travels; a call whose budget is already spent fails with DEADLINE_EXCEEDED without being sent, and
+ * one beyond MAX_DEADLINE_MS is sent with MAX_DEADLINE_MS.
  * Failed calls reject with RpcError, ErrorInfo included.
  */
 export function createClient<S extends DescService>(service: S, address: string, options: ClientOptions = {}): ServiceClient<S> {
@@ -47,7 +49,7 @@ function prepare(options: CallOptions | undefined): { metadata: grpc.Metadata; c
   if (requestId !== undefined) metadata.set('x-request-id', requestId);
   const candidates = [options?.deadlineMs, ambient?.deadlineMs];
   if (options?.timeoutMs !== undefined) candidates.push(Date.now() + options.timeoutMs);
-  const deadlines = candidates.filter((d): d is number => d !== undefined);
+  const deadlines = candidates.filter((d): d is number => d !== undefined && !Number.isNaN(d));
   const callOptions: grpc.CallOptions = {};
   if (deadlines.length > 0) {
     const deadline = Math.min(...deadlines);
@@ -56,7 +58,9 @@ function prepare(options: CallOptions | undefined): { metadata: grpc.Metadata; c
         reason: 'DEADLINE_EXCEEDED',
       });
     }
-    callOptions.deadline = deadline;
+    // grpc-js cannot send a deadline beyond ~11,000 years (it throws outside any call), and a peer
+    // cannot time more than ~24.8 days: a longer one is sent as MAX_DEADLINE_MS.
+    callOptions.deadline = boundedDeadline(deadline);
   }
   // A call made for a request is cancelled when that request is: the cancellation travels upstream.
   return { metadata, callOptions, signal: options?.signal ?? ambient?.signal };

@@ -11,10 +11,12 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics, type RequestContext, requestContext } from '@infermesh/telemetry';
 import type { Histogram } from 'prom-client';
+import { MAX_DEADLINE_MS } from './deadline';
 import { createClient } from './grpc-client';
 import { GrpcServer } from './grpc-server';
 import type { CallContext, ServiceClient, ServiceImpl } from './method-types';
-import { RpcError } from './rpc-error';
+import { MAX_ERROR_MESSAGE_CHARS, RpcError } from './rpc-error';
+import { toServiceDefinition } from './service-definition';
 
 type Registry = typeof RegistryService;
 type Impl = ServiceImpl<Registry>;
@@ -440,6 +442,69 @@ describe(GrpcServer.name, () => {
       expect(error?.details).toMatch(/^malformed infermesh\.registry\.v1\.\w+Request message: /);
       // A unary or server-streaming handler never runs; a client-streaming one fails reading the message.
       expect(registry.calls.length).toBe(kind === 'client' ? 1 : 0);
+    });
+  });
+
+  describe('hostile input', () => {
+    /** A getModel call made with grpc-js directly, so that the deadline leaves as given. */
+    const rawGetModel = (deadline: number) =>
+      new Promise<grpc.ServiceError | null>((resolve) => {
+        const Ctor = grpc.makeGenericClientConstructor(toServiceDefinition(RegistryService), 'RegistryService');
+        const raw = new Ctor(address, grpc.credentials.createInsecure());
+        (raw as unknown as Record<string, (...args: unknown[]) => void>)['getModel']!.call(raw, { name: 'models/mlp' }, new grpc.Metadata(), { deadline }, (error: grpc.ServiceError | null) => {
+          raw.close();
+          resolve(error);
+        });
+      });
+
+    it.each([25, 30, 50, 3650])('serves a call whose deadline is %i days away, with a deadline of at most MAX_DEADLINE_MS', async (days) => {
+      const error = await rawGetModel(Date.now() + days * 24 * 3600 * 1000);
+
+      expect(error).toBeNull();
+      const deadlineMs = registry.calls[0]!.ctx.deadlineMs!;
+      expect(deadlineMs).toBeGreaterThan(Date.now() + MAX_DEADLINE_MS - 60_000);
+      expect(deadlineMs).toBeLessThanOrEqual(Date.now() + MAX_DEADLINE_MS);
+    });
+
+    it('answers INTERNAL to a handler that throws synchronously, logs it, and serves the next call', async () => {
+      registry.onGetModel = () => {
+        throw new TypeError('a bug');
+      };
+
+      const error = await rpcError(client.getModel({ name: 'models/mlp' }));
+
+      expect([error.code, error.message]).toEqual([status.INTERNAL, 'internal error']);
+      expect(logs.join('\n')).toContain('a bug');
+      registry.onGetModel = async (request) => ({ model: { name: request.name } });
+      expect((await client.getModel({ name: 'models/mlp' })).model?.name).toBe('models/mlp');
+    });
+
+    it('answers INTERNAL to a server-streaming handler that throws before it yields', async () => {
+      registry.onDownload = () => {
+        throw new TypeError('a bug');
+      };
+
+      const error = await rpcError(collect(client.downloadArtifact({ sha256: 'x' })));
+
+      expect(error.code).toBe(status.INTERNAL);
+    });
+
+    it('sends an error that quotes a huge name with a bounded message, and the shared connection serves on', async () => {
+      const name = 'n'.repeat(600_000);
+      registry.onGetModel = async () => {
+        throw RpcError.notFound(`model "${name}" is not registered`, 'MODEL_NOT_FOUND', { model: name });
+      };
+
+      const errors = await Promise.all(Array.from({ length: 5 }, () => rpcError(client.getModel({ name: 'x' }))));
+
+      for (const error of errors) {
+        expect(error.code).toBe(status.NOT_FOUND);
+        expect(error.message.length).toBeLessThan(MAX_ERROR_MESSAGE_CHARS + 40);
+        expect(error.message).toContain('…(');
+        expect(error.metadata['model']!.length).toBeLessThan(300);
+      }
+      registry.onGetModel = async (request) => ({ model: { name: request.name } });
+      expect((await client.getModel({ name: 'models/mlp' })).model?.name).toBe('models/mlp');
     });
   });
 

@@ -4,3 +4,4 @@ export * from './method-types';
 export * from './grpc-server';
 export * from './grpc-client';
 export * from './health';
+export * from './deadline';

@@ -12,6 +12,8 @@ export interface CallContext {
   readonly signal: AbortSignal;
   /** Incoming metadata, lower-case keys, string values. */
   readonly metadata: Readonly<Record<string, string>>;
+  /** The encoded size of a unary or server-streaming call's request message, as received. */
+  readonly requestBytes?: number;
 }
 
 export type HandlerFor<M extends MethodShape> = M['methodKind'] extends 'unary'

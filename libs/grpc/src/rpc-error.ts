@@ -3,8 +3,14 @@ import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { Metadata, status, type ServiceError } from '@grpc/grpc-js';
 import { ErrorInfoSchema, RetryInfoSchema } from '@infermesh/proto/gen/google/rpc/error_details_pb';
 import { StatusSchema } from '@infermesh/proto/gen/google/rpc/status_pb';
+import { boundedText } from '@infermesh/tensors';
 
 export const ERROR_DOMAIN = 'infermesh.io';
+/** The most characters of an error message, as sent in `grpc-message` (and twice more in the details) and REST error bodies. */
+export const MAX_ERROR_MESSAGE_CHARS = 1_024;
+/** The most entries of an error's ErrorInfo metadata, and the most characters of each key and value. */
+export const MAX_ERROR_METADATA_ENTRIES = 16;
+export const MAX_ERROR_METADATA_CHARS = 256;
 const DETAILS_KEY = 'grpc-status-details-bin';
 
 /** Machine-readable reasons carried in google.rpc.ErrorInfo. */
@@ -43,6 +49,9 @@ export interface RpcErrorOptions {
 /**
  * An error with a canonical gRPC code and google.rpc.ErrorInfo details. Thrown by handlers, sent as
  * the call's status; received by clients, rebuilt from the status. It passes unchanged through hops.
+ * Its message and metadata are bounded in size (MAX_ERROR_MESSAGE_CHARS, boundedMetadata), however
+ * they were built: a status that echoes a client's text can never outgrow the HTTP/2 header limits
+ * of a connection that other calls share (a trailer too large tears the whole connection down).
  */
 export class RpcError extends Error {
   readonly reason: string | undefined;
@@ -54,10 +63,10 @@ export class RpcError extends Error {
     message: string,
     options: RpcErrorOptions = {},
   ) {
-    super(message);
+    super(boundedText(message, MAX_ERROR_MESSAGE_CHARS));
     this.name = 'RpcError';
-    this.reason = options.reason;
-    this.metadata = options.metadata ?? {};
+    this.reason = options.reason === undefined ? undefined : boundedText(options.reason, 64);
+    this.metadata = boundedMetadata(options.metadata ?? {});
     this.retryDelayMs = options.retryDelayMs;
   }
 
@@ -120,6 +129,15 @@ export class RpcError extends Error {
     }
     return new RpcError(error.code, error.details || error.message, options);
   }
+}
+
+/** ErrorInfo metadata within MAX_ERROR_METADATA_ENTRIES entries of MAX_ERROR_METADATA_CHARS characters each. */
+function boundedMetadata(metadata: Readonly<Record<string, string>>): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [key, value] of Object.entries(metadata).slice(0, MAX_ERROR_METADATA_ENTRIES)) {
+    out[boundedText(key, MAX_ERROR_METADATA_CHARS)] = boundedText(value, MAX_ERROR_METADATA_CHARS);
+  }
+  return out;
 }
 
 export function isServiceError(error: unknown): error is ServiceError {

@@ -35,10 +35,20 @@ export class MalformedMessage {
   }
 }
 
+/** The encoded size of each request message the server decoded, by message. */
+const requestSizes = new WeakMap<object, number>();
+
+/** The bytes a received request message took on the wire; undefined for a message not received by a server. */
+export function receivedBytes(message: unknown): number | undefined {
+  return typeof message === 'object' && message !== null ? requestSizes.get(message) : undefined;
+}
+
 function requestDeserializer(schema: DescMessage) {
   return (bytes: Buffer): unknown => {
     try {
-      return fromBinary(schema, bytes);
+      const message = fromBinary(schema, bytes);
+      requestSizes.set(message, bytes.byteLength);
+      return message;
     } catch (error) {
       return new MalformedMessage(schema.typeName, error instanceof Error ? error.message : String(error));
     }

@@ -108,14 +108,43 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   return { app, grpcPort, metricsPort, httpPort, stop };
 }
 
-/** Runs a service as a process: bootstrap, then exit cleanly on SIGTERM / SIGINT. */
+/** What the last-resort guard does: write a log line, stop the process. */
+export interface LastResortOptions {
+  service: string;
+  /** Whether the service has started: before, any failure stops it. */
+  started: () => boolean;
+  write?: (line: string) => void;
+  exit?: (code: number) => void;
+}
+
+/**
+ * The handler of `uncaughtException` and `unhandledRejection`: before the service has started it
+ * logs the failure as fatal and exits 1; once started it logs it and the service goes on. Requests
+ * fail on their own (GrpcServer and the REST error filter answer INTERNAL for the one request that
+ * threw); what reaches this guard belongs to no request, and no input may take the process down.
+ */
+export function lastResortGuard(what: string, options: LastResortOptions): (error: unknown) => void {
+  const write = options.write ?? ((line: string) => process.stderr.write(line));
+  const exit = options.exit ?? ((code: number) => process.exit(code));
+  return (error: unknown) => {
+    const fatal = !options.started();
+    const msg = fatal ? `${what}: the service stops` : `${what}; the service goes on`;
+    write(`${JSON.stringify({ time: new Date().toISOString(), level: fatal ? 'fatal' : 'error', service: options.service, msg, err: String(error instanceof Error ? error.stack : error) })}\n`);
+    if (fatal) exit(1);
+  };
+}
+
+/**
+ * Runs a service as a process: bootstrap, then exit cleanly on SIGTERM / SIGINT. A failure to start
+ * exits; once started, an exception or a rejection nothing caught is logged and the service goes on
+ * (lastResortGuard).
+ */
 export function runMain(name: string, start: () => Promise<RunningService>): void {
   exitOnUnsupportedNode(`infermesh ${name}`);
-  const fatal = (error: unknown) => {
-    process.stderr.write(`${JSON.stringify({ time: new Date().toISOString(), level: 'fatal', service: name, msg: String(error instanceof Error ? error.stack : error) })}\n`);
-    process.exit(1);
-  };
-  process.on('uncaughtException', fatal);
+  let started = false;
+  const fatal = lastResortGuard('failure', { service: name, started: () => false });
+  process.on('uncaughtException', lastResortGuard('uncaught exception', { service: name, started: () => started }));
+  process.on('unhandledRejection', lastResortGuard('unhandled promise rejection', { service: name, started: () => started }));
   // A log reader that went away (a closed pipe) must not take the service down with it.
   for (const stream of [process.stdout, process.stderr]) {
     stream.on('error', (error: NodeJS.ErrnoException) => {
@@ -123,6 +152,7 @@ export function runMain(name: string, start: () => Promise<RunningService>): voi
     });
   }
   start().then((running) => {
+    started = true;
     let signals = 0;
     const onSignal = () => {
       signals += 1;

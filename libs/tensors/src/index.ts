@@ -6,3 +6,4 @@ export * from './half-float';
 export * from './signature-check';
 export * from './cache-key';
 export * from './parameters';
+export * from './bounded-text';

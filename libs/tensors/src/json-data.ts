@@ -1,3 +1,4 @@
+import { quoted } from './bounded-text';
 import { DataType, datatypeInfo } from './datatypes';
 import { decodeBytesElements, encodeBytesElements } from './bytes-elements';
 import { shortestBfloat16, shortestFloat32, shortestHalf, toBfloat16Bits, toHalfBits } from './half-float';
@@ -64,10 +65,10 @@ function bigIntOf(value: unknown, min: bigint, max: bigint): bigint | undefined 
 export function jsonToRaw(tensor: string, type: DataType, data: unknown, expectedCount: number): Buffer {
   const values = flattenJsonData(data);
   if (values.length !== expectedCount) {
-    throw new TensorDataError(`input "${tensor}": data has ${values.length} elements but its shape needs ${expectedCount}`);
+    throw new TensorDataError(`input ${quoted(tensor)}: data has ${values.length} elements but its shape needs ${expectedCount}`);
   }
   const shown = (v: unknown) => (typeof v === 'number' ? String(v) : (JSON.stringify(v) ?? String(v))); // NaN and ±Infinity are not "null"
-  const bad = (i: number, what: string) => new TensorDataError(`input "${tensor}": element ${i} (${shown(values[i])}) is not ${what}`);
+  const bad = (i: number, what: string) => new TensorDataError(`input ${quoted(tensor)}: element ${i} (${shown(values[i])}) is not ${what}`);
   const info = datatypeInfo(type);
   if (type === DataType.BYTES) {
     return encodeBytesElements(
@@ -135,7 +136,7 @@ export function jsonToRaw(tensor: string, type: DataType, data: unknown, expecte
         break;
       }
       default:
-        throw new TensorDataError(`input "${tensor}": datatype ${info.name} is not supported in JSON`);
+        throw new TensorDataError(`input ${quoted(tensor)}: datatype ${info.name} is not supported in JSON`);
     }
   }
   return out;

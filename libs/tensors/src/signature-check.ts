@@ -1,5 +1,6 @@
 import type { Tensor, TensorSpec } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { DataType, datatypeInfo, datatypeName } from './datatypes';
+import { quoted } from './bounded-text';
 import { decodeBytesElements } from './bytes-elements';
 import { elementCount, formatShape, shapeMatches } from './shape';
 
@@ -20,25 +21,25 @@ export function checkInputs(
   for (const input of inputs) {
     const spec = specs.get(input.name);
     if (spec === undefined) {
-      return `model "${model}" has no input "${input.name}"; its inputs are ${[...specs.keys()].map((n) => `"${n}"`).join(', ')}`;
+      return `model ${quoted(model)} has no input ${quoted(input.name)}; its inputs are ${[...specs.keys()].map(quoted).join(', ')}`;
     }
-    if (seen.has(input.name)) return `input "${input.name}" is given more than once`;
+    if (seen.has(input.name)) return `input ${quoted(input.name)} is given more than once`;
     seen.add(input.name);
     if (input.datatype !== spec.datatype) {
-      return `input "${input.name}" has datatype ${datatypeName(input.datatype)} but model "${model}" expects ${datatypeName(spec.datatype)}`;
+      return `input ${quoted(input.name)} has datatype ${datatypeName(input.datatype)} but model ${quoted(model)} expects ${datatypeName(spec.datatype)}`;
     }
-    if (input.shape.some((d) => d < 0n)) return `input "${input.name}" has a negative dimension in shape ${formatShape(input.shape)}`;
+    if (input.shape.some((d) => d < 0n)) return `input ${quoted(input.name)} has a negative dimension in shape ${formatShape(input.shape)}`;
     if (!shapeMatches(spec.shape, input.shape)) {
-      return `input "${input.name}" has shape ${formatShape(input.shape)} but model "${model}" expects ${formatShape(spec.shape)}`;
+      return `input ${quoted(input.name)} has shape ${formatShape(input.shape)} but model ${quoted(model)} expects ${formatShape(spec.shape)}`;
     }
     if (maxBatchSize > 0 && input.shape.length > 0 && Number(input.shape[0]) > maxBatchSize) {
-      return `input "${input.name}" has batch size ${input.shape[0]} but model "${model}" allows at most ${maxBatchSize}`;
+      return `input ${quoted(input.name)} has batch size ${input.shape[0]} but model ${quoted(model)} allows at most ${maxBatchSize}`;
     }
     const problem = checkData(input);
     if (problem !== undefined) return problem;
   }
   for (const name of specs.keys()) {
-    if (!seen.has(name)) return `input "${name}" of model "${model}" is missing`;
+    if (!seen.has(name)) return `input ${quoted(name)} of model ${quoted(model)} is missing`;
   }
   return undefined;
 }
@@ -48,15 +49,15 @@ export function checkData(tensor: Tensor): string | undefined {
   const count = elementCount(tensor.shape);
   if (tensor.datatype === DataType.BYTES) {
     const elements = decodeBytesElements(tensor.data);
-    if (elements === undefined) return `input "${tensor.name}": BYTES data has a broken 4-byte length prefix`;
+    if (elements === undefined) return `input ${quoted(tensor.name)}: BYTES data has a broken 4-byte length prefix`;
     if (elements.length !== count) {
-      return `input "${tensor.name}" has ${elements.length} BYTES elements but shape ${formatShape(tensor.shape)} needs ${count}`;
+      return `input ${quoted(tensor.name)} has ${elements.length} BYTES elements but shape ${formatShape(tensor.shape)} needs ${count}`;
     }
     return undefined;
   }
   const expected = count * datatypeInfo(tensor.datatype).byteSize;
   if (tensor.data.byteLength !== expected) {
-    return `input "${tensor.name}" has ${tensor.data.byteLength} bytes of data but shape ${formatShape(tensor.shape)} of ${datatypeName(tensor.datatype)} needs ${expected}`;
+    return `input ${quoted(tensor.name)} has ${tensor.data.byteLength} bytes of data but shape ${formatShape(tensor.shape)} of ${datatypeName(tensor.datatype)} needs ${expected}`;
   }
   return undefined;
 }

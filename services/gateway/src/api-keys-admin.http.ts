@@ -11,7 +11,8 @@ import type { Request, Response } from 'express';
 import { principalOf, RequireScope } from './api-key.guard';
 import { ApiKeysAdmin } from './api-keys-admin';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
-import { readJsonBody, readNoBody } from './json-body';
+import { BodyBudget } from './body-budget';
+import { type BodyLimits, readJsonBody, readNoBody } from './json-body';
 import { messageFromJson, messageToJson } from './registry-json';
 
 /**
@@ -28,14 +29,19 @@ import { messageFromJson, messageToJson } from './registry-json';
 export class ApiKeysAdminHttpController {
   constructor(
     private readonly admin: ApiKeysAdmin,
+    private readonly budget: BodyBudget,
     @Inject(GATEWAY_CONFIG) private readonly config: GatewayConfig,
   ) {}
+
+  private get bodyLimits(): BodyLimits {
+    return { maxBytes: this.config.maxBodyBytes, budget: this.budget };
+  }
 
   @Post()
   @HttpCode(200)
   @Header('cache-control', 'no-store')
   async create(@Req() req: Request, @Res({ passthrough: true }) res: Response) {
-    const body = await readJsonBody(req, res, this.config.maxBodyBytes);
+    const body = await readJsonBody(req, res, this.bodyLimits);
     if (body === undefined) throw RpcError.invalidArgument('the request needs a JSON body: an ApiKey, e.g. {"displayName": "checkout", "scopes": ["SCOPE_INFER"]}');
     const created = await this.admin.create(messageFromJson(ApiKeySchema, body), principalOf(req));
     return messageToJson(CreateApiKeyResponseSchema, create(CreateApiKeyResponseSchema, created));
@@ -49,7 +55,7 @@ export class ApiKeysAdminHttpController {
   @Post(':id/revoke')
   @HttpCode(200)
   async revoke(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('id') id: string) {
-    await readNoBody(req, res, this.config.maxBodyBytes);
+    await readNoBody(req, res, this.bodyLimits);
     return messageToJson(ApiKeySchema, await this.admin.revoke(`apiKeys/${id}`, principalOf(req)));
   }
 }

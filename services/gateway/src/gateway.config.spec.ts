@@ -124,9 +124,9 @@ describe(loadGatewayConfig.name, () => {
   });
 
   it('limits inputs, elements per tensor and batch size generously by default, and reads each limit', () => {
-    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' }).tensorLimits).toEqual({ maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096 });
-    const sut = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_INPUTS: '3', GATEWAY_MAX_TENSOR_ELEMENTS: '1000', GATEWAY_MAX_BATCH_SIZE: '16' });
-    expect(sut.tensorLimits).toEqual({ maxInputs: 3, maxTensorElements: 1000, maxBatchSize: 16 });
+    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' }).tensorLimits).toEqual({ maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096, maxNameBytes: 1_024 });
+    const sut = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_INPUTS: '3', GATEWAY_MAX_TENSOR_ELEMENTS: '1000', GATEWAY_MAX_BATCH_SIZE: '16', GATEWAY_MAX_NAME_BYTES: '80' });
+    expect(sut.tensorLimits).toEqual({ maxInputs: 3, maxTensorElements: 1000, maxBatchSize: 16, maxNameBytes: 80 });
   });
 
   it.each([
@@ -154,5 +154,23 @@ describe(loadGatewayConfig.name, () => {
   it('reports the version in package.json', () => {
     const pkg = JSON.parse(readFileSync(join(__dirname, '..', '..', '..', 'package.json'), 'utf8')) as { version: string };
     expect(SERVER_VERSION).toBe(pkg.version);
+  });
+
+  it('bounds deadlines, names and the bodies in flight by default, and reads each setting', () => {
+    const defaults = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' });
+    expect([defaults.maxTimeoutMs, defaults.maxBodyBytesInFlight, defaults.tensorLimits.maxNameBytes]).toEqual([600_000, 256 * 2 ** 20, 1_024]);
+    const sut = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_REQUEST_TIMEOUT_MS: '60000', GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '1GiB', GATEWAY_MAX_NAME_BYTES: '64' });
+    expect([sut.maxTimeoutMs, sut.maxBodyBytesInFlight, sut.tensorLimits.maxNameBytes]).toEqual([60_000, 2 ** 30, 64]);
+  });
+
+  it.each([
+    [{ GATEWAY_MAX_REQUEST_TIMEOUT_MS: '3000000000' }, /GATEWAY_MAX_REQUEST_TIMEOUT_MS: at most 2073600000/],
+    [{ GATEWAY_MAX_REQUEST_TIMEOUT_MS: '10000' }, /GATEWAY_REQUEST_TIMEOUT_MS: the default deadline \(30000\) is longer than GATEWAY_MAX_REQUEST_TIMEOUT_MS/],
+    [{ GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '1MiB' }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 1048576 bytes cannot hold one body of GATEWAY_MAX_BODY_BYTES/],
+    [{ GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 'lots' }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: expected a positive size/],
+    [{ GATEWAY_MAX_MESSAGE_BYTES: String(512 * 2 ** 20) }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 268435456 bytes cannot hold one gRPC message of GATEWAY_MAX_MESSAGE_BYTES/],
+    [{ GATEWAY_MAX_NAME_BYTES: '0' }, /GATEWAY_MAX_NAME_BYTES/],
+  ])('refuses %j at start-up, naming the variable', (env, message) => {
+    expect(() => loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', ...env })).toThrow(message);
   });
 });

@@ -1,5 +1,6 @@
 import { create } from '@bufbuild/protobuf';
-import { address, ConfigError, type Env, host, nonNegativeInt, parseEnv, port, positiveInt, redisUrl } from '@infermesh/config';
+import { address, byteSize, ConfigError, type Env, host, nonNegativeInt, parseEnv, port, positiveInt, redisUrl } from '@infermesh/config';
+import { MAX_DEADLINE_MS } from '@infermesh/grpc';
 import { type RateLimit, RateLimitSchema, Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
 import type { StoreDownPolicy } from '@infermesh/rate-limit';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
@@ -41,7 +42,15 @@ const shape = {
     .string({ error: `required: ${API_KEYS_SYNTAX}` })
     .transform((value) => value.split(',').map((entry) => entry.trim())),
   GATEWAY_REQUEST_TIMEOUT_MS: positiveInt(30_000),
+  GATEWAY_MAX_REQUEST_TIMEOUT_MS: z.coerce
+    .number()
+    .int()
+    .positive()
+    .max(MAX_DEADLINE_MS, `at most ${MAX_DEADLINE_MS} (24 days): no call can have a longer deadline`)
+    .default(10 * 60_000),
   GATEWAY_MAX_BODY_BYTES: positiveInt(64 * 1024 * 1024),
+  GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: byteSize('256MiB'),
+  GATEWAY_MAX_NAME_BYTES: positiveInt(DEFAULT_TENSOR_LIMITS.maxNameBytes),
   GATEWAY_MAX_IN_FLIGHT: positiveInt(1_024),
   GATEWAY_MAX_INPUTS: positiveInt(DEFAULT_TENSOR_LIMITS.maxInputs),
   GATEWAY_MAX_TENSOR_ELEMENTS: positiveInt(DEFAULT_TENSOR_LIMITS.maxTensorElements),
@@ -122,9 +131,31 @@ function defaultRateLimit(e: { [K in `GATEWAY_RATE_LIMIT_${'RPS' | 'BURST' | 'PE
   });
 }
 
+/** Settings that bound one another: a default above its maximum, a body that could never fit the budget. */
+function checkBounds(e: {
+  GATEWAY_REQUEST_TIMEOUT_MS: number;
+  GATEWAY_MAX_REQUEST_TIMEOUT_MS: number;
+  GATEWAY_MAX_BODY_BYTES: number;
+  GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: number;
+  GATEWAY_MAX_MESSAGE_BYTES: number;
+}): void {
+  const problems: string[] = [];
+  if (e.GATEWAY_REQUEST_TIMEOUT_MS > e.GATEWAY_MAX_REQUEST_TIMEOUT_MS) {
+    problems.push(`GATEWAY_REQUEST_TIMEOUT_MS: the default deadline (${e.GATEWAY_REQUEST_TIMEOUT_MS}) is longer than GATEWAY_MAX_REQUEST_TIMEOUT_MS (${e.GATEWAY_MAX_REQUEST_TIMEOUT_MS})`);
+  }
+  if (e.GATEWAY_MAX_BODY_BYTES > e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT) {
+    problems.push(`GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: ${e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT} bytes cannot hold one body of GATEWAY_MAX_BODY_BYTES (${e.GATEWAY_MAX_BODY_BYTES})`);
+  }
+  if (e.GATEWAY_MAX_MESSAGE_BYTES > e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT) {
+    problems.push(`GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: ${e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT} bytes cannot hold one gRPC message of GATEWAY_MAX_MESSAGE_BYTES (${e.GATEWAY_MAX_MESSAGE_BYTES})`);
+  }
+  if (problems.length > 0) throw new ConfigError(problems);
+}
+
 /** The gateway's configuration, validated once at start-up. Relative paths resolve against the working directory. */
 export function loadGatewayConfig(env: Env) {
   const e = parseEnv(shape, env);
+  checkBounds(e);
   const dataDir = resolve(e.GATEWAY_DATA_DIR);
   return {
     runtime: runtimeSettings('GATEWAY', e),
@@ -134,15 +165,20 @@ export function loadGatewayConfig(env: Env) {
     apiKeys: parseApiKeys(e.GATEWAY_API_KEYS),
     /** The deadline of a request that brings none (streaming admin calls excepted: they have only the caller's). */
     defaultTimeoutMs: e.GATEWAY_REQUEST_TIMEOUT_MS,
+    /** The longest deadline a request gets: longer ones (gRPC deadline, x-request-timeout-ms, `timeout`) are cut to it. */
+    maxTimeoutMs: e.GATEWAY_MAX_REQUEST_TIMEOUT_MS,
+    /** Request body bytes held at once across all requests, REST and gRPC; beyond it, 429 / RESOURCE_EXHAUSTED. */
+    maxBodyBytesInFlight: e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT,
     /** The largest REST request body accepted (artifact uploads excepted: the registry limits those). */
     maxBodyBytes: e.GATEWAY_MAX_BODY_BYTES,
     /** Inference requests this gateway works on at once; more are refused at once (load shedding). */
     maxInFlight: e.GATEWAY_MAX_IN_FLIGHT,
-    /** What one inference request may hold: inputs, elements per tensor, batch size (400 beyond). */
+    /** What one inference request may hold: inputs, elements per tensor, batch size, name lengths (400 beyond). */
     tensorLimits: {
       maxInputs: e.GATEWAY_MAX_INPUTS,
       maxTensorElements: e.GATEWAY_MAX_TENSOR_ELEMENTS,
       maxBatchSize: e.GATEWAY_MAX_BATCH_SIZE,
+      maxNameBytes: e.GATEWAY_MAX_NAME_BYTES,
     } satisfies TensorLimits,
     /** How long a readiness probe of the upstreams may take, and how long its answer is reused. */
     upstreamProbeTimeoutMs: 1_000,

@@ -14,7 +14,10 @@ import type { Principal } from './api-keys/api-keys';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
 import { GatewayMetrics } from './gateway-metrics';
 import { inferRequestFromGrpc, inferResponseToGrpc } from './grpc-codec';
-import { timeoutParameterMs } from './infer-parameters';
+import { BodyBudget, type BodyReservation } from './body-budget';
+import { edgeParameters } from './infer-parameters';
+import { requestDeadline } from './request-deadline';
+import { checkName } from './tensor-limits';
 import { callerOf, ROUTING_KEY_HEADER } from './routing-key';
 import { ModelCatalog, type TensorMetadata } from './model-catalog';
 import { ModelInference } from './model-inference';
@@ -38,6 +41,7 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
     private readonly inference: ModelInference,
     private readonly rateLimits: RateLimits,
     private readonly metrics: GatewayMetrics,
+    private readonly budget: BodyBudget,
     @Inject(GATEWAY_CONFIG) private readonly config: GatewayConfig,
   ) {}
 
@@ -50,7 +54,7 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
   }
 
   modelReady(request: ModelReadyRequest, ctx: CallContext) {
-    return this.handle('ModelReady', ctx, { model: request.name }, async () => ({ ready: await this.catalog.ready(request.name, request.version) }));
+    return this.handle('ModelReady', ctx, { model: request.name, version: request.version }, async () => ({ ready: await this.catalog.ready(request.name, request.version) }));
   }
 
   serverMetadata(_request: unknown, ctx: CallContext) {
@@ -58,14 +62,15 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
   }
 
   modelMetadata(request: ModelMetadataRequest, ctx: CallContext) {
-    return this.handle('ModelMetadata', ctx, { model: request.name }, async () => {
+    return this.handle('ModelMetadata', ctx, { model: request.name, version: request.version }, async () => {
       const metadata = await this.catalog.metadata(request.name, request.version);
       return { ...metadata, inputs: metadata.inputs.map(grpcTensor), outputs: metadata.outputs.map(grpcTensor) };
     });
   }
 
   modelInfer(request: ModelInferRequest, ctx: CallContext) {
-    return this.handle('ModelInfer', ctx, { model: request.modelName, rateLimited: true, timeout: () => timeoutParameterMs(request.parameters) }, async (principal) =>
+    const options = { model: request.modelName, version: request.modelVersion, rateLimited: true, bodyBytes: ctx.requestBytes ?? 0, timeout: () => edgeParameters(request.parameters).timeoutMs };
+    return this.handle('ModelInfer', ctx, options, async (principal) =>
       inferResponseToGrpc(
         await this.inference.infer({ ...inferRequestFromGrpc(request, this.config.tensorLimits), ...callerOf(ctx.metadata[ROUTING_KEY_HEADER], principal!) }, ctx.signal),
       ),
@@ -73,33 +78,41 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
   }
 
   /**
-   * Authenticates (unless open), checks the key may use the call's model and, for inference, its rate
-   * limits; runs the handler with the call's deadline, the earliest of the gRPC deadline and a Triton
-   * `timeout` parameter, else the configured default, and records the call's duration.
+   * Refuses names over GATEWAY_MAX_NAME_BYTES, authenticates (unless open), checks the key may use
+   * the call's model and, for inference, its rate limits and the budget of request bytes in flight;
+   * runs the handler with the call's deadline, the earliest of the gRPC deadline and a Triton
+   * `timeout` parameter, else the configured default, at most GATEWAY_MAX_REQUEST_TIMEOUT_MS; and
+   * records the call's duration.
    */
   private async handle<T>(
     rpc: string,
     ctx: CallContext,
-    options: { open?: boolean; model?: string; rateLimited?: boolean; timeout?: () => number | undefined },
+    options: { open?: boolean; model?: string; version?: string; rateLimited?: boolean; bodyBytes?: number; timeout?: () => number | undefined },
     fn: (principal: Principal | undefined) => Promise<T>,
   ): Promise<T> {
     const start = process.hrtime.bigint();
     let code = status.OK;
+    let reservation: BodyReservation | undefined;
     try {
+      if (options.model !== undefined) checkName('model name', options.model, this.config.tensorLimits);
+      if (options.version !== undefined) checkName('model version', options.version, this.config.tensorLimits);
       const principal = options.open === true ? undefined : await this.auth.authorize(ctx.metadata['authorization'], Scope.INFER);
       if (principal !== undefined && options.model !== undefined) {
         checkModelAccess(principal, options.model);
         if (options.rateLimited === true) await this.rateLimits.admit(principal, options.model);
       }
-      const parameterTimeoutMs = options.timeout?.();
-      const deadlines = [ctx.deadlineMs, parameterTimeoutMs === undefined ? undefined : Date.now() + parameterTimeoutMs];
-      const given = deadlines.filter((d): d is number => d !== undefined);
-      const deadlineMs = given.length > 0 ? Math.min(...given) : Date.now() + this.config.defaultTimeoutMs;
+      // grpc-js holds the message already: what is counted is what stays held until the answer.
+      if (options.bodyBytes !== undefined) reservation = this.budget.reserve(options.bodyBytes);
+      const deadlineMs = requestDeadline(
+        { grpcDeadlineMs: ctx.deadlineMs, parameterTimeoutMs: options.timeout?.() },
+        { defaultMs: this.config.defaultTimeoutMs, maxMs: this.config.maxTimeoutMs },
+      );
       return await requestContext.run({ requestId: ctx.requestId, deadlineMs }, () => fn(principal));
     } catch (error) {
       code = toRpcError(error).code;
       throw error;
     } finally {
+      reservation?.release();
       this.metrics.observeRequest('grpc', rpc, status[code] ?? String(code), start);
     }
   }

@@ -6,15 +6,17 @@ import { Readable } from 'node:stream';
 import { allowsModel, checkModelAccess } from './api-key-auth';
 import { principalOf, Public } from './api-key.guard';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
-import { timeoutParameterMs } from './infer-parameters';
+import { BodyBudget } from './body-budget';
+import { edgeParameters } from './infer-parameters';
 import { callerOf, ROUTING_KEY_HEADER } from './routing-key';
-import { INFERENCE_HEADER_LENGTH, readInferBody, readJsonBody } from './json-body';
+import { type BodyLimits, INFERENCE_HEADER_LENGTH, readInferBody, readJsonBody } from './json-body';
 import { ModelCatalog, type ModelMetadata, type RepositoryEntry } from './model-catalog';
 import { ModelInference } from './model-inference';
 import { RateLimits } from './rate-limits';
 import { clientGone, withinRequest } from './rest-context';
 import { inferResponseToBinary, inferResponseToJson, type JsonInferResponse, restInferRequest } from './rest-codec';
 import { type ServerMetadata, ServerStatus } from './server-status';
+import { checkName } from './tensor-limits';
 
 /**
  * The KServe v2 / Open Inference Protocol REST API. A key that names the models it may use is refused
@@ -27,8 +29,19 @@ export class GatewayHttpController {
     private readonly catalog: ModelCatalog,
     private readonly inference: ModelInference,
     private readonly rateLimits: RateLimits,
+    private readonly budget: BodyBudget,
     @Inject(GATEWAY_CONFIG) private readonly config: GatewayConfig,
   ) {}
+
+  private get bodyLimits(): BodyLimits {
+    return { maxBytes: this.config.maxBodyBytes, budget: this.budget };
+  }
+
+  /** Refuses a model name or version over GATEWAY_MAX_NAME_BYTES before it is used (as a key, in a message, upstream). */
+  private checkNames(model: string, version = ''): void {
+    checkName('model name', model, this.config.tensorLimits);
+    checkName('model version', version, this.config.tensorLimits);
+  }
 
   @Get()
   serverMetadata(): ServerMetadata {
@@ -45,12 +58,13 @@ export class GatewayHttpController {
   @Get('health/ready')
   async ready(@Req() req: Request, @Res({ passthrough: true }) res: Response): Promise<{ ready: boolean }> {
     const ready = await this.within(req, res, undefined, () => this.server.ready());
-    if (!ready) throw RpcError.unavailable('the server is not ready: the router or the registry is not serving');
+    if (!ready) throw RpcError.unavailable('the server is not ready: it is starting or stopping, or the router is not serving');
     return { ready };
   }
 
   @Get('models/:model')
   modelMetadata(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string): Promise<ModelMetadata> {
+    this.checkNames(model);
     checkModelAccess(principalOf(req), model);
     return this.within(req, res, undefined, () => this.catalog.metadata(model, ''));
   }
@@ -62,6 +76,7 @@ export class GatewayHttpController {
     @Param('model') model: string,
     @Param('version') version: string,
   ): Promise<ModelMetadata> {
+    this.checkNames(model, version);
     checkModelAccess(principalOf(req), model);
     return this.within(req, res, undefined, () => this.catalog.metadata(model, version));
   }
@@ -101,7 +116,7 @@ export class GatewayHttpController {
   @Post('repository/index')
   @HttpCode(200)
   async repositoryIndex(@Req() req: Request, @Res({ passthrough: true }) res: Response): Promise<RepositoryEntry[]> {
-    const body = await readJsonBody(req, res, this.config.maxBodyBytes);
+    const body = await readJsonBody(req, res, this.bodyLimits);
     if (body !== undefined && (typeof body !== 'object' || body === null || Array.isArray(body))) {
       throw RpcError.invalidArgument('the request body must be a JSON object, e.g. {"ready": true}');
     }
@@ -112,6 +127,7 @@ export class GatewayHttpController {
   }
 
   private async modelReadiness(req: Request, res: Response, model: string, version: string) {
+    this.checkNames(model, version);
     checkModelAccess(principalOf(req), model);
     const ready = await this.within(req, res, undefined, () => this.catalog.ready(model, version));
     const what = version === '' ? `model "${model}"` : `version "${version}" of model "${model}"`;
@@ -126,13 +142,14 @@ export class GatewayHttpController {
    */
   private async infer(req: Request, res: Response, model: string, version: string): Promise<JsonInferResponse | StreamableFile> {
     const principal = principalOf(req);
+    this.checkNames(model, version);
     checkModelAccess(principal, model);
     await this.rateLimits.admit(principal, model);
-    const body = await readInferBody(req, res, this.config.maxBodyBytes);
+    const body = await readInferBody(req, res, this.bodyLimits);
     const decoded = restInferRequest(model, version, body.json, { limits: this.config.tensorLimits, binaryData: body.binaryData });
     const request = { ...decoded.request, ...callerOf(req.header(ROUTING_KEY_HEADER), principal) };
     const signal = clientGone(res);
-    return this.within(req, res, timeoutParameterMs(request.parameters), async () => {
+    return this.within(req, res, edgeParameters(request.parameters).timeoutMs, async () => {
       const response = await this.inference.infer(request, signal);
       const binary = inferResponseToBinary(response, decoded.binaryOutputs);
       if (binary === undefined) return inferResponseToJson(response);
@@ -143,6 +160,6 @@ export class GatewayHttpController {
 
   /** Runs a use case inside the request's context: its id and its deadline, the configured default unless the request names one. */
   private within<T>(req: Request, res: Response, parameterTimeoutMs: number | undefined, fn: () => Promise<T>): Promise<T> {
-    return withinRequest(req, res, { parameterTimeoutMs, defaultTimeoutMs: this.config.defaultTimeoutMs }, fn);
+    return withinRequest(req, res, { parameterTimeoutMs, defaultTimeoutMs: this.config.defaultTimeoutMs, maxTimeoutMs: this.config.maxTimeoutMs }, fn);
   }
 }

@@ -13,6 +13,7 @@ import { RedisApiKeyStore } from './api-keys/api-key-store.redis';
 import { ApiKeysAdmin } from './api-keys-admin';
 import { ApiKeysAdminGrpcController } from './api-keys-admin.grpc';
 import { ApiKeysAdminHttpController } from './api-keys-admin.http';
+import { BodyBudget } from './body-budget';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
 import { GatewayGrpcController } from './gateway.grpc';
 import { GatewayHttpController } from './gateway.http';
@@ -69,6 +70,7 @@ export class GatewayModule implements NestModule {
           useFactory: (logger: JsonLogger, metrics: GatewayMetrics) => createRateLimiter(config, logger, metrics),
         },
         GatewayMetrics,
+        BodyBudget,
         ApiKeyAuth,
         ApiKeysAdmin,
         RateLimits,

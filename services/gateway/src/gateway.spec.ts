@@ -79,14 +79,17 @@ describe('gateway', () => {
       expect((await http(port, 'GET', '/v2/models/mlp', { headers: { authorization: 'Bearer other-key-abcdefghijkl' } })).status).toBe(200);
     });
 
-    it('is ready only while its upstreams report SERVING', async () => {
-      registry.health.set('', ServingStatus.NOT_SERVING);
+    it('is ready only while its router reports SERVING, whatever the registry says', async () => {
+      router.health.set('', ServingStatus.NOT_SERVING);
       await new Promise((r) => setTimeout(r, 600)); // past the readiness cache
       expect((await http(port, 'GET', '/v2/health/ready')).status).toBe(503);
       expect(await grpcClient.serverReady({})).toMatchObject({ ready: false });
-      registry.health.set('', ServingStatus.SERVING);
+      router.health.set('', ServingStatus.SERVING);
+      registry.health.set('', ServingStatus.NOT_SERVING);
       await new Promise((r) => setTimeout(r, 600));
       expect((await http(port, 'GET', '/v2/health/ready')).status).toBe(200);
+      expect(await grpcClient.serverReady({})).toMatchObject({ ready: true });
+      registry.health.set('', ServingStatus.SERVING);
     });
 
     it('describes the server', async () => {

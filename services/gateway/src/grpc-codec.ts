@@ -15,9 +15,9 @@ import {
   type Tensor,
   TensorSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { checkData, datatypeName, encodeBytesElements } from '@infermesh/tensors';
+import { checkData, datatypeName, encodeBytesElements, quoted } from '@infermesh/tensors';
 import { boolParameter, outputClassCounts } from './infer-parameters';
-import { checkInputCount, checkTensorSize, DEFAULT_TENSOR_LIMITS, type TensorLimits } from './tensor-limits';
+import { checkInputCount, checkName, checkParameterKeys, checkTensorSize, DEFAULT_TENSOR_LIMITS, type TensorLimits } from './tensor-limits';
 import { checkBytesElements, tensorDatatype, tensorElementCount } from './tensor-shape';
 
 type ContentsField = Exclude<keyof InferTensorContents, '$typeName' | '$unknown'>;
@@ -68,6 +68,7 @@ export function inferRequestFromGrpc(request: ModelInferRequest, limits: TensorL
   if (request.modelName === '') throw RpcError.invalidArgument('model_name is required');
   if (request.inputs.length === 0) throw RpcError.invalidArgument('the request has no inputs');
   checkInputCount(request.inputs.length, limits);
+  checkGrpcNames(request, limits);
   const raw = request.rawInputContents;
   if (raw.length > 0 && raw.length !== request.inputs.length) {
     throw invalid(`raw_input_contents has ${raw.length} entries but the request has ${request.inputs.length} inputs; give one per input, in order`);
@@ -89,6 +90,22 @@ export function inferRequestFromGrpc(request: ModelInferRequest, limits: TensorL
     outputClassCounts: outputClassCounts(request.outputs),
     parameters: request.parameters,
   });
+}
+
+/** Every name the request gives within GATEWAY_MAX_NAME_BYTES, before any is used. */
+function checkGrpcNames(request: ModelInferRequest, limits: TensorLimits): void {
+  checkName('model name', request.modelName, limits);
+  checkName('model version', request.modelVersion, limits);
+  checkName('the request id', request.id, limits);
+  checkParameterKeys('the request', request.parameters, limits);
+  for (const input of request.inputs) {
+    checkName('input name', input.name, limits);
+    checkParameterKeys(`input ${quoted(input.name)}`, input.parameters, limits);
+  }
+  for (const output of request.outputs) {
+    checkName('output name', output.name, limits);
+    checkParameterKeys(`output ${quoted(output.name)}`, output.parameters, limits);
+  }
 }
 
 function rawInput(input: ModelInferRequest_InferInputTensor, data: Uint8Array, limits: TensorLimits): Tensor {

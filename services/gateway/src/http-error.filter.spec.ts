@@ -25,6 +25,15 @@ describe(HttpErrorFilter.name, () => {
     expect(sut.reply(new RpcError(code, 'what went wrong'), req)).toMatchObject({ status: httpStatus, body: { error: 'what went wrong' } });
   });
 
+  it('bounds the message of any error, whatever text it quotes', () => {
+    const huge = 'n'.repeat(100_000);
+    for (const exception of [new RpcError(status.NOT_FOUND, `model "${huge}" is not registered`), new BadRequestException(`bad "${huge}"`)]) {
+      const { body } = sut.reply(exception, req);
+      expect(body.error.length).toBeLessThan(1_100);
+      expect(body.error).toMatch(/…\(\d+ bytes\)$/);
+    }
+  });
+
   it('sets Retry-After in whole seconds when the upstream said when to retry', () => {
     const reply = sut.reply(new RpcError(status.RESOURCE_EXHAUSTED, 'full', { retryDelayMs: 250 }), req);
     expect(reply.headers).toEqual({ 'retry-after': '1' });

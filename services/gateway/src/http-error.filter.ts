@@ -1,6 +1,7 @@
 import { status } from '@grpc/grpc-js';
 import { type ArgumentsHost, Catch, type ExceptionFilter, HttpException, NotFoundException } from '@nestjs/common';
-import { RpcError } from '@infermesh/grpc';
+import { MAX_ERROR_MESSAGE_CHARS, RpcError } from '@infermesh/grpc';
+import { boundedText } from '@infermesh/tensors';
 import { JsonLogger } from '@infermesh/telemetry';
 import type { Request, Response } from 'express';
 import { httpStatusOf } from './http-status';
@@ -68,7 +69,7 @@ export class HttpErrorFilter implements ExceptionFilter {
           : typeof (response as { message?: unknown }).message === 'string'
             ? (response as { message: string }).message
             : exception.message;
-      return { status: exception.getStatus(), body: { error: message }, headers: {} };
+      return { status: exception.getStatus(), body: { error: boundedText(message, MAX_ERROR_MESSAGE_CHARS) }, headers: {} };
     }
     this.logger.error('unexpected error', exception instanceof Error ? exception : new Error(String(exception)));
     return { status: 500, body: { error: 'internal error' }, headers: {} };

@@ -3,7 +3,7 @@ import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
 import { type InferParameter, InferParameterSchema, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { inferRequestFromGrpc } from './grpc-codec';
-import { outputClassCounts, parametersFromJson } from './infer-parameters';
+import { edgeParameters, outputClassCounts, parametersFromJson } from './infer-parameters';
 import { inferRequestFromJson } from './rest-codec';
 
 const INPUTS = [{ name: 'x', shape: [1], datatype: 'FP32', data: [1] }];
@@ -94,5 +94,40 @@ describe('class_count on requested outputs', () => {
     );
     expect(sut.outputNames).toEqual(['scores', 'other']);
     expect(sut.outputClassCounts).toEqual({ scores: 4 });
+  });
+});
+
+describe(edgeParameters.name, () => {
+  const double = (value: number): InferParameter => create(InferParameterSchema, { parameterChoice: { case: 'doubleParam', value } });
+  const text = (value: string): InferParameter => create(InferParameterSchema, { parameterChoice: { case: 'stringParam', value } });
+
+  it('reads the timeout in microseconds as milliseconds, however large (the deadline cuts it later)', () => {
+    expect(edgeParameters({})).toEqual({ timeoutMs: undefined });
+    expect(edgeParameters({ timeout: int64(1_500n) })).toEqual({ timeoutMs: 2 });
+    expect(edgeParameters({ timeout: int64(400000000000000000n) })).toEqual({ timeoutMs: 4e14 });
+    expect(edgeParameters(parametersFromJson('the request', { timeout: 400000000000000000 }))).toEqual({ timeoutMs: 4e14 });
+  });
+
+  it.each<[string, InferParameter]>([
+    ['zero', int64(0n)],
+    ['negative', int64(-5n)],
+    ['fractional', double(1.5)],
+    ['a string', text('soon')],
+  ])('refuses a %s timeout, naming it', (_, timeout) => {
+    const error = refusal(() => edgeParameters({ timeout }));
+    expect(error.code).toBe(status.INVALID_ARGUMENT);
+    expect(error.message).toMatch(/^parameter "timeout" must be a positive integer of microseconds, got /);
+  });
+
+  it('accepts a non-negative integer priority and refuses anything else, naming it', () => {
+    expect(edgeParameters({ priority: int64(0n) })).toEqual({ timeoutMs: undefined });
+    expect(edgeParameters({ priority: int64(3n) })).toEqual({ timeoutMs: undefined });
+    for (const priority of [int64(-1n), double(0.5), text('high')]) {
+      expect(refusal(() => edgeParameters({ priority })).message).toMatch(/^parameter "priority" must be a non-negative integer/);
+    }
+  });
+
+  it('shows at most 40 characters of a string it refuses', () => {
+    expect(refusal(() => edgeParameters({ timeout: text('x'.repeat(100_000)) })).message.length).toBeLessThan(150);
   });
 });

@@ -1,6 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import { RpcError } from '@infermesh/grpc';
-import { integerParameter } from '@infermesh/tensors';
+import { boundedText, integerParameter, quoted } from '@infermesh/tensors';
 import { type InferParameter, InferParameterSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 
 export type JsonParameter = boolean | number | string;
@@ -27,7 +27,7 @@ function parameterFromJson(where: string, key: string, value: unknown): InferPar
         ? create(InferParameterSchema, { parameterChoice: { case: 'int64Param', value: BigInt(value) } })
         : create(InferParameterSchema, { parameterChoice: { case: 'doubleParam', value } });
     default:
-      throw RpcError.invalidArgument(`${where} parameter "${key}" must be a boolean, a number or a string`);
+      throw RpcError.invalidArgument(`${where} parameter ${quoted(key)} must be a boolean, a number or a string`);
   }
 }
 
@@ -61,16 +61,36 @@ function safeNumber(value: bigint): number | string {
   return value >= BigInt(Number.MIN_SAFE_INTEGER) && value <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(value) : value.toString();
 }
 
+/** What a request's own parameters say at the edge: its timeout, checked like its priority. */
+export interface EdgeParameters {
+  /** Triton's `timeout` parameter in milliseconds; undefined when absent. */
+  timeoutMs: number | undefined;
+}
+
 /**
- * The Triton `timeout` parameter (microseconds) in milliseconds; undefined when absent. A value that
- * is not a positive integer is an INVALID_ARGUMENT.
+ * Checks the numeric request parameters the gateway reads before anything is sent on: Triton's
+ * `timeout` (microseconds, a positive integer; a long one is cut to GATEWAY_MAX_REQUEST_TIMEOUT_MS
+ * later) and `priority` (a non-negative integer; the batcher checks it against the model's levels).
+ * Anything else, a negative, fractional or non-number value, is an INVALID_ARGUMENT naming it.
  */
-export function timeoutParameterMs(parameters: Readonly<Record<string, InferParameter>>): number | undefined {
-  const parameter = parameters['timeout'];
-  if (parameter === undefined) return undefined;
-  const us = integerParameter(parameter);
-  if (!(us > 0)) throw RpcError.invalidArgument('parameter "timeout" must be a positive integer of microseconds');
-  return Math.max(1, Math.ceil(us / 1000));
+export function edgeParameters(parameters: Readonly<Record<string, InferParameter>>): EdgeParameters {
+  const priority = parameters['priority'];
+  if (priority !== undefined && !(integerParameter(priority) >= 0)) {
+    throw RpcError.invalidArgument(`parameter "priority" must be a non-negative integer (0 for the model's default level), got ${shownParameter(priority)}`);
+  }
+  const timeout = parameters['timeout'];
+  if (timeout === undefined) return { timeoutMs: undefined };
+  const us = integerParameter(timeout);
+  if (!(us > 0)) throw RpcError.invalidArgument(`parameter "timeout" must be a positive integer of microseconds, got ${shownParameter(timeout)}`);
+  return { timeoutMs: Math.max(1, Math.ceil(us / 1000)) };
+}
+
+/** A parameter's value as a message shows it, at most 40 characters of a string. */
+function shownParameter(parameter: InferParameter): string {
+  const choice = parameter.parameterChoice;
+  if (choice.case === undefined) return 'empty';
+  if (choice.case === 'stringParam') return JSON.stringify(boundedText(choice.value, 40));
+  return String(choice.value);
 }
 
 /** The largest class_count: the internal request carries it as a uint32. */
@@ -90,7 +110,7 @@ export function outputClassCounts(
   for (const { name, parameters } of outputs) {
     const count = classCountParameter(name, parameters);
     if (given.has(name) && given.get(name) !== count) {
-      throw RpcError.invalidArgument(`output "${name}" is requested more than once with different class_count parameters`, 'INVALID_TENSOR');
+      throw RpcError.invalidArgument(`output ${quoted(name)} is requested more than once with different class_count parameters`, 'INVALID_TENSOR');
     }
     given.set(name, count);
     if (count !== undefined) counts[name] = count;
@@ -101,12 +121,10 @@ export function outputClassCounts(
 function classCountParameter(output: string, parameters: Readonly<Record<string, InferParameter>>): number | undefined {
   const parameter = parameters['class_count'];
   if (parameter === undefined) return undefined;
-  const choice = parameter.parameterChoice;
   const count = integerParameter(parameter);
   if (!(count >= 1 && count <= MAX_CLASS_COUNT)) {
-    const shown = choice.case === undefined ? 'empty' : choice.case === 'stringParam' ? JSON.stringify(choice.value) : String(choice.value);
     throw RpcError.invalidArgument(
-      `output "${output}": parameter "class_count" must be a positive integer (at most ${MAX_CLASS_COUNT}), got ${shown}`,
+      `output ${quoted(output)}: parameter "class_count" must be a positive integer (at most ${MAX_CLASS_COUNT}), got ${shownParameter(parameter)}`,
       'INVALID_TENSOR',
     );
   }

@@ -34,7 +34,8 @@ import { checkVersionId } from '@infermesh/rollout';
 import type { Request, Response } from 'express';
 import { RequireScope } from './api-key.guard';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
-import { readJsonBody, readNoBody } from './json-body';
+import { BodyBudget } from './body-budget';
+import { type BodyLimits, readJsonBody, readNoBody } from './json-body';
 import { RegistryClient } from './registry.client';
 import { jsonObject, messageFromJson, messageToJson } from './registry-json';
 import { modelResource, versionResource } from './resource-names';
@@ -74,8 +75,13 @@ const ARTIFACT_SHA256_HEADER = 'x-artifact-sha256';
 export class RegistryAdminHttpController {
   constructor(
     private readonly registry: RegistryClient,
+    private readonly budget: BodyBudget,
     @Inject(GATEWAY_CONFIG) private readonly config: GatewayConfig,
   ) {}
+
+  private get bodyLimits(): BodyLimits {
+    return { maxBytes: this.config.maxBodyBytes, budget: this.budget };
+  }
 
   @Post('v2/repository/models/:model/load')
   @HttpCode(200)
@@ -151,7 +157,7 @@ export class RegistryAdminHttpController {
       const { artifact } = await withinRequest(
         req,
         res,
-        { defaultTimeoutMs: undefined },
+        { defaultTimeoutMs: undefined, maxTimeoutMs: this.config.maxTimeoutMs },
         () => this.registry.forward((r) => r.uploadArtifact(uploadRequests(req, expectedSha256))),
         clientGone(res),
       );
@@ -200,7 +206,7 @@ export class RegistryAdminHttpController {
   @HttpCode(200)
   async promote(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string) {
     const name = modelResource(model);
-    const body = await readJsonBody(req, res, this.config.maxBodyBytes);
+    const body = await readJsonBody(req, res, this.bodyLimits);
     let version = '';
     if (body !== undefined) {
       const { version: given, ...rest } = jsonObject(body, '{"version": "<id>"}, or no body to promote the canary');
@@ -249,7 +255,7 @@ export class RegistryAdminHttpController {
    */
   private async setUnloaded(req: Request, res: Response, model: string, unloaded: boolean): Promise<object> {
     const name = modelResource(model);
-    const body = await readJsonBody(req, res, this.config.maxBodyBytes);
+    const body = await readJsonBody(req, res, this.bodyLimits);
     if (body !== undefined) {
       const { parameters, ...rest } = jsonObject(body, '{} or {"parameters": {...}}');
       const unknown = Object.keys(rest);
@@ -272,18 +278,18 @@ export class RegistryAdminHttpController {
 
   /** A JSON body that must be there. */
   private async body(req: Request, res: Response): Promise<unknown> {
-    const body = await readJsonBody(req, res, this.config.maxBodyBytes);
+    const body = await readJsonBody(req, res, this.bodyLimits);
     if (body === undefined) throw RpcError.invalidArgument('the request needs a JSON body');
     return body;
   }
 
   private noBody(req: Request, res: Response): Promise<void> {
-    return readNoBody(req, res, this.config.maxBodyBytes);
+    return readNoBody(req, res, this.bodyLimits);
   }
 
   /** Forwards one call to the registry with the request's id and deadline, cancelled when the client goes away. */
   private call<T>(req: Request, res: Response, call: (registry: Registry) => Promise<T>): Promise<T> {
-    return withinRequest(req, res, { defaultTimeoutMs: this.config.defaultTimeoutMs }, () => this.registry.forward(call), clientGone(res));
+    return withinRequest(req, res, { defaultTimeoutMs: this.config.defaultTimeoutMs, maxTimeoutMs: this.config.maxTimeoutMs }, () => this.registry.forward(call), clientGone(res));
   }
 }
 

@@ -9,9 +9,9 @@ import {
   TensorSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import type { InferParameter } from '@infermesh/proto/gen/inference/grpc_service_pb';
-import { checkData, DataType, datatypeInfo, datatypeName, formatShape, jsonToRaw, rawToJson, TensorDataError } from '@infermesh/tensors';
+import { checkData, DataType, datatypeInfo, datatypeName, formatShape, jsonToRaw, quoted, rawToJson, TensorDataError } from '@infermesh/tensors';
 import { type JsonParameter, outputClassCounts, parametersFromJson, parametersToJson } from './infer-parameters';
-import { checkInputCount, checkTensorSize, DEFAULT_TENSOR_LIMITS, type TensorLimits } from './tensor-limits';
+import { checkInputCount, checkName, checkParameterKeys, checkTensorSize, DEFAULT_TENSOR_LIMITS, type TensorLimits } from './tensor-limits';
 import { checkBytesElements, tensorDatatype, tensorElementCount } from './tensor-shape';
 
 /** A KServe v2 REST inference response. */
@@ -71,6 +71,10 @@ export function restInferRequest(model: string, version: string, body: unknown, 
   const limits = options.limits ?? DEFAULT_TENSOR_LIMITS;
   if (!isObject(body)) throw RpcError.invalidArgument('the request body must be a JSON object with "inputs"');
   if (body['id'] !== undefined && typeof body['id'] !== 'string') throw RpcError.invalidArgument('"id" must be a string');
+  checkName('model name', model, limits);
+  checkName('model version', version, limits);
+  checkName('the request id', body['id'] ?? '', limits);
+  checkParameterKeys('the request', body['parameters'], limits);
   const rawInputs = body['inputs'];
   if (!Array.isArray(rawInputs) || rawInputs.length === 0) {
     throw RpcError.invalidArgument('"inputs" must be a non-empty array of tensors');
@@ -89,7 +93,7 @@ export function restInferRequest(model: string, version: string, body: unknown, 
     throw invalidTensor(`the body has ${binary.data.byteLength} bytes of binary tensor data after its JSON header, but ${which}`);
   }
   const parameters = parametersFromJson('the request', body['parameters']);
-  const outputs = requestedOutputsFromJson(body['outputs']);
+  const outputs = requestedOutputsFromJson(body['outputs'], limits);
   return {
     request: create(InferenceRequestSchema, {
       modelName: model,
@@ -115,7 +119,9 @@ function inputFromJson(input: unknown, index: number, limits: TensorLimits, bina
   if (typeof name !== 'string' || name === '') {
     throw invalidTensor(`inputs[${index}] needs a "name" string`);
   }
-  const parameters = parametersFromJson(`input "${name}"`, input['parameters']);
+  checkName('input name', name, limits);
+  checkParameterKeys(`input ${quoted(name)}`, input['parameters'], limits);
+  const parameters = parametersFromJson(`input ${quoted(name)}`, input['parameters']);
   if ('shared_memory_region' in parameters) {
     throw invalidTensor(`input "${name}": shared memory is not supported; send "data"`);
   }
@@ -168,7 +174,7 @@ function binaryInput(name: string, datatype: DataType, shape: number[], size: In
 }
 
 /** The requested outputs' names, the class counts asked of them ({"parameters": {"class_count": N}}) and which want binary data. */
-function requestedOutputsFromJson(outputs: unknown): { outputNames: string[]; outputClassCounts: Record<string, number>; binary: Map<string, boolean> } {
+function requestedOutputsFromJson(outputs: unknown, limits: TensorLimits): { outputNames: string[]; outputClassCounts: Record<string, number>; binary: Map<string, boolean> } {
   const binary = new Map<string, boolean>();
   if (outputs === undefined || outputs === null) return { outputNames: [], outputClassCounts: {}, binary };
   if (!Array.isArray(outputs)) throw RpcError.invalidArgument('"outputs" must be an array of {"name": ...}');
@@ -177,7 +183,9 @@ function requestedOutputsFromJson(outputs: unknown): { outputNames: string[]; ou
       throw RpcError.invalidArgument(`outputs[${i}] needs a "name" string`);
     }
     const name = output['name'];
-    const parameters = parametersFromJson(`output "${name}"`, output['parameters']);
+    checkName('output name', name, limits);
+    checkParameterKeys(`output ${quoted(name)}`, output['parameters'], limits);
+    const parameters = parametersFromJson(`output ${quoted(name)}`, output['parameters']);
     const binaryData = booleanParameter(`output "${name}"`, 'binary_data', parameters);
     if (binaryData !== undefined) binary.set(name, binaryData);
     return { name, parameters };

@@ -6,7 +6,7 @@ import type { RunningService } from '@infermesh/runtime';
 import { rpcRejection } from '@infermesh/testing';
 import { inferRequestFromGrpc } from './grpc-codec';
 import { inferRequestFromJson } from './rest-codec';
-import { DEFAULT_TENSOR_LIMITS } from './tensor-limits';
+import { checkName, DEFAULT_TENSOR_LIMITS } from './tensor-limits';
 import { type FakeUpstreams, http, postJson, startFakeUpstreams, startTestGateway } from './testing/gateway-harness';
 
 const KEY = 'limits-spec-key-0123456789';
@@ -107,6 +107,54 @@ describe('tensor limits', () => {
     expect(() => inferRequestFromJson('m', '', body)).toThrow(/input "x" has 1000000000 elements, over the gateway's limit of 16777216/);
     const grpc = create(ModelInferRequestSchema, { modelName: 'm', inputs: [{ name: 'x', datatype: 'FP32', shape: [5000n, 1n], contents: { fp32Contents: [] } }] });
     expect(() => inferRequestFromGrpc(grpc)).toThrow(/input "x" has a batch size \(first dimension\) of 5000, over the gateway's limit of 4096/);
-    expect(DEFAULT_TENSOR_LIMITS).toEqual({ maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096 });
+    expect(DEFAULT_TENSOR_LIMITS).toEqual({ maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096, maxNameBytes: 1_024 });
+  });
+});
+
+describe(checkName.name, () => {
+  const limits = { maxNameBytes: 16 };
+
+  it('accepts a name up to the limit in UTF-8 bytes', () => {
+    expect(() => checkName('input name', 'x'.repeat(16), limits)).not.toThrow();
+    expect(() => checkName('input name', 'é'.repeat(8), limits)).not.toThrow();
+  });
+
+  it('refuses a longer one with a short message naming what, its size and the limit', () => {
+    expect(() => checkName('input name', 'é'.repeat(9), limits)).toThrow(/^input name "é+" is 18 bytes, over the gateway's limit of 16 bytes per name \(GATEWAY_MAX_NAME_BYTES\)$/);
+    let message = '';
+    try {
+      checkName('output name', 'n'.repeat(600_000), limits);
+    } catch (error) {
+      message = (error as Error).message;
+    }
+    expect(message).toContain('…(600000 bytes)');
+    expect(message).toContain('GATEWAY_MAX_NAME_BYTES');
+    expect(message.length).toBeLessThan(200);
+  });
+
+  it('refuses oversized names anywhere in a REST or gRPC request: id, inputs, outputs, parameter keys, model', () => {
+    const small = { ...DEFAULT_TENSOR_LIMITS, maxNameBytes: 16 };
+    const long = 'n'.repeat(17);
+    const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
+    const rest = [
+      () => inferRequestFromJson(long, '', { inputs: [input] }, { limits: small }),
+      () => inferRequestFromJson('m', long, { inputs: [input] }, { limits: small }),
+      () => inferRequestFromJson('m', '', { id: long, inputs: [input] }, { limits: small }),
+      () => inferRequestFromJson('m', '', { inputs: [{ ...input, name: long }] }, { limits: small }),
+      () => inferRequestFromJson('m', '', { inputs: [{ ...input, parameters: { [long]: 1 } }] }, { limits: small }),
+      () => inferRequestFromJson('m', '', { inputs: [input], outputs: [{ name: long }] }, { limits: small }),
+      () => inferRequestFromJson('m', '', { inputs: [input], outputs: [{ name: 'y', parameters: { [long]: true } }] }, { limits: small }),
+      () => inferRequestFromJson('m', '', { inputs: [input], parameters: { [long]: 'v' } }, { limits: small }),
+    ];
+    const grpcInput = { name: 'x', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } };
+    const grpc = [
+      { modelName: long, inputs: [grpcInput] },
+      { modelName: 'm', modelVersion: long, inputs: [grpcInput] },
+      { modelName: 'm', id: long, inputs: [grpcInput] },
+      { modelName: 'm', inputs: [{ ...grpcInput, name: long }] },
+      { modelName: 'm', inputs: [grpcInput], outputs: [{ name: long }] },
+      { modelName: 'm', inputs: [grpcInput], parameters: { [long]: {} } },
+    ].map((request) => () => inferRequestFromGrpc(create(ModelInferRequestSchema, request), small));
+    for (const decode of [...rest, ...grpc]) expect(decode).toThrow(/GATEWAY_MAX_NAME_BYTES/);
   });
 });

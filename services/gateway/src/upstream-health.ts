@@ -12,24 +12,47 @@ export interface UpstreamHealthOptions {
   now?: () => number;
 }
 
+/** What the last probe of one upstream found. */
+export interface UpstreamState {
+  serving: boolean;
+  /** When it was probed, ISO 8601. */
+  checkedAt: string;
+}
+
 /**
- * Whether every upstream the gateway needs answers grpc.health.v1 Check with SERVING. Concurrent
- * callers share one probe, and the answer is reused for `cacheMs`.
+ * Whether each upstream the gateway talks to answers grpc.health.v1 Check with SERVING. Concurrent
+ * callers share one probe of them all, and the answer is reused for `cacheMs`.
  */
 export class UpstreamHealth {
   private readonly clients: [string, ServiceClient<typeof Health>][];
   private readonly now: () => number;
-  private cached: { at: number; serving: boolean } | undefined;
-  private inflight: Promise<boolean> | undefined;
+  private cached: { at: number; states: Record<string, UpstreamState> } | undefined;
+  private inflight: Promise<Record<string, UpstreamState>> | undefined;
 
   constructor(private readonly options: UpstreamHealthOptions) {
     this.clients = Object.entries(options.upstreams).map(([name, address]) => [name, createClient(Health, address)]);
     this.now = options.now ?? Date.now;
   }
 
+  /** Whether the named upstream answers SERVING (probed, or the answer of the last `cacheMs`). */
+  async serving(name: string): Promise<boolean> {
+    return (await this.states())[name]?.serving ?? false;
+  }
+
+  /** Whether every upstream answers SERVING. */
   async allServing(): Promise<boolean> {
+    return Object.values(await this.states()).every((state) => state.serving);
+  }
+
+  /** Each upstream's state as last probed, without waiting; a probe starts when the answer is stale. Undefined before the first probe. */
+  lastKnown(): Record<string, UpstreamState> | undefined {
+    void this.states().catch(() => undefined);
+    return this.cached?.states;
+  }
+
+  private async states(): Promise<Record<string, UpstreamState>> {
     const cached = this.cached;
-    if (cached !== undefined && this.now() - cached.at < this.options.cacheMs) return cached.serving;
+    if (cached !== undefined && this.now() - cached.at < this.options.cacheMs) return cached.states;
     // Its own context: a shared probe must not be cut short by the deadline of whichever request started it.
     this.inflight ??= requestContext.run({ requestId: 'readiness-probe' }, () => this.probe()).finally(() => {
       this.inflight = undefined;
@@ -37,20 +60,22 @@ export class UpstreamHealth {
     return this.inflight;
   }
 
-  private async probe(): Promise<boolean> {
+  private async probe(): Promise<Record<string, UpstreamState>> {
     const results = await Promise.all(
-      this.clients.map(async ([, client]) => {
+      this.clients.map(async ([name, client]): Promise<[string, boolean]> => {
         try {
           const { status } = await client.check({ service: '' }, { timeoutMs: this.options.timeoutMs });
-          return status === ServingStatus.SERVING;
+          return [name, status === ServingStatus.SERVING];
         } catch {
-          return false;
+          return [name, false];
         }
       }),
     );
-    const serving = results.every(Boolean);
-    this.cached = { at: this.now(), serving };
-    return serving;
+    const at = this.now();
+    const checkedAt = new Date(at).toISOString();
+    const states = Object.fromEntries(results.map(([name, serving]) => [name, { serving, checkedAt }]));
+    this.cached = { at, states };
+    return states;
   }
 
   close(): void {

@@ -1,0 +1,342 @@
+import { create, type MessageInitShape } from '@bufbuild/protobuf';
+import * as grpc from '@grpc/grpc-js';
+import { createClient, toServiceDefinition } from '@infermesh/grpc';
+import { GRPCInferenceService, type ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { SERVICE_NAMES, type ServiceName } from '@infermesh/system';
+import { request as httpRequest } from 'node:http';
+import { API_KEY, type Fixture, metricValue, startFixture } from './support/system-fixture';
+
+const float32 = (values: number[]) => new Uint8Array(new Float32Array(values).buffer);
+const TINY_INPUT = { name: 'input', shape: [1, 4], datatype: 'FP32', data: [1, 2, 3, 4] };
+const AUTH = { authorization: `Bearer ${API_KEY}` };
+/** Names far beyond any limit: the size that tore down the gateway's connection to the router. */
+const HUGE_NAME = 'n'.repeat(58_000);
+/** The body budget the gateway runs with here: room for one 60 MB upload at a time. */
+const BODY_BUDGET_BYTES = 96 * 2 ** 20;
+const UPLOAD_BYTES = 60_000_000;
+
+type InferInit = MessageInitShape<typeof ModelInferRequestSchema>;
+
+/**
+ * A KServe gRPC call made with grpc-js directly, so that the deadline reaches the gateway as the
+ * client gave it (infermesh's own client bounds deadlines before they leave).
+ */
+function rawGrpc(address: string) {
+  const Ctor = grpc.makeGenericClientConstructor(toServiceDefinition(GRPCInferenceService), 'GRPCInferenceService');
+  const client = new Ctor(address, grpc.credentials.createInsecure());
+  const infer = (request: InferInit, deadline: number): Promise<{ code: grpc.status; details: string; outputs: number }> =>
+    new Promise((resolve) => {
+      const metadata = new grpc.Metadata();
+      metadata.set('authorization', AUTH.authorization);
+      const options = Number.isFinite(deadline) ? { deadline } : {};
+      (client as unknown as Record<string, (...args: unknown[]) => void>)['modelInfer']!.call(
+        client,
+        request,
+        metadata,
+        options,
+        (error: grpc.ServiceError | null, response: { outputs?: unknown[] } | undefined) =>
+          resolve(error ? { code: error.code, details: error.details, outputs: 0 } : { code: grpc.status.OK, details: '', outputs: response?.outputs?.length ?? 0 }),
+      );
+    });
+  return { infer, close: () => client.close() };
+}
+
+const tinyGrpc = (parameters: InferInit['parameters'] = {}, inputName = 'input'): InferInit => ({
+  modelName: 'tiny',
+  inputs: [{ name: inputName, datatype: 'FP32', shape: [1n, 4n] }],
+  rawInputContents: [float32([1, 2, 3, 4])],
+  parameters,
+});
+
+/**
+ * Hostile requests at the edge while well-behaved clients keep sending valid ones: huge or nonsense
+ * timeouts and deadlines, oversized names, many large uploads at once, the registry gone. No process
+ * dies, no well-behaved request is lost, bad input gets a 4xx naming the problem, memory comes back.
+ */
+describe('hostile requests at the edge', () => {
+  let fixture: Fixture;
+  let pids: Map<ServiceName, number | undefined>;
+
+  beforeAll(async () => {
+    fixture = await startFixture({
+      models: ['tiny'],
+      env: { GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: String(BODY_BUDGET_BYTES), GATEWAY_MAX_REQUEST_TIMEOUT_MS: '600000', GATEWAY_MAX_NAME_BYTES: '1024' },
+    });
+    pids = new Map(SERVICE_NAMES.map((name) => [name, fixture.system.process(name).pid]));
+  });
+
+  afterAll(async () => {
+    await fixture?.stop();
+  });
+
+  const url = (path: string) => `${fixture.system.gatewayUrl}${path}`;
+  const post = async (path: string, body: unknown, headers: Record<string, string> = {}) => {
+    const res = await fetch(url(path), {
+      method: 'POST',
+      headers: { ...AUTH, 'content-type': 'application/json', ...headers },
+      body: typeof body === 'string' ? body : JSON.stringify(body),
+      signal: AbortSignal.timeout(60_000),
+    });
+    const text = await res.text();
+    return { status: res.status, text };
+  };
+
+  /** Services that died or were replaced since the start (but one the test killed itself). */
+  const deadServices = () =>
+    SERVICE_NAMES.filter((name) => pids.has(name) && (!fixture.system.process(name).running || fixture.system.process(name).pid !== pids.get(name)));
+
+  /**
+   * `clients` loops of valid requests (half REST, half gRPC) until stopped; each counts what it sent
+   * and every request that did not succeed.
+   */
+  const wellBehaved = (clients: number) => {
+    let running = true;
+    const failures: string[] = [];
+    let sent = 0;
+    const grpcClient = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
+    const loops = Array.from({ length: clients }, async (_, i) => {
+      while (running) {
+        sent += 1;
+        try {
+          if (i % 2 === 0) {
+            const { status, text } = await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT] });
+            if (status !== 200) failures.push(`REST ${status} ${text.slice(0, 200)}`);
+          } else {
+            const response = await grpcClient.modelInfer(create(GRPCInferenceService.method.modelInfer.input, tinyGrpc()), {
+              metadata: AUTH,
+              timeoutMs: 60_000,
+            });
+            if (response.rawOutputContents.length !== 1) failures.push('gRPC: no output');
+          }
+        } catch (error) {
+          failures.push(`${i % 2 === 0 ? 'REST' : 'gRPC'}: ${error instanceof Error ? error.message.slice(0, 200) : String(error)}`);
+          await new Promise((r) => setTimeout(r, 100)); // a dead gateway refuses at once: no busy loop
+        }
+        if (failures.length >= 1_000) break;
+      }
+    });
+    return {
+      stop: async () => {
+        running = false;
+        await Promise.all(loops);
+        grpcClient.close();
+        return { sent, failures };
+      },
+    };
+  };
+
+  /** Runs `hostile` while 16 well-behaved clients run, then checks they lost nothing and every process lives. */
+  const underLoad = async <T>(hostile: () => Promise<T>): Promise<T> => {
+    const good = wellBehaved(16);
+    await new Promise((r) => setTimeout(r, 300));
+    let result: T;
+    let outcome: { sent: number; failures: string[] };
+    try {
+      result = await hostile();
+      await new Promise((r) => setTimeout(r, 300));
+    } finally {
+      outcome = await good.stop();
+    }
+    const { sent, failures } = outcome;
+    process.stdout.write(`well-behaved clients: ${sent} requests sent, ${failures.length} failed\n`);
+    expect({ dead: deadServices(), failures: failures.slice(0, 10), failed: failures.length }).toEqual({ dead: [], failures: [], failed: 0 });
+    expect(sent).toBeGreaterThan(8);
+    return result;
+  };
+
+  it('(1, 7) clamps huge timeouts and deadlines, refuses nonsense ones naming them, and stays up', async () => {
+    const raw = rawGrpc(fixture.system.gatewayGrpcAddress);
+    const DAY_MS = 24 * 3600 * 1000;
+    try {
+      const outcome = await underLoad(async () => {
+        const rest = {
+          hugeTimeout: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { timeout: 400000000000000000 } }),
+          negativeTimeout: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { timeout: -5 } }),
+          fractionalTimeout: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { timeout: 1.5 } }),
+          textTimeout: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { timeout: 'soon' } }),
+          negativePriority: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { priority: -1 } }),
+          textPriority: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { priority: 'high' } }),
+          maxHeader: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT] }, { 'x-request-timeout-ms': '2147483647' }),
+          hugeHeader: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT] }, { 'x-request-timeout-ms': '99999999999999999999' }),
+          negativeHeader: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT] }, { 'x-request-timeout-ms': '-1' }),
+        };
+        const grpcCalls = {
+          hugeTimeoutNoDeadline: await raw.infer(tinyGrpc({ timeout: { parameterChoice: { case: 'int64Param', value: 400000000000000000n } } }), Infinity),
+          negativeTimeout: await raw.infer(tinyGrpc({ timeout: { parameterChoice: { case: 'int64Param', value: -1n } } }), Date.now() + 60_000),
+          deadline25Days: await raw.infer(tinyGrpc(), Date.now() + 25 * DAY_MS),
+          deadline30Days: await raw.infer(tinyGrpc(), Date.now() + 30 * DAY_MS),
+          deadline50Days: await raw.infer(tinyGrpc(), Date.now() + 50 * DAY_MS),
+          deadline10Years: await raw.infer(tinyGrpc(), Date.now() + 3650 * DAY_MS),
+        };
+        return { rest, grpcCalls };
+      });
+
+      const { rest, grpcCalls } = outcome;
+      // Too long: clamped to GATEWAY_MAX_REQUEST_TIMEOUT_MS, and served.
+      expect([rest.hugeTimeout.status, rest.maxHeader.status, rest.hugeHeader.status]).toEqual([200, 200, 200]);
+      // Nonsense: 400 naming what is wrong.
+      for (const [which, parameter] of [
+        ['negativeTimeout', 'timeout'],
+        ['fractionalTimeout', 'timeout'],
+        ['textTimeout', 'timeout'],
+        ['negativePriority', 'priority'],
+        ['textPriority', 'priority'],
+        ['negativeHeader', 'x-request-timeout-ms'],
+      ] as const) {
+        expect({ which, status: rest[which].status }).toEqual({ which, status: 400 });
+        expect(rest[which].text).toContain(parameter);
+      }
+      expect(grpcCalls.hugeTimeoutNoDeadline).toEqual({ code: grpc.status.OK, details: '', outputs: 1 });
+      expect(grpcCalls.deadline25Days).toEqual({ code: grpc.status.OK, details: '', outputs: 1 });
+      expect(grpcCalls.deadline30Days).toEqual({ code: grpc.status.OK, details: '', outputs: 1 });
+      expect(grpcCalls.deadline50Days).toEqual({ code: grpc.status.OK, details: '', outputs: 1 });
+      expect(grpcCalls.deadline10Years).toEqual({ code: grpc.status.OK, details: '', outputs: 1 });
+      expect(grpcCalls.negativeTimeout.code).toBe(grpc.status.INVALID_ARGUMENT);
+      expect(grpcCalls.negativeTimeout.details).toContain('timeout');
+    } finally {
+      raw.close();
+    }
+  });
+
+  it('(3) refuses oversized names with a short 400 naming the limit, and other callers lose nothing', async () => {
+    const raw = rawGrpc(fixture.system.gatewayGrpcAddress);
+    try {
+      const answers = await underLoad(async () => {
+        const all: { what: string; status: number | string; text: string }[] = [];
+        // All at once, as a burst of such requests would come; five rounds.
+        for (let round = 0; round < 5; round += 1) {
+          const requests: [string, Promise<{ status: number; text: string }>][] = [
+            ['input name', post('/v2/models/tiny/infer', { inputs: [{ ...TINY_INPUT, name: HUGE_NAME }] })],
+            ['input name', post('/v2/models/tiny/infer', { inputs: [{ ...TINY_INPUT, name: HUGE_NAME.repeat(10) }] })],
+            ['output name', post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], outputs: [{ name: HUGE_NAME }] })],
+            ['parameter key', post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { [HUGE_NAME]: 1 } })],
+            ['input parameter key', post('/v2/models/tiny/infer', { inputs: [{ ...TINY_INPUT, parameters: { [HUGE_NAME]: true } }] })],
+            ['request id', post('/v2/models/tiny/infer', { id: HUGE_NAME, inputs: [TINY_INPUT] })],
+            ['model name', post(`/v2/models/${'m'.repeat(6_000)}/infer`, { inputs: [TINY_INPUT] })],
+            ['version', post(`/v2/models/tiny/versions/${'v'.repeat(6_000)}/infer`, { inputs: [TINY_INPUT] })],
+          ];
+          const grpcPending = raw.infer(tinyGrpc({}, HUGE_NAME), Date.now() + 60_000);
+          for (const [what, pending] of requests) all.push({ what, ...(await pending) });
+          const grpcAnswer = await grpcPending;
+          all.push({ what: 'gRPC input name', status: grpc.status[grpcAnswer.code] ?? String(grpcAnswer.code), text: grpcAnswer.details });
+        }
+        return all;
+      });
+      for (const answer of answers) {
+        const expected = answer.what === 'gRPC input name' ? 'INVALID_ARGUMENT' : 400;
+        expect({ what: answer.what, status: answer.status }).toEqual({ what: answer.what, status: expected });
+        expect(answer.text).toContain('GATEWAY_MAX_NAME_BYTES');
+        expect(answer.text.length).toBeLessThan(1_000);
+      }
+    } finally {
+      raw.close();
+    }
+  });
+
+  it('(4) bounds the request bodies held at once, and gateway memory comes back after large uploads', async () => {
+    const metricsUrl = fixture.system.metricsUrl('gateway');
+    const rss = () => metricValue(metricsUrl, 'infermesh_gateway_process_resident_memory_bytes');
+    const baseline = await rss();
+    const chunk = Buffer.alloc(1_000_000, 0x61); // "aaaa…": not JSON, refused once read
+    let peak = baseline;
+    const uploads = await underLoad(async () => {
+      let held = 0; // uploads that have sent all but their last chunk
+      const release: (() => void)[] = [];
+      const one = () =>
+        new Promise<{ status: number | undefined; text: string; error?: string }>((resolve) => {
+          let answered: { status: number; text: string } | undefined;
+          const req = httpRequest(url('/v2/models/tiny/infer'), {
+            method: 'POST',
+            headers: { ...AUTH, 'content-type': 'application/json', 'content-length': String(UPLOAD_BYTES) },
+          });
+          req.on('response', (res) => {
+            let text = '';
+            res.setEncoding('utf8');
+            res.on('data', (d: string) => (text += d));
+            res.on('end', () => {
+              answered = { status: res.statusCode ?? 0, text };
+              resolve(answered);
+            });
+          });
+          req.on('error', (error) => {
+            if (answered === undefined) resolve({ status: undefined, text: '', error: error.message });
+          });
+          req.flushHeaders();
+          // Slowly: a chunk at a time, the last one only once every upload has sent the rest.
+          void (async () => {
+            await new Promise((r) => setTimeout(r, 500));
+            for (let sent = 0; sent < UPLOAD_BYTES - chunk.length && answered === undefined && !req.destroyed; sent += chunk.length) {
+              if (!req.write(chunk)) await new Promise((r) => req.once('drain', r).once('close', r));
+              await new Promise((r) => setTimeout(r, 5));
+            }
+            held += 1;
+            await new Promise<void>((r) => release.push(r));
+            if (answered === undefined && !req.destroyed) req.end(chunk);
+          })();
+        });
+      const pending = Array.from({ length: 12 }, one);
+      const deadline = Date.now() + 120_000;
+      while (held < 12 && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 200));
+        peak = Math.max(peak, await rss());
+      }
+      peak = Math.max(peak, await rss());
+      for (const r of release) r();
+      return Promise.all(pending);
+    });
+    // Settled: what the uploads took is given back (the garbage collector may take its time: up to 30 s).
+    // Three times the budget: the one body it admitted, its text for the parser, and what the heap keeps a while.
+    const BOUND_BYTES = 3 * BODY_BUDGET_BYTES;
+    let after = await rss();
+    for (let i = 0; i < 30 && after - baseline >= BOUND_BYTES; i += 1) {
+      await new Promise((r) => setTimeout(r, 1_000));
+      after = await rss();
+    }
+    process.stdout.write(`gateway RSS: ${Math.round(baseline / 2 ** 20)} MiB before, ${Math.round(peak / 2 ** 20)} MiB peak, ${Math.round(after / 2 ** 20)} MiB after 12 uploads of 60 MB\n`);
+    const statuses = uploads.map((u) => u.status ?? u.error);
+    // None is a 5xx but the budget's refusal; those refused say which limit and when to retry.
+    const refused = uploads.filter((u) => u.status === 429);
+    expect(refused.length).toBeGreaterThan(0);
+    for (const u of refused) expect(u.text).toContain('GATEWAY_MAX_BODY_BYTES_IN_FLIGHT');
+    expect(statuses.filter((s) => typeof s === 'number' && s >= 500)).toEqual([]);
+    // The budget holds one 60 MB body at a time (12 at once would be 720 MB), and it comes back.
+    expect(peak - baseline).toBeLessThan(400 * 2 ** 20);
+    expect(after - baseline).toBeLessThan(BOUND_BYTES);
+    expect(await metricValue(metricsUrl, 'infermesh_gateway_request_body_bytes_in_flight')).toBe(0);
+  });
+
+  it('(6) stays ready while the registry is down and inference works, and says the registry is disconnected', async () => {
+    const readiness: number[] = [];
+    const grpcReady: boolean[] = [];
+    let details: Record<string, unknown> = {};
+    const inference = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
+    try {
+      await underLoad(async () => {
+        await fixture.system.process('registry').kill();
+        pids.delete('registry');
+        // Past the readiness probe's cache and timeout: the gateway has seen the registry gone.
+        const until = Date.now() + 4_000;
+        while (Date.now() < until) {
+          const res = await fetch(url('/v2/health/ready'), { signal: AbortSignal.timeout(30_000) });
+          readiness.push(res.status);
+          grpcReady.push((await inference.serverReady({}, { timeoutMs: 30_000 })).ready);
+          await new Promise((r) => setTimeout(r, 250));
+        }
+        const health = await fetch(fixture.system.metricsUrl('gateway').replace('/metrics', '/health'));
+        details = (await health.json()) as Record<string, unknown>;
+      });
+    } finally {
+      inference.close();
+      await fixture.system.restart('registry');
+      pids.set('registry', fixture.system.process('registry').pid);
+    }
+    expect(readiness.length).toBeGreaterThan(5);
+    expect(readiness.filter((s) => s !== 200)).toEqual([]);
+    expect(grpcReady.filter((r) => !r)).toEqual([]);
+    expect(details['upstreams']).toMatchObject({ router: { serving: true }, registry: { serving: false } });
+  });
+
+  it('keeps every process alive through all of it', () => {
+    expect(deadServices()).toEqual([]);
+  });
+});
