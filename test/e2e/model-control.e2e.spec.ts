@@ -3,20 +3,13 @@ import { createClient } from '@infermesh/grpc';
 import { buildMlpModel } from '@infermesh/model-builder';
 import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { API_KEY, type Fixture, REPO_ROOT, startFixture } from './support/system-fixture';
+import { API_KEY, type Fixture, runCli, startFixture } from './support/system-fixture';
 
 /** How long a version leaving the serving set drains before it is retired (REGISTRY_DRAIN_GRACE_MS). */
 const DRAIN_GRACE_MS = 2_000;
-
-interface CliResult {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
 
 /**
  * Model control through the whole system as an ML engineer does it: the `infermesh` CLI and the
@@ -29,23 +22,7 @@ describe('model control: CLI, admin API and version switches', () => {
   let registry: ReturnType<typeof createClient<typeof RegistryService>>;
 
   /** Runs the CLI the way a user does (`npx infermesh ...`), against the fixture's gateway. */
-  const cli = (args: string[], timeoutMs = 120_000) =>
-    new Promise<CliResult>((resolve, reject) => {
-      const child = spawn(process.execPath, [join(REPO_ROOT, 'tools', 'cli', 'infermesh.js'), ...args], {
-        env: { ...process.env, INFERMESH_GATEWAY: fixture.system.gatewayGrpcAddress, INFERMESH_API_KEY: API_KEY },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      });
-      let stdout = '';
-      let stderr = '';
-      child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-      child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-      const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-      child.on('error', reject);
-      child.on('close', (code) => {
-        clearTimeout(timer);
-        resolve({ code, stdout, stderr });
-      });
-    });
+  const cli = (args: string[], timeoutMs = 120_000) => runCli(args, fixture.system.gatewayGrpcAddress, timeoutMs);
 
   /** One request of `features` values to the model over REST; its status and body. */
   const inferRest = async (model: string, features: number[]) => {

@@ -3,17 +3,10 @@ import { buildReflectPadModel, buildSampleRateModel, type BuiltModel } from '@in
 import { RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import * as ort from 'onnxruntime-node';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { API_KEY, type Fixture, REPO_ROOT, startFixture } from './support/system-fixture';
-
-interface CliResult {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
+import { API_KEY, type Fixture, runCli, startFixture } from './support/system-fixture';
 
 interface RestTensor {
   name: string;
@@ -37,23 +30,7 @@ describe('warm-up: samples given at registration', () => {
   let worker: ReturnType<typeof createClient<typeof WorkerService>>;
 
   /** Runs the CLI the way a user does (`npx infermesh ...`), against the fixture's gateway. */
-  const cli = (args: string[], timeoutMs = 60_000) =>
-    new Promise<CliResult>((resolve, reject) => {
-      const child = spawn(process.execPath, [join(REPO_ROOT, 'tools', 'cli', 'infermesh.js'), ...args], {
-        env: { ...process.env, INFERMESH_GATEWAY: fixture.system.gatewayGrpcAddress, INFERMESH_API_KEY: API_KEY },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      });
-      let stdout = '';
-      let stderr = '';
-      child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-      child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-      const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-      child.on('error', reject);
-      child.on('close', (code) => {
-        clearTimeout(timer);
-        resolve({ code, stdout, stderr });
-      });
-    });
+  const cli = (args: string[], timeoutMs = 60_000) => runCli(args, fixture.system.gatewayGrpcAddress, timeoutMs);
 
   const write = (file: string, content: Uint8Array | object) => {
     const path = join(workDir, file);

@@ -1,6 +1,7 @@
 import { type BuiltModel, DEMO_MODELS } from '@infermesh/model-builder';
 import { type RestartPolicy, System, describeSupervisionEvent, type SystemPorts, type WorkerOptions } from '@infermesh/system';
 import { freePortList } from '@infermesh/testing';
+import { spawn } from 'node:child_process';
 import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -112,4 +113,30 @@ export async function metricValue(url: string, name: string, labels: Record<stri
     if (Object.entries(labels).every(([k, v]) => sampleLabels[k] === v)) total += Number(match[4]);
   }
   return total;
+}
+
+export interface CliResult {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs the `infermesh` CLI the way a user does (`npx infermesh ...`) against a gateway, with the e2e admin key; killed after timeoutMs. */
+export function runCli(args: readonly string[], gatewayGrpcAddress: string, timeoutMs = 120_000): Promise<CliResult> {
+  return new Promise<CliResult>((resolve, reject) => {
+    const child = spawn(process.execPath, [join(REPO_ROOT, 'tools', 'cli', 'infermesh.js'), ...args], {
+      env: { ...process.env, INFERMESH_GATEWAY: gatewayGrpcAddress, INFERMESH_API_KEY: API_KEY },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    child.on('error', reject);
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr });
+    });
+  });
 }
