@@ -2,7 +2,7 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ServiceName } from './service-process';
-import { DEFAULT_PORTS, System, type SystemOptions } from './system';
+import { DEFAULT_PORTS, defaultPorts, System, type SystemOptions } from './system';
 
 /** A stand-in worker entry that prints the variables a worker is placed and addressed by. */
 const WORKER_SCRIPT = `
@@ -112,5 +112,16 @@ describe(System.name, () => {
     expect(sut.workerProcess(0).running).toBe(false);
     await sut.workerProcess(1).kill();
     expect(sut.workerProcess(1).running).toBe(false);
+  });
+});
+
+describe('defaultPorts', () => {
+  it('gives each worker after the first its own gRPC and metrics ports, 10 apart, clear of every other port', () => {
+    expect(defaultPorts(1)).toBe(DEFAULT_PORTS);
+    const sut = defaultPorts(3);
+
+    expect(sut.moreWorkers).toEqual([{ grpc: 50065, metrics: 9115 }, { grpc: 50075, metrics: 9125 }]);
+    const all = [...Object.values(DEFAULT_PORTS), ...sut.moreWorkers!.flatMap((w) => [w.grpc, w.metrics])];
+    expect(new Set(all).size).toBe(all.length);
   });
 });

@@ -58,6 +58,19 @@ export const DEFAULT_PORTS: SystemPorts = {
   workerMetrics: 9105,
 };
 
+/**
+ * The ports of a system with `workers` workers: DEFAULT_PORTS, and for each worker after the first
+ * gRPC 50055 + 10·i and metrics 9105 + 10·i (50065/9115, 50075/9125, …).
+ */
+export function defaultPorts(workers: number): SystemPorts {
+  if (workers <= 1) return DEFAULT_PORTS;
+  const moreWorkers = Array.from({ length: workers - 1 }, (_, i) => ({
+    grpc: DEFAULT_PORTS.worker + 10 * (i + 1),
+    metrics: DEFAULT_PORTS.workerMetrics + 10 * (i + 1),
+  }));
+  return { ...DEFAULT_PORTS, moreWorkers };
+}
+
 export interface ModelToRegister {
   name: string;
   version: string;

@@ -254,3 +254,21 @@ export function parseVersionShare(value: string, what: string): { version: strin
   const [version, percent] = parseKeyValue(value, what);
   return { version: parseVersionId(version, `${what} "${value}": the version`), percent: parsePercent(percent, `${what} "${value}": the percent`) };
 }
+
+/**
+ * `service=n[,service=n...]`: how many instances of each named service, from 1 to `max`; every
+ * service named once, and only from `services`.
+ */
+export function parseReplicas(value: string, what: string, services: readonly string[], max: number): Map<string, number> {
+  const replicas = new Map<string, number>();
+  for (const part of value.split(',').map((p) => p.trim()).filter((p) => p !== '')) {
+    const [service, count] = parseKeyValue(part, what);
+    if (!services.includes(service)) throw new UsageError(`${what} "${part}": ${service} is not a service (${services.join(', ')})`);
+    if (replicas.has(service)) throw new UsageError(`${what}: ${service} is named twice`);
+    const n = parseInteger(count, `${what} "${part}": the count`, 1);
+    if (n > max) throw new UsageError(`${what} "${part}": at most ${max} instances of a service on one machine`);
+    replicas.set(service, n);
+  }
+  if (replicas.size === 0) throw new UsageError(`${what} must look like worker=2, got "${value}"`);
+  return replicas;
+}

@@ -11,7 +11,7 @@ import { KEYS_GROUP } from './keys.command';
 import { MESH_GROUP } from './mesh.command';
 import { MODELS_GROUP } from './models.command';
 import { ROLLOUT_GROUP } from './rollout.command';
-import { up } from './up.command';
+import { up, upOptions } from './up.command';
 
 const ROOT_DETAILS = `Environment (models, rollout, keys):
   INFERMESH_GATEWAY           The gateway's gRPC address (default 127.0.0.1:8001); --gateway wins
@@ -41,9 +41,21 @@ export const COMMANDS: GroupSpec<CommandHandler> = {
     command<CommandHandler>({
       name: 'up',
       summary: 'Start the six services on this machine with the demo models (what `npm start` runs)',
+      details: [
+        'A service that exits unexpectedly is started again after 0.5 s, 1 s, 2 s… (at most 30 s), and left',
+        'stopped after 5 exits in a row within 30 s of starting; each time the reason is logged.',
+        '`npm start -- --replicas worker=2` passes the flag on.',
+      ].join('\n'),
       positionals: [],
-      flags: [],
-      handler: async (ctx) => up(loadCliConfig(ctx.io.env), ctx.io.distDir),
+      flags: [
+        {
+          name: 'replicas',
+          kind: 'value',
+          placeholder: '<service=n,...>',
+          description: 'Instances of a service, each on its own ports: worker=2 (1 to 8; workers only for now: the other services need the mesh)',
+        },
+      ],
+      handler: async (ctx) => up(loadCliConfig(ctx.io.env), ctx.io.distDir, upOptions(ctx.args.value('replicas'))),
     }),
     MODELS_GROUP,
     ROLLOUT_GROUP,

@@ -1,8 +1,10 @@
 import { DEMO_MODELS } from '@infermesh/model-builder';
-import { DEFAULT_PORTS, DEFAULT_RESTART_POLICY, SERVICE_NAMES, type ServiceName, System, describeSupervisionEvent } from '@infermesh/system';
+import { DEFAULT_RESTART_POLICY, SERVICE_NAMES, type ServiceName, System, defaultPorts, describeSupervisionEvent } from '@infermesh/system';
 import { randomBytes } from 'node:crypto';
 import { resolve } from 'node:path';
+import { parseReplicas } from './args';
 import type { CliConfig } from './cli.config';
+import { UsageError } from './cli-errors';
 
 const COLORS = [36, 33, 35, 32, 34, 31];
 const width = Math.max(...SERVICE_NAMES.map((n) => n.length));
@@ -15,13 +17,34 @@ function prefixer(color: boolean) {
   };
 }
 
+/** What `up` starts besides its configuration: how many workers. */
+export interface UpOptions {
+  workers: number;
+}
+
+/** The most instances of one service `up` starts on one machine. */
+export const MAX_REPLICAS = 8;
+
+/** `--replicas`: only workers for now; the other services reach each other at one address until the mesh runs them. */
+export function upOptions(replicas: string | undefined): UpOptions {
+  if (replicas === undefined) return { workers: 1 };
+  const counts = parseReplicas(replicas, '--replicas', SERVICE_NAMES, MAX_REPLICAS);
+  const others = [...counts].filter(([service, n]) => service !== 'worker' && n > 1).map(([service]) => service);
+  if (others.length > 0) {
+    throw new UsageError(
+      `--replicas: ${others.join(', ')} cannot have replicas yet: each service reaches the ${others.join(', ')} at one address until the services reach each other through the mesh; workers can (worker=2)`,
+    );
+  }
+  return { workers: counts.get('worker') ?? 1 };
+}
+
 /**
  * `infermesh up`: starts the six services as processes on this machine (embedded stores, or Redis
  * when REDIS_URL is set), registers the demo models, waits until the gateway is ready, prints how to
  * call it, and stops everything cleanly on Ctrl-C. A service that exits unexpectedly is restarted
  * with exponential back-off until it crash-loops (DEFAULT_RESTART_POLICY).
  */
-export async function up(config: CliConfig, distDir: string): Promise<void> {
+export async function up(config: CliConfig, distDir: string, options: UpOptions = { workers: 1 }): Promise<void> {
   const generated = config.apiKey === undefined;
   const apiKey = config.apiKey ?? `im_${randomBytes(24).toString('base64url')}`;
   const unknown = config.demoModels.filter((m) => !(m in DEMO_MODELS));
@@ -33,13 +56,15 @@ export async function up(config: CliConfig, distDir: string): Promise<void> {
     return { name, version: '1', bytes: built.bytes, processing: built.processing, batching: built.batching };
   });
   const started = Date.now();
+  const ports = defaultPorts(options.workers);
   let shuttingDown = false;
   const system = new System({
     distDir,
     dataDir: resolve(config.dataDir),
     apiKey,
     redisUrl: config.redisUrl,
-    ports: DEFAULT_PORTS,
+    ports,
+    workers: Array.from({ length: options.workers }, () => ({})),
     host: config.host,
     sink: prefixer(process.stdout.isTTY),
     env: Object.fromEntries(SERVICE_NAMES.map((n) => [`${n.toUpperCase()}_LOG_LEVEL`, config.logLevel])),
@@ -88,7 +113,8 @@ export async function up(config: CliConfig, distDir: string): Promise<void> {
       `infermesh is ready in ${((Date.now() - started) / 1000).toFixed(1)} s (${config.redisUrl === undefined ? 'embedded stores' : 'Redis'})`,
       `  REST     ${url}  (KServe v2 / Open Inference Protocol)`,
       `  gRPC     ${system.gatewayGrpcAddress}  (inference.GRPCInferenceService)`,
-      `  metrics  http://${config.host}:${DEFAULT_PORTS.gatewayMetrics}/metrics (gateway; other services on 9101-9105)`,
+      `  metrics  http://${config.host}:${ports.gatewayMetrics}/metrics (gateway; other services on 9101-9105${(ports.moreWorkers ?? []).map((w) => `, ${w.metrics}`).join('')})`,
+      ...(options.workers > 1 ? [`  workers  ${options.workers}: gRPC ${[ports.worker, ...(ports.moreWorkers ?? []).map((w) => w.grpc)].join(', ')}`] : []),
       `  models   ${config.demoModels.join(', ')}`,
       `  API key  ${apiKey}${generated ? '   (generated; set INFERMESH_API_KEY to choose one)' : ''}`,
       '',

@@ -1,0 +1,37 @@
+import { UsageError } from './cli-errors';
+import { upOptions } from './up.command';
+import { runCapturing } from './testing/cli-runner';
+
+describe('upOptions', () => {
+  it('is one worker without --replicas, and as many as asked with worker=n', () => {
+    expect(upOptions(undefined)).toEqual({ workers: 1 });
+    expect(upOptions('worker=2')).toEqual({ workers: 2 });
+    expect(upOptions('worker=3,router=1')).toEqual({ workers: 3 });
+  });
+
+  it.each([
+    ['router=2', '--replicas: router cannot have replicas yet'],
+    ['worker=0', '--replicas "worker=0": the count must be an integer of at least 1, got "0"'],
+    ['worker=9', '--replicas "worker=9": at most 8 instances of a service on one machine'],
+    ['workers=2', '--replicas "workers=2": workers is not a service (registry, cache, worker, batcher, router, gateway)'],
+    ['worker=2,worker=3', '--replicas: worker is named twice'],
+    ['worker', '--replicas must look like key=value, got "worker"'],
+    [',', '--replicas must look like worker=2, got ","'],
+  ])('refuses --replicas %s as a usage error naming what is wrong', (value, message) => {
+    let error: unknown;
+    try {
+      upOptions(value);
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(UsageError);
+    expect((error as Error).message).toContain(message);
+  });
+
+  it('is what `infermesh up --replicas` reads: a bad value exits 2 before anything starts', async () => {
+    const run = await runCapturing(['up', '--replicas', 'batcher=2'], {});
+
+    expect(run.code).toBe(2);
+    expect(run.stderr).toContain('--replicas: batcher cannot have replicas yet');
+  });
+});
