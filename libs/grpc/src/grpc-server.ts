@@ -55,6 +55,15 @@ export class GrpcServer {
     return this;
   }
 
+  /**
+   * Hosts a service whose messages are not generated from proto/ (Envoy's xDS, served as Envoy's
+   * protos define it), with its own serializers and handlers; the caller guards its handlers.
+   */
+  addUntyped(definition: grpc.ServiceDefinition, implementation: grpc.UntypedServiceImplementation): this {
+    this.server.addService(definition, implementation);
+    return this;
+  }
+
   async listen(host: string, port: number): Promise<number> {
     return new Promise((resolve, reject) => {
       this.server.bindAsync(`${host}:${port}`, grpc.ServerCredentials.createInsecure(), (error, bound) =>

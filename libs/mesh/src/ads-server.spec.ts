@@ -1,7 +1,6 @@
 import * as grpc from '@grpc/grpc-js';
-import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process';
+import { startXdsProbe, type XdsProbe } from '@infermesh/testing';
 import { readFileSync } from 'node:fs';
-import { createInterface } from 'node:readline';
 import { join } from 'node:path';
 import { parseDocument } from 'yaml';
 import { type AdsEvent, AdsServer } from './ads-server';
@@ -23,28 +22,6 @@ const IDENTITY = (value: Buffer) => value;
 const ECHO: grpc.ServiceDefinition = {
   Who: { path: '/test.Echo/Who', requestStream: false, responseStream: false, requestSerialize: IDENTITY, requestDeserialize: IDENTITY, responseSerialize: IDENTITY, responseDeserialize: IDENTITY },
 };
-
-/**
- * The gateway's side of the edge, as its own process (grpc-js-xds keeps one xDS client per process
- * for the life of the process): a grpc-js channel to `xds:///router` with the given bootstrap. Each
- * line `N` on stdin makes N calls, one after the other; it answers one line of JSON, the count of
- * each answer (the backend's name, or `error <CODE>`).
- */
-const XDS_CLIENT = `
-const grpc = require('@grpc/grpc-js');
-require('@grpc/grpc-js-xds').register();
-const id = (b) => b;
-const client = new grpc.Client('xds:///router', grpc.credentials.createInsecure(), {
-  'grpc.TEST_ONLY_DO_NOT_USE_IN_PROD.xds_bootstrap_config': process.env.XDS_BOOTSTRAP,
-});
-const who = () => new Promise((resolve) => client.makeUnaryRequest('/test.Echo/Who', id, id, Buffer.alloc(0), { deadline: Date.now() + 5000 },
-  (error, value) => resolve(error ? 'error ' + grpc.status[error.code] : value.toString())));
-require('node:readline').createInterface({ input: process.stdin }).on('line', async (line) => {
-  const counts = {};
-  for (let i = 0; i < Number(line); i += 1) { const answer = await who(); counts[answer] = (counts[answer] || 0) + 1; }
-  process.stdout.write(JSON.stringify(counts) + '\\n');
-});
-`;
 
 interface Backend {
   name: string;
@@ -84,19 +61,14 @@ describe(AdsServer.name, () => {
   let serve: (cluster: MeshService, kind: 'envoy' | 'grpc') => ReturnType<typeof xdsResources>;
   let stable: Backend;
   let next: Backend;
-  let client: ChildProcessWithoutNullStreams;
-  let answers: AsyncIterator<string>;
+  let client: XdsProbe;
 
   const instance = (backend: Backend, track: string): MeshInstance => ({
     service: 'router', id: backend.name, address: '127.0.0.1', port: backend.port, labels: { track }, healthy: true,
   });
 
   /** `calls` calls of the gateway's xDS client to `xds:///router`, one after the other: how many each backend answered, and each error. */
-  const tally = async (calls: number): Promise<Record<string, number>> => {
-    client.stdin.write(`${calls}\n`);
-    const line = await answers.next();
-    return JSON.parse(String(line.value)) as Record<string, number>;
-  };
+  const tally = (calls: number) => client.tally(calls);
 
   beforeAll(async () => {
     [stable, next] = await Promise.all([startBackend('stable'), startBackend('next')]);
@@ -114,17 +86,11 @@ describe(AdsServer.name, () => {
     const port = await new Promise<number>((resolve, reject) =>
       controlPlane.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, p) => (error ? reject(error) : resolve(p))),
     );
-    const bootstrap = {
-      xds_servers: [{ server_uri: `127.0.0.1:${port}`, channel_creds: [{ type: 'insecure' }], server_features: ['xds_v3'] }],
-      node: { id: 'gateway-0', cluster: 'gateway', locality: {} },
-    };
-    client = spawn(process.execPath, ['-e', XDS_CLIENT], { env: { ...process.env, XDS_BOOTSTRAP: JSON.stringify(bootstrap) } });
-    client.stderr.on('data', (chunk: Buffer) => process.stderr.write(chunk));
-    answers = createInterface({ input: client.stdout })[Symbol.asyncIterator]();
+    client = startXdsProbe({ controlPlane: `127.0.0.1:${port}`, caller: 'gateway', target: 'xds:///router', method: '/test.Echo/Who', format: 'utf8' });
   });
 
   afterAll(async () => {
-    client?.kill();
+    client?.close();
     sut?.close();
     controlPlane?.forceShutdown();
     for (const backend of [stable, next]) backend?.server.forceShutdown();
@@ -135,7 +101,7 @@ describe(AdsServer.name, () => {
 
     const nodes = sut.connectedNodes();
     expect(nodes).toHaveLength(1);
-    expect(nodes[0]!.node).toMatchObject({ id: 'gateway-0', cluster: 'gateway' });
+    expect(nodes[0]!.node).toMatchObject({ id: expect.stringMatching(/^gateway-probe-/) as unknown, cluster: 'gateway' });
     expect(Object.keys(nodes[0]!.acked).sort()).toEqual([
       'type.googleapis.com/envoy.config.cluster.v3.Cluster',
       'type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment',

@@ -1,4 +1,4 @@
-import type * as grpc from '@grpc/grpc-js';
+import * as grpc from '@grpc/grpc-js';
 import { createHash } from 'node:crypto';
 import type { EnvoyApi } from './envoy-api-check';
 import { XDS_TYPES, type XdsResources, type XdsTypeUrl } from './xds-resources';
@@ -75,6 +75,12 @@ export class AdsServer {
 
   /** Adds envoy.service.discovery.v3.AggregatedDiscoveryService to a grpc-js server. */
   addTo(server: grpc.Server): void {
+    const { definition, implementation } = this.service();
+    server.addService(definition, implementation);
+  }
+
+  /** envoy.service.discovery.v3.AggregatedDiscoveryService: its definition (Envoy's messages) and handler. */
+  service(): { definition: grpc.ServiceDefinition; implementation: grpc.UntypedServiceImplementation } {
     const request = this.api.lookupType('envoy.service.discovery.v3.DiscoveryRequest')!;
     const response = this.api.lookupType('envoy.service.discovery.v3.DiscoveryResponse')!;
     const definition: grpc.ServiceDefinition = {
@@ -88,13 +94,20 @@ export class AdsServer {
         responseDeserialize: (bytes: Buffer) => response.toObject(response.decode(bytes), { longs: String, enums: String }),
       },
     };
-    server.addService(definition, {
+    const implementation: grpc.UntypedServiceImplementation = {
       StreamAggregatedResources: (call: grpc.ServerDuplexStream<DiscoveryRequest, object>) => {
         const stream = new AdsStream(this, call);
         this.streams.add(stream);
         this.counters.streams += 1;
         this.onEvent({ kind: 'connected', node: undefined });
-        call.on('data', (message: DiscoveryRequest) => stream.onRequest(message));
+        call.on('data', (message: DiscoveryRequest) => {
+          try {
+            stream.onRequest(message);
+          } catch (error) {
+            // A request this server cannot answer ends its stream (the client reconnects), never the process.
+            call.emit('error', { code: grpc.status.INTERNAL, details: `xDS: ${error instanceof Error ? error.message : String(error)}` });
+          }
+        });
         const end = () => {
           if (!this.streams.delete(stream)) return;
           this.onEvent({ kind: 'disconnected', node: stream.node });
@@ -104,7 +117,8 @@ export class AdsServer {
         call.on('error', end);
         call.on('cancelled', end);
       },
-    });
+    };
+    return { definition, implementation };
   }
 
   /** Recomputes every connected node's snapshot and sends each type whose content changed. */

@@ -1,5 +1,6 @@
 import 'reflect-metadata';
 import type { DescService } from '@bufbuild/protobuf';
+import type * as grpc from '@grpc/grpc-js';
 import type { INestApplication, INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { GrpcServer, HealthService, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
@@ -25,6 +26,8 @@ export interface BootstrapOptions {
   module: unknown;
   /** The gRPC services to host, built from the application context. */
   grpc: (app: INestApplicationContext) => GrpcBinding[];
+  /** Services whose messages are not generated from proto/ (the registry's xDS), hosted as they are. */
+  untypedGrpc?: (app: INestApplicationContext) => { definition: grpc.ServiceDefinition; implementation: grpc.UntypedServiceImplementation }[];
   /** When set, the service also serves HTTP through Nest (the gateway's REST API). */
   /** `configure` runs before the application initialises, so global middleware, filters and guards apply. */
   http?: { host: string; port: number; configure?: (app: INestApplication) => void };
@@ -68,6 +71,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
     grpcServer.add(service, impl as never);
     health.set(service.typeName, ServingStatus.NOT_SERVING);
   }
+  for (const { definition, implementation } of options.untypedGrpc?.(app) ?? []) grpcServer.addUntyped(definition, implementation);
   if (options.http) options.http.configure?.(app as INestApplication);
   await app.init();
 

@@ -2,3 +2,4 @@ export * from './redis-server';
 export * from './free-port';
 export * from './rpc-rejection';
 export * from './fake-registry';
+export * from './xds-probe';

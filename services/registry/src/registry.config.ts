@@ -1,4 +1,6 @@
-import { byteSize, type Env, nonNegativeInt, parseEnv, positiveInt, redisUrl } from '@infermesh/config';
+import { byteSize, ConfigError, type Env, nonNegativeInt, parseEnv, positiveInt, redisUrl } from '@infermesh/config';
+import { MeshPolicyError, parseMeshPolicy } from '@infermesh/mesh';
+import { readFileSync } from 'node:fs';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
 import { resolve } from 'node:path';
 import { z } from 'zod';
@@ -14,6 +16,9 @@ const shape = {
   REGISTRY_DEFAULT_MAX_BATCH_SIZE: positiveInt(64),
   REGISTRY_DRAIN_GRACE_MS: nonNegativeInt(10_000),
   REGISTRY_WATCH_POLL_MS: positiveInt(250),
+  REGISTRY_MESH_POLICY: path(),
+  REGISTRY_MESH_POLICY_POLL_MS: positiveInt(1_000),
+  REGISTRY_INSTANCE_TIMEOUT_MS: positiveInt(15_000),
 };
 
 /** The registry's configuration, validated once at start-up. Relative paths resolve against the working directory. */
@@ -21,6 +26,15 @@ export function loadRegistryConfig(env: Env) {
   const e = parseEnv(shape, env);
   const dataDir = resolve(e.REGISTRY_DATA_DIR ?? '.infermesh/registry');
   const runtime = runtimeSettings('REGISTRY', e);
+  const meshPolicyPath = e.REGISTRY_MESH_POLICY === undefined ? undefined : resolve(e.REGISTRY_MESH_POLICY);
+  if (meshPolicyPath !== undefined) {
+    try {
+      parseMeshPolicy(readFileSync(meshPolicyPath, 'utf8'), meshPolicyPath);
+    } catch (error) {
+      const problems = error instanceof MeshPolicyError ? error.problems : [error instanceof Error ? error.message : String(error)];
+      throw new ConfigError(problems.map((p) => `REGISTRY_MESH_POLICY (${meshPolicyPath}): ${p}`));
+    }
+  }
   return {
     runtime,
     redisUrl: e.REDIS_URL,
@@ -42,6 +56,14 @@ export function loadRegistryConfig(env: Env) {
     /** DownloadArtifact sends the artifact in chunks of 1 MiB, or less when messages must be smaller. */
     downloadChunkBytes: Math.max(1024, Math.min(1024 * 1024, runtime.maxMessageBytes - 1024)),
     redisKeyPrefix: 'infermesh:registry:',
+    mesh: {
+      /** The mesh policy served over xDS; unset: no xDS, instances are still tracked. */
+      policyPath: meshPolicyPath,
+      /** How often the policy file is looked at for changes. */
+      policyPollMs: e.REGISTRY_MESH_POLICY_POLL_MS,
+      /** An instance silent for this long is withdrawn, even if its stream looks open. */
+      instanceTimeoutMs: e.REGISTRY_INSTANCE_TIMEOUT_MS,
+    },
   };
 }
 

@@ -15,6 +15,8 @@ import { ModelWatch } from './model-watch';
 import { OnnxValidator } from './onnx-validator.adapter';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 import { RegistryGrpcController } from './registry.grpc';
+import { InstancesGrpcController } from './instances.grpc';
+import { MeshControlPlane } from './mesh-control-plane';
 
 @Module({})
 export class RegistryModule {
@@ -45,6 +47,8 @@ export class RegistryModule {
         DrainSweeper,
         ArtifactTransfer,
         RegistryGrpcController,
+        MeshControlPlane,
+        InstancesGrpcController,
       ],
     };
   }

@@ -1,0 +1,89 @@
+import { Inject, Injectable, type OnModuleDestroy } from '@nestjs/common';
+import type * as grpc from '@grpc/grpc-js';
+import { AdsServer, EnvoyApi, xdsResources } from '@infermesh/mesh';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { MeshInstances } from './mesh-instances';
+import { MeshPolicyFile } from './mesh-policy.file';
+import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
+
+/**
+ * The registry as the mesh's control plane: the instances that announce themselves, and, with a
+ * policy file (REGISTRY_MESH_POLICY), the xDS server that compiles the policy and the instances into
+ * each caller's listeners, routes, clusters and endpoints and pushes every change to the connected
+ * clients, Envoy sidecars and proxyless gRPC alike. A policy change that does not validate is refused
+ * and the running one stays.
+ */
+@Injectable()
+export class MeshControlPlane implements OnModuleDestroy {
+  readonly instances: MeshInstances;
+  private readonly policyFile: MeshPolicyFile | undefined;
+  private readonly ads: AdsServer | undefined;
+  private readonly sweeper: NodeJS.Timeout;
+
+  constructor(@Inject(REGISTRY_CONFIG) config: RegistryConfig, logger: JsonLogger, metrics: Metrics) {
+    this.instances = new MeshInstances(config.mesh.instanceTimeoutMs);
+    metrics.gauge('mesh_instances', 'Instances announced to the control plane, by service and whether they serve.', ['service', 'serving'], (gauge) => {
+      gauge.reset();
+      for (const i of this.instances.list()) gauge.inc({ service: i.service, serving: String(i.healthy) });
+    });
+    this.sweeper = setInterval(() => this.instances.sweep(), Math.max(100, Math.floor(config.mesh.instanceTimeoutMs / 3)));
+    this.sweeper.unref();
+    if (config.mesh.policyPath === undefined) return;
+
+    const policyFile = new MeshPolicyFile(config.mesh.policyPath, config.mesh.policyPollMs);
+    this.policyFile = policyFile;
+    const changes = metrics.counter('mesh_policy_changes_total', 'Changes of the mesh policy file, by outcome: applied, or refused (the running policy stays).', ['outcome']);
+    const events = metrics.counter('xds_events_total', 'xDS stream events: responses sent, ACKs, NACKs (the client kept its last version), resources refused.', ['event', 'type']);
+    const ads = new AdsServer(
+      EnvoyApi.load(),
+      (node) => {
+        if (!MeshInstances.isService(node.cluster)) return undefined;
+        return xdsResources(policyFile.policy, node.cluster, node.userAgentName === 'envoy' ? 'envoy' : 'grpc', this.instances.list());
+      },
+      (event) => {
+        switch (event.kind) {
+          case 'sent':
+          case 'ack':
+            events.inc({ event: event.kind, type: event.typeUrl.split('.').at(-1)! });
+            break;
+          case 'nack':
+            events.inc({ event: 'nack', type: event.typeUrl.split('.').at(-1)! });
+            logger.warn('xDS client refused a resource update; it keeps its last version', { node: event.node.id, type: event.typeUrl, version: event.version, error: event.error });
+            break;
+          case 'refused':
+            events.inc({ event: 'refused', type: event.typeUrl.split('.').at(-1)! });
+            logger.error('xDS resource fails the check against Envoy\'s API; not served', new Error(event.problems.join('; ')));
+            break;
+          case 'connected':
+          case 'disconnected':
+            break;
+        }
+      },
+    );
+    this.ads = ads;
+    metrics.gauge('xds_clients', 'xDS clients connected to this control plane.', [], (gauge) => gauge.set(ads.connectedNodes().length));
+    this.instances.onChange(() => ads.refresh());
+    policyFile.watch((change) => {
+      if (change.kind === 'applied') {
+        changes.inc({ outcome: 'applied' });
+        logger.info('mesh policy changed; pushing it to every xDS client', { path: policyFile.path });
+        ads.refresh();
+      } else {
+        changes.inc({ outcome: 'refused' });
+        logger.warn('mesh policy change refused; the running policy stays', { path: policyFile.path, problems: change.problems });
+      }
+    });
+    logger.info('serving xDS (ADS) for the mesh policy', { path: policyFile.path, edges: policyFile.policy.edges.length });
+  }
+
+  /** The ADS service for the registry's gRPC server; none without a policy file. */
+  xdsService(): { definition: grpc.ServiceDefinition; implementation: grpc.UntypedServiceImplementation }[] {
+    return this.ads === undefined ? [] : [this.ads.service()];
+  }
+
+  onModuleDestroy(): void {
+    clearInterval(this.sweeper);
+    this.policyFile?.close();
+    this.ads?.close();
+  }
+}
