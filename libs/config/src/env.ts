@@ -78,8 +78,17 @@ function isHostPort(value: string): boolean {
   return match !== null && Number(match[1]) <= 65535;
 }
 
+/** A target the mesh resolves: `xds:///<service>` (gRPC's proxyless xDS, through the registry). */
+function isXdsTarget(value: string): boolean {
+  return /^xds:\/\/\/[a-z][a-z0-9-]{0,62}$/.test(value);
+}
+
 /** An upstream address `host:port`. */
 export const address = (fallback: string) => z.string().refine(isHostPort, 'expected host:port').default(fallback);
+
+/** An upstream service's address `host:port`, or `xds:///<service>` to reach it through the mesh. */
+export const serviceAddress = (fallback: string) =>
+  z.string().refine((value) => isHostPort(value) || isXdsTarget(value), 'expected host:port or xds:///<service>').default(fallback);
 
 /** A comma-separated list of upstream addresses. */
 export const addressList = (fallback: string) =>

@@ -22,7 +22,22 @@ const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
  * one beyond MAX_DEADLINE_MS is sent with MAX_DEADLINE_MS.
  * Failed calls reject with RpcError, ErrorInfo included.
  */
+let xdsRegistered = false;
+
+/**
+ * `xds:///<service>` targets resolve through the mesh's control plane (gRPC's proxyless xDS, with
+ * the bootstrap in GRPC_XDS_BOOTSTRAP_CONFIG): registered on first use.
+ */
+function registerXdsOnce(address: string): void {
+  if (xdsRegistered || !address.startsWith('xds:')) return;
+  // Loaded only by processes that dial through the mesh: it brings Envoy's protos with it.
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  (require('@grpc/grpc-js-xds') as { register: () => void }).register();
+  xdsRegistered = true;
+}
+
 export function createClient<S extends DescService>(service: S, address: string, options: ClientOptions = {}): ServiceClient<S> {
+  registerXdsOnce(address);
   const maxBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
   const Ctor = grpc.makeGenericClientConstructor(toServiceDefinition(service), service.typeName);
   const client = new Ctor(address, grpc.credentials.createInsecure(), {

@@ -63,9 +63,9 @@ describe('envoyBootstrap', () => {
       ['outbound_batcher', '127.0.0.1', 50054],
       ['outbound_registry', '127.0.0.1', 50051],
     ]);
-    const batcher = named(sut, 'static_resources.clusters', 'batcher.stable');
+    const batcher = named(sut, 'static_resources.clusters', 'batcher');
     expect(at(batcher, 'type')).toBe('STRICT_DNS');
-    expect(at(batcher, 'load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address')).toEqual({ address: 'batcher-stable.infermesh.svc.cluster.local', port_value: 15006 });
+    expect(at(batcher, 'load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address')).toEqual({ address: 'batcher.infermesh.svc.cluster.local', port_value: 15006 });
     expect(at(batcher, 'load_balancing_policy.policies[0].typed_extension_config.name')).toBe('envoy.load_balancing_policies.least_request');
     expect(at(batcher, 'outlier_detection')).toMatchObject({ consecutive_5xx: 5, enforcing_consecutive_5xx: 100, consecutive_gateway_failure: 3, base_ejection_time: '15s', max_ejection_percent: 50, failure_percentage_threshold: 50 });
     expect(at(batcher, 'circuit_breakers.thresholds[0]')).toMatchObject({ max_requests: 4096, max_retries: 64, retry_budget: { budget_percent: { value: 20 }, min_retry_concurrency: 3 } });

@@ -49,7 +49,7 @@ describe('parseMeshPolicy', () => {
   });
 
   it.each<[string, Change, string]>([
-    ['a split to a subset the service does not have', [['edges', 0, 'split', 1, 'subset'], 'canary'], 'edges[0].split[1].subset: router has no subset "canary" (known: stable, next)'],
+    ['a split to a subset the service does not have', [['edges', 0, 'split'], [{ subset: 'stable', weight: 90 }, { subset: 'canary', weight: 10 }]], 'edges[0].split[1].subset: router has no subset "canary" (known: stable, next)'],
     ['weights that add up to 0', [['edges', 2, 'split'], [{ subset: 'stable', weight: 0 }]], 'edges[2].split: the weights add up to 0, so no request could be sent'],
     ['a negative timeout', [['defaults', 'timeout'], '-5s'], 'defaults.timeout: must be zero or more (got "-5s")'],
     ['a duration without its unit', [['edges', 1, 'timeout'], 250], 'edges[1].timeout: expected a duration with its unit, such as 250ms, 10s or 2m (got 250)'],
@@ -73,7 +73,7 @@ describe('parseMeshPolicy', () => {
   it('says every problem at once, and which file it is', () => {
     let error: unknown;
     try {
-      parseMeshPolicy(changed([['defaults', 'timeout'], '-1s'], [['edges', 0, 'split', 0, 'subset'], 'x']), 'envoy/mesh.yaml');
+      parseMeshPolicy(changed([['defaults', 'timeout'], '-1s'], [['edges', 0, 'split'], [{ subset: 'x', weight: 1 }]]), 'envoy/mesh.yaml');
     } catch (e) {
       error = e;
     }

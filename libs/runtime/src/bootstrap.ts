@@ -8,6 +8,8 @@ import { exitOnUnsupportedNode } from '@infermesh/config';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Server } from 'node:http';
 import { HealthDetails } from './health-details';
+import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
+import { MeshAnnouncer } from './mesh-announcer';
 import { MonitoringServer } from './monitoring-server';
 import { ServiceIdentity } from './runtime.module';
 
@@ -64,7 +66,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   const metrics = app.get(Metrics);
 
   const grpcServer = new GrpcServer({ logger, metrics, maxMessageBytes: settings.maxMessageBytes });
-  grpcServer.add((await import('@infermesh/proto/gen/grpc/health/v1/health_pb')).Health, health);
+  grpcServer.add(Health, health);
   health.set('', ServingStatus.NOT_SERVING);
   const bindings = options.grpc(app);
   for (const { service, impl } of bindings) {
@@ -89,6 +91,12 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   }
   await options.onListening?.(app);
   health.setAll(ServingStatus.SERVING);
+  // In the mesh, the service announces itself once it serves; the control plane sends it calls from then on.
+  const announcer =
+    settings.mesh === undefined
+      ? undefined
+      : new MeshAnnouncer(identity.name, settings.mesh, { host: settings.grpc.host, port: grpcPort }, () => health.get() === ServingStatus.SERVING && !grpcServer.isDraining, logger);
+  announcer?.start();
   logger.info(`${identity.name} listening`, { grpc_port: grpcPort, metrics_port: metricsPort, http_port: httpPort });
 
   let stopping: Promise<void> | undefined;
@@ -96,6 +104,8 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
     (stopping ??= (async () => {
       logger.info(`${identity.name} shutting down`);
       health.setAll(ServingStatus.NOT_SERVING);
+      // Withdrawn from the mesh first, so that no new call is routed here while the rest drains.
+      await announcer?.stop();
       options.beforeShutdown?.(app);
       const httpClosed = httpServer
         ? new Promise<void>((resolve) => {

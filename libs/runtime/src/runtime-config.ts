@@ -1,4 +1,5 @@
 import { host, logLevel, port, positiveInt } from '@infermesh/config';
+import { z } from 'zod';
 
 /** The settings every service shares, read from `<PREFIX>_*` variables. */
 export interface RuntimeSettings {
@@ -7,7 +8,49 @@ export interface RuntimeSettings {
   logLevel: 'debug' | 'info' | 'warn' | 'error';
   shutdownGraceMs: number;
   maxMessageBytes: number;
+  /** Set when the service announces itself to the mesh's control plane (INFERMESH_MESH_CONTROL_PLANE). */
+  mesh: MeshSettings | undefined;
 }
+
+/** How a service takes part in the mesh: where the control plane is, and who it is there. */
+export interface MeshSettings {
+  /** The registry's gRPC address, where it announces itself. */
+  controlPlane: string;
+  /** Unique among the mesh's instances (INFERMESH_INSTANCE_ID; default <service>-<host>-<pid>). */
+  instanceId: string | undefined;
+  /** Where the other services reach it (INFERMESH_INSTANCE_ADDRESS; default the gRPC host). */
+  address: string | undefined;
+  /** Labels that place it in the policy's subsets (INFERMESH_INSTANCE_LABELS: track=next,zone=a). */
+  labels: Record<string, string>;
+  /** How often it tells the control plane it is alive. */
+  heartbeatMs: number;
+}
+
+const labelList = () =>
+  z
+    .string()
+    .optional()
+    .transform((value, ctx) => {
+      const labels: Record<string, string> = {};
+      for (const part of (value ?? '').split(',').map((p) => p.trim()).filter((p) => p !== '')) {
+        const match = /^([A-Za-z0-9][A-Za-z0-9._-]{0,62})=([A-Za-z0-9._-]{1,63})$/.exec(part);
+        if (match === null) {
+          ctx.addIssue({ code: 'custom', message: `expected key=value pairs separated by commas (letters, digits, . _ -), got "${part}"` });
+          return z.NEVER;
+        }
+        labels[match[1]!] = match[2]!;
+      }
+      return labels;
+    });
+
+/** The mesh settings every service shares (not prefixed: one mesh per machine or pod). */
+export const meshShape = {
+  INFERMESH_MESH_CONTROL_PLANE: z.string().regex(/^(?:[^\s:]+|\[[0-9a-fA-F:]+\]):\d{1,5}$/, 'expected host:port').optional(),
+  INFERMESH_INSTANCE_ID: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$/, 'expected letters, digits, dots, dashes or underscores').optional(),
+  INFERMESH_INSTANCE_ADDRESS: z.string().min(1).max(253).optional(),
+  INFERMESH_INSTANCE_LABELS: labelList(),
+  INFERMESH_HEARTBEAT_MS: positiveInt(5_000),
+};
 
 /**
  * The zod shape of the shared settings for a service whose variables start with `prefix`, e.g.
@@ -22,7 +65,8 @@ export function runtimeShape<P extends string>(prefix: P, ports: { grpc: number;
     [`${prefix}_LOG_LEVEL`]: logLevel(),
     [`${prefix}_SHUTDOWN_GRACE_MS`]: positiveInt(10_000),
     [`${prefix}_MAX_MESSAGE_BYTES`]: positiveInt(64 * 1024 * 1024),
-  } as Record<`${P}_${'GRPC_HOST' | 'METRICS_HOST'}`, ReturnType<typeof host>> &
+    ...meshShape,
+  } as typeof meshShape & Record<`${P}_${'GRPC_HOST' | 'METRICS_HOST'}`, ReturnType<typeof host>> &
     Record<`${P}_${'GRPC_PORT' | 'METRICS_PORT'}`, ReturnType<typeof port>> &
     Record<`${P}_LOG_LEVEL`, ReturnType<typeof logLevel>> &
     Record<`${P}_${'SHUTDOWN_GRACE_MS' | 'MAX_MESSAGE_BYTES'}`, ReturnType<typeof positiveInt>>;
@@ -37,6 +81,16 @@ export function runtimeSettings(prefix: string, env: Record<string, unknown>): R
     logLevel: get('LOG_LEVEL'),
     shutdownGraceMs: get('SHUTDOWN_GRACE_MS'),
     maxMessageBytes: get('MAX_MESSAGE_BYTES'),
+    mesh:
+      env['INFERMESH_MESH_CONTROL_PLANE'] === undefined
+        ? undefined
+        : {
+            controlPlane: env['INFERMESH_MESH_CONTROL_PLANE'] as string,
+            instanceId: env['INFERMESH_INSTANCE_ID'] as string | undefined,
+            address: env['INFERMESH_INSTANCE_ADDRESS'] as string | undefined,
+            labels: (env['INFERMESH_INSTANCE_LABELS'] as Record<string, string> | undefined) ?? {},
+            heartbeatMs: env['INFERMESH_HEARTBEAT_MS'] as number,
+          },
   };
 }
 

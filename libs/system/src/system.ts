@@ -1,6 +1,7 @@
 import type { MessageInitShape } from '@bufbuild/protobuf';
 import { createClient } from '@infermesh/grpc';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
+import { InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import { type BatchingSchema, type ProcessingSchema, RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
@@ -112,6 +113,12 @@ export interface SystemOptions {
   readyTimeoutMs?: number;
   /** Called when a service exits without being asked to. */
   onUnexpectedExit?: (name: ServiceName, code: number | null, signal: NodeJS.Signals | null) => void;
+  /**
+   * Run the services in the mesh: the registry serves this policy file over xDS, every service
+   * announces itself to it, and the gateway → router and router → cache/batcher calls go through
+   * `xds:///<service>` (retries, outlier ejection, splits and faults of the policy). Unset: static addresses.
+   */
+  mesh?: { policyFile: string } | undefined;
   /** Start a service that exits without being asked to again, by this policy (`infermesh up` does); unset: leave it stopped. */
   restartPolicy?: RestartPolicy | undefined;
   /** Told of each restart and crash loop (the line to log: describeSupervisionEvent). */
@@ -201,8 +208,11 @@ export class System {
         registry.close();
       }
       if (this.stopping) throw new Error('stopped during start-up');
+      // In the mesh, a service takes calls once the control plane has it: wait for each before the gateway opens.
+      if (options.mesh !== undefined) await this.waitForAnnounced(SERVICE_NAMES.length - 1 + this.workers.length - 1, deadline);
       this.process('gateway').start();
       await this.waitForGatewayReady(deadline);
+      if (options.mesh !== undefined) await this.waitForAnnounced(SERVICE_NAMES.length + this.workers.length - 1, deadline);
     } catch (error) {
       await this.stop();
       throw error;
@@ -291,6 +301,24 @@ export class System {
     }
   }
 
+  /** Waits until the registry has `count` instances announced and serving. */
+  private async waitForAnnounced(count: number, deadline: number): Promise<void> {
+    const instances = createClient(InstanceService, `${this.host}:${this.options.ports.registry}`);
+    try {
+      for (;;) {
+        const serving = await instances
+          .listInstances({}, { timeoutMs: 1_000 })
+          .then((r) => r.instances.filter((i) => i.serving).length)
+          .catch(() => 0);
+        if (serving >= count) return;
+        if (Date.now() > deadline) throw new Error(`${serving} of ${count} services announced themselves to the mesh's control plane in time`);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    } finally {
+      instances.close();
+    }
+  }
+
   private async waitForGatewayReady(deadline: number): Promise<void> {
     for (;;) {
       if (!this.process('gateway').running) throw new Error('gateway exited during start-up (see its log lines)');
@@ -314,6 +342,7 @@ export class System {
     delete env['REDIS_URL'];
     if (redisUrl !== undefined && (name === 'registry' || name === 'cache' || name === 'gateway')) env['REDIS_URL'] = redisUrl;
     const prefix = name.toUpperCase();
+    Object.assign(env, this.meshEnv(name, `${name}-0`));
     env[`${prefix}_GRPC_HOST`] = h;
     env[`${prefix}_METRICS_HOST`] = h;
     env[`${prefix}_METRICS_PORT`] = String(metricsPort(ports, name));
@@ -321,6 +350,7 @@ export class System {
       case 'registry':
         env['REGISTRY_GRPC_PORT'] = String(ports.registry);
         env['REGISTRY_DATA_DIR'] = join(dataDir, 'registry');
+        if (this.options.mesh !== undefined) env['REGISTRY_MESH_POLICY'] = this.options.mesh.policyFile;
         break;
       case 'cache':
         env['CACHE_GRPC_PORT'] = String(ports.cache);
@@ -333,14 +363,14 @@ export class System {
       case 'router':
         env['ROUTER_GRPC_PORT'] = String(ports.router);
         env['ROUTER_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
-        env['ROUTER_CACHE_ADDRESS'] = `${h}:${ports.cache}`;
-        env['ROUTER_BATCHER_ADDRESS'] = `${h}:${ports.batcher}`;
+        env['ROUTER_CACHE_ADDRESS'] = this.options.mesh === undefined ? `${h}:${ports.cache}` : 'xds:///cache';
+        env['ROUTER_BATCHER_ADDRESS'] = this.options.mesh === undefined ? `${h}:${ports.batcher}` : 'xds:///batcher';
         break;
       case 'gateway':
         env['GATEWAY_GRPC_PORT'] = String(ports.gatewayGrpc);
         env['GATEWAY_HTTP_HOST'] = h;
         env['GATEWAY_HTTP_PORT'] = String(ports.gatewayHttp);
-        env['GATEWAY_ROUTER_ADDRESS'] = `${h}:${ports.router}`;
+        env['GATEWAY_ROUTER_ADDRESS'] = this.options.mesh === undefined ? `${h}:${ports.router}` : 'xds:///router';
         env['GATEWAY_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
         env['GATEWAY_API_KEYS'] = apiKey;
         env['GATEWAY_DATA_DIR'] = join(dataDir, 'gateway');
@@ -363,9 +393,24 @@ export class System {
     env['WORKER_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
     env['WORKER_ARTIFACT_DIR'] = join(dataDir, index === 0 ? 'worker-artifacts' : `worker-artifacts-${index}`);
     if (this.workers.length > 1) env['WORKER_ID'] = `worker-${index}`;
+    Object.assign(env, this.meshEnv('worker', `worker-${index}`));
     const models = this.workers[index]?.models ?? [];
     if (models.length > 0) env['WORKER_MODELS'] = models.join(',');
     return { ...env, ...this.workers[index]?.env };
+  }
+
+  /** A service's mesh settings: where the control plane is, who it is there, and its xDS client's bootstrap. */
+  private meshEnv(service: ServiceName, instanceId: string): Record<string, string> {
+    if (this.options.mesh === undefined) return {};
+    const controlPlane = `${this.host}:${this.options.ports.registry}`;
+    return {
+      INFERMESH_MESH_CONTROL_PLANE: controlPlane,
+      INFERMESH_INSTANCE_ID: instanceId,
+      GRPC_XDS_BOOTSTRAP_CONFIG: JSON.stringify({
+        xds_servers: [{ server_uri: controlPlane, channel_creds: [{ type: 'insecure' }], server_features: ['xds_v3'] }],
+        node: { id: instanceId, cluster: service, locality: {} },
+      }),
+    };
   }
 
   private workerPorts(index: number): WorkerPorts {

@@ -1,5 +1,5 @@
 import { create } from '@bufbuild/protobuf';
-import { address, byteSize, ConfigError, type Env, host, nonNegativeInt, parseEnv, port, positiveInt, redisUrl } from '@infermesh/config';
+import { address, byteSize, ConfigError, type Env, host, nonNegativeInt, parseEnv, port, positiveInt, redisUrl, serviceAddress } from '@infermesh/config';
 import { MAX_DEADLINE_MS } from '@infermesh/grpc';
 import { type RateLimit, RateLimitSchema, Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
 import type { StoreDownPolicy } from '@infermesh/rate-limit';
@@ -35,7 +35,7 @@ const shape = {
   ...runtimeShape('GATEWAY', { grpc: 8001, metrics: 8002 }),
   GATEWAY_HTTP_HOST: host('127.0.0.1'),
   GATEWAY_HTTP_PORT: port(8000),
-  GATEWAY_ROUTER_ADDRESS: address('127.0.0.1:50052'),
+  GATEWAY_ROUTER_ADDRESS: serviceAddress('127.0.0.1:50052'),
   GATEWAY_REGISTRY_ADDRESS: address('127.0.0.1:50051'),
   // Only the missing case fails inside zod: its errors quote the value, and keys are never printed.
   GATEWAY_API_KEYS: z

@@ -28,6 +28,15 @@ export class InstancesGrpcController {
     private readonly logger: JsonLogger,
   ) {}
 
+  async listInstances() {
+    return {
+      instances: this.controlPlane.instances.list().map((i) => ({
+        instance: { service: i.service, id: i.id, address: i.address, port: i.port, labels: { ...i.labels } },
+        serving: i.healthy,
+      })),
+    };
+  }
+
   async announce(requests: AsyncIterable<AnnounceRequest>, _ctx: CallContext) {
     const { instances } = this.controlPlane;
     let announced: { id: string; token: symbol } | undefined;
@@ -36,7 +45,7 @@ export class InstancesGrpcController {
         if (announced === undefined) {
           const instance = { ...instanceOf(request.instance), healthy: request.serving };
           announced = { id: instance.id, token: instances.announce(instance) };
-          this.logger.info('instance announced', { service: instance.service, id: instance.id, address: `${instance.address}:${instance.port}`, serving: instance.healthy });
+          this.logger.info('instance announced', { instance_service: instance.service, id: instance.id, address: `${instance.address}:${instance.port}`, serving: instance.healthy });
         } else {
           instances.heartbeat(announced.id, announced.token, request.serving);
         }

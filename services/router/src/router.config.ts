@@ -1,12 +1,12 @@
-import { address, byteSize, type Env, nonNegativeInt, parseEnv, positiveInt } from '@infermesh/config';
+import { address, byteSize, type Env, nonNegativeInt, parseEnv, positiveInt, serviceAddress } from '@infermesh/config';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
 import { z } from 'zod';
 
 const shape = {
   ...runtimeShape('ROUTER', { grpc: 50052, metrics: 9102 }),
   ROUTER_REGISTRY_ADDRESS: address('127.0.0.1:50051'),
-  ROUTER_CACHE_ADDRESS: address('127.0.0.1:50053'),
-  ROUTER_BATCHER_ADDRESS: address('127.0.0.1:50054'),
+  ROUTER_CACHE_ADDRESS: serviceAddress('127.0.0.1:50053'),
+  ROUTER_BATCHER_ADDRESS: serviceAddress('127.0.0.1:50054'),
   ROUTER_RESOLVE_TTL_MS: nonNegativeInt(1_000),
   ROUTER_CACHE_ENABLED: z.enum(['true', 'false']).default('true'),
   ROUTER_CACHE_TIMEOUT_MS: positiveInt(100),

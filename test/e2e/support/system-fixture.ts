@@ -54,6 +54,8 @@ export async function startFixture(options: {
   workers?: WorkerOptions[];
   /** Restart services that exit unexpectedly, as `infermesh up` does; default: leave them stopped. */
   restartPolicy?: RestartPolicy;
+  /** Run the services in the mesh with this policy file (the registry serves it over xDS); default: static addresses. */
+  meshPolicyFile?: string;
 }): Promise<Fixture> {
   const dataDir = mkdtempSync(join(tmpdir(), 'infermesh-e2e-'));
   const logFile = join(dataDir, 'services.log');
@@ -82,6 +84,7 @@ export async function startFixture(options: {
       readyTimeoutMs: 90_000,
       ...(options.workers !== undefined && { workers: options.workers }),
       restartPolicy: options.restartPolicy,
+      mesh: options.meshPolicyFile === undefined ? undefined : { policyFile: options.meshPolicyFile },
       onSupervision: (service, event, instance) =>
         appendFileSync(logFile, `supervisor | ${describeSupervisionEvent(instance === undefined ? service : `${service} ${instance}`, event)}\n`),
     });

@@ -16,6 +16,8 @@ const shape = {
     .transform((v) => v.split(',').map((s) => s.trim()).filter((s) => s.length > 0)),
   INFERMESH_LOG_LEVEL: logLevel(),
   INFERMESH_READY_TIMEOUT_MS: z.coerce.number().int().positive().default(120_000),
+  INFERMESH_MESH: z.enum(['static', 'xds']).default('static'),
+  INFERMESH_MESH_POLICY: z.string().min(1).optional(),
   REDIS_URL: redisUrl(),
 };
 
@@ -29,6 +31,10 @@ export function loadCliConfig(env: Env) {
     demoModels: e.INFERMESH_DEMO_MODELS,
     logLevel: e.INFERMESH_LOG_LEVEL,
     readyTimeoutMs: e.INFERMESH_READY_TIMEOUT_MS,
+    /** static: services dial each other's addresses; xds: through the mesh, the registry serving the policy. */
+    mesh: e.INFERMESH_MESH,
+    /** The mesh policy for xds (default: envoy/mesh.yaml of this repository). */
+    meshPolicy: e.INFERMESH_MESH_POLICY,
     redisUrl: e.REDIS_URL,
   };
 }

@@ -1,7 +1,7 @@
 import { DEMO_MODELS } from '@infermesh/model-builder';
 import { DEFAULT_RESTART_POLICY, SERVICE_NAMES, type ServiceName, System, defaultPorts, describeSupervisionEvent } from '@infermesh/system';
 import { randomBytes } from 'node:crypto';
-import { resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import { parseReplicas } from './args';
 import type { CliConfig } from './cli.config';
 import { UsageError } from './cli-errors';
@@ -72,6 +72,7 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
     readyTimeoutMs: config.readyTimeoutMs,
     // A service that crashes is started again, as a kubelet would, and the reason logged each time.
     restartPolicy: DEFAULT_RESTART_POLICY,
+    mesh: config.mesh === 'xds' ? { policyFile: resolve(config.meshPolicy ?? join(distDir, '..', 'envoy', 'mesh.yaml')) } : undefined,
     onSupervision: (name, event, instance) => {
       if (!shuttingDown) process.stderr.write(`infermesh: ${describeSupervisionEvent(instance === undefined ? name : `${name} ${instance}`, event)}\n`);
     },
@@ -110,7 +111,7 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
   process.stdout.write(
     [
       '',
-      `infermesh is ready in ${((Date.now() - started) / 1000).toFixed(1)} s (${config.redisUrl === undefined ? 'embedded stores' : 'Redis'})`,
+      `infermesh is ready in ${((Date.now() - started) / 1000).toFixed(1)} s (${config.redisUrl === undefined ? 'embedded stores' : 'Redis'}${config.mesh === 'xds' ? ', through the mesh (xDS from the registry)' : ''})`,
       `  REST     ${url}  (KServe v2 / Open Inference Protocol)`,
       `  gRPC     ${system.gatewayGrpcAddress}  (inference.GRPCInferenceService)`,
       `  metrics  http://${config.host}:${ports.gatewayMetrics}/metrics (gateway; other services on 9101-9105${(ports.moreWorkers ?? []).map((w) => `, ${w.metrics}`).join('')})`,
