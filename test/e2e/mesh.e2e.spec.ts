@@ -1,7 +1,7 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { API_KEY, type Fixture, metricValue, REPO_ROOT, startFixture } from './support/system-fixture';
+import { type Fixture, inferTinyDistinct, metricValue, REPO_ROOT, startFixture } from './support/system-fixture';
 
 const POLICY = readFileSync(join(REPO_ROOT, 'envoy', 'mesh.yaml'), 'utf8');
 
@@ -24,20 +24,8 @@ describe('the services reach each other through the mesh', () => {
   let fixture: Fixture;
   let dir: string;
   let policyFile: string;
-  let seq = 0;
 
-  /** A request never the same twice (the result cache cannot answer it): its status. */
-  const infer = async (): Promise<number> => {
-    seq += 1;
-    const res = await fetch(`${fixture.system.gatewayUrl}/v2/models/tiny/infer`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [seq, 1, 2, 3] }] }),
-      signal: AbortSignal.timeout(20_000),
-    });
-    await res.arrayBuffer();
-    return res.status;
-  };
+  const infer = () => inferTinyDistinct(fixture.system.gatewayUrl);
 
   /** `clients` closed loops for `ms`: every status they got. */
   const load = async (clients: number, ms: number) => {

@@ -3,7 +3,7 @@ import { freePortList } from '@infermesh/testing';
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { API_KEY, DIST, type Fixture, startFixture } from './support/system-fixture';
+import { DIST, type Fixture, inferTinyDistinct, startFixture } from './support/system-fixture';
 
 function alive(pid: number): boolean {
   try {
@@ -55,23 +55,7 @@ describe('a system supervised as `infermesh up` supervises it', () => {
     await fixture?.stop();
   });
 
-  let seq = 0;
-  /** A request never the same twice (the result cache cannot answer it): its status, or 0 when the gateway could not be reached. */
-  const infer = async (): Promise<number> => {
-    seq += 1;
-    try {
-      const res = await fetch(`${fixture.system.gatewayUrl}/v2/models/tiny/infer`, {
-        method: 'POST',
-        headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
-        body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [seq, 1, 2, 3] }] }),
-        signal: AbortSignal.timeout(20_000),
-      });
-      await res.arrayBuffer();
-      return res.status;
-    } catch {
-      return 0;
-    }
-  };
+  const infer = () => inferTinyDistinct(fixture.system.gatewayUrl);
 
   it.each<ServiceName>(['worker', 'gateway', 'router'])(
     'starts the %s again after a kill -9 from outside, and the system serves again without anyone restarting it',

@@ -143,3 +143,25 @@ export function runCli(args: readonly string[], gatewayGrpcAddress: string, time
     });
   });
 }
+
+let distinctInput = 0;
+
+/**
+ * A request to the `tiny` model over REST that is never the same twice (the result cache cannot
+ * answer it): its status, or 0 when the gateway could not be reached.
+ */
+export async function inferTinyDistinct(gatewayUrl: string): Promise<number> {
+  distinctInput += 1;
+  try {
+    const res = await fetch(`${gatewayUrl}/v2/models/tiny/infer`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [distinctInput, 1, 2, 3] }] }),
+      signal: AbortSignal.timeout(20_000),
+    });
+    await res.arrayBuffer();
+    return res.status;
+  } catch {
+    return 0;
+  }
+}
