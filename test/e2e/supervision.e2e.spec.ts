@@ -3,7 +3,7 @@ import { freePortList } from '@infermesh/testing';
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { DIST, type Fixture, inferTinyDistinct, startFixture } from './support/system-fixture';
+import { DIST, type Fixture, inferTinyDistinct, metricValue, startFixture } from './support/system-fixture';
 
 function alive(pid: number): boolean {
   try {
@@ -83,4 +83,42 @@ describe('a system supervised as `infermesh up` supervises it', () => {
       expect(after).toEqual(Array(10).fill(200));
     },
   );
+});
+
+describe('one of two workers killed under load, supervised as `infermesh up` supervises it', () => {
+  let fixture: Fixture;
+
+  beforeAll(async () => {
+    fixture = await startFixture({ models: ['tiny'], workers: [{}, {}], restartPolicy: DEFAULT_RESTART_POLICY, env: { ROUTER_CACHE_ENABLED: 'false' } });
+  }, 120_000);
+
+  afterAll(async () => {
+    await fixture?.stop();
+  });
+
+  it('loses no request of 16 closed-loop clients over 30 s, and the killed worker serves again once restarted', async () => {
+    const victim = fixture.system.workerProcess(0);
+    const pid = victim.pid!;
+    const statuses: number[] = [];
+    let killedAt = 0;
+    const end = Date.now() + 30_000;
+    const clients = Array.from({ length: 16 }, async () => {
+      while (Date.now() < end) statuses.push(await inferTinyDistinct(fixture.system.gatewayUrl));
+    });
+    await new Promise((r) => setTimeout(r, 5_000));
+    process.kill(pid, 'SIGKILL');
+    killedAt = Date.now();
+    await Promise.all(clients);
+
+    const failed = statuses.filter((s) => s !== 200);
+    const servedByRestarted = await metricValue(fixture.system.workerMetricsUrl(0), 'infermesh_worker_inference_batch_size_count');
+    console.log(
+      `two workers, one killed by SIGKILL ${((killedAt - (end - 30_000)) / 1000).toFixed(0)} s in: ${statuses.length} requests at c=16 over 30 s, ${failed.length} failed; ` +
+        `the restarted worker (pid ${victim.pid}) ran ${servedByRestarted} batches`,
+    );
+    expect(failed).toEqual([]);
+    expect(victim.pid).not.toBe(pid);
+    expect(victim.state).toBe('running');
+    expect(servedByRestarted).toBeGreaterThan(0);
+  }, 90_000);
 });
