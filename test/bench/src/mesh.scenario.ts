@@ -1,0 +1,143 @@
+import { create } from '@bufbuild/protobuf';
+import { createClient } from '@infermesh/grpc';
+import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import type { System } from '@infermesh/system';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { API_KEY, type Fixture, REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
+import { quantile, round, table } from './stats';
+
+const CONCURRENCY = 16;
+const PHASE_MS = 4_000;
+const ROUNDS = 6;
+/** Clock ticks per second of /proc/<pid>/stat's utime and stime (USER_HZ, 100 on Linux). */
+const TICKS_PER_S = 100;
+
+/** CPU time (user + system) of a process so far, in microseconds. */
+function cpuUs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return ((Number(fields[11]) + Number(fields[12])) / TICKS_PER_S) * 1e6; // utime, stime (fields 14 and 15)
+}
+
+/** The pids of every service of a system. */
+function pids(system: System): number[] {
+  return [...system.processes.values(), ...system.workerProcesses].map((p) => p.pid!).filter((pid, i, all) => all.indexOf(pid) === i);
+}
+
+interface Phase {
+  latenciesMs: number[];
+  failures: number;
+  cpuUs: number;
+}
+
+/** Closed-loop load at CONCURRENCY through the gateway's gRPC for PHASE_MS: latencies, failures, and the CPU all services used. */
+async function phase(fixture: Fixture, seedBase: number): Promise<Phase> {
+  const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
+  const processes = pids(fixture.system);
+  const cpuBefore = processes.map(cpuUs);
+  const latenciesMs: number[] = [];
+  let failures = 0;
+  let seed = seedBase;
+  const end = Date.now() + PHASE_MS;
+  try {
+    await Promise.all(
+      Array.from({ length: CONCURRENCY }, async () => {
+        while (Date.now() < end) {
+          seed += 1;
+          const start = performance.now();
+          try {
+            await grpc.modelInfer(
+              create(ModelInferRequestSchema, {
+                modelName: 'tiny',
+                inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n] }],
+                rawInputContents: [new Uint8Array(new Float32Array([seed, 1, 2, 3]).buffer)],
+              }),
+              { metadata: { authorization: `Bearer ${API_KEY}` }, timeoutMs: 10_000 },
+            );
+            latenciesMs.push(performance.now() - start);
+          } catch {
+            failures += 1;
+          }
+        }
+      }),
+    );
+  } finally {
+    grpc.close();
+  }
+  const cpu = processes.map(cpuUs).reduce((sum, after, i) => sum + after - cpuBefore[i]!, 0);
+  return { latenciesMs, failures, cpuUs: cpu };
+}
+
+/**
+ * The mesh's cost: the six services with static addresses and the same six through the mesh
+ * (gateway → router and router → cache/batcher over `xds:///`, the registry serving envoy/mesh.yaml),
+ * both running, measured in alternating phases of closed-loop load at c=16 through the gateway's gRPC
+ * (the tiny model, a new input every time, the router's own cache off), so that the machine's noise
+ * hits both alike. CPU per request is all six services' CPU time from /proc over the requests served.
+ */
+export async function mesh(): Promise<Record<string, unknown>> {
+  const env = { ROUTER_LOCAL_CACHE_ENABLED: 'false' };
+  const staticSystem = await startFixture({ models: ['tiny'], env });
+  let meshSystem: Fixture | undefined;
+  const totals = { static: { latenciesMs: [] as number[], failures: 0, cpuUs: 0 }, xds: { latenciesMs: [] as number[], failures: 0, cpuUs: 0 } };
+  try {
+    meshSystem = await startFixture({ models: ['tiny'], env, meshPolicyFile: join(REPO_ROOT, 'envoy', 'mesh.yaml') });
+    await phase(staticSystem, 0); // warm-up
+    await phase(meshSystem, 1e7);
+    for (let r = 0; r < ROUNDS; r++) {
+      const order = r % 2 === 0 ? (['static', 'xds'] as const) : (['xds', 'static'] as const);
+      for (const which of order) {
+        const result = await phase(which === 'static' ? staticSystem : meshSystem, (r + 2) * 1e7 + (which === 'xds' ? 5e6 : 0));
+        totals[which].latenciesMs.push(...result.latenciesMs);
+        totals[which].failures += result.failures;
+        totals[which].cpuUs += result.cpuUs;
+      }
+    }
+  } finally {
+    await meshSystem?.stop();
+    await staticSystem.stop();
+  }
+
+  const of = (which: 'static' | 'xds') => {
+    const t = totals[which];
+    const requests = t.latenciesMs.length;
+    return {
+      requests,
+      failures: t.failures,
+      rps: round(requests / ((ROUNDS * PHASE_MS) / 1000), 1),
+      p50: quantile(t.latenciesMs, 0.5),
+      p99: quantile(t.latenciesMs, 0.99),
+      cpuUsPerRequest: t.cpuUs / Math.max(1, requests),
+    };
+  };
+  const s = of('static');
+  const x = of('xds');
+  const result = {
+    scenario: 'mesh',
+    model: `tiny, gRPC through the gateway, closed loop at c=${CONCURRENCY}, a new input every request, router cache off; ${ROUNDS} alternating phases of ${PHASE_MS / 1000} s per mode`,
+    static_rps: s.rps,
+    xds_rps: x.rps,
+    static_p50_ms: round(s.p50, 3),
+    xds_p50_ms: round(x.p50, 3),
+    static_p99_ms: round(s.p99, 3),
+    xds_p99_ms: round(x.p99, 3),
+    static_cpu_us_per_request: round(s.cpuUsPerRequest, 1),
+    xds_cpu_us_per_request: round(x.cpuUsPerRequest, 1),
+    xds_over_static_cpu: round(x.cpuUsPerRequest / s.cpuUsPerRequest, 3),
+    xds_over_static_p50: round(x.p50 / s.p50, 3),
+    static_failures: s.failures,
+    xds_failures: x.failures,
+  };
+  process.stdout.write(
+    `${table(
+      ['mode', 'requests/s', 'p50 ms', 'p99 ms', 'CPU µs/request (6 services)', 'failures'],
+      [
+        ['static', s.rps, result.static_p50_ms, result.static_p99_ms, result.static_cpu_us_per_request, s.failures],
+        ['xds', x.rps, result.xds_p50_ms, result.xds_p99_ms, result.xds_cpu_us_per_request, x.failures],
+      ],
+    )}\n`,
+  );
+  return result;
+}
