@@ -40,6 +40,18 @@ export interface SystemPorts {
   workerMetrics: number;
   /** The workers after the first, in order, when the system runs more than one. */
   moreWorkers?: readonly WorkerPorts[];
+  /** The instances after the first of a service with replicas, in order. */
+  moreReplicas?: Partial<Record<ReplicatedService, readonly WorkerPorts[]>>;
+}
+
+/** The services that may run several instances besides the workers: their callers reach them through the mesh. */
+export const REPLICATED_SERVICES = ['router', 'batcher', 'cache'] as const;
+export type ReplicatedService = (typeof REPLICATED_SERVICES)[number];
+
+/** One instance of a replicated service. */
+export interface ReplicaOptions {
+  /** Environment of this instance alone, over the system's (INFERMESH_INSTANCE_LABELS, say). */
+  env?: Record<string, string>;
 }
 
 /** The ports `npm start` uses: the KServe/Triton conventions for the gateway (8000 REST, 8001 gRPC, 8002 metrics). */
@@ -60,16 +72,22 @@ export const DEFAULT_PORTS: SystemPorts = {
 };
 
 /**
- * The ports of a system with `workers` workers: DEFAULT_PORTS, and for each worker after the first
- * gRPC 50055 + 10·i and metrics 9105 + 10·i (50065/9115, 50075/9125, …).
+ * The ports of a system with `workers` workers and `replicas` instances of the router, batcher or
+ * cache: DEFAULT_PORTS, and for each instance after the first the first one's ports + 10·i
+ * (worker 50065/9115, 50075/9125, …; router 50062/9112, …).
  */
-export function defaultPorts(workers: number): SystemPorts {
-  if (workers <= 1) return DEFAULT_PORTS;
-  const moreWorkers = Array.from({ length: workers - 1 }, (_, i) => ({
-    grpc: DEFAULT_PORTS.worker + 10 * (i + 1),
-    metrics: DEFAULT_PORTS.workerMetrics + 10 * (i + 1),
-  }));
-  return { ...DEFAULT_PORTS, moreWorkers };
+export function defaultPorts(workers: number, replicas: Partial<Record<ReplicatedService, number>> = {}): SystemPorts {
+  const more = (grpc: number, metrics: number, count: number) =>
+    Array.from({ length: Math.max(0, count - 1) }, (_, i) => ({ grpc: grpc + 10 * (i + 1), metrics: metrics + 10 * (i + 1) }));
+  const moreReplicas = Object.fromEntries(
+    REPLICATED_SERVICES.filter((s) => (replicas[s] ?? 1) > 1).map((s) => [s, more(DEFAULT_PORTS[s], DEFAULT_PORTS[`${s}Metrics`], replicas[s]!)]),
+  );
+  if (workers <= 1 && Object.keys(moreReplicas).length === 0) return DEFAULT_PORTS;
+  return {
+    ...DEFAULT_PORTS,
+    ...(workers > 1 && { moreWorkers: more(DEFAULT_PORTS.worker, DEFAULT_PORTS.workerMetrics, workers) }),
+    ...(Object.keys(moreReplicas).length > 0 && { moreReplicas }),
+  };
 }
 
 export interface ModelToRegister {
@@ -110,6 +128,11 @@ export interface SystemOptions {
    * them. Default: one worker serving every model.
    */
   workers?: readonly WorkerOptions[];
+  /**
+   * Instances of the router, batcher or cache, each with its own ports (`moreReplicas`), instance id
+   * `<service>-<i>` and environment; more than one needs `mesh`. Default: one each.
+   */
+  replicas?: Partial<Record<ReplicatedService, readonly ReplicaOptions[]>>;
   readyTimeoutMs?: number;
   /** Called when a service exits without being asked to. */
   onUnexpectedExit?: (name: ServiceName, code: number | null, signal: NodeJS.Signals | null) => void;
@@ -136,10 +159,16 @@ export function metricsPort(ports: SystemPorts, service: ServiceName): number {
  * one, as an operator or a chaos test would. There may be several workers; `process('worker')` is
  * the first, `workerProcess(i)` any of them.
  */
+function isReplicated(name: ServiceName): name is ReplicatedService {
+  return (REPLICATED_SERVICES as readonly string[]).includes(name);
+}
+
 export class System {
   /** Each service's process; for 'worker', the first worker. */
   readonly processes: ReadonlyMap<ServiceName, ServiceProcess>;
   readonly workerProcesses: readonly ServiceProcess[];
+  /** Every instance of the router, batcher and cache, the first being processes.get(name). */
+  readonly replicaProcesses: ReadonlyMap<ReplicatedService, readonly ServiceProcess[]>;
   readonly host: string;
   private readonly workers: readonly WorkerOptions[];
 
@@ -159,19 +188,66 @@ export class System {
         onSupervision: (name, event) => options.onSupervision?.(name, event, several ? i : undefined),
       });
     });
+    for (const service of REPLICATED_SERVICES) {
+      const count = options.replicas?.[service]?.length ?? 1;
+      if (count > 1 && options.mesh === undefined) throw new Error(`${count} ${service} instances need the mesh (SystemOptions.mesh): their callers reach them through xds:///${service}`);
+      const extra = options.ports.moreReplicas?.[service]?.length ?? 0;
+      if (extra < count - 1) throw new Error(`${count} ${service} instances need the ports of ${count - 1} more in SystemPorts.moreReplicas.${service}; it has ${extra}`);
+    }
+    const replicas = new Map<ReplicatedService, ServiceProcess[]>();
+    for (const service of REPLICATED_SERVICES) {
+      const count = options.replicas?.[service]?.length ?? 1;
+      replicas.set(
+        service,
+        Array.from({ length: count }, (_, i) => {
+          const sink: LogSink = count > 1 ? (name, line) => options.sink(name, line, i) : options.sink;
+          return new ServiceProcess(service, serviceEntry(options.distDir, service), this.envFor(service, i), sink, options.onUnexpectedExit, {
+            restart: options.restartPolicy,
+            onSupervision: (name, event) => options.onSupervision?.(name, event, count > 1 ? i : undefined),
+          });
+        }),
+      );
+    }
+    this.replicaProcesses = replicas;
     const map = new Map<ServiceName, ServiceProcess>();
     for (const name of SERVICE_NAMES) {
       map.set(
         name,
         name === 'worker'
           ? this.workerProcesses[0]!
-          : new ServiceProcess(name, serviceEntry(options.distDir, name), this.envFor(name), options.sink, options.onUnexpectedExit, {
-              restart: options.restartPolicy,
-              onSupervision: options.onSupervision,
-            }),
+          : isReplicated(name)
+            ? replicas.get(name)![0]!
+            : new ServiceProcess(name, serviceEntry(options.distDir, name), this.envFor(name), options.sink, options.onUnexpectedExit, {
+                restart: options.restartPolicy,
+                onSupervision: options.onSupervision,
+              }),
       );
     }
     this.processes = map;
+  }
+
+  /** Every process of the system, each instance of each service. */
+  get allProcesses(): ServiceProcess[] {
+    return SERVICE_NAMES.flatMap((name) => (name === 'worker' ? [...this.workerProcesses] : isReplicated(name) ? [...this.replicaProcesses.get(name)!] : [this.process(name)]));
+  }
+
+  /** Instance `index` of a replicated service (0 the first, the same as process(name)). */
+  instance(service: ReplicatedService, index: number): ServiceProcess {
+    const found = this.replicaProcesses.get(service)![index];
+    if (found === undefined) throw new RangeError(`no ${service} ${index}: the system runs ${this.replicaProcesses.get(service)!.length}`);
+    return found;
+  }
+
+  /** The metrics URL of instance `index` of a replicated service. */
+  instanceMetricsUrl(service: ReplicatedService, index: number): string {
+    return `http://${this.host}:${this.instancePorts(service, index).metrics}/metrics`;
+  }
+
+  private instancePorts(service: ReplicatedService, index: number): WorkerPorts {
+    if (index === 0) return { grpc: this.options.ports[service], metrics: this.options.ports[`${service}Metrics`] };
+    const ports = this.options.ports.moreReplicas?.[service]?.[index - 1];
+    if (ports === undefined) throw new RangeError(`no ${service} ${index}`);
+    return ports;
   }
 
   static async start(options: SystemOptions): Promise<System> {
@@ -191,6 +267,7 @@ export class System {
       // The gateway opens last, once the models are READY: when it says ready, they can be called.
       for (const name of SERVICE_NAMES) {
         if (name === 'worker') for (const worker of this.workerProcesses) worker.start();
+        else if (isReplicated(name)) for (const instance of this.replicaProcesses.get(name)!) instance.start();
         else if (name !== 'gateway') this.process(name).start();
       }
       const timeoutMs = options.readyTimeoutMs ?? 60_000;
@@ -209,10 +286,11 @@ export class System {
       }
       if (this.stopping) throw new Error('stopped during start-up');
       // In the mesh, a service takes calls once the control plane has it: wait for each before the gateway opens.
-      if (options.mesh !== undefined) await this.waitForAnnounced(SERVICE_NAMES.length - 1 + this.workers.length - 1, deadline);
+      const instances = this.allProcesses.length;
+      if (options.mesh !== undefined) await this.waitForAnnounced(instances - 1, deadline);
       this.process('gateway').start();
       await this.waitForGatewayReady(deadline);
-      if (options.mesh !== undefined) await this.waitForAnnounced(SERVICE_NAMES.length + this.workers.length - 1, deadline);
+      if (options.mesh !== undefined) await this.waitForAnnounced(instances, deadline);
     } catch (error) {
       await this.stop();
       throw error;
@@ -261,6 +339,7 @@ export class System {
     this.stopping = true;
     for (const name of [...SERVICE_NAMES].reverse()) {
       if (name === 'worker') await Promise.all(this.workerProcesses.map((worker) => worker.stop()));
+      else if (isReplicated(name)) await Promise.all(this.replicaProcesses.get(name)!.map((instance) => instance.stop()));
       else await this.process(name).stop();
     }
   }
@@ -334,15 +413,15 @@ export class System {
   }
 
   /** The environment a service runs with: its ports, upstream addresses and stores (for starting another replica); for 'worker', the first worker's. */
-  envFor(name: ServiceName): NodeJS.ProcessEnv {
-    if (name === 'worker') return this.envForWorker(0);
+  envFor(name: ServiceName, index = 0): NodeJS.ProcessEnv {
+    if (name === 'worker') return this.envForWorker(index);
     const { ports, dataDir, redisUrl, apiKey } = this.options;
     const h = this.host;
     const env: NodeJS.ProcessEnv = { ...process.env, ...this.options.env };
     delete env['REDIS_URL'];
     if (redisUrl !== undefined && (name === 'registry' || name === 'cache' || name === 'gateway')) env['REDIS_URL'] = redisUrl;
     const prefix = name.toUpperCase();
-    Object.assign(env, this.meshEnv(name, `${name}-0`));
+    Object.assign(env, this.meshEnv(name, `${name}-${index}`));
     env[`${prefix}_GRPC_HOST`] = h;
     env[`${prefix}_METRICS_HOST`] = h;
     env[`${prefix}_METRICS_PORT`] = String(metricsPort(ports, name));
@@ -375,6 +454,12 @@ export class System {
         env['GATEWAY_API_KEYS'] = apiKey;
         env['GATEWAY_DATA_DIR'] = join(dataDir, 'gateway');
         break;
+    }
+    if (isReplicated(name)) {
+      const own = this.instancePorts(name, index);
+      env[`${prefix}_GRPC_PORT`] = String(own.grpc);
+      env[`${prefix}_METRICS_PORT`] = String(own.metrics);
+      return { ...env, ...this.options.replicas?.[name]?.[index]?.env };
     }
     return env;
   }

@@ -23,7 +23,7 @@ function cpuUs(pid: number): number {
 
 /** The pids of every service of a system. */
 function pids(system: System): number[] {
-  return [...system.processes.values(), ...system.workerProcesses].map((p) => p.pid!).filter((pid, i, all) => all.indexOf(pid) === i);
+  return system.allProcesses.map((p) => p.pid!);
 }
 
 interface Phase {

@@ -1,5 +1,5 @@
 import { type BuiltModel, DEMO_MODELS } from '@infermesh/model-builder';
-import { type RestartPolicy, System, describeSupervisionEvent, type SystemPorts, type WorkerOptions } from '@infermesh/system';
+import { REPLICATED_SERVICES, type ReplicaOptions, type ReplicatedService, type RestartPolicy, System, describeSupervisionEvent, type SystemPorts, type WorkerOptions } from '@infermesh/system';
 import { freePortList } from '@infermesh/testing';
 import { spawn } from 'node:child_process';
 import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -20,17 +20,32 @@ export const REPO_ROOT = (() => {
 })();
 export const DIST = join(REPO_ROOT, 'dist');
 
-/** Free ports for every service, and for `workers` workers in all (two ports each), chosen at once so that no two are the same. */
-export async function freePorts(workers = 1): Promise<SystemPorts> {
+/**
+ * Free ports for every service, for `workers` workers in all and `replicas` instances of the router,
+ * batcher or cache (two ports each), chosen at once so that no two are the same.
+ */
+export async function freePorts(workers = 1, replicas: Partial<Record<ReplicatedService, number>> = {}): Promise<SystemPorts> {
   const names = [
     'gatewayHttp', 'gatewayGrpc', 'gatewayMetrics', 'registry', 'registryMetrics', 'router', 'routerMetrics',
     'cache', 'cacheMetrics', 'batcher', 'batcherMetrics', 'worker', 'workerMetrics',
   ] as const;
-  const more = Math.max(0, workers - 1);
-  const list = await freePortList(names.length + 2 * more);
+  const extra: Record<'worker' | ReplicatedService, number> = {
+    worker: Math.max(0, workers - 1),
+    router: Math.max(0, (replicas.router ?? 1) - 1),
+    batcher: Math.max(0, (replicas.batcher ?? 1) - 1),
+    cache: Math.max(0, (replicas.cache ?? 1) - 1),
+  };
+  const list = await freePortList(names.length + 2 * Object.values(extra).reduce((a, b) => a + b, 0));
   const ports = Object.fromEntries(names.map((name, i) => [name, list[i]!])) as Record<(typeof names)[number], number>;
-  const moreWorkers = Array.from({ length: more }, (_, i) => ({ grpc: list[names.length + 2 * i]!, metrics: list[names.length + 2 * i + 1]! }));
-  return more === 0 ? ports : { ...ports, moreWorkers };
+  let next = names.length;
+  const take = (count: number) => Array.from({ length: count }, () => ({ grpc: list[next++]!, metrics: list[next++]! }));
+  const moreWorkers = take(extra.worker);
+  const moreReplicas = Object.fromEntries(REPLICATED_SERVICES.filter((s) => extra[s] > 0).map((s) => [s, take(extra[s])]));
+  return {
+    ...ports,
+    ...(moreWorkers.length > 0 && { moreWorkers }),
+    ...(Object.keys(moreReplicas).length > 0 && { moreReplicas }),
+  };
 }
 
 export interface Fixture {
@@ -56,6 +71,8 @@ export async function startFixture(options: {
   restartPolicy?: RestartPolicy;
   /** Run the services in the mesh with this policy file (the registry serves it over xDS); default: static addresses. */
   meshPolicyFile?: string;
+  /** Instances of the router, batcher or cache (needs meshPolicyFile); default one each. */
+  replicas?: Partial<Record<ReplicatedService, ReplicaOptions[]>>;
 }): Promise<Fixture> {
   const dataDir = mkdtempSync(join(tmpdir(), 'infermesh-e2e-'));
   const logFile = join(dataDir, 'services.log');
@@ -73,7 +90,11 @@ export async function startFixture(options: {
       dataDir,
       apiKey: API_KEY,
       redisUrl: options.redisUrl,
-      ports: await freePorts(options.workers?.length ?? 1),
+      ports: await freePorts(
+        options.workers?.length ?? 1,
+        Object.fromEntries(Object.entries(options.replicas ?? {}).map(([s, list]) => [s, list.length])),
+      ),
+      ...(options.replicas !== undefined && { replicas: options.replicas }),
       sink: (service, line, instance) => appendFileSync(logFile, `${service}${instance === undefined ? '' : ` ${instance}`} | ${line}\n`),
       env: options.env ?? {},
       models: options.models.map((model) => {

@@ -52,10 +52,13 @@ export const COMMANDS: GroupSpec<CommandHandler> = {
           name: 'replicas',
           kind: 'value',
           placeholder: '<service=n,...>',
-          description: 'Instances of a service, each on its own ports: worker=2 (1 to 8; workers only for now: the other services need the mesh)',
+          description: 'Instances of a service, each on its own ports: worker=2; router, batcher and cache too with INFERMESH_MESH=xds (1 to 8 each)',
         },
       ],
-      handler: async (ctx) => up(loadCliConfig(ctx.io.env), ctx.io.distDir, upOptions(ctx.args.value('replicas'))),
+      handler: async (ctx) => {
+        const config = loadCliConfig(ctx.io.env);
+        return up(config, ctx.io.distDir, upOptions(ctx.args.value('replicas'), config.mesh));
+      },
     }),
     MODELS_GROUP,
     ROLLOUT_GROUP,

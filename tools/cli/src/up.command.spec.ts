@@ -4,13 +4,18 @@ import { runCapturing } from './testing/cli-runner';
 
 describe('upOptions', () => {
   it('is one worker without --replicas, and as many as asked with worker=n', () => {
-    expect(upOptions(undefined)).toEqual({ workers: 1 });
-    expect(upOptions('worker=2')).toEqual({ workers: 2 });
-    expect(upOptions('worker=3,router=1')).toEqual({ workers: 3 });
+    expect(upOptions(undefined)).toEqual({ workers: 1, replicas: {} });
+    expect(upOptions('worker=2')).toEqual({ workers: 2, replicas: {} });
+    expect(upOptions('worker=3,router=1')).toEqual({ workers: 3, replicas: { router: 1 } });
+  });
+
+  it('takes replicas of the router, batcher and cache in the mesh', () => {
+    expect(upOptions('router=2,batcher=3,cache=2,worker=2', 'xds')).toEqual({ workers: 2, replicas: { router: 2, batcher: 3, cache: 2 } });
   });
 
   it.each([
-    ['router=2', '--replicas: router cannot have replicas yet'],
+    ['router=2', '--replicas: router replicas need the mesh, through which their callers reach every instance: set INFERMESH_MESH=xds'],
+    ['gateway=2', '--replicas: gateway run once on one machine'],
     ['worker=0', '--replicas "worker=0": the count must be an integer of at least 1, got "0"'],
     ['worker=9', '--replicas "worker=9": at most 8 instances of a service on one machine'],
     ['workers=2', '--replicas "workers=2": workers is not a service (registry, cache, worker, batcher, router, gateway)'],
@@ -32,6 +37,6 @@ describe('upOptions', () => {
     const run = await runCapturing(['up', '--replicas', 'batcher=2'], {});
 
     expect(run.code).toBe(2);
-    expect(run.stderr).toContain('--replicas: batcher cannot have replicas yet');
+    expect(run.stderr).toContain('--replicas: batcher replicas need the mesh');
   });
 });

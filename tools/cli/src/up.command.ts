@@ -1,5 +1,5 @@
 import { DEMO_MODELS } from '@infermesh/model-builder';
-import { DEFAULT_RESTART_POLICY, SERVICE_NAMES, type ServiceName, System, defaultPorts, describeSupervisionEvent } from '@infermesh/system';
+import { DEFAULT_RESTART_POLICY, REPLICATED_SERVICES, type ReplicatedService, SERVICE_NAMES, type ServiceName, System, defaultPorts, describeSupervisionEvent } from '@infermesh/system';
 import { randomBytes } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import { parseReplicas } from './args';
@@ -17,25 +17,33 @@ function prefixer(color: boolean) {
   };
 }
 
-/** What `up` starts besides its configuration: how many workers. */
+/** What `up` starts besides its configuration: how many workers, and instances of the router, batcher and cache. */
 export interface UpOptions {
   workers: number;
+  replicas: Partial<Record<ReplicatedService, number>>;
 }
 
 /** The most instances of one service `up` starts on one machine. */
 export const MAX_REPLICAS = 8;
 
-/** `--replicas`: only workers for now; the other services reach each other at one address until the mesh runs them. */
-export function upOptions(replicas: string | undefined): UpOptions {
-  if (replicas === undefined) return { workers: 1 };
+/**
+ * `--replicas`: workers always; the router, batcher and cache only in the mesh (INFERMESH_MESH=xds),
+ * where their callers reach every instance; the registry and the gateway never (one control plane,
+ * one front door on this machine).
+ */
+export function upOptions(replicas: string | undefined, mesh: 'static' | 'xds' = 'static'): UpOptions {
+  if (replicas === undefined) return { workers: 1, replicas: {} };
   const counts = parseReplicas(replicas, '--replicas', SERVICE_NAMES, MAX_REPLICAS);
-  const others = [...counts].filter(([service, n]) => service !== 'worker' && n > 1).map(([service]) => service);
-  if (others.length > 0) {
-    throw new UsageError(
-      `--replicas: ${others.join(', ')} cannot have replicas yet: each service reaches the ${others.join(', ')} at one address until the services reach each other through the mesh; workers can (worker=2)`,
-    );
+  const single = [...counts].filter(([service, n]) => (service === 'registry' || service === 'gateway') && n > 1).map(([service]) => service);
+  if (single.length > 0) throw new UsageError(`--replicas: ${single.join(', ')} run once on one machine (the control plane, the front door)`);
+  const needMesh = [...counts].filter(([service, n]) => (REPLICATED_SERVICES as readonly string[]).includes(service) && n > 1).map(([service]) => service);
+  if (needMesh.length > 0 && mesh !== 'xds') {
+    throw new UsageError(`--replicas: ${needMesh.join(', ')} replicas need the mesh, through which their callers reach every instance: set INFERMESH_MESH=xds; workers can have replicas either way (worker=2)`);
   }
-  return { workers: counts.get('worker') ?? 1 };
+  return {
+    workers: counts.get('worker') ?? 1,
+    replicas: Object.fromEntries(REPLICATED_SERVICES.filter((s) => counts.has(s)).map((s) => [s, counts.get(s)!])),
+  };
 }
 
 /**
@@ -44,7 +52,7 @@ export function upOptions(replicas: string | undefined): UpOptions {
  * call it, and stops everything cleanly on Ctrl-C. A service that exits unexpectedly is restarted
  * with exponential back-off until it crash-loops (DEFAULT_RESTART_POLICY).
  */
-export async function up(config: CliConfig, distDir: string, options: UpOptions = { workers: 1 }): Promise<void> {
+export async function up(config: CliConfig, distDir: string, options: UpOptions = { workers: 1, replicas: {} }): Promise<void> {
   const generated = config.apiKey === undefined;
   const apiKey = config.apiKey ?? `im_${randomBytes(24).toString('base64url')}`;
   const unknown = config.demoModels.filter((m) => !(m in DEMO_MODELS));
@@ -56,7 +64,7 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
     return { name, version: '1', bytes: built.bytes, processing: built.processing, batching: built.batching };
   });
   const started = Date.now();
-  const ports = defaultPorts(options.workers);
+  const ports = defaultPorts(options.workers, options.replicas);
   let shuttingDown = false;
   const system = new System({
     distDir,
@@ -65,6 +73,7 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
     redisUrl: config.redisUrl,
     ports,
     workers: Array.from({ length: options.workers }, () => ({})),
+    replicas: Object.fromEntries(Object.entries(options.replicas).map(([s, n]) => [s, Array.from({ length: n }, () => ({}))])),
     host: config.host,
     sink: prefixer(process.stdout.isTTY),
     env: Object.fromEntries(SERVICE_NAMES.map((n) => [`${n.toUpperCase()}_LOG_LEVEL`, config.logLevel])),
@@ -114,8 +123,9 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
       `infermesh is ready in ${((Date.now() - started) / 1000).toFixed(1)} s (${config.redisUrl === undefined ? 'embedded stores' : 'Redis'}${config.mesh === 'xds' ? ', through the mesh (xDS from the registry)' : ''})`,
       `  REST     ${url}  (KServe v2 / Open Inference Protocol)`,
       `  gRPC     ${system.gatewayGrpcAddress}  (inference.GRPCInferenceService)`,
-      `  metrics  http://${config.host}:${ports.gatewayMetrics}/metrics (gateway; other services on 9101-9105${(ports.moreWorkers ?? []).map((w) => `, ${w.metrics}`).join('')})`,
+      `  metrics  http://${config.host}:${ports.gatewayMetrics}/metrics (gateway; other services on 9101-9105${[...(ports.moreWorkers ?? []), ...Object.values(ports.moreReplicas ?? {}).flat()].map((w) => `, ${w.metrics}`).join('')})`,
       ...(options.workers > 1 ? [`  workers  ${options.workers}: gRPC ${[ports.worker, ...(ports.moreWorkers ?? []).map((w) => w.grpc)].join(', ')}`] : []),
+      ...Object.entries(ports.moreReplicas ?? {}).map(([s, more]) => `  ${s.padEnd(7)}  ${more.length + 1}: gRPC ${[ports[s as ReplicatedService], ...more.map((p) => p.grpc)].join(', ')}`),
       `  models   ${config.demoModels.join(', ')}`,
       `  API key  ${apiKey}${generated ? '   (generated; set INFERMESH_API_KEY to choose one)' : ''}`,
       '',
