@@ -1,4 +1,5 @@
 import { DEFAULT_RESTART_POLICY } from '@infermesh/system';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { type Fixture, inferTinyDistinct, metricValue, REPO_ROOT, startFixture } from './support/system-fixture';
 
@@ -42,5 +43,45 @@ describe('one of two batchers killed under load, in the mesh', () => {
     expect(failed).toEqual([]);
     expect(victim.pid).not.toBe(pid);
     expect(dispatchedByRestarted).toBeGreaterThan(0);
+  }, 90_000);
+});
+
+describe('one of two workers killed under load, in the mesh', () => {
+  let fixture: Fixture;
+
+  beforeAll(async () => {
+    fixture = await startFixture({
+      models: ['tiny'],
+      meshPolicyFile: join(REPO_ROOT, 'envoy', 'mesh.yaml'),
+      workers: [{}, {}],
+      restartPolicy: DEFAULT_RESTART_POLICY,
+      env: { ROUTER_LOCAL_CACHE_ENABLED: 'false' },
+    });
+  }, 120_000);
+
+  afterAll(async () => {
+    await fixture?.stop();
+  });
+
+  it('loses no request of 16 closed-loop clients over 30 s; the batcher drops the dead worker and takes it back once restarted', async () => {
+    const victim = fixture.system.workerProcess(0);
+    const pid = victim.pid!;
+    const statuses: number[] = [];
+    const end = Date.now() + 30_000;
+    const clients = Array.from({ length: 16 }, async () => {
+      while (Date.now() < end) statuses.push(await inferTinyDistinct(fixture.system.gatewayUrl));
+    });
+    await new Promise((r) => setTimeout(r, 5_000));
+    process.kill(pid, 'SIGKILL');
+    await Promise.all(clients);
+
+    const failed = statuses.filter((s) => s !== 200);
+    const batchesByRestarted = await metricValue(fixture.system.workerMetricsUrl(0), 'infermesh_worker_inference_batch_size_count');
+    const log = readFileSync(fixture.logFile, 'utf8');
+    console.log(`mesh: two workers, one killed by SIGKILL 5 s in: ${statuses.length} requests at c=16 over 30 s, ${failed.length} failed; the restarted worker ran ${batchesByRestarted} batches`);
+    expect(failed).toEqual([]);
+    expect(log).toMatch(/worker 127\.0\.0\.1:\d+ left the mesh/);
+    expect(victim.pid).not.toBe(pid);
+    expect(batchesByRestarted).toBeGreaterThan(0);
   }, 90_000);
 });

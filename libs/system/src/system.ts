@@ -436,7 +436,8 @@ export class System {
         break;
       case 'batcher':
         env['BATCHER_GRPC_PORT'] = String(ports.batcher);
-        env['BATCHER_WORKER_ADDRESSES'] = this.workers.map((_, i) => `${h}:${this.workerPorts(i).grpc}`).join(',');
+        // In the mesh the batcher finds the workers through the control plane, as they come and go.
+        env['BATCHER_WORKER_ADDRESSES'] = this.options.mesh === undefined ? this.workers.map((_, i) => `${h}:${this.workerPorts(i).grpc}`).join(',') : 'mesh';
         env['BATCHER_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
         break;
       case 'router':

@@ -1,10 +1,11 @@
-import { address, addressList, type Env, parseEnv, positiveInt } from '@infermesh/config';
+import { address, addressList, ConfigError, type Env, parseEnv, positiveInt } from '@infermesh/config';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
 import { z } from 'zod';
 
 const shape = {
   ...runtimeShape('BATCHER', { grpc: 50054, metrics: 9104 }),
-  BATCHER_WORKER_ADDRESSES: addressList('127.0.0.1:50055'),
+  // `mesh`: the workers the mesh's control plane knows (INFERMESH_MESH_CONTROL_PLANE), as they come and go.
+  BATCHER_WORKER_ADDRESSES: z.union([z.literal('mesh'), addressList('127.0.0.1:50055')]),
   BATCHER_WORKER_POLL_MS: positiveInt(1_000),
   BATCHER_WORKER_TIMEOUT_MS: positiveInt(2_000),
   BATCHER_REGISTRY_ADDRESS: address('127.0.0.1:50051'),
@@ -17,10 +18,15 @@ const shape = {
 /** The batcher's configuration, validated once at start-up. */
 export function loadBatcherConfig(env: Env) {
   const e = parseEnv(shape, env);
+  const runtime = runtimeSettings('BATCHER', e);
+  const fromMesh = e.BATCHER_WORKER_ADDRESSES === 'mesh';
+  if (fromMesh && runtime.mesh === undefined) {
+    throw new ConfigError(['BATCHER_WORKER_ADDRESSES: "mesh" takes the workers from the mesh\'s control plane: set INFERMESH_MESH_CONTROL_PLANE too']);
+  }
   return {
-    runtime: runtimeSettings('BATCHER', e),
-    /** The workers this batcher dispatches to. */
-    workerAddresses: e.BATCHER_WORKER_ADDRESSES,
+    runtime,
+    /** The workers this batcher dispatches to; `mesh`: those the control plane knows, polled as they come and go. */
+    workerAddresses: fromMesh ? ('mesh' as const) : (e.BATCHER_WORKER_ADDRESSES as string[]),
     /** How often each worker is asked which model versions it has ready. */
     workerPollMs: e.BATCHER_WORKER_POLL_MS,
     /** Budget of a poll. */

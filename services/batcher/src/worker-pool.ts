@@ -1,6 +1,7 @@
 import { Inject, Injectable, type OnApplicationBootstrap, type OnApplicationShutdown } from '@nestjs/common';
 import { type CallOptions, createClient, type ServiceClient, toRpcError } from '@infermesh/grpc';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { splitVersionName } from '@infermesh/rollout';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
@@ -53,7 +54,9 @@ export class WorkerHandle {
  */
 @Injectable()
 export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown {
-  readonly workers: WorkerHandle[];
+  workers: WorkerHandle[];
+  /** In the mesh: where to ask which workers there are. */
+  private readonly directory: ServiceClient<typeof InstanceService> | undefined;
   private timer: NodeJS.Timeout | undefined;
   private polling: Promise<void> | undefined;
   private readonly listeners: (() => void)[] = [];
@@ -64,7 +67,8 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     private readonly logger: JsonLogger,
     metrics: Metrics,
   ) {
-    this.workers = config.workerAddresses.map((a) => new WorkerHandle(a));
+    this.workers = config.workerAddresses === 'mesh' ? [] : config.workerAddresses.map((a) => new WorkerHandle(a));
+    this.directory = config.workerAddresses === 'mesh' ? createClient(InstanceService, config.runtime.mesh!.controlPlane) : undefined;
     this.reachableGauge = metrics.gauge('workers_reachable', 'Workers that answered the last poll.');
   }
 
@@ -77,6 +81,7 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
   onApplicationShutdown(): void {
     clearInterval(this.timer);
     for (const worker of this.workers) worker.client.close();
+    this.directory?.close();
   }
 
   /**
@@ -137,8 +142,36 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     return this.workers.filter((w) => w.reachable && model !== undefined && w.serves(model));
   }
 
+  /**
+   * In the mesh, the workers are the serving ones the control plane lists: new ones join, withdrawn
+   * ones leave (their calls in flight finish). While the control plane cannot be asked, the last
+   * list stays.
+   */
+  private async discover(): Promise<void> {
+    if (this.directory === undefined) return;
+    let addresses: string[];
+    try {
+      const { instances } = await this.directory.listInstances({}, { timeoutMs: this.config.workerTimeoutMs });
+      addresses = instances.filter((i) => i.serving && i.instance?.service === 'worker').map((i) => `${i.instance!.address}:${i.instance!.port}`);
+    } catch (error) {
+      this.logger.warn('the mesh control plane did not list the workers; keeping the last list', { err: toRpcError(error).message });
+      return;
+    }
+    const known = new Map(this.workers.map((w) => [w.address, w]));
+    const next = addresses.map((a) => known.get(a) ?? new WorkerHandle(a));
+    for (const worker of this.workers) {
+      if (!addresses.includes(worker.address)) {
+        this.logger.info(`worker ${worker.address} left the mesh`);
+        worker.client.close();
+      }
+    }
+    this.workers = next;
+  }
+
   private poll(): Promise<void> {
-    this.polling ??= Promise.all(this.workers.map((w) => this.pollOne(w))).then(() => {
+    this.polling ??= this.discover()
+      .then(() => Promise.all(this.workers.map((w) => this.pollOne(w))))
+      .then(() => {
       this.polling = undefined;
       this.reachableGauge.set(this.workers.filter((w) => w.reachable).length);
       for (const listener of this.listeners) listener();
