@@ -139,6 +139,28 @@ describe(AdsServer.name, () => {
     expect(stable.served - servedBefore).toBe(50);
   });
 
+  it('ejects an endpoint that keeps failing (outlier detection, gRFC A50): after an interval, no call goes to it', async () => {
+    policy = policyWith(
+      [['edges', 0, 'split'], [{ subset: 'stable', weight: 100 }]],
+      [['edges', 0, 'loadBalancing'], { policy: 'round_robin' }],
+      [['edges', 0, 'retry', 'attempts'], 1],
+      [['edges', 0, 'outlierDetection'], { interval: '500ms', baseEjectionTime: '30s', failurePercentage: { threshold: 50, minimumHosts: 2, requestVolume: 10 } }],
+    );
+    const flaky = await startBackend('flaky'); // a new address: nothing ejected before
+    flaky.failing = true;
+    instances = [instance(stable, 'stable'), { ...instance(flaky, 'stable'), id: 'flaky' }];
+    sut.refresh();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+
+    const before = await tally(40); // round robin: about half go to the failing one, with no retry
+    await new Promise((resolve) => setTimeout(resolve, 1_200)); // past an interval: its failure share is seen
+    const after = await tally(40);
+    flaky.server.forceShutdown();
+
+    expect(before['error UNAVAILABLE']).toBeGreaterThan(5);
+    expect(after).toEqual({ stable: 40 });
+  });
+
   it('injects faults from the policy (gRFC A33): every call aborted with the status it names', async () => {
     policy = policyWith([['edges', 0, 'fault'], { abort: { percent: 100, grpcStatus: 'RESOURCE_EXHAUSTED' } }], [['edges', 0, 'retry', 'attempts'], 1]);
     sut.refresh();
