@@ -73,12 +73,27 @@ describe('one of two workers killed under load, in the mesh', () => {
     });
     await new Promise((r) => setTimeout(r, 5_000));
     process.kill(pid, 'SIGKILL');
+    // From the moment the restarted worker is announced and serving, until it has run a batch.
+    let announcedAt: number | undefined;
+    let servingAgainAt: number | undefined;
+    while (Date.now() < end && servingAgainAt === undefined) {
+      if (announcedAt === undefined && victim.pid !== pid && (await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_mesh_instances', { service: 'worker', serving: 'true' })) === 2) {
+        announcedAt = Date.now();
+      }
+      if (announcedAt !== undefined && (await metricValue(fixture.system.workerMetricsUrl(0), 'infermesh_worker_inference_batch_size_count').catch(() => 0)) > 0) servingAgainAt = Date.now();
+      await new Promise((r) => setTimeout(r, 100));
+    }
     await Promise.all(clients);
 
     const failed = statuses.filter((s) => s !== 200);
     const batchesByRestarted = await metricValue(fixture.system.workerMetricsUrl(0), 'infermesh_worker_inference_batch_size_count');
     const log = readFileSync(fixture.logFile, 'utf8');
-    console.log(`mesh: two workers, one killed by SIGKILL 5 s in: ${statuses.length} requests at c=16 over 30 s, ${failed.length} failed; the restarted worker ran ${batchesByRestarted} batches`);
+    const servedAfterMs = announcedAt === undefined || servingAgainAt === undefined ? undefined : servingAgainAt - announcedAt;
+    console.log(
+      `mesh: two workers, one killed by SIGKILL 5 s in: ${statuses.length} requests at c=16 over 30 s, ${failed.length} failed; ` +
+        `the restarted worker ran its first batch ${servedAfterMs} ms after it was announced, ${batchesByRestarted} batches in all`,
+    );
+    expect(servedAfterMs).toBeLessThanOrEqual(10_000);
     expect(failed).toEqual([]);
     expect(log).toMatch(/worker 127\.0\.0\.1:\d+ left the mesh/);
     expect(victim.pid).not.toBe(pid);
