@@ -1,7 +1,6 @@
-import { createClient } from '@infermesh/grpc';
-import { InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import type { MessageInitShape } from '@bufbuild/protobuf';
-import type { AnnounceRequestSchema } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
+import { createClient } from '@infermesh/grpc';
+import { type AnnounceRequestSchema, InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import { startXdsProbe, type XdsProbe } from '@infermesh/testing';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
