@@ -7,7 +7,7 @@ import { z } from 'zod';
  * it is validated here once, completely, and every problem names the field it is in.
  */
 
-/** The services of the mesh; the registry is also the control plane. */
+/** The services of the mesh, in the order they start; the registry is also the control plane. */
 export const MESH_SERVICES = ['registry', 'cache', 'worker', 'batcher', 'router', 'gateway'] as const;
 export type MeshService = (typeof MESH_SERVICES)[number];
 

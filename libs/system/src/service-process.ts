@@ -1,9 +1,11 @@
+import { MESH_SERVICES, type MeshService } from '@infermesh/mesh';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { join } from 'node:path';
 
-export const SERVICE_NAMES = ['registry', 'cache', 'worker', 'batcher', 'router', 'gateway'] as const;
-export type ServiceName = (typeof SERVICE_NAMES)[number];
+/** The six services, in the order they start (the mesh's one list of them). */
+export const SERVICE_NAMES = MESH_SERVICES;
+export type ServiceName = MeshService;
 
 /**
  * Where a service's log lines go: each line arrives with the service's name, and for a worker of a
