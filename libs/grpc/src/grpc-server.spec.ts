@@ -176,11 +176,11 @@ describe(GrpcServer.name, () => {
   let client: ServiceClient<Registry>;
   let address: string;
 
-  async function start(maxMessageBytes = 4 * 1024 * 1024): Promise<void> {
+  async function start(maxMessageBytes = 4 * 1024 * 1024, faultInjection = false): Promise<void> {
     registry = new ScriptedRegistry();
     metrics = new Metrics('test');
     logs = [];
-    sut = new GrpcServer({ logger: new JsonLogger('test', 'error', (line) => logs.push(line)), metrics, maxMessageBytes });
+    sut = new GrpcServer({ logger: new JsonLogger('test', 'error', (line) => logs.push(line)), metrics, maxMessageBytes, faultInjection });
     sut.add(RegistryService, registry);
     const port = await sut.listen('127.0.0.1', 0);
     address = `127.0.0.1:${port}`;
@@ -722,6 +722,40 @@ describe(GrpcServer.name, () => {
       expect(await handledCount(metrics, 'RegistryService/GetModel', 'INTERNAL')).toBe(1);
       expect(await handledCount(metrics, 'RegistryService/DownloadArtifact', 'OK')).toBe(1);
       expect(await metrics.render()).toContain(`${HISTOGRAM}_bucket{`);
+    });
+  });
+
+  describe('inbound faults', () => {
+    beforeEach(async () => {
+      client.close();
+      await sut.shutdown(100);
+      await start(4 * 1024 * 1024, true);
+    });
+
+    it('fails the share of calls the faults say, before the handler runs, with the status they name', async () => {
+      sut.setInboundFaults({ abort: { code: status.UNAVAILABLE, percent: 50 }, appliesTo: () => true });
+      const outcomes = await Promise.all(Array.from({ length: 400 }, () => client.getModel({ name: 'models/a' }).then(() => 'ok', (e: RpcError) => e.code)));
+      const aborted = outcomes.filter((o) => o === status.UNAVAILABLE).length;
+      expect(aborted + outcomes.filter((o) => o === 'ok').length).toBe(400);
+      // 50 % of 400: 200 ± 5 standard deviations (10 each).
+      expect(aborted).toBeGreaterThan(150);
+      expect(aborted).toBeLessThan(250);
+      expect(registry.calls).toHaveLength(400 - aborted);
+      expect(await metrics.render()).toContain(`test_grpc_server_injected_faults_total{method="RegistryService/GetModel",fault="abort"} ${aborted}`);
+    });
+
+    it('delays calls, spares the methods it does not apply to, and stops when cleared', async () => {
+      sut.setInboundFaults({ delay: { ms: 300, percent: 100 }, appliesTo: (path) => !path.endsWith('/ListModels') });
+      let started = performance.now();
+      await client.getModel({ name: 'models/a' });
+      expect(performance.now() - started).toBeGreaterThanOrEqual(290);
+      started = performance.now();
+      await client.listModels({});
+      expect(performance.now() - started).toBeLessThan(290);
+      sut.setInboundFaults(undefined);
+      started = performance.now();
+      await client.getModel({ name: 'models/a' });
+      expect(performance.now() - started).toBeLessThan(290);
     });
   });
 

@@ -2,7 +2,7 @@ import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { type JsonLogger, type Metrics, requestContext, sanitizeRequestId } from '@infermesh/telemetry';
 import type { Http2Server, IncomingHttpHeaders, ServerHttp2Stream } from 'node:http2';
-import type { Histogram } from 'prom-client';
+import type { Counter, Histogram } from 'prom-client';
 import { boundTimeoutHeader } from './deadline';
 import type { CallContext, ServiceImpl } from './method-types';
 import { RpcError, toRpcError } from './rpc-error';
@@ -13,6 +13,21 @@ export interface GrpcServerOptions {
   metrics: Metrics;
   /** Largest message accepted or sent, in bytes. */
   maxMessageBytes: number;
+  /** Whether setInboundFaults may turn fault injection on (in the mesh): off, calls skip the filter. */
+  faultInjection?: boolean;
+}
+
+/**
+ * Faults the server injects into calls it receives, as the mesh policy's inboundFault says (the
+ * same HTTP fault filter an Envoy sidecar would run on its inbound listener).
+ */
+export interface InboundFaults {
+  /** A share of calls answered at once, before their handler runs, with this status (trailers only: callers may retry). */
+  abort?: { code: grpc.status; percent: number };
+  /** A share of calls held this long before their handler runs. */
+  delay?: { ms: number; percent: number };
+  /** Whether a call to this method path takes faults (health checks do not). */
+  appliesTo: (path: string) => boolean;
 }
 
 type AnyCall = Pick<grpc.ServerUnaryCall<unknown, unknown>, 'metadata' | 'getDeadline'> & NodeJS.EventEmitter;
@@ -28,12 +43,17 @@ export class GrpcServer {
   private readonly server: grpc.Server;
   private readonly duration: Histogram<'method' | 'code'>;
   private draining = false;
+  private faults: InboundFaults | undefined;
+  private readonly injected: Counter<'method' | 'fault'>;
 
   constructor(private readonly options: GrpcServerOptions) {
     this.server = new grpc.Server({
       'grpc.max_receive_message_length': options.maxMessageBytes,
       'grpc.max_send_message_length': options.maxMessageBytes,
+      // In the mesh, every call passes a fault filter the policy can turn on at run time.
+      ...(options.faultInjection === true && { interceptors: [(descriptor: grpc.ServerMethodDefinition<unknown, unknown>, call: grpc.ServerInterceptingCallInterface) => this.injectFaults(descriptor.path, call)] }),
     });
+    this.injected = options.metrics.counter('grpc_server_injected_faults_total', 'Calls this service failed or delayed on purpose, as the mesh policy\'s inboundFault says.', ['method', 'fault']);
     boundReceivedDeadlines(this.server);
     this.duration = options.metrics.histogram(
       'grpc_server_handling_seconds',
@@ -89,6 +109,38 @@ export class GrpcServer {
 
   get isDraining(): boolean {
     return this.draining;
+  }
+
+  /** Faults to inject into the calls received from now on; undefined: none. */
+  setInboundFaults(faults: InboundFaults | undefined): void {
+    this.faults = faults;
+  }
+
+  private injectFaults(path: string, call: grpc.ServerInterceptingCallInterface): grpc.ServerInterceptingCall {
+    const faults = this.faults;
+    if (faults === undefined || !faults.appliesTo(path)) return new grpc.ServerInterceptingCall(call);
+    const abort = faults.abort !== undefined && Math.random() * 100 < faults.abort.percent ? faults.abort : undefined;
+    const delayMs = faults.delay !== undefined && Math.random() * 100 < faults.delay.percent ? faults.delay.ms : 0;
+    if (abort === undefined && delayMs === 0) return new grpc.ServerInterceptingCall(call);
+    // Labelled as grpc_server_handling_seconds is: Service/Method.
+    const [, service = '', methodName = ''] = path.split('/');
+    const method = `${service.split('.').at(-1)}/${methodName}`;
+    return new grpc.ServerInterceptingCall(call, {
+      start: (next) => {
+        next({
+          onReceiveMetadata: (metadata, nextMetadata) => {
+            const go = () => {
+              if (abort === undefined) return nextMetadata(metadata);
+              this.injected.inc({ method, fault: 'abort' });
+              call.sendStatus({ code: abort.code, details: `injected fault: the mesh policy fails ${abort.percent}% of calls here`, metadata: new grpc.Metadata() });
+            };
+            if (delayMs === 0) return go();
+            this.injected.inc({ method, fault: 'delay' });
+            setTimeout(go, delayMs);
+          },
+        });
+      },
+    });
   }
 
   private wrap(method: DescMethod, handler: (...args: unknown[]) => unknown): grpc.UntypedHandleCall {

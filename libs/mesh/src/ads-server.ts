@@ -1,7 +1,7 @@
 import * as grpc from '@grpc/grpc-js';
 import { createHash } from 'node:crypto';
 import type { EnvoyApi } from './envoy-api-check';
-import { XDS_TYPES, type XdsResources, type XdsTypeUrl } from './xds-resources';
+import { XDS_TYPE_NAMES, XDS_TYPES, type XdsResources, type XdsTypeUrl } from './xds-resources';
 
 /** Who is asking, from the first request of a stream. */
 export interface XdsNode {
@@ -47,12 +47,6 @@ interface Subscription {
   nackedVersion: string | undefined;
 }
 
-const TYPE_NAMES: Readonly<Record<XdsTypeUrl, string>> = {
-  [XDS_TYPES.listener]: 'envoy.config.listener.v3.Listener',
-  [XDS_TYPES.route]: 'envoy.config.route.v3.RouteConfiguration',
-  [XDS_TYPES.cluster]: 'envoy.config.cluster.v3.Cluster',
-  [XDS_TYPES.endpoint]: 'envoy.config.endpoint.v3.ClusterLoadAssignment',
-};
 
 /**
  * The xDS v3 Aggregated Discovery Service, state of the world: each stream is answered from its
@@ -169,12 +163,12 @@ export class AdsServer {
     const key = `${typeUrl}\0${JSON.stringify(json)}`;
     const cached = this.encodedCache.get(key);
     if (cached !== undefined) return cached;
-    const problems = this.api.check(TYPE_NAMES[typeUrl], json);
+    const problems = this.api.check(XDS_TYPE_NAMES[typeUrl], json);
     if (problems.length > 0) {
       this.report({ kind: 'refused', typeUrl, name, problems });
       return undefined;
     }
-    const bytes = this.api.encode(TYPE_NAMES[typeUrl], json);
+    const bytes = this.api.encode(XDS_TYPE_NAMES[typeUrl], json);
     if (this.encodedCache.size > 10_000) this.encodedCache.clear();
     this.encodedCache.set(key, bytes);
     return bytes;

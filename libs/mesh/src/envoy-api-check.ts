@@ -176,6 +176,64 @@ export class EnvoyApi {
     return type.encode(type.fromObject(this.toObject(type, value))).finish();
   }
 
+  /**
+   * A message from its binary protobuf, in the JSON form `encode` takes (the inverse of encode):
+   * snake_case fields that are set, enums by name, durations as "1.5s", typed configs with "@type",
+   * wrappers and structs as plain values.
+   */
+  decode(typeName: string, bytes: Uint8Array): Json {
+    const type = this.lookupType(typeName);
+    if (type === undefined) throw new Error(`${typeName} is not a type of Envoy's v3 API`);
+    return this.fromMessage(type, type.decode(bytes));
+  }
+
+  private fromMessage(type: protobuf.Type, message: protobuf.Message): Json {
+    const name = type.fullName.slice(1);
+    const fields = message as unknown as Record<string, unknown>;
+    if (name === 'google.protobuf.Any') {
+      const url = typeof fields['type_url'] === 'string' ? fields['type_url'] : '';
+      const inner = this.lookupType(url.slice(TYPE_URL_PREFIX.length));
+      if (inner === undefined) throw new Error(`unknown @type ${url}`);
+      const content = this.fromMessage(inner, inner.decode(fields['value'] as Uint8Array));
+      return this.isSpecialJson(inner.fullName.slice(1)) ? { '@type': url, value: content } : { '@type': url, ...(content as object) };
+    }
+    if (name === 'google.protobuf.Duration') {
+      const nanos = BigInt(String(fields['seconds'] as number | string | undefined ?? 0)) * 1_000_000_000n + BigInt(Number(fields['nanos'] ?? 0));
+      const whole = nanos / 1_000_000_000n;
+      const rest = (nanos < 0n ? -nanos : nanos) % 1_000_000_000n;
+      return `${nanos < 0n && whole === 0n ? '-' : ''}${whole}${rest === 0n ? '' : `.${String(rest).padStart(9, '0').replace(/0+$/, '')}`}s`;
+    }
+    const plain = type.toObject(message, { longs: String, enums: String, bytes: String });
+    if (name in WRAPPERS) return plain['value'] ?? (WRAPPERS[name] === 'bool' ? false : WRAPPERS[name] === 'string' || WRAPPERS[name] === 'bytes' ? '' : 0);
+    if (name === 'google.protobuf.Struct' || name === 'google.protobuf.Value' || name === 'google.protobuf.ListValue') {
+      return plainStruct(name, plain);
+    }
+    const json: Record<string, Json> = {};
+    for (const field of type.fieldsArray) {
+      const value = fields[field.name];
+      if (value === undefined || value === null || !Object.prototype.hasOwnProperty.call(plain, field.name)) continue;
+      // 64-bit integers come back as numbers where they fit one exactly (as they are written), else as strings (proto3 JSON).
+      const long = field.type in INT_RANGES && field.type.endsWith('64');
+      const one = (item: unknown, plainItem: unknown): Json =>
+        field.resolvedType instanceof protobuf.Type
+          ? this.fromMessage(field.resolvedType, item as protobuf.Message)
+          : long && Number.isSafeInteger(Number(plainItem))
+            ? Number(plainItem)
+            : plainItem;
+      const plainValue: unknown = plain[field.name];
+      if (field.map) {
+        json[field.name] = Object.fromEntries(Object.entries(value as Record<string, unknown>).map(([k, v]) => [k, one(v, (plainValue as Record<string, unknown>)[k])]));
+      } else if (field.repeated) {
+        const items = value as unknown[];
+        if (items.length === 0) continue;
+        json[field.name] = items.map((item, i) => one(item, (plainValue as unknown[])[i]));
+      } else {
+        json[field.name] = one(value, plainValue);
+      }
+    }
+    return json;
+  }
+
   /** A message's protobufjs object (what fromObject takes) from its JSON form. */
   private toObject(type: protobuf.Type, value: Json): Record<string, unknown> {
     const name = type.fullName.slice(1);
@@ -491,14 +549,31 @@ export class EnvoyApi {
   }
 }
 
-/** A google.protobuf.Value's protobufjs object from plain JSON. */
+/** A decoded google.protobuf.Struct, Value or ListValue (protobufjs's plain object, camelCase) as plain JSON. */
+function plainStruct(name: string, plain: Record<string, unknown>): Json {
+  if (name === 'google.protobuf.Struct') {
+    return Object.fromEntries(Object.entries((plain['fields'] ?? {}) as Record<string, Record<string, unknown>>).map(([k, v]) => [k, plainStruct('google.protobuf.Value', v)]));
+  }
+  if (name === 'google.protobuf.ListValue') return ((plain['values'] ?? []) as Record<string, unknown>[]).map((v) => plainStruct('google.protobuf.Value', v));
+  if ('structValue' in plain) return plainStruct('google.protobuf.Struct', plain['structValue'] as Record<string, unknown>);
+  if ('listValue' in plain) return plainStruct('google.protobuf.ListValue', plain['listValue'] as Record<string, unknown>);
+  if ('numberValue' in plain) return plain['numberValue'];
+  if ('stringValue' in plain) return plain['stringValue'];
+  if ('boolValue' in plain) return plain['boolValue'];
+  return null;
+}
+
+/**
+ * A google.protobuf.Value's protobufjs object from plain JSON. protobufjs defines the well-known
+ * struct types itself, with camelCase field names (whatever keepCase says for Envoy's files).
+ */
 function structValue(value: Json): Record<string, unknown> {
-  if (value === null) return { null_value: 0 };
-  if (typeof value === 'number') return { number_value: value };
-  if (typeof value === 'string') return { string_value: value };
-  if (typeof value === 'boolean') return { bool_value: value };
-  if (Array.isArray(value)) return { list_value: { values: value.map(structValue) } };
-  return { struct_value: { fields: Object.fromEntries(Object.entries(value as Record<string, Json>).map(([k, v]) => [k, structValue(v)])) } };
+  if (value === null) return { nullValue: 0 };
+  if (typeof value === 'number') return { numberValue: value };
+  if (typeof value === 'string') return { stringValue: value };
+  if (typeof value === 'boolean') return { boolValue: value };
+  if (Array.isArray(value)) return { listValue: { values: value.map(structValue) } };
+  return { structValue: { fields: Object.fromEntries(Object.entries(value as Record<string, Json>).map(([k, v]) => [k, structValue(v)])) } };
 }
 
 /** Walks a JSON document, calling `visit` with each object and its path. */

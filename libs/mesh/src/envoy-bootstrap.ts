@@ -1,4 +1,4 @@
-import { GRPC_STATUS_CODES, type MeshEdge, type MeshPolicy, type MeshService } from './mesh-policy';
+import { type FaultInjection, GRPC_STATUS_CODES, type MeshEdge, type MeshPolicy, type MeshService } from './mesh-policy';
 
 /**
  * Envoy sidecar configurations, compiled from the mesh policy by pure functions: the same policy
@@ -167,8 +167,11 @@ export function edgeRouteConfiguration(edge: MeshEdge): Json {
   };
 }
 
-function faultFilter(edge: MeshEdge): Json[] {
-  const { fault } = edge;
+/** Health checks are exempt from inbound faults: an instance that fails some calls on purpose still reports its health truly. */
+export const FAULT_EXEMPT_PATH_PREFIX = '/grpc.health.v1.Health/';
+
+/** The HTTP fault filter for injected aborts and delays; none without a fault. Inbound, health checks are exempt. */
+function faultFilter(fault: FaultInjection | undefined, inbound = false): Json[] {
   if (fault === undefined || (fault.abort === undefined && fault.delay === undefined)) return [];
   const fraction = (percent: number) => ({ numerator: Math.round(percent * 10_000), denominator: 'MILLION' });
   return [
@@ -179,6 +182,7 @@ function faultFilter(edge: MeshEdge): Json[] {
           abort: { grpc_status: GRPC_STATUS_CODES[fault.abort.grpcStatus], percentage: fraction(fault.abort.percent) },
         }),
         ...(fault.delay !== undefined && { delay: { fixed_delay: seconds(fault.delay.fixed), percentage: fraction(fault.delay.percent) } }),
+        ...(inbound && { headers: [{ name: ':path', string_match: { prefix: FAULT_EXEMPT_PATH_PREFIX }, invert_match: true }] }),
       }),
     },
   ];
@@ -309,7 +313,7 @@ export function edgeListener(policy: MeshPolicy, edge: MeshEdge): Json {
     `outbound_${edge.to}`,
     '127.0.0.1',
     policy.services[edge.to].port,
-    httpConnectionManager(policy, edge.from, `outbound_${edge.to}`, edgeRouteConfiguration(edge), faultFilter(edge)),
+    httpConnectionManager(policy, edge.from, `outbound_${edge.to}`, edgeRouteConfiguration(edge), faultFilter(edge.fault)),
   );
 }
 
@@ -324,14 +328,56 @@ export function edgeApiListener(edge: MeshEdge): Json {
       api_listener: any('envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager', {
         stat_prefix: `outbound_${edge.to}`,
         route_config: edgeRouteConfiguration(edge),
-        http_filters: [...faultFilter(edge), ROUTER_FILTER],
+        http_filters: [...faultFilter(edge.fault), ROUTER_FILTER],
       }),
     },
   };
 }
 
-/** The bootstrap of the Envoy sidecar next to `service`. */
-export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: EnvoyMode): Json {
+/** The fault injected into calls arriving at the service's instances of `subset` (any instance: undefined), if any. */
+export function inboundFaultOf(policy: MeshPolicy, service: MeshService, subset: string | undefined): FaultInjection | undefined {
+  const fault = policy.services[service].inboundFault;
+  return fault !== undefined && (fault.subset === undefined || fault.subset === subset) ? fault : undefined;
+}
+
+/** Which subset of the service an instance with these labels is in (the first whose labels all match). */
+export function subsetOf(policy: MeshPolicy, service: MeshService, labels: Readonly<Record<string, string>>): string | undefined {
+  return Object.entries(policy.services[service].subsets).find(([, selector]) => Object.entries(selector).every(([k, v]) => labels[k] === v))?.[0];
+}
+
+/**
+ * The listener a proxyless service reads its inbound filters from (gRFC A36's server listener): its
+ * own address, the same HTTP filters as its sidecar's inbound listener, and no forwarding.
+ */
+export function inboundApiListener(policy: MeshPolicy, service: MeshService, subset: string | undefined, address: string, port: number): Json {
+  return {
+    name: 'inbound',
+    address: socketAddress(address, port),
+    filter_chains: [
+      {
+        filters: [
+          {
+            name: 'envoy.filters.network.http_connection_manager',
+            typed_config: any('envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager', {
+              stat_prefix: 'inbound',
+              route_config: {
+                name: 'inbound',
+                virtual_hosts: [{ name: service, domains: ['*'], routes: [{ match: { prefix: '/' }, non_forwarding_action: {} }] }],
+              },
+              http_filters: [...faultFilter(inboundFaultOf(policy, service, subset), true), ROUTER_FILTER],
+            }),
+          },
+        ],
+      },
+    ],
+  };
+}
+
+/**
+ * The bootstrap of the Envoy sidecar next to `service` (in the pods of `subset`, when the policy
+ * injects faults into that subset's inbound calls only).
+ */
+export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: EnvoyMode, subset?: string): Json {
   const { sidecar } = policy;
   const edges = sidecarEdges(policy, service);
   const http1Local = (name: string, port: number, http2: boolean): Json => ({
@@ -360,7 +406,7 @@ export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: E
           },
         ],
       },
-      [],
+      faultFilter(inboundFaultOf(policy, service, subset), true),
     ),
   );
   const stats = listener('stats', '0.0.0.0', sidecar.statsPort, {

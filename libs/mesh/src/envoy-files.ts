@@ -2,21 +2,30 @@ import { stringify } from 'yaml';
 import { type EnvoyMode, envoyBootstrap } from './envoy-bootstrap';
 import { MESH_SERVICES, type MeshPolicy, type MeshService } from './mesh-policy';
 
-/** One sidecar's configuration file: `<service>.yaml`. */
+/** One sidecar's configuration file: `<service>.yaml`, or `<service>.<subset>.yaml` for the pods of a subset that differ. */
 export interface EnvoyConfigFile {
   service: MeshService;
+  subset: string | undefined;
   fileName: string;
   bootstrap: Record<string, unknown>;
   text: string;
 }
 
-/** Every service's sidecar bootstrap as YAML text, each file saying where it comes from. */
+/**
+ * Every service's sidecar bootstrap as YAML text, each file saying where it comes from. A service
+ * whose inbound fault targets one subset gets a second file for that subset's pods.
+ */
 export function envoyConfigFiles(policy: MeshPolicy, mode: EnvoyMode, policySource = 'envoy/mesh.yaml'): EnvoyConfigFile[] {
-  return MESH_SERVICES.map((service) => {
-    const bootstrap = envoyBootstrap(policy, service, mode);
-    const header =
-      `# Envoy sidecar of the ${service} (${mode === 'ads' ? 'listeners and clusters over ADS from the registry' : 'everything static, upstreams by DNS'}).\n` +
-      `# Generated from ${policySource} by \`npx infermesh mesh envoy --mode ${mode}\`: do not edit, change the policy.\n`;
-    return { service, fileName: `${service}.yaml`, bootstrap, text: header + stringify(bootstrap, { lineWidth: 0, aliasDuplicateObjects: false }) };
+  return MESH_SERVICES.flatMap((service) => {
+    const faultSubset = policy.services[service].inboundFault?.subset;
+    return [undefined, ...(faultSubset === undefined ? [] : [faultSubset])].map((subset) => {
+      const bootstrap = envoyBootstrap(policy, service, mode, subset);
+      const who = subset === undefined ? `the ${service}` : `the ${service}'s pods of subset ${subset}`;
+      const header =
+        `# Envoy sidecar of ${who} (${mode === 'ads' ? 'listeners and clusters over ADS from the registry' : 'everything static, upstreams by DNS'}).\n` +
+        `# Generated from ${policySource} by \`npx infermesh mesh envoy --mode ${mode}\`: do not edit, change the policy.\n`;
+      const fileName = subset === undefined ? `${service}.yaml` : `${service}.${subset}.yaml`;
+      return { service, subset, fileName, bootstrap, text: header + stringify(bootstrap, { lineWidth: 0, aliasDuplicateObjects: false }) };
+    });
   });
 }

@@ -4,3 +4,7 @@ export * from './envoy-api-check';
 export * from './envoy-files';
 export * from './xds-resources';
 export * from './ads-server';
+export * from './ads-client';
+export * from './inbound-faults';
+export * from './edge-settings';
+export * from './outlier-detector';

@@ -139,6 +139,12 @@ const faultSchema = z
   })
   .strict();
 
+/**
+ * Faults injected where calls arrive: at the service's instances (or those of one subset), whoever
+ * calls. Its callers' retries and outlier detection see them as they would a failing instance.
+ */
+const inboundFaultSchema = faultSchema.extend({ subset: name.optional() }).strict();
+
 /** Settings every edge has, from `defaults` or its own. */
 const edgeSettingsShape = {
   /** The longest a call on the edge may take, whatever deadline it carries; 0s: no limit (streams). */
@@ -198,10 +204,18 @@ const policySchema = z
             .object({
               port: z.number().int().min(1).max(65535),
               subsets: z.record(name, z.record(z.string().min(1), z.string().min(1))).optional(),
+              inboundFault: inboundFaultSchema.optional(),
             })
             .strict(),
         ]),
-      ) as Record<MeshService, z.ZodObject<{ port: z.ZodNumber; subsets: z.ZodOptional<z.ZodRecord<typeof name, z.ZodRecord<z.ZodString, z.ZodString>>> }>>,
+      ) as Record<
+        MeshService,
+        z.ZodObject<{
+          port: z.ZodNumber;
+          subsets: z.ZodOptional<z.ZodRecord<typeof name, z.ZodRecord<z.ZodString, z.ZodString>>>;
+          inboundFault: z.ZodOptional<typeof inboundFaultSchema>;
+        }>
+      >,
     ).strict(),
     defaults: z.object(edgeSettingsShape).strict(),
     edges: z.array(edgeSchema).min(1),
@@ -234,10 +248,12 @@ export interface MeshEdge {
   fault: FaultInjection | undefined;
 }
 
+export type InboundFault = z.infer<typeof inboundFaultSchema>;
+
 export interface MeshPolicy {
   kubernetes: ParsedPolicy['kubernetes'];
   sidecar: ParsedPolicy['sidecar'];
-  services: Record<MeshService, { port: number; subsets: Record<string, Record<string, string>> }>;
+  services: Record<MeshService, { port: number; subsets: Record<string, Record<string, string>>; inboundFault: InboundFault | undefined }>;
   edges: MeshEdge[];
   tracing: ParsedPolicy['tracing'];
 }
@@ -267,8 +283,15 @@ export function parseMeshPolicy(text: string, source = 'mesh policy'): MeshPolic
   const policy = parsed.data;
   const problems: string[] = [];
   const services = Object.fromEntries(
-    MESH_SERVICES.map((s) => [s, { port: policy.services[s].port, subsets: policy.services[s].subsets ?? {} }]),
+    MESH_SERVICES.map((s) => [s, { port: policy.services[s].port, subsets: policy.services[s].subsets ?? {}, inboundFault: policy.services[s].inboundFault }]),
   ) as MeshPolicy['services'];
+  for (const s of MESH_SERVICES) {
+    const subset = services[s].inboundFault?.subset;
+    if (subset !== undefined && !(subset in services[s].subsets)) {
+      const known = Object.keys(services[s].subsets);
+      problems.push(`services.${s}.inboundFault.subset: ${s} has no subset "${subset}" (${known.length === 0 ? `services.${s}.subsets is empty` : `known: ${known.join(', ')}`})`);
+    }
+  }
 
   const ports = new Map<number, string>();
   for (const s of MESH_SERVICES) {

@@ -1,4 +1,4 @@
-import { clusterName, edgeApiListener, edgeClusters, edgeListener, sidecarEdges } from './envoy-bootstrap';
+import { clusterName, edgeApiListener, edgeClusters, edgeListener, inboundApiListener, sidecarEdges, subsetOf } from './envoy-bootstrap';
 import type { MeshPolicy, MeshService } from './mesh-policy';
 
 /** The four resource types the control plane serves over ADS, by type URL. */
@@ -9,6 +9,14 @@ export const XDS_TYPES = {
   endpoint: 'type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment',
 } as const;
 export type XdsTypeUrl = (typeof XDS_TYPES)[keyof typeof XDS_TYPES];
+
+/** Each type's message in Envoy's API. */
+export const XDS_TYPE_NAMES: Readonly<Record<XdsTypeUrl, string>> = {
+  [XDS_TYPES.listener]: 'envoy.config.listener.v3.Listener',
+  [XDS_TYPES.route]: 'envoy.config.route.v3.RouteConfiguration',
+  [XDS_TYPES.cluster]: 'envoy.config.cluster.v3.Cluster',
+  [XDS_TYPES.endpoint]: 'envoy.config.endpoint.v3.ClusterLoadAssignment',
+};
 
 /** Who asks: an Envoy sidecar (socket listeners, endpoints are the peers' sidecars) or a proxyless gRPC client (API listeners, endpoints are the processes). */
 export type XdsClientKind = 'envoy' | 'grpc';
@@ -40,14 +48,28 @@ function members(policy: MeshPolicy, service: MeshService, subset: string | unde
  * Everything a caller's clients are served, compiled from the policy and the running instances by
  * one pure function: the same inputs give the same resources, so versions can be content hashes.
  */
-export function xdsResources(policy: MeshPolicy, caller: MeshService, kind: XdsClientKind, instances: readonly MeshInstance[]): XdsResources {
+export function xdsResources(
+  policy: MeshPolicy,
+  caller: MeshService,
+  kind: XdsClientKind,
+  instances: readonly MeshInstance[],
+  self?: MeshInstance,
+): XdsResources {
   const resources: XdsResources = {
     [XDS_TYPES.listener]: new Map(),
     [XDS_TYPES.route]: new Map(),
     [XDS_TYPES.cluster]: new Map(),
     [XDS_TYPES.endpoint]: new Map(),
   };
-  for (const edge of sidecarEdges(policy, caller)) {
+  // A proxyless service reads its own inbound filters (the faults injected into its calls) from a
+  // server listener; a sidecar has its inbound listener in its bootstrap.
+  if (kind === 'grpc' && self !== undefined) {
+    resources[XDS_TYPES.listener].set('inbound', inboundApiListener(policy, caller, subsetOf(policy, caller, self.labels), self.address, self.port));
+  }
+  // The batcher picks workers itself, so its sidecar does not proxy that edge; proxyless, it still
+  // takes the edge's endpoints, ejection and retry settings from these resources.
+  const edges = kind === 'envoy' ? sidecarEdges(policy, caller) : policy.edges.filter((edge) => edge.from === caller);
+  for (const edge of edges) {
     resources[XDS_TYPES.listener].set(
       kind === 'envoy' ? `outbound_${edge.to}` : edge.to,
       kind === 'envoy' ? edgeListener(policy, edge) : edgeApiListener(edge),

@@ -5,20 +5,15 @@ import { createClient, type ServiceClient } from '@infermesh/grpc';
 import { RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { HealthDetails, RuntimeModule, runtimeSettings } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { type FakeRegistry, startFakeRegistry } from '@infermesh/testing';
+import { eventually as eventuallyWithin, type FakeRegistry, startFakeRegistry } from '@infermesh/testing';
+
+/** The watch reconnects with backoff: give conditions ten seconds. */
+const eventually = (condition: () => boolean) => eventuallyWithin(condition, 10_000, 5);
 import { RegistryWatch } from './registry-watch';
 import { registryWatchProvider } from './registry-watch.provider';
 
 const mlp = { name: 'models/mlp', versions: [{ name: 'models/mlp/versions/1', state: VersionState.READY }] };
 const tiny = { name: 'models/tiny', versions: [{ name: 'models/tiny/versions/1', state: VersionState.READY }] };
-
-async function eventually(condition: () => boolean, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
 
 describe(RegistryWatch.name, () => {
   let registry: FakeRegistry;

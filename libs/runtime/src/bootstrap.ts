@@ -10,6 +10,8 @@ import type { Server } from 'node:http';
 import { HealthDetails } from './health-details';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { MeshAnnouncer } from './mesh-announcer';
+import { MeshXds } from './mesh-xds';
+import { inboundFaultsOf, XDS_TYPES } from '@infermesh/mesh';
 import { MonitoringServer } from './monitoring-server';
 import { ServiceIdentity } from './runtime.module';
 
@@ -65,7 +67,13 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   const health = app.get(HealthService);
   const metrics = app.get(Metrics);
 
-  const grpcServer = new GrpcServer({ logger, metrics, maxMessageBytes: settings.maxMessageBytes });
+  const grpcServer = new GrpcServer({ logger, metrics, maxMessageBytes: settings.maxMessageBytes, faultInjection: settings.mesh !== undefined });
+  // In the mesh, the faults the policy injects here come in the service's inbound listener.
+  const xds = app.get(MeshXds);
+  xds.client?.watch(XDS_TYPES.listener, ['inbound'], {
+    parse: (resources) => (resources.has('inbound') ? inboundFaultsOf(resources.get('inbound')) : undefined),
+    apply: (faults) => grpcServer.setInboundFaults(faults),
+  });
   grpcServer.add(Health, health);
   health.set('', ServingStatus.NOT_SERVING);
   const bindings = options.grpc(app);
@@ -97,6 +105,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
       ? undefined
       : new MeshAnnouncer(identity.name, settings.mesh, { host: settings.grpc.host, port: grpcPort }, () => health.get() === ServingStatus.SERVING && !grpcServer.isDraining, logger);
   announcer?.start();
+  xds.start();
   logger.info(`${identity.name} listening`, { grpc_port: grpcPort, metrics_port: metricsPort, http_port: httpPort });
 
   let stopping: Promise<void> | undefined;
@@ -106,6 +115,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
       health.setAll(ServingStatus.NOT_SERVING);
       // Withdrawn from the mesh first, so that no new call is routed here while the rest drains.
       await announcer?.stop();
+      xds.close();
       options.beforeShutdown?.(app);
       const httpClosed = httpServer
         ? new Promise<void>((resolve) => {

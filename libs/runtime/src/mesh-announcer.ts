@@ -3,6 +3,7 @@ import { createClient, type ServiceClient } from '@infermesh/grpc';
 import { type AnnounceRequestSchema, InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import type { JsonLogger } from '@infermesh/telemetry';
 import { hostname } from 'node:os';
+import { meshInstanceId } from './mesh-xds';
 import type { MeshSettings } from './runtime-config';
 
 type AnnounceRequest = MessageInitShape<typeof AnnounceRequestSchema>;
@@ -27,7 +28,7 @@ export class MeshAnnouncer {
     private readonly serving: () => boolean,
     private readonly logger: JsonLogger,
   ) {
-    this.instanceId = settings.instanceId ?? `${service}-${hostname()}-${process.pid}`;
+    this.instanceId = meshInstanceId(service, settings);
   }
 
   start(): void {

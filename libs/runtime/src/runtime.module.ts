@@ -2,6 +2,7 @@ import { type DynamicModule, Global, Module } from '@nestjs/common';
 import { HealthService } from '@infermesh/grpc';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { HealthDetails } from './health-details';
+import { MeshXds } from './mesh-xds';
 import type { RuntimeSettings } from './runtime-config';
 
 /** The settings of the running service, injectable. */
@@ -28,10 +29,11 @@ export class RuntimeModule {
         { provide: ServiceIdentity, useValue: new ServiceIdentity(name, settings) },
         { provide: JsonLogger, useValue: logger },
         { provide: Metrics, useValue: new Metrics(name) },
+        { provide: MeshXds, inject: [JsonLogger, Metrics], useFactory: (log: JsonLogger, metrics: Metrics) => new MeshXds(name, settings.mesh, log, metrics) },
         { provide: HealthService, useValue: new HealthService() },
         { provide: HealthDetails, inject: [HealthService], useFactory: (health: HealthService) => new HealthDetails(name, health) },
       ],
-      exports: [ServiceIdentity, JsonLogger, Metrics, HealthService, HealthDetails],
+      exports: [ServiceIdentity, JsonLogger, Metrics, HealthService, HealthDetails, MeshXds],
     };
   }
 }

@@ -1,4 +1,5 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { eventually } from '@infermesh/testing';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
@@ -32,14 +33,6 @@ interface Exit {
   name: ServiceName;
   code: number | null;
   signal: NodeJS.Signals | null;
-}
-
-async function eventually(condition: () => boolean, timeoutMs = 5_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
 }
 
 function isAlive(pid: number): boolean {

@@ -1,4 +1,5 @@
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { eventually } from '@infermesh/testing';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ServiceName } from './service-process';
@@ -9,14 +10,6 @@ const WORKER_SCRIPT = `
 for (const key of ['WORKER_ID', 'WORKER_MODELS', 'WORKER_GRPC_PORT', 'WORKER_ARTIFACT_DIR']) console.log(key + '=' + process.env[key]);
 setInterval(() => undefined, 1000);
 `;
-
-async function eventually(condition: () => boolean, timeoutMs = 5_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}
 
 describe(System.name, () => {
   let distDir: string;

@@ -3,3 +3,4 @@ export * from './free-port';
 export * from './rpc-rejection';
 export * from './fake-registry';
 export * from './xds-probe';
+export * from './eventually';

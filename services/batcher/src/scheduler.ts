@@ -2,6 +2,7 @@ import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
 import { status } from '@grpc/grpc-js';
 import { type CallContext, RpcError, toRpcError } from '@infermesh/grpc';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { retries, retryBackoffMs } from '@infermesh/mesh';
 import { integerParameter } from '@infermesh/tensors';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { JsonLogger, Metrics, ModelLabels, requestContext } from '@infermesh/telemetry';
@@ -12,6 +13,9 @@ import { BATCHER_CONFIG, type BatcherConfig } from './batcher.config';
 import type { BatchingPolicy } from './batching-policy';
 import { VersionSettings } from './version-settings';
 import { type WorkerHandle, WorkerPool } from './worker-pool';
+
+/** Statuses that are a worker's own failure, for the edge's outlier detection (bad input, deadlines and cancellations are not). */
+const WORKER_FAULTS: ReadonlySet<status> = new Set([status.INTERNAL, status.UNKNOWN, status.DATA_LOSS]);
 
 /** Why a request was answered without reaching a worker. */
 type Rejection = 'QUEUE_FULL' | 'DEADLINE_INFEASIBLE' | 'DEADLINE_EXCEEDED' | 'CANCELLED' | 'MODEL_NOT_READY' | 'INVALID_PRIORITY';
@@ -531,7 +535,11 @@ export class Scheduler implements OnApplicationShutdown {
     void outcome.then(() => this.pumpAll());
   }
 
-  /** Runs a batch on a worker, and once more on another one when its worker is unavailable. */
+  /**
+   * Runs a batch on a worker, and again on another one as the edge's retry policy says (in the mesh,
+   * the policy's batcher → worker edge; without, once more on UNAVAILABLE). Each answer tells the
+   * edge's outlier detection how the worker did.
+   */
   private async execute(queue: VersionQueue, entries: Waiting[], first: WorkerHandle): Promise<Outcome> {
     const requests = entries.map((e) => e.request);
     const items = entries.map((e) => e.items);
@@ -546,14 +554,18 @@ export class Scheduler implements OnApplicationShutdown {
       // The batch runs under its own context: the latest deadline of its requests (none if one has
       // none), its own cancellation, and the request id of its first request.
       const deadlineMs = live.some((e) => e.deadlineMs === undefined) ? undefined : Math.max(...live.map((e) => e.deadlineMs!));
+      const retry = this.pool.retry;
+      const perTry = retry.perTryTimeoutMs === undefined ? undefined : Date.now() + retry.perTryTimeoutMs;
+      const attemptDeadlineMs = perTry === undefined ? deadlineMs : deadlineMs === undefined ? perTry : Math.min(deadlineMs, perTry);
       const started = performance.now();
       try {
         const response = await requestContext.run(
-          { requestId: entries[0]!.requestId, ...(deadlineMs !== undefined && { deadlineMs }), signal: abort.signal },
+          { requestId: entries[0]!.requestId, ...(attemptDeadlineMs !== undefined && { deadlineMs: attemptDeadlineMs }), signal: abort.signal },
           () => worker.infer(batchRequest),
         );
         const ms = performance.now() - started;
         queue.batchMs = queue.batchMs === undefined ? ms : 0.8 * queue.batchMs + 0.2 * ms;
+        this.pool.recordOutcome(worker, 'success');
         return { responses: splitResponse(response, requests, items) };
       } catch (error) {
         const rpcError = toRpcError(error);
@@ -564,7 +576,12 @@ export class Scheduler implements OnApplicationShutdown {
         const notPlaced = rpcError.code === status.FAILED_PRECONDITION && rpcError.reason === 'MODEL_NOT_PLACED';
         if (unreachable) this.pool.markUnreachable(worker);
         if (notPlaced) this.pool.markNotPlaced(worker, queue.model);
-        const other = attempt === 0 && (unreachable || notPlaced || rpcError.code === status.UNAVAILABLE) ? this.otherWorker(queue, worker) : undefined;
+        if (unreachable) this.pool.recordOutcome(worker, 'gateway_failure');
+        else if (WORKER_FAULTS.has(rpcError.code)) this.pool.recordOutcome(worker, 'failure');
+        // A worker that does not hold the model is not a failure: the batch goes to one that does.
+        const retriable = notPlaced || retries(retry, unreachable ? status.UNAVAILABLE : rpcError.code);
+        const attemptsLeft = attempt + 1 < Math.max(retry.attempts, notPlaced ? 2 : 1);
+        const other = retriable && attemptsLeft ? this.otherWorker(queue, worker) : undefined;
         if (other === undefined) {
           if (unreachable) {
             return { error: RpcError.unavailable(`the worker for model "${queue.model}" version ${queue.version} is unreachable: ${rpcError.message}`) };
@@ -577,6 +594,8 @@ export class Scheduler implements OnApplicationShutdown {
         }
         this.retries.inc({ model: this.labels.model(queue.model) });
         this.logger.info('batch retried on another worker', { model: queue.model, version: queue.version, from: worker.address, to: other.address, err: rpcError.message });
+        const waitMs = retryBackoffMs(retry, attempt);
+        if (waitMs >= 1) await new Promise((resolve) => setTimeout(resolve, waitMs));
         worker = other;
       }
     }

@@ -4,8 +4,10 @@ import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/i
 import { InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { splitVersionName } from '@infermesh/rollout';
+import { type CallOutcome, type EdgeRetry, edgeRetryOf, type OutlierDetection, OutlierDetector, outlierDetectionOf, XDS_TYPES } from '@infermesh/mesh';
+import { MeshXds } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import type { Gauge } from 'prom-client';
+import type { Counter, Gauge } from 'prom-client';
 import { BATCHER_CONFIG, type BatcherConfig } from './batcher.config';
 
 /** A worker as the batcher sees it: its connection, what it has ready, and its outstanding work. */
@@ -52,9 +54,22 @@ export class WorkerHandle {
  * for a version no worker is known to hold triggers an immediate poll (shared by concurrent requests)
  * before it is refused.
  */
+/**
+ * The batcher → worker edge without a mesh: a failed batch goes once more to another worker, and no
+ * worker is ejected (one that does not answer holds nothing until it answers a poll again).
+ */
+export const STATIC_WORKER_RETRY: EdgeRetry = { on: ['unavailable'], attempts: 2, backoff: { baseMs: 0, maxMs: 0 }, perTryTimeoutMs: undefined };
+const NO_EJECTION: OutlierDetection = { consecutiveFailures: 0, consecutiveGatewayFailures: 0, interval: 10_000, baseEjectionTime: 30_000, maxEjectionPercent: 0 };
+
 @Injectable()
 export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown {
   workers: WorkerHandle[];
+  /** How a failed batch is retried: the policy's batcher → worker edge in the mesh. */
+  retry: EdgeRetry = STATIC_WORKER_RETRY;
+  /** Ejects workers that fail (the policy's outlier detection of the edge, in the mesh): they get no batch until it ends. */
+  private readonly outliers = new OutlierDetector<string>(NO_EJECTION);
+  private sweeper: NodeJS.Timeout | undefined;
+  private readonly ejectionsCounter: Counter;
   /** In the mesh: where to ask which workers there are. */
   private readonly directory: ServiceClient<typeof InstanceService> | undefined;
   private timer: NodeJS.Timeout | undefined;
@@ -66,10 +81,46 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     @Inject(BATCHER_CONFIG) private readonly config: BatcherConfig,
     private readonly logger: JsonLogger,
     metrics: Metrics,
+    xds: MeshXds,
   ) {
     this.workers = config.workerAddresses === 'mesh' ? [] : config.workerAddresses.map((a) => new WorkerHandle(a));
     this.directory = config.workerAddresses === 'mesh' ? createClient(InstanceService, config.runtime.mesh!.controlPlane) : undefined;
+    this.outliers.setEndpoints(this.workers.map((w) => w.address));
     this.reachableGauge = metrics.gauge('workers_reachable', 'Workers that answered the last poll.');
+    metrics.gauge('workers_ejected', 'Workers ejected now by the outlier detection of the batcher → worker edge.', [], (gauge) => gauge.set(this.outliers.activeEjections));
+    this.ejectionsCounter = metrics.counter('worker_ejections_total', 'Ejections of workers by the outlier detection of the batcher → worker edge.');
+    // In the mesh, the edge's retry and ejection settings are the policy's, pushed as it changes.
+    xds.client?.watch(XDS_TYPES.listener, ['worker'], {
+      parse: (resources) => (resources.has('worker') ? edgeRetryOf(resources.get('worker')) : STATIC_WORKER_RETRY),
+      apply: (retry) => {
+        this.retry = retry;
+      },
+    });
+    xds.client?.watch(XDS_TYPES.cluster, ['worker'], {
+      parse: (resources) => (resources.has('worker') ? outlierDetectionOf(resources.get('worker')) : NO_EJECTION),
+      apply: (settings) => {
+        this.outliers.configure(settings);
+        this.startSweeping(settings.interval);
+      },
+    });
+  }
+
+  /** Records how a worker answered a batch; ejects it when the edge's outlier detection says so. */
+  recordOutcome(worker: WorkerHandle, outcome: CallOutcome): void {
+    if (this.outliers.record(worker.address, outcome)) this.ejected([worker.address]);
+  }
+
+  private ejected(addresses: readonly string[]): void {
+    for (const address of addresses) {
+      this.ejectionsCounter.inc();
+      this.logger.warn(`worker ${address} ejected: it failed too often`, { ejected_now: this.outliers.activeEjections });
+    }
+  }
+
+  private startSweeping(intervalMs: number): void {
+    clearInterval(this.sweeper);
+    this.sweeper = setInterval(() => this.ejected(this.outliers.sweep()), intervalMs);
+    this.sweeper.unref();
   }
 
   async onApplicationBootstrap(): Promise<void> {
@@ -80,6 +131,7 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
 
   onApplicationShutdown(): void {
     clearInterval(this.timer);
+    clearInterval(this.sweeper);
     for (const worker of this.workers) worker.client.close();
     this.directory?.close();
   }
@@ -139,7 +191,7 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
   /** Reachable workers whose placement includes the version's model. */
   private placed(versionName: string): WorkerHandle[] {
     const model = splitVersionName(versionName)?.modelId;
-    return this.workers.filter((w) => w.reachable && model !== undefined && w.serves(model));
+    return this.workers.filter((w) => w.reachable && model !== undefined && w.serves(model) && !this.outliers.isEjected(w.address));
   }
 
   /**
@@ -166,6 +218,7 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
       }
     }
     this.workers = next;
+    this.outliers.setEndpoints(addresses);
   }
 
   private poll(): Promise<void> {

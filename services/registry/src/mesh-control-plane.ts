@@ -38,7 +38,9 @@ export class MeshControlPlane implements OnModuleDestroy {
       EnvoyApi.load(),
       (node) => {
         if (!MeshInstances.isService(node.cluster)) return undefined;
-        return xdsResources(policyFile.policy, node.cluster, node.userAgentName === 'envoy' ? 'envoy' : 'grpc', this.instances.list());
+        const instances = this.instances.list();
+        const self = instances.find((i) => i.id === node.id && i.service === node.cluster);
+        return xdsResources(policyFile.policy, node.cluster, node.userAgentName === 'envoy' ? 'envoy' : 'grpc', instances, self);
       },
       (event) => {
         switch (event.kind) {
