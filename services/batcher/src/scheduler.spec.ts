@@ -22,6 +22,7 @@ import { FakeRegistry, rpcRejection } from '@infermesh/testing';
 import { loadBatcherConfig } from './batcher.config';
 import { BatcherModule } from './batcher.module';
 import { Scheduler } from './scheduler';
+import { WorkerPool } from './worker-pool';
 
 // ---------------------------------------------------------------------------------------------
 // Fakes of the batcher's upstreams, served by the real GrpcServer over real sockets: workers that
@@ -302,6 +303,51 @@ describe(Scheduler.name, () => {
       w1.failWith = undefined;
       await sut.infer(rowsRequest('b', 1, 0), call());
       expect(w1.received.map((r) => r.id)).toEqual(['a', 'b']);
+    });
+
+    it('ejects a worker that fails as the edge\'s outlier detection says, and sends it nothing until the ejection ends', async () => {
+      for (const w of workers) w.models.set(v('mlp', '1'), ModelState.READY);
+      const [w1, w2] = workers as [FakeWorker, FakeWorker];
+      const sut = await start();
+      app!.get(WorkerPool).configureEdge({
+        retry: { on: ['unavailable'], attempts: 1, backoff: { baseMs: 0, maxMs: 0 }, perTryTimeoutMs: undefined },
+        outlierDetection: { consecutiveFailures: 2, consecutiveGatewayFailures: 0, interval: 200, baseEjectionTime: 600, maxEjectionPercent: 50 },
+      });
+      w1.failWith = new RpcError(status.INTERNAL, 'the session failed');
+      w2.failWith = new RpcError(status.INTERNAL, 'the session failed');
+
+      // Two failures in a row on each; the second worker is not ejected: 50 % of two are out already.
+      for (const id of ['a', 'b', 'c', 'd']) await rpcRejection(sut.infer(rowsRequest(id, 1, 0), call()));
+      expect(await metric('worker_ejections_total')).toBe(1);
+      expect(await metric('workers_ejected')).toBe(1);
+      w1.failWith = undefined;
+      w2.failWith = undefined;
+      const ejected = w1.received.length === 2 && w2.received.length === 2 ? undefined : w1.received.length > w2.received.length ? w1 : w2;
+      const [out, kept] = ejected === w2 ? [w2, w1] : [w1, w2];
+      const outBefore = out.received.length;
+      for (const id of ['e', 'f', 'g']) await sut.infer(rowsRequest(id, 1, 0), call());
+      expect(out.received).toHaveLength(outBefore);
+      expect(kept.received.map((r) => r.id).slice(-3)).toEqual(['e', 'f', 'g']);
+
+      // The ejection (600 ms) ends at a sweep; then the worker takes batches again.
+      await eventually(() => app!.get(WorkerPool).available(v('mlp', '1')).length === 2, 2_000);
+      for (const id of ['h', 'i', 'j', 'k']) await sut.infer(rowsRequest(id, 1, 0), call());
+      expect(out.received.length).toBeGreaterThan(outBefore);
+    });
+
+    it('retries a batch as many times as the edge\'s policy says, on another worker each time', async () => {
+      for (const w of workers) w.models.set(v('mlp', '1'), ModelState.READY);
+      const [w1, w2] = workers as [FakeWorker, FakeWorker];
+      const sut = await start();
+      app!.get(WorkerPool).configureEdge({ retry: { on: ['internal'], attempts: 3, backoff: { baseMs: 1, maxMs: 2 }, perTryTimeoutMs: undefined } });
+      w1.failWith = new RpcError(status.INTERNAL, 'the session failed');
+      w2.failWith = new RpcError(status.INTERNAL, 'the session failed');
+
+      const error = await rpcRejection(sut.infer(rowsRequest('a', 1, 0), call()));
+
+      expect(error.code).toBe(status.INTERNAL);
+      expect(w1.received.length + w2.received.length).toBe(3);
+      expect(await metric('retries_total')).toBe(2);
     });
 
     it('answers every request of a batch UNAVAILABLE when every worker holding the version is unreachable', async () => {

@@ -92,17 +92,23 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     // In the mesh, the edge's retry and ejection settings are the policy's, pushed as it changes.
     xds.client?.watch(XDS_TYPES.listener, ['worker'], {
       parse: (resources) => (resources.has('worker') ? edgeRetryOf(resources.get('worker')) : STATIC_WORKER_RETRY),
-      apply: (retry) => {
-        this.retry = retry;
-      },
+      apply: (retry) => this.configureEdge({ retry }),
     });
     xds.client?.watch(XDS_TYPES.cluster, ['worker'], {
       parse: (resources) => (resources.has('worker') ? outlierDetectionOf(resources.get('worker')) : NO_EJECTION),
-      apply: (settings) => {
-        this.outliers.configure(settings);
-        this.startSweeping(settings.interval);
-      },
+      apply: (outlierDetection) => this.configureEdge({ outlierDetection }),
     });
+  }
+
+  /** Takes new settings of the batcher → worker edge (the policy's, as the control plane pushes them); ejections in force stay. */
+  configureEdge(settings: { retry?: EdgeRetry; outlierDetection?: OutlierDetection }): void {
+    if (settings.retry !== undefined) this.retry = settings.retry;
+    if (settings.outlierDetection !== undefined) {
+      this.outliers.configure(settings.outlierDetection);
+      clearInterval(this.sweeper);
+      this.sweeper = setInterval(() => this.ejected(this.outliers.sweep()), settings.outlierDetection.interval);
+      this.sweeper.unref();
+    }
   }
 
   /** Records how a worker answered a batch; ejects it when the edge's outlier detection says so. */
@@ -115,12 +121,6 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
       this.ejectionsCounter.inc();
       this.logger.warn(`worker ${address} ejected: it failed too often`, { ejected_now: this.outliers.activeEjections });
     }
-  }
-
-  private startSweeping(intervalMs: number): void {
-    clearInterval(this.sweeper);
-    this.sweeper = setInterval(() => this.ejected(this.outliers.sweep()), intervalMs);
-    this.sweeper.unref();
   }
 
   async onApplicationBootstrap(): Promise<void> {
