@@ -19,6 +19,7 @@ export class MeshXds {
 
   constructor(service: string, settings: MeshSettings | undefined, logger: JsonLogger, metrics: Metrics) {
     if (settings === undefined) return;
+    let outage = false;
     const events = metrics.counter('xds_client_events_total', 'Events of this service\'s own xDS stream: ACKs, NACKs (the update was refused; the last one stays), disconnections.', ['event', 'type']);
     this.client = new AdsClient(EnvoyApi.load(), settings.controlPlane, { id: meshInstanceId(service, settings), cluster: service }, (event) => {
       switch (event.kind) {
@@ -29,10 +30,14 @@ export class MeshXds {
           break;
         case 'connected':
           events.inc({ event: 'connected', type: '' });
+          if (outage) logger.info('xDS stream to the mesh control plane open again', { control_plane: settings.controlPlane });
+          outage = false;
           break;
         case 'disconnected':
           events.inc({ event: 'disconnected', type: '' });
-          logger.warn('xDS stream to the mesh control plane broke; opening it again', { control_plane: settings.controlPlane, err: event.error });
+          // Once per outage: the stream is opened again with backoff until the control plane answers.
+          if (!outage) logger.warn('xDS stream to the mesh control plane broke; opening it again until it answers', { control_plane: settings.controlPlane, err: event.error });
+          outage = true;
           break;
       }
     });

@@ -16,7 +16,7 @@ const shape = {
     .transform((v) => v.split(',').map((s) => s.trim()).filter((s) => s.length > 0)),
   INFERMESH_LOG_LEVEL: logLevel(),
   INFERMESH_READY_TIMEOUT_MS: z.coerce.number().int().positive().default(120_000),
-  INFERMESH_MESH: z.enum(['static', 'xds']).default('static'),
+  INFERMESH_MESH: z.enum(['static', 'xds']).default('xds'),
   INFERMESH_MESH_POLICY: z.string().min(1).optional(),
   REDIS_URL: redisUrl(),
 };

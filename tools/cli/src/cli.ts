@@ -52,7 +52,7 @@ export const COMMANDS: GroupSpec<CommandHandler> = {
           name: 'replicas',
           kind: 'value',
           placeholder: '<service=n,...>',
-          description: 'Instances of a service, each on its own ports: worker=2; router, batcher and cache too with INFERMESH_MESH=xds (1 to 8 each)',
+          description: 'Instances of a service, each on its own ports: worker=2; router, batcher and cache too in the mesh (INFERMESH_MESH=xds, the default) (1 to 8 each)',
         },
       ],
       handler: async (ctx) => {

@@ -9,8 +9,8 @@ describe('upOptions', () => {
     expect(upOptions('worker=3,router=1')).toEqual({ workers: 3, replicas: { router: 1 } });
   });
 
-  it('takes replicas of the router, batcher and cache in the mesh', () => {
-    expect(upOptions('router=2,batcher=3,cache=2,worker=2', 'xds')).toEqual({ workers: 2, replicas: { router: 2, batcher: 3, cache: 2 } });
+  it('takes replicas of the router, batcher and cache in the mesh (the default)', () => {
+    expect(upOptions('router=2,batcher=3,cache=2,worker=2')).toEqual({ workers: 2, replicas: { router: 2, batcher: 3, cache: 2 } });
   });
 
   it.each([
@@ -25,7 +25,7 @@ describe('upOptions', () => {
   ])('refuses --replicas %s as a usage error naming what is wrong', (value, message) => {
     let error: unknown;
     try {
-      upOptions(value);
+      upOptions(value, 'static');
     } catch (e) {
       error = e;
     }
@@ -34,7 +34,7 @@ describe('upOptions', () => {
   });
 
   it('is what `infermesh up --replicas` reads: a bad value exits 2 before anything starts', async () => {
-    const run = await runCapturing(['up', '--replicas', 'batcher=2'], {});
+    const run = await runCapturing(['up', '--replicas', 'batcher=2'], { INFERMESH_MESH: 'static' });
 
     expect(run.code).toBe(2);
     expect(run.stderr).toContain('--replicas: batcher replicas need the mesh');

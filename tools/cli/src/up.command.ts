@@ -31,7 +31,7 @@ export const MAX_REPLICAS = 8;
  * where their callers reach every instance; the registry and the gateway never (one control plane,
  * one front door on this machine).
  */
-export function upOptions(replicas: string | undefined, mesh: 'static' | 'xds' = 'static'): UpOptions {
+export function upOptions(replicas: string | undefined, mesh: 'static' | 'xds' = 'xds'): UpOptions {
   if (replicas === undefined) return { workers: 1, replicas: {} };
   const counts = parseReplicas(replicas, '--replicas', SERVICE_NAMES, MAX_REPLICAS);
   const single = [...counts].filter(([service, n]) => (service === 'registry' || service === 'gateway') && n > 1).map(([service]) => service);
