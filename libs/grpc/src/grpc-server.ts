@@ -7,6 +7,7 @@ import { boundTimeoutHeader } from './deadline';
 import type { CallContext, ServiceImpl } from './method-types';
 import { RpcError, toRpcError } from './rpc-error';
 import { MalformedMessage, receivedBytes, toServiceDefinition } from './service-definition';
+import { serverCredentials, spiffeIdOf } from './transport-security';
 
 export interface GrpcServerOptions {
   logger: JsonLogger;
@@ -15,7 +16,17 @@ export interface GrpcServerOptions {
   maxMessageBytes: number;
   /** Whether setInboundFaults may turn fault injection on (in the mesh): off, calls skip the filter. */
   faultInjection?: boolean;
+  /**
+   * With mutual TLS: every call but health checks is refused (UNAVAILABLE, so callers retry) until
+   * setInboundAuthorization gives the rules, then allowed only as they say (PERMISSION_DENIED).
+   */
+  authorization?: boolean;
+  /** The port faces clients outside the mesh (the gateway's public API): plaintext, whatever the process's transport security. */
+  public?: boolean;
 }
+
+/** Health checks are answered whoever asks: probes and supervisors carry no business identity. */
+const HEALTH_PREFIX = '/grpc.health.v1.Health/';
 
 /**
  * Faults the server injects into calls it receives, as the mesh policy's inboundFault says (the
@@ -28,6 +39,17 @@ export interface InboundFaults {
   delay?: { ms: number; percent: number };
   /** Whether a call to this method path takes faults (health checks do not). */
   appliesTo: (path: string) => boolean;
+}
+
+/**
+ * Who may call what on this server, by the caller's identity (the SPIFFE ID of its client
+ * certificate): the mesh policy's authorization, as the RBAC filter of the service's inbound listener.
+ */
+export interface InboundAuthorization {
+  /** Whether a caller with this identity (undefined: no certificate) may call this method path (`/pkg.Service/Method`). */
+  allows(identity: string | undefined, path: string): boolean;
+  /** The rules in words, for a refusal's message ("router is called by gateway"). */
+  describe(): string;
 }
 
 type AnyCall = Pick<grpc.ServerUnaryCall<unknown, unknown>, 'metadata' | 'getDeadline'> & NodeJS.EventEmitter;
@@ -44,15 +66,25 @@ export class GrpcServer {
   private readonly duration: Histogram<'method' | 'code'>;
   private draining = false;
   private faults: InboundFaults | undefined;
+  private authorization: InboundAuthorization | undefined;
   private readonly injected: Counter<'method' | 'fault'>;
+  private readonly refused: Counter<'method' | 'caller'>;
 
   constructor(private readonly options: GrpcServerOptions) {
     this.server = new grpc.Server({
       'grpc.max_receive_message_length': options.maxMessageBytes,
       'grpc.max_send_message_length': options.maxMessageBytes,
-      // In the mesh, every call passes a fault filter the policy can turn on at run time.
-      ...(options.faultInjection === true && { interceptors: [(descriptor: grpc.ServerMethodDefinition<unknown, unknown>, call: grpc.ServerInterceptingCallInterface) => this.injectFaults(descriptor.path, call)] }),
+      // In the mesh, every call passes the inbound filters: authorization, then faults the policy can
+      // turn on at run time.
+      ...((options.faultInjection === true || options.authorization === true) && {
+        interceptors: [(descriptor: grpc.ServerMethodDefinition<unknown, unknown>, call: grpc.ServerInterceptingCallInterface) => this.inbound(descriptor.path, call)],
+      }),
     });
+    this.refused = options.metrics.counter(
+      'grpc_server_unauthorized_calls_total',
+      'Calls refused by the mesh policy\'s authorization (PERMISSION_DENIED), or before it was received (UNAVAILABLE), by method and caller identity.',
+      ['method', 'caller'],
+    );
     this.injected = options.metrics.counter('grpc_server_injected_faults_total', 'Calls this service failed or delayed on purpose, as the mesh policy\'s inboundFault says.', ['method', 'fault']);
     boundReceivedDeadlines(this.server);
     this.duration = options.metrics.histogram(
@@ -86,7 +118,7 @@ export class GrpcServer {
 
   async listen(host: string, port: number): Promise<number> {
     return new Promise((resolve, reject) => {
-      this.server.bindAsync(`${host}:${port}`, grpc.ServerCredentials.createInsecure(), (error, bound) =>
+      this.server.bindAsync(`${host}:${port}`, this.options.public === true ? grpc.ServerCredentials.createInsecure() : serverCredentials(), (error, bound) =>
         error ? reject(error) : resolve(bound),
       );
     });
@@ -116,15 +148,44 @@ export class GrpcServer {
     this.faults = faults;
   }
 
+  /** The rules calls are allowed by from now on (the policy's, as its inbound listener says). */
+  setInboundAuthorization(authorization: InboundAuthorization): void {
+    this.authorization = authorization;
+  }
+
+  private inbound(path: string, call: grpc.ServerInterceptingCallInterface): grpc.ServerInterceptingCall {
+    if (this.options.authorization === true && !path.startsWith(HEALTH_PREFIX)) {
+      const refusal = this.authorize(path, call);
+      if (refusal !== undefined) {
+        return new grpc.ServerInterceptingCall(call, {
+          start: (next) => next({ onReceiveMetadata: () => call.sendStatus({ ...refusal, metadata: new grpc.Metadata() }) }),
+        });
+      }
+    }
+    return this.injectFaults(path, call);
+  }
+
+  /** Why the caller may not make this call; undefined: it may. */
+  private authorize(path: string, call: grpc.ServerInterceptingCallInterface): { code: grpc.status; details: string } | undefined {
+    const caller = spiffeIdOf(call.getAuthContext().sslPeerCertificate);
+    const method = methodLabel(path);
+    const authorization = this.authorization;
+    if (authorization === undefined) {
+      this.refused.inc({ method, caller: caller ?? '(none)' });
+      return { code: grpc.status.UNAVAILABLE, details: 'this service has not received its authorization policy from the mesh yet; retry' };
+    }
+    if (authorization.allows(caller, path)) return undefined;
+    this.refused.inc({ method, caller: caller ?? '(none)' });
+    return { code: grpc.status.PERMISSION_DENIED, details: `${caller ?? 'a caller without a certificate'} may not call ${path} (${authorization.describe()})` };
+  }
+
   private injectFaults(path: string, call: grpc.ServerInterceptingCallInterface): grpc.ServerInterceptingCall {
     const faults = this.faults;
     if (faults === undefined || !faults.appliesTo(path)) return new grpc.ServerInterceptingCall(call);
     const abort = faults.abort !== undefined && Math.random() * 100 < faults.abort.percent ? faults.abort : undefined;
     const delayMs = faults.delay !== undefined && Math.random() * 100 < faults.delay.percent ? faults.delay.ms : 0;
     if (abort === undefined && delayMs === 0) return new grpc.ServerInterceptingCall(call);
-    // Labelled as grpc_server_handling_seconds is: Service/Method.
-    const [, service = '', methodName = ''] = path.split('/');
-    const method = `${service.split('.').at(-1)}/${methodName}`;
+    const method = methodLabel(path);
     return new grpc.ServerInterceptingCall(call, {
       start: (next) => {
         next({
@@ -250,6 +311,12 @@ export class GrpcServer {
     const context = deadlineMs === undefined ? { requestId, signal: controller.signal } : { requestId, deadlineMs, signal: controller.signal };
     return { ctx, context, dispose: () => call.removeListener('cancelled', onCancel) };
   }
+}
+
+/** A method path's metric label, as grpc_server_handling_seconds has it: Service/Method. */
+function methodLabel(path: string): string {
+  const [, service = '', method = ''] = path.split('/');
+  return `${service.split('.').at(-1)}/${method}`;
 }
 
 /**

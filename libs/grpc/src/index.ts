@@ -5,3 +5,4 @@ export * from './grpc-server';
 export * from './grpc-client';
 export * from './health';
 export * from './deadline';
+export * from './transport-security';

@@ -62,6 +62,8 @@ export class AdsClient {
     target: string,
     private readonly node: { id: string; cluster: string },
     private readonly onEvent: (event: AdsClientEvent) => void = () => undefined,
+    /** How to reach the control plane: plaintext unless given (mutual TLS, in the mesh). */
+    security: { credentials: grpc.ChannelCredentials; options: grpc.ChannelOptions } = { credentials: grpc.credentials.createInsecure(), options: {} },
   ) {
     const request = api.lookupType('envoy.service.discovery.v3.DiscoveryRequest')!;
     const response = api.lookupType('envoy.service.discovery.v3.DiscoveryResponse')!;
@@ -74,7 +76,7 @@ export class AdsClient {
       responseSerialize: (value: object) => Buffer.from(response.encode(response.fromObject(value)).finish()),
       responseDeserialize: (bytes: Buffer) => response.toObject(response.decode(bytes), { longs: String, enums: String }),
     };
-    this.client = new grpc.Client(target, grpc.credentials.createInsecure());
+    this.client = new grpc.Client(target, security.credentials, security.options);
   }
 
   /** Asks for resources of one type, by name (several watchers may share a type). */

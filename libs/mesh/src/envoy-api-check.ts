@@ -85,9 +85,11 @@ function compareBounds<T extends number | bigint>(value: T, rules: Rules, toT: (
   if (has('lte') && !(value <= toT(rules['lte']))) return `must be at most ${say(rules['lte'])}`;
   if (has('gt') && !(value > toT(rules['gt']))) return `must be more than ${say(rules['gt'])}`;
   if (has('gte') && !(value >= toT(rules['gte']))) return `must be at least ${say(rules['gte'])}`;
-  const inList = rules['in'] as unknown[] | undefined;
+  // A list rule with one item (`not_in: 0`) comes as the item itself.
+  const listOf = (rule: unknown): unknown[] | undefined => (rule === undefined ? undefined : Array.isArray(rule) ? rule : [rule]);
+  const inList = listOf(rules['in']);
   if (inList !== undefined && inList.length > 0 && !inList.some((v) => toT(v) === value)) return `must be one of ${inList.map(say).join(', ')}`;
-  const notIn = rules['not_in'] as unknown[] | undefined;
+  const notIn = listOf(rules['not_in']);
   if (notIn !== undefined && notIn.some((v) => toT(v) === value)) return `must not be ${say(value)}`;
   return undefined;
 }
@@ -391,7 +393,8 @@ export class EnvoyApi {
         }
       }
       if (name === 'google.protobuf.Any' && rules['any'] !== undefined && isObject(value)) {
-        const allowed = (rules['any'] as Rules)['in'] as string[] | undefined;
+        const allowedRule = (rules['any'] as Rules)['in'] as string[] | string | undefined;
+        const allowed = typeof allowedRule === 'string' ? [allowedRule] : allowedRule;
         if (allowed !== undefined && allowed.length > 0 && !allowed.includes(String(value['@type']))) {
           problems.push(`${path}.@type: must be one of ${allowed.join(', ')}`);
         }
@@ -443,7 +446,8 @@ export class EnvoyApi {
       if (rules['prefix'] !== undefined && !text.startsWith(ruleText(rules['prefix']))) return void fail(`must start with ${ruleText(rules['prefix'])}`);
       if (rules['suffix'] !== undefined && !text.endsWith(ruleText(rules['suffix']))) return void fail(`must end with ${ruleText(rules['suffix'])}`);
       if (rules['contains'] !== undefined && !text.includes(ruleText(rules['contains']))) return void fail(`must contain ${ruleText(rules['contains'])}`);
-      const inList = rules['in'] as string[] | undefined;
+      const inRule = rules['in'] as string[] | string | undefined;
+      const inList = typeof inRule === 'string' ? [inRule] : inRule;
       if (inList !== undefined && inList.length > 0 && !inList.includes(text)) return void fail(`must be one of ${inList.join(', ')}`);
       const strict = rules['strict'] !== false;
       if (rules['well_known_regex'] === 'HTTP_HEADER_NAME' && text !== '' && strict && !HEADER_NAME.test(text)) return void fail('is not a valid HTTP header name');

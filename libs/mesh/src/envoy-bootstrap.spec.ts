@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { parse, parseDocument } from 'yaml';
 import { EnvoyApi } from './envoy-api-check';
 import { edgeRouteConfiguration, envoyBootstrap, sidecarEdges } from './envoy-bootstrap';
-import { envoyConfigFiles } from './envoy-files';
+import { envoyConfigFiles, envoySdsFiles } from './envoy-files';
 import { at, listAt, named } from './json-at.testing';
 import { parseMeshPolicy } from './mesh-policy';
 
@@ -39,6 +39,11 @@ describe('envoyBootstrap', () => {
 
     it.each(files.map((f) => [f.fileName, f] as const))("%s passes the check against Envoy's v3 API with no problem", (_name, file) => {
       expect(api.checkBootstrap(parse(file.text))).toEqual([]);
+    });
+
+    it.each(envoySdsFiles(policy).map((f) => [f.fileName, f] as const))("%s (file-based SDS) is the checked-in golden and passes the check as a DiscoveryResponse", (_name, file) => {
+      expect(file.text).toBe(readFileSync(join(ENVOY, 'generated', mode, file.fileName), 'utf8'));
+      expect(api.check('envoy.service.discovery.v3.DiscoveryResponse', parse(file.text))).toEqual([]);
     });
   });
 

@@ -1,3 +1,4 @@
+import { downstreamTransportSocket, rbacFilter, upstreamTransportSocket } from './envoy-security';
 import { type FaultInjection, GRPC_STATUS_CODES, type MeshEdge, type MeshPolicy, type MeshService } from './mesh-policy';
 
 /**
@@ -10,6 +11,10 @@ import { type FaultInjection, GRPC_STATUS_CODES, type MeshEdge, type MeshPolicy,
  *   ADS; its bootstrap holds only what it needs to reach it, its own service, and its admin/stats.
  * - `static`: everything compiled in, upstreams found by the Kubernetes Services' DNS names — the
  *   configuration to run without a control plane, and the reference the ADS resources follow.
+ *
+ * With `mtls` (envoy-security.ts), the inbound listener terminates mutual TLS and runs the RBAC
+ * filter of the policy's `authorization`; every cluster to a service (and to the control plane)
+ * presents the instance's certificate and checks the peer's SPIFFE ID.
  */
 export type EnvoyMode = 'ads' | 'static';
 
@@ -93,8 +98,8 @@ function httpConnectionManager(policy: MeshPolicy, service: MeshService, statPre
   };
 }
 
-function listener(name: string, address: string, port: number, hcm: Json): Json {
-  return { name, address: socketAddress(address, port), filter_chains: [{ filters: [hcm] }] };
+function listener(name: string, address: string, port: number, hcm: Json, transportSocket?: Json): Json {
+  return { name, address: socketAddress(address, port), filter_chains: [{ filters: [hcm], ...(transportSocket !== undefined && { transport_socket: transportSocket }) }] };
 }
 
 function retryPolicy(edge: MeshEdge): Json | undefined {
@@ -255,8 +260,13 @@ function outlierDetection(edge: MeshEdge): Json {
   };
 }
 
-/** The cluster of an upstream service (or of one of its subsets), as seen from one caller's edge. */
-export function edgeCluster(policy: MeshPolicy, edge: MeshEdge, mode: EnvoyMode, subset?: string): Json {
+/**
+ * The cluster of an upstream service (or of one of its subsets), as seen from one caller's edge.
+ * A sidecar's speaks mutual TLS to the upstream's sidecars (with `mtls`); a proxyless client's
+ * (`proxyless`) has no transport socket: grpc-js-xds refuses SDS, and such a client brings its own
+ * credentials.
+ */
+export function edgeCluster(policy: MeshPolicy, edge: MeshEdge, mode: EnvoyMode, subset?: string, proxyless = false): Json {
   const name = clusterName(edge.to, subset);
   const cb = edge.circuitBreakers;
   const discovery: Json =
@@ -274,6 +284,7 @@ export function edgeCluster(policy: MeshPolicy, edge: MeshEdge, mode: EnvoyMode,
     ...discovery,
     connect_timeout: seconds(edge.connectTimeoutMs),
     ...lbSettings(edge),
+    ...transportSocketField(proxyless ? undefined : upstreamTransportSocket(policy, edge.to)),
     typed_extension_protocol_options: HTTP2_UPSTREAM,
     health_checks: [GRPC_HEALTH_CHECK],
     outlier_detection: outlierDetection(edge),
@@ -295,11 +306,16 @@ export function edgeCluster(policy: MeshPolicy, edge: MeshEdge, mode: EnvoyMode,
   };
 }
 
-/** The clusters one edge needs: the whole service, and each subset it routes, splits or mirrors to. */
-export function edgeClusters(policy: MeshPolicy, edge: MeshEdge, mode: EnvoyMode): Json[] {
+/** `transport_socket`, when there is one. */
+function transportSocketField(socket: Json | undefined): Json {
+  return socket === undefined ? {} : { transport_socket: socket };
+}
+
+/** The clusters one edge needs: the whole service, and each subset it routes, splits or mirrors to (for a proxyless client: without TLS). */
+export function edgeClusters(policy: MeshPolicy, edge: MeshEdge, mode: EnvoyMode, proxyless = false): Json[] {
   const subsets = new Set<string>([...edge.routes.map((r) => r.subset), ...edge.split.map((s) => s.subset)]);
   if (edge.mirror !== undefined) subsets.add(edge.mirror.subset);
-  return [edgeCluster(policy, edge, mode), ...[...subsets].sort().map((subset) => edgeCluster(policy, edge, mode, subset))];
+  return [edgeCluster(policy, edge, mode, undefined, proxyless), ...[...subsets].sort().map((subset) => edgeCluster(policy, edge, mode, subset, proxyless))];
 }
 
 /** Edges a sidecar proxies: the service's upstreams, except those the service chooses endpoints of itself (batcher → worker). */
@@ -346,8 +362,18 @@ export function subsetOf(policy: MeshPolicy, service: MeshService, labels: Reado
 }
 
 /**
+ * The HTTP filters of a service's inbound listener, sidecar or proxyless: the RBAC filter of its
+ * authorization (with mTLS), then its inbound fault (health checks exempt from both), then the router.
+ */
+function inboundFilters(policy: MeshPolicy, service: MeshService, subset: string | undefined): Json[] {
+  return [...rbacFilter(policy, service), ...faultFilter(inboundFaultOf(policy, service, subset), true)];
+}
+
+/**
  * The listener a proxyless service reads its inbound filters from (gRFC A36's server listener): its
- * own address, the same HTTP filters as its sidecar's inbound listener, and no forwarding.
+ * own address, the same HTTP filters as its sidecar's inbound listener (the RBAC filter its server
+ * enforces, read by inboundAuthorizationOf; the fault filter, by inboundFaultsOf), and no forwarding.
+ * No transport socket: the server's TLS is its own (the same identity files).
  */
 export function inboundApiListener(policy: MeshPolicy, service: MeshService, subset: string | undefined, address: string, port: number): Json {
   return {
@@ -364,7 +390,7 @@ export function inboundApiListener(policy: MeshPolicy, service: MeshService, sub
                 name: 'inbound',
                 virtual_hosts: [{ name: service, domains: ['*'], routes: [{ match: { prefix: '/' }, non_forwarding_action: {} }] }],
               },
-              http_filters: [...faultFilter(inboundFaultOf(policy, service, subset), true), ROUTER_FILTER],
+              http_filters: [...inboundFilters(policy, service, subset), ROUTER_FILTER],
             }),
           },
         ],
@@ -406,8 +432,9 @@ export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: E
           },
         ],
       },
-      faultFilter(inboundFaultOf(policy, service, subset), true),
+      inboundFilters(policy, service, subset),
     ),
+    downstreamTransportSocket(policy, service),
   );
   const stats = listener('stats', '0.0.0.0', sidecar.statsPort, {
     name: 'envoy.filters.network.http_connection_manager',
@@ -438,6 +465,8 @@ export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: E
       cluster_name: 'xds_control_plane',
       endpoints: [{ lb_endpoints: [{ endpoint: { address: socketAddress(serviceHost(policy, 'registry'), sidecar.inboundPort) } }] }],
     },
+    // Mutual TLS to the registry's sidecar, certificates from files (SDS from the control plane could not bootstrap itself).
+    ...transportSocketField(upstreamTransportSocket(policy, 'registry')),
     typed_extension_protocol_options: HTTP2_UPSTREAM,
   };
   const collector: Json[] =

@@ -1,5 +1,6 @@
 import { stringify } from 'yaml';
 import { type EnvoyMode, envoyBootstrap } from './envoy-bootstrap';
+import { sdsFiles } from './envoy-security';
 import { MESH_SERVICES, type MeshPolicy, type MeshService } from './mesh-policy';
 
 /** One sidecar's configuration file: `<service>.yaml`, or `<service>.<subset>.yaml` for the pods of a subset that differ. */
@@ -27,5 +28,26 @@ export function envoyConfigFiles(policy: MeshPolicy, mode: EnvoyMode, policySour
       const fileName = subset === undefined ? `${service}.yaml` : `${service}.${subset}.yaml`;
       return { service, subset, fileName, bootstrap, text: header + stringify(bootstrap, { lineWidth: 0, aliasDuplicateObjects: false }) };
     });
+  });
+}
+
+/** One file-based SDS file every sidecar reads from `sidecar.configDir` (mounted with the bootstraps). */
+export interface EnvoySdsFile {
+  fileName: string;
+  /** An `envoy.service.discovery.v3.DiscoveryResponse` holding one Secret. */
+  response: Record<string, unknown>;
+  text: string;
+}
+
+/**
+ * The SDS files the sidecars' TLS contexts name (`sds-identity.yaml`, `sds-trust-bundle.yaml`), the
+ * same for every service; none without mTLS. They go into the folder the bootstraps are mounted from.
+ */
+export function envoySdsFiles(policy: MeshPolicy, policySource = 'envoy/mesh.yaml'): EnvoySdsFile[] {
+  return sdsFiles(policy).map((file) => {
+    const header =
+      `# SDS secret ${file.secret} of every sidecar (file-based SDS: Envoy reads it from ${policy.sidecar.configDir}, and rereads the\n` +
+      `# files it names when ${policy.identity.certificateDir} changes). Generated from ${policySource} by \`npx infermesh mesh envoy\`.\n`;
+    return { fileName: file.fileName, response: file.response, text: header + stringify(file.response, { lineWidth: 0, aliasDuplicateObjects: false }) };
   });
 }

@@ -45,10 +45,16 @@ describe(inboundFaultsOf.name, () => {
     expect(inboundOf()).not.toContain('envoy.filters.http.fault');
   });
 
+  it('passes over the RBAC filter before the fault filter (inboundAuthorizationOf reads it)', () => {
+    const listener = inboundApiListener(faulty, 'batcher', 'next', '127.0.0.1', 7001);
+    expect(JSON.stringify(listener)).toContain('envoy.extensions.filters.http.rbac.v3.RBAC');
+    expect(inboundFaultsOf(listener)).toMatchObject({ abort: { code: 14, percent: 10 } });
+  });
+
   it('refuses a listener with a filter a proxyless server cannot run, naming it', () => {
     const listener = inboundApiListener(faulty, 'batcher', 'next', '127.0.0.1', 7001) as { filter_chains: { filters: { typed_config: { http_filters: unknown[] } }[] }[] };
-    listener.filter_chains[0]!.filters[0]!.typed_config.http_filters.unshift({ name: 'rbac', typed_config: { '@type': 'type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC' } });
-    expect(() => inboundFaultsOf(listener)).toThrow('http_filters[0]: type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC is not supported by a proxyless server');
+    listener.filter_chains[0]!.filters[0]!.typed_config.http_filters.unshift({ name: 'cors', typed_config: { '@type': 'type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors' } });
+    expect(() => inboundFaultsOf(listener)).toThrow('http_filters[0]: type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors is not supported by a proxyless server');
   });
 
   it('is a policy error to target a subset the service does not have', () => {

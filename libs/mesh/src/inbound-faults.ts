@@ -5,6 +5,8 @@ type Json = Record<string, unknown>;
 const HCM = 'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
 const FAULT = 'type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault';
 const ROUTER = 'type.googleapis.com/envoy.extensions.filters.http.router.v3.Router';
+/** The RBAC filter of the policy's authorization: inboundAuthorizationOf reads it, so it is passed over here. */
+const RBAC = 'type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC';
 const DENOMINATORS: Readonly<Record<string, number>> = { HUNDRED: 100, TEN_THOUSAND: 10_000, MILLION: 1_000_000 };
 
 /** A FractionalPercent as a percentage. */
@@ -38,7 +40,8 @@ function pathMatcher(headers: unknown, at: string): (path: string) => boolean {
 
 /**
  * The faults a proxyless server injects, read from its inbound listener (as served by the control
- * plane: an HTTP connection manager whose filters are the fault filter, if any, then the router).
+ * plane: an HTTP connection manager whose filters are the RBAC filter (with mTLS; read by
+ * inboundAuthorizationOf, passed over here), the fault filter, if any, then the router).
  * undefined: no fault. Throws naming what it cannot honour, so the update is refused (NACK) rather
  * than half applied.
  */
@@ -52,7 +55,7 @@ export function inboundFaultsOf(listener: unknown): InboundFaults | undefined {
   ((hcm['http_filters'] ?? []) as Json[]).forEach((filter, i) => {
     const at = `inbound listener: http_filters[${i}]`;
     const config = filter['typed_config'] as Json | undefined;
-    if (config?.['@type'] === ROUTER) return;
+    if (config?.['@type'] === ROUTER || config?.['@type'] === RBAC) return;
     if (config?.['@type'] !== FAULT) throw new Error(`${at}: ${String(config?.['@type'] ?? filter['name'])} is not supported by a proxyless server`);
     const abort = config['abort'] as Json | undefined;
     const delay = config['delay'] as Json | undefined;

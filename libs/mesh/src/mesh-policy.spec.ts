@@ -1,17 +1,18 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseDocument } from 'yaml';
-import { MeshPolicyError, parseDurationMs, parseMeshPolicy } from './mesh-policy';
+import { isCallAuthorized, MeshPolicyError, parseDurationMs, parseMeshPolicy, spiffeId } from './mesh-policy';
 
 const SHIPPED = readFileSync(join(__dirname, '..', '..', '..', 'envoy', 'mesh.yaml'), 'utf8');
 
 type Change = [path: (string | number)[], value: unknown];
 
-/** The shipped policy with values set at paths (a path ending in 'push' adds to the list before it). */
+/** The shipped policy with values set at paths (a path ending in 'push' adds to the list before it; undefined removes). */
 function changed(...changes: Change[]): string {
   const doc = parseDocument(SHIPPED);
   for (const [path, value] of changes) {
     if (path.at(-1) === 'push') doc.addIn(path.slice(0, -1), doc.createNode(value));
+    else if (value === undefined) doc.deleteIn(path);
     else doc.setIn(path, doc.createNode(value));
   }
   return doc.toString();
@@ -48,6 +49,44 @@ describe('parseMeshPolicy', () => {
     expect(sut.services.router.subsets).toEqual({ stable: { track: 'stable' }, next: { track: 'next' } });
   });
 
+  it('reads the identity, mTLS and the authorization of every service', () => {
+    const sut = parseMeshPolicy(SHIPPED);
+
+    expect(sut.mtls).toBe(true);
+    expect(sut.identity).toEqual({ trustDomain: 'infermesh.local', certificateDir: '/var/run/infermesh/identity' });
+    expect(sut.sidecar.configDir).toBe('/etc/envoy');
+    expect(spiffeId(sut, 'router')).toBe('spiffe://infermesh.local/router');
+    expect(sut.authorization.router).toEqual([{ from: ['gateway'], methods: ['/infermesh.router.v1.RouterService/*'] }]);
+    expect(sut.authorization.gateway[0]!.from).toEqual(['anyone']);
+    // Who calls what, as the services' code does.
+    const calls: [string, string, string, boolean][] = [
+      ['gateway', 'router', '/infermesh.router.v1.RouterService/Infer', true],
+      ['router', 'cache', '/infermesh.cache.v1.CacheService/Store', true],
+      ['router', 'batcher', '/infermesh.batcher.v1.BatcherService/Infer', true],
+      ['batcher', 'worker', '/infermesh.worker.v1.WorkerService/Infer', true],
+      ['batcher', 'worker', '/infermesh.worker.v1.WorkerService/LoadModel', false],
+      ['router', 'worker', '/infermesh.worker.v1.WorkerService/Infer', false],
+      ['gateway', 'registry', '/infermesh.registry.v1.RegistryService/DeleteModel', true],
+      ['worker', 'registry', '/infermesh.registry.v1.RegistryService/DeleteModel', false],
+      ['cache', 'registry', '/infermesh.mesh.v1.InstanceService/Announce', true],
+      ['cache', 'registry', '/infermesh.registry.v1.RegistryService/ListModels', false],
+      ['worker', 'cache', '/grpc.health.v1.Health/Check', true],
+    ];
+    for (const [caller, callee, path, allowed] of calls) {
+      expect([caller, callee, path, isCallAuthorized(sut, caller as never, callee as never, path)]).toEqual([caller, callee, path, allowed]);
+    }
+    expect(isCallAuthorized(sut, undefined, 'gateway', '/inference.GRPCInferenceService/ModelInfer')).toBe(true);
+    expect(isCallAuthorized(sut, undefined, 'router', '/infermesh.router.v1.RouterService/Infer')).toBe(false);
+  });
+
+  it('defaults mtls to true, the identity and the sidecar config folder when the policy leaves them out', () => {
+    const sut = parseMeshPolicy(changed([['mtls'], undefined], [['identity'], undefined], [['sidecar', 'configDir'], undefined]));
+
+    expect(sut.mtls).toBe(true);
+    expect(sut.identity).toEqual({ trustDomain: 'infermesh.local', certificateDir: '/var/run/infermesh/identity' });
+    expect(sut.sidecar.configDir).toBe('/etc/envoy');
+  });
+
   it.each<[string, Change, string]>([
     ['a split to a subset the service does not have', [['edges', 0, 'split'], [{ subset: 'stable', weight: 90 }, { subset: 'canary', weight: 10 }]], 'edges[0].split[1].subset: router has no subset "canary" (known: stable, next)'],
     ['weights that add up to 0', [['edges', 2, 'split'], [{ subset: 'stable', weight: 0 }]], 'edges[2].split: the weights add up to 0, so no request could be sent'],
@@ -64,6 +103,22 @@ describe('parseMeshPolicy', () => {
     ['a per-try timeout above the timeout', [['edges', 1, 'retry', 'perTryTimeout'], '2s'], "edges[1].retry.perTryTimeout: longer than the edge's timeout (1000 ms)"],
     ['an ejection share above 100 %', [['defaults', 'outlierDetection', 'maxEjectionPercent'], 101], 'defaults.outlierDetection.maxEjectionPercent: Too big'],
     ['a fault status that is not a gRPC code', [['edges', 2, 'fault'], { abort: { percent: 10, grpcStatus: 'UNAVAILIBLE' } }], 'edges[2].fault.abort.grpcStatus: Invalid option'],
+    ['authorization of a service the mesh does not have', [['authorization', 'cahce'], [{ from: 'router', methods: ['/infermesh.cache.v1.CacheService/*'] }]], 'authorization.cahce: not a service of the mesh (registry, cache, worker, batcher, router, gateway)'],
+    ['a caller the mesh does not have', [['authorization', 'router', 0, 'from'], 'gatway'], 'authorization.router[0].from: "gatway" is not a service of the mesh (registry, cache, worker, batcher, router, gateway), nor operator or anyone'],
+    ['a caller the mesh does not have, in a list', [['authorization', 'cache', 0, 'from'], ['router', 'routr']], 'authorization.cache[0].from[1]: "routr" is not a service of the mesh'],
+    ['a caller named twice', [['authorization', 'cache', 0, 'from'], ['router', 'router']], 'authorization.cache[0].from: router is named more than once'],
+    ['a method without its leading slash', [['authorization', 'router', 0, 'methods'], ['infermesh.router.v1.RouterService/Infer']], 'authorization.router[0].methods[0]: expected a method path /package.Service/Method, or /package.Service/* for all of its methods'],
+    ['a wildcard inside a method name', [['authorization', 'router', 0, 'methods'], ['/infermesh.router.v1.RouterService/Inf*']], 'authorization.router[0].methods[0]: expected a method path'],
+    ['a wildcard for every service', [['authorization', 'router', 0, 'methods'], ['/*']], 'authorization.router[0].methods[0]: expected a method path'],
+    ['a method named twice', [['authorization', 'cache', 0, 'methods'], ['/infermesh.cache.v1.CacheService/Lookup', '/infermesh.cache.v1.CacheService/Lookup']], 'authorization.cache[0].methods: /infermesh.cache.v1.CacheService/Lookup is named more than once'],
+    ['a rule without methods', [['authorization', 'router', 0, 'methods'], []], 'authorization.router[0].methods: Too small'],
+    ['an unknown field in a rule', [['authorization', 'router', 0, 'method'], ['/a.B/C']], 'authorization.router[0]: Unrecognized key: "method"'],
+    ['an edge whose caller may call none of its callee\'s methods', [['authorization', 'router'], []], 'edges[0]: gateway calls router, but authorization.router lets gateway call none of its methods'],
+    ['no authorization at all', [['authorization'], undefined], 'authorization: Invalid input'],
+    ['a trust domain that is not one', [['identity', 'trustDomain'], 'InferMesh.local'], 'identity.trustDomain: expected a SPIFFE trust domain'],
+    ['a relative certificate folder', [['identity', 'certificateDir'], 'var/run/identity'], 'identity.certificateDir: expected an absolute path'],
+    ['an unknown identity field', [['identity', 'spiffeId'], 'x'], 'identity: Unrecognized key: "spiffeId"'],
+    ['mtls that is not true or false', [['mtls'], 'yes'], 'mtls: Invalid input: expected boolean'],
   ])('refuses %s, naming the field', (_what, change, expected) => {
     const problems = problemsOf(changed(change));
 

@@ -145,6 +145,45 @@ const faultSchema = z
  */
 const inboundFaultSchema = faultSchema.extend({ subset: name.optional() }).strict();
 
+/** The method paths of gRPC health checks: anyone may call them, whatever `authorization` says. */
+export const HEALTH_METHODS = '/grpc.health.v1.Health/*';
+
+/** A caller in `authorization`: a service of the mesh (by its SPIFFE ID), or anyone (with or without an identity). */
+export const ANYONE = 'anyone';
+/**
+ * The operator's identity (`spiffe://<trustDomain>/operator`): whoever holds the CA on the machine,
+ * `infermesh up` registering the demo models, say; on Kubernetes, a job given that certificate.
+ */
+export const OPERATOR = 'operator';
+export type MeshCaller = MeshService | typeof OPERATOR | typeof ANYONE;
+
+/** `/package.Service/Method`, or `/package.Service/*` for every method of the service. */
+export const METHOD_PATTERN = /^\/(?:[A-Za-z_][A-Za-z0-9_]*\.)*[A-Za-z_][A-Za-z0-9_]*\/(?:\*|[A-Za-z_][A-Za-z0-9_]*)$/;
+
+const absolutePath = z.string().regex(/^\/\S*$/, 'expected an absolute path');
+
+/** Who the instances are: SPIFFE IDs `spiffe://<trustDomain>/<service>`, and where each finds its certificate. */
+const identitySchema = z
+  .object({
+    trustDomain: z
+      .string()
+      .max(255)
+      .regex(/^[a-z0-9.-]+$/, 'expected a SPIFFE trust domain: lower-case letters, digits, dots and dashes, such as infermesh.local')
+      .default('infermesh.local'),
+    /** cert.pem (its SPIFFE ID as a URI SAN), key.pem and ca.pem (the trust bundle), rotated in place. */
+    certificateDir: absolutePath.default('/var/run/infermesh/identity'),
+  })
+  .strict();
+
+/** Which callers may call which methods of a service. */
+const authorizationRuleSchema = z
+  .object({
+    /** Services (checked after parsing, to say which names are known), or `anyone`. */
+    from: z.union([z.string(), z.array(z.string()).min(1)]),
+    methods: z.array(z.string().regex(METHOD_PATTERN, 'expected a method path /package.Service/Method, or /package.Service/* for all of its methods')).min(1),
+  })
+  .strict();
+
 /** Settings every edge has, from `defaults` or its own. */
 const edgeSettingsShape = {
   /** The longest a call on the edge may take, whatever deadline it carries; 0s: no limit (streams). */
@@ -193,6 +232,8 @@ const policySchema = z
         inboundPort: z.number().int().min(1).max(65535),
         adminPort: z.number().int().min(1).max(65535),
         statsPort: z.number().int().min(1).max(65535),
+        /** Where the sidecar finds the files compiled for it (its bootstrap, the SDS files); default /etc/envoy. */
+        configDir: absolutePath.default('/etc/envoy'),
       })
       .strict(),
     /** Each service's own gRPC port, and its subsets: named groups of its instances, by pod label. */
@@ -219,6 +260,11 @@ const policySchema = z
     ).strict(),
     defaults: z.object(edgeSettingsShape).strict(),
     edges: z.array(edgeSchema).min(1),
+    /** Mutual TLS between every service (the default); false: plaintext, and no authorization either. */
+    mtls: z.boolean().default(true),
+    identity: identitySchema.default({ trustDomain: 'infermesh.local', certificateDir: '/var/run/infermesh/identity' }),
+    /** Per callee service, who may call which of its methods; a service with no entry: nobody (but health checks). */
+    authorization: z.record(z.string(), z.array(authorizationRuleSchema)),
     /** Where sidecars send traces (an OTLP/gRPC collector `host:port`); unset: no tracing. */
     tracing: z.object({ collector: z.string().regex(/^[^\s:]+:\d{1,5}$/, 'expected host:port') }).strict().optional(),
   })
@@ -250,12 +296,52 @@ export interface MeshEdge {
 
 export type InboundFault = z.infer<typeof inboundFaultSchema>;
 
+/** One rule of a callee's authorization: these callers may call these methods (patterns as METHOD_PATTERN). */
+export interface AuthorizationRule {
+  from: MeshCaller[];
+  methods: string[];
+}
+
+/** The identity every instance of the mesh has. */
+export interface MeshIdentity {
+  /** SPIFFE IDs are `spiffe://<trustDomain>/<service>`. */
+  trustDomain: string;
+  /** The instance's cert.pem, key.pem and ca.pem (on Kubernetes, cert-manager's CSI driver mounts them here). */
+  certificateDir: string;
+}
+
 export interface MeshPolicy {
   kubernetes: ParsedPolicy['kubernetes'];
   sidecar: ParsedPolicy['sidecar'];
   services: Record<MeshService, { port: number; subsets: Record<string, Record<string, string>>; inboundFault: InboundFault | undefined }>;
   edges: MeshEdge[];
   tracing: ParsedPolicy['tracing'];
+  /** Mutual TLS between the services, and the authorization enforced with it. */
+  mtls: boolean;
+  identity: MeshIdentity;
+  /** Per callee, its rules (empty: nobody may call it, but health checks). */
+  authorization: Record<MeshService, AuthorizationRule[]>;
+}
+
+/** The SPIFFE ID of a service's instances: `spiffe://<trustDomain>/<service>`. */
+export function spiffeId(policy: Pick<MeshPolicy, 'identity'>, service: MeshService | typeof OPERATOR): string {
+  return `spiffe://${policy.identity.trustDomain}/${service}`;
+}
+
+/** Whether a method pattern (`/pkg.Service/Method` or `/pkg.Service/*`) covers a method path. */
+export function methodPatternMatches(pattern: string, path: string): boolean {
+  return pattern.endsWith('/*') ? path.startsWith(pattern.slice(0, -1)) : path === pattern;
+}
+
+/**
+ * Whether the policy lets `caller` (a service, or a caller with no identity: undefined) call the
+ * method `path` of `callee`. Health checks are always allowed.
+ */
+export function isCallAuthorized(policy: Pick<MeshPolicy, 'authorization'>, caller: MeshService | typeof OPERATOR | undefined, callee: MeshService, path: string): boolean {
+  if (methodPatternMatches(HEALTH_METHODS, path)) return true;
+  return policy.authorization[callee].some(
+    (rule) => (rule.from.includes(ANYONE) || (caller !== undefined && rule.from.includes(caller))) && rule.methods.some((m) => methodPatternMatches(m, path)),
+  );
 }
 
 function fieldPath(path: readonly PropertyKey[]): string {
@@ -299,7 +385,8 @@ export function parseMeshPolicy(text: string, source = 'mesh policy'): MeshPolic
     if (other !== undefined) problems.push(`services.${s}.port: ${services[s].port} is also ${other}'s port`);
     ports.set(services[s].port, `services.${s}`);
   }
-  for (const [field, value] of Object.entries(policy.sidecar)) {
+  for (const field of ['inboundPort', 'adminPort', 'statsPort'] as const) {
+    const value = policy.sidecar[field];
     const other = ports.get(value);
     if (other !== undefined) problems.push(`sidecar.${field}: ${value} is also ${other}'s port`);
     ports.set(value, `sidecar.${field}`);
@@ -352,6 +439,42 @@ export function parseMeshPolicy(text: string, source = 'mesh policy'): MeshPolic
       });
     }
   });
+  const authorization = Object.fromEntries(MESH_SERVICES.map((s) => [s, [] as AuthorizationRule[]])) as Record<MeshService, AuthorizationRule[]>;
+  for (const [callee, rules] of Object.entries(policy.authorization)) {
+    if (!(MESH_SERVICES as readonly string[]).includes(callee)) {
+      problems.push(`authorization.${callee}: not a service of the mesh (${MESH_SERVICES.join(', ')})`);
+      continue;
+    }
+    rules.forEach((rule, i) => {
+      const at = `authorization.${callee}[${i}]`;
+      const from: MeshCaller[] = [];
+      (Array.isArray(rule.from) ? rule.from : [rule.from]).forEach((name, j) => {
+        if ((MESH_SERVICES as readonly string[]).includes(name) || name === ANYONE || name === OPERATOR) from.push(name as MeshCaller);
+        else problems.push(`${at}.from${Array.isArray(rule.from) ? `[${j}]` : ''}: "${name}" is not a service of the mesh (${MESH_SERVICES.join(', ')}), nor ${OPERATOR} or ${ANYONE}`);
+      });
+      const twice = (list: readonly string[]) => list.filter((item, j) => list.indexOf(item) !== j);
+      for (const name of new Set(twice(from))) problems.push(`${at}.from: ${name} is named more than once`);
+      for (const method of new Set(twice(rule.methods))) problems.push(`${at}.methods: ${method} is named more than once`);
+      authorization[callee as MeshService].push({ from, methods: rule.methods });
+    });
+  }
+  // A caller the policy routes to a callee must be allowed to call it, or every call on the edge is refused.
+  policy.edges.forEach((edge, i) => {
+    for (const from of Array.isArray(edge.from) ? edge.from : [edge.from]) {
+      if (from !== edge.to && !authorization[edge.to].some((rule) => rule.from.includes(from) || rule.from.includes(ANYONE))) {
+        problems.push(`edges[${i}]: ${from} calls ${edge.to}, but authorization.${edge.to} lets ${from} call none of its methods`);
+      }
+    }
+  });
   if (problems.length > 0) throw new MeshPolicyError(source, problems);
-  return { kubernetes: policy.kubernetes, sidecar: policy.sidecar, services, edges, tracing: policy.tracing };
+  return {
+    kubernetes: policy.kubernetes,
+    sidecar: policy.sidecar,
+    services,
+    edges,
+    tracing: policy.tracing,
+    mtls: policy.mtls,
+    identity: policy.identity,
+    authorization,
+  };
 }

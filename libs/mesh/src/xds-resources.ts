@@ -74,7 +74,8 @@ export function xdsResources(
       kind === 'envoy' ? `outbound_${edge.to}` : edge.to,
       kind === 'envoy' ? edgeListener(policy, edge) : edgeApiListener(edge),
     );
-    for (const cluster of edgeClusters(policy, edge, 'ads')) {
+    // A sidecar's clusters speak mutual TLS (SDS from files); a proxyless client's carry no TLS settings.
+    for (const cluster of edgeClusters(policy, edge, 'ads', kind === 'grpc')) {
       const name = String((cluster as { name: string }).name);
       resources[XDS_TYPES.cluster].set(name, cluster);
       const subset = name === clusterName(edge.to) ? undefined : name.slice(edge.to.length + 1);

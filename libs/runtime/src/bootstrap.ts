@@ -3,7 +3,7 @@ import type { DescService } from '@bufbuild/protobuf';
 import type * as grpc from '@grpc/grpc-js';
 import type { INestApplication, INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import { GrpcServer, HealthService, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
+import { GrpcServer, HealthService, type InboundAuthorization, type InboundFaults, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
 import { exitOnUnsupportedNode } from '@infermesh/config';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Server } from 'node:http';
@@ -11,7 +11,7 @@ import { HealthDetails } from './health-details';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { MeshAnnouncer } from './mesh-announcer';
 import { MeshXds } from './mesh-xds';
-import { inboundFaultsOf, XDS_TYPES } from '@infermesh/mesh';
+import { inboundAuthorizationOf, inboundFaultsOf, XDS_TYPES } from '@infermesh/mesh';
 import { MonitoringServer } from './monitoring-server';
 import { ServiceIdentity } from './runtime.module';
 
@@ -39,6 +39,33 @@ export interface BootstrapOptions {
   onListening?: (app: INestApplicationContext) => Promise<void>;
   /** Runs first when the service is asked to stop, before in-flight calls are waited for. */
   beforeShutdown?: (app: INestApplicationContext) => void;
+  /**
+   * The gRPC port faces clients outside the mesh (the gateway's public API, checked by API key): it
+   * takes no client certificate and no mesh authorization, whatever the service's identity.
+   */
+  publicGrpc?: boolean;
+  /**
+   * Where the service's inbound listener (its authorization and injected faults) comes from when not
+   * over its own xDS stream: the control plane itself, which cannot ask itself before it authorizes.
+   */
+  inboundListener?: (app: INestApplicationContext) => InboundListenerSource;
+}
+
+/** Gives the service's inbound listener (undefined: none yet) now and each time it changes. */
+export interface InboundListenerSource {
+  watch(apply: (listener: unknown) => void): void;
+}
+
+/** With mutual TLS and a policy that has no authorization (`mtls: false`): any caller with a certificate of the mesh. */
+const ANY_MESH_CALLER: InboundAuthorization = {
+  allows: (identity) => identity !== undefined,
+  describe: () => 'any caller with a certificate of the mesh: the policy authorizes nothing more precisely',
+};
+
+/** The inbound filters a listener says: the faults to inject, and who may call what (undefined: no listener yet). */
+function inboundFilters(listener: unknown): { faults: InboundFaults | undefined; authorization: InboundAuthorization | undefined } {
+  if (listener === undefined) return { faults: undefined, authorization: undefined };
+  return { faults: inboundFaultsOf(listener), authorization: inboundAuthorizationOf(listener) ?? ANY_MESH_CALLER };
 }
 
 export interface RunningService {
@@ -67,13 +94,33 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   const health = app.get(HealthService);
   const metrics = app.get(Metrics);
 
-  const grpcServer = new GrpcServer({ logger, metrics, maxMessageBytes: settings.maxMessageBytes, faultInjection: settings.mesh !== undefined });
-  // In the mesh, the faults the policy injects here come in the service's inbound listener.
-  const xds = app.get(MeshXds);
-  xds.client?.watch(XDS_TYPES.listener, ['inbound'], {
-    parse: (resources) => (resources.has('inbound') ? inboundFaultsOf(resources.get('inbound')) : undefined),
-    apply: (faults) => grpcServer.setInboundFaults(faults),
+  const grpcServer = new GrpcServer({
+    logger,
+    metrics,
+    maxMessageBytes: settings.maxMessageBytes,
+    faultInjection: settings.mesh !== undefined,
+    authorization: settings.tls !== undefined && options.publicGrpc !== true,
+    public: options.publicGrpc === true,
   });
+  // In the mesh, who may call what and the faults the policy injects here come in the service's
+  // inbound listener: over its own xDS stream, or from where the service says.
+  const xds = app.get(MeshXds);
+  const applyInbound = ({ faults, authorization }: ReturnType<typeof inboundFilters>) => {
+    grpcServer.setInboundFaults(faults);
+    if (authorization !== undefined) grpcServer.setInboundAuthorization(authorization);
+  };
+  const localInbound = options.inboundListener?.(app);
+  if (localInbound !== undefined) {
+    localInbound.watch((listener) => {
+      try {
+        applyInbound(inboundFilters(listener));
+      } catch (error) {
+        logger.error('the inbound listener cannot be applied; the last one stays', error instanceof Error ? error : new Error(String(error)));
+      }
+    });
+  } else {
+    xds.client?.watch(XDS_TYPES.listener, ['inbound'], { parse: (resources) => inboundFilters(resources.get('inbound')), apply: applyInbound });
+  }
   grpcServer.add(Health, health);
   health.set('', ServingStatus.NOT_SERVING);
   const bindings = options.grpc(app);

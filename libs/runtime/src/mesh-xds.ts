@@ -1,3 +1,4 @@
+import { channelCredentials, secureChannelOptions } from '@infermesh/grpc';
 import { AdsClient, EnvoyApi } from '@infermesh/mesh';
 import type { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { hostname } from 'node:os';
@@ -21,6 +22,8 @@ export class MeshXds {
     if (settings === undefined) return;
     let outage = false;
     const events = metrics.counter('xds_client_events_total', 'Events of this service\'s own xDS stream: ACKs, NACKs (the update was refused; the last one stays), disconnections.', ['event', 'type']);
+    // With mutual TLS, the control plane is the registry and proves it.
+    const security = { credentials: channelCredentials(settings.controlPlane, 'registry'), options: secureChannelOptions(settings.controlPlane, 'registry') };
     this.client = new AdsClient(EnvoyApi.load(), settings.controlPlane, { id: meshInstanceId(service, settings), cluster: service }, (event) => {
       switch (event.kind) {
         case 'ack':
@@ -40,7 +43,7 @@ export class MeshXds {
           outage = true;
           break;
       }
-    });
+    }, security);
   }
 
   start(): void {

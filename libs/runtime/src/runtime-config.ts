@@ -1,4 +1,6 @@
-import { host, logLevel, port, positiveInt } from '@infermesh/config';
+import { ConfigError, host, logLevel, port, positiveInt } from '@infermesh/config';
+import type { TransportSecurity } from '@infermesh/grpc';
+import { join } from 'node:path';
 import { z } from 'zod';
 
 /** The settings every service shares, read from `<PREFIX>_*` variables. */
@@ -10,6 +12,8 @@ export interface RuntimeSettings {
   maxMessageBytes: number;
   /** Set when the service announces itself to the mesh's control plane (INFERMESH_MESH_CONTROL_PLANE). */
   mesh: MeshSettings | undefined;
+  /** Mutual TLS on every gRPC port and call (INFERMESH_TLS_DIR); undefined: plaintext. */
+  tls: TransportSecurity | undefined;
 }
 
 /** How a service takes part in the mesh: where the control plane is, and who it is there. */
@@ -53,6 +57,16 @@ export const meshShape = {
 };
 
 /**
+ * The identity every service shares the layout of: a folder with its certificate (`cert.pem`, its
+ * SPIFFE ID as a URI SAN), its key (`key.pem`) and the trust bundle (`ca.pem`), reread as they rotate.
+ */
+export const tlsShape = {
+  INFERMESH_TLS_DIR: z.string().min(1).optional(),
+  INFERMESH_TRUST_DOMAIN: z.string().regex(/^[a-z0-9.-]+$/, 'expected a trust domain such as infermesh.local').default('infermesh.local'),
+  INFERMESH_TLS_REFRESH_MS: positiveInt(30_000),
+};
+
+/**
  * The zod shape of the shared settings for a service whose variables start with `prefix`, e.g.
  * ROUTER_GRPC_PORT, ROUTER_METRICS_PORT, ROUTER_LOG_LEVEL, ROUTER_SHUTDOWN_GRACE_MS.
  */
@@ -66,7 +80,8 @@ export function runtimeShape<P extends string>(prefix: P, ports: { grpc: number;
     [`${prefix}_SHUTDOWN_GRACE_MS`]: positiveInt(10_000),
     [`${prefix}_MAX_MESSAGE_BYTES`]: positiveInt(64 * 1024 * 1024),
     ...meshShape,
-  } as typeof meshShape & Record<`${P}_${'GRPC_HOST' | 'METRICS_HOST'}`, ReturnType<typeof host>> &
+    ...tlsShape,
+  } as typeof meshShape & typeof tlsShape & Record<`${P}_${'GRPC_HOST' | 'METRICS_HOST'}`, ReturnType<typeof host>> &
     Record<`${P}_${'GRPC_PORT' | 'METRICS_PORT'}`, ReturnType<typeof port>> &
     Record<`${P}_LOG_LEVEL`, ReturnType<typeof logLevel>> &
     Record<`${P}_${'SHUTDOWN_GRACE_MS' | 'MAX_MESSAGE_BYTES'}`, ReturnType<typeof positiveInt>>;
@@ -75,6 +90,10 @@ export function runtimeShape<P extends string>(prefix: P, ports: { grpc: number;
 /** Reads the shared settings out of a parsed environment. */
 export function runtimeSettings(prefix: string, env: Record<string, unknown>): RuntimeSettings {
   const get = <T>(key: string) => env[`${prefix}_${key}`] as T;
+  if (env['INFERMESH_TLS_DIR'] !== undefined && env['INFERMESH_MESH_CONTROL_PLANE'] === undefined) {
+    // Who may call what is the mesh policy's to say, and it comes from the control plane.
+    throw new ConfigError(['INFERMESH_TLS_DIR: mutual TLS needs the mesh (INFERMESH_MESH_CONTROL_PLANE), whose policy says which service may call which']);
+  }
   return {
     grpc: { host: get('GRPC_HOST'), port: get('GRPC_PORT') },
     metrics: { host: get('METRICS_HOST'), port: get('METRICS_PORT') },
@@ -91,6 +110,20 @@ export function runtimeSettings(prefix: string, env: Record<string, unknown>): R
             labels: (env['INFERMESH_INSTANCE_LABELS'] as Record<string, string> | undefined) ?? {},
             heartbeatMs: env['INFERMESH_HEARTBEAT_MS'] as number,
           },
+    tls: tlsSettings(env),
+  };
+}
+
+/** The mutual TLS settings of a parsed environment (tlsShape); undefined without INFERMESH_TLS_DIR. */
+export function tlsSettings(env: Record<string, unknown>): TransportSecurity | undefined {
+  const dir = env['INFERMESH_TLS_DIR'] as string | undefined;
+  if (dir === undefined) return undefined;
+  return {
+    certFile: join(dir, 'cert.pem'),
+    keyFile: join(dir, 'key.pem'),
+    caFile: join(dir, 'ca.pem'),
+    trustDomain: env['INFERMESH_TRUST_DOMAIN'] as string,
+    refreshMs: env['INFERMESH_TLS_REFRESH_MS'] as number,
   };
 }
 

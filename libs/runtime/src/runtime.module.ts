@@ -1,5 +1,5 @@
 import { type DynamicModule, Global, Module } from '@nestjs/common';
-import { HealthService } from '@infermesh/grpc';
+import { configureTransportSecurity, HealthService } from '@infermesh/grpc';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { HealthDetails } from './health-details';
 import { MeshXds } from './mesh-xds';
@@ -22,6 +22,8 @@ export class ServiceIdentity {
 @Module({})
 export class RuntimeModule {
   static forRoot(name: string, settings: RuntimeSettings): DynamicModule {
+    // Before any provider makes a client: every client and server of the process speaks it.
+    configureTransportSecurity(settings.tls);
     const logger = new JsonLogger(name, settings.logLevel);
     return {
       module: RuntimeModule,

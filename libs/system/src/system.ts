@@ -1,5 +1,6 @@
 import type { MessageInitShape } from '@bufbuild/protobuf';
-import { createClient } from '@infermesh/grpc';
+import { configureTransportSecurity, createClient, type TransportSecurity } from '@infermesh/grpc';
+import { DEFAULT_TRUST_DOMAIN, IdentityIssuer, LocalCa } from '@infermesh/identity';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import { type BatchingSchema, type ProcessingSchema, RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
@@ -15,6 +16,14 @@ import {
   type SupervisionEvent,
   serviceEntry,
 } from './service-process';
+
+/** How often a service rereads its identity files by default (they rotate at half-life, hours apart). */
+const DEFAULT_TLS_REFRESH_MS = 30_000;
+
+/** The mutual TLS settings of an identity folder (cert.pem, key.pem, ca.pem). */
+function tlsOfDir(dir: string, refreshMs: number): TransportSecurity {
+  return { certFile: join(dir, 'cert.pem'), keyFile: join(dir, 'key.pem'), caFile: join(dir, 'ca.pem'), trustDomain: DEFAULT_TRUST_DOMAIN, refreshMs };
+}
 
 /** The ports of one worker. */
 export interface WorkerPorts {
@@ -42,6 +51,11 @@ export interface SystemPorts {
   moreWorkers?: readonly WorkerPorts[];
   /** The instances after the first of a service with replicas, in order. */
   moreReplicas?: Partial<Record<ReplicatedService, readonly WorkerPorts[]>>;
+  /**
+   * With mutual TLS: the registry's plaintext xDS port on loopback, for the services' grpc-js-xds
+   * clients (which speak only plaintext to their control plane).
+   */
+  registryXds?: number;
 }
 
 /** The services that may run several instances besides the workers: their callers reach them through the mesh. */
@@ -69,6 +83,7 @@ export const DEFAULT_PORTS: SystemPorts = {
   batcherMetrics: 9104,
   worker: 50055,
   workerMetrics: 9105,
+  registryXds: 50050,
 };
 
 /**
@@ -142,6 +157,15 @@ export interface SystemOptions {
    * `xds:///<service>` (retries, outlier ejection, splits and faults of the policy). Unset: static addresses.
    */
   mesh?: { policyFile: string } | undefined;
+  /**
+   * Mutual TLS between the services (needs `mesh`): a local CA under the data directory issues each
+   * instance a SPIFFE identity (`spiffe://infermesh.local/<service>`) valid `lifetimeMs` (default 4 h)
+   * and issues it again at half-life; each service rereads its files every `refreshMs` (default
+   * 30 s). This process calls the services as `spiffe://infermesh.local/operator`. Unset: plaintext.
+   */
+  mtls?: { lifetimeMs?: number; refreshMs?: number } | undefined;
+  /** Told of each identity issued (logging); and of a failure to issue one again (it is retried). */
+  onIdentity?: ((event: { instance: string; notAfter: Date } | { instance: string; error: Error }) => void) | undefined;
   /** Start a service that exits without being asked to again, by this policy (`infermesh up` does); unset: leave it stopped. */
   restartPolicy?: RestartPolicy | undefined;
   /** Told of each restart and crash loop (the line to log: describeSupervisionEvent). */
@@ -193,6 +217,10 @@ export class System {
       if (count > 1 && options.mesh === undefined) throw new Error(`${count} ${service} instances need the mesh (SystemOptions.mesh): their callers reach them through xds:///${service}`);
       const extra = options.ports.moreReplicas?.[service]?.length ?? 0;
       if (extra < count - 1) throw new Error(`${count} ${service} instances need the ports of ${count - 1} more in SystemPorts.moreReplicas.${service}; it has ${extra}`);
+    }
+    if (options.mtls !== undefined) {
+      if (options.mesh === undefined) throw new Error('mutual TLS needs the mesh (SystemOptions.mesh): its policy says which service may call which');
+      if (options.ports.registryXds === undefined) throw new Error('mutual TLS needs SystemPorts.registryXds: the services\' xDS clients reach the control plane there');
     }
     const replicas = new Map<ReplicatedService, ServiceProcess[]>();
     for (const service of REPLICATED_SERVICES) {
@@ -264,6 +292,7 @@ export class System {
     const { options } = this;
     mkdirSync(options.dataDir, { recursive: true });
     try {
+      if (options.mtls !== undefined) await this.issueIdentities(options.mtls);
       // The gateway opens last, once the models are READY: when it says ready, they can be called.
       for (const name of SERVICE_NAMES) {
         if (name === 'worker') for (const worker of this.workerProcesses) worker.start();
@@ -342,6 +371,43 @@ export class System {
       else if (isReplicated(name)) await Promise.all(this.replicaProcesses.get(name)!.map((instance) => instance.stop()));
       else await this.process(name).stop();
     }
+    this.issuer?.stop();
+    this.issuer = undefined;
+    if (this.options.mtls !== undefined) configureTransportSecurity(undefined);
+  }
+
+  private issuer: IdentityIssuer | undefined;
+
+  /** Where the identity files of an instance are (cert.pem, key.pem, ca.pem). */
+  identityDir(instance: string): string {
+    return join(this.options.dataDir, 'identity', instance);
+  }
+
+  /** Every instance's name in the mesh, with its service. */
+  private instanceNames(): { service: ServiceName; instance: string }[] {
+    return SERVICE_NAMES.flatMap((service) => {
+      const count = service === 'worker' ? this.workerProcesses.length : isReplicated(service) ? this.replicaProcesses.get(service)!.length : 1;
+      return Array.from({ length: count }, (_, i) => ({ service, instance: `${service}-${i}` }));
+    });
+  }
+
+  /**
+   * The local CA (kept under the data directory, reused while it is valid) issues every instance and
+   * this process their identities before anything starts; they are issued again at half-life while
+   * the system runs.
+   */
+  private async issueIdentities(mtls: NonNullable<SystemOptions['mtls']>): Promise<void> {
+    const ca = await LocalCa.open(join(this.options.dataDir, 'identity-ca'));
+    const issuer = new IdentityIssuer({
+      ca,
+      rootDir: join(this.options.dataDir, 'identity'),
+      ...(mtls.lifetimeMs !== undefined && { lifetimeMs: mtls.lifetimeMs }),
+      onIssued: (event) => this.options.onIdentity?.({ instance: event.identity.instance, notAfter: event.notAfter }),
+      onError: (event) => this.options.onIdentity?.({ instance: event.identity.instance, error: event.error instanceof Error ? event.error : new Error(String(event.error)) }),
+    });
+    this.issuer = issuer;
+    for (const { service, instance } of [...this.instanceNames(), { service: 'operator', instance: 'operator' }]) await issuer.ensure({ service, instance });
+    configureTransportSecurity(tlsOfDir(this.identityDir('operator'), mtls.refreshMs ?? DEFAULT_TLS_REFRESH_MS));
   }
 
   /** Starts one service again and waits until its health check says SERVING. */
@@ -489,12 +555,20 @@ export class System {
   private meshEnv(service: ServiceName, instanceId: string): Record<string, string> {
     if (this.options.mesh === undefined) return {};
     const controlPlane = `${this.host}:${this.options.ports.registry}`;
+    const { mtls } = this.options;
+    // grpc-js-xds speaks only plaintext to its control plane: with mutual TLS, the registry's loopback xDS port.
+    const xdsServer = mtls === undefined ? controlPlane : `127.0.0.1:${this.options.ports.registryXds}`;
     return {
       INFERMESH_MESH_CONTROL_PLANE: controlPlane,
       INFERMESH_INSTANCE_ID: instanceId,
       GRPC_XDS_BOOTSTRAP_CONFIG: JSON.stringify({
-        xds_servers: [{ server_uri: controlPlane, channel_creds: [{ type: 'insecure' }], server_features: ['xds_v3'] }],
+        xds_servers: [{ server_uri: xdsServer, channel_creds: [{ type: 'insecure' }], server_features: ['xds_v3'] }],
         node: { id: instanceId, cluster: service, locality: {} },
+      }),
+      ...(mtls !== undefined && {
+        INFERMESH_TLS_DIR: this.identityDir(instanceId),
+        INFERMESH_TLS_REFRESH_MS: String(mtls.refreshMs ?? DEFAULT_TLS_REFRESH_MS),
+        ...(service === 'registry' && { REGISTRY_XDS_PLAINTEXT_PORT: String(this.options.ports.registryXds) }),
       }),
     };
   }

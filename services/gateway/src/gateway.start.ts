@@ -19,6 +19,8 @@ import { ServerReflectionGrpcController } from './server-reflection';
 export function startGateway(config: GatewayConfig): Promise<RunningService> {
   return bootstrap({
     module: GatewayModule.forRoot(config),
+    // The public API: clients outside the mesh, each call checked by its API key.
+    publicGrpc: true,
     grpc: (app) => {
       const api = [
         bind(GRPCInferenceService, app.get(GatewayGrpcController)),

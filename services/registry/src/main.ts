@@ -16,6 +16,8 @@ runMain('registry', async () => {
     grpc: (app) => [bind(RegistryService, app.get(RegistryGrpcController)), bind(InstanceService, app.get(InstancesGrpcController))],
     // The mesh's xDS (ADS), in Envoy's own messages, when a policy file is configured.
     untypedGrpc: (app) => app.get(MeshControlPlane).xdsService(),
+    // Its own authorization comes from the policy it serves, not over xDS from itself.
+    inboundListener: (app) => app.get(MeshControlPlane).ownInboundSource(),
     // WatchModels streams last until the follower leaves: end them, so that shutdown need not wait.
     beforeShutdown: (app) => void app.get(ModelWatch).close(),
   });

@@ -1,6 +1,7 @@
 import { Inject, Injectable, type OnModuleDestroy } from '@nestjs/common';
-import type * as grpc from '@grpc/grpc-js';
-import { AdsServer, EnvoyApi, xdsResources } from '@infermesh/mesh';
+import * as grpc from '@grpc/grpc-js';
+import { AdsServer, EnvoyApi, inboundApiListener, subsetOf, xdsResources } from '@infermesh/mesh';
+import type { InboundListenerSource } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { MeshInstances } from './mesh-instances';
 import { MeshPolicyFile } from './mesh-policy.file';
@@ -19,8 +20,10 @@ export class MeshControlPlane implements OnModuleDestroy {
   private readonly policyFile: MeshPolicyFile | undefined;
   private readonly ads: AdsServer | undefined;
   private readonly sweeper: NodeJS.Timeout;
+  private plaintextServer: grpc.Server | undefined;
+  private readonly ownInbound: ((listener: unknown) => void)[] = [];
 
-  constructor(@Inject(REGISTRY_CONFIG) config: RegistryConfig, logger: JsonLogger, metrics: Metrics) {
+  constructor(@Inject(REGISTRY_CONFIG) private readonly config: RegistryConfig, logger: JsonLogger, metrics: Metrics) {
     this.instances = new MeshInstances(config.mesh.instanceTimeoutMs);
     metrics.gauge('mesh_instances', 'Instances announced to the control plane, by service and whether they serve.', ['service', 'serving'], (gauge) => {
       gauge.reset();
@@ -70,12 +73,45 @@ export class MeshControlPlane implements OnModuleDestroy {
         changes.inc({ outcome: 'applied' });
         logger.info('mesh policy changed; pushing it to every xDS client', { path: policyFile.path });
         ads.refresh();
+        for (const apply of this.ownInbound) apply(this.ownInboundListener());
       } else {
         changes.inc({ outcome: 'refused' });
         logger.warn('mesh policy change refused; the running policy stays', { path: policyFile.path, problems: change.problems });
       }
     });
     logger.info('serving xDS (ADS) for the mesh policy', { path: policyFile.path, edges: policyFile.policy.edges.length });
+    const plaintextPort = config.mesh.plaintextXdsPort;
+    if (plaintextPort !== undefined) {
+      const server = new grpc.Server();
+      ads.addTo(server);
+      this.plaintextServer = server;
+      // Loopback only: it carries the topology, not the registry's RPCs, to clients on this machine.
+      server.bindAsync(`127.0.0.1:${plaintextPort}`, grpc.ServerCredentials.createInsecure(), (error, bound) => {
+        if (error !== null) logger.error('cannot serve plaintext xDS on loopback; proxyless clients will not get the mesh', error);
+        else logger.info('serving xDS (ADS only) in plaintext on loopback, for grpc-js-xds clients', { port: bound });
+      });
+    }
+  }
+
+  /**
+   * The registry's own inbound listener (who may call it, the faults injected into its calls),
+   * compiled here from the policy and followed as it changes: the control plane cannot ask itself
+   * over xDS before it knows whom to answer.
+   */
+  ownInboundSource(): InboundListenerSource {
+    return {
+      watch: (apply) => {
+        this.ownInbound.push(apply);
+        apply(this.ownInboundListener());
+      },
+    };
+  }
+
+  private ownInboundListener(): unknown {
+    if (this.policyFile === undefined) return undefined;
+    const { policy } = this.policyFile;
+    const { grpc: address, mesh } = this.config.runtime;
+    return inboundApiListener(policy, 'registry', subsetOf(policy, 'registry', mesh?.labels ?? {}), mesh?.address ?? address.host, address.port);
   }
 
   /** The ADS service for the registry's gRPC server; none without a policy file. */
@@ -87,5 +123,6 @@ export class MeshControlPlane implements OnModuleDestroy {
     clearInterval(this.sweeper);
     this.policyFile?.close();
     this.ads?.close();
+    this.plaintextServer?.forceShutdown();
   }
 }

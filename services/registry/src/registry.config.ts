@@ -19,6 +19,9 @@ const shape = {
   REGISTRY_MESH_POLICY: path(),
   REGISTRY_MESH_POLICY_POLL_MS: positiveInt(1_000),
   REGISTRY_INSTANCE_TIMEOUT_MS: positiveInt(15_000),
+  // grpc-js-xds's own xDS client speaks only plaintext to its control plane: with mutual TLS on the
+  // registry's port, proxyless clients on this machine take xDS from this loopback port instead.
+  REGISTRY_XDS_PLAINTEXT_PORT: z.coerce.number().int().min(0).max(65535).optional(),
 };
 
 /** The registry's configuration, validated once at start-up. Relative paths resolve against the working directory. */
@@ -34,6 +37,9 @@ export function loadRegistryConfig(env: Env) {
       const problems = error instanceof MeshPolicyError ? error.problems : [error instanceof Error ? error.message : String(error)];
       throw new ConfigError(problems.map((p) => `REGISTRY_MESH_POLICY (${meshPolicyPath}): ${p}`));
     }
+  }
+  if (runtime.tls !== undefined && meshPolicyPath === undefined) {
+    throw new ConfigError(['INFERMESH_TLS_DIR: mutual TLS needs REGISTRY_MESH_POLICY, whose authorization says which service may call which']);
   }
   return {
     runtime,
@@ -63,6 +69,8 @@ export function loadRegistryConfig(env: Env) {
       policyPollMs: e.REGISTRY_MESH_POLICY_POLL_MS,
       /** An instance silent for this long is withdrawn, even if its stream looks open. */
       instanceTimeoutMs: e.REGISTRY_INSTANCE_TIMEOUT_MS,
+      /** Also serve ADS (and nothing else) in plaintext on 127.0.0.1 at this port, for grpc-js-xds clients; unset: not. */
+      plaintextXdsPort: e.REGISTRY_XDS_PLAINTEXT_PORT,
     },
   };
 }

@@ -18,12 +18,18 @@ const shape = {
   INFERMESH_READY_TIMEOUT_MS: z.coerce.number().int().positive().default(120_000),
   INFERMESH_MESH: z.enum(['static', 'xds']).default('xds'),
   INFERMESH_MESH_POLICY: z.string().min(1).optional(),
+  // Mutual TLS between the services, each with a SPIFFE identity from a local CA (the mesh only).
+  INFERMESH_MTLS: z.enum(['true', 'false']).optional(),
+  INFERMESH_IDENTITY_LIFETIME_MS: z.coerce.number().int().min(10_000).default(4 * 3_600_000),
   REDIS_URL: redisUrl(),
 };
 
 /** The launcher's configuration (`infermesh up`), validated once. */
 export function loadCliConfig(env: Env) {
   const e = parseEnv(shape, env);
+  if (e.INFERMESH_MTLS === 'true' && e.INFERMESH_MESH !== 'xds') {
+    throw new ConfigError(['INFERMESH_MTLS: mutual TLS needs the mesh (INFERMESH_MESH=xds), whose policy says which service may call which']);
+  }
   return {
     apiKey: e.INFERMESH_API_KEY,
     host: e.INFERMESH_HOST,
@@ -35,6 +41,10 @@ export function loadCliConfig(env: Env) {
     mesh: e.INFERMESH_MESH,
     /** The mesh policy for xds (default: envoy/mesh.yaml of this repository). */
     meshPolicy: e.INFERMESH_MESH_POLICY,
+    /** Mutual TLS between the services: on by default in the mesh; needs it. */
+    mtls: e.INFERMESH_MTLS === undefined ? e.INFERMESH_MESH === 'xds' : e.INFERMESH_MTLS === 'true',
+    /** How long each instance's certificate is valid; it is issued again at half-life. */
+    identityLifetimeMs: e.INFERMESH_IDENTITY_LIFETIME_MS,
     redisUrl: e.REDIS_URL,
   };
 }

@@ -25,14 +25,15 @@ describe('infermesh mesh', () => {
     expect(Object.fromEntries(MESH_SERVICES.map((s) => [s, policy.services[s].port]))).toEqual(expected);
   });
 
-  it.each(['ads', 'static'])('envoy --mode %s writes one <service>.yaml per service, the checked-in goldens', async (mode) => {
+  it.each(['ads', 'static'])('envoy --mode %s writes one <service>.yaml per service and the SDS files, the checked-in goldens', async (mode) => {
     const run = await runCapturing(['mesh', 'envoy', '--mode', mode, '--out', out, '--policy', POLICY], {});
 
     expect(run.code).toBe(0);
     expect(run.stderr).toContain(`wrote 6 Envoy configurations (${mode})`);
-    for (const service of MESH_SERVICES) {
-      expect(readFileSync(join(out, `${service}.yaml`), 'utf8')).toBe(readFileSync(join(ENVOY, 'generated', mode, `${service}.yaml`), 'utf8'));
+    for (const file of [...MESH_SERVICES.map((service) => `${service}.yaml`), 'sds-identity.yaml', 'sds-trust-bundle.yaml']) {
+      expect(readFileSync(join(out, file), 'utf8')).toBe(readFileSync(join(ENVOY, 'generated', mode, file), 'utf8'));
     }
+    expect(run.stderr).toContain('and 2 SDS files (sds-identity.yaml, sds-trust-bundle.yaml, for /etc/envoy)');
   });
 
   it('envoy refuses a bad policy with exit 1, naming the field, and writes nothing', async () => {
@@ -50,8 +51,11 @@ describe('infermesh mesh', () => {
     const good = await runCapturing(['mesh', 'check', join(ENVOY, 'generated', 'static', 'router.yaml')], {});
     const broken = await runCapturing(['mesh', 'check', join(ENVOY, 'testdata', 'broken', 'bad-enum.yaml'), join(ENVOY, 'testdata', 'valid-bootstrap.yaml')], {});
 
+    const sds = await runCapturing(['mesh', 'check', join(ENVOY, 'generated', 'ads', 'sds-identity.yaml')], {});
+
     expect(good.code).toBe(0);
     expect(good.stdout).toMatch(/router\.yaml: ok\n$/);
+    expect(sds.stdout).toMatch(/sds-identity\.yaml: ok\n$/);
     expect(broken.code).toBe(1);
     expect(broken.stdout).toContain('bad-enum.yaml: static_resources.clusters[0].lb_policy: "LEAST_REQUESTS" is not a value');
     expect(broken.stdout).toContain('valid-bootstrap.yaml: ok');

@@ -1,4 +1,4 @@
-import { EnvoyApi, type EnvoyMode, envoyConfigFiles, MeshPolicyError, parseMeshPolicy } from '@infermesh/mesh';
+import { EnvoyApi, type EnvoyMode, envoyConfigFiles, envoySdsFiles, MeshPolicyError, parseMeshPolicy } from '@infermesh/mesh';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parse as parseYaml } from 'yaml';
@@ -32,7 +32,10 @@ function modeOf(ctx: CommandContext): EnvoyMode {
   return mode;
 }
 
-/** `mesh envoy`: compiles the policy into each service's sidecar bootstrap, checks each against Envoy's API, writes them. */
+/**
+ * `mesh envoy`: compiles the policy into each service's sidecar bootstrap and, with mTLS, the SDS
+ * files they read their certificates through; checks each against Envoy's API, writes them.
+ */
 async function envoy(ctx: CommandContext): Promise<void> {
   const path = policyPath(ctx);
   const policy = readPolicy(path);
@@ -40,15 +43,20 @@ async function envoy(ctx: CommandContext): Promise<void> {
   const out = resolve(ctx.args.value('out')!);
   const api = EnvoyApi.load();
   const files = envoyConfigFiles(policy, mode);
-  const problems = files.flatMap((file) => api.checkBootstrap(file.bootstrap).map((p) => `${file.fileName}: ${p}`));
+  const secrets = envoySdsFiles(policy);
+  const problems = [
+    ...files.flatMap((file) => api.checkBootstrap(file.bootstrap).map((p) => `${file.fileName}: ${p}`)),
+    ...secrets.flatMap((file) => api.check('envoy.service.discovery.v3.DiscoveryResponse', file.response).map((p) => `${file.fileName}: ${p}`)),
+  ];
   if (problems.length > 0) throw new CliError(`the generated configuration fails Envoy's API check:\n${problems.map((p) => `  - ${p}`).join('\n')}`, EXIT.failed);
   mkdirSync(out, { recursive: true });
-  for (const file of files) writeFileSync(join(out, file.fileName), file.text);
-  ctx.io.stdout.write(`${files.map((file) => join(out, file.fileName)).join('\n')}\n`);
-  ctx.note(`wrote ${files.length} Envoy configurations (${mode}) from ${path}; each passed the check against Envoy's v3 API\n`);
+  for (const file of [...files, ...secrets]) writeFileSync(join(out, file.fileName), file.text);
+  ctx.io.stdout.write(`${[...files, ...secrets].map((file) => join(out, file.fileName)).join('\n')}\n`);
+  const sds = secrets.length === 0 ? '' : ` and ${secrets.length} SDS files (${secrets.map((file) => file.fileName).join(', ')}, for ${policy.sidecar.configDir})`;
+  ctx.note(`wrote ${files.length} Envoy configurations (${mode})${sds} from ${path}; each passed the check against Envoy's v3 API\n`);
 }
 
-/** `mesh check`: the strict check of Envoy bootstrap files, each problem with its path. */
+/** `mesh check`: the strict check of Envoy bootstrap files (and SDS files), each problem with its path. */
 async function check(ctx: CommandContext): Promise<void> {
   const api = EnvoyApi.load();
   let failed = 0;
@@ -61,7 +69,9 @@ async function check(ctx: CommandContext): Promise<void> {
       failed += 1;
       continue;
     }
-    const problems = api.checkBootstrap(document);
+    // A file-based SDS file (a DiscoveryResponse: `resources`, no bootstrap field) is checked as one.
+    const sds = typeof document === 'object' && document !== null && 'resources' in document && !('static_resources' in document) && !('node' in document);
+    const problems = sds ? api.check('envoy.service.discovery.v3.DiscoveryResponse', document) : api.checkBootstrap(document);
     if (problems.length > 0) failed += 1;
     ctx.io.stdout.write(problems.length === 0 ? `${file}: ok\n` : problems.map((p) => `${file}: ${p}\n`).join(''));
   }
@@ -90,6 +100,8 @@ export const MESH_GROUP: GroupSpec<CommandHandler> = {
         '--mode ads (default): the sidecar takes listeners and clusters from the registry over ADS; its bootstrap',
         'holds the inbound listener, the stats listener, its local service and the control plane.',
         '--mode static: everything compiled in, upstreams found by their Kubernetes Services\' DNS names.',
+        'With mtls (the default), also sds-identity.yaml and sds-trust-bundle.yaml: the file-based SDS secrets every',
+        'sidecar reads from the policy\'s sidecar.configDir (mount them with the bootstraps).',
       ].join('\n'),
       positionals: [],
       flags: [
@@ -101,7 +113,7 @@ export const MESH_GROUP: GroupSpec<CommandHandler> = {
     }),
     command<CommandHandler>({
       name: 'check',
-      summary: "Check Envoy bootstrap files strictly against Envoy's v3 API: fields, types, enums, validation rules, references",
+      summary: "Check Envoy bootstrap (or SDS) files strictly against Envoy's v3 API: fields, types, enums, validation rules, references",
       positionals: [{ name: '<file.yaml...>', variadic: true }],
       flags: [],
       handler: check,

@@ -82,6 +82,10 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
     // A service that crashes is started again, as a kubelet would, and the reason logged each time.
     restartPolicy: DEFAULT_RESTART_POLICY,
     mesh: config.mesh === 'xds' ? { policyFile: resolve(config.meshPolicy ?? join(distDir, '..', 'envoy', 'mesh.yaml')) } : undefined,
+    mtls: config.mtls ? { lifetimeMs: config.identityLifetimeMs } : undefined,
+    onIdentity: (event) => {
+      if ('error' in event) process.stderr.write(`infermesh: the certificate of ${event.instance} could not be issued again (retrying): ${event.error.message}\n`);
+    },
     onSupervision: (name, event, instance) => {
       if (!shuttingDown) process.stderr.write(`infermesh: ${describeSupervisionEvent(instance === undefined ? name : `${name} ${instance}`, event)}\n`);
     },
@@ -120,7 +124,7 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
   process.stdout.write(
     [
       '',
-      `infermesh is ready in ${((Date.now() - started) / 1000).toFixed(1)} s (${config.redisUrl === undefined ? 'embedded stores' : 'Redis'}${config.mesh === 'xds' ? ', through the mesh (xDS from the registry)' : ''})`,
+      `infermesh is ready in ${((Date.now() - started) / 1000).toFixed(1)} s (${config.redisUrl === undefined ? 'embedded stores' : 'Redis'}${config.mesh === 'xds' ? `, through the mesh (xDS from the registry${config.mtls ? ', mutual TLS' : ''})` : ''})`,
       `  REST     ${url}  (KServe v2 / Open Inference Protocol)`,
       `  gRPC     ${system.gatewayGrpcAddress}  (inference.GRPCInferenceService)`,
       `  metrics  http://${config.host}:${ports.gatewayMetrics}/metrics (gateway; other services on 9101-9105${[...(ports.moreWorkers ?? []), ...Object.values(ports.moreReplicas ?? {}).flat()].map((w) => `, ${w.metrics}`).join('')})`,
