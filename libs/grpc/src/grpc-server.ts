@@ -2,6 +2,7 @@ import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { type JsonLogger, type Metrics, requestContext, sanitizeRequestId } from '@infermesh/telemetry';
 import type { Http2Server, IncomingHttpHeaders, ServerHttp2Stream } from 'node:http2';
+import type { TLSSocket } from 'node:tls';
 import type { Counter, Histogram } from 'prom-client';
 import { boundTimeoutHeader } from './deadline';
 import type { CallContext, ServiceImpl } from './method-types';
@@ -69,6 +70,7 @@ export class GrpcServer {
   private authorization: InboundAuthorization | undefined;
   private readonly injected: Counter<'method' | 'fault'>;
   private readonly refused: Counter<'method' | 'caller'>;
+  private readonly handshakeFailures: Counter<'reason'>;
 
   constructor(private readonly options: GrpcServerOptions) {
     this.server = new grpc.Server({
@@ -80,13 +82,27 @@ export class GrpcServer {
         interceptors: [(descriptor: grpc.ServerMethodDefinition<unknown, unknown>, call: grpc.ServerInterceptingCallInterface) => this.inbound(descriptor.path, call)],
       }),
     });
+    this.handshakeFailures = options.metrics.counter(
+      'grpc_server_tls_handshake_failures_total',
+      'TLS connections refused during the handshake (no client certificate, one from another CA, an expired one), by reason.',
+      ['reason'],
+    );
     this.refused = options.metrics.counter(
       'grpc_server_unauthorized_calls_total',
       'Calls refused by the mesh policy\'s authorization (PERMISSION_DENIED), or before it was received (UNAVAILABLE), by method and caller identity.',
       ['method', 'caller'],
     );
     this.injected = options.metrics.counter('grpc_server_injected_faults_total', 'Calls this service failed or delayed on purpose, as the mesh policy\'s inboundFault says.', ['method', 'fault']);
-    boundReceivedDeadlines(this.server);
+    const reported = new Map<string, number>();
+    hookHttp2Servers(this.server, (error, socket) => {
+      const reason = error.code ?? error.message;
+      this.handshakeFailures.inc({ reason });
+      // One line per reason every 10 s: a scanner must not flood the log.
+      const last = reported.get(reason) ?? 0;
+      if (Date.now() - last < 10_000) return;
+      reported.set(reason, Date.now());
+      options.logger.warn('refused a TLS connection: the peer did not prove a mesh identity', { reason, peer: `${socket.remoteAddress}:${socket.remotePort}`, err: error.message });
+    });
     this.duration = options.metrics.histogram(
       'grpc_server_handling_seconds',
       'Duration of gRPC calls handled by this service, by method and status code.',
@@ -333,7 +349,7 @@ async function guarded<T>(work: () => T | Promise<T>): Promise<T> {
  * once. grpc-js offers no hook before that reading; its server creates its HTTP/2 servers in one
  * method, whose result gets a first 'stream' listener here. Start-up fails if that method is gone.
  */
-function boundReceivedDeadlines(server: grpc.Server): void {
+function hookHttp2Servers(server: grpc.Server, onTlsError: (error: Error & { code?: string }, socket: TLSSocket) => void): void {
   const internals = server as unknown as { createHttp2Server?: (credentials: unknown) => Http2Server };
   const createHttp2Server = internals.createHttp2Server;
   if (typeof createHttp2Server !== 'function') {
@@ -342,6 +358,8 @@ function boundReceivedDeadlines(server: grpc.Server): void {
   internals.createHttp2Server = (credentials: unknown) => {
     const http2Server = createHttp2Server.call(server, credentials);
     http2Server.prependListener('stream', (_stream: ServerHttp2Stream, headers: IncomingHttpHeaders) => boundTimeoutHeader(headers));
+    // A TLS server: a peer refused during the handshake (no certificate, another CA, expired) is reported here.
+    http2Server.on('tlsClientError', onTlsError);
     return http2Server;
   };
 }

@@ -1,5 +1,5 @@
 import { type BuiltModel, DEMO_MODELS } from '@infermesh/model-builder';
-import { REPLICATED_SERVICES, type ReplicaOptions, type ReplicatedService, type RestartPolicy, System, describeSupervisionEvent, type SystemPorts, type WorkerOptions } from '@infermesh/system';
+import { REPLICATED_SERVICES, type ReplicaOptions, type ReplicatedService, type RestartPolicy, System, describeSupervisionEvent, type SystemOptions, type SystemPorts, type WorkerOptions } from '@infermesh/system';
 import { freePortList } from '@infermesh/testing';
 import { spawn } from 'node:child_process';
 import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -27,7 +27,7 @@ export const DIST = join(REPO_ROOT, 'dist');
 export async function freePorts(workers = 1, replicas: Partial<Record<ReplicatedService, number>> = {}): Promise<SystemPorts> {
   const names = [
     'gatewayHttp', 'gatewayGrpc', 'gatewayMetrics', 'registry', 'registryMetrics', 'router', 'routerMetrics',
-    'cache', 'cacheMetrics', 'batcher', 'batcherMetrics', 'worker', 'workerMetrics',
+    'cache', 'cacheMetrics', 'batcher', 'batcherMetrics', 'worker', 'workerMetrics', 'registryXds',
   ] as const;
   const extra: Record<'worker' | ReplicatedService, number> = {
     worker: Math.max(0, workers - 1),
@@ -73,6 +73,8 @@ export async function startFixture(options: {
   meshPolicyFile?: string;
   /** Instances of the router, batcher or cache (needs meshPolicyFile); default one each. */
   replicas?: Partial<Record<ReplicatedService, ReplicaOptions[]>>;
+  /** Mutual TLS between the services, with identities from a local CA (needs meshPolicyFile); default plaintext. */
+  mtls?: SystemOptions['mtls'];
 }): Promise<Fixture> {
   const dataDir = mkdtempSync(join(tmpdir(), 'infermesh-e2e-'));
   const logFile = join(dataDir, 'services.log');
@@ -106,6 +108,8 @@ export async function startFixture(options: {
       ...(options.workers !== undefined && { workers: options.workers }),
       restartPolicy: options.restartPolicy,
       mesh: options.meshPolicyFile === undefined ? undefined : { policyFile: options.meshPolicyFile },
+      mtls: options.mtls,
+      onIdentity: (event) => appendFileSync(logFile, `supervisor | identity of ${event.instance}: ${'error' in event ? `not issued again: ${event.error.message}` : `issued, valid until ${event.notAfter.toISOString()}`}\n`),
       onSupervision: (service, event, instance) =>
         appendFileSync(logFile, `supervisor | ${describeSupervisionEvent(instance === undefined ? service : `${service} ${instance}`, event)}\n`),
     });
