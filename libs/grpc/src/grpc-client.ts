@@ -5,7 +5,7 @@ import { boundedDeadline } from './deadline';
 import type { CallOptions, ServiceClient } from './method-types';
 import { RpcError, isServiceError } from './rpc-error';
 import { toServiceDefinition } from './service-definition';
-import { channelCredentials, secureChannelOptions } from './transport-security';
+import { channelCredentials, secureChannelOptions, type TransportSecurity } from './transport-security';
 
 export interface ClientOptions {
   /** Largest message sent or accepted, in bytes. */
@@ -14,6 +14,11 @@ export interface ClientOptions {
   channelOptions?: grpc.ChannelOptions;
   /** With mutual TLS, the mesh service the server must prove to be (its SPIFFE ID); `xds:///<service>` targets name it themselves. */
   peer?: string;
+  /**
+   * The identity to present: the process's own (unset: configureTransportSecurity), this one (a
+   * supervisor's), or none (null: plaintext, to a public port).
+   */
+  transport?: TransportSecurity | null;
 }
 
 const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
@@ -43,14 +48,14 @@ export function createClient<S extends DescService>(service: S, address: string,
   registerXdsOnce(address);
   const maxBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
   const Ctor = grpc.makeGenericClientConstructor(toServiceDefinition(service), service.typeName);
-  const client = new Ctor(address, channelCredentials(address, options.peer), {
+  const client = new Ctor(address, channelCredentials(address, options.peer, options.transport), {
     'grpc.max_receive_message_length': maxBytes,
     'grpc.max_send_message_length': maxBytes,
     // An upstream that restarts is reached again within about a second, not grpc-js's default of
     // up to two minutes of reconnect backoff.
     'grpc.initial_reconnect_backoff_ms': 200,
     'grpc.max_reconnect_backoff_ms': 1_000,
-    ...secureChannelOptions(address, options.peer),
+    ...secureChannelOptions(address, options.peer, options.transport),
     ...options.channelOptions,
   });
   const result: Record<string, unknown> = { close: () => client.close() };

@@ -24,6 +24,30 @@ interface Configured {
 }
 
 let configured: Configured | undefined;
+/** Identities other than the process's own that clients were given (a supervisor's), by certificate file. */
+const others = new Map<string, Configured>();
+
+function configuredFor(settings: TransportSecurity): Configured {
+  const provider = new grpc.experimental.FileWatcherCertificateProvider({
+    certificateFile: settings.certFile,
+    privateKeyFile: settings.keyFile,
+    caCertificateFile: settings.caFile,
+    refreshIntervalMs: settings.refreshMs,
+  });
+  return { settings, provider, server: grpc.experimental.createCertificateProviderServerCredentials(provider, provider, true) };
+}
+
+/** What a client uses: the given identity, plaintext (null), or the process's (undefined). */
+function select(transport: TransportSecurity | null | undefined): Configured | undefined {
+  if (transport === null) return undefined;
+  if (transport === undefined) return configured;
+  let found = others.get(transport.certFile);
+  if (found === undefined || found.settings.keyFile !== transport.keyFile || found.settings.caFile !== transport.caFile) {
+    found = configuredFor(transport);
+    others.set(transport.certFile, found);
+  }
+  return found;
+}
 
 /**
  * Sets the process's transport security, once at start-up, before any client or server is made:
@@ -35,13 +59,7 @@ export function configureTransportSecurity(settings: TransportSecurity | undefin
     configured = undefined;
     return;
   }
-  const provider = new grpc.experimental.FileWatcherCertificateProvider({
-    certificateFile: settings.certFile,
-    privateKeyFile: settings.keyFile,
-    caCertificateFile: settings.caFile,
-    refreshIntervalMs: settings.refreshMs,
-  });
-  configured = { settings, provider, server: grpc.experimental.createCertificateProviderServerCredentials(provider, provider, true) };
+  configured = configuredFor(settings);
 }
 
 /** Whether the process speaks mutual TLS. */
@@ -75,12 +93,13 @@ function serviceOfTarget(target: string): string | undefined {
  * and carries a SPIFFE ID of the trust domain — of the service the target names, for `xds:///<service>`
  * and when `peer` is given. The host name is not what identifies a peer in the mesh: its SPIFFE ID is.
  */
-export function channelCredentials(target: string, peer?: string): grpc.ChannelCredentials {
-  if (configured === undefined) return grpc.credentials.createInsecure();
-  const { trustDomain } = configured.settings;
+export function channelCredentials(target: string, peer?: string, transport?: TransportSecurity | null): grpc.ChannelCredentials {
+  const chosen = select(transport);
+  if (chosen === undefined) return grpc.credentials.createInsecure();
+  const { trustDomain } = chosen.settings;
   const expected = peer ?? serviceOfTarget(target);
   const prefix = `spiffe://${trustDomain}/`;
-  return grpc.experimental.createCertificateProviderChannelCredentials(configured.provider, configured.provider, {
+  return grpc.experimental.createCertificateProviderChannelCredentials(chosen.provider, chosen.provider, {
     checkServerIdentity: (_host, certificate) => {
       const id = spiffeIdOf(certificate);
       if (id === undefined || !id.startsWith(prefix)) {
@@ -97,7 +116,8 @@ export function channelCredentials(target: string, peer?: string): grpc.ChannelC
  * (`router.infermesh.local`), not an IP address (which RFC 6066 forbids as a server name); peers are
  * identified by their SPIFFE ID, never by this name.
  */
-export function secureChannelOptions(target: string, peer?: string): grpc.ChannelOptions {
-  if (configured === undefined) return {};
-  return { 'grpc.ssl_target_name_override': `${peer ?? serviceOfTarget(target) ?? 'mesh'}.${configured.settings.trustDomain}` };
+export function secureChannelOptions(target: string, peer?: string, transport?: TransportSecurity | null): grpc.ChannelOptions {
+  const chosen = select(transport);
+  if (chosen === undefined) return {};
+  return { 'grpc.ssl_target_name_override': `${peer ?? serviceOfTarget(target) ?? 'mesh'}.${chosen.settings.trustDomain}` };
 }

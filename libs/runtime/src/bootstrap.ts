@@ -133,7 +133,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   await app.init();
 
   const grpcPort = await grpcServer.listen(settings.grpc.host, settings.grpc.port);
-  const metricsServer = new MonitoringServer(metrics, app.get(HealthDetails));
+  const metricsServer = new MonitoringServer(metrics, app.get(HealthDetails), settings.metricsToken);
   const metricsPort = await metricsServer.listen(settings.metrics.host, settings.metrics.port);
   let httpPort: number | undefined;
   let httpServer: Server | undefined;

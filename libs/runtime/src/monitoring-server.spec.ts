@@ -4,9 +4,9 @@ import { request } from 'node:http';
 import { HealthDetails } from './health-details';
 import { MonitoringServer } from './monitoring-server';
 
-function get(port: number, path: string, method = 'GET'): Promise<{ status: number; type: string; body: string }> {
+function get(port: number, path: string, method = 'GET', headers: Record<string, string> = {}): Promise<{ status: number; type: string; body: string }> {
   return new Promise((resolve, reject) => {
-    const req = request({ host: '127.0.0.1', port, path, method }, (res) => {
+    const req = request({ host: '127.0.0.1', port, path, method, headers }, (res) => {
       let body = '';
       res.setEncoding('utf8');
       res.on('data', (chunk: string) => (body += chunk));
@@ -35,6 +35,21 @@ describe(MonitoringServer.name, () => {
 
   afterEach(async () => {
     await sut.close();
+  });
+
+  it('asks for the metrics token when it has one, and keeps /health open to probes', async () => {
+    const guarded = new MonitoringServer(metrics, details, 'a-token-of-sixteen-chars');
+    const guardedPort = await guarded.listen('127.0.0.1', 0);
+    try {
+      expect((await get(guardedPort, '/metrics')).status).toBe(401);
+      expect((await get(guardedPort, '/metrics', 'GET', { authorization: 'Bearer a-wrong-token-of-sixteen' })).status).toBe(401);
+      const allowed = await get(guardedPort, '/metrics', 'GET', { authorization: 'Bearer a-token-of-sixteen-chars' });
+      expect(allowed.status).toBe(200);
+      expect(allowed.body).toContain('infermesh_router_requests_total 3');
+      expect((await get(guardedPort, '/health')).status).toBe(503);
+    } finally {
+      await guarded.close();
+    }
   });
 
   it('serves the metrics in the Prometheus text format at GET /metrics, with or without a query string', async () => {

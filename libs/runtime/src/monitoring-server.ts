@@ -1,4 +1,5 @@
 import type { Metrics } from '@infermesh/telemetry';
+import { createHash, timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { HealthDetails } from './health-details';
@@ -13,6 +14,8 @@ export class MonitoringServer {
   constructor(
     private readonly metrics: Metrics,
     private readonly details: HealthDetails,
+    /** When set, GET /metrics answers only `Authorization: Bearer <token>` (401 otherwise); /health stays open to probes. */
+    private readonly metricsToken?: string,
   ) {}
 
   async listen(host: string, port: number): Promise<number> {
@@ -34,6 +37,11 @@ export class MonitoringServer {
   private handle(req: IncomingMessage, res: ServerResponse): void {
     const path = (req.url ?? '').split('?')[0];
     if (req.method === 'GET' && path === '/metrics') {
+      if (this.metricsToken !== undefined && !bearerMatches(req.headers.authorization, this.metricsToken)) {
+        res.writeHead(401, { 'content-type': 'text/plain', 'www-authenticate': 'Bearer realm="metrics"' });
+        res.end('metrics need the bearer token this service was given (INFERMESH_METRICS_TOKEN)\n');
+        return;
+      }
       this.metrics.render().then(
         (body) => {
           res.writeHead(200, { 'content-type': this.metrics.registry.contentType });
@@ -55,4 +63,12 @@ export class MonitoringServer {
     res.writeHead(404, { 'content-type': 'text/plain' });
     res.end('not found: metrics are served at GET /metrics, health details at GET /health\n');
   }
+}
+
+/** Whether an Authorization header carries this bearer token, compared in constant time. */
+function bearerMatches(header: string | undefined, token: string): boolean {
+  const match = /^Bearer (.+)$/.exec(header ?? '');
+  if (match === null) return false;
+  const given = createHash('sha256').update(match[1]!).digest();
+  return timingSafeEqual(given, createHash('sha256').update(token).digest());
 }

@@ -14,6 +14,8 @@ export interface RuntimeSettings {
   mesh: MeshSettings | undefined;
   /** Mutual TLS on every gRPC port and call (INFERMESH_TLS_DIR); undefined: plaintext. */
   tls: TransportSecurity | undefined;
+  /** The bearer token GET /metrics needs (INFERMESH_METRICS_TOKEN); undefined: none. */
+  metricsToken: string | undefined;
 }
 
 /** How a service takes part in the mesh: where the control plane is, and who it is there. */
@@ -64,6 +66,8 @@ export const tlsShape = {
   INFERMESH_TLS_DIR: z.string().min(1).optional(),
   INFERMESH_TRUST_DOMAIN: z.string().regex(/^[a-z0-9.-]+$/, 'expected a trust domain such as infermesh.local').default('infermesh.local'),
   INFERMESH_TLS_REFRESH_MS: positiveInt(30_000),
+  /** When set, GET /metrics on every service's monitoring port needs `Authorization: Bearer <it>`. */
+  INFERMESH_METRICS_TOKEN: z.string().min(16, 'expected a token of at least 16 characters').optional(),
 };
 
 /**
@@ -111,6 +115,7 @@ export function runtimeSettings(prefix: string, env: Record<string, unknown>): R
             heartbeatMs: env['INFERMESH_HEARTBEAT_MS'] as number,
           },
     tls: tlsSettings(env),
+    metricsToken: env['INFERMESH_METRICS_TOKEN'] as string | undefined,
   };
 }
 

@@ -1,5 +1,5 @@
 import type { MessageInitShape } from '@bufbuild/protobuf';
-import { configureTransportSecurity, createClient, type TransportSecurity } from '@infermesh/grpc';
+import { createClient, type TransportSecurity } from '@infermesh/grpc';
 import { DEFAULT_TRUST_DOMAIN, IdentityIssuer, LocalCa } from '@infermesh/identity';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
@@ -302,7 +302,7 @@ export class System {
       const timeoutMs = options.readyTimeoutMs ?? 60_000;
       const deadline = Date.now() + timeoutMs;
       await this.waitForHealth('registry', deadline);
-      const registry = createClient(RegistryService, `${this.host}:${options.ports.registry}`);
+      const registry = createClient(RegistryService, `${this.host}:${options.ports.registry}`, { peer: 'registry', transport: this.operatorTls ?? null });
       try {
         const names: string[] = [];
         for (const model of options.models) {
@@ -373,10 +373,11 @@ export class System {
     }
     this.issuer?.stop();
     this.issuer = undefined;
-    if (this.options.mtls !== undefined) configureTransportSecurity(undefined);
   }
 
   private issuer: IdentityIssuer | undefined;
+  /** This process's identity with mutual TLS (`operator`), for its own calls to the services; undefined: plaintext. */
+  private operatorTls: TransportSecurity | undefined;
 
   /** Where the identity files of an instance are (cert.pem, key.pem, ca.pem). */
   identityDir(instance: string): string {
@@ -407,7 +408,7 @@ export class System {
     });
     this.issuer = issuer;
     for (const { service, instance } of [...this.instanceNames(), { service: 'operator', instance: 'operator' }]) await issuer.ensure({ service, instance });
-    configureTransportSecurity(tlsOfDir(this.identityDir('operator'), mtls.refreshMs ?? DEFAULT_TLS_REFRESH_MS));
+    this.operatorTls = tlsOfDir(this.identityDir('operator'), mtls.refreshMs ?? DEFAULT_TLS_REFRESH_MS);
   }
 
   /** Starts one service again and waits until its health check says SERVING. */
@@ -424,11 +425,12 @@ export class System {
 
   async waitForHealth(name: ServiceName, deadline: number): Promise<void> {
     const port = name === 'gateway' ? this.options.ports.gatewayGrpc : this.options.ports[name];
-    await this.waitForServing(this.process(name), name, port, deadline);
+    await this.waitForServing(this.process(name), name, port, deadline, name === 'gateway');
   }
 
-  private async waitForServing(service: ServiceProcess, name: string, port: number, deadline: number): Promise<void> {
-    const health = createClient(Health, `${this.host}:${port}`);
+  private async waitForServing(service: ServiceProcess, name: string, port: number, deadline: number, publicPort = false): Promise<void> {
+    // The gateway's gRPC port is public (plaintext); the others take the operator's identity with mutual TLS.
+    const health = createClient(Health, `${this.host}:${port}`, { transport: publicPort ? null : (this.operatorTls ?? null) });
     try {
       for (;;) {
         if (!service.running) throw new Error(`${name} exited during start-up (see its log lines)`);
@@ -448,7 +450,7 @@ export class System {
 
   /** Waits until the registry has `count` instances announced and serving. */
   private async waitForAnnounced(count: number, deadline: number): Promise<void> {
-    const instances = createClient(InstanceService, `${this.host}:${this.options.ports.registry}`);
+    const instances = createClient(InstanceService, `${this.host}:${this.options.ports.registry}`, { peer: 'registry', transport: this.operatorTls ?? null });
     try {
       for (;;) {
         const serving = await instances
