@@ -235,7 +235,7 @@ describe('hostile requests at the edge', () => {
 
   it('(4) bounds the request bodies held at once, and gateway memory comes back after large uploads', async () => {
     const metricsUrl = fixture.system.metricsUrl('gateway');
-    const rss = () => metricValue(metricsUrl, 'infermesh_gateway_process_resident_memory_bytes');
+    const rss = () => metricValue(metricsUrl, 'process_resident_memory_bytes', { service: 'gateway' });
     const baseline = await rss();
     const chunk = Buffer.alloc(1_000_000, 0x61); // "aaaa…": not JSON, refused once read
     let peak = baseline;

@@ -185,8 +185,8 @@ describe('hostile callers and shared state', () => {
     const held = async (service: 'router' | 'cache') => {
       const url = fixture.system.metricsUrl(service);
       const [rss, young] = await Promise.all([
-        metricValue(url, `infermesh_${service}_process_resident_memory_bytes`),
-        metricValue(url, `infermesh_${service}_nodejs_heap_space_size_total_bytes`, { space: 'new' }),
+        metricValue(url, 'process_resident_memory_bytes', { service }),
+        metricValue(url, 'nodejs_heap_space_size_total_bytes', { service, space: 'new' }),
       ]);
       return { rss, young, held: rss - young };
     };
@@ -215,7 +215,7 @@ describe('hostile callers and shared state', () => {
     for (const service of ['router', 'cache'] as const) {
       const url = fixture.system.metricsUrl(service);
       const sizes = await Promise.all(
-        ['nodejs_heap_size_used_bytes', 'nodejs_heap_size_total_bytes', 'nodejs_external_memory_bytes'].map((m) => metricValue(url, `infermesh_${service}_${m}`)),
+        ['nodejs_heap_size_used_bytes', 'nodejs_heap_size_total_bytes', 'nodejs_external_memory_bytes'].map((m) => metricValue(url, m, { service })),
       );
       console.log(`${service}: V8 heap ${mib(sizes[0]!)} used of ${mib(sizes[1]!)}, external ${mib(sizes[2]!)}`);
     }

@@ -68,6 +68,8 @@ export class GrpcServer {
   private draining = false;
   private faults: InboundFaults | undefined;
   private authorization: InboundAuthorization | undefined;
+  /** The SPIFFE ID of each TLS connection's peer, by its remote address and port. */
+  private readonly peers = new Map<string, string | undefined>();
   private readonly injected: Counter<'method' | 'fault'>;
   private readonly refused: Counter<'method' | 'caller'>;
   private readonly handshakeFailures: Counter<'reason'>;
@@ -102,6 +104,12 @@ export class GrpcServer {
       if (Date.now() - last < 10_000) return;
       reported.set(reason, Date.now());
       options.logger.warn('refused a TLS connection: the peer did not prove a mesh identity', { reason, peer: `${socket.remoteAddress}:${socket.remotePort}`, err: error.message });
+    }, (socket) => {
+      // The peer's identity, read once per connection: reading the certificate on every call costs
+      // more than the rest of the authorization.
+      const key = `${socket.remoteAddress}:${socket.remotePort}`;
+      this.peers.set(key, spiffeIdOf(socket.getPeerCertificate()));
+      socket.once('close', () => this.peers.delete(key));
     });
     this.duration = options.metrics.histogram(
       'grpc_server_handling_seconds',
@@ -183,7 +191,8 @@ export class GrpcServer {
 
   /** Why the caller may not make this call; undefined: it may. */
   private authorize(path: string, call: grpc.ServerInterceptingCallInterface): { code: grpc.status; details: string } | undefined {
-    const caller = spiffeIdOf(call.getAuthContext().sslPeerCertificate);
+    const { remoteAddress, remotePort } = call.getConnectionInfo();
+    const caller = this.peers.get(`${remoteAddress}:${remotePort}`) ?? spiffeIdOf(call.getAuthContext().sslPeerCertificate);
     const method = methodLabel(path);
     const authorization = this.authorization;
     if (authorization === undefined) {
@@ -349,7 +358,11 @@ async function guarded<T>(work: () => T | Promise<T>): Promise<T> {
  * once. grpc-js offers no hook before that reading; its server creates its HTTP/2 servers in one
  * method, whose result gets a first 'stream' listener here. Start-up fails if that method is gone.
  */
-function hookHttp2Servers(server: grpc.Server, onTlsError: (error: Error & { code?: string }, socket: TLSSocket) => void): void {
+function hookHttp2Servers(
+  server: grpc.Server,
+  onTlsError: (error: Error & { code?: string }, socket: TLSSocket) => void,
+  onSecureConnection: (socket: TLSSocket) => void,
+): void {
   const internals = server as unknown as { createHttp2Server?: (credentials: unknown) => Http2Server };
   const createHttp2Server = internals.createHttp2Server;
   if (typeof createHttp2Server !== 'function') {
@@ -360,6 +373,7 @@ function hookHttp2Servers(server: grpc.Server, onTlsError: (error: Error & { cod
     http2Server.prependListener('stream', (_stream: ServerHttp2Stream, headers: IncomingHttpHeaders) => boundTimeoutHeader(headers));
     // A TLS server: a peer refused during the handshake (no certificate, another CA, expired) is reported here.
     http2Server.on('tlsClientError', onTlsError);
+    http2Server.on('secureConnection', onSecureConnection);
     return http2Server;
   };
 }

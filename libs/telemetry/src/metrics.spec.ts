@@ -1,7 +1,7 @@
 import { LATENCY_BUCKETS_SECONDS, Metrics } from './metrics';
 
 describe(Metrics.name, () => {
-  it('names every metric infermesh_<service>_<name>, default process metrics included', async () => {
+  it('names every metric of its own infermesh_<service>_<name>, and the default process metrics by their standard names with a service label', async () => {
     const sut = new Metrics('router');
     sut.counter('requests_total', 'Requests.', ['outcome']).inc({ outcome: 'hit' }, 3);
     sut.gauge('inflight', 'In flight.').set(2);
@@ -12,9 +12,13 @@ describe(Metrics.name, () => {
     expect(text).toContain('infermesh_router_requests_total{outcome="hit"} 3');
     expect(text).toContain('infermesh_router_inflight 2');
     expect(text).toContain('infermesh_router_latency_seconds_count 1');
-    expect(text).toContain('infermesh_router_process_cpu_user_seconds_total');
-    const names = text.split('\n').filter((line) => line !== '' && !line.startsWith('#')).map((line) => line.split(/[{ ]/)[0]);
-    expect(names.filter((name) => !name!.startsWith('infermesh_router_'))).toEqual([]);
+    expect(text).toMatch(/^process_cpu_user_seconds_total\{service="router"\} /m);
+    expect(text).toMatch(/^nodejs_heap_size_used_bytes\{service="router"\} /m);
+    const samples = text.split('\n').filter((line) => line !== '' && !line.startsWith('#'));
+    const standard = samples.filter((line) => /^(process|nodejs)_/.test(line));
+    expect(standard.length).toBeGreaterThan(0);
+    expect(standard.filter((line) => !line.includes('service="router"'))).toEqual([]);
+    expect(samples.filter((line) => !/^(process|nodejs)_/.test(line) && !line.startsWith('infermesh_router_'))).toEqual([]);
   });
 
   it('uses latency buckets from 100 µs to 10 s unless told otherwise', async () => {

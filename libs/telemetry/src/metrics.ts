@@ -6,8 +6,10 @@ export const LATENCY_BUCKETS_SECONDS = [
 ];
 
 /**
- * One service's Prometheus registry. Every metric is named `infermesh_<service>_<what>_<unit>`;
- * default process metrics carry the same prefix.
+ * One service's Prometheus registry. Every metric of its own is named `infermesh_<service>_<what>_<unit>`;
+ * the default process and Node.js metrics keep their standard names (`process_cpu_seconds_total`,
+ * `nodejs_heap_size_used_bytes`, …) with a `service` label, so that standard Node dashboards and
+ * alerts match them.
  */
 export class Metrics {
   readonly registry = new prom.Registry();
@@ -17,7 +19,7 @@ export class Metrics {
     this.prefix = `infermesh_${service}_`;
     // The event-loop delay monitor samples every 100 ms instead of prom-client's 10 ms: an idle
     // service should not wake up a hundred times a second.
-    prom.collectDefaultMetrics({ register: this.registry, prefix: this.prefix, eventLoopMonitoringPrecision: 100 });
+    prom.collectDefaultMetrics({ register: this.registry, labels: { service }, eventLoopMonitoringPrecision: 100 });
   }
 
   counter<L extends string>(name: string, help: string, labelNames: readonly L[] = []): prom.Counter<L> {

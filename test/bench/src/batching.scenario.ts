@@ -71,12 +71,12 @@ export async function batching(): Promise<Record<string, unknown>> {
   };
   const call = (name: string) => grpc.modelInfer(request(name), { metadata, timeoutMs: 30_000 });
   const rssMb = async (service: 'batcher' | 'gateway') =>
-    round((await metricValue(fixture.system.metricsUrl(service), `infermesh_${service}_process_resident_memory_bytes`)) / 2 ** 20, 1);
+    round((await metricValue(fixture.system.metricsUrl(service), 'process_resident_memory_bytes', { service })) / 2 ** 20, 1);
 
   const cpuSeconds = async () =>
     Object.fromEntries(
       await Promise.all(
-        SERVICE_NAMES.map(async (name) => [name, await metricValue(fixture.system.metricsUrl(name), `infermesh_${name}_process_cpu_seconds_total`)] as const),
+        SERVICE_NAMES.map(async (name) => [name, await metricValue(fixture.system.metricsUrl(name), 'process_cpu_seconds_total', { service: name })] as const),
       ),
     );
   const points: Point[] = [];

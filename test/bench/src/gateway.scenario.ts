@@ -267,7 +267,7 @@ function gatewayCpuSeconds(fixture: Fixture): () => Promise<number> {
     procReadable = false;
   }
   if (!procReadable) {
-    return () => metricValue(fixture.system.metricsUrl('gateway'), 'infermesh_gateway_process_cpu_seconds_total');
+    return () => metricValue(fixture.system.metricsUrl('gateway'), 'process_cpu_seconds_total', { service: 'gateway' });
   }
   const ticks = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout?.trim()) || 100;
   return async () => {

@@ -60,7 +60,7 @@ export async function latency(): Promise<Record<string, unknown>> {
   const cpuSeconds = async () =>
     Object.fromEntries(
       await Promise.all(
-        SERVICE_NAMES.map(async (name) => [name, await metricValue(fixture.system.metricsUrl(name), `infermesh_${name}_process_cpu_seconds_total`)] as const),
+        SERVICE_NAMES.map(async (name) => [name, await metricValue(fixture.system.metricsUrl(name), 'process_cpu_seconds_total', { service: name })] as const),
       ),
     );
   let cpuBefore: Record<string, number> = {};
