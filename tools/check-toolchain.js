@@ -15,6 +15,10 @@ const redis = spawnSync('redis-server', ['--version'], { encoding: 'utf8' });
 if (redis.error !== undefined || redis.status !== 0) {
   problems.push('redis-server is not installed: the tests start a real one. Install it with `apt-get install redis-server`.');
 }
+const promtool = spawnSync('promtool', ['--version'], { encoding: 'utf8' });
+if (promtool.error !== undefined || promtool.status !== 0) {
+  problems.push('promtool is not installed: the tests check the SLO rules (grafana/slo) with it. Install it with `apt-get install prometheus`.');
+}
 if (problems.length > 0) {
   process.stderr.write(`missing test dependencies:\n${problems.map((p) => `  - ${p}`).join('\n')}\n`);
   process.exit(1);
