@@ -105,9 +105,13 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   // In the mesh, who may call what and the faults the policy injects here come in the service's
   // inbound listener: over its own xDS stream, or from where the service says.
   const xds = app.get(MeshXds);
+  let authorizedOnce: () => void = () => undefined;
+  const authorized = new Promise<void>((resolve) => (authorizedOnce = resolve));
   const applyInbound = ({ faults, authorization }: ReturnType<typeof inboundFilters>) => {
     grpcServer.setInboundFaults(faults);
-    if (authorization !== undefined) grpcServer.setInboundAuthorization(authorization);
+    if (authorization === undefined) return;
+    grpcServer.setInboundAuthorization(authorization);
+    authorizedOnce();
   };
   const localInbound = options.inboundListener?.(app);
   if (localInbound !== undefined) {
@@ -145,17 +149,31 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
     httpPort = typeof address === 'object' && address !== null ? address.port : options.http.port;
   }
   await options.onListening?.(app);
-  health.setAll(ServingStatus.SERVING);
-  // In the mesh, the service announces itself once it serves; the control plane sends it calls from then on.
+  // With mutual TLS a service serves once it knows whom to answer: until its authorization arrives
+  // (over its xDS stream, once it has announced itself) it reports NOT_SERVING, so that no caller
+  // and no readiness check counts on it.
+  const gated = settings.tls !== undefined && options.publicGrpc !== true;
+  if (!gated) health.setAll(ServingStatus.SERVING);
+  // In the mesh, the service announces itself; the control plane sends it calls once it says it serves.
   const announcer =
     settings.mesh === undefined
       ? undefined
       : new MeshAnnouncer(identity.name, settings.mesh, { host: settings.grpc.host, port: grpcPort }, () => health.get() === ServingStatus.SERVING && !grpcServer.isDraining, logger);
   announcer?.start();
   xds.start();
+  let stopping: Promise<void> | undefined;
+  if (gated) {
+    const waiting = setInterval(() => logger.warn('not serving yet: the authorization policy has not arrived from the mesh control plane'), 10_000);
+    waiting.unref();
+    void authorized.then(() => {
+      clearInterval(waiting);
+      if (stopping !== undefined) return;
+      health.setAll(ServingStatus.SERVING);
+      announcer?.heartbeatNow();
+    });
+  }
   logger.info(`${identity.name} listening`, { grpc_port: grpcPort, metrics_port: metricsPort, http_port: httpPort });
 
-  let stopping: Promise<void> | undefined;
   const stop = () =>
     (stopping ??= (async () => {
       logger.info(`${identity.name} shutting down`);

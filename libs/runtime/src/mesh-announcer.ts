@@ -36,6 +36,11 @@ export class MeshAnnouncer {
     this.running = this.loop();
   }
 
+  /** Sends the serving state now rather than at the next heartbeat (it just changed). */
+  heartbeatNow(): void {
+    this.wake?.();
+  }
+
   /** Ends the announcement (the control plane withdraws the instance at once) and stops. */
   async stop(): Promise<void> {
     this.stopped = true;

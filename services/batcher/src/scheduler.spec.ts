@@ -335,6 +335,23 @@ describe(Scheduler.name, () => {
       expect(out.received.length).toBeGreaterThan(outBefore);
     });
 
+    it('still sends to an ejected worker when every worker that holds the version is ejected (panic mode)', async () => {
+      const [w1] = workers as [FakeWorker, FakeWorker];
+      w1.models.set(v('mlp', '1'), ModelState.READY);
+      const sut = await start();
+      app!.get(WorkerPool).configureEdge({
+        retry: { on: ['unavailable'], attempts: 1, backoff: { baseMs: 0, maxMs: 0 }, perTryTimeoutMs: undefined },
+        outlierDetection: { consecutiveFailures: 2, consecutiveGatewayFailures: 0, interval: 60_000, baseEjectionTime: 60_000, maxEjectionPercent: 100 },
+      });
+      w1.failWith = new RpcError(status.INTERNAL, 'the session failed');
+      for (const id of ['a', 'b']) await rpcRejection(sut.infer(rowsRequest(id, 1, 0), call()));
+      expect(await metric('workers_ejected')).toBe(1);
+      w1.failWith = undefined;
+
+      await expect(sut.infer(rowsRequest('c', 1, 0), call())).resolves.toMatchObject({ id: 'c' });
+      expect(w1.received.map((r) => r.id)).toEqual(['a', 'b', 'c']);
+    });
+
     it('retries a batch as many times as the edge\'s policy says, on another worker each time', async () => {
       for (const w of workers) w.models.set(v('mlp', '1'), ModelState.READY);
       const [w1, w2] = workers as [FakeWorker, FakeWorker];

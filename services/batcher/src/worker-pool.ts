@@ -153,7 +153,7 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
    */
   available(versionName: string): WorkerHandle[] {
     const ready = this.holding(versionName);
-    return ready.length > 0 ? ready : this.placed(versionName).filter((w) => w.loadable.has(versionName));
+    return ready.length > 0 ? ready : this.notEjected(this.placed(versionName).filter((w) => w.loadable.has(versionName)));
   }
 
   /** Asks every worker again what it holds (one poll shared by concurrent callers). */
@@ -185,13 +185,22 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
   }
 
   private holding(versionName: string): WorkerHandle[] {
-    return this.placed(versionName).filter((w) => w.ready.has(versionName));
+    return this.notEjected(this.placed(versionName).filter((w) => w.ready.has(versionName)));
   }
 
   /** Reachable workers whose placement includes the version's model. */
   private placed(versionName: string): WorkerHandle[] {
     const model = splitVersionName(versionName)?.modelId;
-    return this.workers.filter((w) => w.reachable && model !== undefined && w.serves(model) && !this.outliers.isEjected(w.address));
+    return this.workers.filter((w) => w.reachable && model !== undefined && w.serves(model));
+  }
+
+  /**
+   * The workers less those the edge's outlier detection ejected — unless that leaves none: then all
+   * of them (Envoy's panic mode), since an ejected worker may answer where no worker surely cannot.
+   */
+  private notEjected(workers: WorkerHandle[]): WorkerHandle[] {
+    const healthy = workers.filter((w) => !this.outliers.isEjected(w.address));
+    return healthy.length > 0 ? healthy : workers;
   }
 
   /**
