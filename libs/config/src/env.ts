@@ -124,3 +124,8 @@ export function loadOrExit<T>(service: string, load: () => T): T {
     throw error;
   }
 }
+
+/** A field's path as a validation issue gives it (`edges[1].retry.attempts`), for messages that name the field. */
+export function fieldPath(path: readonly PropertyKey[]): string {
+  return path.reduce<string>((text, part) => (typeof part === 'number' ? `${text}[${part}]` : text === '' ? String(part) : `${text}.${String(part)}`), '');
+}

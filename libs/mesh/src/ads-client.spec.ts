@@ -1,21 +1,13 @@
 import * as grpc from '@grpc/grpc-js';
 import { eventually } from '@infermesh/testing';
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { parseDocument } from 'yaml';
 import { AdsClient, type AdsClientEvent, type XdsUpdate } from './ads-client';
 import { type AdsEvent, AdsServer } from './ads-server';
 import { EnvoyApi } from './envoy-api-check';
-import { type MeshPolicy, parseMeshPolicy } from './mesh-policy';
+import { type MeshPolicy } from './mesh-policy';
 import { type MeshInstance, XDS_TYPES, xdsResources } from './xds-resources';
+import { policyWith } from './policy.testing';
 
-const SHIPPED = readFileSync(join(__dirname, '..', '..', '..', 'envoy', 'mesh.yaml'), 'utf8');
 
-function policyWith(...changes: [path: (string | number)[], value: unknown][]): MeshPolicy {
-  const doc = parseDocument(SHIPPED);
-  for (const [path, value] of changes) doc.setIn(path, doc.createNode(value));
-  return parseMeshPolicy(doc.toString());
-}
 
 /** Resolves with the next value `next()` is called with. */
 function nextValue<T>(): { promise: Promise<T>; next: (value: T) => void; reset: () => void } {

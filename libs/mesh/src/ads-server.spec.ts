@@ -1,21 +1,13 @@
 import * as grpc from '@grpc/grpc-js';
 import { startXdsProbe, type XdsProbe } from '@infermesh/testing';
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { parseDocument } from 'yaml';
 import { type AdsEvent, AdsServer } from './ads-server';
 import { EnvoyApi } from './envoy-api-check';
-import { type MeshPolicy, type MeshService, parseMeshPolicy } from './mesh-policy';
+import { type MeshPolicy, type MeshService } from './mesh-policy';
 import { type MeshInstance, xdsResources } from './xds-resources';
+import { policyWith } from './policy.testing';
 
-const SHIPPED = readFileSync(join(__dirname, '..', '..', '..', 'envoy', 'mesh.yaml'), 'utf8');
 
 /** The shipped policy with values set at paths. */
-function policyWith(...changes: [path: (string | number)[], value: unknown][]): MeshPolicy {
-  const doc = parseDocument(SHIPPED);
-  for (const [path, value] of changes) doc.setIn(path, doc.createNode(value));
-  return parseMeshPolicy(doc.toString());
-}
 
 const IDENTITY = (value: Buffer) => value;
 /** A service that answers with the name of the instance that served it, or fails as told. */

@@ -1,18 +1,11 @@
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { parseDocument } from 'yaml';
 import { edgeRetryOf, outlierDetectionOf, retries, retryBackoffMs } from './edge-settings';
 import { EnvoyApi } from './envoy-api-check';
 import { type MeshPolicy, parseMeshPolicy } from './mesh-policy';
 import { XDS_TYPE_NAMES, XDS_TYPES, xdsResources } from './xds-resources';
+import { policyWith, SHIPPED_POLICY as SHIPPED } from './policy.testing';
 
-const SHIPPED = readFileSync(join(__dirname, '..', '..', '..', 'envoy', 'mesh.yaml'), 'utf8');
 
-function policyWith(...changes: [path: (string | number)[], value: unknown][]): MeshPolicy {
-  const doc = parseDocument(SHIPPED);
-  for (const [path, value] of changes) doc.setIn(path, doc.createNode(value));
-  return parseMeshPolicy(doc.toString());
-}
 
 describe('edge settings read back from xDS', () => {
   const api = EnvoyApi.load();

@@ -1,3 +1,4 @@
+import { durationMs } from './envoy-api-check';
 import { type OutlierDetection, RETRIABLE_GRPC_CODES } from './mesh-policy';
 
 type Json = Record<string, unknown>;
@@ -25,12 +26,6 @@ export function retryBackoffMs(retry: EdgeRetry, n: number, random = Math.random
   return random() * Math.min(retry.backoff.maxMs, retry.backoff.baseMs * 2 ** n);
 }
 
-/** A proto3 JSON duration ("1.5s") in milliseconds. */
-function ms(value: unknown, at: string): number {
-  const match = /^(\d+)(?:\.(\d{1,9}))?s$/.exec(String(value));
-  if (match === null) throw new Error(`${at}: expected a duration, got ${JSON.stringify(value)}`);
-  return Math.round(Number(match[1]) * 1000 + Number(`0.${match[2] ?? '0'}`) * 1000);
-}
 
 const num = (value: unknown, fallback: number): number => (value === undefined ? fallback : Number(value));
 
@@ -55,12 +50,12 @@ export function edgeRetryOf(resource: unknown, at = 'listener'): EdgeRetry {
     if (!(RETRIABLE_GRPC_CODES as readonly string[]).includes(code)) throw new Error(`${at}.retry_policy.retry_on: ${code} is not a gRPC status this caller retries on`);
   }
   const backoff = (policy['retry_back_off'] ?? {}) as Json;
-  const baseMs = backoff['base_interval'] === undefined ? 25 : ms(backoff['base_interval'], `${at}.retry_policy.retry_back_off.base_interval`);
+  const baseMs = backoff['base_interval'] === undefined ? 25 : durationMs(backoff['base_interval'], `${at}.retry_policy.retry_back_off.base_interval`);
   return {
     on: on as EdgeRetry['on'],
     attempts: num(policy['num_retries'], 1) + 1,
-    backoff: { baseMs, maxMs: backoff['max_interval'] === undefined ? baseMs * 10 : ms(backoff['max_interval'], `${at}.retry_policy.retry_back_off.max_interval`) },
-    perTryTimeoutMs: policy['per_try_timeout'] === undefined ? undefined : ms(policy['per_try_timeout'], `${at}.retry_policy.per_try_timeout`),
+    backoff: { baseMs, maxMs: backoff['max_interval'] === undefined ? baseMs * 10 : durationMs(backoff['max_interval'], `${at}.retry_policy.retry_back_off.max_interval`) },
+    perTryTimeoutMs: policy['per_try_timeout'] === undefined ? undefined : durationMs(policy['per_try_timeout'], `${at}.retry_policy.per_try_timeout`),
   };
 }
 
@@ -75,8 +70,8 @@ export function outlierDetectionOf(resource: unknown, at = 'cluster'): OutlierDe
   return {
     consecutiveFailures: enforced('enforcing_consecutive_5xx') ? num(od['consecutive_5xx'], 5) : 0,
     consecutiveGatewayFailures: num(od['enforcing_consecutive_gateway_failure'], 0) > 0 ? num(od['consecutive_gateway_failure'], 5) : 0,
-    interval: od['interval'] === undefined ? 10_000 : ms(od['interval'], `${at}.outlier_detection.interval`),
-    baseEjectionTime: od['base_ejection_time'] === undefined ? 30_000 : ms(od['base_ejection_time'], `${at}.outlier_detection.base_ejection_time`),
+    interval: od['interval'] === undefined ? 10_000 : durationMs(od['interval'], `${at}.outlier_detection.interval`),
+    baseEjectionTime: od['base_ejection_time'] === undefined ? 30_000 : durationMs(od['base_ejection_time'], `${at}.outlier_detection.base_ejection_time`),
     maxEjectionPercent: num(od['max_ejection_percent'], 10),
     ...(num(od['enforcing_failure_percentage'], 0) > 0 && {
       failurePercentage: {

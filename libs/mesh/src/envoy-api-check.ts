@@ -72,6 +72,16 @@ function durationNanos(value: Json): bigint | undefined {
   return match[1] === undefined ? nanos : -nanos;
 }
 
+/**
+ * A proto3 JSON duration ("1.5s", as `decode` gives them) in whole milliseconds; throws naming `at`
+ * when it is not one.
+ */
+export function durationMs(value: unknown, at: string): number {
+  const nanos = durationNanos(value);
+  if (nanos === undefined) throw new Error(`${at}: expected a duration, got ${JSON.stringify(value)}`);
+  return Math.round(Number(nanos) / 1e6);
+}
+
 /** A PGV duration bound ({seconds, nanos}) in nanoseconds. */
 function ruleNanos(bound: unknown): bigint {
   const b = (bound ?? {}) as { seconds?: number | string; nanos?: number };

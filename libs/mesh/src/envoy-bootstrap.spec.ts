@@ -1,22 +1,17 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { parse, parseDocument } from 'yaml';
+import { parse } from 'yaml';
 import { EnvoyApi } from './envoy-api-check';
 import { edgeRouteConfiguration, envoyBootstrap, sidecarEdges } from './envoy-bootstrap';
 import { envoyConfigFiles, envoySdsFiles } from './envoy-files';
 import { at, listAt, named } from './json-at.testing';
 import { parseMeshPolicy } from './mesh-policy';
+import { policyWith, SHIPPED_POLICY as SHIPPED } from './policy.testing';
 
 const ENVOY = join(__dirname, '..', '..', '..', 'envoy');
-const SHIPPED = readFileSync(join(ENVOY, 'mesh.yaml'), 'utf8');
 const policy = parseMeshPolicy(SHIPPED);
 
 /** The shipped policy with values set at paths. */
-function policyWith(...changes: [path: (string | number)[], value: unknown][]) {
-  const doc = parseDocument(SHIPPED);
-  for (const [path, value] of changes) doc.setIn(path, doc.createNode(value));
-  return parseMeshPolicy(doc.toString());
-}
 
 /** The route action of the last (catch-all) route of an edge's route configuration. */
 const defaultRoute = (config: unknown) => at(listAt(config, 'virtual_hosts[0].routes').at(-1), 'route');

@@ -1,23 +1,15 @@
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { parse, parseDocument } from 'yaml';
+import { parse } from 'yaml';
 import { EnvoyApi } from './envoy-api-check';
 import { envoyBootstrap, inboundApiListener } from './envoy-bootstrap';
 import { envoySdsFiles } from './envoy-files';
 import { IDENTITY_SECRET, sdsFiles, TRUST_BUNDLE_SECRET } from './envoy-security';
 import { at, listAt, named } from './json-at.testing';
-import { type MeshPolicy, parseMeshPolicy } from './mesh-policy';
+import { parseMeshPolicy } from './mesh-policy';
 import { XDS_TYPES, xdsResources } from './xds-resources';
+import { policyWith, SHIPPED_POLICY as SHIPPED } from './policy.testing';
 
-const ENVOY = join(__dirname, '..', '..', '..', 'envoy');
-const SHIPPED = readFileSync(join(ENVOY, 'mesh.yaml'), 'utf8');
 const policy = parseMeshPolicy(SHIPPED);
 
-function policyWith(...changes: [path: (string | number)[], value: unknown][]): MeshPolicy {
-  const doc = parseDocument(SHIPPED);
-  for (const [path, value] of changes) doc.setIn(path, doc.createNode(value));
-  return parseMeshPolicy(doc.toString());
-}
 
 const TLS = 'typed_config.common_tls_context';
 const inboundOf = (bootstrap: unknown) => named(bootstrap, 'static_resources.listeners', 'inbound');

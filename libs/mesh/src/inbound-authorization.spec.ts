@@ -1,24 +1,15 @@
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { parseDocument } from 'yaml';
 import { EnvoyApi } from './envoy-api-check';
 import { inboundApiListener } from './envoy-bootstrap';
 import { inboundAuthorizationOf } from './inbound-authorization';
 import { isCallAuthorized, MESH_SERVICES, type MeshPolicy, type MeshService, parseMeshPolicy } from './mesh-policy';
+import { policyWith, SHIPPED_POLICY as SHIPPED } from './policy.testing';
 
 const ROOT = join(__dirname, '..', '..', '..');
-const SHIPPED = readFileSync(join(ROOT, 'envoy', 'mesh.yaml'), 'utf8');
 const LISTENER = 'envoy.config.listener.v3.Listener';
 
 /** The shipped policy with values set at paths (undefined: the value removed). */
-function policyWith(...changes: [path: (string | number)[], value: unknown][]): MeshPolicy {
-  const doc = parseDocument(SHIPPED);
-  for (const [path, value] of changes) {
-    if (value === undefined) doc.deleteIn(path);
-    else doc.setIn(path, doc.createNode(value));
-  }
-  return parseMeshPolicy(doc.toString());
-}
 
 /** Every gRPC method path the repository's protos declare, and the control plane's ADS. */
 function protoMethods(): string[] {

@@ -1,18 +1,10 @@
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { parseDocument } from 'yaml';
 import { EnvoyApi } from './envoy-api-check';
 import { envoyBootstrap, inboundApiListener } from './envoy-bootstrap';
 import { inboundFaultsOf } from './inbound-faults';
-import { type MeshPolicy, MeshPolicyError, parseMeshPolicy } from './mesh-policy';
+import { MeshPolicyError } from './mesh-policy';
+import { policyWith } from './policy.testing';
 
-const SHIPPED = readFileSync(join(__dirname, '..', '..', '..', 'envoy', 'mesh.yaml'), 'utf8');
 
-function policyWith(...changes: [path: (string | number)[], value: unknown][]): MeshPolicy {
-  const doc = parseDocument(SHIPPED);
-  for (const [path, value] of changes) doc.setIn(path, doc.createNode(value));
-  return parseMeshPolicy(doc.toString());
-}
 
 describe(inboundFaultsOf.name, () => {
   const api = EnvoyApi.load();

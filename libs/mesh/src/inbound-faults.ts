@@ -1,4 +1,5 @@
 import type { InboundFaults } from '@infermesh/grpc';
+import { durationMs } from './envoy-api-check';
 
 type Json = Record<string, unknown>;
 
@@ -17,12 +18,6 @@ function percentOf(fraction: unknown, at: string): number {
   return Math.min(100, (Number(numerator) * 100) / scale);
 }
 
-/** A proto3 JSON duration ("1.5s") in milliseconds. */
-function durationMs(value: unknown, at: string): number {
-  const match = /^(\d+)(?:\.(\d{1,9}))?s$/.exec(String(value));
-  if (match === null) throw new Error(`${at}: expected a duration, got ${JSON.stringify(value)}`);
-  return Number(match[1]) * 1000 + Number(`0.${match[2] ?? '0'}`) * 1000;
-}
 
 /** Which method paths the fault's header matchers select: only `:path` exact/prefix matchers (inverted or not) are understood. */
 function pathMatcher(headers: unknown, at: string): (path: string) => boolean {

@@ -1,3 +1,4 @@
+import { fieldPath } from '@infermesh/config';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 
@@ -342,10 +343,6 @@ export function isCallAuthorized(policy: Pick<MeshPolicy, 'authorization'>, call
   return policy.authorization[callee].some(
     (rule) => (rule.from.includes(ANYONE) || (caller !== undefined && rule.from.includes(caller))) && rule.methods.some((m) => methodPatternMatches(m, path)),
   );
-}
-
-function fieldPath(path: readonly PropertyKey[]): string {
-  return path.reduce<string>((text, part) => (typeof part === 'number' ? `${text}[${part}]` : text === '' ? String(part) : `${text}.${String(part)}`), '');
 }
 
 /**

@@ -1,3 +1,4 @@
+import { fieldPath } from '@infermesh/config';
 import { isModelId } from '@infermesh/rollout';
 import { LATENCY_BUCKETS_SECONDS } from '@infermesh/telemetry';
 import { parse as parseYaml } from 'yaml';
@@ -247,10 +248,6 @@ export function errorBudget(objectivePercent: number): number {
 /** Rounds away binary noise (0.07200000000000001 → 0.072) without losing any digit a spec can hold. */
 export function round(value: number): number {
   return Number(value.toPrecision(12));
-}
-
-function fieldPath(path: readonly PropertyKey[]): string {
-  return path.reduce<string>((text, part) => (typeof part === 'number' ? `${text}[${part}]` : text === '' ? String(part) : `${text}.${String(part)}`), '');
 }
 
 /**
