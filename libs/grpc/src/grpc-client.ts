@@ -1,6 +1,6 @@
 import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import { requestContext } from '@infermesh/telemetry';
+import { requestContext, spans } from '@infermesh/telemetry';
 import { boundedDeadline } from './deadline';
 import type { CallOptions, ServiceClient } from './method-types';
 import { RpcError, isServiceError } from './rpc-error';
@@ -65,7 +65,13 @@ export function createClient<S extends DescService>(service: S, address: string,
   return result as ServiceClient<S>;
 }
 
-function prepare(options: CallOptions | undefined): { metadata: grpc.Metadata; callOptions: grpc.CallOptions; signal: AbortSignal | undefined } {
+interface Prepared {
+  metadata: grpc.Metadata;
+  callOptions: grpc.CallOptions;
+  signal: AbortSignal | undefined;
+}
+
+function prepare(options: CallOptions | undefined): Prepared {
   const ambient = requestContext.current();
   const metadata = new grpc.Metadata();
   for (const [key, value] of Object.entries(options?.metadata ?? {})) metadata.set(key, value);
@@ -86,9 +92,20 @@ function prepare(options: CallOptions | undefined): { metadata: grpc.Metadata; c
     // cannot time more than ~24.8 days: a longer one is sent as MAX_DEADLINE_MS.
     callOptions.deadline = boundedDeadline(deadline);
   }
+  // A call made for a sampled request carries its trace context: the callee's span is a child of
+  // this hop's. One span per hop (the callee's server span): a client span on each side of every
+  // internal call would double the spans of a request, and the cost of tracing, for the network
+  // time between two processes on a host or in a pod network.
+  const headers = ambient?.span === undefined ? undefined : spans.propagate(ambient.span);
+  if (headers !== undefined) {
+    metadata.set('traceparent', headers.traceparent);
+    if (headers.tracestate !== undefined) metadata.set('tracestate', headers.tracestate);
+  }
   // A call made for a request is cancelled when that request is: the cancellation travels upstream.
   return { metadata, callOptions, signal: options?.signal ?? ambient?.signal };
 }
+
+
 
 function rethrow(error: unknown): never {
   throw isServiceError(error) ? RpcError.fromServiceError(error) : error;

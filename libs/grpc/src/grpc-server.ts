@@ -1,6 +1,7 @@
 import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import { type JsonLogger, type Metrics, requestContext, sanitizeRequestId } from '@infermesh/telemetry';
+import { type JsonLogger, LATENCY_BUCKETS_SECONDS, type Metrics, type RequestContext, requestContext, rpcAttributes, sanitizeRequestId, spans } from '@infermesh/telemetry';
+import type { Attributes, Span } from '@opentelemetry/api';
 import type { Http2Server, IncomingHttpHeaders, ServerHttp2Stream } from 'node:http2';
 import type { TLSSocket } from 'node:tls';
 import type { Counter, Histogram } from 'prom-client';
@@ -115,6 +116,8 @@ export class GrpcServer {
       'grpc_server_handling_seconds',
       'Duration of gRPC calls handled by this service, by method and status code.',
       ['method', 'code'],
+      LATENCY_BUCKETS_SECONDS,
+      { exemplars: true },
     );
   }
 
@@ -231,15 +234,19 @@ export class GrpcServer {
 
   private wrap(method: DescMethod, handler: (...args: unknown[]) => unknown): grpc.UntypedHandleCall {
     const name = `${method.parent.name}/${method.name}`;
-    const finish = (start: bigint, code: grpc.status) => {
-      this.duration.observe({ method: name, code: grpc.status[code] ?? String(code) }, Number(process.hrtime.bigint() - start) / 1e9);
+    // The span of each call, named and described as the RPC semantic conventions say.
+    const path = `/${method.parent.typeName}/${method.name}`;
+    const span = { name: path.slice(1), attributes: rpcAttributes(path) };
+    const finish = (start: bigint, code: grpc.status, callSpan?: Span, message?: string) => {
+      this.options.metrics.observe(this.duration, { method: name, code: grpc.status[code] ?? String(code) }, Number(process.hrtime.bigint() - start) / 1e9, callSpan);
+      spans.endCall(callSpan, code, true, message);
     };
-    const fail = (start: bigint, error: unknown): Partial<grpc.ServiceError> => {
+    const fail = (start: bigint, error: unknown, callSpan?: Span): Partial<grpc.ServiceError> => {
       const rpcError = toRpcError(error);
       if (rpcError.code === grpc.status.INTERNAL) {
         this.options.logger.error(`${name} failed`, error instanceof Error ? error : new Error(String(error)));
       }
-      finish(start, rpcError.code);
+      finish(start, rpcError.code, callSpan, rpcError.message);
       return rpcError.toStatus();
     };
 
@@ -248,17 +255,19 @@ export class GrpcServer {
     /** Runs a call's work in its context, then answers with its response or its error (unary and client streaming). */
     const respond = (start: bigint, call: AnyCall, callback: grpc.sendUnaryData<unknown>, work: (ctx: CallContext) => Promise<unknown>) => {
       let dispose = () => undefined as unknown;
+      let callSpan: Span | undefined;
       guarded(() => {
-        const { ctx, context, dispose: disposeCall } = this.callContext(call);
+        const { ctx, context, dispose: disposeCall } = this.callContext(call, span);
         dispose = disposeCall;
+        callSpan = context.span;
         return requestContext.run(context, () => work(ctx));
       })
         .then(
           (response) => {
-            finish(start, grpc.status.OK);
+            finish(start, grpc.status.OK, callSpan);
             callback(null, response);
           },
-          (error: unknown) => callback(fail(start, error)),
+          (error: unknown) => callback(fail(start, error, callSpan)),
         )
         .catch(answerFailed)
         .finally(() => dispose());
@@ -270,17 +279,19 @@ export class GrpcServer {
       work: (ctx: CallContext) => Promise<void>,
     ) => {
       let dispose = () => undefined as unknown;
+      let callSpan: Span | undefined;
       guarded(() => {
-        const { ctx, context, dispose: disposeCall } = this.callContext(call);
+        const { ctx, context, dispose: disposeCall } = this.callContext(call, span);
         dispose = disposeCall;
+        callSpan = context.span;
         return requestContext.run(context, () => work(ctx));
       })
         .then(
           () => {
-            finish(start, grpc.status.OK);
+            finish(start, grpc.status.OK, callSpan);
             call.end();
           },
-          (error: unknown) => call.emit('error', fail(start, error)),
+          (error: unknown) => call.emit('error', fail(start, error, callSpan)),
         )
         .catch(answerFailed)
         .finally(() => dispose());
@@ -320,7 +331,7 @@ export class GrpcServer {
     }
   }
 
-  private callContext(call: AnyCall) {
+  private callContext(call: AnyCall, spanOf: { name: string; attributes: Attributes }) {
     const metadata: Record<string, string> = {};
     for (const [key, value] of Object.entries(call.metadata.getMap())) {
       if (typeof value === 'string') metadata[key] = value;
@@ -333,7 +344,11 @@ export class GrpcServer {
     call.once('cancelled', onCancel);
     const bytes = 'request' in call ? receivedBytes(call.request) : undefined;
     const ctx: CallContext = { requestId, deadlineMs, signal: controller.signal, metadata, ...(bytes !== undefined && { requestBytes: bytes }) };
-    const context = deadlineMs === undefined ? { requestId, signal: controller.signal } : { requestId, deadlineMs, signal: controller.signal };
+    // Traced when the caller's call is (its traceparent), or always at the public edge.
+    const span = spans.enabled
+      ? spans.server(spanOf.name, { traceparent: metadata['traceparent'], tracestate: metadata['tracestate'] }, spanOf.attributes, this.options.public === true)
+      : undefined;
+    const context: RequestContext = { requestId, signal: controller.signal, ...(deadlineMs !== undefined && { deadlineMs }), ...(span !== undefined && { span }) };
     return { ctx, context, dispose: () => call.removeListener('cancelled', onCancel) };
   }
 }

@@ -5,7 +5,7 @@ import type { INestApplication, INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { GrpcServer, HealthService, type InboundAuthorization, type InboundFaults, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
 import { exitOnUnsupportedNode } from '@infermesh/config';
-import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { JsonLogger, Metrics, stopTracing } from '@infermesh/telemetry';
 import type { Server } from 'node:http';
 import { HealthDetails } from './health-details';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
@@ -191,6 +191,8 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
       await Promise.all([grpcServer.shutdown(settings.shutdownGraceMs), httpClosed]);
       await app.close();
       await metricsServer.close();
+      // The last spans (those of the calls just drained) are exported before the process ends.
+      await stopTracing().catch((error: unknown) => logger.warn('the last spans could not be exported', { err: String(error) }));
       logger.info(`${identity.name} stopped`);
     })());
 

@@ -5,8 +5,8 @@ import { hostname } from 'node:os';
 import type { MeshSettings } from './runtime-config';
 
 /** The service's name in the mesh: INFERMESH_INSTANCE_ID, or `<service>-<host>-<pid>`. */
-export function meshInstanceId(service: string, settings: MeshSettings): string {
-  return settings.instanceId ?? `${service}-${hostname()}-${process.pid}`;
+export function meshInstanceId(service: string, settings: MeshSettings | undefined): string {
+  return settings?.instanceId ?? `${service}-${hostname()}-${process.pid}`;
 }
 
 /**

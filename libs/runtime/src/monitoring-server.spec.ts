@@ -1,5 +1,6 @@
 import { HealthService, ServingStatus } from '@infermesh/grpc';
-import { Metrics } from '@infermesh/telemetry';
+import { METRICS_CONTENT_TYPES, Metrics, requestContext } from '@infermesh/telemetry';
+import { trace, TraceFlags } from '@opentelemetry/api';
 import { request } from 'node:http';
 import { HealthDetails } from './health-details';
 import { MonitoringServer } from './monitoring-server';
@@ -58,7 +59,67 @@ describe(MonitoringServer.name, () => {
 
       expect(response.status).toBe(200);
       expect(response.type).toBe(metrics.registry.contentType);
+      expect(response.type).toBe(METRICS_CONTENT_TYPES.prometheus);
       expect(response.body).toContain('infermesh_router_requests_total 3');
+    }
+  });
+
+  it.each([
+    ['Prometheus 2', 'application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1'],
+    [
+      'Prometheus 3',
+      'application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2',
+    ],
+    ['a bare media type', 'application/openmetrics-text'],
+  ])('serves OpenMetrics, with the exemplars, to a client that asks for it first (%s)', async (_client, accept) => {
+    const latency = metrics.histogram('latency_seconds', 'Latency.', [], [0.1, 1], { exemplars: true });
+    const span = trace.wrapSpanContext({ traceId: '4bf92f3577b34da6a3ce929d0e0e4736', spanId: '00f067aa0ba902b7', traceFlags: TraceFlags.SAMPLED });
+    requestContext.run({ requestId: 'r', span }, () => metrics.observe(latency, {}, 0.05));
+
+    const response = await get(port, '/metrics', 'GET', { accept });
+
+    expect(response.status).toBe(200);
+    expect(response.type).toBe(METRICS_CONTENT_TYPES.openmetrics);
+    expect(response.body).toContain('# TYPE infermesh_router_requests counter\n');
+    expect(response.body).toContain('\ninfermesh_router_requests_total 3\n');
+    expect(response.body).toMatch(/^infermesh_router_latency_seconds_bucket\{le="0\.1"\} 1 # \{trace_id="4bf92f3577b34da6a3ce929d0e0e4736",span_id="00f067aa0ba902b7"\} 0\.05 /m);
+    expect(response.body.endsWith('\n# EOF\n')).toBe(true);
+  });
+
+  it.each([
+    ['no Accept', undefined],
+    ['a wildcard', '*/*'],
+    ['the text format only', 'text/plain;version=0.0.4'],
+    ['the text format first', 'text/plain;version=0.0.4;q=0.9,application/openmetrics-text;version=1.0.0;q=0.5'],
+    ['OpenMetrics refused', 'application/openmetrics-text;q=0,*/*'],
+  ])('serves the Prometheus text format, without exemplars, to a client that sends %s', async (_client, accept) => {
+    const latency = metrics.histogram('latency_seconds', 'Latency.', [], [0.1, 1], { exemplars: true });
+    const span = trace.wrapSpanContext({ traceId: '4bf92f3577b34da6a3ce929d0e0e4736', spanId: '00f067aa0ba902b7', traceFlags: TraceFlags.SAMPLED });
+    requestContext.run({ requestId: 'r', span }, () => metrics.observe(latency, {}, 0.05));
+
+    const response = await get(port, '/metrics', 'GET', accept === undefined ? {} : { accept });
+
+    expect(response.status).toBe(200);
+    expect(response.type).toBe(METRICS_CONTENT_TYPES.prometheus);
+    expect(response.body).toContain('# TYPE infermesh_router_requests_total counter\n');
+    expect(response.body).toContain('infermesh_router_latency_seconds_bucket{le="0.1"} 1\n');
+    expect(response.body).not.toContain('trace_id');
+    expect(response.body).not.toContain('# EOF');
+  });
+
+  it('asks for the metrics token in OpenMetrics too', async () => {
+    const guarded = new MonitoringServer(metrics, details, 'a-token-of-sixteen-chars');
+    const guardedPort = await guarded.listen('127.0.0.1', 0);
+    const accept = 'application/openmetrics-text;version=1.0.0';
+    try {
+      const refused = await get(guardedPort, '/metrics', 'GET', { accept });
+      expect(refused.status).toBe(401);
+      expect(refused.body).not.toContain('infermesh_router');
+      const allowed = await get(guardedPort, '/metrics', 'GET', { accept, authorization: 'Bearer a-token-of-sixteen-chars' });
+      expect(allowed.status).toBe(200);
+      expect(allowed.type).toBe(METRICS_CONTENT_TYPES.openmetrics);
+    } finally {
+      await guarded.close();
     }
   });
 

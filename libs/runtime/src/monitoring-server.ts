@@ -1,12 +1,13 @@
-import type { Metrics } from '@infermesh/telemetry';
+import { METRICS_CONTENT_TYPES, type Metrics, type MetricsFormat } from '@infermesh/telemetry';
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { HealthDetails } from './health-details';
 
 /**
- * The service's own HTTP port, apart from any public listener: Prometheus metrics at GET /metrics and
- * the health details as JSON at GET /health (200 while the service is SERVING, 503 otherwise).
+ * The service's own HTTP port, apart from any public listener: Prometheus metrics at GET /metrics
+ * (OpenMetrics, with exemplars, to a client that asks for it) and the health details as JSON at
+ * GET /health (200 while the service is SERVING, 503 otherwise).
  */
 export class MonitoringServer {
   private server: Server | undefined;
@@ -42,9 +43,10 @@ export class MonitoringServer {
         res.end('metrics need the bearer token this service was given (INFERMESH_METRICS_TOKEN)\n');
         return;
       }
-      this.metrics.render().then(
+      const format = metricsFormatFor(req.headers.accept);
+      this.metrics.render(format).then(
         (body) => {
-          res.writeHead(200, { 'content-type': this.metrics.registry.contentType });
+          res.writeHead(200, { 'content-type': METRICS_CONTENT_TYPES[format], vary: 'Accept' });
           res.end(body);
         },
         (error: unknown) => {
@@ -63,6 +65,29 @@ export class MonitoringServer {
     res.writeHead(404, { 'content-type': 'text/plain' });
     res.end('not found: metrics are served at GET /metrics, health details at GET /health\n');
   }
+}
+
+/**
+ * The format a scraper asked for: OpenMetrics when its Accept header names
+ * `application/openmetrics-text` at least as high as the Prometheus text format (Prometheus lists it
+ * first when it scrapes), else the Prometheus text format, also for a wildcard and for no Accept at all.
+ */
+function metricsFormatFor(accept: string | undefined): MetricsFormat {
+  let openMetrics = 0;
+  const text = { exact: -1, type: -1, any: -1 };
+  for (const range of (accept ?? '').split(',')) {
+    const [mediaType = '', ...params] = range.split(';').map((part) => part.trim().toLowerCase());
+    const qParam = params.find((param) => param.startsWith('q='));
+    const parsed = qParam === undefined ? 1 : Number(qParam.slice(2));
+    const q = Number.isFinite(parsed) ? Math.min(Math.max(parsed, 0), 1) : 0;
+    if (mediaType === 'application/openmetrics-text') openMetrics = Math.max(openMetrics, q);
+    else if (mediaType === 'text/plain') text.exact = Math.max(text.exact, q);
+    else if (mediaType === 'text/*') text.type = Math.max(text.type, q);
+    else if (mediaType === '*/*') text.any = Math.max(text.any, q);
+  }
+  // The most specific range that matches text/plain gives its quality (RFC 9110, 12.5.1).
+  const textQ = text.exact >= 0 ? text.exact : text.type >= 0 ? text.type : Math.max(text.any, 0);
+  return openMetrics > 0 && openMetrics >= textQ ? 'openmetrics' : 'prometheus';
 }
 
 /** Whether an Authorization header carries this bearer token, compared in constant time. */

@@ -1,8 +1,8 @@
 import { type DynamicModule, Global, Module } from '@nestjs/common';
 import { configureTransportSecurity, HealthService } from '@infermesh/grpc';
-import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { JsonLogger, Metrics, startTracing } from '@infermesh/telemetry';
 import { HealthDetails } from './health-details';
-import { MeshXds } from './mesh-xds';
+import { MeshXds, meshInstanceId } from './mesh-xds';
 import type { RuntimeSettings } from './runtime-config';
 
 /** The settings of the running service, injectable. */
@@ -24,6 +24,8 @@ export class RuntimeModule {
   static forRoot(name: string, settings: RuntimeSettings): DynamicModule {
     // Before any provider makes a client: every client and server of the process speaks it.
     configureTransportSecurity(settings.tls);
+    // Likewise before any span: the spans of every hop go to the collector from the start.
+    if (settings.tracing !== undefined) startTracing(name, meshInstanceId(name, settings.mesh), settings.tracing);
     const logger = new JsonLogger(name, settings.logLevel);
     return {
       module: RuntimeModule,

@@ -1,3 +1,4 @@
+import { INVALID_SPAN_CONTEXT, trace, TraceFlags } from '@opentelemetry/api';
 import { JsonLogger, type LogLevel } from './json-logger';
 import { requestContext } from './request-context';
 
@@ -44,6 +45,40 @@ describe(JsonLogger.name, () => {
     sut.info('after');
 
     expect(entries().map((e) => e['request_id'])).toEqual([undefined, 'req-7', 'req-7', undefined]);
+  });
+
+  it('adds the trace and span ids of the current span, sampled or not, to every line of the request', async () => {
+    const { sut, entries } = capture();
+    const traceId = '4bf92f3577b34da6a3ce929d0e0e4736';
+    const sampled = trace.wrapSpanContext({ traceId, spanId: '00f067aa0ba902b7', traceFlags: TraceFlags.SAMPLED });
+    const unsampled = trace.wrapSpanContext({ traceId, spanId: '53995c3f42cd8ad8', traceFlags: TraceFlags.NONE });
+
+    await requestContext.run({ requestId: 'r', span: sampled }, async () => {
+      sut.info('sync');
+      await new Promise((resolve) => setTimeout(resolve, 1));
+      sut.error('after an await', new Error('boom'));
+    });
+    requestContext.run({ requestId: 'r', span: unsampled }, () => sut.warn('unsampled'));
+
+    expect(entries().map((e) => [e['msg'], e['request_id'], e['trace_id'], e['span_id']])).toEqual([
+      ['sync', 'r', traceId, '00f067aa0ba902b7'],
+      ['after an await', 'r', traceId, '00f067aa0ba902b7'],
+      ['unsampled', 'r', traceId, '53995c3f42cd8ad8'],
+    ]);
+  });
+
+  it('writes no trace ids outside a request, in a request without a span, or with an invalid span', () => {
+    const { sut, entries } = capture();
+
+    sut.info('outside');
+    requestContext.run({ requestId: 'r' }, () => sut.info('no span'));
+    requestContext.run({ requestId: 'r', span: trace.wrapSpanContext(INVALID_SPAN_CONTEXT) }, () => sut.info('invalid span'));
+
+    expect(entries()).toHaveLength(3);
+    for (const entry of entries()) {
+      expect(entry).not.toHaveProperty('trace_id');
+      expect(entry).not.toHaveProperty('span_id');
+    }
   });
 
   it('keeps concurrent requests apart', async () => {
@@ -115,6 +150,26 @@ describe(JsonLogger.name, () => {
     sut.info('artifact stored', { sha256: 'ab12', sizeBytes: 2n ** 64n, chunks: 3 });
 
     expect(entries()[0]).toMatchObject({ msg: 'artifact stored', sha256: 'ab12', sizeBytes: '18446744073709551616', chunks: 3 });
+  });
+
+  it('writes nested bigints as decimal strings too, leaving the caller\'s fields as they were', () => {
+    const { sut, chunks } = capture();
+    const fields = { model: { name: 'resnet', revisions: [1n, 2n] }, at: new Date(0) };
+
+    sut.info('nested', fields);
+
+    expect(JSON.parse(chunks[0]!)).toMatchObject({ model: { name: 'resnet', revisions: ['1', '2'] }, at: '1970-01-01T00:00:00.000Z' });
+    expect(fields.model.revisions).toEqual([1n, 2n]);
+  });
+
+  it('writes a circular field instead of throwing', () => {
+    const { sut, entries } = capture();
+    const looped: Record<string, unknown> = { name: 'loop' };
+    looped['self'] = looped;
+
+    sut.info('circular', { looped });
+
+    expect(entries()[0]).toMatchObject({ msg: 'circular', looped: { name: 'loop', self: '[Circular]' } });
   });
 
   it('writes a non-string message as JSON', () => {

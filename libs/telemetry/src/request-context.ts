@@ -1,4 +1,5 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
+import type { Span } from '@opentelemetry/api';
 import { randomUUID } from 'node:crypto';
 
 /** What travels with a request through every hop: its id and its deadline. */
@@ -8,6 +9,11 @@ export interface RequestContext {
   readonly deadlineMs?: number;
   /** Aborted when the caller gives up (cancels its call or goes away): the calls it led to are cancelled too. */
   readonly signal?: AbortSignal;
+  /**
+   * The span of this hop's work, with tracing on (undefined when off): calls made for the request are
+   * its children, log lines and latency exemplars carry its ids.
+   */
+  readonly span?: Span;
 }
 
 const storage = new AsyncLocalStorage<RequestContext>();

@@ -5,7 +5,9 @@ import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/i
 import { retries, retryBackoffMs } from '@infermesh/mesh';
 import { integerParameter } from '@infermesh/tensors';
 import { RegistryWatch } from '@infermesh/registry-watch';
-import { JsonLogger, Metrics, ModelLabels, requestContext } from '@infermesh/telemetry';
+import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics, ModelLabels, requestContext, SpanKind, spans, traceIdsOf } from '@infermesh/telemetry';
+import type { Span } from '@opentelemetry/api';
+import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import type { Counter, Gauge, Histogram } from 'prom-client';
 import { batchItems, batchKey, concatRequests, splitResponse } from './batch-assembly';
@@ -35,6 +37,8 @@ interface Waiting {
   readonly arrivedAt: number;
   /** Epoch milliseconds; undefined when the caller set none. */
   readonly deadlineMs: number | undefined;
+  /** The span of the request's call here (tracing on): it learns its batch; the batch span links to it. */
+  readonly span: Span | undefined;
   readonly resolve: (response: InferenceResponse) => void;
   readonly reject: (error: RpcError) => void;
   queued: boolean;
@@ -173,6 +177,8 @@ export class Scheduler implements OnApplicationShutdown {
   private readonly queuedModels = new Set<string>();
   private readonly labels: ModelLabels;
   private nextId = 0;
+  /** Makes batch ids unique among batcher replicas (they appear in spans). */
+  private readonly instanceTag = randomBytes(4).toString('hex');
   private readonly rejections: Counter<'model' | 'reason'>;
   private readonly dispatched: Counter<'model' | 'version' | 'outcome'>;
   private readonly retries: Counter<'model'>;
@@ -186,7 +192,7 @@ export class Scheduler implements OnApplicationShutdown {
     @Inject(BATCHER_CONFIG) private readonly config: BatcherConfig,
     private readonly logger: JsonLogger,
     watch: RegistryWatch,
-    metrics: Metrics,
+    private readonly metrics: Metrics,
   ) {
     // A model version is registered when the registry watch holds it, or when a worker has it (its
     // queue exists only then): only those names become label values, any other is "(unknown)".
@@ -235,7 +241,7 @@ export class Scheduler implements OnApplicationShutdown {
       ['model', 'version'],
       [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
     );
-    this.duration = metrics.histogram('dispatch_duration_seconds', 'Time from arrival to a worker answer.', ['model', 'version']);
+    this.duration = metrics.histogram('dispatch_duration_seconds', 'Time from arrival to a worker answer.', ['model', 'version'], LATENCY_BUCKETS_SECONDS, { exemplars: true });
     pool.onPolled(() => this.pumpAll());
     // A version's new batching settings apply to the batches formed from now on, also those of the
     // requests already waiting; a version that no longer takes requests keeps its queue until it drains.
@@ -284,6 +290,7 @@ export class Scheduler implements OnApplicationShutdown {
         level,
         arrivedAt,
         deadlineMs,
+        span: requestContext.current()?.span,
         resolve,
         reject,
         queued: false,
@@ -507,12 +514,16 @@ export class Scheduler implements OnApplicationShutdown {
   private dispatch(queue: VersionQueue, entries: Waiting[], items: number, worker: WorkerHandle): void {
     const now = performance.now();
     const labels = this.labels.of(queue.model, queue.version);
+    const batchId = `${this.instanceTag}-${entries[0]!.id}`;
     for (const entry of entries) {
       queue.remove(entry);
       this.queueTime.observe(labels, (now - entry.arrivedAt) / 1000);
+      entry.span?.setAttributes({ 'infermesh.batch.id': batchId, 'infermesh.batch.size': items, 'infermesh.batch.requests': entries.length, 'infermesh.queue.wait_ms': now - entry.arrivedAt });
     }
     this.batchSize.observe(labels, items);
-    const outcome = this.execute(queue, entries, worker);
+    const span = batchSpan(queue, entries, batchId, items);
+    const outcome = this.execute(queue, entries, worker, span);
+    if (span !== undefined) void outcome.then((result) => spans.end(span, 'error' in result ? result.error : undefined));
     const deliver = (result: Outcome) => {
       entries.forEach((entry, i) => {
         if (entry.settled) return;
@@ -521,7 +532,7 @@ export class Scheduler implements OnApplicationShutdown {
           this.settle(entry, result);
         } else {
           this.dispatched.inc({ ...labels, outcome: 'ok' });
-          this.duration.observe(labels, (performance.now() - entry.arrivedAt) / 1000);
+          this.metrics.observe(this.duration, labels, (performance.now() - entry.arrivedAt) / 1000, entry.span);
           this.settle(entry, { response: result.responses[i]! });
         }
       });
@@ -540,7 +551,7 @@ export class Scheduler implements OnApplicationShutdown {
    * the policy's batcher → worker edge; without, once more on UNAVAILABLE). Each answer tells the
    * edge's outlier detection how the worker did.
    */
-  private async execute(queue: VersionQueue, entries: Waiting[], first: WorkerHandle): Promise<Outcome> {
+  private async execute(queue: VersionQueue, entries: Waiting[], first: WorkerHandle, span: Span | undefined): Promise<Outcome> {
     const requests = entries.map((e) => e.request);
     const items = entries.map((e) => e.items);
     const batchRequest = concatRequests(requests, items, entries.length === 1 ? entries[0]!.request.id : `batch-${entries[0]!.id}`);
@@ -558,9 +569,10 @@ export class Scheduler implements OnApplicationShutdown {
       const perTry = retry.perTryTimeoutMs === undefined ? undefined : Date.now() + retry.perTryTimeoutMs;
       const attemptDeadlineMs = perTry === undefined ? deadlineMs : deadlineMs === undefined ? perTry : Math.min(deadlineMs, perTry);
       const started = performance.now();
+      span?.setAttribute('infermesh.worker', worker.address);
       try {
         const response = await requestContext.run(
-          { requestId: entries[0]!.requestId, ...(attemptDeadlineMs !== undefined && { deadlineMs: attemptDeadlineMs }), signal: abort.signal },
+          { requestId: entries[0]!.requestId, ...(attemptDeadlineMs !== undefined && { deadlineMs: attemptDeadlineMs }), signal: abort.signal, ...(span !== undefined && { span }) },
           () => worker.infer(batchRequest),
         );
         const ms = performance.now() - started;
@@ -593,6 +605,8 @@ export class Scheduler implements OnApplicationShutdown {
           return { error: rpcError };
         }
         this.retries.inc({ model: this.labels.model(queue.model) });
+        span?.addEvent('retry', { 'infermesh.retry.attempt': attempt + 1, 'infermesh.worker': worker.address, 'infermesh.retry.to': other.address, 'exception.message': rpcError.message });
+        span?.setAttribute('infermesh.retry.attempts', attempt + 1);
         this.logger.info('batch retried on another worker', { model: queue.model, version: queue.version, from: worker.address, to: other.address, err: rpcError.message });
         const waitMs = retryBackoffMs(retry, attempt);
         if (waitMs >= 1) await new Promise((resolve) => setTimeout(resolve, waitMs));
@@ -608,4 +622,22 @@ export class Scheduler implements OnApplicationShutdown {
     }
     return best;
   }
+}
+
+/**
+ * The span of a batch (tracing on): a step of the oldest sampled request it carries (so that request's
+ * trace runs on to the worker), linked to the span of every request in it, as batching spans are.
+ */
+function batchSpan(queue: VersionQueue, entries: readonly Waiting[], batchId: string, items: number): Span | undefined {
+  if (!spans.enabled) return undefined;
+  const traced = entries.filter((e) => e.span !== undefined);
+  if (traced.length === 0) return undefined;
+  const parent = traced.find((e) => traceIdsOf(e.span)?.sampled === true) ?? traced[0]!;
+  return spans.child(
+    `batch ${queue.model}`,
+    parent.span,
+    SpanKind.INTERNAL,
+    { 'infermesh.model': queue.model, 'infermesh.model.version': queue.version, 'infermesh.batch.id': batchId, 'infermesh.batch.size': items, 'infermesh.batch.requests': entries.length },
+    traced.map((e) => ({ context: e.span!.spanContext() })),
+  );
 }

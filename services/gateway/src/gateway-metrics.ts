@@ -1,5 +1,6 @@
 import { Injectable } from '@nestjs/common';
-import { Metrics, ModelLabels, ServedModels } from '@infermesh/telemetry';
+import { LATENCY_BUCKETS_SECONDS, Metrics, ModelLabels, requestContext, ServedModels } from '@infermesh/telemetry';
+import type { Span } from '@opentelemetry/api';
 import type { Counter, Histogram } from 'prom-client';
 
 export type Protocol = 'rest' | 'grpc';
@@ -24,11 +25,13 @@ export class GatewayMetrics {
   private readonly served = new ServedModels();
   private readonly modelLabels = new ModelLabels(this.served);
 
-  constructor(metrics: Metrics) {
+  constructor(private readonly metrics: Metrics) {
     this.requestSeconds = metrics.histogram(
       'request_duration_seconds',
       'Duration of public API requests, by protocol, endpoint (route template or RPC) and status code.',
       ['protocol', 'endpoint', 'code'],
+      LATENCY_BUCKETS_SECONDS,
+      { exemplars: true },
     );
     this.inferences = metrics.counter(
       'inference_requests_total',
@@ -48,8 +51,13 @@ export class GatewayMetrics {
     );
   }
 
-  observeRequest(protocol: Protocol, endpoint: string, code: string, startNs: bigint): void {
-    this.requestSeconds.observe({ protocol, endpoint, code }, Number(process.hrtime.bigint() - startNs) / 1e9);
+  /**
+   * Records a request's duration; in a sampled trace, with the request's span as its bucket's
+   * exemplar. `span` is the current one by default: a caller that records after the request's
+   * context has gone (a response's `close` event) passes the request's span.
+   */
+  observeRequest(protocol: Protocol, endpoint: string, code: string, startNs: bigint, span: Span | undefined = requestContext.current()?.span): void {
+    this.metrics.observe(this.requestSeconds, { protocol, endpoint, code }, Number(process.hrtime.bigint() - startNs) / 1e9, span);
   }
 
   /**

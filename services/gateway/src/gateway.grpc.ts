@@ -107,7 +107,8 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
         { grpcDeadlineMs: ctx.deadlineMs, parameterTimeoutMs: options.timeout?.() },
         { defaultMs: this.config.defaultTimeoutMs, maxMs: this.config.maxTimeoutMs },
       );
-      return await requestContext.run({ requestId: ctx.requestId, deadlineMs }, () => fn(principal));
+      const span = requestContext.current()?.span;
+      return await requestContext.run({ requestId: ctx.requestId, deadlineMs, ...(span !== undefined && { span }) }, () => fn(principal));
     } catch (error) {
       code = toRpcError(error).code;
       throw error;

@@ -1,6 +1,7 @@
 import { status } from '@grpc/grpc-js';
 import { Inject, Injectable } from '@nestjs/common';
 import { RpcError, toRpcError } from '@infermesh/grpc';
+import { requestContext } from '@infermesh/telemetry';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
 import { GatewayMetrics } from './gateway-metrics';
@@ -31,9 +32,13 @@ export class ModelInference {
       );
     }
     this.inFlight += 1;
+    // The request's span says what was asked and by which tenant (never the key), then what answered.
+    const span = requestContext.current()?.span;
+    span?.setAttributes({ 'infermesh.model': request.modelName, 'infermesh.tenant': request.tenant, 'infermesh.request_id': requestContext.current()!.requestId });
     try {
       const response = await this.router.infer(request, signal);
       const outcome = response.degraded ? 'degraded' : response.cached ? 'cached' : 'ok';
+      span?.setAttributes({ 'infermesh.model.version': response.modelVersion, 'infermesh.cached': response.cached, 'infermesh.degraded': response.degraded });
       this.metrics.countInference(response.modelName, response.modelVersion, outcome);
       return response;
     } catch (error) {

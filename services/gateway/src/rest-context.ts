@@ -1,7 +1,7 @@
 import { requestContext } from '@infermesh/telemetry';
 import type { Request, Response } from 'express';
 import { headerTimeoutMs, requestDeadline, TIMEOUT_HEADER } from './request-deadline';
-import { restRequestId } from './request-tracking.middleware';
+import { restRequestId, restSpan } from './request-tracking.middleware';
 
 export { TIMEOUT_HEADER };
 
@@ -35,9 +35,11 @@ export function withinRequest<T>(req: Request, res: Response, deadline: RestDead
     named || deadline.defaultTimeoutMs !== undefined
       ? requestDeadline(sources, { defaultMs: deadline.defaultTimeoutMs ?? deadline.maxTimeoutMs, maxMs: deadline.maxTimeoutMs })
       : undefined;
+  const span = restSpan(res);
   return requestContext.run(
     {
       requestId: restRequestId(res),
+      ...(span !== undefined && { span }),
       ...(deadlineMs !== undefined && { deadlineMs }),
       ...(signal !== undefined && { signal }),
     },

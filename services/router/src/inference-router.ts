@@ -8,7 +8,7 @@ import {
   type InferenceResponse,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type CachePolicy, type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { JsonLogger, Metrics, ModelLabels, requestContext } from '@infermesh/telemetry';
+import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics, ModelLabels, requestContext } from '@infermesh/telemetry';
 import { versionIdOf } from '@infermesh/rollout';
 import { cacheKey, checkInputs } from '@infermesh/tensors';
 import type { Counter, Histogram } from 'prom-client';
@@ -47,7 +47,7 @@ export class InferenceRouter {
     @Inject(ROUTER_CONFIG) private readonly config: RouterConfig,
     private readonly logger: JsonLogger,
     private readonly labels: ModelLabels,
-    metrics: Metrics,
+    private readonly metrics: Metrics,
   ) {
     this.requests = metrics.counter('requests_total', 'Inference requests by model, served version and outcome (status code).', [
       'model',
@@ -70,7 +70,7 @@ export class InferenceRouter {
       'fallback',
       'reason',
     ]);
-    this.duration = metrics.histogram('request_duration_seconds', 'Time to route and answer an inference request.', ['model', 'cached']);
+    this.duration = metrics.histogram('request_duration_seconds', 'Time to route and answer an inference request.', ['model', 'cached'], LATENCY_BUCKETS_SECONDS, { exemplars: true });
   }
 
   async infer(request: InferenceRequest): Promise<InferenceResponse> {
@@ -83,7 +83,9 @@ export class InferenceRouter {
       const fallback = request.modelVersion === '' && fallsBack(rpcError) ? await this.resolver.fallbackOf(model).catch(() => '') : '';
       if (fallback !== '') {
         try {
+          requestContext.current()?.span?.addEvent('fallback', { 'infermesh.model': model, 'infermesh.fallback': fallback, 'infermesh.fallback.reason': rpcError.reason ?? String(rpcError.code) });
           const response = await this.routeAndServe(create(InferenceRequestSchema, { ...request, modelName: fallback }), start);
+          requestContext.current()?.span?.setAttribute('infermesh.route', 'fallback');
           this.fallbacks.inc({ model: this.labels.model(model), fallback: this.labels.model(fallback), reason: rpcError.reason ?? String(rpcError.code) });
           return { ...response, degraded: true };
         } catch {
@@ -103,12 +105,13 @@ export class InferenceRouter {
       const resolved = await this.resolver.resolve(model, request.modelVersion, request.routingKey);
       version = versionIdOf(resolved.version.name);
       this.routes.inc({ ...this.labels.of(model, version), route: resolved.route });
+      requestContext.current()?.span?.setAttributes({ 'infermesh.model': model, 'infermesh.model.version': version, 'infermesh.route': resolved.route });
       this.check(model, resolved.version, request);
       const routed = create(InferenceRequestSchema, { ...request, modelVersion: version });
       const response = await this.serve(routed, resolved.version.artifact?.sha256 ?? '', resolved.cache);
       const seconds = Number(process.hrtime.bigint() - start) / 1e9;
       this.requests.inc({ ...this.labels.of(model, version), outcome: 'OK' });
-      this.duration.observe({ model: this.labels.model(model), cached: String(response.cached) }, seconds);
+      this.metrics.observe(this.duration, { model: this.labels.model(model), cached: String(response.cached) }, seconds);
       if (resolved.shadow !== undefined) this.shadow.mirror(routed, resolved.shadow, response, seconds * 1000);
       return response;
     } catch (error) {
@@ -144,7 +147,9 @@ export class InferenceRouter {
    * created again under the same version id with other weights is never answered from the old ones.
    */
   private async serve(request: InferenceRequest, artifactSha256: string, policy: CachePolicy | undefined): Promise<InferenceResponse> {
+    const span = requestContext.current()?.span;
     if (!this.config.cache.enabled || policy?.enabled === false) {
+      span?.setAttribute('infermesh.cache', 'disabled');
       this.cacheOutcomes.inc({ outcome: 'disabled' });
       return this.batcher.infer(request);
     }
@@ -153,6 +158,7 @@ export class InferenceRouter {
     const flight = key.toString('hex');
     const local = this.local.get(flight);
     if (local !== undefined) {
+      span?.setAttribute('infermesh.cache', 'local_hit');
       this.cacheOutcomes.inc({ outcome: 'local_hit' });
       return { ...local, id: request.id, cached: true };
     }
@@ -161,6 +167,7 @@ export class InferenceRouter {
       const lookupStart = process.hrtime.bigint();
       const cached = await this.cache.lookup(key, this.config.cache.timeoutMs);
       if (cached !== undefined) {
+        span?.setAttribute('infermesh.cache', 'hit');
         this.cacheOutcomes.inc({ outcome: 'hit' });
         this.hitSeconds.observe(Number(process.hrtime.bigint() - lookupStart) / 1e9);
         this.local.set(flight, cached, ttlMs || undefined);
@@ -173,15 +180,20 @@ export class InferenceRouter {
     // Identical requests that miss together share one inference.
     const running = this.inflight.get(flight);
     if (running !== undefined) {
+      span?.setAttribute('infermesh.cache', 'coalesced');
       this.cacheOutcomes.inc({ outcome: 'coalesced' });
       return { ...(await running), id: request.id };
     }
+    span?.setAttribute('infermesh.cache', outcome);
     this.cacheOutcomes.inc({ outcome });
     // Shared by whoever joins it, so it does not end when the request that started it is cancelled;
-    // it keeps that request's deadline.
+    // it keeps that request's deadline, and is traced as part of that request.
     const ambient = requestContext.current();
     const shared = requestContext
-      .run({ requestId: ambient?.requestId ?? request.id, ...(ambient?.deadlineMs !== undefined && { deadlineMs: ambient.deadlineMs }) }, () => this.batcher.infer(request))
+      .run(
+        { requestId: ambient?.requestId ?? request.id, ...(ambient?.deadlineMs !== undefined && { deadlineMs: ambient.deadlineMs }), ...(span !== undefined && { span }) },
+        () => this.batcher.infer(request),
+      )
       .finally(() => this.inflight.delete(flight));
     this.inflight.set(flight, shared);
     const response = await shared;
@@ -189,7 +201,9 @@ export class InferenceRouter {
     if (policy !== undefined && policy.maxEntryBytes > 0n && bytes > Number(policy.maxEntryBytes)) return response;
     this.local.set(flight, response, ttlMs || undefined);
     if (outcome === 'miss') {
-      this.cache.store(key, response, ttlMs, this.config.cache.timeoutMs * 10).catch((error: unknown) => {
+      // Written after the answer, off the request's path: not a span of its trace.
+      const untraced = { requestId: ambient?.requestId ?? request.id };
+      requestContext.run(untraced, () => this.cache.store(key, response, ttlMs, this.config.cache.timeoutMs * 10)).catch((error: unknown) => {
         this.logger.debug('result cache store failed', { err: toRpcError(error).message });
       });
     }

@@ -4,7 +4,7 @@ import { toRpcError } from '@infermesh/grpc';
 import { type InferenceRequest, InferenceRequestSchema, type InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import type { ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { versionIdOf } from '@infermesh/rollout';
-import { JsonLogger, Metrics, ModelLabels, requestContext } from '@infermesh/telemetry';
+import { JsonLogger, Metrics, ModelLabels, requestContext, SpanKind, spans } from '@infermesh/telemetry';
 import { performance } from 'node:perf_hooks';
 import type { Counter, Histogram } from 'prom-client';
 import { GuardedBatcher } from './guarded-batcher';
@@ -60,9 +60,12 @@ export class ShadowTraffic {
     const labels = { model: this.modelLabels.model(model), primary: this.modelLabels.version(model, served.modelVersion), shadow: this.modelLabels.version(model, shadowVersion) };
     const mirrored = create(InferenceRequestSchema, { ...request, modelVersion: shadowVersion });
     const start = performance.now();
+    // Traced as a step of the request it mirrors, outliving it.
+    const ambient = requestContext.current();
+    const span = spans.child('shadow', ambient?.span, SpanKind.INTERNAL, { 'infermesh.model': model, 'infermesh.model.version': shadowVersion, 'infermesh.route': 'shadow' });
     // Not the client's context: its deadline and cancellation end with its answer.
     void requestContext
-      .run({ requestId: `${requestContext.current()?.requestId ?? 'shadow'}-shadow`, deadlineMs: Date.now() + this.config.shadowTimeoutMs }, () =>
+      .run({ requestId: `${ambient?.requestId ?? 'shadow'}-shadow`, deadlineMs: Date.now() + this.config.shadowTimeoutMs, ...(span !== undefined && { span }) }, () =>
         this.batcher.infer(mirrored),
       )
       .then(
@@ -75,9 +78,12 @@ export class ShadowTraffic {
           if (comparison.mismatched > 0) this.mismatched.inc(labels, comparison.mismatched);
           this.maxAbsDiff.observe(labels, comparison.maxAbsDiff);
           this.relativeL2.observe(labels, comparison.relativeL2);
+          span?.setAttributes({ 'infermesh.shadow.agreed': comparison.agreed, 'infermesh.shadow.mismatched': comparison.mismatched });
+          spans.end(span);
         },
         (error: unknown) => {
           const rpcError = toRpcError(error);
+          spans.end(span, rpcError);
           this.requests.inc({ ...labels, outcome: String(rpcError.code) });
           this.logger.debug('shadow request failed', { model, shadow: shadowVersion, err: rpcError.message });
         },

@@ -10,9 +10,10 @@ import {
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { versionName } from '@infermesh/rollout';
 import { checkInputs } from '@infermesh/tensors';
-import { Metrics } from '@infermesh/telemetry';
+import { Metrics, requestContext, SpanKind, spans } from '@infermesh/telemetry';
 import type { Counter, Gauge, Histogram } from 'prom-client';
 import { ModelLifecycle } from './model-lifecycle';
+import type { RunResult } from './model-runtime';
 import { ModelTable, type WorkerModel } from './model-table';
 import { assertPlaced } from './model-placement';
 import { ModelSync } from './model-sync';
@@ -40,13 +41,14 @@ export class InferenceExecutor {
     private readonly table: ModelTable,
     private readonly lifecycle: ModelLifecycle,
     private readonly sync: ModelSync,
-    metrics: Metrics,
+    private readonly metrics: Metrics,
   ) {
     this.computeSeconds = metrics.histogram(
       'inference_compute_seconds',
       'Time a model version computes one request on its execution instance, by execution provider (device).',
       ['model', 'version', 'device'],
       COMPUTE_BUCKETS_SECONDS,
+      { exemplars: true },
     );
     this.batchSizes = metrics.histogram('inference_batch_size', 'Batch size (first dimension) of the requests a model version runs.', ['model', 'version'], BATCH_BUCKETS);
     this.failures = metrics.counter('inference_failures_total', 'Requests refused or failed, by ErrorInfo reason.', ['reason']);
@@ -97,9 +99,25 @@ export class InferenceExecutor {
       const batch = Number(request.inputs[0]?.shape[0] ?? 1n);
       const { processing } = entry;
       processing.checkClassCounts(request.outputClassCounts);
-      const { outputs: raw, computeMs } = await session.run(processing.preprocess(request.inputs), request.outputNames);
+      const feeds = processing.preprocess(request.inputs);
+      const span = spans.child('onnxruntime run', requestContext.current()?.span, SpanKind.INTERNAL, {
+        'infermesh.model': model,
+        'infermesh.model.version': version,
+        'infermesh.batch.size': batch,
+        'infermesh.execution_provider': session.executionProvider,
+      });
+      let run: RunResult;
+      try {
+        run = await session.run(feeds, request.outputNames);
+      } catch (error) {
+        spans.end(span, error);
+        throw error;
+      }
+      span?.setAttribute('infermesh.instance', run.instance);
+      spans.end(span);
+      const { outputs: raw, computeMs } = run;
       const outputs = processing.postprocess(raw, request.outputClassCounts);
-      this.computeSeconds.observe({ model, version, device: session.executionProvider }, computeMs / 1000);
+      this.metrics.observe(this.computeSeconds, { model, version, device: session.executionProvider }, computeMs / 1000);
       if (entry.maxBatchSize > 0) this.batchSizes.observe({ model, version }, batch);
       return create(InferenceResponseSchema, { modelName: model, modelVersion: version, id: request.id, outputs });
     });

@@ -136,6 +136,8 @@ interface ThreadResult {
   outputs: WireTensor[];
   /** From handing the inputs to the thread to receiving its outputs. */
   computeMs: number;
+  /** The thread that ran it. */
+  instance: number;
 }
 
 /** A model's execution instances and the queue of requests waiting for one. */
@@ -209,7 +211,7 @@ export class ThreadsModelSession implements ModelSession {
       this.queue.push({ feeds, fetches, resolve, reject });
       this.dispatch();
     });
-    return { outputs: result.outputs.map(fromWireTensor), computeMs: result.computeMs };
+    return { outputs: result.outputs.map(fromWireTensor), computeMs: result.computeMs, instance: result.instance };
   }
 
   async release(): Promise<void> {
@@ -386,7 +388,7 @@ class ExecutionThread {
         const job = this.job;
         if (job === undefined || job.id !== message.id) return;
         this.job = undefined;
-        if (message.type === 'result') job.resolve({ outputs: message.outputs, computeMs: Number(process.hrtime.bigint() - job.startedAt) / 1e6 });
+        if (message.type === 'result') job.resolve({ outputs: message.outputs, computeMs: Number(process.hrtime.bigint() - job.startedAt) / 1e6, instance: this.worker.threadId });
         else job.reject(RpcError.invalidArgument(`the model refused the input: ${message.message}`, 'INVALID_TENSOR'));
         return;
       }

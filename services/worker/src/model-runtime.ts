@@ -4,6 +4,8 @@ import type { Tensor, TensorSpec } from '@infermesh/proto/gen/infermesh/inferenc
 export interface RunResult {
   outputs: Tensor[];
   computeMs: number;
+  /** Which of the model's execution instances ran it (its thread's id). */
+  instance: number;
 }
 
 /** A model loaded into the runtime, ready to run. */

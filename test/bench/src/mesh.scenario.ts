@@ -1,74 +1,11 @@
-import { create } from '@bufbuild/protobuf';
-import { createClient } from '@infermesh/grpc';
-import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
-import type { System } from '@infermesh/system';
-import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { performance } from 'node:perf_hooks';
-import { API_KEY, type Fixture, REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
-import { quantile, round, table } from './stats';
+import { type Fixture, REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
+import { addPhase, emptyPhase, type Phase, phase, summarize } from './closed-loop';
+import { round, table } from './stats';
 
 const CONCURRENCY = 16;
 const PHASE_MS = 4_000;
 const ROUNDS = 6;
-/** Clock ticks per second of /proc/<pid>/stat's utime and stime (USER_HZ, 100 on Linux). */
-const TICKS_PER_S = 100;
-
-/** CPU time (user + system) of a process so far, in microseconds. */
-function cpuUs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return ((Number(fields[11]) + Number(fields[12])) / TICKS_PER_S) * 1e6; // utime, stime (fields 14 and 15)
-}
-
-/** The pids of every service of a system. */
-function pids(system: System): number[] {
-  return system.allProcesses.map((p) => p.pid!);
-}
-
-interface Phase {
-  latenciesMs: number[];
-  failures: number;
-  cpuUs: number;
-}
-
-/** Closed-loop load at CONCURRENCY through the gateway's gRPC for PHASE_MS: latencies, failures, and the CPU all services used. */
-async function phase(fixture: Fixture, seedBase: number): Promise<Phase> {
-  const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
-  const processes = pids(fixture.system);
-  const cpuBefore = processes.map(cpuUs);
-  const latenciesMs: number[] = [];
-  let failures = 0;
-  let seed = seedBase;
-  const end = Date.now() + PHASE_MS;
-  try {
-    await Promise.all(
-      Array.from({ length: CONCURRENCY }, async () => {
-        while (Date.now() < end) {
-          seed += 1;
-          const start = performance.now();
-          try {
-            await grpc.modelInfer(
-              create(ModelInferRequestSchema, {
-                modelName: 'tiny',
-                inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n] }],
-                rawInputContents: [new Uint8Array(new Float32Array([seed, 1, 2, 3]).buffer)],
-              }),
-              { metadata: { authorization: `Bearer ${API_KEY}` }, timeoutMs: 10_000 },
-            );
-            latenciesMs.push(performance.now() - start);
-          } catch {
-            failures += 1;
-          }
-        }
-      }),
-    );
-  } finally {
-    grpc.close();
-  }
-  const cpu = processes.map(cpuUs).reduce((sum, after, i) => sum + after - cpuBefore[i]!, 0);
-  return { latenciesMs, failures, cpuUs: cpu };
-}
 
 type Mode = 'static' | 'xds' | 'mtls';
 
@@ -84,39 +21,26 @@ export async function mesh(): Promise<Record<string, unknown>> {
   const env = { ROUTER_LOCAL_CACHE_ENABLED: 'false' };
   const policy = join(REPO_ROOT, 'envoy', 'mesh.yaml');
   const systems: Partial<Record<Mode, Fixture>> = {};
-  const totals = Object.fromEntries((['static', 'xds', 'mtls'] as const).map((m) => [m, { latenciesMs: [] as number[], failures: 0, cpuUs: 0 }])) as Record<Mode, Phase>;
+  const totals = Object.fromEntries((['static', 'xds', 'mtls'] as const).map((m) => [m, emptyPhase()])) as Record<Mode, Phase>;
+  const load = { concurrency: CONCURRENCY, durationMs: PHASE_MS };
   try {
     systems.static = await startFixture({ models: ['tiny'], env });
     systems.xds = await startFixture({ models: ['tiny'], env, meshPolicyFile: policy });
     systems.mtls = await startFixture({ models: ['tiny'], env, meshPolicyFile: policy, mtls: {} });
     const modes = ['static', 'xds', 'mtls'] as const;
-    for (const [i, mode] of modes.entries()) await phase(systems[mode]!, i * 1e6); // warm-up
+    for (const [i, mode] of modes.entries()) await phase(systems[mode]!, i * 1e6, load); // warm-up
     for (let r = 0; r < ROUNDS; r++) {
       // Each mode goes first, second and third equally often.
       const order = modes.map((_, i) => modes[(i + r) % modes.length]!);
       for (const [i, mode] of order.entries()) {
-        const result = await phase(systems[mode]!, (r + 2) * 1e7 + i * 1e6);
-        totals[mode].latenciesMs.push(...result.latenciesMs);
-        totals[mode].failures += result.failures;
-        totals[mode].cpuUs += result.cpuUs;
+        addPhase(totals[mode], await phase(systems[mode]!, (r + 2) * 1e7 + i * 1e6, load));
       }
     }
   } finally {
     for (const system of [systems.mtls, systems.xds, systems.static]) await system?.stop();
   }
 
-  const of = (mode: Mode) => {
-    const t = totals[mode];
-    const requests = t.latenciesMs.length;
-    return {
-      requests,
-      failures: t.failures,
-      rps: round(requests / ((ROUNDS * PHASE_MS) / 1000), 1),
-      p50: quantile(t.latenciesMs, 0.5),
-      p99: quantile(t.latenciesMs, 0.99),
-      cpuUsPerRequest: t.cpuUs / Math.max(1, requests),
-    };
-  };
+  const of = (mode: Mode) => summarize(totals[mode], (ROUNDS * PHASE_MS) / 1000);
   const s = of('static');
   const x = of('xds');
   const m = of('mtls');
