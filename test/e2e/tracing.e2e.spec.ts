@@ -151,6 +151,31 @@ describe('traces of the request path (OTLP)', () => {
     expect(new Set(trace.map((s) => s.service))).toEqual(new Set(['gateway', 'router', 'cache', 'batcher', 'worker']));
   }, 60_000);
 
+  it('answers requests with malformed trace context, each starting a trace of its own', async () => {
+    const hostile: Record<string, string>[] = [
+      { traceparent: 'garbage' },
+      { traceparent: `00-${'0'.repeat(32)}-${hex(8)}-01` }, // the invalid all-zero trace id
+      { traceparent: `ff-${hex(16)}-${hex(8)}-01` }, // a version that may not be used
+      { traceparent: `00-${hex(16)}-${hex(8)}-01`, tracestate: `a=${'x'.repeat(8_000)}` },
+    ];
+    const before = receiver.spans.length;
+    for (const [i, headers] of hostile.entries()) {
+      const response = await fetch(`${fixture.system.gatewayUrl}/v2/models/tiny/infer`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json', ...headers },
+        body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [300 + i, 1, 2, 3] }] }),
+      });
+      expect({ headers, status: response.status }).toEqual({ headers, status: 200 });
+    }
+    // Three new traces rooted at the gateway; the fourth continues its (well-formed) caller's trace.
+    const roots = await receiver.waitFor((all) => {
+      const found = all.slice(before).filter((s) => s.service === 'gateway' && s.kind === SERVER);
+      return found.length === hostile.length ? found : undefined;
+    }, 20_000);
+    expect(roots.filter((s) => s.parentSpanId === '').length).toBe(3);
+    expect(roots.every((s) => s.traceId !== '0'.repeat(32))).toBe(true);
+  }, 60_000);
+
   it('a batch span links to the span of every request it carries, each of which records its batch', async () => {
     const traces = Array.from({ length: 6 }, () => hex(16));
     const responses = await Promise.all(traces.map((traceId, i) => restInfer(BATCHED.name, `00-${traceId}-${hex(8)}-01`, 100 + i)));

@@ -234,9 +234,10 @@ export class GrpcServer {
 
   private wrap(method: DescMethod, handler: (...args: unknown[]) => unknown): grpc.UntypedHandleCall {
     const name = `${method.parent.name}/${method.name}`;
-    // The span of each call, named and described as the RPC semantic conventions say.
+    // The span of each call, named and described as the RPC semantic conventions say; health checks
+    // (probes, supervisors) belong to no request and make none.
     const path = `/${method.parent.typeName}/${method.name}`;
-    const span = { name: path.slice(1), attributes: rpcAttributes(path) };
+    const span = path.startsWith(HEALTH_PREFIX) ? undefined : { name: path.slice(1), attributes: rpcAttributes(path) };
     const finish = (start: bigint, code: grpc.status, callSpan?: Span, message?: string) => {
       this.options.metrics.observe(this.duration, { method: name, code: grpc.status[code] ?? String(code) }, Number(process.hrtime.bigint() - start) / 1e9, callSpan);
       spans.endCall(callSpan, code, true, message);
@@ -331,7 +332,7 @@ export class GrpcServer {
     }
   }
 
-  private callContext(call: AnyCall, spanOf: { name: string; attributes: Attributes }) {
+  private callContext(call: AnyCall, spanOf: { name: string; attributes: Attributes } | undefined) {
     const metadata: Record<string, string> = {};
     for (const [key, value] of Object.entries(call.metadata.getMap())) {
       if (typeof value === 'string') metadata[key] = value;
@@ -345,7 +346,7 @@ export class GrpcServer {
     const bytes = 'request' in call ? receivedBytes(call.request) : undefined;
     const ctx: CallContext = { requestId, deadlineMs, signal: controller.signal, metadata, ...(bytes !== undefined && { requestBytes: bytes }) };
     // Traced when the caller's call is (its traceparent), or always at the public edge.
-    const span = spans.enabled
+    const span = spans.enabled && spanOf !== undefined
       ? spans.server(spanOf.name, { traceparent: metadata['traceparent'], tracestate: metadata['tracestate'] }, spanOf.attributes, this.options.public === true)
       : undefined;
     const context: RequestContext = { requestId, signal: controller.signal, ...(deadlineMs !== undefined && { deadlineMs }), ...(span !== undefined && { span }) };

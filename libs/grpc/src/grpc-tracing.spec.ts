@@ -1,8 +1,10 @@
 import { CacheService } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
+import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { flushTracing, JsonLogger, Metrics, requestContext, SpanKind, spans, startTracing, stopTracing } from '@infermesh/telemetry';
 import { InMemorySpanExporter } from '@opentelemetry/sdk-trace';
 import { createClient } from './grpc-client';
 import { GrpcServer } from './grpc-server';
+import { HealthService, ServingStatus } from './health';
 import type { CallContext, ServiceClient } from './method-types';
 
 /**
@@ -16,6 +18,7 @@ describe('gRPC spans', () => {
   const exporter = new InMemorySpanExporter();
   const seen: CallContext[] = [];
   const servers: GrpcServer[] = [];
+  const ports: number[] = [];
   let inner: ServiceClient<typeof CacheService>;
   let edge: ServiceClient<typeof CacheService>;
 
@@ -29,8 +32,12 @@ describe('gRPC spans', () => {
       },
       store: async () => ({ stored: false }),
     });
+    const health = new HealthService();
+    health.set('', ServingStatus.SERVING);
+    server.add(Health, health);
     servers.push(server);
     const port = await server.listen('127.0.0.1', 0);
+    ports.push(port);
     return createClient(CacheService, `127.0.0.1:${port}`, { transport: null });
   }
 
@@ -86,6 +93,13 @@ describe('gRPC spans', () => {
     await requestContext.run({ requestId: 'poll' }, () => inner.lookup({ key: KEY }));
     await inner.lookup({ key: KEY });
     expect(seen.map((ctx) => ctx.metadata['traceparent'])).toEqual([undefined, undefined]);
+    expect(await exported()).toEqual([]);
+  });
+
+  it('makes no span for a health check, even at a public port', async () => {
+    const health = createClient(Health, `127.0.0.1:${ports[1]}`, { transport: null });
+    await health.check({ service: '' });
+    health.close();
     expect(await exported()).toEqual([]);
   });
 

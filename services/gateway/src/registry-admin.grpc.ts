@@ -111,7 +111,9 @@ export class RegistryAdminGrpcController implements ServiceImpl<typeof RegistryS
     try {
       await this.auth.authorize(ctx.metadata['authorization'], Scope.ADMIN);
       const deadlineMs = ctx.deadlineMs ?? (options.streaming === true ? undefined : Date.now() + this.config.defaultTimeoutMs);
-      return await requestContext.run({ requestId: ctx.requestId, deadlineMs, signal: ctx.signal }, () => this.registry.forward(call));
+      // The call's span goes with it: the registry's span of the control call is its child.
+      const span = requestContext.current()?.span;
+      return await requestContext.run({ requestId: ctx.requestId, deadlineMs, signal: ctx.signal, ...(span !== undefined && { span }) }, () => this.registry.forward(call));
     } catch (error) {
       code = toRpcError(error).code;
       throw error;
