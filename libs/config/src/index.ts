@@ -1,2 +1,3 @@
 export * from './env';
 export * from './node-version';
+export * from './tracing-env';

@@ -7,6 +7,9 @@ import { GrpcServer } from './grpc-server';
 import { HealthService, ServingStatus } from './health';
 import type { CallContext, ServiceClient } from './method-types';
 
+/** The spans go to the spec's in-memory exporter: the OTLP URL is not used. */
+const UNUSED_URL = 'http://127.0.0.1:1/v1/traces';
+
 /**
  * The spans libs/grpc makes, one per hop: the SERVER span of a call made for a sampled request is a
  * child of that request's span; a call made outside any traced request (a poll) makes none and sends
@@ -50,7 +53,7 @@ describe('gRPC spans', () => {
   }
 
   beforeAll(async () => {
-    startTracing('test', 'test-1', { ratio: 1, parentBased: true }, exporter);
+    startTracing('test', 'test-1', { tracesUrl: UNUSED_URL, ratio: 1, parentBased: true }, exporter);
     inner = await serve(false);
     edge = await serve(true);
   });

@@ -1,6 +1,5 @@
-import { ConfigError, host, logLevel, port, positiveInt } from '@infermesh/config';
+import { ConfigError, host, logLevel, port, positiveInt, tracingSettings, tracingShape } from '@infermesh/config';
 import type { TransportSecurity } from '@infermesh/grpc';
-import type { TracingSettings } from '@infermesh/telemetry';
 import { join } from 'node:path';
 import { z } from 'zod';
 
@@ -18,7 +17,7 @@ export interface RuntimeSettings {
   /** The bearer token GET /metrics needs (INFERMESH_METRICS_TOKEN); undefined: none. */
   metricsToken: string | undefined;
   /** Traces exported over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_* variables); undefined: off. */
-  tracing: TracingSettings | undefined;
+  tracing: ReturnType<typeof tracingSettings>;
 }
 
 /** How a service takes part in the mesh: where the control plane is, and who it is there. */
@@ -72,39 +71,6 @@ export const tlsShape = {
   /** When set, GET /metrics on every service's monitoring port needs `Authorization: Bearer <it>`. */
   INFERMESH_METRICS_TOKEN: z.string().min(16, 'expected a token of at least 16 characters').optional(),
 };
-
-const SAMPLERS = ['always_on', 'always_off', 'traceidratio', 'parentbased_always_on', 'parentbased_always_off', 'parentbased_traceidratio'] as const;
-const otlpUrl = () => z.url({ protocol: /^https?$/, error: 'expected an http:// or https:// URL of an OTLP/HTTP receiver' }).optional();
-
-/**
- * The standard OpenTelemetry variables infermesh reads (not prefixed: one collector per machine or
- * pod). Tracing is on when an OTLP endpoint is set, unless OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER=none;
- * spans go as OTLP http/protobuf, the exporter reading its other variables (headers, timeout,
- * compression, OTEL_BSP_*) itself.
- */
-export const tracingShape = {
-  OTEL_SDK_DISABLED: z.enum(['true', 'false'], { error: 'expected true or false' }).optional(),
-  OTEL_TRACES_EXPORTER: z.enum(['otlp', 'none'], { error: 'infermesh exports traces as OTLP (otlp) or not at all (none)' }).optional(),
-  OTEL_EXPORTER_OTLP_ENDPOINT: otlpUrl(),
-  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: otlpUrl(),
-  OTEL_EXPORTER_OTLP_PROTOCOL: z.literal('http/protobuf', { error: 'infermesh exports OTLP over http/protobuf only' }).optional(),
-  OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: z.literal('http/protobuf', { error: 'infermesh exports OTLP over http/protobuf only' }).optional(),
-  OTEL_TRACES_SAMPLER: z.enum(SAMPLERS, { error: `expected one of ${SAMPLERS.join(', ')}` }).default('parentbased_traceidratio'),
-  OTEL_TRACES_SAMPLER_ARG: z.coerce.number().min(0).max(1).optional(),
-};
-
-/** The tracing settings of a parsed environment (tracingShape); undefined: tracing off. */
-export function tracingSettings(env: Record<string, unknown>): TracingSettings | undefined {
-  const endpoint = env['OTEL_EXPORTER_OTLP_TRACES_ENDPOINT'] ?? env['OTEL_EXPORTER_OTLP_ENDPOINT'];
-  if (endpoint === undefined || env['OTEL_SDK_DISABLED'] === 'true' || env['OTEL_TRACES_EXPORTER'] === 'none') return undefined;
-  const sampler = env['OTEL_TRACES_SAMPLER'] as (typeof SAMPLERS)[number];
-  const arg = env['OTEL_TRACES_SAMPLER_ARG'] as number | undefined;
-  if (arg !== undefined && !sampler.endsWith('traceidratio')) {
-    throw new ConfigError([`OTEL_TRACES_SAMPLER_ARG: a ratio applies to traceidratio and parentbased_traceidratio, not to ${sampler}`]);
-  }
-  const ratio = sampler.endsWith('always_on') ? 1 : sampler.endsWith('always_off') ? 0 : (arg ?? 1);
-  return { ratio, parentBased: sampler.startsWith('parentbased_') };
-}
 
 /**
  * The zod shape of the shared settings for a service whose variables start with `prefix`, e.g.

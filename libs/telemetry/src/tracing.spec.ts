@@ -2,6 +2,9 @@ import { SpanKind, SpanStatusCode } from '@opentelemetry/api';
 import { InMemorySpanExporter } from '@opentelemetry/sdk-trace';
 import { flushTracing, rpcAttributes, spans, startTracing, stopTracing } from './tracing';
 
+/** The spans go to the spec's in-memory exporter: the OTLP URL is not used. */
+const UNUSED_URL = 'http://127.0.0.1:1/v1/traces';
+
 const TRACE = '0af7651916cd43dd8448eb211c80319c';
 const PARENT = 'b7ad6b7169203331';
 
@@ -17,7 +20,7 @@ describe('spans with tracing off', () => {
 describe('spans with tracing on', () => {
   const exporter = new InMemorySpanExporter();
 
-  beforeAll(() => startTracing('test', 'test-1', { ratio: 1, parentBased: true }, exporter));
+  beforeAll(() => startTracing('test', 'test-1', { tracesUrl: UNUSED_URL, ratio: 1, parentBased: true }, exporter));
   afterAll(() => stopTracing());
 
   /** The spans ended since the last call. */
@@ -73,7 +76,7 @@ describe('spans with tracing on', () => {
 describe('spans with a ratio', () => {
   const exporter = new InMemorySpanExporter();
 
-  beforeAll(() => startTracing('test', 'test-1', { ratio: 0.25, parentBased: true }, exporter));
+  beforeAll(() => startTracing('test', 'test-1', { tracesUrl: UNUSED_URL, ratio: 0.25, parentBased: true }, exporter));
   afterAll(() => stopTracing());
 
   async function exported() {

@@ -12,16 +12,9 @@ import {
   trace,
   type Tracer,
 } from '@opentelemetry/api';
+import type { TracingSettings } from '@infermesh/config';
 import { W3CTraceContextPropagator } from '@opentelemetry/core';
 import type { SpanExporter, TracerProvider } from '@opentelemetry/sdk-trace';
-
-/** Where spans go and which traces are kept, as the standard OTEL_* variables say (validated at start-up). */
-export interface TracingSettings {
-  /** Whether a root span (no sampled parent) is kept: this share of traces, 0 to 1, decided by trace id. */
-  ratio: number;
-  /** Whether a call with a parent follows its parent's decision (parentbased_*), as gRPC and W3C callers expect. */
-  parentBased: boolean;
-}
 
 /** gRPC codes a server counts as its own failure (the RPC semantic conventions' server-side errors). */
 const SERVER_ERRORS = new Set([2, 4, 12, 13, 14, 15]); // UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS
@@ -64,7 +57,7 @@ export function startTracing(service: string, instanceId: string, settings: Trac
     resource: resourceFromAttributes({ 'service.name': service, 'service.namespace': 'infermesh', 'service.instance.id': instanceId }),
     sampler,
     // The given exporter is a test's; it is batched all the same.
-    traceExporter: exporter ?? new OTLPTraceExporter(),
+    traceExporter: exporter ?? new OTLPTraceExporter({ url: settings.tracesUrl }),
     // Traces only: metrics are Prometheus' (GET /metrics), logs go to stdout.
     metricReaders: [],
     logRecordProcessors: [],

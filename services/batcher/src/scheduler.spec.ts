@@ -822,6 +822,31 @@ describe(Scheduler.name, () => {
       expect(w1.received.map((r) => r.id)).toEqual(['blocker', 'kept']);
       expect(await metric('rejections_total', { model: 'mlp', reason: 'CANCELLED' })).toBe(1);
     });
+
+    it('counts a request cancelled once its deadline has passed as expired: the deadline cancelled it', async () => {
+      const [w1] = workers as [FakeWorker, FakeWorker];
+      w1.models.set(v('mlp', '1'), ModelState.READY);
+      const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
+      const { blocker, release } = await occupy(sut, w1);
+
+      // The server's own deadline timer cancels the call; it may fire before the batcher's.
+      const cancel = new AbortController();
+      const deadlineMs = Date.now() + 60;
+      const expired = rpcRejection(sut.infer(rowsRequest('expired', 1, 1), call({ deadlineMs, signal: cancel.signal })));
+      await new Promise((r) => setTimeout(r, 20)); // queued
+      // Past the deadline with the event loop held: the batcher's timer cannot have fired when the cancellation comes.
+      while (Date.now() <= deadlineMs) {
+        // busy
+      }
+      cancel.abort();
+      expect([(await expired).code, (await expired).reason]).toEqual([status.DEADLINE_EXCEEDED, 'DEADLINE_EXCEEDED']);
+      release();
+      await blocker;
+
+      expect(w1.received.map((r) => r.id)).toEqual(['blocker']);
+      expect(await metric('rejections_total', { model: 'mlp', reason: 'DEADLINE_EXCEEDED' })).toBe(1);
+      expect(await metric('rejections_total', { model: 'mlp', reason: 'CANCELLED' })).toBe(0);
+    });
   });
 
   describe('ordering', () => {

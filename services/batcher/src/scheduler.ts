@@ -407,6 +407,12 @@ export class Scheduler implements OnApplicationShutdown {
 
   private cancel(queue: VersionQueue, entry: Waiting): void {
     if (entry.settled) return;
+    // The caller's deadline cancels its call on the server at the very moment this batcher's timer
+    // for it would fire: whichever comes first, the request expired.
+    if (entry.deadlineMs !== undefined && entry.deadlineMs <= Date.now()) {
+      this.expire(queue, entry);
+      return;
+    }
     if (entry.queued) {
       queue.remove(entry);
       this.rejections.inc({ model: this.labels.model(queue.model), reason: 'CANCELLED' });

@@ -16,4 +16,14 @@ describe(loadCliConfig.name, () => {
     expect(() => loadCliConfig({ INFERMESH_API_KEY: key })).toThrow(message);
     expect(() => loadCliConfig({ INFERMESH_API_KEY: key })).toThrow(/INFERMESH_API_KEY/);
   });
+
+  it('checks the tracing variables the services will read before anything starts', () => {
+    expect(loadCliConfig({}).tracing).toBeUndefined();
+    expect(loadCliConfig({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318', OTEL_TRACES_SAMPLER_ARG: '0.1' }).tracing).toEqual({
+      tracesUrl: 'http://collector:4318/v1/traces',
+      ratio: 0.1,
+      parentBased: true,
+    });
+    expect(() => loadCliConfig({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318', OTEL_TRACES_SAMPLER_ARG: 'half' })).toThrow(/OTEL_TRACES_SAMPLER_ARG/);
+  });
 });

@@ -1,4 +1,4 @@
-import { address, ConfigError, type Env, host, logLevel, parseEnv, redisUrl } from '@infermesh/config';
+import { address, ConfigError, type Env, host, logLevel, parseEnv, redisUrl, tracingSettings, tracingShape } from '@infermesh/config';
 import { z } from 'zod';
 
 const shape = {
@@ -22,6 +22,8 @@ const shape = {
   INFERMESH_MTLS: z.enum(['true', 'false']).optional(),
   INFERMESH_IDENTITY_LIFETIME_MS: z.coerce.number().int().min(10_000).default(4 * 3_600_000),
   REDIS_URL: redisUrl(),
+  // Read by every service; checked here first, so that a bad value stops `up` before anything starts.
+  ...tracingShape,
 };
 
 /** The launcher's configuration (`infermesh up`), validated once. */
@@ -46,6 +48,8 @@ export function loadCliConfig(env: Env) {
     /** How long each instance's certificate is valid; it is issued again at half-life. */
     identityLifetimeMs: e.INFERMESH_IDENTITY_LIFETIME_MS,
     redisUrl: e.REDIS_URL,
+    /** Where the services export their traces, and which (undefined: tracing off). */
+    tracing: tracingSettings(e),
   };
 }
 

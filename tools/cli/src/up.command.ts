@@ -130,6 +130,7 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
       `  metrics  http://${config.host}:${ports.gatewayMetrics}/metrics (gateway; other services on 9101-9105${[...(ports.moreWorkers ?? []), ...Object.values(ports.moreReplicas ?? {}).flat()].map((w) => `, ${w.metrics}`).join('')})`,
       ...(options.workers > 1 ? [`  workers  ${options.workers}: gRPC ${[ports.worker, ...(ports.moreWorkers ?? []).map((w) => w.grpc)].join(', ')}`] : []),
       ...Object.entries(ports.moreReplicas ?? {}).map(([s, more]) => `  ${s.padEnd(7)}  ${more.length + 1}: gRPC ${[ports[s as ReplicatedService], ...more.map((p) => p.grpc)].join(', ')}`),
+      ...(config.tracing === undefined ? [] : [`  traces   OTLP to ${config.tracing.tracesUrl}, ${describeSampling(config.tracing)}`]),
       `  models   ${config.demoModels.join(', ')}`,
       `  API key  ${apiKey}${generated ? '   (generated; set INFERMESH_API_KEY to choose one)' : ''}`,
       '',
@@ -146,4 +147,10 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
 
   await stopped;
   process.stdout.write('infermesh: stopped\n');
+}
+
+/** The sampling the services apply, in words. */
+function describeSampling(tracing: NonNullable<CliConfig['tracing']>): string {
+  const share = `${+(tracing.ratio * 100).toPrecision(3)} % of new traces`;
+  return tracing.parentBased ? `${share}, a caller's decision followed` : share;
 }

@@ -1,8 +1,7 @@
-import { ConfigError, parseEnv } from '@infermesh/config';
-import { runtimeSettings, runtimeShape } from './runtime-config';
+import { ConfigError, parseEnv } from './env';
+import { tracingSettings, tracingShape } from './tracing-env';
 
-const shape = runtimeShape('TEST', { grpc: 1, metrics: 2 });
-const tracingOf = (env: Record<string, string>) => runtimeSettings('TEST', parseEnv(shape, env)).tracing;
+const tracingOf = (env: Record<string, string>) => tracingSettings(parseEnv(tracingShape, env));
 const refusal = (env: Record<string, string>) => {
   try {
     tracingOf(env);
@@ -23,15 +22,15 @@ describe('tracing settings (the standard OTEL_* variables)', () => {
   });
 
   it('samples every trace by default, following a caller that decided', () => {
-    expect(tracingOf(endpoint)).toEqual({ ratio: 1, parentBased: true });
-    expect(tracingOf({ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: 'https://collector/v1/traces' })).toEqual({ ratio: 1, parentBased: true });
+    expect(tracingOf(endpoint)).toEqual({ tracesUrl: 'http://collector:4318/v1/traces', ratio: 1, parentBased: true });
+    expect(tracingOf({ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: 'https://collector/traces' })).toEqual({ tracesUrl: 'https://collector/traces', ratio: 1, parentBased: true });
   });
 
   it('reads the sampler and its ratio', () => {
-    expect(tracingOf({ ...endpoint, OTEL_TRACES_SAMPLER_ARG: '0.01' })).toEqual({ ratio: 0.01, parentBased: true });
-    expect(tracingOf({ ...endpoint, OTEL_TRACES_SAMPLER: 'traceidratio', OTEL_TRACES_SAMPLER_ARG: '0.5' })).toEqual({ ratio: 0.5, parentBased: false });
-    expect(tracingOf({ ...endpoint, OTEL_TRACES_SAMPLER: 'parentbased_always_off' })).toEqual({ ratio: 0, parentBased: true });
-    expect(tracingOf({ ...endpoint, OTEL_TRACES_SAMPLER: 'always_on' })).toEqual({ ratio: 1, parentBased: false });
+    expect(tracingOf({ ...endpoint, OTEL_TRACES_SAMPLER_ARG: '0.01' })).toMatchObject({ ratio: 0.01, parentBased: true });
+    expect(tracingOf({ ...endpoint, OTEL_TRACES_SAMPLER: 'traceidratio', OTEL_TRACES_SAMPLER_ARG: '0.5' })).toMatchObject({ ratio: 0.5, parentBased: false });
+    expect(tracingOf({ ...endpoint, OTEL_TRACES_SAMPLER: 'parentbased_always_off' })).toMatchObject({ ratio: 0, parentBased: true });
+    expect(tracingOf({ ...endpoint, OTEL_TRACES_SAMPLER: 'always_on' })).toMatchObject({ ratio: 1, parentBased: false });
   });
 
   it('refuses what it cannot honour, naming the variable', () => {
