@@ -1,6 +1,7 @@
 import {
   type Attributes,
   context,
+  type ContextManager,
   defaultTextMapGetter,
   type Link,
   propagation,
@@ -63,6 +64,9 @@ export function startTracing(service: string, instanceId: string, settings: Trac
     logRecordProcessors: [],
     instrumentations: [],
     textMapPropagator: propagator,
+    // No context manager: every span here is given its parent (the request's context carries it),
+    // so OpenTelemetry's own AsyncLocalStorage would only add work to every asynchronous step.
+    contextManager: null as unknown as ContextManager,
   });
   sdk.start();
   tracer = trace.getTracer('infermesh');
