@@ -32,12 +32,12 @@ export default tseslint.config(
             { sourceTag: 'scope:shared', onlyDependOnLibsWithTags: ['scope:shared'] },
             { sourceTag: 'scope:ops', onlyDependOnLibsWithTags: ['scope:shared', 'scope:ops'] },
             { sourceTag: 'scope:testing', onlyDependOnLibsWithTags: ['scope:shared', 'scope:ops', 'scope:testing'] },
-            { sourceTag: 'scope:gateway', onlyDependOnLibsWithTags: ['scope:shared', 'scope:testing'] },
-            { sourceTag: 'scope:registry', onlyDependOnLibsWithTags: ['scope:shared', 'scope:testing'] },
-            { sourceTag: 'scope:router', onlyDependOnLibsWithTags: ['scope:shared', 'scope:testing'] },
-            { sourceTag: 'scope:batcher', onlyDependOnLibsWithTags: ['scope:shared', 'scope:testing'] },
-            { sourceTag: 'scope:worker', onlyDependOnLibsWithTags: ['scope:shared', 'scope:testing'] },
-            { sourceTag: 'scope:cache', onlyDependOnLibsWithTags: ['scope:shared', 'scope:testing'] },
+            { sourceTag: 'scope:gateway', onlyDependOnLibsWithTags: ['scope:shared'] },
+            { sourceTag: 'scope:registry', onlyDependOnLibsWithTags: ['scope:shared'] },
+            { sourceTag: 'scope:router', onlyDependOnLibsWithTags: ['scope:shared'] },
+            { sourceTag: 'scope:batcher', onlyDependOnLibsWithTags: ['scope:shared'] },
+            { sourceTag: 'scope:worker', onlyDependOnLibsWithTags: ['scope:shared'] },
+            { sourceTag: 'scope:cache', onlyDependOnLibsWithTags: ['scope:shared'] },
           ],
         },
       ],
@@ -57,6 +57,26 @@ export default tseslint.config(
             { sourceTag: 'scope:shared', onlyDependOnLibsWithTags: ['scope:shared', 'scope:testing'] },
             { sourceTag: 'scope:ops', onlyDependOnLibsWithTags: ['scope:shared', 'scope:ops', 'scope:testing'] },
             { sourceTag: 'scope:testing', onlyDependOnLibsWithTags: ['scope:shared', 'scope:ops', 'scope:testing'] },
+          ],
+        },
+      ],
+    },
+  },
+  {
+    // A service's specs and its test harnesses (`*.testing.ts`, `testing/`) may use the test helpers;
+    // the service's own code may not, so that none of them runs in production.
+    files: ['services/**/*.spec.ts', 'services/**/*.testing.ts', 'services/**/testing/**/*.ts'],
+    rules: {
+      '@nx/enforce-module-boundaries': [
+        'error',
+        {
+          allow: [],
+          depConstraints: [
+            { sourceTag: 'type:app', onlyDependOnLibsWithTags: ['type:lib'] },
+            ...['gateway', 'registry', 'router', 'batcher', 'worker', 'cache'].map((service) => ({
+              sourceTag: `scope:${service}`,
+              onlyDependOnLibsWithTags: ['scope:shared', 'scope:testing'],
+            })),
           ],
         },
       ],
