@@ -240,7 +240,7 @@ export class GrpcServer {
     const span = path.startsWith(HEALTH_PREFIX) ? undefined : { name: path.slice(1), attributes: rpcAttributes(path) };
     const finish = (start: bigint, code: grpc.status, callSpan?: Span, message?: string) => {
       this.options.metrics.observe(this.duration, { method: name, code: grpc.status[code] ?? String(code) }, Number(process.hrtime.bigint() - start) / 1e9, callSpan);
-      spans.endCall(callSpan, code, true, message);
+      spans.endCall(callSpan, code, message);
     };
     const fail = (start: bigint, error: unknown, callSpan?: Span): Partial<grpc.ServiceError> => {
       const rpcError = toRpcError(error);

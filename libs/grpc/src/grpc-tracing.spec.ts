@@ -1,6 +1,7 @@
 import { CacheService } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
-import { flushTracing, JsonLogger, Metrics, requestContext, SpanKind, spans, startTracing, stopTracing } from '@infermesh/telemetry';
+import { flushTracing, JsonLogger, Metrics, requestContext, spans, startTracing, stopTracing } from '@infermesh/telemetry';
+import { SpanKind } from '@opentelemetry/api';
 import { InMemorySpanExporter } from '@opentelemetry/sdk-trace';
 import { createClient } from './grpc-client';
 import { GrpcServer } from './grpc-server';

@@ -12,7 +12,7 @@ describe('spans with tracing off', () => {
   it('makes none and loads nothing of the SDK', () => {
     expect(spans.enabled).toBe(false);
     expect(spans.server('x', { traceparent: `00-${TRACE}-${PARENT}-01` }, {}, true)).toBeUndefined();
-    expect(spans.child('x', undefined, SpanKind.CLIENT, {})).toBeUndefined();
+    expect(spans.child('x', undefined, {})).toBeUndefined();
     expect(Object.keys(require.cache).some((path) => path.includes('@opentelemetry/sdk-node'))).toBe(false);
   });
 });
@@ -31,33 +31,33 @@ describe('spans with tracing on', () => {
     return finished;
   }
 
-  it("continues the caller's trace, and makes the callee a child of a call's span", async () => {
+  it("continues the caller's trace, passes it on, and makes a step of the work a child", async () => {
     const server = spans.server('pkg.Service/Method', { traceparent: `00-${TRACE}-${PARENT}-01`, tracestate: 'vendor=1' }, rpcAttributes('/pkg.Service/Method'), false)!;
-    const client = spans.child('pkg.Other/Call', server, SpanKind.CLIENT, {})!;
-    const headers = spans.headers(client);
-    expect(headers).toEqual({ traceparent: `00-${TRACE}-${client.spanContext().spanId}-01`, tracestate: 'vendor=1' });
-    spans.endCall(client, 14, false, 'unreachable');
-    spans.endCall(server, 0, true);
-    const [clientSpan, serverSpan] = await exported();
+    expect(spans.propagate(server)).toEqual({ traceparent: `00-${TRACE}-${server.spanContext().spanId}-01`, tracestate: 'vendor=1' });
+    const step = spans.child('step', server, { a: 1 })!;
+    spans.end(step, new Error('the step failed'));
+    spans.endCall(server, 0);
+    const [stepSpan, serverSpan] = await exported();
     expect(serverSpan!.spanContext().traceId).toBe(TRACE);
     expect(serverSpan!.parentSpanContext?.spanId).toBe(PARENT);
     expect(serverSpan!.kind).toBe(SpanKind.SERVER);
     expect(serverSpan!.attributes).toEqual({ 'rpc.system': 'grpc', 'rpc.service': 'pkg.Service', 'rpc.method': 'Method', 'rpc.grpc.status_code': 0 });
-    expect(clientSpan!.parentSpanContext?.spanId).toBe(serverSpan!.spanContext().spanId);
-    expect(clientSpan!.status).toEqual({ code: SpanStatusCode.ERROR, message: 'unreachable' });
+    expect(stepSpan!.kind).toBe(SpanKind.INTERNAL);
+    expect(stepSpan!.parentSpanContext?.spanId).toBe(serverSpan!.spanContext().spanId);
+    expect(stepSpan!.status).toEqual({ code: SpanStatusCode.ERROR, message: 'the step failed' });
   });
 
   it('starts a trace only where a root is allowed (the public edge), and ignores a malformed traceparent there', async () => {
     expect(spans.server('inner', {}, {}, false)).toBeUndefined();
     expect(spans.server('inner', { traceparent: 'garbage' }, {}, false)).toBeUndefined();
     const edge = spans.server('edge', { traceparent: 'garbage' }, {}, true)!;
-    spans.endCall(edge, 0, true);
+    spans.endCall(edge, 0);
     const [span] = await exported();
     expect(span!.parentSpanContext).toBeUndefined();
   });
 
   it("counts as a server's failure only the codes that are its own", async () => {
-    for (const code of [3, 5, 7, 13, 14]) spans.endCall(spans.server(`s${code}`, {}, {}, true), code, true);
+    for (const code of [3, 5, 7, 13, 14]) spans.endCall(spans.server(`s${code}`, {}, {}, true), code);
     const byName = Object.fromEntries((await exported()).map((s) => [s.name, s.status.code]));
     expect(byName).toEqual({ s3: SpanStatusCode.UNSET, s5: SpanStatusCode.UNSET, s7: SpanStatusCode.UNSET, s13: SpanStatusCode.ERROR, s14: SpanStatusCode.ERROR });
   });

@@ -123,16 +123,14 @@ export const spans = {
     return tracer.startSpan(name, { kind: SpanKind.SERVER, attributes }, parent);
   },
 
-
   /**
-   * A span inside a traced request's work: a call it makes (CLIENT), or a step of its own (INTERNAL).
-   * Under a parent that is not sampled, none: it would record nothing, and without its trace context
-   * the services called make no span either, so an unsampled request costs next to nothing past the edge.
+   * A step of a traced request's own work (a batch, a model run, a mirrored request). Under a parent
+   * that is not sampled, none: it would record nothing.
    */
-  child(name: string, parent: Span | undefined, kind: SpanKind, attributes: Attributes, links?: Link[]): Span | undefined {
+  child(name: string, parent: Span | undefined, attributes: Attributes, links?: Link[]): Span | undefined {
     if (tracer === undefined || parent === undefined) return undefined;
     if (followParent && !sampled(parent.spanContext().traceFlags)) return undefined;
-    return tracer.startSpan(name, { kind, attributes, ...(links !== undefined && { links }) }, trace.setSpan(ROOT_CONTEXT, parent));
+    return tracer.startSpan(name, { kind: SpanKind.INTERNAL, attributes, ...(links !== undefined && { links }) }, trace.setSpan(ROOT_CONTEXT, parent));
   },
 
   /** The W3C headers that make the callee's span a child of this one (sampled or not, so that the callee follows the decision). */
@@ -153,13 +151,13 @@ export const spans = {
   },
 
   /**
-   * Ends a call's span with its gRPC status: a client span is an error on any failure, a server span
-   * (`server`) on the failures that are its own (a caller's bad input is not), as the RPC conventions say.
+   * Ends the span of a call received with its gRPC status: an error only for the failures that are
+   * the server's own (a caller's bad input is not), as the RPC conventions say.
    */
-  endCall(span: Span | undefined, code: number, server: boolean, message?: string): void {
+  endCall(span: Span | undefined, code: number, message?: string): void {
     if (span === undefined) return;
     span.setAttribute('rpc.grpc.status_code', code);
-    if (code !== 0 && (!server || SERVER_ERRORS.has(code))) span.setStatus({ code: SpanStatusCode.ERROR, ...(message !== undefined && { message }) });
+    if (SERVER_ERRORS.has(code)) span.setStatus({ code: SpanStatusCode.ERROR, ...(message !== undefined && { message }) });
     span.end();
   },
 
@@ -181,4 +179,3 @@ export function rpcAttributes(path: string): Attributes {
   return { 'rpc.system': 'grpc', 'rpc.service': path.slice(1, slash), 'rpc.method': path.slice(slash + 1) };
 }
 
-export { SpanKind };

@@ -5,7 +5,7 @@ import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/i
 import { retries, retryBackoffMs } from '@infermesh/mesh';
 import { integerParameter } from '@infermesh/tensors';
 import { RegistryWatch } from '@infermesh/registry-watch';
-import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics, ModelLabels, requestContext, SpanKind, spans, traceIdsOf } from '@infermesh/telemetry';
+import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics, ModelLabels, requestContext, spans, traceIdsOf } from '@infermesh/telemetry';
 import type { Span } from '@opentelemetry/api';
 import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
@@ -642,7 +642,6 @@ function batchSpan(queue: VersionQueue, entries: readonly Waiting[], batchId: st
   return spans.child(
     `batch ${queue.model}`,
     parent.span,
-    SpanKind.INTERNAL,
     { 'infermesh.model': queue.model, 'infermesh.model.version': queue.version, 'infermesh.batch.id': batchId, 'infermesh.batch.size': items, 'infermesh.batch.requests': entries.length },
     traced.map((e) => ({ context: e.span!.spanContext() })),
   );

@@ -4,7 +4,7 @@ import { toRpcError } from '@infermesh/grpc';
 import { type InferenceRequest, InferenceRequestSchema, type InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import type { ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { versionIdOf } from '@infermesh/rollout';
-import { JsonLogger, Metrics, ModelLabels, requestContext, SpanKind, spans } from '@infermesh/telemetry';
+import { JsonLogger, Metrics, ModelLabels, requestContext, spans } from '@infermesh/telemetry';
 import { performance } from 'node:perf_hooks';
 import type { Counter, Histogram } from 'prom-client';
 import { GuardedBatcher } from './guarded-batcher';
@@ -62,7 +62,7 @@ export class ShadowTraffic {
     const start = performance.now();
     // Traced as a step of the request it mirrors, outliving it.
     const ambient = requestContext.current();
-    const span = spans.child('shadow', ambient?.span, SpanKind.INTERNAL, { 'infermesh.model': model, 'infermesh.model.version': shadowVersion, 'infermesh.route': 'shadow' });
+    const span = spans.child('shadow', ambient?.span, { 'infermesh.model': model, 'infermesh.model.version': shadowVersion, 'infermesh.route': 'shadow' });
     // Not the client's context: its deadline and cancellation end with its answer.
     void requestContext
       .run({ requestId: `${ambient?.requestId ?? 'shadow'}-shadow`, deadlineMs: Date.now() + this.config.shadowTimeoutMs, ...(span !== undefined && { span }) }, () =>

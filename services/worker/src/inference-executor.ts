@@ -10,7 +10,7 @@ import {
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { versionName } from '@infermesh/rollout';
 import { checkInputs } from '@infermesh/tensors';
-import { Metrics, requestContext, SpanKind, spans } from '@infermesh/telemetry';
+import { Metrics, requestContext, spans } from '@infermesh/telemetry';
 import type { Counter, Gauge, Histogram } from 'prom-client';
 import { ModelLifecycle } from './model-lifecycle';
 import type { RunResult } from './model-runtime';
@@ -100,7 +100,7 @@ export class InferenceExecutor {
       const { processing } = entry;
       processing.checkClassCounts(request.outputClassCounts);
       const feeds = processing.preprocess(request.inputs);
-      const span = spans.child('onnxruntime run', requestContext.current()?.span, SpanKind.INTERNAL, {
+      const span = spans.child('onnxruntime run', requestContext.current()?.span, {
         'infermesh.model': model,
         'infermesh.model.version': version,
         'infermesh.batch.size': batch,
