@@ -126,8 +126,14 @@ describe('dynamic batching through the whole system', () => {
 
   it('answers 504 without running a request whose `timeout` cannot be met behind the queue', async () => {
     const ran = () => metricValue(fixture.system.metricsUrl('worker'), 'infermesh_worker_inference_compute_seconds_count', { model: WIDE.name });
+    // The model loaded and warm first: on a cold machine (the first suite of a fresh clone) a load
+    // on demand would hold the blocker back while the request arrives.
+    await infer(WIDE.name, rows(1, 5, 16));
     const runsBefore = await ran();
     const { blocker } = await block();
+    // The worker is running the blocker, not just sent it.
+    const inFlight = () => metricValue(fixture.system.metricsUrl('worker'), 'infermesh_worker_inference_requests_in_flight');
+    for (let i = 0; i < 400 && (await inFlight()) === 0; i++) await new Promise((r) => setTimeout(r, 5));
     const res = await fetch(`${fixture.system.gatewayUrl}/v2/models/${WIDE.name}/infer`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', ...metadata },
