@@ -105,8 +105,6 @@ function prepare(options: CallOptions | undefined): Prepared {
   return { metadata, callOptions, signal: options?.signal ?? ambient?.signal };
 }
 
-
-
 function rethrow(error: unknown): never {
   throw isServiceError(error) ? RpcError.fromServiceError(error) : error;
 }

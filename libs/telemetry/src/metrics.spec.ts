@@ -58,12 +58,7 @@ describe(Metrics.name, () => {
     expect(text).toContain('infermesh_router_requests_total{outcome="hit"} 3');
     expect(text).toContain('infermesh_router_inflight 2');
     expect(text).toContain('infermesh_router_latency_seconds_count 1');
-    expect(text).toMatch(/^process_cpu_user_seconds_total\{service="router"\} /m);
-    expect(text).toMatch(/^nodejs_heap_size_used_bytes\{service="router"\} /m);
-    const samples = text.split('\n').filter((line) => line !== '' && !line.startsWith('#'));
-    const standard = samples.filter((line) => /^(process|nodejs)_/.test(line));
-    expect(standard.length).toBeGreaterThan(0);
-    expect(standard.filter((line) => !line.includes('service="router"'))).toEqual([]);
+    const samples = expectStandardMetricsOf('router', text);
     expect(samples.filter((line) => !/^(process|nodejs)_/.test(line) && !line.startsWith('infermesh_router_'))).toEqual([]);
   });
 
@@ -106,12 +101,7 @@ describe(Metrics.name, () => {
     expect(text).toContain('infermesh_router_collected{kind="a\\"b\\\\c"} 7\n');
     expect(text).toContain('infermesh_router_latency_seconds_count{model="m"} 1\n');
     expect(text).toContain('# TYPE process_cpu_user_seconds counter\n');
-    expect(text).toMatch(/^process_cpu_user_seconds_total\{service="router"\} /m);
-    expect(text).toMatch(/^nodejs_heap_size_used_bytes\{service="router"\} /m);
-    const samples = text.split('\n').filter((line) => line !== '' && !line.startsWith('#'));
-    const standard = samples.filter((line) => /^(process|nodejs)_/.test(line));
-    expect(standard.length).toBeGreaterThan(0);
-    expect(standard.filter((line) => !line.includes('service="router"'))).toEqual([]);
+    expectStandardMetricsOf('router', text);
   });
 
   it('keeps the _total of counters in the Prometheus format, also while OpenMetrics scrapes run alongside', async () => {
@@ -188,3 +178,14 @@ describe(Metrics.name, () => {
     expect(text).not.toContain('trace_id');
   });
 });
+
+/** Checks the default process and Node.js metrics keep their standard names, each with the service label; returns the samples. */
+function expectStandardMetricsOf(service: string, text: string): string[] {
+  expect(text).toMatch(new RegExp(`^process_cpu_user_seconds_total\\{service="${service}"\\} `, 'm'));
+  expect(text).toMatch(new RegExp(`^nodejs_heap_size_used_bytes\\{service="${service}"\\} `, 'm'));
+  const samples = text.split('\n').filter((line) => line !== '' && !line.startsWith('#'));
+  const standard = samples.filter((line) => /^(process|nodejs)_/.test(line));
+  expect(standard.length).toBeGreaterThan(0);
+  expect(standard.filter((line) => !line.includes(`service="${service}"`))).toEqual([]);
+  return samples;
+}

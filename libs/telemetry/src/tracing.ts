@@ -133,21 +133,16 @@ export const spans = {
     return tracer.startSpan(name, { kind: SpanKind.INTERNAL, attributes, ...(links !== undefined && { links }) }, trace.setSpan(ROOT_CONTEXT, parent));
   },
 
-  /** The W3C headers that make the callee's span a child of this one (sampled or not, so that the callee follows the decision). */
-  headers(span: Span): { traceparent: string; tracestate?: string } {
+  /**
+   * The W3C headers a call made inside this span carries, so that the callee's span is its child;
+   * none when the trace is not sampled (the callee, following the decision, would record nothing).
+   */
+  propagate(span: Span): { traceparent: string; tracestate?: string } | undefined {
     const { traceId, spanId, traceFlags, traceState } = span.spanContext();
+    if (tracer === undefined || (followParent && !sampled(traceFlags))) return undefined;
     const traceparent = `00-${traceId}-${spanId}-0${traceFlags & 1}`;
     const state = traceState?.serialize();
     return state === undefined || state === '' ? { traceparent } : { traceparent, tracestate: state };
-  },
-
-  /**
-   * The headers a call made inside this span carries, so that the callee's span is its child; none
-   * when the trace is not sampled (the callee, following the decision, would record nothing).
-   */
-  propagate(span: Span): { traceparent: string; tracestate?: string } | undefined {
-    if (tracer === undefined || (followParent && !sampled(span.spanContext().traceFlags))) return undefined;
-    return spans.headers(span);
   },
 
   /**
