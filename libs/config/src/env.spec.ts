@@ -7,6 +7,7 @@ import {
   host,
   logLevel,
   nonNegativeInt,
+  optionalPort,
   parseEnv,
   port,
   positiveInt,
@@ -131,6 +132,24 @@ describe('port', () => {
 
   it.each(['65536', '-1', '80.5', 'eighty'])('refuses %p', (value) => {
     expect(configError(() => parse(value)).problems[0]).toContain(`P: `);
+  });
+});
+
+describe('optionalPort', () => {
+  const parse = (value: string | undefined) => parseEnv({ P: optionalPort() }, { P: value }).P;
+
+  it('is undefined when unset and reads 1 to 65535', () => {
+    expect(parse(undefined)).toBeUndefined();
+    expect(parse('1')).toBe(1);
+    expect(parse('15006')).toBe(15006);
+    expect(parse('65535')).toBe(65535);
+  });
+
+  it.each(['0', '65536', '-1', '80.5', 'eighty'])('refuses %p, naming the variable', (value) => {
+    const problem = configError(() => parse(value)).problems[0]!;
+
+    expect(problem.startsWith('P: ')).toBe(true);
+    expect(problem).toContain(`(got "${value}")`);
   });
 });
 

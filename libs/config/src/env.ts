@@ -35,6 +35,13 @@ export function parseEnv<S extends z.ZodRawShape>(shape: S, env: Env): z.infer<z
 /** A TCP port from a variable. */
 export const port = (fallback: number) => z.coerce.number().int().min(0).max(65535).default(fallback);
 
+/**
+ * A TCP port where another process listens, from a variable that may be unset (undefined: none).
+ * Unlike `port`, 0 is refused: "any free port" is for a process's own listener, and no one else can
+ * be told where that is.
+ */
+export const optionalPort = () => z.coerce.number().int().min(1, 'expected a port from 1 to 65535').max(65535, 'expected a port from 1 to 65535').optional();
+
 /** A positive integer, e.g. a timeout in milliseconds or a size in bytes. */
 export const positiveInt = (fallback: number) => z.coerce.number().int().positive().default(fallback);
 

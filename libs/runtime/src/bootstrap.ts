@@ -13,6 +13,7 @@ import { MeshAnnouncer } from './mesh-announcer';
 import { MeshXds } from './mesh-xds';
 import { inboundAuthorizationOf, inboundFaultsOf, XDS_TYPES } from '@infermesh/mesh';
 import { MonitoringServer } from './monitoring-server';
+import { ownInboundFilters } from './runtime-config';
 import { ServiceIdentity } from './runtime.module';
 
 /** A generated service and the object implementing it. */
@@ -94,17 +95,20 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   const health = app.get(HealthService);
   const metrics = app.get(Metrics);
 
+  const filters = ownInboundFilters(settings, options.publicGrpc === true);
   const grpcServer = new GrpcServer({
     logger,
     metrics,
     maxMessageBytes: settings.maxMessageBytes,
-    faultInjection: settings.mesh !== undefined,
-    authorization: settings.tls !== undefined && options.publicGrpc !== true,
+    faultInjection: filters.faultInjection,
+    authorization: filters.authorization,
     public: options.publicGrpc === true,
   });
   // In the mesh, who may call what and the faults the policy injects here come in the service's
-  // inbound listener: over its own xDS stream, or from where the service says.
+  // inbound listener: over its own xDS stream, or from where the service says. Behind a sidecar the
+  // sidecar applies it, and the service does not follow it.
   const xds = app.get(MeshXds);
+  const followsInbound = filters.faultInjection || filters.authorization;
   let authorizedOnce: () => void = () => undefined;
   const authorized = new Promise<void>((resolve) => (authorizedOnce = resolve));
   const applyInbound = ({ faults, authorization }: ReturnType<typeof inboundFilters>) => {
@@ -113,7 +117,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
     grpcServer.setInboundAuthorization(authorization);
     authorizedOnce();
   };
-  const localInbound = options.inboundListener?.(app);
+  const localInbound = followsInbound ? options.inboundListener?.(app) : undefined;
   if (localInbound !== undefined) {
     localInbound.watch((listener) => {
       try {
@@ -122,7 +126,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
         logger.error('the inbound listener cannot be applied; the last one stays', error instanceof Error ? error : new Error(String(error)));
       }
     });
-  } else {
+  } else if (followsInbound) {
     xds.client?.watch(XDS_TYPES.listener, ['inbound'], { parse: (resources) => inboundFilters(resources.get('inbound')), apply: applyInbound });
   }
   grpcServer.add(Health, health);
@@ -149,10 +153,10 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
     httpPort = typeof address === 'object' && address !== null ? address.port : options.http.port;
   }
   await options.onListening?.(app);
-  // With mutual TLS a service serves once it knows whom to answer: until its authorization arrives
-  // (over its xDS stream, once it has announced itself) it reports NOT_SERVING, so that no caller
-  // and no readiness check counts on it.
-  const gated = settings.tls !== undefined && options.publicGrpc !== true;
+  // A service that authorizes its callers itself (mutual TLS, no sidecar) serves once it knows whom
+  // to answer: until its authorization arrives (over its xDS stream, once it has announced itself)
+  // it reports NOT_SERVING, so that no caller and no readiness check counts on it.
+  const gated = filters.authorization;
   if (!gated) health.setAll(ServingStatus.SERVING);
   // In the mesh, the service announces itself; the control plane sends it calls once it says it serves.
   const announcer =

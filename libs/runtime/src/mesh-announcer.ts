@@ -10,9 +10,9 @@ type AnnounceRequest = MessageInitShape<typeof AnnounceRequestSchema>;
 
 /**
  * Keeps a service announced to the mesh's control plane (InstanceService.Announce) while it runs:
- * who it is and where, then a heartbeat with its serving state. A stream that breaks (the registry
- * restarts) is opened again with backoff; stop() ends it, so the control plane withdraws the
- * instance before the service drains its calls.
+ * who it is and where (its gRPC port, or its sidecar's inbound port behind one), then a heartbeat
+ * with its serving state. A stream that breaks (the registry restarts) is opened again with backoff;
+ * stop() ends it, so the control plane withdraws the instance before the service drains its calls.
  */
 export class MeshAnnouncer {
   private client: ServiceClient<typeof InstanceService> | undefined;
@@ -77,7 +77,9 @@ export class MeshAnnouncer {
   private async *messages(): AsyncGenerator<AnnounceRequest> {
     const address = this.settings.address ?? (this.grpc.host === '0.0.0.0' || this.grpc.host === '::' ? hostname() : this.grpc.host);
     yield {
-      instance: { service: this.service, id: this.instanceId, address, port: this.grpc.port, labels: this.settings.labels },
+      // Behind a sidecar, the others reach the instance at the sidecar's inbound port, which forwards
+      // to the gRPC port.
+      instance: { service: this.service, id: this.instanceId, address, port: this.settings.sidecarPort ?? this.grpc.port, labels: this.settings.labels },
       serving: this.serving(),
     };
     while (!this.stopped) {

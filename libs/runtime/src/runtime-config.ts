@@ -1,4 +1,4 @@
-import { ConfigError, host, logLevel, port, positiveInt, tracingSettings, tracingShape } from '@infermesh/config';
+import { ConfigError, host, logLevel, optionalPort, port, positiveInt, tracingSettings, tracingShape } from '@infermesh/config';
 import type { TransportSecurity } from '@infermesh/grpc';
 import { join } from 'node:path';
 import { z } from 'zod';
@@ -12,7 +12,12 @@ export interface RuntimeSettings {
   maxMessageBytes: number;
   /** Set when the service announces itself to the mesh's control plane (INFERMESH_MESH_CONTROL_PLANE). */
   mesh: MeshSettings | undefined;
-  /** Mutual TLS on every gRPC port and call (INFERMESH_TLS_DIR); undefined: plaintext. */
+  /**
+   * The instance's identity (INFERMESH_TLS_DIR); undefined: none. Without a sidecar, mutual TLS on
+   * every gRPC port and call of the process. Behind one (`mesh.sidecarPort`), the process speaks
+   * plaintext (its sidecar does mutual TLS), and this identity serves only the calls that bypass the
+   * sidecar: the batcher's to the workers it chooses itself.
+   */
   tls: TransportSecurity | undefined;
   /** The bearer token GET /metrics needs (INFERMESH_METRICS_TOKEN); undefined: none. */
   metricsToken: string | undefined;
@@ -32,6 +37,13 @@ export interface MeshSettings {
   labels: Record<string, string>;
   /** How often it tells the control plane it is alive. */
   heartbeatMs: number;
+  /**
+   * The inbound port of this pod's Envoy sidecar (INFERMESH_SIDECAR_PORT), announced as where the
+   * other services reach this instance. The sidecar terminates mutual TLS, authorizes callers and
+   * injects the policy's faults, so the service does none of these on its own port (which only the
+   * sidecar and the kubelet's probes reach). Undefined: no sidecar; the service does them itself.
+   */
+  sidecarPort: number | undefined;
 }
 
 const labelList = () =>
@@ -58,6 +70,7 @@ export const meshShape = {
   INFERMESH_INSTANCE_ADDRESS: z.string().min(1).max(253).optional(),
   INFERMESH_INSTANCE_LABELS: labelList(),
   INFERMESH_HEARTBEAT_MS: positiveInt(5_000),
+  INFERMESH_SIDECAR_PORT: optionalPort(),
 };
 
 /**
@@ -97,10 +110,22 @@ export function runtimeShape<P extends string>(prefix: P, ports: { grpc: number;
 /** Reads the shared settings out of a parsed environment. */
 export function runtimeSettings(prefix: string, env: Record<string, unknown>): RuntimeSettings {
   const get = <T>(key: string) => env[`${prefix}_${key}`] as T;
-  if (env['INFERMESH_TLS_DIR'] !== undefined && env['INFERMESH_MESH_CONTROL_PLANE'] === undefined) {
+  const inMesh = env['INFERMESH_MESH_CONTROL_PLANE'] !== undefined;
+  const sidecarPort = env['INFERMESH_SIDECAR_PORT'] as number | undefined;
+  const problems: string[] = [];
+  if (env['INFERMESH_TLS_DIR'] !== undefined && !inMesh) {
     // Who may call what is the mesh policy's to say, and it comes from the control plane.
-    throw new ConfigError(['INFERMESH_TLS_DIR: mutual TLS needs the mesh (INFERMESH_MESH_CONTROL_PLANE), whose policy says which service may call which']);
+    problems.push('INFERMESH_TLS_DIR: mutual TLS needs the mesh (INFERMESH_MESH_CONTROL_PLANE), whose policy says which service may call which');
   }
+  if (sidecarPort !== undefined && !inMesh) {
+    // The sidecar's listeners, clusters and policy come over xDS from the control plane, which learns
+    // where this instance is from its announcement: without it, no one routes to the sidecar.
+    problems.push('INFERMESH_SIDECAR_PORT: the sidecar takes its configuration from the mesh control plane the service announces itself to: set INFERMESH_MESH_CONTROL_PLANE too');
+  }
+  if (sidecarPort !== undefined && sidecarPort === get<number>('GRPC_PORT')) {
+    problems.push(`INFERMESH_SIDECAR_PORT: ${sidecarPort} is also ${prefix}_GRPC_PORT: the sidecar and the service it forwards to cannot both listen on one port`);
+  }
+  if (problems.length > 0) throw new ConfigError(problems);
   return {
     grpc: { host: get('GRPC_HOST'), port: get('GRPC_PORT') },
     metrics: { host: get('METRICS_HOST'), port: get('METRICS_PORT') },
@@ -116,6 +141,7 @@ export function runtimeSettings(prefix: string, env: Record<string, unknown>): R
             address: env['INFERMESH_INSTANCE_ADDRESS'] as string | undefined,
             labels: (env['INFERMESH_INSTANCE_LABELS'] as Record<string, string> | undefined) ?? {},
             heartbeatMs: env['INFERMESH_HEARTBEAT_MS'] as number,
+            sidecarPort,
           },
     tls: tlsSettings(env),
     metricsToken: env['INFERMESH_METRICS_TOKEN'] as string | undefined,
@@ -136,3 +162,27 @@ export function tlsSettings(env: Record<string, unknown>): TransportSecurity | u
   };
 }
 
+/** Whether the service runs behind an Envoy sidecar (INFERMESH_SIDECAR_PORT), which secures, authorizes and faults its calls. */
+export function behindSidecar(settings: RuntimeSettings): boolean {
+  return settings.mesh?.sidecarPort !== undefined;
+}
+
+/**
+ * The transport security of the whole process (configureTransportSecurity): its identity, except
+ * behind a sidecar, where it speaks plaintext to the sidecar on loopback and answers the kubelet's
+ * gRPC probes without a certificate.
+ */
+export function processTransportSecurity(settings: RuntimeSettings): TransportSecurity | undefined {
+  return behindSidecar(settings) ? undefined : settings.tls;
+}
+
+/**
+ * What the service's own gRPC server does to the calls it receives: in the mesh, the faults its
+ * inbound listener says, and with mutual TLS its authorization (not on a public port, whose callers
+ * have no mesh identity). Behind a sidecar, neither: the sidecar's inbound listener does both, and
+ * doing them again here would inject the faults twice and refuse the sidecar's plaintext calls.
+ */
+export function ownInboundFilters(settings: RuntimeSettings, publicGrpc: boolean): { faultInjection: boolean; authorization: boolean } {
+  if (behindSidecar(settings)) return { faultInjection: false, authorization: false };
+  return { faultInjection: settings.mesh !== undefined, authorization: settings.tls !== undefined && !publicGrpc };
+}

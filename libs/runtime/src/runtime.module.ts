@@ -3,7 +3,7 @@ import { configureTransportSecurity, HealthService } from '@infermesh/grpc';
 import { JsonLogger, Metrics, startTracing } from '@infermesh/telemetry';
 import { HealthDetails } from './health-details';
 import { MeshXds, meshInstanceId } from './mesh-xds';
-import type { RuntimeSettings } from './runtime-config';
+import { processTransportSecurity, type RuntimeSettings } from './runtime-config';
 
 /** The settings of the running service, injectable. */
 export class ServiceIdentity {
@@ -22,8 +22,9 @@ export class ServiceIdentity {
 @Module({})
 export class RuntimeModule {
   static forRoot(name: string, settings: RuntimeSettings): DynamicModule {
-    // Before any provider makes a client: every client and server of the process speaks it.
-    configureTransportSecurity(settings.tls);
+    // Before any provider makes a client: every client and server of the process speaks it (behind a
+    // sidecar, plaintext: the sidecar speaks mutual TLS for it).
+    configureTransportSecurity(processTransportSecurity(settings));
     // Likewise before any span: the spans of every hop go to the collector from the start.
     if (settings.tracing !== undefined) startTracing(name, meshInstanceId(name, settings.mesh), settings.tracing);
     const logger = new JsonLogger(name, settings.logLevel);

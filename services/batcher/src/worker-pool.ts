@@ -1,11 +1,11 @@
 import { Inject, Injectable, type OnApplicationBootstrap, type OnApplicationShutdown } from '@nestjs/common';
-import { type CallOptions, createClient, type ServiceClient, toRpcError } from '@infermesh/grpc';
+import { type CallOptions, type ClientOptions, createClient, type ServiceClient, toRpcError } from '@infermesh/grpc';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { splitVersionName } from '@infermesh/rollout';
 import { type CallOutcome, type EdgeRetry, edgeRetryOf, type OutlierDetection, OutlierDetector, outlierDetectionOf, XDS_TYPES } from '@infermesh/mesh';
-import { MeshXds } from '@infermesh/runtime';
+import { behindSidecar, MeshXds, type RuntimeSettings } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter, Gauge } from 'prom-client';
 import { BATCHER_CONFIG, type BatcherConfig } from './batcher.config';
@@ -26,8 +26,12 @@ export class WorkerHandle {
   /** Batches sent to it and not answered yet. */
   outstanding = 0;
 
-  constructor(readonly address: string) {
-    this.client = createClient(WorkerService, address);
+  /** `clientOptions`: how the batcher dials its workers (workerClientOptions). */
+  constructor(
+    readonly address: string,
+    clientOptions: ClientOptions,
+  ) {
+    this.client = createClient(WorkerService, address, clientOptions);
   }
 
   /** Whether its placement includes the model. */
@@ -45,6 +49,18 @@ export class WorkerHandle {
       this.outstanding -= 1;
     }
   }
+}
+
+/**
+ * How the batcher dials its workers. It chooses them itself, so no sidecar proxies this edge: behind
+ * its own sidecar (the process speaking plaintext) it dials the port each worker announced, that
+ * worker's sidecar's inbound listener, which requires mutual TLS. It then presents the instance's
+ * identity (none, plaintext, when the mesh has no mutual TLS) and accepts only a worker's. Without a
+ * sidecar, the process's own transport security, as every client.
+ */
+export function workerClientOptions(runtime: RuntimeSettings): ClientOptions {
+  if (!behindSidecar(runtime)) return {};
+  return { peer: 'worker', transport: runtime.tls ?? null };
 }
 
 /**
@@ -76,6 +92,7 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
   private polling: Promise<void> | undefined;
   private readonly listeners: (() => void)[] = [];
   private readonly reachableGauge: Gauge;
+  private readonly workerClient: ClientOptions;
 
   constructor(
     @Inject(BATCHER_CONFIG) private readonly config: BatcherConfig,
@@ -83,7 +100,8 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     metrics: Metrics,
     xds: MeshXds,
   ) {
-    this.workers = config.workerAddresses === 'mesh' ? [] : config.workerAddresses.map((a) => new WorkerHandle(a));
+    this.workerClient = workerClientOptions(config.runtime);
+    this.workers = config.workerAddresses === 'mesh' ? [] : config.workerAddresses.map((a) => new WorkerHandle(a, this.workerClient));
     this.directory = config.workerAddresses === 'mesh' ? createClient(InstanceService, config.runtime.mesh!.controlPlane) : undefined;
     this.outliers.setEndpoints(this.workers.map((w) => w.address));
     this.reachableGauge = metrics.gauge('workers_reachable', 'Workers that answered the last poll.');
@@ -219,7 +237,7 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
       return;
     }
     const known = new Map(this.workers.map((w) => [w.address, w]));
-    const next = addresses.map((a) => known.get(a) ?? new WorkerHandle(a));
+    const next = addresses.map((a) => known.get(a) ?? new WorkerHandle(a, this.workerClient));
     for (const worker of this.workers) {
       if (!addresses.includes(worker.address)) {
         this.logger.info(`worker ${worker.address} left the mesh`);

@@ -7,6 +7,7 @@ import { CliError, EXIT, UsageError } from './cli-errors';
 import type { CliIo } from './cli-io';
 import { CommandContext, type CommandHandler } from './command-context';
 import { renderHelp } from './help';
+import { K8S_GROUP } from './k8s.command';
 import { KEYS_GROUP } from './keys.command';
 import { MESH_GROUP } from './mesh.command';
 import { MODELS_GROUP } from './models.command';
@@ -64,6 +65,7 @@ export const COMMANDS: GroupSpec<CommandHandler> = {
     ROLLOUT_GROUP,
     KEYS_GROUP,
     MESH_GROUP,
+    K8S_GROUP,
     command<CommandHandler>({
       name: 'help',
       summary: 'Show this help, or a command\'s: `infermesh help models register`',

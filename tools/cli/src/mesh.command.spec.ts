@@ -3,6 +3,8 @@ import { DEFAULT_PORTS } from '@infermesh/system';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { parse } from 'yaml';
+import { MESH_CONFIG_MAP_FILE, meshConfigMapFiles } from './k8s/k8s-files';
 import { runCapturing } from './testing/cli-runner';
 
 const ENVOY = join(__dirname, '..', '..', '..', 'envoy');
@@ -31,7 +33,9 @@ describe('infermesh mesh', () => {
     expect(run.code).toBe(0);
     expect(run.stderr).toContain(`wrote 6 Envoy configurations (${mode})`);
     for (const file of [...MESH_SERVICES.map((service) => `${service}.yaml`), 'sds-identity.yaml', 'sds-trust-bundle.yaml']) {
-      expect(readFileSync(join(out, file), 'utf8')).toBe(readFileSync(join(ENVOY, 'generated', mode, file), 'utf8'));
+      // The goldens: envoy/generated/static; for ADS, the mesh ConfigMap the Kubernetes sidecars mount.
+      const golden = mode === 'static' ? readFileSync(join(ENVOY, 'generated', mode, file), 'utf8') : meshConfigMapFiles(parse(readFileSync(join(ENVOY, '..', MESH_CONFIG_MAP_FILE), 'utf8')))[file];
+      expect(readFileSync(join(out, file), 'utf8')).toBe(golden);
     }
     expect(run.stderr).toContain('and 2 SDS files (sds-identity.yaml, sds-trust-bundle.yaml, for /etc/envoy)');
   });
@@ -51,7 +55,7 @@ describe('infermesh mesh', () => {
     const good = await runCapturing(['mesh', 'check', join(ENVOY, 'generated', 'static', 'router.yaml')], {});
     const broken = await runCapturing(['mesh', 'check', join(ENVOY, 'testdata', 'broken', 'bad-enum.yaml'), join(ENVOY, 'testdata', 'valid-bootstrap.yaml')], {});
 
-    const sds = await runCapturing(['mesh', 'check', join(ENVOY, 'generated', 'ads', 'sds-identity.yaml')], {});
+    const sds = await runCapturing(['mesh', 'check', join(ENVOY, 'generated', 'static', 'sds-identity.yaml')], {});
 
     expect(good.code).toBe(0);
     expect(good.stdout).toMatch(/router\.yaml: ok\n$/);
