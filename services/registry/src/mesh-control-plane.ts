@@ -1,18 +1,24 @@
 import { Inject, Injectable, type OnModuleDestroy } from '@nestjs/common';
 import * as grpc from '@grpc/grpc-js';
 import { AdsServer, EnvoyApi, inboundApiListener, subsetOf, xdsResources } from '@infermesh/mesh';
-import type { InboundListenerSource } from '@infermesh/runtime';
+import { createRedisClient, type Redis } from '@infermesh/redis';
+import { type InboundListenerSource, meshInstanceId } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { MeshInstances } from './mesh-instances';
+import { RedisInstanceMirror } from './mesh-instances.redis';
 import { MeshPolicyFile } from './mesh-policy.file';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
+
+/** How often a replica of the registry reads the instances the others hold (with Redis). */
+const SHARE_POLL_MS = 1_000;
 
 /**
  * The registry as the mesh's control plane: the instances that announce themselves, and, with a
  * policy file (REGISTRY_MESH_POLICY), the xDS server that compiles the policy and the instances into
  * each caller's listeners, routes, clusters and endpoints and pushes every change to the connected
  * clients, Envoy sidecars and proxyless gRPC alike. A policy change that does not validate is refused
- * and the running one stays.
+ * and the running one stays. With Redis (REDIS_URL), its replicas share the instances, so that any
+ * number of them serve the same endpoints.
  */
 @Injectable()
 export class MeshControlPlane implements OnModuleDestroy {
@@ -22,6 +28,8 @@ export class MeshControlPlane implements OnModuleDestroy {
   private readonly sweeper: NodeJS.Timeout;
   private plaintextServer: grpc.Server | undefined;
   private readonly ownInbound: ((listener: unknown) => void)[] = [];
+  /** With Redis: the instances shared with the other replicas of the registry. */
+  private readonly mirror: { mirror: RedisInstanceMirror; client: Redis } | undefined;
 
   constructor(@Inject(REGISTRY_CONFIG) private readonly config: RegistryConfig, logger: JsonLogger, metrics: Metrics) {
     this.instances = new MeshInstances(config.mesh.instanceTimeoutMs);
@@ -31,6 +39,13 @@ export class MeshControlPlane implements OnModuleDestroy {
     });
     this.sweeper = setInterval(() => this.instances.sweep(), Math.max(100, Math.floor(config.mesh.instanceTimeoutMs / 3)));
     this.sweeper.unref();
+    if (config.redisUrl !== undefined) {
+      // Several replicas of the registry each serve every instance, whichever it announced itself to.
+      const client = createRedisClient(config.redisUrl, logger, 'registry-mesh');
+      const holder = meshInstanceId('registry', config.runtime.mesh);
+      this.mirror = { mirror: new RedisInstanceMirror(this.instances, client, config.redisKeyPrefix, holder, config.mesh.instanceTimeoutMs, SHARE_POLL_MS, logger), client };
+      this.mirror.mirror.start();
+    }
     if (config.mesh.policyPath === undefined) return;
 
     const policyFile = new MeshPolicyFile(config.mesh.policyPath, config.mesh.policyPollMs);
@@ -119,8 +134,12 @@ export class MeshControlPlane implements OnModuleDestroy {
     return this.ads === undefined ? [] : [this.ads.service()];
   }
 
-  onModuleDestroy(): void {
+  async onModuleDestroy(): Promise<void> {
     clearInterval(this.sweeper);
+    if (this.mirror !== undefined) {
+      await this.mirror.mirror.stop();
+      this.mirror.client.disconnect();
+    }
     this.policyFile?.close();
     this.ads?.close();
     this.plaintextServer?.forceShutdown();

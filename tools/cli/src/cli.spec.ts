@@ -57,7 +57,7 @@ describe(runCli.name, () => {
 
       expect(run.code).toBe(2);
       expect(run.stdout).toBe('');
-      expect(run.stderr).toMatch(/^infermesh: unknown command "deploy"; the commands are up, models, rollout, keys, mesh, help\n\nUsage: infermesh <command> \[flags\]\n/);
+      expect(run.stderr).toMatch(/^infermesh: unknown command "deploy"; the commands are up, models, rollout, keys, mesh, k8s, help\n\nUsage: infermesh <command> \[flags\]\n/);
     });
 
     it('refuses an unknown flag with the usage of the command on stderr and exit 2', async () => {

@@ -32,11 +32,11 @@ describe('the shipped overlays', () => {
     expect(deployments.every((d) => d.metadata.namespace === 'infermesh')).toBe(true);
   }, 60_000);
 
-  it('production: three replicas per tier but the control plane, autoscaled on the batcher queue and the workers in flight', async () => {
+  it('production: three replicas per tier, the registry too, autoscaled on the batcher queue and the workers in flight', async () => {
     const objects = await render('k8s/overlays/production');
     const replicas = Object.fromEntries(objects.filter((o) => o.kind === 'Deployment').map((d) => [d.metadata.name, (d as unknown as { spec: { replicas: number } }).spec.replicas]));
 
-    expect(replicas).toEqual({ registry: 1, router: 3, cache: 3, batcher: 3, worker: 3, gateway: 3 });
+    expect(replicas).toEqual({ registry: 3, router: 3, cache: 3, batcher: 3, worker: 3, gateway: 3 });
     expect(autoscalerMetrics(objects)).toEqual([
       { object: 'ScaledObject/batcher', metric: 'infermesh_batcher_queue_depth' },
       { object: 'ScaledObject/worker', metric: 'infermesh_batcher_queue_oldest_age_seconds' },

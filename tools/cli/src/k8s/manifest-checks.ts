@@ -258,16 +258,13 @@ function serviceProblems(service: K8sObject, workloads: K8sObject[]): string[] {
 function productionWorkloadProblems(workload: K8sObject, objects: K8sObject[]): string[] {
   const problems: string[] = [];
   const labels = podLabels(workload);
-  const controlPlane = labels['app.kubernetes.io/component'] === 'control-plane';
   const replicas = ((workload as Any).spec?.replicas as number | undefined) ?? 1;
   const scaled = objects.some((o) => (o.kind === 'ScaledObject' || o.kind === 'HorizontalPodAutoscaler') && (o as Any).spec?.scaleTargetRef?.name === workload.metadata.name);
-  if (!controlPlane && replicas < 3) problems.push(`replicas ${replicas}: production runs at least 3 per tier${scaled ? ' (its autoscaler starts from this count)' : ''}`);
+  if (replicas < 3) problems.push(`replicas ${replicas}: production runs at least 3 per tier${scaled ? ' (its autoscaler starts from this count)' : ''}`);
   if (!objects.some((o) => o.kind === 'PodDisruptionBudget' && nsOf(o) === nsOf(workload) && selects((o as Any).spec?.selector, labels))) problems.push('no PodDisruptionBudget selects its pods');
-  if (!controlPlane) {
-    const spread = ((podSpec(workload).topologySpreadConstraints ?? []) as Any[]).filter((t) => selects(t.labelSelector, labels));
-    if (!spread.some((t) => t.topologyKey === ZONE)) problems.push(`no topologySpreadConstraints over ${ZONE} that selects its pods`);
-    if (!spread.some((t) => t.topologyKey === HOST)) problems.push(`no topologySpreadConstraints over ${HOST} that selects its pods`);
-  }
+  const spread = ((podSpec(workload).topologySpreadConstraints ?? []) as Any[]).filter((t) => selects(t.labelSelector, labels));
+  if (!spread.some((t) => t.topologyKey === ZONE)) problems.push(`no topologySpreadConstraints over ${ZONE} that selects its pods`);
+  if (!spread.some((t) => t.topologyKey === HOST)) problems.push(`no topologySpreadConstraints over ${HOST} that selects its pods`);
   return problems;
 }
 
