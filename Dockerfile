@@ -20,15 +20,17 @@ RUN npm run build \
  && find dist -name '*.map' -delete \
  && rm -f dist/node_modules/@infermesh/testing dist/node_modules/@infermesh/model-builder
 
-# ---- production dependencies only (install scripts stay off, as in development: allowScripts) -------
+# ---- production dependencies only; no install script runs (none is needed: onnxruntime-node's only ----
+# fetches its CUDA binaries, which worker-gpu asks for below)
 FROM ${NODE_IMAGE} AS deps
 WORKDIR /src
 COPY package.json package-lock.json .npmrc ./
-RUN npm ci --omit=dev --no-audit --no-fund
+RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund
 
 # ---- worker-gpu's extra: onnxruntime-node's CUDA 12 binaries (its install step fetches them) --------
 FROM deps AS deps-cuda
-RUN node node_modules/onnxruntime-node/script/install.js --onnxruntime-node-install=cuda12
+RUN node node_modules/onnxruntime-node/script/install.js --onnxruntime-node-install=cuda12 \
+ && test -f node_modules/onnxruntime-node/bin/napi-v6/linux/x64/libonnxruntime_providers_cuda.so
 
 # ---- runtime (default): Node 24 on distroless, non-root, read-only friendly --------------------------
 FROM gcr.io/distroless/nodejs24-debian12:nonroot AS runtime

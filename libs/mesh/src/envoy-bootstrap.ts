@@ -72,13 +72,16 @@ const ROUTER_FILTER: Json = {
   typed_config: any('envoy.extensions.filters.http.router.v3.Router', {}),
 };
 
-function httpConnectionManager(policy: MeshPolicy, service: MeshService, statPrefix: string, routeConfig: Json, filters: Json[]): Json {
+function httpConnectionManager(policy: MeshPolicy, service: MeshService, statPrefix: string, routeConfig: Json, filters: Json[], longLived = false): Json {
   return {
     name: 'envoy.filters.network.http_connection_manager',
     typed_config: any('envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager', {
       stat_prefix: statPrefix,
       codec_type: 'AUTO',
       http2_protocol_options: {},
+      // Streams to the registry (ADS, Announce, WatchModels) may stay quiet for long: Envoy's
+      // default idle timeout (5 min) would reset them, so they have none (the services heartbeat).
+      ...(longLived && { stream_idle_timeout: '0s' }),
       route_config: routeConfig,
       http_filters: [...filters, ROUTER_FILTER],
       access_log: ACCESS_LOG,
@@ -329,7 +332,7 @@ export function edgeListener(policy: MeshPolicy, edge: MeshEdge): Json {
     `outbound_${edge.to}`,
     '127.0.0.1',
     policy.services[edge.to].port,
-    httpConnectionManager(policy, edge.from, `outbound_${edge.to}`, edgeRouteConfiguration(edge), faultFilter(edge.fault)),
+    httpConnectionManager(policy, edge.from, `outbound_${edge.to}`, edgeRouteConfiguration(edge), faultFilter(edge.fault), edge.to === 'registry'),
   );
 }
 
@@ -433,6 +436,7 @@ export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: E
         ],
       },
       inboundFilters(policy, service, subset),
+      service === 'registry',
     ),
     downstreamTransportSocket(policy, service),
   );
@@ -501,7 +505,12 @@ export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: E
     static_resources: {
       listeners: [inbound, stats, ...upstreams.map((edge) => edgeListener(policy, edge))],
       clusters: [
-        http1Local('local_app', policy.services[service].port, true),
+        {
+          ...http1Local('local_app', policy.services[service].port, true),
+          // Every instance of the mesh holds streams open to a registry (its sidecar's ADS, its
+          // announcement, the watches): past Envoy's default 1,024 requests a cluster would refuse them.
+          ...(service === 'registry' && { circuit_breakers: { thresholds: [{ max_connections: 65_536, max_pending_requests: 65_536, max_requests: 65_536 }] } }),
+        },
         http1Local('envoy_admin', sidecar.adminPort, false),
         ...(mode === 'ads' ? [controlPlane] : []),
         ...collector,

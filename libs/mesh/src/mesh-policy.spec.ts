@@ -35,7 +35,7 @@ describe('parseMeshPolicy', () => {
     const edges = sut.edges.map((e) => `${e.from}->${e.to}`);
     expect(edges).toEqual([
       'gateway->router', 'router->cache', 'router->batcher', 'batcher->worker',
-      'gateway->registry', 'router->registry', 'batcher->registry', 'worker->registry',
+      'gateway->registry', 'router->registry', 'cache->registry', 'batcher->registry', 'worker->registry',
     ]);
     const gatewayRouter = sut.edges[0]!;
     expect(gatewayRouter.loadBalancing).toEqual({ policy: 'least_request', choiceCount: 2 });

@@ -15,6 +15,9 @@ export const MESH_CONFIG_MAP = 'infermesh-mesh';
 export const MESH_CONFIG_MAP_FILE = 'k8s/components/envoy-sidecar/generated/mesh-config.yaml';
 export const MONITORING_GENERATED_DIR = 'k8s/components/monitoring/generated';
 
+/** The Prometheus the monitoring component and the autoscalers query (kube-prometheus-stack's, in namespace monitoring). */
+export const PROMETHEUS_IN_CLUSTER = 'http://prometheus-operated.monitoring.svc:9090';
+
 const YAML_OPTIONS = { lineWidth: 0, aliasDuplicateObjects: false, blockQuote: 'literal' } as const;
 
 function header(what: string, from: string): string {
@@ -67,14 +70,17 @@ function grafanaConfigMaps(root: string): Record<string, unknown>[] {
       metadata: { name: `grafana-board-${file.replace(/\.json$/, '')}`, labels: { grafana_dashboard: '1' }, annotations: { grafana_folder: 'infermesh' } },
       data: { [file]: readFileSync(join(boards, file), 'utf8') },
     }));
-  const datasource = readFileSync(join(root, 'grafana', 'provisioning', 'datasources', 'prometheus.yaml'), 'utf8');
+  // In the cluster: the Prometheus Operator's Prometheus, and not the default datasource (Grafana's
+  // chart provisions one, and Grafana refuses two); the boards name this one by its uid.
+  const datasource = parseYaml(readFileSync(join(root, 'grafana', 'provisioning', 'datasources', 'prometheus.yaml'), 'utf8')) as { datasources: Record<string, unknown>[] };
+  for (const source of datasource.datasources) Object.assign(source, { url: PROMETHEUS_IN_CLUSTER, isDefault: false });
   return [
     ...dashboards,
     {
       apiVersion: 'v1',
       kind: 'ConfigMap',
       metadata: { name: 'infermesh-grafana-datasource', labels: { grafana_datasource: '1' } },
-      data: { 'infermesh-prometheus.yaml': datasource },
+      data: { 'infermesh-prometheus.yaml': stringify(datasource, YAML_OPTIONS) },
     },
   ];
 }

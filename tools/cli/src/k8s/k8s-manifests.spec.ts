@@ -36,7 +36,8 @@ describe('the shipped overlays', () => {
     const objects = await render('k8s/overlays/production');
     const replicas = Object.fromEntries(objects.filter((o) => o.kind === 'Deployment').map((d) => [d.metadata.name, (d as unknown as { spec: { replicas: number } }).spec.replicas]));
 
-    expect(replicas).toEqual({ registry: 3, router: 3, cache: 3, batcher: 3, worker: 3, gateway: 3 });
+    // batcher and worker: no count of their own, their autoscalers start them at 3.
+    expect(replicas).toEqual({ registry: 3, router: 3, cache: 3, batcher: undefined, worker: undefined, gateway: 3 });
     expect(autoscalerMetrics(objects)).toEqual([
       { object: 'ScaledObject/batcher', metric: 'infermesh_batcher_queue_depth' },
       { object: 'ScaledObject/worker', metric: 'infermesh_batcher_queue_oldest_age_seconds' },
@@ -72,6 +73,20 @@ describe('each broken fixture fails the check that guards it, naming the object'
     const problems = checkManifests(objects, { production: text.includes('overlays/production'), envoy });
 
     expect(problems).toContainEqual({ object: expected[1], message: expect.stringContaining(expected[2]!) });
+  }, 60_000);
+});
+
+describe('the mesh policy in the ConfigMap', () => {
+  it('each service needs an edge to the registry: its sidecar has no listener for the control plane otherwise', async () => {
+    const objects = structuredClone(await render('k8s/overlays/local'));
+    const configMap = objects.find((o) => o.kind === 'ConfigMap' && o.metadata.name === 'infermesh-mesh') as unknown as { data: Record<string, string> };
+    const policy = configMap.data['mesh.yaml']!;
+    expect(policy).toContain('- from: [gateway, router, cache, batcher, worker]\n    to: registry');
+    configMap.data['mesh.yaml'] = policy.replace('- from: [gateway, router, cache, batcher, worker]\n    to: registry', '- from: [gateway, router, batcher, worker]\n    to: registry');
+
+    expect(checkManifests(objects, { production: false, envoy })).toEqual([
+      { object: 'ConfigMap/infermesh-mesh', message: "mesh.yaml has no edge from cache to registry: cache's sidecar would have no listener for the control plane it announces itself to" },
+    ]);
   }, 60_000);
 });
 

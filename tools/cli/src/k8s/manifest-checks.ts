@@ -139,6 +139,8 @@ function containerProblems(workload: K8sObject): string[] {
     if (sc.privileged === true) problems.push(`${at}: securityContext.privileged must not be true`);
     if ((sc.runAsNonRoot ?? pod.runAsNonRoot) !== true) problems.push(`${at}: runAsNonRoot must be true (container or pod securityContext)`);
     if ((sc.seccompProfile?.type ?? pod.seccompProfile?.type) !== 'RuntimeDefault') problems.push(`${at}: seccompProfile.type must be RuntimeDefault (container or pod securityContext)`);
+    const names = ((c.env ?? []) as Any[]).map((e) => e.name as string);
+    for (const name of new Set(names.filter((n, i) => names.indexOf(n) !== i))) problems.push(`${at}: env ${name} is set twice (the API server keeps the last; server-side apply refuses it)`);
     const sidecar = init && c.restartPolicy === 'Always';
     if (!init || sidecar) {
       if (c.readinessProbe === undefined) problems.push(`${at}: no readinessProbe`);
@@ -258,9 +260,11 @@ function serviceProblems(service: K8sObject, workloads: K8sObject[]): string[] {
 function productionWorkloadProblems(workload: K8sObject, objects: K8sObject[]): string[] {
   const problems: string[] = [];
   const labels = podLabels(workload);
-  const replicas = ((workload as Any).spec?.replicas as number | undefined) ?? 1;
-  const scaled = objects.some((o) => (o.kind === 'ScaledObject' || o.kind === 'HorizontalPodAutoscaler') && (o as Any).spec?.scaleTargetRef?.name === workload.metadata.name);
-  if (replicas < 3) problems.push(`replicas ${replicas}: production runs at least 3 per tier${scaled ? ' (its autoscaler starts from this count)' : ''}`);
+  // An autoscaled tier's floor is its autoscaler's (its Deployment leaves replicas to it, or each apply would reset them).
+  const scaler = objects.find((o) => (o.kind === 'ScaledObject' || o.kind === 'HorizontalPodAutoscaler') && nsOf(o) === nsOf(workload) && (o as Any).spec?.scaleTargetRef?.name === workload.metadata.name) as Any;
+  const replicas = scaler === undefined ? (((workload as Any).spec?.replicas as number | undefined) ?? 1) : ((scaler.spec.minReplicaCount ?? scaler.spec.minReplicas ?? 1) as number);
+  if (replicas < 3) problems.push(`${scaler === undefined ? 'replicas' : `${scaler.kind as string} minimum`} ${replicas}: production runs at least 3 per tier`);
+  if (scaler !== undefined && (workload as Any).spec?.replicas !== undefined) problems.push(`sets replicas though ${scaler.kind as string}/${scaler.metadata.name as string} scales it: each apply would reset the count`);
   if (!objects.some((o) => o.kind === 'PodDisruptionBudget' && nsOf(o) === nsOf(workload) && selects((o as Any).spec?.selector, labels))) problems.push('no PodDisruptionBudget selects its pods');
   const spread = ((podSpec(workload).topologySpreadConstraints ?? []) as Any[]).filter((t) => selects(t.labelSelector, labels));
   if (!spread.some((t) => t.topologyKey === ZONE)) problems.push(`no topologySpreadConstraints over ${ZONE} that selects its pods`);
@@ -308,8 +312,14 @@ function policyProblems(configMap: K8sObject, workloads: K8sObject[]): string[] 
   const text = (configMap as Any).data?.['mesh.yaml'] as string | undefined;
   if (text === undefined) return ['has no mesh.yaml (the policy the registry serves)'];
   const policy = parseMeshPolicy(text, 'mesh.yaml');
-  const elsewhere = workloads.filter((w) => (w.metadata.labels ?? {})[MESH_LABEL] === 'infermesh' && nsOf(w) !== policy.kubernetes.namespace);
-  return elsewhere.map((w) => `mesh.yaml names namespace ${policy.kubernetes.namespace}, but ${idOf(w)} is in ${nsOf(w)}`);
+  const mesh = workloads.filter((w) => (w.metadata.labels ?? {})[MESH_LABEL] === 'infermesh');
+  const problems = mesh.filter((w) => nsOf(w) !== policy.kubernetes.namespace).map((w) => `mesh.yaml names namespace ${policy.kubernetes.namespace}, but ${idOf(w)} is in ${nsOf(w)}`);
+  // Every service announces itself to the registry through its sidecar, which needs the edge for it.
+  for (const service of new Set(mesh.map((w) => podLabels(w)[NAME_LABEL]))) {
+    if (service === undefined || service === 'registry') continue;
+    if (!policy.edges.some((e) => e.from === service && e.to === 'registry')) problems.push(`mesh.yaml has no edge from ${service} to registry: ${service}'s sidecar would have no listener for the control plane it announces itself to`);
+  }
+  return problems;
 }
 
 /** Every check of a rendered manifest; an empty list when it passes. */
