@@ -1,18 +1,11 @@
 import { ConfigError, type Env, parseEnv } from '@infermesh/config';
 import { ownInboundFilters, processTransportSecurity, type RuntimeSettings, runtimeSettings, runtimeShape } from './runtime-config';
+import { thrownBy } from '@infermesh/testing';
 
 const shape = runtimeShape('SVC', { grpc: 50055, metrics: 9105 });
 const load = (env: Env): RuntimeSettings => runtimeSettings('SVC', parseEnv(shape, env));
 
-function configError(fn: () => unknown): ConfigError {
-  try {
-    fn();
-  } catch (error) {
-    if (error instanceof ConfigError) return error;
-    throw error;
-  }
-  throw new Error('expected a ConfigError');
-}
+const configError = (fn: () => unknown): ConfigError => thrownBy(fn, ConfigError);
 
 const MESH = { INFERMESH_MESH_CONTROL_PLANE: '127.0.0.1:50051', INFERMESH_INSTANCE_ADDRESS: '10.0.0.7' };
 const IDENTITY = { INFERMESH_TLS_DIR: '/var/run/infermesh/identity' };

@@ -4,3 +4,4 @@ export * from './rpc-rejection';
 export * from './fake-registry';
 export * from './xds-probe';
 export * from './eventually';
+export * from './thrown';
