@@ -21,7 +21,7 @@ import { HealthDetails } from '@infermesh/runtime';
 import { FakeRegistry, rpcRejection } from '@infermesh/testing';
 import { loadBatcherConfig } from './batcher.config';
 import { BatcherModule } from './batcher.module';
-import { Scheduler } from './scheduler';
+import { CALLER_DEADLINE_SKEW_MS, Scheduler } from './scheduler';
 import { WorkerPool } from './worker-pool';
 
 // ---------------------------------------------------------------------------------------------
@@ -846,6 +846,32 @@ describe(Scheduler.name, () => {
       expect(w1.received.map((r) => r.id)).toEqual(['blocker']);
       expect(await metric('rejections_total', { model: 'mlp', reason: 'DEADLINE_EXCEEDED' })).toBe(1);
       expect(await metric('rejections_total', { model: 'mlp', reason: 'CANCELLED' })).toBe(0);
+    });
+    it('counts a request cancelled just before its deadline, as an upstream hop whose copy of it passed first cancels it, as expired', async () => {
+      const [w1] = workers as [FakeWorker, FakeWorker];
+      w1.models.set(v('mlp', '1'), ModelState.READY);
+      const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
+      const { blocker, release } = await occupy(sut, w1);
+
+      const upstream = new AbortController();
+      const early = new AbortController();
+      const deadlineMs = Date.now() + 2_000;
+      const expired = rpcRejection(sut.infer(rowsRequest('expired', 1, 1), call({ deadlineMs, signal: upstream.signal })));
+      const cancelled = rpcRejection(sut.infer(rowsRequest('cancelled', 1, 2), call({ deadlineMs: Date.now() + 60_000, signal: early.signal })));
+      await new Promise((r) => setTimeout(r, 20)); // both queued
+      early.abort(); // a minute before its deadline: the caller gave up
+      // 50 ms before its deadline (within the skew the batcher allows): the deadline, seen first upstream.
+      expect(CALLER_DEADLINE_SKEW_MS).toBeGreaterThan(50);
+      while (deadlineMs - Date.now() > 50) await new Promise((r) => setTimeout(r, 5));
+      upstream.abort();
+
+      expect([(await expired).code, (await expired).reason]).toEqual([status.DEADLINE_EXCEEDED, 'DEADLINE_EXCEEDED']);
+      expect((await cancelled).code).toBe(status.CANCELLED);
+      release();
+      await blocker;
+      expect(w1.received.map((r) => r.id)).toEqual(['blocker']);
+      expect(await metric('rejections_total', { model: 'mlp', reason: 'DEADLINE_EXCEEDED' })).toBe(1);
+      expect(await metric('rejections_total', { model: 'mlp', reason: 'CANCELLED' })).toBe(1);
     });
   });
 

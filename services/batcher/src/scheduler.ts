@@ -20,6 +20,13 @@ import { type WorkerHandle, WorkerPool } from './worker-pool';
 const WORKER_FAULTS: ReadonlySet<status> = new Set([status.INTERNAL, status.UNKNOWN, status.DATA_LOSS]);
 
 /** Why a request was answered without reaching a worker. */
+/**
+ * How much earlier than this batcher a caller may see the same deadline pass: the transits of the
+ * call's headers on the hops before it, each hop reading the deadline on arrival. A cancellation
+ * this close to the deadline is the deadline's.
+ */
+export const CALLER_DEADLINE_SKEW_MS = 100;
+
 type Rejection = 'QUEUE_FULL' | 'DEADLINE_INFEASIBLE' | 'DEADLINE_EXCEEDED' | 'CANCELLED' | 'MODEL_NOT_READY' | 'INVALID_PRIORITY';
 
 /** A request in a version's queue, then in a batch, until it is answered. */
@@ -407,9 +414,11 @@ export class Scheduler implements OnApplicationShutdown {
 
   private cancel(queue: VersionQueue, entry: Waiting): void {
     if (entry.settled) return;
-    // The caller's deadline cancels its call on the server at the very moment this batcher's timer
-    // for it would fire: whichever comes first, the request expired.
-    if (entry.deadlineMs !== undefined && entry.deadlineMs <= Date.now()) {
+    // A caller's deadline reaches this batcher as a cancellation: from the server's own timer at the
+    // moment this batcher's would fire, or from an upstream hop whose copy of the deadline passed a
+    // little earlier (each hop reads it on arrival, a transit later than its caller did). Either way
+    // the request expired.
+    if (entry.deadlineMs !== undefined && entry.deadlineMs - Date.now() <= CALLER_DEADLINE_SKEW_MS) {
       this.expire(queue, entry);
       return;
     }
