@@ -22,4 +22,10 @@ describe('loadBatcherConfig', () => {
     expect(error).toBeInstanceOf(ConfigError);
     expect((error as ConfigError).problems.join('\n')).toMatch(/^BATCHER_WORKER_ADDRESSES: .*\(got "worker-without-port"\)/);
   });
+
+  it('picks workers by least outstanding batches unless BATCHER_REPLICA_CHOICE says power_of_two; anything else is refused, naming it', () => {
+    expect(loadBatcherConfig({}).replicaChoice).toBe('least_outstanding');
+    expect(loadBatcherConfig({ BATCHER_REPLICA_CHOICE: 'power_of_two' }).replicaChoice).toBe('power_of_two');
+    expect(() => loadBatcherConfig({ BATCHER_REPLICA_CHOICE: 'random' })).toThrow(/BATCHER_REPLICA_CHOICE: expected least_outstanding or power_of_two/);
+  });
 });

@@ -1,6 +1,7 @@
 import { address, addressList, ConfigError, type Env, parseEnv, positiveInt } from '@infermesh/config';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
 import { z } from 'zod';
+import { REPLICA_CHOICES } from './replica-choice';
 
 const shape = {
   ...runtimeShape('BATCHER', { grpc: 50054, metrics: 9104 }),
@@ -11,6 +12,7 @@ const shape = {
   BATCHER_REGISTRY_ADDRESS: address('127.0.0.1:50051'),
   BATCHER_SETTINGS_TTL_MS: positiveInt(5_000),
   BATCHER_MAX_BATCHES_PER_WORKER: positiveInt(2),
+  BATCHER_REPLICA_CHOICE: z.enum(REPLICA_CHOICES, { error: `expected ${REPLICA_CHOICES.join(' or ')}` }).default('least_outstanding'),
   BATCHER_DEFAULT_MAX_QUEUE_DELAY_US: z.coerce.number().int().nonnegative().max(10_000_000).default(1_000),
   BATCHER_DEFAULT_MAX_QUEUE_SIZE: positiveInt(1_000),
 };
@@ -40,6 +42,8 @@ export function loadBatcherConfig(env: Env) {
     settingsTtlMs: e.BATCHER_SETTINGS_TTL_MS,
     /** Batches in flight on one worker at most: one computing, the next one ready behind it. */
     maxBatchesPerWorker: e.BATCHER_MAX_BATCHES_PER_WORKER,
+    /** How the worker for a batch is picked among those with room: least outstanding, or power of two choices. */
+    replicaChoice: e.BATCHER_REPLICA_CHOICE,
     /** What a version's Batching leaves unset. */
     defaults: {
       maxQueueDelayUs: e.BATCHER_DEFAULT_MAX_QUEUE_DELAY_US,

@@ -240,21 +240,23 @@ describe(Scheduler.name, () => {
       expect(w2.received.map((r) => r.id)).toEqual(['a', 'b', 'c']);
     });
 
-    it('sends a batch to the worker with the fewest outstanding batches', async () => {
+    it.each(['least_outstanding', 'power_of_two'])('sends a batch to the worker with the fewest outstanding batches (%s: of two, both are compared)', async (choice) => {
       for (const w of workers) w.models.set(v('mlp', '1'), ModelState.READY);
       const [w1, w2] = workers as [FakeWorker, FakeWorker];
-      const sut = await start();
+      const sut = await start({ BATCHER_REPLICA_CHOICE: choice });
       const held = gate();
       w1.hold = held.promise;
+      w2.hold = held.promise;
 
+      // Both idle: the first batch may go to either; the second goes to the other, which has none.
       const first = sut.infer(rowsRequest('first', 1, 0), call());
-      await eventually(() => w1.received.length === 1);
-      await expect(sut.infer(rowsRequest('second', 1, 0), call())).resolves.toMatchObject({ id: 'second' });
+      await eventually(() => w1.received.length + w2.received.length === 1);
+      const second = sut.infer(rowsRequest('second', 1, 0), call());
+      await eventually(() => w1.received.length + w2.received.length === 2);
       held.open();
-      await expect(first).resolves.toMatchObject({ id: 'first' });
+      await expect(Promise.all([first, second])).resolves.toMatchObject([{ id: 'first' }, { id: 'second' }]);
 
-      expect(w1.received.map((r) => r.id)).toEqual(['first']);
-      expect(w2.received.map((r) => r.id)).toEqual(['second']);
+      expect([w1.received.length, w2.received.length]).toEqual([1, 1]);
     });
 
     it('keeps at most BATCHER_MAX_BATCHES_PER_WORKER batches on a worker; the queue waits for one to finish', async () => {

@@ -15,6 +15,7 @@ import { BATCHER_CONFIG, type BatcherConfig } from './batcher.config';
 import type { BatchingPolicy } from './batching-policy';
 import { VersionSettings } from './version-settings';
 import { type WorkerHandle, WorkerPool } from './worker-pool';
+import { type ReplicaChoice, replicaChoice } from './replica-choice';
 
 /** Statuses that are a worker's own failure, for the edge's outlier detection (bad input, deadlines and cancellations are not). */
 const WORKER_FAULTS: ReadonlySet<status> = new Set([status.INTERNAL, status.UNKNOWN, status.DATA_LOSS]);
@@ -163,8 +164,9 @@ class VersionQueue {
 /**
  * The batcher's dynamic batching. Requests queue per model version, by priority level and then
  * arrival; batches are formed from requests whose inputs agree on every dimension but the first,
- * joined at the byte level, sent to the worker with the least outstanding batches among those that
- * have the version (at most BATCHER_MAX_BATCHES_PER_WORKER each), and split back per request.
+ * joined at the byte level, sent to a worker the replica choice picks (least outstanding batches, or
+ * the less busy of two at random) among those that have the version (at most
+ * BATCHER_MAX_BATCHES_PER_WORKER each), and split back per request.
  *
  * A batch goes at once while a worker is idle, with whatever the queue holds (up to the max batch
  * size); it waits up to the version's max queue delay for more requests while every worker already
@@ -186,6 +188,8 @@ export class Scheduler implements OnApplicationShutdown {
   private nextId = 0;
   /** Makes batch ids unique among batcher replicas (they appear in spans). */
   private readonly instanceTag = randomBytes(4).toString('hex');
+  /** Which of the workers with room gets the next batch (BATCHER_REPLICA_CHOICE). */
+  private readonly choice: ReplicaChoice;
   private readonly rejections: Counter<'model' | 'reason'>;
   private readonly dispatched: Counter<'model' | 'version' | 'outcome'>;
   private readonly retries: Counter<'model'>;
@@ -201,6 +205,7 @@ export class Scheduler implements OnApplicationShutdown {
     watch: RegistryWatch,
     private readonly metrics: Metrics,
   ) {
+    this.choice = replicaChoice(config.replicaChoice);
     // A model version is registered when the registry watch holds it, or when a worker has it (its
     // queue exists only then): only those names become label values, any other is "(unknown)".
     this.labels = new ModelLabels({
@@ -456,14 +461,15 @@ export class Scheduler implements OnApplicationShutdown {
         this.noWorker(queue);
         return;
       }
-      let worker: WorkerHandle | undefined;
+      const room: WorkerHandle[] = [];
       let idle = false;
       for (const w of workers) {
         if (w.outstanding >= this.config.maxBatchesPerWorker) continue;
-        if (worker === undefined || w.outstanding < worker.outstanding) worker = w;
+        room.push(w);
         if (w.outstanding === 0) idle = true;
       }
-      if (worker === undefined) return; // every worker is full: a batch that finishes pumps again
+      if (room.length === 0) return; // every worker is full: a batch that finishes pumps again
+      const worker = this.choice.choose(room);
       const { entries, items, full } = this.form(queue);
       const { preferredBatchSizes, maxQueueDelayMs } = queue.policy;
       const belowPreferred = preferredBatchSizes.length > 0 && items < preferredBatchSizes[0]!;
@@ -631,11 +637,8 @@ export class Scheduler implements OnApplicationShutdown {
   }
 
   private otherWorker(queue: VersionQueue, failed: WorkerHandle): WorkerHandle | undefined {
-    let best: WorkerHandle | undefined;
-    for (const w of this.pool.available(queue.name)) {
-      if (w !== failed && (best === undefined || w.outstanding < best.outstanding)) best = w;
-    }
-    return best;
+    const others = this.pool.available(queue.name).filter((w) => w !== failed);
+    return others.length === 0 ? undefined : this.choice.choose(others);
   }
 }
 
