@@ -79,8 +79,8 @@ function httpConnectionManager(policy: MeshPolicy, service: MeshService, statPre
       stat_prefix: statPrefix,
       codec_type: 'AUTO',
       http2_protocol_options: {},
-      // Streams to the registry (ADS, Announce, WatchModels) may stay quiet for long: Envoy's
-      // default idle timeout (5 min) would reset them, so they have none (the services heartbeat).
+      // Streams on an edge without a time limit (to the registry: ADS, Announce, WatchModels) may
+      // stay quiet for long: Envoy's default idle timeout (5 min) would reset them.
       ...(longLived && { stream_idle_timeout: '0s' }),
       route_config: routeConfig,
       http_filters: [...filters, ROUTER_FILTER],
@@ -332,7 +332,7 @@ export function edgeListener(policy: MeshPolicy, edge: MeshEdge): Json {
     `outbound_${edge.to}`,
     '127.0.0.1',
     policy.services[edge.to].port,
-    httpConnectionManager(policy, edge.from, `outbound_${edge.to}`, edgeRouteConfiguration(edge), faultFilter(edge.fault), edge.to === 'registry'),
+    httpConnectionManager(policy, edge.from, `outbound_${edge.to}`, edgeRouteConfiguration(edge), faultFilter(edge.fault), edge.timeoutMs === 0),
   );
 }
 
@@ -409,6 +409,9 @@ export function inboundApiListener(policy: MeshPolicy, service: MeshService, sub
 export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: EnvoyMode, subset?: string): Json {
   const { sidecar } = policy;
   const edges = sidecarEdges(policy, service);
+  // Callers hold streams open to this service as long as they run: to the control plane (every
+  // sidecar's ADS), and on any edge to it with no time limit.
+  const longLived = service === 'registry' || policy.edges.some((edge) => edge.to === service && edge.timeoutMs === 0);
   const http1Local = (name: string, port: number, http2: boolean): Json => ({
     name,
     type: 'STATIC',
@@ -436,7 +439,7 @@ export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: E
         ],
       },
       inboundFilters(policy, service, subset),
-      service === 'registry',
+      longLived,
     ),
     downstreamTransportSocket(policy, service),
   );
@@ -507,9 +510,9 @@ export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: E
       clusters: [
         {
           ...http1Local('local_app', policy.services[service].port, true),
-          // Every instance of the mesh holds streams open to a registry (its sidecar's ADS, its
-          // announcement, the watches): past Envoy's default 1,024 requests a cluster would refuse them.
-          ...(service === 'registry' && { circuit_breakers: { thresholds: [{ max_connections: 65_536, max_pending_requests: 65_536, max_requests: 65_536 }] } }),
+          // A service whose callers hold streams open without a time limit (the registry: every
+          // sidecar's ADS, every announcement, the watches) takes more than Envoy's default 1,024.
+          ...(longLived && { circuit_breakers: { thresholds: [{ max_connections: 65_536, max_pending_requests: 65_536, max_requests: 65_536 }] } }),
         },
         http1Local('envoy_admin', sidecar.adminPort, false),
         ...(mode === 'ads' ? [controlPlane] : []),

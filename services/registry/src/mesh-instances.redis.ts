@@ -53,7 +53,10 @@ function parseEntry(text: string): SharedEntry | undefined {
 export class RedisInstanceMirror {
   private readonly key: string;
   private timer: NodeJS.Timeout | undefined;
-  private readonly written = new Map<string, string>();
+  /** The entries this replica last wrote, by instance id: what it removes when they go. */
+  private written = new Map<string, string>();
+  /** While the others' instances are being applied: the change that makes is not this replica's to write. */
+  private applyingRemote = false;
   private running: Promise<void> | undefined;
   private again = false;
   private failing = false;
@@ -72,7 +75,9 @@ export class RedisInstanceMirror {
     private readonly now: () => number = Date.now,
   ) {
     this.key = `${keyPrefix}mesh:instances`;
-    this.unsubscribe = instances.onChange(() => this.syncSoon());
+    this.unsubscribe = instances.onChange(() => {
+      if (!this.applyingRemote) this.syncSoon();
+    });
   }
 
   start(): void {
@@ -123,8 +128,7 @@ export class RedisInstanceMirror {
     const gone = [...this.written].filter(([id]) => !mine.has(id));
     if (args.length > 0) await this.redis.eval(WRITE_UNLESS_NEWER, 1, this.key, ...args);
     for (const [id, value] of gone) await this.redis.eval(DELETE_IF_UNCHANGED, 1, this.key, id, value);
-    this.written.clear();
-    for (const [id, value] of mine) this.written.set(id, value);
+    this.written = mine;
 
     const all = await this.redis.hgetall(this.key);
     const remote: RemoteInstance[] = [];
@@ -139,6 +143,11 @@ export class RedisInstanceMirror {
     }
     if (this.failing) this.logger.info('sharing the mesh instances through Redis again');
     this.failing = false;
-    this.instances.setRemote(remote);
+    this.applyingRemote = true;
+    try {
+      this.instances.setRemote(remote);
+    } finally {
+      this.applyingRemote = false;
+    }
   }
 }

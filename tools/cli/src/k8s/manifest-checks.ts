@@ -94,9 +94,6 @@ function podLabels(workload: K8sObject): Record<string, string> {
   return (workload as Any).spec?.template?.metadata?.labels ?? {};
 }
 
-const matches = (selector: Record<string, string> | undefined, labels: Record<string, string>) =>
-  selector !== undefined && Object.keys(selector).length > 0 && Object.entries(selector).every(([k, v]) => labels[k] === v);
-
 /** A selector's matchLabels and matchExpressions (In, NotIn, Exists, DoesNotExist) against labels. */
 function selects(selector: Any, labels: Record<string, string>): boolean {
   if (selector === undefined || selector === null) return false;
@@ -241,7 +238,8 @@ function serviceByHost(objects: K8sObject[], host: string): K8sObject | undefine
 function serviceProblems(service: K8sObject, workloads: K8sObject[]): string[] {
   const selector = (service as Any).spec?.selector as Record<string, string> | undefined;
   if ((service as Any).spec?.type === 'ExternalName') return [];
-  const pods = workloads.filter((w) => nsOf(w) === nsOf(service) && matches(selector, podLabels(w)));
+  // A Service's selector is a label map (an empty one selects nothing here: its endpoints are set by hand).
+  const pods = selector === undefined || Object.keys(selector).length === 0 ? [] : workloads.filter((w) => nsOf(w) === nsOf(service) && selects({ matchLabels: selector }, podLabels(w)));
   if (pods.length === 0) return [`selects no pods of this manifest (selector ${JSON.stringify(selector ?? {})})`];
   const problems: string[] = [];
   for (const port of ((service as Any).spec?.ports ?? []) as Any[]) {
