@@ -96,6 +96,9 @@ class ScriptedRegistry implements Impl {
   deleteModel: Impl['deleteModel'] = async () => {
     throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
   };
+  quantizeModelVersion: Impl['quantizeModelVersion'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
   watchModels: Impl['watchModels'] = () => ({
     [Symbol.asyncIterator]: () => ({ next: () => Promise.reject(new RpcError(status.UNIMPLEMENTED, 'not in this test')) }),
   });

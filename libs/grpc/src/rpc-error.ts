@@ -37,6 +37,8 @@ export type ErrorReason =
   | 'MODEL_IN_USE'
   | 'MODEL_NOT_PLACED'
   | 'RATE_LIMITED'
+  | 'ACCURACY_GATE'
+  | 'NOT_QUANTIZABLE'
   | 'INTERNAL';
 
 export interface RpcErrorOptions {

@@ -68,6 +68,30 @@ export function int64Initializer(name: string, dims: readonly number[], values: 
   return { name, dims: [...dims], dataType: ONNX_ELEM_TYPE.INT64, rawData: littleEndianBytes(values) };
 }
 
+export function int32Initializer(name: string, dims: readonly number[], values: Int32Array): onnx.ITensorProto {
+  return { name, dims: [...dims], dataType: ONNX_ELEM_TYPE.INT32, rawData: littleEndianBytes(values) };
+}
+
+/** An int8 initializer, as quantized weights and their zero points are stored. */
+export function int8Initializer(name: string, dims: readonly number[], values: Int8Array): onnx.ITensorProto {
+  return { name, dims: [...dims], dataType: ONNX_ELEM_TYPE.INT8, rawData: littleEndianBytes(values) };
+}
+
+/** A uint8 initializer, as quantized weights and their zero points are stored. */
+export function uint8Initializer(name: string, dims: readonly number[], values: Uint8Array): onnx.ITensorProto {
+  return { name, dims: [...dims], dataType: ONNX_ELEM_TYPE.UINT8, rawData: littleEndianBytes(values) };
+}
+
+/** A node's INT attribute, e.g. an axis. */
+export function intAttribute(name: string, value: number): onnx.IAttributeProto {
+  return { name, type: onnx.AttributeProto.AttributeType.INT, i: value };
+}
+
+/** A node's INTS attribute, e.g. a Conv's kernel_shape. */
+export function intsAttribute(name: string, values: readonly number[]): onnx.IAttributeProto {
+  return { name, type: onnx.AttributeProto.AttributeType.INTS, ints: [...values] };
+}
+
 export function node(opType: string, inputs: string[], outputs: string[], name: string, attribute?: onnx.IAttributeProto[]): onnx.INodeProto {
   return { opType, input: inputs, output: outputs, name, ...(attribute !== undefined && { attribute }) };
 }
@@ -95,7 +119,7 @@ export function encodeModel(
   return { name, bytes: new Uint8Array(encoded), inputs: graph.inputs, outputs: graph.outputs };
 }
 
-function littleEndianBytes(values: Float32Array | BigInt64Array): Uint8Array {
+function littleEndianBytes(values: Float32Array | BigInt64Array | Int32Array | Int8Array | Uint8Array): Uint8Array {
   const bytes = new Uint8Array(values.buffer.slice(values.byteOffset, values.byteOffset + values.byteLength));
   if (endianness() === 'BE') {
     const width = values.BYTES_PER_ELEMENT;

@@ -7,3 +7,5 @@ export * from './signature-check';
 export * from './cache-key';
 export * from './parameters';
 export * from './bounded-text';
+export * from './warm-up-inputs';
+export * from './output-comparison';

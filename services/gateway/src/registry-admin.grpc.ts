@@ -7,6 +7,7 @@ import type {
   DownloadArtifactRequest,
   GetModelRequest,
   ListModelsRequest,
+  QuantizeModelVersionRequest,
   RegistryService,
   ResolveModelVersionRequest,
   RetireModelVersionRequest,
@@ -98,6 +99,10 @@ export class RegistryAdminGrpcController implements ServiceImpl<typeof RegistryS
 
   deleteModel(request: DeleteModelRequest, ctx: CallContext) {
     return this.unary('DeleteModel', ctx, {}, (r) => r.deleteModel(request));
+  }
+
+  quantizeModelVersion(request: QuantizeModelVersionRequest, ctx: CallContext) {
+    return this.unary('QuantizeModelVersion', ctx, {}, (r) => r.quantizeModelVersion(request));
   }
 
   watchModels(request: WatchModelsRequest, ctx: CallContext) {

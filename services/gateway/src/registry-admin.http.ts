@@ -24,6 +24,7 @@ import {
   ListModelsResponseSchema,
   ModelSchema,
   ModelVersionSchema,
+  QuantizeModelVersionRequestSchema,
   type RegistryService,
   RolloutPolicySchema,
   SetWeightsSchema,
@@ -192,6 +193,22 @@ export class RegistryAdminHttpController {
     await this.noBody(req, res);
     const { version: retired } = await this.call(req, res, (r) => r.retireModelVersion({ name }));
     return messageToJson(ModelVersionSchema, required(retired, 'version'));
+  }
+
+  @Post('admin/v1/models/:model/versions/:version/quantize')
+  @HttpCode(200)
+  async quantizeModelVersion(
+    @Req() req: Request,
+    @Res({ passthrough: true }) res: Response,
+    @Param('model') model: string,
+    @Param('version') version: string,
+  ) {
+    const source = versionResource(model, version);
+    const request = messageFromJson(QuantizeModelVersionRequestSchema, await this.body(req, res));
+    if (request.source !== '') throw RpcError.invalidArgument(`leave "source" out of the request body: the path names the version ("${source}")`);
+    request.source = source;
+    const { version: derived } = await this.call(req, res, (r) => r.quantizeModelVersion(request));
+    return messageToJson(ModelVersionSchema, required(derived, 'version'));
   }
 
   @Put('admin/v1/models/:model/rollout')

@@ -113,6 +113,7 @@ function fakeRegistry(state: FakeState): ServiceImpl<typeof RegistryService> {
     updateModel: unary('updateModel', () => ({ model: MODEL })),
     retireModelVersion: unary('retireModelVersion', () => ({ version: { ...VERSION, state: VersionState.RETIRED } })),
     deleteModel: unary('deleteModel', () => ({})),
+    quantizeModelVersion: unary('quantizeModelVersion', () => ({ version: VERSION })),
     async uploadArtifact(requests: AsyncIterable<UploadArtifactRequest>, ctx: CallContext) {
       const upload: Upload = { chunks: [], expectedSha256: [], signal: ctx.signal };
       state.uploads.push(upload);

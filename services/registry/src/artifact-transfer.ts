@@ -7,7 +7,7 @@ import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import { ArtifactDigestMismatchError, ArtifactStore, ArtifactTooLargeError, SHA256_HEX } from './artifact-store';
 import { readOnnxSignature } from './onnx-signature';
-import { OnnxValidator } from './onnx-validator.adapter';
+import { OnnxRuntime } from './onnx-runtime.adapter';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 
 type UploadOutcome = 'stored' | 'deduplicated' | 'too_large' | 'digest_mismatch' | 'invalid' | 'cancelled' | 'error';
@@ -20,7 +20,7 @@ export class ArtifactTransfer {
 
   constructor(
     private readonly artifacts: ArtifactStore,
-    private readonly validator: OnnxValidator,
+    private readonly onnx: OnnxRuntime,
     @Inject(REGISTRY_CONFIG) private readonly config: RegistryConfig,
     private readonly logger: JsonLogger,
     metrics: Metrics,
@@ -100,7 +100,7 @@ export class ArtifactTransfer {
   private async checkModel(bytes: Buffer): Promise<void> {
     readOnnxSignature(bytes);
     try {
-      await this.validator.load(bytes);
+      await this.onnx.load(bytes);
     } catch (error) {
       const reason = (error instanceof Error ? error.message : String(error)).trim();
       throw RpcError.invalidArgument(`onnxruntime cannot load the artifact: ${reason}; nothing was stored`, 'INVALID_ARTIFACT');

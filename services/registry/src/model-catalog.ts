@@ -7,6 +7,7 @@ import {
   type CachePolicy,
   CachePolicySchema,
   type CreateModelVersionRequest,
+  type Lineage,
   type Model,
   ModelSchema,
   type ModelVersion,
@@ -71,9 +72,10 @@ export class ModelCatalog implements OnApplicationShutdown {
   /**
    * Registers a version, creating its model when missing, with its processing and batching checked
    * against the signature. Registering the same version with the same artifact (and processing and
-   * batching) again returns the existing version; with a different one it is ALREADY_EXISTS.
+   * batching) again returns the existing version; with a different one it is ALREADY_EXISTS. A version
+   * the registry derived (model-derivation.ts) comes with its lineage.
    */
-  async createVersion(request: CreateModelVersionRequest): Promise<ModelVersion> {
+  async createVersion(request: CreateModelVersionRequest, lineage?: Lineage): Promise<ModelVersion> {
     const modelId = parseModelName(request.parent, 'parent');
     const versionId = checkVersionId(request.versionId);
     const sha256 = request.artifactSha256.toLowerCase();
@@ -103,6 +105,7 @@ export class ModelCatalog implements OnApplicationShutdown {
       artifact: { sha256, sizeBytes: BigInt(bytes.length), format: 'onnx' },
       createTime: now,
       updateTime: now,
+      lineage,
     });
     version.processing = checkProcessing(request.processing, version.signature!);
     version.batching = checkBatching(request.batching, version.signature!);

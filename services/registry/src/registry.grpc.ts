@@ -5,6 +5,7 @@ import type {
   DeleteModelRequest,
   DownloadArtifactRequest,
   GetModelRequest,
+  QuantizeModelVersionRequest,
   RegistryService,
   ReportVersionStateRequest,
   ResolveModelVersionRequest,
@@ -18,6 +19,7 @@ import type {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ArtifactTransfer } from './artifact-transfer';
 import { ModelCatalog } from './model-catalog';
+import { ModelDerivation } from './model-derivation';
 import { ModelWatch } from './model-watch';
 
 /** gRPC transport of the registry service. */
@@ -27,6 +29,7 @@ export class RegistryGrpcController implements ServiceImpl<typeof RegistryServic
     private readonly catalog: ModelCatalog,
     private readonly transfer: ArtifactTransfer,
     private readonly watch: ModelWatch,
+    private readonly derivation: ModelDerivation,
   ) {}
 
   async uploadArtifact(requests: AsyncIterable<UploadArtifactRequest>, ctx: CallContext) {
@@ -80,6 +83,10 @@ export class RegistryGrpcController implements ServiceImpl<typeof RegistryServic
   async deleteModel(request: DeleteModelRequest) {
     await this.catalog.deleteModel(request.name);
     return {};
+  }
+
+  async quantizeModelVersion(request: QuantizeModelVersionRequest) {
+    return { version: await this.derivation.quantize(request) };
   }
 
   watchModels(request: WatchModelsRequest, ctx: CallContext) {

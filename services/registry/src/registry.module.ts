@@ -12,7 +12,8 @@ import { ModelStore } from './model-store';
 import { EmbeddedModelStore } from './model-store.embedded';
 import { RedisModelStore } from './model-store.redis';
 import { ModelWatch } from './model-watch';
-import { OnnxValidator } from './onnx-validator.adapter';
+import { ModelDerivation } from './model-derivation';
+import { OnnxRuntime } from './onnx-runtime.adapter';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 import { RegistryGrpcController } from './registry.grpc';
 import { InstancesGrpcController } from './instances.grpc';
@@ -41,9 +42,10 @@ export class RegistryModule {
         },
         { provide: ArtifactStore, useFactory: (): ArtifactStore => new FilesystemArtifactStore(config.artifactDir) },
         Clock,
-        OnnxValidator,
+        OnnxRuntime,
         ModelWatch,
         ModelCatalog,
+        ModelDerivation,
         DrainSweeper,
         ArtifactTransfer,
         RegistryGrpcController,

@@ -8,7 +8,7 @@ import { JsonLogger, Metrics, ModelLabels, requestContext, spans } from '@inferm
 import { performance } from 'node:perf_hooks';
 import type { Counter, Histogram } from 'prom-client';
 import { GuardedBatcher } from './guarded-batcher';
-import { compareOutputs } from './output-comparison';
+import { compareOutputs } from '@infermesh/tensors';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 
 type Labels = 'model' | 'primary' | 'shadow';

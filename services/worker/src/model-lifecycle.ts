@@ -10,7 +10,7 @@ import { chooseEvictions, formatBytes } from './memory-budget';
 import { ModelRegistry } from './model-registry';
 import { ModelRuntime, type ModelSession } from './model-runtime';
 import { ModelTable, type WorkerModel } from './model-table';
-import { warmUpPlan } from './warm-up-inputs';
+import { warmUpPlan } from '@infermesh/tensors';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
 const LOAD_BUCKETS_SECONDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];

@@ -102,6 +102,7 @@ export function fakeRegistry() {
     updateModel: notUsed,
     retireModelVersion: notUsed,
     deleteModel: notUsed,
+    quantizeModelVersion: notUsed,
     watchModels: notUsed,
     async getModel({ name }: { name: string }) {
       return { model: find(name) };

@@ -5,8 +5,10 @@ import { type CallContext, GrpcServer, RpcError, type ServiceImpl } from '@infer
 import {
   type Model,
   ModelSchema,
+  type ModelVersion,
   ModelVersionSchema,
   RegistryService,
+  type QuantizeModelVersionRequest,
   VersionState,
   type WatchModelsRequest,
   type WatchModelsResponse,
@@ -47,6 +49,8 @@ export class FakeRegistry implements Impl {
   readonly uploads: RecordedUpload[] = [];
   readonly artifacts = new Map<string, Uint8Array>();
   afterSnapshot: ((registry: FakeRegistry) => void) | undefined;
+  /** What QuantizeModelVersion answers (the derivation is the registry's, outside the CLI); unset: UNIMPLEMENTED. */
+  quantizeAnswer: ((request: QuantizeModelVersionRequest) => ModelVersion) | undefined;
   private readonly models = new Map<string, Model>();
   private readonly followers = new Set<(change: WatchModelsResponse) => void>();
   private revision = 0n;
@@ -101,6 +105,12 @@ export class FakeRegistry implements Impl {
     }
     this.artifacts.set(sha256, bytes);
     return { artifact: { sha256, sizeBytes: BigInt(bytes.byteLength), format: 'onnx' } };
+  };
+
+  quantizeModelVersion: Impl['quantizeModelVersion'] = async (request, ctx) => {
+    this.admit('quantizeModelVersion', request, ctx);
+    if (this.quantizeAnswer === undefined) throw new RpcError(status.UNIMPLEMENTED, 'QuantizeModelVersion is not scripted in this spec');
+    return { version: this.quantizeAnswer(request) };
   };
 
   createModelVersion: Impl['createModelVersion'] = async (request, ctx) => {

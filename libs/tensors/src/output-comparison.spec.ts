@@ -1,6 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import { DataType, type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { compareOutputs } from './output-comparison';
+import { addComparisons, compareOutputs } from './output-comparison';
 
 const fp32 = (name: string, values: number[], shape: number[]): Tensor =>
   create(TensorSchema, { name, datatype: DataType.FP32, shape: shape.map(BigInt), data: new Uint8Array(Float32Array.from(values).buffer) });
@@ -10,7 +10,7 @@ const int64 = (name: string, values: bigint[]): Tensor =>
 describe(compareOutputs.name, () => {
   it('agrees fully, with no difference, for identical outputs', () => {
     const outputs = [fp32('scores', [0.1, 0.9, 0.5, 0.2], [2, 2]), int64('ids', [1n, 2n])];
-    expect(compareOutputs(outputs, outputs)).toEqual({ items: 3, agreed: 3, maxAbsDiff: 0, relativeL2: 0, mismatched: 0 });
+    expect(compareOutputs(outputs, outputs)).toEqual({ items: 3, agreed: 3, maxAbsDiff: 0, relativeL2: 0, mismatched: 0, diffSquares: 0, servedSquares: expect.any(Number) });
   });
 
   it('compares the rows of a [batch, classes] output by their top class, and measures the differences', () => {
@@ -30,5 +30,15 @@ describe(compareOutputs.name, () => {
 
   it('compares outputs that are not floating point bit for bit, one item each', () => {
     expect(compareOutputs([int64('ids', [1n, 2n])], [int64('ids', [1n, 3n])])).toMatchObject({ items: 1, agreed: 0 });
+  });
+
+  it('adds the comparisons of several runs up as if they were one', () => {
+    const served = [fp32('scores', [0, 1, 2, 0], [2, 2])];
+    const first = compareOutputs(served, [fp32('scores', [0, 1, 2, 2.5], [2, 2])]);
+    const second = compareOutputs([fp32('scores', [3, 4], [1, 2])], [fp32('scores', [3, 4.5], [1, 2])]);
+    const together = compareOutputs([fp32('scores', [0, 1, 2, 0, 3, 4], [3, 2])], [fp32('scores', [0, 1, 2, 2.5, 3, 4.5], [3, 2])]);
+    const sut = addComparisons(first, second);
+    expect(sut).toMatchObject({ items: 3, agreed: 2, maxAbsDiff: 2.5, mismatched: 0 });
+    expect(sut.relativeL2).toBeCloseTo(together.relativeL2, 12);
   });
 });

@@ -1,5 +1,5 @@
 import { DataType, type Tensor } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { fromHalfBits } from '@infermesh/tensors';
+import { fromHalfBits } from './half-float';
 
 /** How a shadow's outputs differ from the served ones. */
 export interface Comparison {
@@ -12,6 +12,9 @@ export interface Comparison {
   relativeL2: number;
   /** Outputs that could not be compared element by element (another shape or datatype, or missing). */
   mismatched: number;
+  /** ‖shadow − served‖₂² and ‖served‖₂², of which relativeL2 is the root of the ratio: what comparisons of several runs add up (addComparisons). */
+  diffSquares: number;
+  servedSquares: number;
 }
 
 /**
@@ -20,9 +23,7 @@ export interface Comparison {
  * same. Any other output agrees or not as a whole, bit for bit, counted as one item.
  */
 export function compareOutputs(served: readonly Tensor[], shadow: readonly Tensor[]): Comparison {
-  const result: Comparison = { items: 0, agreed: 0, maxAbsDiff: 0, relativeL2: 0, mismatched: 0 };
-  let diffSquares = 0;
-  let servedSquares = 0;
+  const result: Comparison = { items: 0, agreed: 0, maxAbsDiff: 0, relativeL2: 0, mismatched: 0, diffSquares: 0, servedSquares: 0 };
   for (const a of served) {
     const b = shadow.find((t) => t.name === a.name);
     if (b === undefined || b.datatype !== a.datatype || b.shape.join(',') !== a.shape.join(',')) {
@@ -39,8 +40,8 @@ export function compareOutputs(served: readonly Tensor[], shadow: readonly Tenso
     for (let i = 0; i < x.length; i++) {
       const d = y[i]! - x[i]!;
       result.maxAbsDiff = Math.max(result.maxAbsDiff, Math.abs(d));
-      diffSquares += d * d;
-      servedSquares += x[i]! * x[i]!;
+      result.diffSquares += d * d;
+      result.servedSquares += x[i]! * x[i]!;
     }
     if (a.shape.length === 2 && Number(a.shape[1]) > 1) {
       const width = Number(a.shape[1]);
@@ -53,8 +54,27 @@ export function compareOutputs(served: readonly Tensor[], shadow: readonly Tenso
       if (Buffer.from(a.data).equals(Buffer.from(b.data))) result.agreed += 1;
     }
   }
-  result.relativeL2 = diffSquares === 0 ? 0 : Math.sqrt(diffSquares) / Math.max(Math.sqrt(servedSquares), Number.MIN_VALUE);
+  result.relativeL2 = relativeL2(result.diffSquares, result.servedSquares);
   return result;
+}
+
+/** The comparison of several runs taken together: counts added, the largest difference, the error over all of their elements. */
+export function addComparisons(a: Comparison, b: Comparison): Comparison {
+  const diffSquares = a.diffSquares + b.diffSquares;
+  const servedSquares = a.servedSquares + b.servedSquares;
+  return {
+    items: a.items + b.items,
+    agreed: a.agreed + b.agreed,
+    maxAbsDiff: Math.max(a.maxAbsDiff, b.maxAbsDiff),
+    mismatched: a.mismatched + b.mismatched,
+    diffSquares,
+    servedSquares,
+    relativeL2: relativeL2(diffSquares, servedSquares),
+  };
+}
+
+function relativeL2(diffSquares: number, servedSquares: number): number {
+  return diffSquares === 0 ? 0 : Math.sqrt(diffSquares) / Math.max(Math.sqrt(servedSquares), Number.MIN_VALUE);
 }
 
 function floats(tensor: Tensor): ArrayLike<number> | undefined {

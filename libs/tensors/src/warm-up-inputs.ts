@@ -1,7 +1,10 @@
 import { create } from '@bufbuild/protobuf';
 import { type Tensor, type TensorSpec, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import type { WarmUp, WarmUpInput } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { DataType, datatypeInfo, decodeBytesElements, elementCount, encodeBytesElements, jsonToRaw } from '@infermesh/tensors';
+import type { WarmUp, WarmUpInput, WarmUpSample } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { decodeBytesElements, encodeBytesElements } from './bytes-elements';
+import { DataType, datatypeInfo } from './datatypes';
+import { jsonToRaw } from './json-data';
+import { elementCount } from './shape';
 
 /**
  * The most elements a tensor of a warm-up run may have once a sample is repeated to a warm-up batch
@@ -39,12 +42,9 @@ export function warmUpPlan(
     return { given: false, runs: batchSizes.map((batch) => ({ label: `synthetic warm-up at batch ${batch}`, inputs: () => warmUpInputs(specs, batch) })) };
   }
   const runs: WarmUpRun[] = [];
-  // The registry fills in each datatype; one left unspecified is the model's.
-  const datatypes = new Map(specs.map((spec) => [spec.name, spec.datatype]));
-  const datatypeOf = (input: WarmUpInput) => (input.datatype !== DataType.UNSPECIFIED ? input.datatype : (datatypes.get(input.name) ?? DataType.UNSPECIFIED));
   warmUp.samples.forEach((sample, index) => {
     const label = `warm-up sample ${sample.name === '' ? String(index + 1) : `"${sample.name}"`}`;
-    const inputs = () => sample.inputs.map((input, i) => sampleTensor(input, datatypeOf(input), (index + 1) * 1_000 + i));
+    const inputs = () => sampleInputs(sample, index, specs);
     runs.push({ label, inputs });
     if (maxBatchSize <= 0) return;
     const own = Number(sample.inputs[0]?.shape[0] ?? 1n);
@@ -55,6 +55,17 @@ export function warmUpPlan(
     }
   });
   return { given: true, runs };
+}
+
+/**
+ * The inputs of the sample at `index` of a warm-up (or a calibration set) as tensors: its data,
+ * zeros, or random values seeded by the sample's index and the input's position, so the same sample
+ * gives the same values wherever it runs. A datatype left unspecified is the signature's.
+ */
+export function sampleInputs(sample: WarmUpSample, index: number, specs: readonly TensorSpec[]): Tensor[] {
+  const datatypes = new Map(specs.map((spec) => [spec.name, spec.datatype]));
+  const datatypeOf = (input: WarmUpInput) => (input.datatype !== DataType.UNSPECIFIED ? input.datatype : (datatypes.get(input.name) ?? DataType.UNSPECIFIED));
+  return sample.inputs.map((input, i) => sampleTensor(input, datatypeOf(input), (index + 1) * 1_000 + i));
 }
 
 /**

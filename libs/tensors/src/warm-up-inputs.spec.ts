@@ -2,7 +2,8 @@ import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { buildReflectPadModel } from '@infermesh/model-builder';
 import { DataType, type TensorSpec, TensorSpecSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { WarmUpSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { decodeBytesElements, encodeBytesElements, rawToJson } from '@infermesh/tensors';
+import { decodeBytesElements, encodeBytesElements } from './bytes-elements';
+import { rawToJson } from './json-data';
 import * as ort from 'onnxruntime-node';
 import { MAX_WARM_UP_RUN_ELEMENTS, warmUpBatchSizes, warmUpPlan } from './warm-up-inputs';
 

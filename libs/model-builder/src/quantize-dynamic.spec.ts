@@ -1,0 +1,211 @@
+import * as ort from 'onnxruntime-node';
+import { onnx } from 'onnx-proto';
+import { buildMlpModel } from './mlp-model';
+import { encodeModel, floatInitializer, node } from './onnx-graph';
+import { SeededRandom } from './prng';
+import { buildTinyModel } from './tiny-model';
+import { QuantizationError, quantizeDynamic } from './quantize-dynamic';
+
+async function run(bytes: Uint8Array, input: Float32Array, dims: number[]): Promise<Float32Array> {
+  const session = await ort.InferenceSession.create(bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+  const outputs = await session.run({ [session.inputNames[0]!]: new ort.Tensor('float32', input, dims) });
+  await session.release();
+  return outputs[session.outputNames[0]!]!.data as Float32Array;
+}
+
+function relativeL2(reference: Float32Array, candidate: Float32Array): number {
+  let diff = 0;
+  let norm = 0;
+  for (let i = 0; i < reference.length; i++) {
+    diff += (reference[i]! - candidate[i]!) ** 2;
+    norm += reference[i]! ** 2;
+  }
+  return Math.sqrt(diff / norm);
+}
+
+/** The decoded graph: a class instance, whose repeated fields are arrays. */
+const graphOf = (bytes: Uint8Array) => onnx.ModelProto.decode(bytes).graph as onnx.GraphProto;
+const opTypes = (bytes: Uint8Array) => graphOf(bytes).node.map((n) => n.opType);
+const uniform = (count: number, seed = 7) => new SeededRandom(seed).uniformFloat32(count, -1, 1);
+
+/** input [-1, inF] -> Gemm(input, W, C) with the given attributes -> output [-1, outF]. */
+function gemmModel(inF: number, outF: number, attrs: { transB?: boolean; alpha?: number; beta?: number }) {
+  const random = new SeededRandom(3);
+  const weightDims = attrs.transB ? [outF, inF] : [inF, outF];
+  const attribute: onnx.IAttributeProto[] = [
+    { name: 'transB', type: onnx.AttributeProto.AttributeType.INT, i: attrs.transB ? 1 : 0 },
+    { name: 'alpha', type: onnx.AttributeProto.AttributeType.FLOAT, f: attrs.alpha ?? 1 },
+    { name: 'beta', type: onnx.AttributeProto.AttributeType.FLOAT, f: attrs.beta ?? 1 },
+  ];
+  return encodeModel('gemm', {
+    nodes: [node('Gemm', ['input', 'weight', 'bias'], ['output'], 'gemm', attribute)],
+    initializers: [floatInitializer('weight', weightDims, random.uniformFloat32(inF * outF, -0.2, 0.2)), floatInitializer('bias', [outF], random.uniformFloat32(outF, -1, 1))],
+    inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, inF] }],
+    outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, outF] }],
+  });
+}
+
+/** input [-1, channels, 12, 12] -> Conv 3×3 (pads 1) with bias -> Relu -> Conv 3×3 -> output. */
+function convModel(channels: number, filters: number) {
+  const random = new SeededRandom(5);
+  const ints = (name: string, values: number[]): onnx.IAttributeProto => ({ name, type: onnx.AttributeProto.AttributeType.INTS, ints: values });
+  const conv = (i: string, o: string, n: string, w: string, b: string) => node('Conv', [i, w, b], [o], n, [ints('kernel_shape', [3, 3]), ints('pads', [1, 1, 1, 1])]);
+  const b1 = 1 / Math.sqrt(channels * 9);
+  const b2 = 1 / Math.sqrt(filters * 9);
+  return encodeModel('conv', {
+    nodes: [conv('input', 'c1', 'conv1', 'w1', 'b1'), node('Relu', ['c1'], ['r1'], 'relu1'), conv('r1', 'output', 'conv2', 'w2', 'b2')],
+    initializers: [
+      floatInitializer('w1', [filters, channels, 3, 3], random.uniformFloat32(filters * channels * 9, -b1, b1)),
+      floatInitializer('b1', [filters], random.uniformFloat32(filters, -b1, b1)),
+      floatInitializer('w2', [filters, filters, 3, 3], random.uniformFloat32(filters * filters * 9, -b2, b2)),
+      floatInitializer('b2', [filters], random.uniformFloat32(filters, -b2, b2)),
+    ],
+    inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, channels, 12, 12] }],
+    outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, filters, 12, 12] }],
+  });
+}
+
+describe(quantizeDynamic.name, () => {
+  const mlp = buildMlpModel({ sizes: [64, 128, 32] });
+
+  it('turns every MatMul of the MLP into MatMulInteger on int8 weights, within 2 % relative L2 of the float model', async () => {
+    const sut = quantizeDynamic(mlp.bytes);
+    expect(sut.quantized.map((q) => [q.node, q.opType, q.weight, q.elements])).toEqual([
+      ['fc0_matmul', 'MatMul', 'fc0.weight', 64 * 128],
+      ['fc1_matmul', 'MatMul', 'fc1.weight', 128 * 32],
+    ]);
+    expect(sut.keptFloat).toEqual([]);
+    const ops = opTypes(sut.bytes);
+    expect(ops).not.toContain('MatMul');
+    expect(ops.filter((op) => op === 'MatMulInteger')).toHaveLength(2);
+    expect(ops.filter((op) => op === 'DynamicQuantizeLinear')).toHaveLength(2);
+    // The float weights are gone: about a quarter of the bytes, plus biases and scales.
+    expect(sut.weightBytesAfter / sut.weightBytesBefore).toBeLessThan(0.3);
+    const graph = graphOf(sut.bytes);
+    expect(graph.initializer.map((t) => t.name)).not.toContain('fc0.weight');
+    const input = uniform(8 * 64);
+    const [reference, quantized] = await Promise.all([run(mlp.bytes, input, [8, 64]), run(sut.bytes, input, [8, 64])]);
+    expect(quantized).toHaveLength(8 * 32);
+    expect(relativeL2(reference, quantized)).toBeLessThan(0.02);
+    expect(relativeL2(reference, quantized)).toBeGreaterThan(0);
+  });
+
+  it('keeps the inputs and outputs, with their names, types and shapes', () => {
+    const before = graphOf(mlp.bytes);
+    const after = graphOf(quantizeDynamic(mlp.bytes).bytes);
+    expect(onnx.GraphProto.toObject(after, { longs: Number }).input).toEqual(onnx.GraphProto.toObject(before, { longs: Number }).input);
+    expect(after.output).toEqual(before.output);
+  });
+
+  it('is deterministic: the same model gives the same bytes', () => {
+    expect(Buffer.from(quantizeDynamic(mlp.bytes).bytes).equals(Buffer.from(quantizeDynamic(mlp.bytes).bytes))).toBe(true);
+  });
+
+  it('is closer per channel than per tensor when the columns of a weight have different ranges', async () => {
+    const rows = 32;
+    const columns = 16;
+    const weight = uniform(rows * columns, 11).map((v, i) => v * (i % columns === 0 ? 20 : 0.05));
+    const model = encodeModel('skewed', {
+      nodes: [node('MatMul', ['input', 'weight'], ['output'], 'matmul')],
+      initializers: [floatInitializer('weight', [rows, columns], weight)],
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, rows] }],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, columns] }],
+    });
+    const input = uniform(4 * rows);
+    const reference = await run(model.bytes, input, [4, rows]);
+    // Errors of the small columns only: the large one dominates any overall norm.
+    const smallColumns = (values: Float32Array) => values.filter((_, i) => i % columns !== 0);
+    const perChannel = relativeL2(smallColumns(reference), smallColumns(await run(quantizeDynamic(model.bytes).bytes, input, [4, rows])));
+    const perTensor = relativeL2(smallColumns(reference), smallColumns(await run(quantizeDynamic(model.bytes, { perChannel: false }).bytes, input, [4, rows])));
+    expect(perChannel).toBeLessThan(0.02);
+    expect(perTensor).toBeGreaterThan(5 * perChannel);
+  });
+
+  it.each([
+    ['plain', {}],
+    ['transB, alpha 0.5 and beta 2', { transB: true, alpha: 0.5, beta: 2 }],
+  ])('quantizes a Gemm (%s) to the same values as the float one, within 2 %%', async (_, attrs) => {
+    const model = gemmModel(48, 24, attrs);
+    const sut = quantizeDynamic(model.bytes);
+    expect(sut.quantized.map((q) => q.opType)).toEqual(['Gemm']);
+    expect(opTypes(sut.bytes)).not.toContain('Gemm');
+    const input = uniform(5 * 48);
+    expect(relativeL2(await run(model.bytes, input, [5, 48]), await run(sut.bytes, input, [5, 48]))).toBeLessThan(0.02);
+  });
+
+  it('keeps a Gemm that transposes its input in float, and says why', () => {
+    const model = gemmModel(8, 4, {});
+    const decoded = onnx.ModelProto.decode(model.bytes);
+    ((decoded.graph as onnx.GraphProto).node[0] as onnx.NodeProto).attribute.push(onnx.AttributeProto.create({ name: 'transA', type: onnx.AttributeProto.AttributeType.INT, i: 1 }));
+    expect(() => quantizeDynamic(onnx.ModelProto.encode(decoded).finish())).toThrow(/nothing to quantize.*Gemm "gemm": it transposes its first input \(transA\)/);
+  });
+
+  it('keeps Convs in float unless asked, saying why, and quantizes them to ConvInteger when asked', async () => {
+    const model = convModel(3, 32);
+    expect(() => quantizeDynamic(model.bytes)).toThrow(/nothing to quantize.*Conv "conv1": Conv is not among the operators asked for \(MatMul, Gemm\)/);
+    const sut = quantizeDynamic(model.bytes, { ops: ['Conv'] });
+    expect(sut.quantized.map((q) => [q.node, q.opType, q.elements])).toEqual([
+      ['conv1', 'Conv', 32 * 3 * 9],
+      ['conv2', 'Conv', 32 * 32 * 9],
+    ]);
+    expect(opTypes(sut.bytes)).not.toContain('Conv');
+    expect(opTypes(sut.bytes).filter((op) => op === 'ConvInteger')).toHaveLength(2);
+    const input = uniform(2 * 3 * 144);
+    expect(relativeL2(await run(model.bytes, input, [2, 3, 12, 12]), await run(sut.bytes, input, [2, 3, 12, 12]))).toBeLessThan(0.02);
+  });
+
+  it('quantizes an activation once for every node that reads it', () => {
+    const random = new SeededRandom(9);
+    const model = encodeModel('fork', {
+      nodes: [node('MatMul', ['input', 'a'], ['left'], 'left'), node('MatMul', ['input', 'b'], ['right'], 'right'), node('Add', ['left', 'right'], ['output'], 'add')],
+      initializers: [floatInitializer('a', [8, 4], random.uniformFloat32(32, -1, 1)), floatInitializer('b', [8, 4], random.uniformFloat32(32, -1, 1))],
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 8] }],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 4] }],
+    });
+    expect(opTypes(quantizeDynamic(model.bytes).bytes).filter((op) => op === 'DynamicQuantizeLinear')).toHaveLength(1);
+  });
+
+  it('keeps a MatMul of two activations in float, and quantizes the rest', () => {
+    const random = new SeededRandom(9);
+    const model = encodeModel('mixed', {
+      nodes: [node('MatMul', ['input', 'w'], ['h'], 'dense'), node('MatMul', ['h', 'other'], ['output'], 'pairwise')],
+      initializers: [floatInitializer('w', [4, 4], random.uniformFloat32(16, -1, 1))],
+      inputs: [
+        { name: 'input', datatype: 'FP32', shape: [-1, 4] },
+        { name: 'other', datatype: 'FP32', shape: [4, 2] },
+      ],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 2] }],
+    });
+    const sut = quantizeDynamic(model.bytes);
+    expect(sut.quantized.map((q) => q.node)).toEqual(['dense']);
+    expect(sut.keptFloat).toEqual([{ node: 'pairwise', opType: 'MatMul', reason: 'its weight "other" is computed, not a constant initializer' }]);
+  });
+
+  it('names added values so that none clashes with the graph\'s own', () => {
+    const random = new SeededRandom(2);
+    const model = encodeModel('clash', {
+      // The graph already has a value named as the quantizer would name the activation's.
+      nodes: [node('Relu', ['input'], ['input_quantized'], 'relu'), node('MatMul', ['input', 'w'], ['m'], 'mm'), node('Add', ['m', 'input_quantized'], ['output'], 'add')],
+      initializers: [floatInitializer('w', [4, 4], random.uniformFloat32(16, -1, 1))],
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 4] }],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 4] }],
+    });
+    const graph = graphOf(quantizeDynamic(model.bytes).bytes);
+    const produced = graph.node.flatMap((n) => n.output);
+    expect(new Set(produced).size).toBe(produced.length);
+  });
+
+  it('refuses bytes that are not ONNX, an opset below 11, and a model with nothing to quantize', () => {
+    expect(() => quantizeDynamic(Uint8Array.of(1, 2, 3))).toThrow(QuantizationError);
+    const old = onnx.ModelProto.decode(buildTinyModel().bytes);
+    old.opsetImport = [onnx.OperatorSetIdProto.create({ domain: '', version: 10 })];
+    expect(() => quantizeDynamic(onnx.ModelProto.encode(old).finish())).toThrow('the model imports ONNX opset 10; dynamic quantization needs opset 11 or later');
+    const identity = encodeModel('relu', {
+      nodes: [node('Relu', ['input'], ['output'], 'relu')],
+      initializers: [],
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 4] }],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 4] }],
+    });
+    expect(() => quantizeDynamic(identity.bytes)).toThrow('nothing to quantize: the model has no MatMul, Gemm node with a constant FP32 weight that can be quantized');
+  });
+});

@@ -1,0 +1,266 @@
+import { create, equals } from '@bufbuild/protobuf';
+import { status } from '@grpc/grpc-js';
+import { Inject, Injectable } from '@nestjs/common';
+import { RpcError } from '@infermesh/grpc';
+import { DEFAULT_QUANTIZED_OPS, describeAccuracy, type DynamicQuantizationResult, QuantizationError, quantizeDynamic } from '@infermesh/model-builder';
+import { type TensorSpec, TensorSpecSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  AccuracyReportSchema,
+  type Lineage,
+  LineageSchema,
+  type Model,
+  type ModelVersion,
+  type QuantizeModelVersionRequest,
+  type Signature,
+  type WarmUpSample,
+  WarmUpSampleSchema,
+  WarmUpSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { compareVersionIds, latestReady, splitVersionName, stableVersion, versionIdOf } from '@infermesh/rollout';
+import { addComparisons, type Comparison, compareOutputs, datatypeName, sampleInputs } from '@infermesh/tensors';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import type { Counter } from 'prom-client';
+import { ArtifactStore } from './artifact-store';
+import { ModelCatalog } from './model-catalog';
+import { OnnxRuntime } from './onnx-runtime.adapter';
+import { readOnnxSignature } from './onnx-signature';
+import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
+import { parseModelName } from './resource-names';
+import { checkWarmUp } from './warm-up-check';
+
+/** The gate when the request sets none: 2 % relative L2 error. */
+export const DEFAULT_MAX_RELATIVE_L2 = 0.02;
+/** Synthetic calibration: this many samples of random inputs... */
+export const SYNTHETIC_CALIBRATION_SAMPLES = 4;
+/** ...each of this many items, for a model that batches. */
+export const SYNTHETIC_CALIBRATION_BATCH = 8;
+export const QUANTIZATION_METHOD = 'dynamic_int8';
+
+type DerivationOutcome = 'registered' | 'refused_accuracy' | 'not_quantizable' | 'invalid' | 'error';
+
+/**
+ * The registry's use case of deriving versions from others: an int8 variant of a version by dynamic
+ * quantization, registered with its lineage once it has passed an accuracy gate. The work is the
+ * registry's, not the client's, so that the figures the version records are the registry's own: it
+ * reads the source's artifact from its store, quantizes it (libs/model-builder's quantizeDynamic),
+ * loads the result as a worker would, runs both on the calibration inputs, and stores the variant
+ * only when its error is within the gate.
+ */
+@Injectable()
+export class ModelDerivation {
+  private readonly derivations: Counter<'method' | 'outcome'>;
+
+  constructor(
+    private readonly catalog: ModelCatalog,
+    private readonly artifacts: ArtifactStore,
+    private readonly onnx: OnnxRuntime,
+    @Inject(REGISTRY_CONFIG) private readonly config: RegistryConfig,
+    private readonly logger: JsonLogger,
+    metrics: Metrics,
+  ) {
+    this.derivations = metrics.counter(
+      'version_derivations_total',
+      'Versions derived from others (QuantizeModelVersion), by method and outcome (registered, refused_accuracy, not_quantizable, invalid, error).',
+      ['method', 'outcome'],
+    );
+  }
+
+  async quantize(request: QuantizeModelVersionRequest): Promise<ModelVersion> {
+    let outcome: DerivationOutcome = 'error';
+    try {
+      const version = await this.derive(request);
+      outcome = 'registered';
+      return version;
+    } catch (error) {
+      if (error instanceof RpcError) {
+        outcome = error.reason === 'ACCURACY_GATE' ? 'refused_accuracy' : error.reason === 'NOT_QUANTIZABLE' ? 'not_quantizable' : 'invalid';
+      }
+      throw error;
+    } finally {
+      this.derivations.inc({ method: QUANTIZATION_METHOD, outcome });
+    }
+  }
+
+  private async derive(request: QuantizeModelVersionRequest): Promise<ModelVersion> {
+    const maxRelativeL2 = request.maxRelativeL2 ?? DEFAULT_MAX_RELATIVE_L2;
+    if (!Number.isFinite(maxRelativeL2) || maxRelativeL2 < 0) {
+      throw RpcError.invalidArgument(`max_relative_l2 must be a number 0 or more, got ${maxRelativeL2}`);
+    }
+    const perChannel = request.settings?.perChannel ?? true;
+    const quantizeConv = request.settings?.quantizeConv ?? false;
+    const source = await this.source(request.source);
+    const signature = source.signature!;
+    const sourceModelId = splitVersionName(source.name)!.modelId;
+    const targetModelId = request.targetModel === '' ? sourceModelId : parseModelName(request.targetModel, 'target_model');
+    const calibration = this.calibration(request.calibration, signature);
+    const versionId = request.versionId !== '' ? request.versionId : await this.nextVersionId(targetModelId);
+
+    const sourceSha256 = source.artifact!.sha256;
+    const bytes = await this.artifacts.readAll(sourceSha256);
+    if (bytes === undefined) throw RpcError.notFound(`the artifact ${sourceSha256} of ${source.name} is missing from the store`, 'ARTIFACT_NOT_FOUND');
+    let variant: DynamicQuantizationResult;
+    try {
+      variant = quantizeDynamic(bytes, { perChannel, ops: quantizeConv ? [...DEFAULT_QUANTIZED_OPS, 'Conv'] : DEFAULT_QUANTIZED_OPS });
+    } catch (error) {
+      if (!(error instanceof QuantizationError)) throw error;
+      throw new RpcError(status.FAILED_PRECONDITION, `${source.name} cannot be quantized: ${error.message}`, { reason: 'NOT_QUANTIZABLE' });
+    }
+    await this.checkLoads(variant.bytes, source, signature);
+
+    const accuracy = await this.compare(bytes, variant.bytes, calibration, signature);
+    const report = create(AccuracyReportSchema, {
+      samples: calibration.samples.length,
+      synthetic: calibration.synthetic,
+      maxAbsDiff: accuracy.maxAbsDiff,
+      relativeL2: accuracy.relativeL2,
+      comparedItems: accuracy.items,
+      agreedItems: accuracy.agreed,
+      maxRelativeL2,
+    });
+    if (!(accuracy.relativeL2 <= maxRelativeL2)) {
+      throw new RpcError(
+        status.FAILED_PRECONDITION,
+        `the int8 variant of ${source.name} is refused: its error is above the gate of relative L2 ${maxRelativeL2} (${describeAccuracy(report)}); nothing was registered`,
+        {
+          reason: 'ACCURACY_GATE',
+          metadata: {
+            source: source.name,
+            relative_l2: String(accuracy.relativeL2),
+            max_abs_diff: String(accuracy.maxAbsDiff),
+            top1_agreement: accuracy.items === 0 ? '' : String(accuracy.agreed / accuracy.items),
+            max_relative_l2: String(maxRelativeL2),
+          },
+        },
+      );
+    }
+
+    const stored = await this.artifacts.write(single(variant.bytes), { maxBytes: this.config.maxArtifactBytes });
+    const lineage: Lineage = create(LineageSchema, {
+      sourceVersion: source.name,
+      sourceSha256,
+      method: QUANTIZATION_METHOD,
+      settings: { perChannel, quantizeConv },
+      quantizedNodes: variant.quantized.map((q) => ({ node: q.node, opType: q.opType, weight: q.weight, elements: BigInt(q.elements) })),
+      floatNodes: variant.keptFloat.map((f) => ({ node: f.node, opType: f.opType, reason: f.reason })),
+      accuracy: report,
+    });
+    const version = await this.catalog.createVersion(
+      {
+        $typeName: 'infermesh.registry.v1.CreateModelVersionRequest',
+        parent: `models/${targetModelId}`,
+        versionId,
+        artifactSha256: stored.sha256,
+        maxBatchSize: signature.maxBatchSize,
+        processing: source.processing,
+        batching: source.batching,
+        warmUp: source.warmUp,
+      },
+      lineage,
+    );
+    this.logger.info('model version derived', {
+      version: version.name,
+      source: source.name,
+      method: QUANTIZATION_METHOD,
+      quantized_nodes: variant.quantized.length,
+      float_nodes: variant.keptFloat.length,
+      artifact_bytes: stored.sizeBytes,
+      source_artifact_bytes: bytes.length,
+      relative_l2: accuracy.relativeL2,
+      max_abs_diff: accuracy.maxAbsDiff,
+    });
+    return version;
+  }
+
+  /** The source version: named, or the model's stable version, else its latest READY one. */
+  private async source(name: string): Promise<ModelVersion> {
+    const ids = splitVersionName(name);
+    const model = await this.catalog.getModel(ids === undefined ? `models/${parseModelName(name, 'source')}` : `models/${ids.modelId}`);
+    if (ids !== undefined) {
+      const version = model.versions.find((v) => versionIdOf(v.name) === ids.versionId);
+      if (version === undefined) {
+        throw RpcError.notFound(`${model.name} has no version ${ids.versionId}`, 'VERSION_NOT_FOUND', { model: model.name, version: ids.versionId });
+      }
+      return version;
+    }
+    const serving = stableVersion(model) ?? latestReady(model);
+    if (serving === undefined) {
+      throw new RpcError(status.FAILED_PRECONDITION, `${model.name} has no READY version to derive from; name one (models/{model}/versions/{version})`, {
+        reason: 'MODEL_NOT_READY',
+      });
+    }
+    return serving;
+  }
+
+  /** One above the highest version id of the model; 1 for a model that does not exist yet. */
+  private async nextVersionId(modelId: string): Promise<string> {
+    let model: Model;
+    try {
+      model = await this.catalog.getModel(`models/${modelId}`);
+    } catch (error) {
+      if (error instanceof RpcError && error.reason === 'MODEL_NOT_FOUND') return '1';
+      throw error;
+    }
+    const highest = model.versions.map((v) => versionIdOf(v.name)).sort(compareVersionIds).at(-1);
+    return highest === undefined ? '1' : String(BigInt(highest) + 1n);
+  }
+
+  /** The given samples, checked like a warm-up; else random inputs from the signature. */
+  private calibration(given: readonly WarmUpSample[], signature: Signature): { samples: WarmUpSample[]; synthetic: boolean } {
+    for (const spec of signature.inputs) {
+      if (datatypeName(spec.datatype) === 'BYTES') {
+        throw new RpcError(status.FAILED_PRECONDITION, `input "${spec.name}" is BYTES: the registry compares models on numeric inputs only`, { reason: 'NOT_QUANTIZABLE' });
+      }
+    }
+    if (given.length > 0) {
+      const checked = checkWarmUp(create(WarmUpSchema, { samples: [...given] }), signature);
+      return { samples: checked!.samples, synthetic: false };
+    }
+    const batch = signature.maxBatchSize > 0 ? Math.min(SYNTHETIC_CALIBRATION_BATCH, signature.maxBatchSize) : 1;
+    const samples = Array.from({ length: SYNTHETIC_CALIBRATION_SAMPLES }, (_, i) =>
+      create(WarmUpSampleSchema, {
+        name: `synthetic ${i + 1}`,
+        inputs: signature.inputs.map((spec) => ({
+          name: spec.name,
+          datatype: spec.datatype,
+          shape: spec.shape.map((d, axis) => (d >= 0n ? d : axis === 0 ? BigInt(batch) : 1n)),
+          contents: { case: 'randomData' as const, value: true },
+        })),
+      }),
+    );
+    return { samples, synthetic: true };
+  }
+
+  /** Refuses a variant onnxruntime cannot load, or whose inputs and outputs are not the source's. */
+  private async checkLoads(variant: Uint8Array, source: ModelVersion, signature: Signature): Promise<void> {
+    const read = readOnnxSignature(variant);
+    const same = (a: readonly TensorSpec[], b: readonly TensorSpec[]) =>
+      a.length === b.length && a.every((spec, i) => equals(TensorSpecSchema, spec, b[i]!));
+    if (!same(read.inputs, signature.inputs) || !same(read.outputs, signature.outputs)) {
+      throw new RpcError(status.INTERNAL, `the int8 variant of ${source.name} does not keep its inputs and outputs; nothing was registered`, { reason: 'INTERNAL' });
+    }
+    try {
+      await this.onnx.load(variant);
+    } catch (error) {
+      throw new RpcError(status.FAILED_PRECONDITION, `onnxruntime cannot load the int8 variant of ${source.name}: ${error instanceof Error ? error.message : String(error)}`, {
+        reason: 'NOT_QUANTIZABLE',
+      });
+    }
+  }
+
+  /** Both models on every calibration sample, compared output by output, summed over the samples. */
+  private async compare(source: Uint8Array, variant: Uint8Array, calibration: { samples: WarmUpSample[] }, signature: Signature): Promise<Comparison> {
+    const runs = calibration.samples.map((sample, i) => sampleInputs(sample, i, signature.inputs));
+    let served: Awaited<ReturnType<OnnxRuntime['run']>>;
+    try {
+      served = await this.onnx.run(source, runs);
+    } catch (error) {
+      throw RpcError.invalidArgument(`the source cannot run on the calibration inputs: ${error instanceof Error ? error.message : String(error)}`);
+    }
+    const candidate = await this.onnx.run(variant, runs);
+    return served.map((outputs, i) => compareOutputs(outputs, candidate[i]!)).reduce(addComparisons);
+  }
+}
+
+async function* single(bytes: Uint8Array): AsyncGenerator<Uint8Array> {
+  yield bytes;
+}
