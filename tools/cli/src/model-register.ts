@@ -85,13 +85,7 @@ export async function registerModel(ctx: CommandContext, request: RegisterReques
     );
   }
 
-  const trail = new StateTrail(ctx, `${request.model} version ${versionId}`);
-  let ready: ModelVersion;
-  try {
-    ready = await waitForReady(session, versionName, { timeoutMs: request.timeoutMs, onState: (v) => trail.show(v) });
-  } finally {
-    trail.end();
-  }
+  const ready = await followUntilReady(ctx, session, versionName, `${request.model} version ${versionId}`, request.timeoutMs);
   const totalMs = performance.now() - started;
   if (ready.warmUpError !== '') {
     ctx.note(`warning: ${request.model} version ${versionId} serves without warm-up: ${ready.warmUpError}\n`);
@@ -145,6 +139,16 @@ async function* uploadRequests(
   }
   // The registry checks the bytes it received against the hash, which is known only now.
   yield { expectedSha256: hash.copy().digest('hex') };
+}
+
+/** Follows a version until it is READY, showing the states it goes through (StateTrail); see waitForReady for how it fails. */
+export async function followUntilReady(ctx: CommandContext, session: GatewaySession, versionName: string, label: string, timeoutMs: number): Promise<ModelVersion> {
+  const trail = new StateTrail(ctx, label);
+  try {
+    return await waitForReady(session, versionName, { timeoutMs, onState: (v) => trail.show(v) });
+  } finally {
+    trail.end();
+  }
 }
 
 /**

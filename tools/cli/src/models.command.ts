@@ -19,6 +19,7 @@ import {
 import { UsageError } from './cli-errors';
 import type { CommandContext, CommandHandler } from './command-context';
 import { GATEWAY_FLAGS } from './gateway-flags';
+import { DEFAULT_QUANTIZE_TIMEOUT_S, quantize } from './model-quantize';
 import { registerModel } from './model-register';
 import { formatModelDetails, formatModelList, formatVersionPolicy, stateName } from './output/format';
 
@@ -163,6 +164,36 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
         { name: 'timeout', kind: 'value', placeholder: '<s>', description: `How long to wait for READY, in seconds (default ${DEFAULT_REGISTER_TIMEOUT_S})` },
       ],
       handler: register,
+    }),
+    command<CommandHandler>({
+      name: 'quantize',
+      summary: 'Derive an int8 variant of a version, checked against it on calibration inputs, and register it',
+      details: [
+        'The registry quantizes the version dynamically (the constant weights of its MatMul and Gemm nodes,',
+        'and with --conv of its Conv nodes, to 8-bit integers with a scale per output channel; activations',
+        'are quantized at run time), runs the variant beside its source on the calibration inputs, and',
+        'registers it only when its relative L2 error is within --max-rel-l2. It registers it as the next',
+        'version of the same model, or with --as under another model (say, to be the fallback of the first).',
+        'The variant records its lineage (source, SHA-256, method, settings, nodes left in float and why)',
+        'and its figures (max abs diff, relative L2, top-1 agreement): `infermesh models show`. The',
+        'command then follows the variant until a worker has loaded it (READY), like `models register`.',
+        '',
+        'The calibration file has the form of a --warmup file of `models register`; without one, the',
+        'registry runs 4 samples of random inputs from the signature. Exits 1 with the figures when the',
+        'variant is refused.',
+      ].join('\n'),
+      positionals: [NAME],
+      flags: [
+        { name: 'version', kind: 'value', placeholder: '<id>', description: 'The version to quantize (default: the stable version, else the latest READY one)' },
+        { name: 'as', kind: 'value', placeholder: '<name>', description: 'Register the variant under this model (created when new) rather than as a new version of <name>' },
+        { name: 'new-version', kind: 'value', placeholder: '<id>', description: "The variant's version id (default: one more than the target model's highest)" },
+        { name: 'calibration', kind: 'value', placeholder: '<file.json>', description: 'Samples both run on for the accuracy gate, as a --warmup file' },
+        { name: 'max-rel-l2', kind: 'value', placeholder: '<x>', description: 'Refuse a variant whose relative L2 error is above this (default 0.02)' },
+        { name: 'per-tensor', kind: 'switch', description: 'One scale per weight rather than per output channel' },
+        { name: 'conv', kind: 'switch', description: 'Quantize Conv weights too: smaller, but slower than float on CPU' },
+        { name: 'timeout', kind: 'value', placeholder: '<s>', description: `How long to wait for the derivation and READY, in seconds (default ${DEFAULT_QUANTIZE_TIMEOUT_S})` },
+      ],
+      handler: quantize,
     }),
     command<CommandHandler>({
       name: 'list',

@@ -3,6 +3,7 @@ import { timestampDate } from '@bufbuild/protobuf/wkt';
 import {
   type Batching,
   type CachePolicy,
+  type Lineage,
   type Model,
   type ModelVersion,
   type Processing,
@@ -11,6 +12,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import type { TensorSpec } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type ApiKey, type RateLimit, Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
+import { describeAccuracy } from '@infermesh/model-builder';
 import { latestReady, modelIdOf, versionIdOf } from '@infermesh/rollout';
 import { datatypeName, formatShape } from '@infermesh/tensors';
 
@@ -204,7 +206,23 @@ function formatVersion(version: ModelVersion): string {
   if (version.artifact !== undefined) {
     lines.push(`  Artifact: sha256 ${version.artifact.sha256}, ${formatBytes(Number(version.artifact.sizeBytes))}`);
   }
+  if (version.lineage !== undefined) lines.push(...formatLineage(version.lineage));
   return lines.join('\n');
+}
+
+/** A derived version's lineage: where it comes from, how it was made, how close it is to its source. */
+function formatLineage(lineage: Lineage): string[] {
+  const settings = lineage.settings;
+  const lines = [
+    `  Derived from: ${lineage.sourceVersion} (sha256 ${lineage.sourceSha256})`,
+    `  Method: ${lineage.method}, ${settings?.perChannel === false ? 'one scale per weight' : 'a scale per output channel'}, Conv ${settings?.quantizeConv === true ? 'quantized' : 'in float'}`,
+    `  Quantized: ${lineage.quantizedNodes.map((n) => `${n.node} (${n.opType})`).join(', ') || 'none'}`,
+  ];
+  if (lineage.floatNodes.length > 0) {
+    lines.push('  Kept in float:', ...lineage.floatNodes.map((n) => `    ${n.node} (${n.opType}): ${n.reason}`));
+  }
+  if (lineage.accuracy !== undefined) lines.push(`  Accuracy: ${describeAccuracy(lineage.accuracy)}; gate relative L2 ${lineage.accuracy.maxRelativeL2}`);
+  return lines;
 }
 
 /** `infermesh models show`: the model's settings, its versions' states and each version's details. */
