@@ -1,0 +1,195 @@
+import { create, toBinary } from '@bufbuild/protobuf';
+import * as grpc from '@grpc/grpc-js';
+import { createClient } from '@infermesh/grpc';
+import { buildCnnModel, CNN_INPUT_SHAPE } from '@infermesh/model-builder';
+import { type ModelVersion, RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { InferRequestSchema, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import { DataType } from '@infermesh/tensors';
+import * as ort from 'onnxruntime-node';
+import { availableParallelism } from 'node:os';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { startFixture } from '../../e2e/support/system-fixture';
+import { round, table } from './stats';
+
+const BATCH = 32;
+/** Requests kept in flight to the worker for its throughput: enough that it never waits for the next one. */
+const CONCURRENCY = 4;
+const WARMUP_ROUNDS = 5;
+/** Rounds per model and path, each of CONCURRENCY requests (or one) of BATCH items: about 20,000 items of the MLP, 4,000 of the CNN. */
+const ROUNDS: Record<string, number> = { mlp: 150, cnn: 30 };
+const INFER_PATH = `/${WorkerService.typeName}/Infer`;
+
+interface Pair {
+  /** The figures' prefix. */
+  key: string;
+  source: string;
+  variant: string;
+  /** The shape of one item. */
+  item: readonly number[];
+}
+
+/**
+ * Int8 variants derived by the registry (QuantizeModelVersion, as `infermesh models quantize` asks
+ * for them) against their FP32 sources, on the worker that serves both (its defaults on this machine:
+ * one instance per model with every core): items/s at batch 32 through WorkerService.Infer with
+ * CONCURRENCY requests in flight (the worker's throughput) and with one (a caller that waits for each
+ * answer), source and variant measured alternately round by round; the memory the worker charges
+ * each (its memory_bytes); the artifact sizes; and the relative L2 error the registry recorded at
+ * derivation. Beside them, the same two models in-process (onnxruntime-node with the worker's session
+ * settings), so that the worker's ratio can be read against the runtime's own.
+ * Models: the demo MLP (512-2048-2048-512), and the generated CNN (3×48×192 input) twice: with its
+ * convolutions in float (the default) and quantized too (--conv).
+ */
+export async function quantization(): Promise<Record<string, unknown>> {
+  const intraOpThreads = availableParallelism();
+  const cnn = { ...buildCnnModel(), name: 'cnn' };
+  const fixture = await startFixture({
+    models: ['mlp', cnn],
+    env: { ROUTER_CACHE_ENABLED: 'false', WORKER_INSTANCES_PER_MODEL: '1', WORKER_INTRA_OP_THREADS: String(intraOpThreads) },
+  });
+  const registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
+  const worker = createClient(WorkerService, fixture.system.grpcAddress('worker'));
+  const raw = new grpc.Client(fixture.system.grpcAddress('worker'), grpc.credentials.createInsecure(), {
+    'grpc.max_receive_message_length': 64 << 20,
+    'grpc.max_send_message_length': 64 << 20,
+  });
+  const sessions: ort.InferenceSession[] = [];
+  try {
+    const pairs: Pair[] = [
+      { key: 'mlp', source: 'mlp', variant: 'mlp-int8', item: [512] },
+      { key: 'cnn', source: 'cnn', variant: 'cnn-int8', item: CNN_INPUT_SHAPE },
+      { key: 'cnn_conv', source: 'cnn', variant: 'cnn-int8-conv', item: CNN_INPUT_SHAPE },
+    ];
+    const derived: Record<string, ModelVersion> = {};
+    for (const pair of pairs) {
+      const { version } = await registry.quantizeModelVersion(
+        { source: `models/${pair.source}/versions/1`, targetModel: `models/${pair.variant}`, settings: { quantizeConv: pair.key === 'cnn_conv' } },
+        { timeoutMs: 120_000 },
+      );
+      derived[pair.key] = version!;
+      // One at a time, so that the memory the worker charges each load is its own.
+      await waitReady(registry, pair.variant);
+    }
+    const memory = new Map((await worker.listModels({})).models.map((m) => [m.name, Number(m.memoryBytes)]));
+    const sizes = new Map<string, number>();
+    for (const m of (await registry.listModels({})).models) sizes.set(m.name, Number(m.versions[0]!.artifact!.sizeBytes));
+
+    const figures: Record<string, number> = {};
+    const rows: (string | number)[][] = [];
+    for (const pair of pairs) {
+      const itemElements = pair.item.reduce((a, b) => a * b, 1);
+      const input = new Float32Array(BATCH * itemElements);
+      for (let i = 0; i < input.length; i++) input[i] = Math.sin(i * 0.37);
+      const shape = [BATCH, ...pair.item];
+      // The load generator shares this machine's two cores with the worker: it sends one request
+      // encoded once and reads only the size of each answer, so that its own protobuf work (about
+      // 1.7 ms of CPU a call at this size, measured) does not take the worker's CPU.
+      const encoded = (model: string) =>
+        Buffer.from(
+          toBinary(
+            InferRequestSchema,
+            create(InferRequestSchema, {
+              request: { modelName: model, modelVersion: '1', inputs: [{ name: 'input', datatype: DataType.FP32, shape: shape.map(BigInt), data: new Uint8Array(input.buffer) }] },
+            }),
+          ),
+        );
+      const viaWorker = (model: string, concurrency: number) => {
+        const payload = encoded(model);
+        const one = () =>
+          new Promise<void>((resolve, reject) =>
+            raw.makeUnaryRequest(INFER_PATH, (b: Buffer) => b, (b: Buffer) => b, payload, { deadline: Date.now() + 60_000 }, (error, answer) => {
+              if (error !== null) reject(new Error(`${model}: ${error.message}`));
+              else if ((answer?.length ?? 0) < BATCH * 4) reject(new Error(`${model} answered ${answer?.length} bytes`));
+              else resolve();
+            }),
+          );
+        return async () => void (await Promise.all(Array.from({ length: concurrency }, one)));
+      };
+      const inProcess = async (model: string) => {
+        const session = await ort.InferenceSession.create(await download(registry, model), {
+          executionProviders: ['cpu'],
+          intraOpNumThreads: intraOpThreads,
+          interOpNumThreads: 1,
+          graphOptimizationLevel: 'all',
+          extra: { session: { intra_op: { allow_spinning: '0' } } },
+        });
+        sessions.push(session);
+        const feeds = { input: new ort.Tensor('float32', input, shape) };
+        return async () => void (await session.run(feeds));
+      };
+      const paths = {
+        source_worker: viaWorker(pair.source, CONCURRENCY),
+        variant_worker: viaWorker(pair.variant, CONCURRENCY),
+        source_worker_c1: viaWorker(pair.source, 1),
+        variant_worker_c1: viaWorker(pair.variant, 1),
+        source_inprocess: await inProcess(pair.source),
+        variant_inprocess: await inProcess(pair.variant),
+      };
+      const elapsed = { source_worker: 0, variant_worker: 0, source_worker_c1: 0, variant_worker_c1: 0, source_inprocess: 0, variant_inprocess: 0 };
+      const n = ROUNDS[pair.source]!;
+      for (let i = 0; i < WARMUP_ROUNDS + n; i++) {
+        for (const name of Object.keys(paths) as (keyof typeof paths)[]) {
+          const start = process.hrtime.bigint();
+          await paths[name]();
+          if (i >= WARMUP_ROUNDS) elapsed[name] += Number(process.hrtime.bigint() - start) / 1e9;
+        }
+      }
+      const itemsPerS = (seconds: number) => (BATCH * n * CONCURRENCY) / seconds;
+      const accuracy = derived[pair.key]!.lineage!.accuracy!;
+      const sourceName = `models/${pair.source}/versions/1`;
+      const variantName = `models/${pair.variant}/versions/1`;
+      Object.assign(figures, {
+        [`${pair.key}_items_ratio_b32`]: round(elapsed.source_worker / elapsed.variant_worker),
+        [`${pair.key}_memory_ratio`]: round(memory.get(variantName)! / memory.get(sourceName)!),
+        [`${pair.key}_rel_l2`]: round(accuracy.relativeL2, 5),
+        [`${pair.key}_items_ratio_b32_one_in_flight`]: round(elapsed.source_worker_c1 / elapsed.variant_worker_c1),
+        [`${pair.key}_inprocess_items_ratio_b32`]: round(elapsed.source_inprocess / elapsed.variant_inprocess),
+        [`${pair.key}_artifact_ratio`]: round(sizes.get(`models/${pair.variant}`)! / sizes.get(`models/${pair.source}`)!),
+        [`${pair.key}_source_items_per_s_b32`]: round(itemsPerS(elapsed.source_worker), 1),
+        [`${pair.key}_variant_items_per_s_b32`]: round(itemsPerS(elapsed.variant_worker), 1),
+        [`${pair.key}_source_memory_mib`]: round(memory.get(sourceName)! / 2 ** 20, 1),
+        [`${pair.key}_variant_memory_mib`]: round(memory.get(variantName)! / 2 ** 20, 1),
+      });
+      rows.push([
+        `${pair.source} -> ${pair.variant}`,
+        round(itemsPerS(elapsed.source_worker), 1),
+        round(itemsPerS(elapsed.variant_worker), 1),
+        figures[`${pair.key}_items_ratio_b32`]!,
+        figures[`${pair.key}_items_ratio_b32_one_in_flight`]!,
+        figures[`${pair.key}_inprocess_items_ratio_b32`]!,
+        `${figures[`${pair.key}_source_memory_mib`]} -> ${figures[`${pair.key}_variant_memory_mib`]}`,
+        figures[`${pair.key}_memory_ratio`]!,
+        figures[`${pair.key}_rel_l2`]!,
+      ]);
+    }
+    process.stdout.write(
+      `${table(['source -> int8 variant', 'source items/s', 'variant items/s', 'items ratio', 'one in flight', 'in-process ratio', 'worker memory MiB', 'memory ratio', 'rel L2'], rows)}\n`,
+    );
+    return { scenario: 'quantization', batch: BATCH, intra_op_threads: intraOpThreads, ...figures };
+  } finally {
+    for (const session of sessions) await session.release();
+    registry.close();
+    worker.close();
+    raw.close();
+    await fixture.stop();
+  }
+}
+
+async function waitReady(registry: ReturnType<typeof createClient<typeof RegistryService>>, model: string): Promise<void> {
+  const deadline = Date.now() + 120_000;
+  while (Date.now() < deadline) {
+    const { model: found } = await registry.getModel({ name: `models/${model}` });
+    const state = found?.versions[0]?.state;
+    if (state === VersionState.READY) return;
+    if (state === VersionState.FAILED) throw new Error(`${model} failed to load: ${found?.versions[0]?.stateReason}`);
+    await sleep(100);
+  }
+  throw new Error(`${model} was not READY within 120 s`);
+}
+
+async function download(registry: ReturnType<typeof createClient<typeof RegistryService>>, model: string): Promise<Uint8Array> {
+  const { model: found } = await registry.getModel({ name: `models/${model}` });
+  const chunks: Uint8Array[] = [];
+  for await (const { chunk } of registry.downloadArtifact({ sha256: found!.versions[0]!.artifact!.sha256 })) chunks.push(chunk);
+  return new Uint8Array(Buffer.concat(chunks));
+}
