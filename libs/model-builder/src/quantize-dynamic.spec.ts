@@ -208,4 +208,18 @@ describe(quantizeDynamic.name, () => {
     });
     expect(() => quantizeDynamic(identity.bytes)).toThrow('nothing to quantize: the model has no MatMul, Gemm node with a constant FP32 weight that can be quantized');
   });
+
+  it('keeps weights within ±63 with reduceRange, at a larger but still small error', async () => {
+    const sut = quantizeDynamic(mlp.bytes, { reduceRange: true });
+    const weight = graphOf(sut.bytes).initializer.find((t) => t.name === 'fc0.weight_quantized')!;
+    const levels = new Int8Array(weight.rawData.buffer, weight.rawData.byteOffset, weight.rawData.length);
+    expect(Math.max(...levels.map(Math.abs))).toBe(63);
+    const full = graphOf(quantizeDynamic(mlp.bytes).bytes).initializer.find((t) => t.name === 'fc0.weight_quantized')!;
+    expect(Math.max(...new Int8Array(full.rawData.buffer, full.rawData.byteOffset, full.rawData.length).map(Math.abs))).toBe(127);
+    const input = uniform(8 * 64);
+    const reference = await run(mlp.bytes, input, [8, 64]);
+    const reduced = relativeL2(reference, await run(sut.bytes, input, [8, 64]));
+    expect(reduced).toBeGreaterThan(relativeL2(reference, await run(quantizeDynamic(mlp.bytes).bytes, input, [8, 64])));
+    expect(reduced).toBeLessThan(0.04);
+  });
 });

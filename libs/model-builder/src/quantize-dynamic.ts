@@ -14,6 +14,12 @@ export interface DynamicQuantizationOptions {
    * in float and is listed in keptFloat with the reason.
    */
   ops?: readonly QuantizableOp[];
+  /**
+   * Weights in 7 bits (-63 to 63) rather than 8: onnxruntime's uint8 × int8 kernel on x86 CPUs with
+   * AVX2 but not VNNI adds pairs of products in 16 bits, which full-range weights can overflow; 7-bit
+   * weights cannot, at about twice the rounding error. Default false.
+   */
+  reduceRange?: boolean;
 }
 
 /**
@@ -82,6 +88,7 @@ export function describeAccuracy(figures: AccuracyFigures): string {
 /** DynamicQuantizeLinear appeared in opset 11. */
 const MIN_OPSET = 11;
 const INT8_MAX = 127;
+const INT7_MAX = 63;
 /** The zero point of the uint8 weights ConvInteger takes: symmetric around 128. */
 const UINT8_WEIGHT_ZERO_POINT = 128;
 const CAST_TO_FLOAT: onnx.IAttributeProto = { name: 'to', type: onnx.AttributeProto.AttributeType.INT, i: ONNX_ELEM_TYPE.FP32 };
@@ -108,7 +115,7 @@ export function quantizeDynamic(modelBytes: Uint8Array, options: DynamicQuantiza
     throw new QuantizationError(`the model imports ONNX opset ${opset}; dynamic quantization needs opset ${MIN_OPSET} or later (DynamicQuantizeLinear)`);
   }
   const ops = new Set(options.ops ?? DEFAULT_QUANTIZED_OPS);
-  const rewriter = new GraphRewriter(graph, options.perChannel ?? true);
+  const rewriter = new GraphRewriter(graph, options.perChannel ?? true, options.reduceRange === true ? INT7_MAX : INT8_MAX);
   const weightBytesBefore = initializerBytes(graph.initializer);
   const nodes: onnx.INodeProto[] = [];
   for (const original of graph.node as onnx.NodeProto[]) {
@@ -161,6 +168,8 @@ class GraphRewriter {
   constructor(
     graph: onnx.GraphProto,
     private readonly perChannel: boolean,
+    /** The largest magnitude of a quantized weight: 127, or 63 for a reduced range. */
+    private readonly maxLevel: number,
   ) {
     for (const tensor of graph.initializer as onnx.TensorProto[]) this.initializers.set(tensor.name, tensor);
     for (const value of [...graph.input, ...graph.output, ...graph.valueInfo] as onnx.ValueInfoProto[]) this.names.add(value.name);
@@ -326,12 +335,12 @@ class GraphRewriter {
         maxAbs[g] = Math.max(maxAbs[g]!, Math.abs(values[r * columns + c]!));
       }
     }
-    const scales = maxAbs.map((m) => (m > 0 ? m / INT8_MAX : 1));
+    const scales = maxAbs.map((m) => (m > 0 ? m / this.maxLevel : 1));
     const quantized = new Int8Array(rows * columns);
     for (let r = 0; r < rows; r++) {
       for (let c = 0; c < columns; c++) {
         const i = r * columns + c;
-        quantized[i] = clamp(Math.round(values[i]! / scales[this.perChannel ? c : 0]!), -INT8_MAX, INT8_MAX);
+        quantized[i] = clamp(Math.round(values[i]! / scales[this.perChannel ? c : 0]!), -this.maxLevel, this.maxLevel);
       }
     }
     return { values: quantized, dims: [rows, columns], scales };
@@ -347,11 +356,11 @@ class GraphRewriter {
       const g = this.perChannel ? Math.floor(i / perFilter) : 0;
       maxAbs[g] = Math.max(maxAbs[g]!, Math.abs(values[i]!));
     }
-    const scales = maxAbs.map((m) => (m > 0 ? m / INT8_MAX : 1));
+    const scales = maxAbs.map((m) => (m > 0 ? m / this.maxLevel : 1));
     const quantized = new Uint8Array(values.length);
     for (let i = 0; i < values.length; i++) {
       const scale = scales[this.perChannel ? Math.floor(i / perFilter) : 0]!;
-      quantized[i] = UINT8_WEIGHT_ZERO_POINT + clamp(Math.round(values[i]! / scale), -INT8_MAX, INT8_MAX);
+      quantized[i] = UINT8_WEIGHT_ZERO_POINT + clamp(Math.round(values[i]! / scale), -this.maxLevel, this.maxLevel);
     }
     return { values: quantized, dims, scales };
   }

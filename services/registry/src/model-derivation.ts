@@ -88,6 +88,7 @@ export class ModelDerivation {
     }
     const perChannel = request.settings?.perChannel ?? true;
     const quantizeConv = request.settings?.quantizeConv ?? false;
+    const reduceRange = request.settings?.reduceRange ?? false;
     const source = await this.source(request.source);
     const signature = source.signature!;
     const sourceModelId = splitVersionName(source.name)!.modelId;
@@ -100,7 +101,7 @@ export class ModelDerivation {
     if (bytes === undefined) throw RpcError.notFound(`the artifact ${sourceSha256} of ${source.name} is missing from the store`, 'ARTIFACT_NOT_FOUND');
     let variant: DynamicQuantizationResult;
     try {
-      variant = quantizeDynamic(bytes, { perChannel, ops: quantizeConv ? [...DEFAULT_QUANTIZED_OPS, 'Conv'] : DEFAULT_QUANTIZED_OPS });
+      variant = quantizeDynamic(bytes, { perChannel, reduceRange, ops: quantizeConv ? [...DEFAULT_QUANTIZED_OPS, 'Conv'] : DEFAULT_QUANTIZED_OPS });
     } catch (error) {
       if (!(error instanceof QuantizationError)) throw error;
       throw new RpcError(status.FAILED_PRECONDITION, `${source.name} cannot be quantized: ${error.message}`, { reason: 'NOT_QUANTIZABLE' });
@@ -139,7 +140,7 @@ export class ModelDerivation {
       sourceVersion: source.name,
       sourceSha256,
       method: QUANTIZATION_METHOD,
-      settings: { perChannel, quantizeConv },
+      settings: { perChannel, quantizeConv, reduceRange },
       quantizedNodes: variant.quantized.map((q) => ({ node: q.node, opType: q.opType, weight: q.weight, elements: BigInt(q.elements) })),
       floatNodes: variant.keptFloat.map((f) => ({ node: f.node, opType: f.opType, reason: f.reason })),
       accuracy: report,

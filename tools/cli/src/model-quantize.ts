@@ -39,7 +39,11 @@ export async function quantize(ctx: CommandContext): Promise<void> {
       versionId: newVersion === undefined ? '' : parseVersionId(newVersion, '--new-version'),
       calibration,
       ...(maxRelativeL2 !== undefined && { maxRelativeL2 }),
-      settings: { ...(args.switch('per-tensor') && { perChannel: false }), ...(args.switch('conv') && { quantizeConv: true }) },
+      settings: {
+        ...(args.switch('per-tensor') && { perChannel: false }),
+        ...(args.switch('conv') && { quantizeConv: true }),
+        ...(args.switch('reduce-range') && { reduceRange: true }),
+      },
     },
     session.call(timeoutMs),
   );

@@ -191,6 +191,7 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
         { name: 'max-rel-l2', kind: 'value', placeholder: '<x>', description: 'Refuse a variant whose relative L2 error is above this (default 0.02)' },
         { name: 'per-tensor', kind: 'switch', description: 'One scale per weight rather than per output channel' },
         { name: 'conv', kind: 'switch', description: 'Quantize Conv weights too: smaller, but slower than float on CPU' },
+        { name: 'reduce-range', kind: 'switch', description: 'Weights in 7 bits, for workers on x86 CPUs with AVX2 but not VNNI' },
         { name: 'timeout', kind: 'value', placeholder: '<s>', description: `How long to wait for the derivation and READY, in seconds (default ${DEFAULT_QUANTIZE_TIMEOUT_S})` },
       ],
       handler: quantize,
