@@ -211,7 +211,7 @@ describe('quantized models', () => {
       [
         ['models', 'quantize', 'mlp', '--as', 'mlp-bad', '--calibration', write('bad.json', { inputs: [{ name: 'image', shape: [1, 512], random_data: true }] })],
         1,
-        /warm_up: samples\[0\]: the model has no input "image"; its inputs are "input"/,
+        /calibration: samples\[0\]: the model has no input "image"; its inputs are "input"/,
       ],
     ];
     for (const [args, code, message] of cases) {

@@ -212,10 +212,10 @@ describe(quantizeDynamic.name, () => {
   it('keeps weights within ±63 with reduceRange, at a larger but still small error', async () => {
     const sut = quantizeDynamic(mlp.bytes, { reduceRange: true });
     const weight = graphOf(sut.bytes).initializer.find((t) => t.name === 'fc0.weight_quantized')!;
-    const levels = new Int8Array(weight.rawData.buffer, weight.rawData.byteOffset, weight.rawData.length);
+    const levels = new Int8Array(weight.rawData!.buffer, weight.rawData!.byteOffset, weight.rawData!.length);
     expect(Math.max(...levels.map(Math.abs))).toBe(63);
     const full = graphOf(quantizeDynamic(mlp.bytes).bytes).initializer.find((t) => t.name === 'fc0.weight_quantized')!;
-    expect(Math.max(...new Int8Array(full.rawData.buffer, full.rawData.byteOffset, full.rawData.length).map(Math.abs))).toBe(127);
+    expect(Math.max(...new Int8Array(full.rawData!.buffer, full.rawData!.byteOffset, full.rawData!.length).map(Math.abs))).toBe(127);
     const input = uniform(8 * 64);
     const reference = await run(mlp.bytes, input, [8, 64]);
     const reduced = relativeL2(reference, await run(sut.bytes, input, [8, 64]));

@@ -204,7 +204,8 @@ export class RegistryAdminHttpController {
     @Param('version') version: string,
   ) {
     const source = versionResource(model, version);
-    const request = messageFromJson(QuantizeModelVersionRequestSchema, await this.body(req, res));
+    // No body: every default (the next version of the same model, synthetic calibration, the default gate).
+    const request = messageFromJson(QuantizeModelVersionRequestSchema, (await readJsonBody(req, res, this.bodyLimits)) ?? {});
     if (request.source !== '') throw RpcError.invalidArgument(`leave "source" out of the request body: the path names the version ("${source}")`);
     request.source = source;
     const { version: derived } = await this.call(req, res, (r) => r.quantizeModelVersion(request));

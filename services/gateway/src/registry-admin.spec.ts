@@ -50,6 +50,21 @@ const MODEL = create(ModelSchema, {
   revision: 7n,
 });
 const MODEL_JSON = toJson(ModelSchema, MODEL);
+/** What QuantizeModelVersion answers: an int8 variant of VERSION, with its lineage. */
+const DERIVED = create(ModelVersionSchema, {
+  name: 'models/mlp_int8/versions/4',
+  state: VersionState.REGISTERED,
+  artifact: { sha256: 'ef'.repeat(32), sizeBytes: 456n, format: 'onnx' },
+  lineage: {
+    sourceVersion: 'models/mlp/versions/2',
+    sourceSha256: 'ab'.repeat(32),
+    method: 'dynamic_int8',
+    settings: { perChannel: false, quantizeConv: true },
+    quantizedNodes: [{ node: 'fc1', opType: 'MatMul', weight: 'fc1.weight', elements: 4096n }],
+    floatNodes: [{ node: 'proj', opType: 'MatMul', reason: 'its weight is computed' }],
+    accuracy: { samples: 1, maxAbsDiff: 0.003, relativeL2: 0.011, comparedItems: 8, agreedItems: 8, maxRelativeL2: 0.05 },
+  },
+});
 
 interface Seen {
   method: string;
@@ -113,7 +128,7 @@ function fakeRegistry(state: FakeState): ServiceImpl<typeof RegistryService> {
     updateModel: unary('updateModel', () => ({ model: MODEL })),
     retireModelVersion: unary('retireModelVersion', () => ({ version: { ...VERSION, state: VersionState.RETIRED } })),
     deleteModel: unary('deleteModel', () => ({})),
-    quantizeModelVersion: unary('quantizeModelVersion', () => ({ version: VERSION })),
+    quantizeModelVersion: unary('quantizeModelVersion', () => ({ version: DERIVED })),
     async uploadArtifact(requests: AsyncIterable<UploadArtifactRequest>, ctx: CallContext) {
       const upload: Upload = { chunks: [], expectedSha256: [], signal: ctx.signal };
       state.uploads.push(upload);
@@ -342,6 +357,24 @@ describe('gateway admin API', () => {
         toJson(ModelVersionSchema, { ...VERSION, state: VersionState.RETIRED }),
       ],
       [
+        'POST',
+        '/admin/v1/models/mlp/versions/2/quantize',
+        '{"targetModel": "models/mlp_int8", "version_id": "4", "calibration": [{"name": "s1", "inputs": [{"name": "x", "shape": ["1", "2"], "randomData": true}]}], ' +
+          '"maxRelativeL2": 0.05, "settings": {"perChannel": false, "quantize_conv": true}}',
+        'quantizeModelVersion',
+        {
+          source: 'models/mlp/versions/2',
+          targetModel: 'models/mlp_int8',
+          versionId: '4',
+          calibration: [{ name: 's1', inputs: [{ name: 'x', shape: ['1', '2'], randomData: true }] }],
+          maxRelativeL2: 0.05,
+          settings: { perChannel: false, quantizeConv: true },
+        },
+        toJson(ModelVersionSchema, DERIVED),
+      ],
+      ['POST', '/admin/v1/models/mlp/versions/2/quantize', '{}', 'quantizeModelVersion', { source: 'models/mlp/versions/2' }, toJson(ModelVersionSchema, DERIVED)],
+      ['POST', '/admin/v1/models/mlp/versions/2/quantize', undefined, 'quantizeModelVersion', { source: 'models/mlp/versions/2' }, toJson(ModelVersionSchema, DERIVED)],
+      [
         'PUT',
         '/admin/v1/models/mlp/rollout',
         '{"stableVersion": "2", "canary": {"version": "3", "percent": 10}, "fallbackModel": "tiny"}',
@@ -393,6 +426,9 @@ describe('gateway admin API', () => {
       ['GET', '/admin/v1/models/bad%20name', '', /invalid model name "bad name"/],
       ['POST', '/admin/v1/models/a%2Fversions%2F1/versions/1/retire', '', /invalid model name "a\/versions\/1"/],
       ['POST', '/admin/v1/models/mlp/versions/x1/retire', '', /invalid version id "x1"/],
+      ['POST', '/admin/v1/models/mlp/versions/2/quantize', '{"source": "models/other/versions/1"}', /^leave "source" out of the request body: the path names the version \("models\/mlp\/versions\/2"\)$/],
+      ['POST', '/admin/v1/models/mlp/versions/2/quantize', '{"maxRelativeL2": "lots"}', /maxRelativeL2|max_relative_l2/],
+      ['POST', '/admin/v1/models/mlp/versions/x1/quantize', '{}', /invalid version id "x1"/],
     ])('answers %s %s %j with 400 naming the problem, never asking the registry', async (method, path, body, message) => {
       const reply = await http(port, method, path, { headers: { ...ADMIN, 'content-type': 'application/json' }, body });
       expect([reply.status, reply.json]).toEqual([400, { error: expect.stringMatching(message) }]);
@@ -413,6 +449,15 @@ describe('gateway admin API', () => {
       };
       const reply = await http(port, 'POST', '/admin/v1/models/mlp/versions/2/retire');
       expect([reply.status, reply.json]).toEqual([httpStatus, { error: error.message }]);
+    });
+
+    it('answers the registry\'s refusal of a variant by its accuracy gate with 409 and the registry\'s message', async () => {
+      const refusal = 'the int8 variant of models/mlp/versions/2 is off by relative L2 0.0712, above the gate 0.02; nothing was registered';
+      state.script['quantizeModelVersion'] = async () => {
+        throw new RpcError(status.FAILED_PRECONDITION, refusal, { reason: 'ACCURACY_GATE' });
+      };
+      const reply = await json(port, 'POST', '/admin/v1/models/mlp/versions/2/quantize', {});
+      expect([reply.status, reply.json]).toEqual([409, { error: refusal }]);
     });
 
     it('answers a registry RESOURCE_EXHAUSTED with 429 and Retry-After', async () => {
@@ -538,6 +583,30 @@ describe('gateway admin API', () => {
       ],
       ['retireModelVersion', (c, metadata) => c.retireModelVersion({ name: 'models/mlp/versions/2' }, { metadata }), { name: 'models/mlp/versions/2' }, retired],
       ['deleteModel', (c, metadata) => c.deleteModel({ name: 'models/mlp' }, { metadata }), { name: 'models/mlp' }, {}],
+      [
+        'quantizeModelVersion',
+        (c, metadata) =>
+          c.quantizeModelVersion(
+            {
+              source: 'models/mlp/versions/2',
+              targetModel: 'models/mlp_int8',
+              versionId: '4',
+              calibration: [{ inputs: [{ name: 'x', shape: [1n, 2n], contents: { case: 'zeroData', value: true } }] }],
+              maxRelativeL2: 0.05,
+              settings: { perChannel: false },
+            },
+            { metadata },
+          ),
+        {
+          source: 'models/mlp/versions/2',
+          targetModel: 'models/mlp_int8',
+          versionId: '4',
+          calibration: [{ inputs: [{ name: 'x', shape: ['1', '2'], zeroData: true }] }],
+          maxRelativeL2: 0.05,
+          settings: { perChannel: false },
+        },
+        { version: DERIVED },
+      ],
     ])('forwards %s with the caller\'s request id and a deadline, and answers the registry\'s response', async (rpc, call, expected, answer) => {
       const before = Date.now();
       const response = await call(admin, { ...ADMIN, 'x-request-id': 'admin-grpc-1' });

@@ -13,21 +13,23 @@ export const MAX_WARM_UP_TENSOR_ELEMENTS = 16_777_216;
 /** The longest name of a warm-up sample. */
 export const MAX_WARM_UP_SAMPLE_NAME_CHARS = 64;
 
-const invalid = (message: string) => RpcError.invalidArgument(`warm_up: ${message}`);
+type Refusal = (message: string) => RpcError;
 const quoted = (names: Iterable<string>) => [...names].map((n) => `"${n}"`).join(', ');
 
 /**
- * Checks a version's warm-up against its signature and returns what to store, each input's datatype
- * filled in from the signature: undefined when it holds no sample. Refuses with INVALID_ARGUMENT,
- * naming the sample and the input: more than MAX_WARM_UP_SAMPLES samples or
+ * Checks a version's warm-up (or samples in its form, named `field` in messages, such as a
+ * calibration set) against its signature and returns what to store, each input's datatype filled in
+ * from the signature: undefined when it holds no sample. Refuses with INVALID_ARGUMENT, naming the
+ * sample and the input: more than MAX_WARM_UP_SAMPLES samples or
  * MAX_WARM_UP_DATA_BYTES of data, a sample name over MAX_WARM_UP_SAMPLE_NAME_CHARS, an input the model
  * does not have, given twice or missing, a datatype other than the signature's, a shape that is not
  * concrete or does not fit the signature, a batch size out of 1 to the max batch size or different
  * between a sample's inputs (for a model that batches), more than MAX_WARM_UP_TENSOR_ELEMENTS
  * elements, no contents, and data whose length does not agree with the shape.
  */
-export function checkWarmUp(warmUp: WarmUp | undefined, signature: Signature): WarmUp | undefined {
+export function checkWarmUp(warmUp: WarmUp | undefined, signature: Signature, field = 'warm_up'): WarmUp | undefined {
   if (warmUp === undefined || warmUp.samples.length === 0) return undefined;
+  const invalid: Refusal = (message) => RpcError.invalidArgument(`${field}: ${message}`);
   if (warmUp.samples.length > MAX_WARM_UP_SAMPLES) {
     throw invalid(`${warmUp.samples.length} samples are given, above the limit of ${MAX_WARM_UP_SAMPLES} (MAX_WARM_UP_SAMPLES)`);
   }
@@ -36,7 +38,7 @@ export function checkWarmUp(warmUp: WarmUp | undefined, signature: Signature): W
   if (dataBytes > MAX_WARM_UP_DATA_BYTES) {
     throw invalid(`the samples hold ${dataBytes} bytes of data, above the limit of ${MAX_WARM_UP_DATA_BYTES} (1 MiB, MAX_WARM_UP_DATA_BYTES); give large inputs as zero_data or random_data`);
   }
-  return create(WarmUpSchema, { samples: warmUp.samples.map((sample, i) => checkSample(sample, i, signature)) });
+  return create(WarmUpSchema, { samples: warmUp.samples.map((sample, i) => checkSample(sample, i, signature, invalid)) });
 }
 
 /** True when two warm-ups declare the same thing once checked against `signature`; unset and empty are the same. */
@@ -49,7 +51,7 @@ export function sampleLabel(sample: WarmUpSample, index: number): string {
   return `samples[${index}]${sample.name === '' ? '' : ` ("${sample.name}")`}`;
 }
 
-function checkSample(sample: WarmUpSample, index: number, signature: Signature): WarmUpSample {
+function checkSample(sample: WarmUpSample, index: number, signature: Signature, invalid: Refusal): WarmUpSample {
   const label = sampleLabel(sample, index);
   if (sample.name.length > MAX_WARM_UP_SAMPLE_NAME_CHARS) {
     throw invalid(`samples[${index}]: the name has ${sample.name.length} characters, above the limit of ${MAX_WARM_UP_SAMPLE_NAME_CHARS}`);
@@ -82,7 +84,7 @@ function checkSample(sample: WarmUpSample, index: number, signature: Signature):
     if (elements > MAX_WARM_UP_TENSOR_ELEMENTS) {
       throw invalid(`${where} has ${elements} elements, above the limit of ${MAX_WARM_UP_TENSOR_ELEMENTS} (MAX_WARM_UP_TENSOR_ELEMENTS)`);
     }
-    checkContents(input, spec.datatype, label, where);
+    checkContents(input, spec.datatype, label, where, invalid);
     return { ...input, datatype: spec.datatype };
   });
   const missing = [...specs.keys()].filter((name) => !seen.has(name));
@@ -90,7 +92,7 @@ function checkSample(sample: WarmUpSample, index: number, signature: Signature):
   return { ...sample, inputs };
 }
 
-function checkContents(input: WarmUpInput, datatype: DataType, label: string, where: string): void {
+function checkContents(input: WarmUpInput, datatype: DataType, label: string, where: string, invalid: Refusal): void {
   const { contents } = input;
   switch (contents.case) {
     case 'data': {

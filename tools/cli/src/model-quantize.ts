@@ -28,7 +28,7 @@ export async function quantize(ctx: CommandContext): Promise<void> {
     throw new UsageError(`--max-rel-l2 must be a number from 0 up, such as 0.02, got "${maxRelL2}"`);
   }
   const calibrationFile = args.value('calibration');
-  const calibration = calibrationFile === undefined ? [] : (await readWarmUpFile(calibrationFile)).samples;
+  const calibration = calibrationFile === undefined ? [] : (await readWarmUpFile(calibrationFile, '--calibration')).samples;
   const timeoutMs = parseSeconds(args.value('timeout') ?? String(DEFAULT_QUANTIZE_TIMEOUT_S), '--timeout') * 1000;
   const started = performance.now();
   const session = ctx.gateway();

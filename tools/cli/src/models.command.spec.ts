@@ -2,9 +2,16 @@ import { createHash, randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { create, type MessageInitShape, toJson } from '@bufbuild/protobuf';
+import { status } from '@grpc/grpc-js';
+import { RpcError } from '@infermesh/grpc';
 import {
   type CreateModelVersionRequest,
   type DeleteModelRequest,
+  type LineageSchema,
+  ModelVersionSchema,
+  type QuantizeModelVersionRequest,
+  QuantizeModelVersionRequestSchema,
   type RetireModelVersionRequest,
   type UpdateModelRequest,
   VersionState,
@@ -16,6 +23,21 @@ import { MODELS_GROUP } from './models.command';
 
 const API_KEY = 'admin-key-0123456789abcdef';
 const MiB = 1024 * 1024;
+
+/** The lineage of an int8 variant of mlp version 1, as the registry records it. */
+const LINEAGE: MessageInitShape<typeof LineageSchema> = {
+  sourceVersion: 'models/mlp/versions/1',
+  sourceSha256: 'ab'.repeat(32),
+  method: 'dynamic_int8',
+  settings: { perChannel: false, quantizeConv: true },
+  quantizedNodes: [
+    { node: 'fc1', opType: 'MatMul', weight: 'fc1.weight', elements: 4096n },
+    { node: 'fc2', opType: 'Gemm', weight: 'fc2.weight', elements: 1024n },
+    { node: 'stem', opType: 'Conv', weight: 'stem.weight', elements: 432n },
+  ],
+  floatNodes: [{ node: 'proj', opType: 'MatMul', reason: 'its weight is computed, not a constant initializer' }],
+  accuracy: { samples: 4, synthetic: true, maxAbsDiff: 0.00312, relativeL2: 0.0108, comparedItems: 32, agreedItems: 31, maxRelativeL2: 0.05 },
+};
 
 describe(`infermesh ${MODELS_GROUP.name}`, () => {
   let running: RunningFakeRegistry;
@@ -222,6 +244,179 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     });
   });
 
+  describe('quantize', () => {
+    beforeEach(() => {
+      registry.seed({
+        name: 'models/mlp',
+        versions: [{ name: 'models/mlp/versions/1', state: VersionState.READY, artifact: { sha256: 'ab'.repeat(32), sizeBytes: BigInt(20 * MiB), format: 'onnx' } }],
+      });
+    });
+
+    /**
+     * The registry derives `versionName` (REGISTERED, with `lineage` and an artifact of `sizeBytes`) and
+     * adds it to its model, created when new, as the real registry does before it answers.
+     */
+    function derives(versionName: string, lineage: MessageInitShape<typeof LineageSchema>, sizeBytes: number): void {
+      registry.quantizeAnswer = () => {
+        const version = create(ModelVersionSchema, {
+          name: versionName,
+          state: VersionState.REGISTERED,
+          artifact: { sha256: 'cd'.repeat(32), sizeBytes: BigInt(sizeBytes), format: 'onnx' },
+          lineage,
+        });
+        const modelName = versionName.slice(0, versionName.indexOf('/versions/'));
+        (registry.model(modelName) ?? registry.seed({ name: modelName })).versions.push(version);
+        return version;
+      };
+    }
+
+    const quantizeRequest = () => {
+      const requests = registry.requests<QuantizeModelVersionRequest>('quantizeModelVersion');
+      expect(requests).toHaveLength(1);
+      return requests[0]!;
+    };
+
+    it('sends every flag, prints the figures of the variant, and exits 0 once it is READY', async () => {
+      const calibration = join(dir, 'calibration.json');
+      writeFileSync(
+        calibration,
+        JSON.stringify({ samples: [{ name: 'real', inputs: [{ name: 'x', datatype: 'FP32', shape: [1, 2], data: [[0.25, -2]] }] }, { inputs: [{ name: 'x', shape: [4, 2], random_data: true }] }] }),
+      );
+      derives('models/mlp_int8/versions/3', LINEAGE, 6 * MiB);
+      loadsThrough('models/mlp_int8/versions/3', [VersionState.LOADING], [VersionState.READY]);
+
+      const run = await sut([
+        'models', 'quantize', 'mlp', '--version', '1', '--as', 'mlp_int8', '--new-version', '3', '--calibration', calibration,
+        '--max-rel-l2', '0.05', '--per-tensor', '--conv',
+      ]);
+
+      expect(run.code).toBe(0);
+      const request = quantizeRequest();
+      expect(toJson(QuantizeModelVersionRequestSchema, request)).toEqual({
+        source: 'models/mlp/versions/1',
+        targetModel: 'models/mlp_int8',
+        versionId: '3',
+        calibration: expect.any(Array),
+        maxRelativeL2: 0.05,
+        settings: { perChannel: false, quantizeConv: true },
+      });
+      expect(request.calibration.map((s) => [s.name, s.inputs.map((i) => [i.name, i.datatype, i.shape, i.contents.case])])).toEqual([
+        ['real', [['x', DataType.FP32, [1n, 2n], 'data']]],
+        ['', [['x', DataType.UNSPECIFIED, [4n, 2n], 'randomData']]],
+      ]);
+      expect(request.calibration[0]!.inputs[0]!.contents.value).toEqual(new Uint8Array(Float32Array.of(0.25, -2).buffer));
+      expect(run.stderr).toBe(
+        'mlp_int8 version 3 derived from models/mlp/versions/1: dynamic_int8, 3 nodes quantized, 1 kept in float; relative L2 0.0108, ' +
+          'max abs diff 0.00312, top-1 agreement 96.9 % (31 of 32), 4 synthetic samples (gate 0.05); artifact 6.0 MiB\n' +
+          'mlp_int8 version 3: REGISTERED\nmlp_int8 version 3: LOADING\nmlp_int8 version 3: READY\n',
+      );
+      expect(run.stdout).toMatch(/^mlp_int8 version 3 is READY in \d+\.\d s\n$/);
+      expect(new Set(registry.calls.map((c) => c.authorization))).toEqual(new Set([`Bearer ${API_KEY}`]));
+    });
+
+    it('asks for a variant of the serving version under the same model, with the registry\'s defaults, when no flag is given', async () => {
+      derives(
+        'models/mlp/versions/2',
+        { ...LINEAGE, quantizedNodes: LINEAGE.quantizedNodes!.slice(0, 1), floatNodes: [], accuracy: { samples: 1, maxAbsDiff: 0.0123, relativeL2: 0.00451, maxRelativeL2: 0.02 } },
+        512 * 1024,
+      );
+      loadsThrough('models/mlp/versions/2', [VersionState.READY]);
+
+      const run = await sut(['models', 'quantize', 'mlp']);
+
+      expect(run.code).toBe(0);
+      const request = quantizeRequest();
+      expect(toJson(QuantizeModelVersionRequestSchema, request)).toEqual({ source: 'models/mlp', settings: {} });
+      expect([request.targetModel, request.versionId, request.calibration, request.maxRelativeL2]).toEqual(['', '', [], undefined]);
+      expect([request.settings?.perChannel, request.settings?.quantizeConv]).toEqual([undefined, undefined]);
+      expect(run.stderr).toContain(
+        'mlp version 2 derived from models/mlp/versions/1: dynamic_int8, 1 node quantized, 0 kept in float; relative L2 0.00451, max abs diff 0.0123, 1 sample (gate 0.02); artifact 512.0 KiB\n',
+      );
+      expect(run.stdout).toMatch(/^mlp version 2 is READY in \d+\.\d s\n$/);
+    });
+
+    it('prints only the READY variant, with its lineage, as protobuf JSON with --json', async () => {
+      derives('models/mlp/versions/2', LINEAGE, 6 * MiB);
+      loadsThrough('models/mlp/versions/2', [VersionState.LOADING], [VersionState.READY]);
+
+      const run = await sut(['models', 'quantize', 'mlp', '--json']);
+
+      expect(run).toMatchObject({ code: 0, stderr: '' });
+      expect(JSON.parse(run.stdout)).toMatchObject({
+        name: 'models/mlp/versions/2',
+        state: 'VERSION_STATE_READY',
+        artifact: { sizeBytes: String(6 * MiB) },
+        lineage: {
+          sourceVersion: 'models/mlp/versions/1',
+          method: 'dynamic_int8',
+          settings: { perChannel: false, quantizeConv: true },
+          floatNodes: [{ node: 'proj', opType: 'MatMul' }],
+          accuracy: { relativeL2: 0.0108, maxRelativeL2: 0.05, samples: 4, synthetic: true },
+        },
+      });
+    });
+
+    it('exits 1 with the reason when the variant FAILED to load', async () => {
+      derives('models/mlp/versions/2', LINEAGE, MiB);
+      loadsThrough('models/mlp/versions/2', [VersionState.LOADING], [VersionState.FAILED, 'onnxruntime: MatMulInteger is not supported']);
+
+      const run = await sut(['models', 'quantize', 'mlp']);
+
+      expect(run.code).toBe(1);
+      expect(run.stderr).toContain('infermesh: mlp version 2 FAILED: onnxruntime: MatMulInteger is not supported\n');
+      expect(run.stdout).toBe('');
+    });
+
+    it.each([
+      [['--max-rel-l2', 'abc'], '--max-rel-l2 must be a number from 0 up, such as 0.02, got "abc"'],
+      [['--max-rel-l2', '-1'], '--max-rel-l2 must be a number from 0 up, such as 0.02, got "-1"'],
+      [['--max-rel-l2', ''], '--max-rel-l2 must be a number from 0 up, such as 0.02, got ""'],
+      [['--version', 'x'], '--version must be a positive integer version id, got "x"'],
+      [['--new-version', '0'], '--new-version must be a positive integer version id, got "0"'],
+      [['--timeout', '0'], '--timeout must be a number of seconds above 0, got "0"'],
+    ])('refuses %j with exit 2 and the usage, asking the registry nothing', async (flags, message) => {
+      registry.quantizeAnswer = () => {
+        throw new Error('the registry was asked');
+      };
+
+      const run = await sut(['models', 'quantize', 'mlp', ...flags]);
+
+      expect(run.code).toBe(2);
+      expect(run.stderr.startsWith(`infermesh: ${message}\n\nUsage: infermesh models quantize <name> [flags]`)).toBe(true);
+      expect(registry.calls).toEqual([]);
+    });
+
+    it.each([
+      ['a wrong shape', { inputs: [{ name: 'x', datatype: 'FP32', shape: [1, -2], data: [0.5] }] }, (file: string) => `--calibration ${file}: inputs[0] ("x"): "shape" must be an array of sizes`],
+      ['data that does not fit its shape', { inputs: [{ name: 'x', datatype: 'FP32', shape: [1, 3], data: [0.5, 1] }] }, (file: string) => `--calibration ${file}: inputs[0]: input "x"`],
+      ['malformed JSON', '{"inputs": [', (file: string) => `--calibration ${file} is not JSON: `],
+    ])('exits 1 before calling the gateway when the --calibration file has %s, with the message of the warm-up file reader', async (_what, content, message) => {
+      const calibration = join(dir, 'calibration.json');
+      writeFileSync(calibration, typeof content === 'string' ? content : JSON.stringify(content));
+
+      const run = await sut(['models', 'quantize', 'mlp', '--calibration', calibration]);
+
+      expect(run.code).toBe(1);
+      expect(run.stderr).toMatch(/^infermesh: /);
+      expect(run.stderr).toContain(message(calibration));
+      expect(run.stdout).toBe('');
+      expect(registry.calls).toEqual([]);
+    });
+
+    it("exits 1 with the registry's message when it refuses the variant", async () => {
+      const refusal = 'the int8 variant of models/mlp/versions/1 is off by relative L2 0.0712 on 4 synthetic samples, above the gate 0.02; nothing was registered';
+      registry.quantizeAnswer = () => {
+        throw new RpcError(status.FAILED_PRECONDITION, refusal, { reason: 'ACCURACY_GATE' });
+      };
+
+      const run = await sut(['models', 'quantize', 'mlp', '--version', '1']);
+
+      expect(run).toEqual({ code: 1, stdout: '', stderr: `infermesh: ${refusal} (FAILED_PRECONDITION)\n` });
+      expect(quantizeRequest().source).toBe('models/mlp/versions/1');
+      expect(registry.requests('watchModels')).toEqual([]);
+    });
+  });
+
   describe('list and show', () => {
     beforeEach(() => {
       registry.seed({
@@ -269,6 +464,44 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       expect(run.stdout).toContain('Unloaded:        yes (no version serves until `infermesh models load`)\n');
       expect(run.stdout).toContain('Version 1: REGISTERED\n');
       expect(registry.requests('getModel')).toMatchObject([{ name: 'models/tiny' }]);
+    });
+
+    it('shows the lineage of a derived version, and none for a version that was uploaded', async () => {
+      registry.seed({
+        name: 'models/mlp_int8',
+        versions: [
+          { name: 'models/mlp_int8/versions/1', state: VersionState.READY },
+          { name: 'models/mlp_int8/versions/2', state: VersionState.READY, lineage: LINEAGE },
+        ],
+      });
+
+      const run = await sut(['models', 'show', 'mlp_int8']);
+
+      expect(run.code).toBe(0);
+      const [uploaded, derived] = run.stdout.split(/^Version \d+: /m).slice(1);
+      expect(uploaded).not.toContain('Derived from');
+      expect(derived).toContain(
+        [
+          `  Derived from: models/mlp/versions/1 (sha256 ${'ab'.repeat(32)})`,
+          '  Method: dynamic_int8, one scale per weight, Conv quantized',
+          '  Quantized: fc1 (MatMul), fc2 (Gemm), stem (Conv)',
+          '  Kept in float:',
+          '    proj (MatMul): its weight is computed, not a constant initializer',
+          '  Accuracy: relative L2 0.0108, max abs diff 0.00312, top-1 agreement 96.9 % (31 of 32), 4 synthetic samples; gate relative L2 0.05',
+        ].join('\n'),
+      );
+    });
+
+    it('shows the default quantization settings of a lineage that leaves them unset', async () => {
+      registry.seed({
+        name: 'models/mlp_int8',
+        versions: [{ name: 'models/mlp_int8/versions/1', state: VersionState.READY, lineage: { ...LINEAGE, settings: {}, quantizedNodes: [], floatNodes: [] } }],
+      });
+
+      const run = await sut(['models', 'show', 'mlp_int8']);
+
+      expect(run.stdout).toContain('  Method: dynamic_int8, a scale per output channel, Conv in float\n  Quantized: none\n  Accuracy: ');
+      expect(run.stdout).not.toContain('Kept in float');
     });
 
     it("prints the gateway's error with its code and exits 1 for a model that does not exist", async () => {

@@ -14,34 +14,35 @@ const SAMPLE_KEYS = new Set(['name', 'inputs']);
 type InputInit = MessageInitShape<typeof WarmUpInputSchema>;
 
 /**
- * Reads a warm-up file for `models register --warmup`: JSON of named tensors as in a KServe v2
+ * Reads a warm-up file for `models register --warmup` (or a calibration file, in the same form, for
+ * `models quantize --calibration`; `flag` names it in errors): JSON of named tensors as in a KServe v2
  * request, either one sample `{"inputs":[...]}` or several `{"samples":[{"name":"16 kHz","inputs":[...]}]}`.
  * Each input has a `name`, a concrete `shape` and either `data` (flat or nested, as KServe JSON, with
  * its `datatype`) or `"zero_data": true` or `"random_data": true` (the datatype is then optional: the
  * model's). Refuses, naming the file and the entry, anything else; the registry checks the samples
  * against the model.
  */
-export async function readWarmUpFile(file: string): Promise<WarmUp> {
+export async function readWarmUpFile(file: string, flag = '--warmup'): Promise<WarmUp> {
   let text: string;
   try {
     const info = await stat(file);
-    if (!info.isFile()) throw new CommandFailure(`--warmup ${file} is not a file`);
+    if (!info.isFile()) throw new CommandFailure(`${flag} ${file} is not a file`);
     if (info.size > MAX_WARM_UP_FILE_BYTES) {
-      throw new CommandFailure(`--warmup ${file} has ${formatBytes(info.size)}, above the limit of ${formatBytes(MAX_WARM_UP_FILE_BYTES)}; give large inputs as "zero_data" or "random_data"`);
+      throw new CommandFailure(`${flag} ${file} has ${formatBytes(info.size)}, above the limit of ${formatBytes(MAX_WARM_UP_FILE_BYTES)}; give large inputs as "zero_data" or "random_data"`);
     }
     text = await readFile(file, 'utf8');
   } catch (error) {
     if (error instanceof CommandFailure) throw error;
     const code = (error as NodeJS.ErrnoException).code;
-    throw new CommandFailure(`cannot read --warmup ${file}: ${code === 'ENOENT' ? 'no such file' : error instanceof Error ? error.message : String(error)}`);
+    throw new CommandFailure(`cannot read ${flag} ${file}: ${code === 'ENOENT' ? 'no such file' : error instanceof Error ? error.message : String(error)}`);
   }
   let json: unknown;
   try {
     json = JSON.parse(text);
   } catch (error) {
-    throw new CommandFailure(`--warmup ${file} is not JSON: ${error instanceof Error ? error.message : String(error)}`);
+    throw new CommandFailure(`${flag} ${file} is not JSON: ${error instanceof Error ? error.message : String(error)}`);
   }
-  return parseWarmUp(json, `--warmup ${file}`);
+  return parseWarmUp(json, `${flag} ${file}`);
 }
 
 /** The warm-up a parsed warm-up file declares; `source` names the file in messages. */
