@@ -16,7 +16,7 @@ import {
   WarmUpSampleSchema,
   WarmUpSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { compareVersionIds, latestReady, splitVersionName, stableVersion, versionIdOf } from '@infermesh/rollout';
+import { checkVersionId, compareVersionIds, latestReady, splitVersionName, stableVersion, versionIdOf } from '@infermesh/rollout';
 import { addComparisons, type Comparison, compareOutputs, datatypeName, sampleInputs } from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
@@ -94,7 +94,7 @@ export class ModelDerivation {
     const sourceModelId = splitVersionName(source.name)!.modelId;
     const targetModelId = request.targetModel === '' ? sourceModelId : parseModelName(request.targetModel, 'target_model');
     const calibration = this.calibration(request.calibration, signature);
-    const versionId = request.versionId !== '' ? request.versionId : await this.nextVersionId(targetModelId);
+    const versionId = request.versionId !== '' ? checkVersionId(request.versionId) : await this.nextVersionId(targetModelId);
 
     const sourceSha256 = source.artifact!.sha256;
     const bytes = await this.artifacts.readAll(sourceSha256);
@@ -213,7 +213,7 @@ export class ModelDerivation {
       }
     }
     if (given.length > 0) {
-      const checked = checkWarmUp(create(WarmUpSchema, { samples: [...given] }), signature);
+      const checked = checkWarmUp(create(WarmUpSchema, { samples: [...given] }), signature, 'calibration');
       return { samples: checked!.samples, synthetic: false };
     }
     const batch = signature.maxBatchSize > 0 ? Math.min(SYNTHETIC_CALIBRATION_BATCH, signature.maxBatchSize) : 1;

@@ -30,8 +30,8 @@ interface Pair {
 
 /**
  * Int8 variants derived by the registry (QuantizeModelVersion, as `infermesh models quantize` asks
- * for them) against their FP32 sources, on the worker that serves both (its defaults on this machine:
- * one instance per model with every core): items/s at batch 32 through WorkerService.Infer with
+ * for them) against their FP32 sources, each model served by a worker of its own (the worker's
+ * defaults on this machine: one instance per model with every core): items/s at batch 32 through WorkerService.Infer with
  * CONCURRENCY requests in flight (the worker's throughput) and with one (a caller that waits for each
  * answer), source and variant measured alternately round by round; the memory the worker charges
  * each (its memory_bytes); the artifact sizes; and the relative L2 error the registry recorded at
@@ -43,23 +43,33 @@ interface Pair {
 export async function quantization(): Promise<Record<string, unknown>> {
   const intraOpThreads = availableParallelism();
   const cnn = { ...buildCnnModel(), name: 'cnn' };
+  const pairs: Pair[] = [
+    { key: 'mlp', source: 'mlp', variant: 'mlp-int8', item: [512] },
+    { key: 'cnn', source: 'cnn', variant: 'cnn-int8', item: CNN_INPUT_SHAPE },
+    { key: 'cnn_conv', source: 'cnn', variant: 'cnn-int8-conv', item: CNN_INPUT_SHAPE },
+  ];
+  // Each model in a worker process of its own: what a worker charges for a load depends on what the
+  // process held and freed before it (memory freed by an earlier load is used again without growing
+  // the process), so each is measured as the only model of a fresh worker.
+  const served = [...new Set(pairs.flatMap((p) => [p.source, p.variant]))];
   const fixture = await startFixture({
     models: ['mlp', cnn],
     env: { ROUTER_CACHE_ENABLED: 'false', WORKER_INSTANCES_PER_MODEL: '1', WORKER_INTRA_OP_THREADS: String(intraOpThreads) },
+    workers: served.map((model) => ({ models: [model] })),
   });
   const registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
-  const worker = createClient(WorkerService, fixture.system.grpcAddress('worker'));
-  const raw = new grpc.Client(fixture.system.grpcAddress('worker'), grpc.credentials.createInsecure(), {
-    'grpc.max_receive_message_length': 64 << 20,
-    'grpc.max_send_message_length': 64 << 20,
-  });
+  const workers = new Map(served.map((model, i) => [model, createClient(WorkerService, fixture.system.workerGrpcAddress(i))]));
+  const raw = new Map(
+    served.map((model, i) => [
+      model,
+      new grpc.Client(fixture.system.workerGrpcAddress(i), grpc.credentials.createInsecure(), {
+        'grpc.max_receive_message_length': 64 << 20,
+        'grpc.max_send_message_length': 64 << 20,
+      }),
+    ]),
+  );
   const sessions: ort.InferenceSession[] = [];
   try {
-    const pairs: Pair[] = [
-      { key: 'mlp', source: 'mlp', variant: 'mlp-int8', item: [512] },
-      { key: 'cnn', source: 'cnn', variant: 'cnn-int8', item: CNN_INPUT_SHAPE },
-      { key: 'cnn_conv', source: 'cnn', variant: 'cnn-int8-conv', item: CNN_INPUT_SHAPE },
-    ];
     const derived: Record<string, ModelVersion> = {};
     for (const pair of pairs) {
       const { version } = await registry.quantizeModelVersion(
@@ -67,10 +77,12 @@ export async function quantization(): Promise<Record<string, unknown>> {
         { timeoutMs: 120_000 },
       );
       derived[pair.key] = version!;
-      // One at a time, so that the memory the worker charges each load is its own.
       await waitReady(registry, pair.variant);
     }
-    const memory = new Map((await worker.listModels({})).models.map((m) => [m.name, Number(m.memoryBytes)]));
+    const memory = new Map<string, number>();
+    for (const client of workers.values()) {
+      for (const m of (await client.listModels({})).models) memory.set(m.name, Number(m.memoryBytes));
+    }
     const sizes = new Map<string, number>();
     for (const m of (await registry.listModels({})).models) sizes.set(m.name, Number(m.versions[0]!.artifact!.sizeBytes));
 
@@ -97,7 +109,7 @@ export async function quantization(): Promise<Record<string, unknown>> {
         const payload = encoded(model);
         const one = () =>
           new Promise<void>((resolve, reject) =>
-            raw.makeUnaryRequest(INFER_PATH, (b: Buffer) => b, (b: Buffer) => b, payload, { deadline: Date.now() + 60_000 }, (error, answer) => {
+            raw.get(model)!.makeUnaryRequest(INFER_PATH, (b: Buffer) => b, (b: Buffer) => b, payload, { deadline: Date.now() + 60_000 }, (error, answer) => {
               if (error !== null) reject(new Error(`${model}: ${error.message}`));
               else if ((answer?.length ?? 0) < BATCH * 4) reject(new Error(`${model} answered ${answer?.length} bytes`));
               else resolve();
@@ -169,8 +181,8 @@ export async function quantization(): Promise<Record<string, unknown>> {
   } finally {
     for (const session of sessions) await session.release();
     registry.close();
-    worker.close();
-    raw.close();
+    for (const client of workers.values()) client.close();
+    for (const client of raw.values()) client.close();
     await fixture.stop();
   }
 }

@@ -1,0 +1,396 @@
+import { create, type MessageInitShape } from '@bufbuild/protobuf';
+import { status } from '@grpc/grpc-js';
+import { type BuiltModel, buildClassifierModel, buildCnnModel, buildMlpModel, buildQuantizedFormModel, buildTinyModel, CLASSIFIER_PROCESSING } from '@infermesh/model-builder';
+import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  BatchingSchema,
+  CreateModelVersionRequestSchema,
+  ProcessingSchema,
+  QuantizeModelVersionRequestSchema,
+  VersionState,
+  type WarmUpSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { rpcRejection } from '@infermesh/testing';
+import { createHash } from 'node:crypto';
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { FilesystemArtifactStore } from './artifact-store.filesystem';
+import { Clock } from './clock';
+import { ModelCatalog } from './model-catalog';
+import { DEFAULT_MAX_RELATIVE_L2, ModelDerivation, QUANTIZATION_METHOD } from './model-derivation';
+import { EmbeddedModelStore } from './model-store.embedded';
+import { ModelWatch } from './model-watch';
+import { OnnxRuntime } from './onnx-runtime.adapter';
+import { loadRegistryConfig, type RegistryConfig } from './registry.config';
+
+type QuantizeInit = MessageInitShape<typeof QuantizeModelVersionRequestSchema>;
+/** What a version is registered with besides its artifact. */
+interface CreateInit {
+  maxBatchSize?: number;
+  processing?: MessageInitShape<typeof ProcessingSchema>;
+  batching?: MessageInitShape<typeof BatchingSchema>;
+  warmUp?: MessageInitShape<typeof WarmUpSchema>;
+}
+
+/** The small MLP of the tests: 64 -> 128 -> 32, about 49 KB of float weights. */
+const mlp = buildMlpModel({ sizes: [64, 128, 32] });
+
+const sha256Of = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex');
+
+/** Row-major little-endian FP32 elements, as WarmUpInput.data. */
+const fp32 = (values: readonly number[]) => new Uint8Array(Float32Array.from(values).buffer);
+
+async function* single(bytes: Uint8Array): AsyncGenerator<Uint8Array> {
+  yield bytes;
+}
+
+describe(ModelDerivation.name, () => {
+  let dir: string;
+  let config: RegistryConfig;
+  let logger: JsonLogger;
+  let metrics: Metrics;
+  let artifacts: FilesystemArtifactStore;
+  let catalog: ModelCatalog;
+  let sut: ModelDerivation;
+
+  /** A catalog over the metadata file as the registry keeps it, with its own store (and metrics, as a registry started again). */
+  function openCatalog(on: Metrics = metrics): ModelCatalog {
+    const store = new EmbeddedModelStore(config.metadataFile);
+    return new ModelCatalog(store, artifacts, new Clock(), config, logger, new ModelWatch(store, config, logger, on), on);
+  }
+
+  beforeEach(() => {
+    dir = mkdtempSync(join(tmpdir(), 'infermesh-derivation-'));
+    config = loadRegistryConfig({ REGISTRY_DATA_DIR: dir });
+    logger = new JsonLogger('test', 'error');
+    metrics = new Metrics('registry');
+    artifacts = new FilesystemArtifactStore(config.artifactDir);
+    catalog = openCatalog();
+    sut = new ModelDerivation(catalog, artifacts, new OnnxRuntime(), config, logger, metrics);
+  });
+  afterEach(async () => {
+    await catalog.onApplicationShutdown();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  /** Uploads the model's bytes and registers them as models/{model}/versions/{versionId}, with its processing unless init says otherwise. */
+  async function register(model: string, versionId: string, built: BuiltModel = mlp, init: CreateInit = {}) {
+    const { sha256 } = await artifacts.write(single(built.bytes), { maxBytes: config.maxArtifactBytes });
+    return catalog.createVersion(
+      create(CreateModelVersionRequestSchema, { parent: `models/${model}`, versionId, artifactSha256: sha256, ...(built.processing && { processing: built.processing }), ...init }),
+    );
+  }
+  const quantize = (init: QuantizeInit) => sut.quantize(create(QuantizeModelVersionRequestSchema, init));
+  /** The artifacts in the store's directory, by SHA-256. */
+  const storedArtifacts = () => readdirSync(config.artifactDir).filter((f) => !f.startsWith('.'));
+  const versionIds = async (model: string) => (await catalog.getModel(`models/${model}`)).versions.map((v) => v.name.slice(v.name.lastIndexOf('/') + 1));
+
+  /** version_derivations_total{method="dynamic_int8", outcome} as the registry's metrics registry holds it. */
+  async function derivations(outcome: string): Promise<number> {
+    const metric = metrics.registry.getSingleMetric('infermesh_registry_version_derivations_total');
+    if (metric === undefined) throw new Error('no metric version_derivations_total');
+    const { values } = await metric.get();
+    return values.find((v) => v.labels.method === QUANTIZATION_METHOD && v.labels.outcome === outcome)?.value ?? 0;
+  }
+
+  describe('a derived version', () => {
+    it('is the next version of the source model: smaller, with its lineage and the figures of the accuracy gate, and survives a re-read of the catalog', async () => {
+      const source = await register('m', '1', mlp, { maxBatchSize: 4 });
+
+      const derived = await quantize({ source: 'models/m/versions/1' });
+
+      expect([derived.name, derived.state]).toEqual(['models/m/versions/2', VersionState.REGISTERED]);
+      const lineage = derived.lineage!;
+      expect(lineage).toMatchObject({
+        sourceVersion: 'models/m/versions/1',
+        sourceSha256: source.artifact!.sha256,
+        method: 'dynamic_int8',
+        settings: { perChannel: true, quantizeConv: false },
+        floatNodes: [],
+      });
+      expect(lineage.sourceSha256).toBe(sha256Of(mlp.bytes));
+      expect(lineage.quantizedNodes.map((q) => [q.node, q.opType, q.weight, q.elements])).toEqual([
+        ['fc0_matmul', 'MatMul', 'fc0.weight', 64n * 128n],
+        ['fc1_matmul', 'MatMul', 'fc1.weight', 128n * 32n],
+      ]);
+      // 4 synthetic samples at batch min(8, max batch size 4): 16 rows of 32 classes compared.
+      const accuracy = lineage.accuracy!;
+      expect(accuracy).toMatchObject({ samples: 4, synthetic: true, maxRelativeL2: DEFAULT_MAX_RELATIVE_L2, comparedItems: 16 });
+      expect(accuracy.relativeL2).toBeGreaterThan(0);
+      expect(accuracy.relativeL2).toBeLessThanOrEqual(0.02);
+      expect(accuracy.maxAbsDiff).toBeGreaterThan(0);
+      expect(accuracy.agreedItems).toBeLessThanOrEqual(16);
+      expect(accuracy.agreedItems).toBeGreaterThan(8);
+
+      // The stored artifact is the int8 model: another, smaller artifact with the same signature.
+      const artifact = derived.artifact!;
+      expect(artifact.sha256).not.toBe(source.artifact!.sha256);
+      const stored = await artifacts.readAll(artifact.sha256);
+      expect(stored?.length).toBe(Number(artifact.sizeBytes));
+      expect(artifact.sizeBytes).toBeLessThan(source.artifact!.sizeBytes / 2n);
+      expect(derived.signature).toEqual(source.signature);
+      expect(derived.signature!.maxBatchSize).toBe(4);
+
+      // Another catalog over the same metadata file reads the version back, lineage and all.
+      const reread = openCatalog(new Metrics('registry'));
+      try {
+        const model = await reread.getModel('models/m');
+        expect(model.versions.map((v) => v.name)).toEqual(['models/m/versions/1', 'models/m/versions/2']);
+        expect(model.versions[1]).toEqual(derived);
+        expect(model.versions[0]!.lineage).toBeUndefined();
+      } finally {
+        await reread.onApplicationShutdown();
+      }
+    });
+
+    it('keeps the processing, batching, warm-up and max batch size of its source', async () => {
+      const batching = { maxBatchSize: 6, maxQueueDelayUs: 500n, preferredBatchSizes: [2, 4], maxQueueSize: 40 };
+      const warmUp = { samples: [{ name: 'ones', inputs: [{ name: 'input', shape: [2n, 4n], contents: { case: 'data' as const, value: fp32([1, 1, 1, 1, 2, 2, 2, 2]) } }] }] };
+      const source = await register('classifier', '3', buildClassifierModel(), { maxBatchSize: 12, batching, warmUp });
+      expect(source.processing).toEqual(create(ProcessingSchema, CLASSIFIER_PROCESSING));
+
+      const derived = await quantize({ source: 'models/classifier/versions/3' });
+
+      expect(derived.name).toBe('models/classifier/versions/4');
+      expect(derived.signature!.maxBatchSize).toBe(12);
+      expect(derived.processing).toEqual(create(ProcessingSchema, CLASSIFIER_PROCESSING));
+      expect(derived.batching).toEqual(create(BatchingSchema, batching));
+      expect(derived.warmUp).toEqual(source.warmUp);
+      expect(derived.warmUp!.samples).toHaveLength(1);
+      expect(derived.lineage!.quantizedNodes.map((q) => q.node)).toEqual(['matmul']);
+    });
+
+    it('records the settings it was derived with: Convs stay in float unless asked, saying why, and are quantized when asked', async () => {
+      const cnn = buildCnnModel({ channels: [4, 8] });
+      await register('cnn', '1', cnn);
+
+      const byDefault = (await quantize({ source: 'models/cnn/versions/1' })).lineage!;
+      expect(byDefault.settings).toMatchObject({ perChannel: true, quantizeConv: false });
+      expect(byDefault.quantizedNodes.map((q) => q.node)).toEqual(['fc_matmul']);
+      expect(byDefault.floatNodes.map((f) => [f.node, f.opType, f.reason])).toEqual([
+        ['conv0_conv', 'Conv', 'Conv is not among the operators asked for (MatMul, Gemm)'],
+        ['conv1_conv', 'Conv', 'Conv is not among the operators asked for (MatMul, Gemm)'],
+      ]);
+
+      const withConv = await quantize({ source: 'models/cnn/versions/1', settings: { quantizeConv: true, perChannel: false }, maxRelativeL2: 0.1 });
+      expect(withConv.name).toBe('models/cnn/versions/3');
+      const lineage = withConv.lineage!;
+      expect(lineage.settings).toMatchObject({ perChannel: false, quantizeConv: true });
+      expect(lineage.quantizedNodes.map((q) => [q.node, q.opType])).toEqual([
+        ['conv0_conv', 'Conv'],
+        ['conv1_conv', 'Conv'],
+        ['fc_matmul', 'MatMul'],
+      ]);
+      expect(lineage.floatNodes).toEqual([]);
+      expect(lineage.accuracy!.maxRelativeL2).toBe(0.1);
+      expect(withConv.artifact!.sha256).not.toBe(byDefault.sourceSha256);
+    });
+  });
+
+  describe('the source', () => {
+    it('named by its model alone is the version that serves: the READY one, not a later one still loading', async () => {
+      await register('m', '1');
+      await catalog.reportState('models/m/versions/1', VersionState.READY, '', 'worker-1');
+      await register('m', '2', buildMlpModel({ sizes: [64, 128, 32], seed: 7 }));
+      expect((await catalog.getModel('models/m')).versions.map((v) => VersionState[v.state])).toEqual(['READY', 'REGISTERED']);
+
+      const derived = await quantize({ source: 'models/m' });
+
+      expect(derived.name).toBe('models/m/versions/3');
+      expect(derived.lineage!.sourceVersion).toBe('models/m/versions/1');
+      expect(derived.lineage!.sourceSha256).toBe(sha256Of(mlp.bytes));
+    });
+
+    it('named by its model alone is refused with FAILED_PRECONDITION naming the model when no version is READY', async () => {
+      await register('m', '1');
+
+      const error = await rpcRejection(quantize({ source: 'models/m' }));
+
+      expect([error.code, error.reason, error.message]).toEqual([
+        status.FAILED_PRECONDITION,
+        'MODEL_NOT_READY',
+        'models/m has no READY version to derive from; name one (models/{model}/versions/{version})',
+      ]);
+      expect(await versionIds('m')).toEqual(['1']);
+    });
+
+    it('that does not exist is NOT_FOUND: an unknown model, or an unknown version of a known one', async () => {
+      await register('m', '1');
+
+      const model = await rpcRejection(quantize({ source: 'models/none/versions/1' }));
+      expect([model.code, model.reason, model.message]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND', 'model "none" not found']);
+      const byModel = await rpcRejection(quantize({ source: 'models/none' }));
+      expect([byModel.code, byModel.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
+      const version = await rpcRejection(quantize({ source: 'models/m/versions/9' }));
+      expect([version.code, version.reason, version.message]).toEqual([status.NOT_FOUND, 'VERSION_NOT_FOUND', 'models/m has no version 9']);
+      expect(await versionIds('m')).toEqual(['1']);
+    });
+
+    it('with nothing to quantize is refused with FAILED_PRECONDITION (NOT_QUANTIZABLE) naming the version, registering nothing', async () => {
+      await register('q', '1', buildQuantizedFormModel('dynamic-quantize-linear'));
+
+      const error = await rpcRejection(quantize({ source: 'models/q/versions/1', targetModel: 'models/q-int8' }));
+
+      expect([error.code, error.reason]).toEqual([status.FAILED_PRECONDITION, 'NOT_QUANTIZABLE']);
+      expect(error.message).toMatch(/^models\/q\/versions\/1 cannot be quantized: nothing to quantize/);
+      expect(await versionIds('q')).toEqual(['1']);
+      expect((await rpcRejection(catalog.getModel('models/q-int8'))).reason).toBe('MODEL_NOT_FOUND');
+    });
+  });
+
+  describe('the target', () => {
+    it('is the target model when given, created with version 1, and the source model keeps its versions', async () => {
+      await register('m', '1');
+
+      const derived = await quantize({ source: 'models/m/versions/1', targetModel: 'models/m-int8' });
+
+      expect(derived.name).toBe('models/m-int8/versions/1');
+      expect(derived.lineage!.sourceVersion).toBe('models/m/versions/1');
+      expect(await versionIds('m-int8')).toEqual(['1']);
+      expect(await versionIds('m')).toEqual(['1']);
+
+      // A target model that exists gets its next version.
+      const again = await quantize({ source: 'models/m/versions/1', targetModel: 'models/m-int8' });
+      expect(again.name).toBe('models/m-int8/versions/2');
+    });
+
+    it('takes the version id given, in the source model or the target model', async () => {
+      await register('m', '1');
+
+      expect((await quantize({ source: 'models/m/versions/1', versionId: '7' })).name).toBe('models/m/versions/7');
+      expect((await quantize({ source: 'models/m/versions/1', targetModel: 'models/m-int8', versionId: '5' })).name).toBe('models/m-int8/versions/5');
+      expect(await versionIds('m')).toEqual(['1', '7']);
+      expect(await versionIds('m-int8')).toEqual(['5']);
+      // Next after the highest id, not after the count of versions.
+      expect((await quantize({ source: 'models/m/versions/1' })).name).toBe('models/m/versions/8');
+    });
+
+    it('refuses a version id or a target model that is not one with INVALID_ARGUMENT, before storing anything', async () => {
+      await register('m', '1');
+
+      const version = await rpcRejection(quantize({ source: 'models/m/versions/1', versionId: 'v2' }));
+      expect([version.code, version.message]).toEqual([status.INVALID_ARGUMENT, 'invalid version id "v2": expected a positive integer such as "1"']);
+      const target = await rpcRejection(quantize({ source: 'models/m/versions/1', targetModel: 'm-int8' }));
+      expect([target.code, target.message]).toEqual([status.INVALID_ARGUMENT, 'target_model must be "models/{model}", got "m-int8"']);
+      expect(await versionIds('m')).toEqual(['1']);
+      expect(storedArtifacts()).toEqual([sha256Of(mlp.bytes)]);
+    });
+  });
+
+  describe('calibration', () => {
+    it('runs both models on the samples given, with data or random data, and reports them as not synthetic', async () => {
+      await register('m', '1');
+      const rows = (n: number) => Array.from({ length: n * 64 }, (_, i) => Math.sin(i) * 2);
+      const calibration = [
+        { name: 'given', inputs: [{ name: 'input', shape: [2n, 64n], contents: { case: 'data' as const, value: fp32(rows(2)) } }] },
+        { inputs: [{ name: 'input', datatype: DataType.FP32, shape: [3n, 64n], contents: { case: 'randomData' as const, value: true } }] },
+      ];
+
+      const accuracy = (await quantize({ source: 'models/m/versions/1', calibration })).lineage!.accuracy!;
+
+      // 2 + 3 rows of 32 classes, not the 4 × 8 of synthetic calibration.
+      expect(accuracy).toMatchObject({ samples: 2, synthetic: false, comparedItems: 5, maxRelativeL2: DEFAULT_MAX_RELATIVE_L2 });
+      expect(accuracy.relativeL2).toBeGreaterThan(0);
+      expect(accuracy.relativeL2).toBeLessThanOrEqual(0.02);
+    });
+
+    it('refuses a sample naming an input the model does not have with INVALID_ARGUMENT, checked as a warm-up is but named calibration', async () => {
+      await register('m', '1');
+      const calibration = [{ name: 'bad', inputs: [{ name: 'pixels', shape: [1n, 64n], contents: { case: 'zeroData' as const, value: true } }] }];
+
+      const error = await rpcRejection(quantize({ source: 'models/m/versions/1', calibration }));
+
+      expect([error.code, error.message]).toEqual([status.INVALID_ARGUMENT, 'calibration: samples[0] ("bad"): the model has no input "pixels"; its inputs are "input"']);
+      expect(await versionIds('m')).toEqual(['1']);
+    });
+
+    it('is refused with INVALID_ARGUMENT when a sample does not fit the signature', async () => {
+      await register('m', '1');
+      const calibration = [{ inputs: [{ name: 'input', shape: [1n, 63n], contents: { case: 'randomData' as const, value: true } }] }];
+
+      const error = await rpcRejection(quantize({ source: 'models/m/versions/1', calibration }));
+
+      expect([error.code, error.message]).toEqual([
+        status.INVALID_ARGUMENT,
+        'calibration: samples[0] input "input" has shape [1,63] but the model expects [-1,64]; give a concrete size (0 or more) for each -1',
+      ]);
+    });
+  });
+
+  describe('the accuracy gate', () => {
+    it('refuses a variant above it with FAILED_PRECONDITION (ACCURACY_GATE), giving the figures, and registers and stores nothing', async () => {
+      await register('m', '1');
+
+      const error = await rpcRejection(quantize({ source: 'models/m/versions/1', targetModel: 'models/m-int8', maxRelativeL2: 1e-6 }));
+
+      expect([error.code, error.reason]).toEqual([status.FAILED_PRECONDITION, 'ACCURACY_GATE']);
+      expect(error.metadata).toMatchObject({ source: 'models/m/versions/1', max_relative_l2: '0.000001' });
+      const relativeL2 = Number(error.metadata.relative_l2);
+      const maxAbsDiff = Number(error.metadata.max_abs_diff);
+      expect(relativeL2).toBeGreaterThan(1e-6);
+      expect(relativeL2).toBeLessThanOrEqual(0.02);
+      expect(maxAbsDiff).toBeGreaterThan(0);
+      expect(Number(error.metadata.top1_agreement)).toBeGreaterThan(0.5);
+      // The message gives the same figures: 4 synthetic samples of 8 rows, each of 32 classes.
+      expect(error.message).toMatch(
+        new RegExp(
+          `^the int8 variant of models/m/versions/1 is refused: its error is above the gate of relative L2 0\\.000001 ` +
+            `\\(relative L2 ${relativeL2.toPrecision(3)}, max abs diff ${maxAbsDiff.toPrecision(3)}, top-1 agreement [\\d.]+ % \\(\\d+ of 32\\), 4 synthetic samples\\); nothing was registered$`,
+        ),
+      );
+
+      expect((await rpcRejection(catalog.getModel('models/m-int8'))).reason).toBe('MODEL_NOT_FOUND');
+      expect(await versionIds('m')).toEqual(['1']);
+      expect(storedArtifacts()).toEqual([sha256Of(mlp.bytes)]);
+      // The same variant (the synthetic inputs are the same on every run) passes a gate of exactly its error: the gate is inclusive.
+      const passed = await quantize({ source: 'models/m/versions/1', targetModel: 'models/m-int8', maxRelativeL2: relativeL2 });
+      expect(passed.lineage!.accuracy).toMatchObject({ relativeL2, maxRelativeL2: relativeL2 });
+      expect(storedArtifacts().sort()).toEqual([sha256Of(mlp.bytes), passed.artifact!.sha256].sort());
+    });
+
+    it('at 0 refuses any error at all', async () => {
+      await register('t', '1', buildTinyModel());
+
+      const error = await rpcRejection(quantize({ source: 'models/t/versions/1', maxRelativeL2: 0 }));
+
+      expect([error.code, error.reason, error.metadata.max_relative_l2]).toEqual([status.FAILED_PRECONDITION, 'ACCURACY_GATE', '0']);
+      expect(await versionIds('t')).toEqual(['1']);
+      expect(storedArtifacts()).toEqual([sha256Of(buildTinyModel().bytes)]);
+    });
+
+    it('refuses a negative or non-finite gate with INVALID_ARGUMENT before any work', async () => {
+      await register('m', '1');
+
+      for (const maxRelativeL2 of [-0.5, Number.NaN, Number.POSITIVE_INFINITY]) {
+        const error = await rpcRejection(quantize({ source: 'models/m/versions/1', maxRelativeL2 }));
+        expect([error.code, error.message]).toEqual([status.INVALID_ARGUMENT, `max_relative_l2 must be a number 0 or more, got ${maxRelativeL2}`]);
+      }
+      expect(await versionIds('m')).toEqual(['1']);
+    });
+  });
+
+  describe('version_derivations_total', () => {
+    it('counts each derivation by its outcome', async () => {
+      await register('m', '1');
+      await register('q', '1', buildQuantizedFormModel('dynamic-quantize-linear'));
+      expect(await derivations('registered')).toBe(0);
+
+      await quantize({ source: 'models/m/versions/1' });
+      await quantize({ source: 'models/m/versions/1' });
+      await rpcRejection(quantize({ source: 'models/m/versions/1', maxRelativeL2: 1e-6 }));
+      await rpcRejection(quantize({ source: 'models/q/versions/1' }));
+      await rpcRejection(quantize({ source: 'models/m/versions/1', maxRelativeL2: -1 }));
+      await rpcRejection(quantize({ source: 'models/none/versions/1' }));
+
+      expect({
+        registered: await derivations('registered'),
+        refused_accuracy: await derivations('refused_accuracy'),
+        not_quantizable: await derivations('not_quantizable'),
+        invalid: await derivations('invalid'),
+        error: await derivations('error'),
+      }).toEqual({ registered: 2, refused_accuracy: 1, not_quantizable: 1, invalid: 2, error: 0 });
+    });
+  });
+});
