@@ -13,6 +13,7 @@ describe('toServiceDefinition', () => {
         'downloadArtifact',
         'getModel',
         'listModels',
+        'quantizeModelVersion',
         'reportVersionState',
         'resolveModelVersion',
         'retireModelVersion',
