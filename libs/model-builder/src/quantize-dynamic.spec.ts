@@ -165,6 +165,21 @@ describe(quantizeDynamic.name, () => {
     expect(opTypes(quantizeDynamic(model.bytes).bytes).filter((op) => op === 'DynamicQuantizeLinear')).toHaveLength(1);
   });
 
+  it('stores a weight that several nodes read once: tied weights stay tied', async () => {
+    const random = new SeededRandom(4);
+    const model = encodeModel('tied', {
+      nodes: [node('MatMul', ['input', 'shared'], ['h'], 'first'), node('Relu', ['h'], ['r'], 'relu'), node('MatMul', ['r', 'shared'], ['output'], 'second')],
+      initializers: [floatInitializer('shared', [8, 8], random.uniformFloat32(64, -1, 1))],
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 8] }],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 8] }],
+    });
+    const sut = quantizeDynamic(model.bytes);
+    expect(sut.quantized.map((q) => q.node)).toEqual(['first', 'second']);
+    expect(graphOf(sut.bytes).initializer.map((t) => t.name).sort()).toEqual(['shared_quantized', 'shared_scale', 'shared_zero_point']);
+    const input = uniform(3 * 8);
+    expect(relativeL2(await run(model.bytes, input, [3, 8]), await run(sut.bytes, input, [3, 8]))).toBeLessThan(0.03);
+  });
+
   it('keeps a MatMul of two activations in float, and quantizes the rest', () => {
     const random = new SeededRandom(9);
     const model = encodeModel('mixed', {

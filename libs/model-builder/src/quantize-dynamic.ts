@@ -152,6 +152,16 @@ interface QuantizedWeight {
   scales: Float32Array;
 }
 
+/** A weight's quantized initializers in the graph. */
+interface StoredWeight {
+  weightName: string;
+  weight: QuantizedWeight;
+  values: string;
+  zeroPoint: string;
+  /** The scales initializer by the factor folded into it (a Gemm's alpha). */
+  scales: Map<number, string>;
+}
+
 /**
  * Rewrites quantizable nodes one at a time, keeping one set of value names so that every name it
  * adds is new, and one DynamicQuantizeLinear per activation.
@@ -162,6 +172,8 @@ class GraphRewriter {
   readonly added: onnx.ITensorProto[] = [];
   private readonly names = new Set<string>();
   private readonly initializers = new Map<string, onnx.TensorProto>();
+  /** Quantized weights by the weight and the layout they are stored in. */
+  private readonly storedWeights = new Map<string, StoredWeight>();
   /** Activation name -> the names of its quantized value, scale and zero point. */
   private readonly quantizedActivations = new Map<string, { value: string; scale: string; zeroPoint: string }>();
 
@@ -198,44 +210,76 @@ class GraphRewriter {
     if (weight.dataType !== ONNX_ELEM_TYPE.FP32) return keep(`its weight "${weightName}" is not FP32 (ONNX type ${weight.dataType})`);
     if (weight.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL) return keep(`its weight "${weightName}" is stored outside the model file`);
     const dims = weight.dims.map(toNumber);
-    const values = floatValues(weight);
     switch (opType) {
       case 'MatMul':
         if (dims.length !== 2) return keep(`its weight "${weightName}" has rank ${dims.length}; only 2-D weights are quantized`);
-        return this.matMul(original, nodeName, activation, weightName, this.quantizeColumns(values, dims[0]!, dims[1]!), 1, undefined);
+        return this.matMul(original, nodeName, activation, this.stored(`${weightName} as columns`, weightName, () => this.quantizeColumns(floatValues(weight), dims[0]!, dims[1]!)), 1, undefined);
       case 'Gemm': {
         if (attributeInt(original, 'transA', 0) !== 0) return keep('it transposes its first input (transA)');
         if (dims.length !== 2) return keep(`its weight "${weightName}" has rank ${dims.length}`);
         const transB = attributeInt(original, 'transB', 0) !== 0;
         const [k, n] = transB ? [dims[1]!, dims[0]!] : [dims[0]!, dims[1]!];
-        const columns = transB ? transpose(values, dims[0]!, dims[1]!) : values;
-        return this.matMul(original, nodeName, activation, weightName, this.quantizeColumns(columns, k, n), attributeFloat(original, 'alpha', 1), {
+        const stored = this.stored(`${weightName} as ${transB ? 'rows' : 'columns'}`, weightName, () =>
+          this.quantizeColumns(transB ? transpose(floatValues(weight), dims[0]!, dims[1]!) : floatValues(weight), k, n),
+        );
+        return this.matMul(original, nodeName, activation, stored, attributeFloat(original, 'alpha', 1), {
           bias: original.input?.[2],
           beta: attributeFloat(original, 'beta', 1),
         });
       }
       case 'Conv': {
         if (dims.length !== 4) return keep(`only 2-D convolutions are quantized; its weight "${weightName}" has rank ${dims.length}`);
-        return this.conv(original, nodeName, activation, weightName, this.quantizeFilters(values, dims));
+        return this.conv(original, nodeName, activation, this.stored(`${weightName} as filters`, weightName, () => this.quantizeFilters(floatValues(weight), dims)));
       }
     }
+  }
+
+  /**
+   * A weight's quantized initializers, added once however many nodes read it the same way (tied
+   * weights stay tied), with its scales by the factor folded into them.
+   */
+  private stored(key: string, weightName: string, quantize: () => QuantizedWeight): StoredWeight {
+    let stored = this.storedWeights.get(key);
+    if (stored === undefined) {
+      const weight = quantize();
+      const uint8 = weight.values instanceof Uint8Array;
+      stored = {
+        weightName,
+        weight,
+        values: this.addInitializer(`${weightName}_quantized`, uint8 ? ONNX_ELEM_TYPE.UINT8 : ONNX_ELEM_TYPE.INT8, weight.dims, weight.values),
+        zeroPoint: uint8
+          ? this.addInitializer(`${weightName}_zero_point`, ONNX_ELEM_TYPE.UINT8, [], Uint8Array.of(UINT8_WEIGHT_ZERO_POINT))
+          : this.addInitializer(`${weightName}_zero_point`, ONNX_ELEM_TYPE.INT8, [], new Int8Array(1)),
+        scales: new Map(),
+      };
+      this.storedWeights.set(key, stored);
+    }
+    return stored;
+  }
+
+  /** The initializer of a stored weight's scales times `factor`, in the shape its operator broadcasts them. */
+  private scalesOf(stored: StoredWeight, factor: number, dims: readonly number[]): string {
+    let name = stored.scales.get(factor);
+    if (name === undefined) {
+      name = this.addFloat(`${stored.weightName}_scale`, dims, stored.weight.scales.map((s) => s * factor));
+      stored.scales.set(factor, name);
+    }
+    return name;
   }
 
   private matMul(
     original: onnx.INodeProto,
     nodeName: string,
     activation: string,
-    weightName: string,
-    weight: QuantizedWeight,
+    stored: StoredWeight,
     alpha: number,
     gemm: { bias: string | undefined; beta: number } | undefined,
   ): onnx.INodeProto[] {
     const nodes: onnx.INodeProto[] = [];
     const x = this.quantizedActivation(activation, nodes);
     const output = original.output![0]!;
-    const w = this.addInitializer(`${weightName}_quantized`, ONNX_ELEM_TYPE.INT8, weight.dims, weight.values);
-    const wZeroPoint = this.addInitializer(`${weightName}_zero_point`, ONNX_ELEM_TYPE.INT8, [], new Int8Array(1));
-    const wScale = this.addFloat(`${weightName}_scale`, [weight.scales.length], weight.scales.map((s) => s * alpha));
+    const { values: w, zeroPoint: wZeroPoint, weight, weightName } = stored;
+    const wScale = this.scalesOf(stored, alpha, [weight.scales.length]);
     const integer = this.fresh(`${output}_int32`);
     const float = this.fresh(`${output}_unscaled`);
     const scale = this.fresh(`${output}_scale`);
@@ -256,20 +300,13 @@ class GraphRewriter {
     return nodes;
   }
 
-  private conv(
-    original: onnx.INodeProto,
-    nodeName: string,
-    activation: string,
-    weightName: string,
-    weight: QuantizedWeight,
-  ): onnx.INodeProto[] {
+  private conv(original: onnx.INodeProto, nodeName: string, activation: string, stored: StoredWeight): onnx.INodeProto[] {
     const nodes: onnx.INodeProto[] = [];
     const x = this.quantizedActivation(activation, nodes);
     const output = original.output![0]!;
+    const { values: w, zeroPoint: wZeroPoint, weight, weightName } = stored;
     const filters = weight.dims[0]!;
-    const w = this.addInitializer(`${weightName}_quantized`, ONNX_ELEM_TYPE.UINT8, weight.dims, weight.values);
-    const wZeroPoint = this.addInitializer(`${weightName}_zero_point`, ONNX_ELEM_TYPE.UINT8, [], Uint8Array.of(UINT8_WEIGHT_ZERO_POINT));
-    const wScale = this.addFloat(`${weightName}_scale`, weight.scales.length === 1 ? [] : [filters, 1, 1], weight.scales);
+    const wScale = this.scalesOf(stored, 1, weight.scales.length === 1 ? [] : [filters, 1, 1]);
     const integer = this.fresh(`${output}_int32`);
     const float = this.fresh(`${output}_unscaled`);
     const scale = this.fresh(`${output}_scale`);

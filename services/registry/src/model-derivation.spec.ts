@@ -1,6 +1,17 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { type BuiltModel, buildClassifierModel, buildCnnModel, buildMlpModel, buildQuantizedFormModel, buildTinyModel, CLASSIFIER_PROCESSING } from '@infermesh/model-builder';
+import {
+  type BuiltModel,
+  buildClassifierModel,
+  buildCnnModel,
+  buildMlpModel,
+  buildQuantizedFormModel,
+  buildTinyModel,
+  CLASSIFIER_PROCESSING,
+  encodeModel,
+  floatInitializer,
+  node,
+} from '@infermesh/model-builder';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   BatchingSchema,
@@ -19,7 +30,7 @@ import { join } from 'node:path';
 import { FilesystemArtifactStore } from './artifact-store.filesystem';
 import { Clock } from './clock';
 import { ModelCatalog } from './model-catalog';
-import { DEFAULT_MAX_RELATIVE_L2, ModelDerivation, QUANTIZATION_METHOD } from './model-derivation';
+import { DEFAULT_MAX_RELATIVE_L2, MAX_CALIBRATION_ELEMENTS, ModelDerivation, QUANTIZATION_METHOD } from './model-derivation';
 import { EmbeddedModelStore } from './model-store.embedded';
 import { ModelWatch } from './model-watch';
 import { OnnxRuntime } from './onnx-runtime.adapter';
@@ -316,6 +327,48 @@ describe(ModelDerivation.name, () => {
         status.INVALID_ARGUMENT,
         'calibration: samples[0] input "input" has shape [1,63] but the model expects [-1,64]; give a concrete size (0 or more) for each -1',
       ]);
+    });
+    it('is refused with INVALID_ARGUMENT when its samples hold more input elements in all than MAX_CALIBRATION_ELEMENTS', async () => {
+      // A model that does not batch: any first dimension. Each sample is within the warm-up limits
+      // (16 samples, 16,777,216 elements each); together they are not.
+      await register('m', '1', mlp, { maxBatchSize: 0 });
+      const rows = Math.floor(MAX_CALIBRATION_ELEMENTS / 64 / 4) + 1;
+      const calibration = Array.from({ length: 4 }, () => ({ inputs: [{ name: 'input', shape: [BigInt(rows), 64n], contents: { case: 'randomData' as const, value: true } }] }));
+
+      const error = await rpcRejection(quantize({ source: 'models/m/versions/1', calibration }));
+
+      expect([error.code, error.message]).toEqual([
+        status.INVALID_ARGUMENT,
+        `calibration: the samples have ${4 * rows * 64} input elements in all, above the limit of ${MAX_CALIBRATION_ELEMENTS} (MAX_CALIBRATION_ELEMENTS); give fewer or smaller samples`,
+      ]);
+      expect(await versionIds('m')).toEqual(['1']);
+    });
+
+    it('names the sample the source cannot run on', async () => {
+      // input · W, then the column picked by "index": an index out of range fails the run.
+      const picker = encodeModel('picker', {
+        nodes: [node('MatMul', ['input', 'w'], ['h'], 'dense'), node('Gather', ['h', 'index'], ['output'], 'pick', [{ name: 'axis', type: 2, i: 1 }])],
+        initializers: [floatInitializer('w', [4, 4], Float32Array.from({ length: 16 }, (_, i) => Math.sin(i)))],
+        inputs: [
+          { name: 'input', datatype: 'FP32', shape: [-1, 4] },
+          { name: 'index', datatype: 'INT64', shape: [1] },
+        ],
+        outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 1] }],
+      });
+      await register('m', '1', picker);
+      const sample = (name: string, index: bigint) => ({
+        name,
+        inputs: [
+          { name: 'input', shape: [2n, 4n], contents: { case: 'randomData' as const, value: true } },
+          { name: 'index', shape: [1n], contents: { case: 'data' as const, value: new Uint8Array(BigInt64Array.of(index).buffer) } },
+        ],
+      });
+
+      const error = await rpcRejection(quantize({ source: 'models/m/versions/1', calibration: [sample('fine', 2n), sample('out of range', 7n)] }));
+
+      expect(error.code).toBe(status.INVALID_ARGUMENT);
+      expect(error.message).toMatch(/^the source cannot run on calibration samples\[1\] \("out of range"\): .*indices/);
+      expect(await versionIds('m')).toEqual(['1']);
     });
   });
 

@@ -3,7 +3,7 @@ import { status } from '@grpc/grpc-js';
 import { Inject, Injectable } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
 import { DEFAULT_QUANTIZED_OPS, describeAccuracy, type DynamicQuantizationResult, QuantizationError, quantizeDynamic } from '@infermesh/model-builder';
-import { type TensorSpec, TensorSpecSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { type Tensor, type TensorSpec, TensorSpecSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   AccuracyReportSchema,
   type Lineage,
@@ -17,16 +17,16 @@ import {
   WarmUpSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { checkVersionId, compareVersionIds, latestReady, splitVersionName, stableVersion, versionIdOf } from '@infermesh/rollout';
-import { addComparisons, type Comparison, compareOutputs, datatypeName, sampleInputs } from '@infermesh/tensors';
+import { addComparisons, type Comparison, compareOutputs, datatypeName, elementCount, sampleInputs } from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import { ArtifactStore } from './artifact-store';
 import { ModelCatalog } from './model-catalog';
-import { OnnxRuntime } from './onnx-runtime.adapter';
+import { OnnxRuntime, type OnnxSession } from './onnx-runtime.adapter';
 import { readOnnxSignature } from './onnx-signature';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 import { parseModelName } from './resource-names';
-import { checkWarmUp } from './warm-up-check';
+import { checkWarmUp, sampleLabel } from './warm-up-check';
 
 /** The gate when the request sets none: 2 % relative L2 error. */
 export const DEFAULT_MAX_RELATIVE_L2 = 0.02;
@@ -35,6 +35,11 @@ export const SYNTHETIC_CALIBRATION_SAMPLES = 4;
 /** ...each of this many items, for a model that batches. */
 export const SYNTHETIC_CALIBRATION_BATCH = 8;
 export const QUANTIZATION_METHOD = 'dynamic_int8';
+/**
+ * The most input elements of all calibration samples together (64 MiB of FP32): each sample's
+ * tensors are made when it runs, but a derivation is the control plane's work and stays bounded.
+ */
+export const MAX_CALIBRATION_ELEMENTS = 16_777_216;
 
 type DerivationOutcome = 'registered' | 'refused_accuracy' | 'not_quantizable' | 'invalid' | 'error';
 
@@ -49,6 +54,8 @@ type DerivationOutcome = 'registered' | 'refused_accuracy' | 'not_quantizable' |
 @Injectable()
 export class ModelDerivation {
   private readonly derivations: Counter<'method' | 'outcome'>;
+  /** The derivation in progress, which the next one waits for. */
+  private previous: Promise<unknown> = Promise.resolve();
 
   constructor(
     private readonly catalog: ModelCatalog,
@@ -65,7 +72,17 @@ export class ModelDerivation {
     );
   }
 
+  /**
+   * Derives and registers an int8 variant. Derivations run one at a time on a registry (each holds
+   * two models' sessions and the variant's bytes); a request waits for the one before it.
+   */
   async quantize(request: QuantizeModelVersionRequest): Promise<ModelVersion> {
+    const turn = this.previous.then(() => this.quantizeNow(request));
+    this.previous = turn.catch(() => undefined);
+    return turn;
+  }
+
+  private async quantizeNow(request: QuantizeModelVersionRequest): Promise<ModelVersion> {
     let outcome: DerivationOutcome = 'error';
     try {
       const version = await this.derive(request);
@@ -213,8 +230,14 @@ export class ModelDerivation {
       }
     }
     if (given.length > 0) {
-      const checked = checkWarmUp(create(WarmUpSchema, { samples: [...given] }), signature, 'calibration');
-      return { samples: checked!.samples, synthetic: false };
+      const checked = checkWarmUp(create(WarmUpSchema, { samples: [...given] }), signature, 'calibration')!;
+      const elements = checked.samples.reduce((sum, sample) => sum + sample.inputs.reduce((n, input) => n + elementCount(input.shape), 0), 0);
+      if (elements > MAX_CALIBRATION_ELEMENTS) {
+        throw RpcError.invalidArgument(
+          `calibration: the samples have ${elements} input elements in all, above the limit of ${MAX_CALIBRATION_ELEMENTS} (MAX_CALIBRATION_ELEMENTS); give fewer or smaller samples`,
+        );
+      }
+      return { samples: checked.samples, synthetic: false };
     }
     const batch = signature.maxBatchSize > 0 ? Math.min(SYNTHETIC_CALIBRATION_BATCH, signature.maxBatchSize) : 1;
     const samples = Array.from({ length: SYNTHETIC_CALIBRATION_SAMPLES }, (_, i) =>
@@ -248,17 +271,34 @@ export class ModelDerivation {
     }
   }
 
-  /** Both models on every calibration sample, compared output by output, summed over the samples. */
+  /**
+   * Both models on every calibration sample, compared output by output, summed over the samples.
+   * The samples' tensors are made one sample at a time, so a derivation holds one sample's inputs and
+   * outputs at once.
+   */
   private async compare(source: Uint8Array, variant: Uint8Array, calibration: { samples: WarmUpSample[] }, signature: Signature): Promise<Comparison> {
-    const runs = calibration.samples.map((sample, i) => sampleInputs(sample, i, signature.inputs));
-    let served: Awaited<ReturnType<OnnxRuntime['run']>>;
+    const sessions: OnnxSession[] = [];
     try {
-      served = await this.onnx.run(source, runs);
-    } catch (error) {
-      throw RpcError.invalidArgument(`the source cannot run on the calibration inputs: ${error instanceof Error ? error.message : String(error)}`);
+      const served = await this.onnx.session(source);
+      sessions.push(served);
+      const candidate = await this.onnx.session(variant);
+      sessions.push(candidate);
+      let total: Comparison | undefined;
+      for (const [i, sample] of calibration.samples.entries()) {
+        const inputs = sampleInputs(sample, i, signature.inputs);
+        let expected: Tensor[];
+        try {
+          expected = await served.run(inputs);
+        } catch (error) {
+          throw RpcError.invalidArgument(`the source cannot run on calibration ${sampleLabel(sample, i)}: ${error instanceof Error ? error.message : String(error)}`);
+        }
+        const comparison = compareOutputs(expected, await candidate.run(inputs));
+        total = total === undefined ? comparison : addComparisons(total, comparison);
+      }
+      return total!;
+    } finally {
+      for (const session of sessions) await session.release();
     }
-    const candidate = await this.onnx.run(variant, runs);
-    return served.map((outputs, i) => compareOutputs(outputs, candidate[i]!)).reduce(addComparisons);
   }
 }
 

@@ -20,6 +20,12 @@ const TYPED_ARRAYS: Record<string, new (buffer: ArrayBuffer) => ArrayLike<unknow
   float16: Uint16Array,
 };
 
+/** A model's session in the registry: run it, then release it. */
+export interface OnnxSession {
+  run(inputs: readonly Tensor[]): Promise<Tensor[]>;
+  release(): Promise<void>;
+}
+
 /**
  * onnxruntime-node behind a small seam: whether it can create a session from a model's bytes, as a
  * worker will, and a model's outputs on given inputs. Sessions run on one thread and are released
@@ -34,23 +40,21 @@ export class OnnxRuntime {
   }
 
   /**
-   * The model's outputs on each set of inputs, in the order of the graph's outputs. Inputs of a
-   * datatype onnxruntime holds in a typed array only (not BYTES); rejects with onnxruntime's error.
+   * A session of the model, to run on inputs and then release: its outputs come in the order of the
+   * graph's outputs. Inputs of a datatype onnxruntime holds in a typed array only (not BYTES); rejects
+   * with onnxruntime's error.
    */
-  async run(bytes: Uint8Array, runs: readonly (readonly Tensor[])[]): Promise<Tensor[][]> {
+  async session(bytes: Uint8Array): Promise<OnnxSession> {
     const session = await this.open(bytes);
-    try {
-      const results: Tensor[][] = [];
-      for (const inputs of runs) {
+    return {
+      run: async (inputs) => {
         const feeds: Record<string, OrtTensor> = {};
         for (const input of inputs) feeds[input.name] = toOrt(input);
         const outputs = await session.run(feeds);
-        results.push(session.outputNames.map((name) => fromOrt(name, outputs[name]!)));
-      }
-      return results;
-    } finally {
-      await session.release();
-    }
+        return session.outputNames.map((name) => fromOrt(name, outputs[name]!));
+      },
+      release: () => session.release(),
+    };
   }
 
   private open(bytes: Uint8Array): Promise<InferenceSession> {
