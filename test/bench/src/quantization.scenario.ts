@@ -31,12 +31,15 @@ interface Pair {
 /**
  * Int8 variants derived by the registry (QuantizeModelVersion, as `infermesh models quantize` asks
  * for them) against their FP32 sources, each model served by a worker of its own (the worker's
- * defaults on this machine: one instance per model with every core): items/s at batch 32 through WorkerService.Infer with
- * CONCURRENCY requests in flight (the worker's throughput) and with one (a caller that waits for each
- * answer), source and variant measured alternately round by round; the memory the worker charges
- * each (its memory_bytes); the artifact sizes; and the relative L2 error the registry recorded at
- * derivation. Beside them, the same two models in-process (onnxruntime-node with the worker's session
- * settings), so that the worker's ratio can be read against the runtime's own.
+ * defaults on this machine: one instance per model with every core):
+ * - items/s at batch 32 through WorkerService.Infer with CONCURRENCY requests in flight (the worker's
+ *   throughput) and with one (a caller that waits for each answer), source and variant measured
+ *   alternately round by round;
+ * - the memory the worker charges each (its memory_bytes), and the same beyond what an instance of
+ *   the tiny model costs (the part of a charge that does not depend on the model);
+ * - the artifact sizes, and the relative L2 error the registry recorded at derivation;
+ * - beside them, the same two models in-process (onnxruntime-node with the worker's session
+ *   settings), so that the worker's ratio can be read against the runtime's own.
  * Models: the demo MLP (512-2048-2048-512), and the generated CNN (3×48×192 input) twice: with its
  * convolutions in float (the default) and quantized too (--conv).
  */
@@ -51,9 +54,11 @@ export async function quantization(): Promise<Record<string, unknown>> {
   // Each model in a worker process of its own: what a worker charges for a load depends on what the
   // process held and freed before it (memory freed by an earlier load is used again without growing
   // the process), so each is measured as the only model of a fresh worker.
-  const served = [...new Set(pairs.flatMap((p) => [p.source, p.variant]))];
+  // The tiny model (12 weights) in a worker of its own too: what an execution instance costs with
+  // (almost) no model, so that each charge can also be read beyond that fixed part.
+  const served = [...new Set(pairs.flatMap((p) => [p.source, p.variant])), 'tiny'];
   const fixture = await startFixture({
-    models: ['mlp', cnn],
+    models: ['mlp', cnn, 'tiny'],
     env: { ROUTER_CACHE_ENABLED: 'false', WORKER_INSTANCES_PER_MODEL: '1', WORKER_INTRA_OP_THREADS: String(intraOpThreads) },
     workers: served.map((model) => ({ models: [model] })),
   });
@@ -83,6 +88,7 @@ export async function quantization(): Promise<Record<string, unknown>> {
     for (const client of workers.values()) {
       for (const m of (await client.listModels({})).models) memory.set(m.name, Number(m.memoryBytes));
     }
+    const instanceBytes = memory.get('models/tiny/versions/1')!;
     const sizes = new Map<string, number>();
     for (const m of (await registry.listModels({})).models) sizes.set(m.name, Number(m.versions[0]!.artifact!.sizeBytes));
 
@@ -153,6 +159,7 @@ export async function quantization(): Promise<Record<string, unknown>> {
       Object.assign(figures, {
         [`${pair.key}_items_ratio_b32`]: round(elapsed.source_worker / elapsed.variant_worker),
         [`${pair.key}_memory_ratio`]: round(memory.get(variantName)! / memory.get(sourceName)!),
+        [`${pair.key}_memory_ratio_beyond_instance`]: round((memory.get(variantName)! - instanceBytes) / (memory.get(sourceName)! - instanceBytes)),
         [`${pair.key}_rel_l2`]: round(accuracy.relativeL2, 5),
         [`${pair.key}_items_ratio_b32_one_in_flight`]: round(elapsed.source_worker_c1 / elapsed.variant_worker_c1),
         [`${pair.key}_inprocess_items_ratio_b32`]: round(elapsed.source_inprocess / elapsed.variant_inprocess),
@@ -177,7 +184,7 @@ export async function quantization(): Promise<Record<string, unknown>> {
     process.stdout.write(
       `${table(['source -> int8 variant', 'source items/s', 'variant items/s', 'items ratio', 'one in flight', 'in-process ratio', 'worker memory MiB', 'memory ratio', 'rel L2'], rows)}\n`,
     );
-    return { scenario: 'quantization', batch: BATCH, intra_op_threads: intraOpThreads, ...figures };
+    return { scenario: 'quantization', batch: BATCH, intra_op_threads: intraOpThreads, empty_instance_memory_mib: round(instanceBytes / 2 ** 20, 1), ...figures };
   } finally {
     for (const session of sessions) await session.release();
     registry.close();
