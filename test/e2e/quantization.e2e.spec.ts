@@ -179,6 +179,9 @@ describe('quantized models', () => {
     expect(result.stdout).toMatch(/^cnn version 2 is READY in /);
     const variant = await versionOf('cnn', '2');
     expect(variant.state).toBe(VersionState.READY);
+    // A variant registered as the next version takes over under the default policy (the latest
+    // version serves): the FP32 source drains, as after any registration.
+    expect([VersionState.DRAINING, VersionState.RETIRED]).toContain((await versionOf('cnn', '1')).state);
     const lineage = variant.lineage!;
     expect(lineage.quantizedNodes.map((n) => n.opType)).toEqual(['MatMul']);
     expect(lineage.floatNodes.map((n) => [n.opType, n.reason])).toEqual(Array.from({ length: 3 }, () => ['Conv', 'Conv is not among the operators asked for (MatMul, Gemm)']));

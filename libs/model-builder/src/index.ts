@@ -8,6 +8,5 @@ export * from './classifier-model';
 export * from './demo-models';
 export * from './padded-model';
 export * from './warm-up-models';
-export * from './quantize-dynamic';
 export * from './cnn-model';
 export * from './quantized-forms';

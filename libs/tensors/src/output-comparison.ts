@@ -10,6 +10,9 @@ export interface Comparison {
   maxAbsDiff: number;
   /** ‖shadow − served‖₂ ÷ ‖served‖₂ over every floating-point element (0 when both are 0). */
   relativeL2: number;
+  /** Of those, the rows of [batch, classes] outputs alone (top-1 agreement = topAgreed ÷ topRows). */
+  topRows: number;
+  topAgreed: number;
   /** Outputs that could not be compared element by element (another shape or datatype, or missing). */
   mismatched: number;
   /** ‖shadow − served‖₂² and ‖served‖₂², of which relativeL2 is the root of the ratio: what comparisons of several runs add up (addComparisons). */
@@ -23,7 +26,7 @@ export interface Comparison {
  * same. Any other output agrees or not as a whole, bit for bit, counted as one item.
  */
 export function compareOutputs(served: readonly Tensor[], shadow: readonly Tensor[]): Comparison {
-  const result: Comparison = { items: 0, agreed: 0, maxAbsDiff: 0, relativeL2: 0, mismatched: 0, diffSquares: 0, servedSquares: 0 };
+  const result: Comparison = { items: 0, agreed: 0, topRows: 0, topAgreed: 0, maxAbsDiff: 0, relativeL2: 0, mismatched: 0, diffSquares: 0, servedSquares: 0 };
   for (const a of served) {
     const b = shadow.find((t) => t.name === a.name);
     if (b === undefined || b.datatype !== a.datatype || b.shape.join(',') !== a.shape.join(',')) {
@@ -47,7 +50,11 @@ export function compareOutputs(served: readonly Tensor[], shadow: readonly Tenso
       const width = Number(a.shape[1]);
       for (let row = 0; row < Number(a.shape[0]); row++) {
         result.items += 1;
-        if (argmax(x, row * width, width) === argmax(y, row * width, width)) result.agreed += 1;
+        result.topRows += 1;
+        if (argmax(x, row * width, width) === argmax(y, row * width, width)) {
+          result.agreed += 1;
+          result.topAgreed += 1;
+        }
       }
     } else {
       result.items += 1;
@@ -65,6 +72,8 @@ export function addComparisons(a: Comparison, b: Comparison): Comparison {
   return {
     items: a.items + b.items,
     agreed: a.agreed + b.agreed,
+    topRows: a.topRows + b.topRows,
+    topAgreed: a.topAgreed + b.topAgreed,
     maxAbsDiff: Math.max(a.maxAbsDiff, b.maxAbsDiff),
     mismatched: a.mismatched + b.mismatched,
     diffSquares,

@@ -62,6 +62,8 @@ const ARTIFACT_SHA256_HEADER = 'x-artifact-sha256';
  *                                        optional x-artifact-sha256 → Artifact
  *   POST   /admin/v1/models/{m}/versions CreateModelVersionRequest without parent → ModelVersion
  *   POST   /admin/v1/models/{m}/versions/{v}/retire        → ModelVersion
+ *   POST   /admin/v1/models/{m}/versions/{v}/quantize  optional QuantizeModelVersionRequest
+ *                                        without source → ModelVersion (the int8 variant)
  *   PUT    /admin/v1/models/{m}/rollout  RolloutPolicy     → Model
  *   POST   /admin/v1/models/{m}/rollout/promote  optional {"version": "2"} → Model
  *   POST   /admin/v1/models/{m}/rollout/rollback           → Model

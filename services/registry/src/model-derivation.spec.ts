@@ -196,7 +196,15 @@ describe(ModelDerivation.name, () => {
       ]);
       expect(lineage.floatNodes).toEqual([]);
       expect(lineage.accuracy!.maxRelativeL2).toBe(0.1);
-      expect(withConv.artifact!.sha256).not.toBe(byDefault.sourceSha256);
+      expect(withConv.artifact!.sha256).not.toBe((await catalog.getModel('models/cnn')).versions[1]!.artifact!.sha256);
+    });
+
+    it('records 7-bit weights when asked for a reduced range', async () => {
+      await register('m', '1');
+      const lineage = (await quantize({ source: 'models/m/versions/1', settings: { reduceRange: true } })).lineage!;
+      expect(lineage.settings).toMatchObject({ perChannel: true, quantizeConv: false, reduceRange: true });
+      expect(lineage.quantizedNodeCount).toBe(2);
+      expect(lineage.floatNodeCount).toBe(0);
     });
   });
 
@@ -421,6 +429,79 @@ describe(ModelDerivation.name, () => {
         expect([error.code, error.message]).toEqual([status.INVALID_ARGUMENT, `max_relative_l2 must be a number 0 or more, got ${maxRelativeL2}`]);
       }
       expect(await versionIds('m')).toEqual(['1']);
+    });
+  });
+
+  describe('running', () => {
+    it('runs derivations one at a time: two at once of the same source become its next two versions', async () => {
+      await register('m', '1');
+
+      const [first, second] = await Promise.all([quantize({ source: 'models/m/versions/1' }), quantize({ source: 'models/m/versions/1' })]);
+
+      expect([first.name, second.name]).toEqual(['models/m/versions/2', 'models/m/versions/3']);
+    });
+
+    it('refuses with RESOURCE_EXHAUSTED a derivation beyond REGISTRY_MAX_QUEUED_DERIVATIONS waiting, and runs the others', async () => {
+      config = loadRegistryConfig({ REGISTRY_DATA_DIR: dir, REGISTRY_MAX_QUEUED_DERIVATIONS: '1' });
+      metrics = new Metrics('registry');
+      sut = new ModelDerivation(catalog, artifacts, new OnnxRuntime(), config, logger, metrics);
+      await register('m', '1');
+
+      const results = await Promise.allSettled([1, 2, 3].map(() => quantize({ source: 'models/m/versions/1' })));
+
+      expect(results.map((r) => r.status)).toEqual(['fulfilled', 'fulfilled', 'rejected']);
+      const error = (results[2] as PromiseRejectedResult).reason as { code: number; reason: string; message: string };
+      expect([error.code, error.reason]).toEqual([status.RESOURCE_EXHAUSTED, 'OVERLOADED']);
+      expect(error.message).toContain('REGISTRY_MAX_QUEUED_DERIVATIONS');
+      expect(await versionIds('m')).toEqual(['1', '2', '3']);
+      expect(await derivations('refused_busy')).toBe(1);
+    });
+
+    it('stops, registering nothing, when its caller has gone away', async () => {
+      await register('m', '1');
+      const caller = new AbortController();
+      caller.abort();
+
+      const error = await rpcRejection(sut.quantize(create(QuantizeModelVersionRequestSchema, { source: 'models/m/versions/1' }), caller.signal));
+
+      expect(error.code).toBe(status.CANCELLED);
+      expect(await versionIds('m')).toEqual(['1']);
+      expect(await derivations('cancelled')).toBe(1);
+    });
+
+    it('refuses a source above REGISTRY_MAX_DERIVATION_BYTES, and a target version that exists, before any work', async () => {
+      await register('m', '1');
+      await register('m', '2', buildTinyModel());
+      const before = storedArtifacts();
+
+      const exists = await rpcRejection(quantize({ source: 'models/m/versions/1', versionId: '2' }));
+      expect([exists.code, exists.message]).toEqual([status.ALREADY_EXISTS, 'models/m/versions/2 already exists; name another version or model']);
+
+      config = loadRegistryConfig({ REGISTRY_DATA_DIR: dir, REGISTRY_MAX_DERIVATION_BYTES: '1KiB' });
+      sut = new ModelDerivation(catalog, artifacts, new OnnxRuntime(), config, logger, new Metrics('registry'));
+      const large = await rpcRejection(quantize({ source: 'models/m/versions/1' }));
+      expect([large.code, large.reason]).toEqual([status.FAILED_PRECONDITION, 'NOT_QUANTIZABLE']);
+      expect(large.message).toMatch(/^models\/m\/versions\/1 is \d+ bytes, above the 1024 the registry derives from \(REGISTRY_MAX_DERIVATION_BYTES/);
+      expect(storedArtifacts()).toEqual(before);
+    });
+
+    it('refuses with FAILED_PRECONDITION, asking for calibration samples, a model its synthetic inputs do not suit', async () => {
+      // input · W, then the column picked by "index": random whole numbers up to 127 are out of range.
+      const picker = encodeModel('picker', {
+        nodes: [node('MatMul', ['input', 'w'], ['h'], 'dense'), node('Gather', ['h', 'index'], ['output'], 'pick', [{ name: 'axis', type: 2, i: 1 }])],
+        initializers: [floatInitializer('w', [4, 4], Float32Array.from({ length: 16 }, (_, i) => Math.sin(i)))],
+        inputs: [
+          { name: 'input', datatype: 'FP32', shape: [-1, 4] },
+          { name: 'index', datatype: 'INT64', shape: [1] },
+        ],
+        outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 1] }],
+      });
+      await register('m', '1', picker, { maxBatchSize: 0 });
+
+      const error = await rpcRejection(quantize({ source: 'models/m/versions/1' }));
+
+      expect([error.code, error.reason]).toEqual([status.FAILED_PRECONDITION, 'NOT_QUANTIZABLE']);
+      expect(error.message).toMatch(/^the source cannot run on calibration samples\[\d\] \("synthetic \d"\): .*; give calibration samples the model takes$/);
     });
   });
 

@@ -2,7 +2,7 @@ import { create, equals } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { Inject, Injectable } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
-import { DEFAULT_QUANTIZED_OPS, describeAccuracy, type DynamicQuantizationResult, QuantizationError, quantizeDynamic } from '@infermesh/model-builder';
+import { DEFAULT_QUANTIZED_OPS, describeAccuracy, type DynamicQuantizationResult, QuantizationError, quantizeDynamic } from '@infermesh/quantization';
 import { type Tensor, type TensorSpec, TensorSpecSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   AccuracyReportSchema,
@@ -16,7 +16,7 @@ import {
   WarmUpSampleSchema,
   WarmUpSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { checkVersionId, compareVersionIds, latestReady, splitVersionName, stableVersion, versionIdOf } from '@infermesh/rollout';
+import { checkVersionId, compareVersionIds, splitVersionName, stableVersion, versionIdOf } from '@infermesh/rollout';
 import { addComparisons, type Comparison, compareOutputs, datatypeName, elementCount, sampleInputs } from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
@@ -35,19 +35,30 @@ export const SYNTHETIC_CALIBRATION_SAMPLES = 4;
 /** ...each of this many items, for a model that batches. */
 export const SYNTHETIC_CALIBRATION_BATCH = 8;
 export const QUANTIZATION_METHOD = 'dynamic_int8';
+/** The most nodes a lineage lists of each kind (it travels with the version to every follower); the counts are whole. */
+export const MAX_LINEAGE_NODES = 64;
 /**
  * The most input elements of all calibration samples together (64 MiB of FP32): each sample's
  * tensors are made when it runs, but a derivation is the control plane's work and stays bounded.
  */
 export const MAX_CALIBRATION_ELEMENTS = 16_777_216;
 
-type DerivationOutcome = 'registered' | 'refused_accuracy' | 'not_quantizable' | 'invalid' | 'error';
+type DerivationOutcome = 'registered' | 'refused_accuracy' | 'refused_busy' | 'not_quantizable' | 'invalid' | 'cancelled' | 'error';
+
+/** How a refused derivation is counted: by its reason, else by its code. */
+function outcomeOf(error: RpcError): DerivationOutcome {
+  if (error.reason === 'ACCURACY_GATE') return 'refused_accuracy';
+  if (error.reason === 'NOT_QUANTIZABLE') return 'not_quantizable';
+  if (error.code === status.CANCELLED) return 'cancelled';
+  if (error.code === status.INTERNAL || error.code === status.UNKNOWN || error.code === status.UNAVAILABLE) return 'error';
+  return 'invalid';
+}
 
 /**
  * The registry's use case of deriving versions from others: an int8 variant of a version by dynamic
  * quantization, registered with its lineage once it has passed an accuracy gate. The work is the
  * registry's, not the client's, so that the figures the version records are the registry's own: it
- * reads the source's artifact from its store, quantizes it (libs/model-builder's quantizeDynamic),
+ * reads the source's artifact from its store, quantizes it (libs/quantization's quantizeDynamic),
  * loads the result as a worker would, runs both on the calibration inputs, and stores the variant
  * only when its error is within the gate.
  */
@@ -56,6 +67,8 @@ export class ModelDerivation {
   private readonly derivations: Counter<'method' | 'outcome'>;
   /** The derivation in progress, which the next one waits for. */
   private previous: Promise<unknown> = Promise.resolve();
+  /** Derivations running or waiting. */
+  private waiting = 0;
 
   constructor(
     private readonly catalog: ModelCatalog,
@@ -67,38 +80,54 @@ export class ModelDerivation {
   ) {
     this.derivations = metrics.counter(
       'version_derivations_total',
-      'Versions derived from others (QuantizeModelVersion), by method and outcome (registered, refused_accuracy, not_quantizable, invalid, error).',
+      'Versions derived from others (QuantizeModelVersion), by method and outcome (registered, refused_accuracy, refused_busy, not_quantizable, invalid, cancelled, error).',
       ['method', 'outcome'],
     );
   }
 
   /**
    * Derives and registers an int8 variant. Derivations run one at a time on a registry (each holds
-   * two models' sessions and the variant's bytes); a request waits for the one before it.
+   * two models' sessions and the variant's bytes): a request waits for the ones before it, and is
+   * refused with RESOURCE_EXHAUSTED when REGISTRY_MAX_QUEUED_DERIVATIONS already wait. A caller
+   * that goes away (its `signal`) stops its derivation at the next step; nothing is registered after.
    */
-  async quantize(request: QuantizeModelVersionRequest): Promise<ModelVersion> {
-    const turn = this.previous.then(() => this.quantizeNow(request));
+  async quantize(request: QuantizeModelVersionRequest, signal?: AbortSignal): Promise<ModelVersion> {
+    if (this.waiting >= this.config.maxQueuedDerivations + 1) {
+      this.derivations.inc({ method: QUANTIZATION_METHOD, outcome: 'refused_busy' });
+      throw new RpcError(status.RESOURCE_EXHAUSTED, `the registry already runs a derivation and has ${this.config.maxQueuedDerivations} waiting (REGISTRY_MAX_QUEUED_DERIVATIONS); try again later`, {
+        reason: 'OVERLOADED',
+        retryDelayMs: 5_000,
+      });
+    }
+    this.waiting += 1;
+    const turn = this.previous.then(() => this.quantizeNow(request, signal));
     this.previous = turn.catch(() => undefined);
-    return turn;
+    try {
+      return await turn;
+    } finally {
+      this.waiting -= 1;
+    }
   }
 
-  private async quantizeNow(request: QuantizeModelVersionRequest): Promise<ModelVersion> {
+  private async quantizeNow(request: QuantizeModelVersionRequest, signal: AbortSignal | undefined): Promise<ModelVersion> {
     let outcome: DerivationOutcome = 'error';
     try {
-      const version = await this.derive(request);
+      const version = await this.derive(request, () => {
+        if (signal?.aborted === true) throw new RpcError(status.CANCELLED, 'the caller went away; nothing was registered');
+      });
       outcome = 'registered';
       return version;
     } catch (error) {
-      if (error instanceof RpcError) {
-        outcome = error.reason === 'ACCURACY_GATE' ? 'refused_accuracy' : error.reason === 'NOT_QUANTIZABLE' ? 'not_quantizable' : 'invalid';
-      }
+      if (error instanceof RpcError) outcome = outcomeOf(error);
       throw error;
     } finally {
       this.derivations.inc({ method: QUANTIZATION_METHOD, outcome });
     }
   }
 
-  private async derive(request: QuantizeModelVersionRequest): Promise<ModelVersion> {
+  /** `stillWanted` throws when the caller has gone away: checked before each costly step. */
+  private async derive(request: QuantizeModelVersionRequest, stillWanted: () => void): Promise<ModelVersion> {
+    stillWanted();
     const maxRelativeL2 = request.maxRelativeL2 ?? DEFAULT_MAX_RELATIVE_L2;
     if (!Number.isFinite(maxRelativeL2) || maxRelativeL2 < 0) {
       throw RpcError.invalidArgument(`max_relative_l2 must be a number 0 or more, got ${maxRelativeL2}`);
@@ -112,6 +141,16 @@ export class ModelDerivation {
     const targetModelId = request.targetModel === '' ? sourceModelId : parseModelName(request.targetModel, 'target_model');
     const calibration = this.calibration(request.calibration, signature);
     const versionId = request.versionId !== '' ? checkVersionId(request.versionId) : await this.nextVersionId(targetModelId);
+    await this.checkTargetFree(targetModelId, versionId);
+    const sourceBytes = Number(source.artifact!.sizeBytes);
+    if (sourceBytes > this.config.maxDerivationBytes) {
+      throw new RpcError(
+        status.FAILED_PRECONDITION,
+        `${source.name} is ${sourceBytes} bytes, above the ${this.config.maxDerivationBytes} the registry derives from (REGISTRY_MAX_DERIVATION_BYTES; a derivation holds about five times its source)`,
+        { reason: 'NOT_QUANTIZABLE' },
+      );
+    }
+    stillWanted();
 
     const sourceSha256 = source.artifact!.sha256;
     const bytes = await this.artifacts.readAll(sourceSha256);
@@ -124,15 +163,16 @@ export class ModelDerivation {
       throw new RpcError(status.FAILED_PRECONDITION, `${source.name} cannot be quantized: ${error.message}`, { reason: 'NOT_QUANTIZABLE' });
     }
     await this.checkLoads(variant.bytes, source, signature);
+    stillWanted();
 
-    const accuracy = await this.compare(bytes, variant.bytes, calibration, signature);
+    const accuracy = await this.compare(bytes, variant.bytes, calibration, signature, source.name, stillWanted);
     const report = create(AccuracyReportSchema, {
       samples: calibration.samples.length,
       synthetic: calibration.synthetic,
       maxAbsDiff: accuracy.maxAbsDiff,
       relativeL2: accuracy.relativeL2,
-      comparedItems: accuracy.items,
-      agreedItems: accuracy.agreed,
+      comparedItems: accuracy.topRows,
+      agreedItems: accuracy.topAgreed,
       maxRelativeL2,
     });
     if (!(accuracy.relativeL2 <= maxRelativeL2)) {
@@ -145,21 +185,24 @@ export class ModelDerivation {
             source: source.name,
             relative_l2: String(accuracy.relativeL2),
             max_abs_diff: String(accuracy.maxAbsDiff),
-            top1_agreement: accuracy.items === 0 ? '' : String(accuracy.agreed / accuracy.items),
+            top1_agreement: accuracy.topRows === 0 ? '' : String(accuracy.topAgreed / accuracy.topRows),
             max_relative_l2: String(maxRelativeL2),
           },
         },
       );
     }
 
+    stillWanted();
     const stored = await this.artifacts.write(single(variant.bytes), { maxBytes: this.config.maxArtifactBytes });
     const lineage: Lineage = create(LineageSchema, {
       sourceVersion: source.name,
       sourceSha256,
       method: QUANTIZATION_METHOD,
       settings: { perChannel, quantizeConv, reduceRange },
-      quantizedNodes: variant.quantized.map((q) => ({ node: q.node, opType: q.opType, weight: q.weight, elements: BigInt(q.elements) })),
-      floatNodes: variant.keptFloat.map((f) => ({ node: f.node, opType: f.opType, reason: f.reason })),
+      quantizedNodes: variant.quantized.slice(0, MAX_LINEAGE_NODES).map((q) => ({ node: q.node, opType: q.opType, weight: q.weight, elements: BigInt(q.elements) })),
+      floatNodes: variant.keptFloat.slice(0, MAX_LINEAGE_NODES).map((f) => ({ node: f.node, opType: f.opType, reason: f.reason })),
+      quantizedNodeCount: variant.quantized.length,
+      floatNodeCount: variant.keptFloat.length,
       accuracy: report,
     });
     const version = await this.catalog.createVersion(
@@ -200,13 +243,27 @@ export class ModelDerivation {
       }
       return version;
     }
-    const serving = stableVersion(model) ?? latestReady(model);
+    const serving = stableVersion(model);
     if (serving === undefined) {
       throw new RpcError(status.FAILED_PRECONDITION, `${model.name} has no READY version to derive from; name one (models/{model}/versions/{version})`, {
         reason: 'MODEL_NOT_READY',
       });
     }
     return serving;
+  }
+
+  /** Refuses, before any work, a target version that exists already. */
+  private async checkTargetFree(modelId: string, versionId: string): Promise<void> {
+    const model = await this.catalog.getModel(`models/${modelId}`).catch((error: unknown) => {
+      if (error instanceof RpcError && error.reason === 'MODEL_NOT_FOUND') return undefined;
+      throw error;
+    });
+    if (model?.versions.some((v) => versionIdOf(v.name) === versionId) === true) {
+      throw new RpcError(status.ALREADY_EXISTS, `models/${modelId}/versions/${versionId} already exists; name another version or model`, {
+        reason: 'ALREADY_EXISTS',
+        metadata: { version: `models/${modelId}/versions/${versionId}` },
+      });
+    }
   }
 
   /** One above the highest version id of the model; 1 for a model that does not exist yet. */
@@ -239,7 +296,18 @@ export class ModelDerivation {
       }
       return { samples: checked.samples, synthetic: false };
     }
-    const batch = signature.maxBatchSize > 0 ? Math.min(SYNTHETIC_CALIBRATION_BATCH, signature.maxBatchSize) : 1;
+    // One item: every dynamic dimension but the batch is 1. The batch shrinks so that the samples
+    // stay within MAX_CALIBRATION_ELEMENTS.
+    const item = signature.inputs.reduce((n, spec) => n + elementCount(spec.shape.slice(1).map((d) => (d >= 0n ? d : 1n))), 0);
+    const fits = Math.floor(MAX_CALIBRATION_ELEMENTS / SYNTHETIC_CALIBRATION_SAMPLES / Math.max(item, 1));
+    const batch = signature.maxBatchSize > 0 ? Math.min(SYNTHETIC_CALIBRATION_BATCH, signature.maxBatchSize, fits) : 1;
+    if (batch < 1 || (signature.maxBatchSize <= 0 && fits < 1)) {
+      throw new RpcError(
+        status.FAILED_PRECONDITION,
+        `one item of the model's inputs has ${item} elements, too many for ${SYNTHETIC_CALIBRATION_SAMPLES} synthetic samples within ${MAX_CALIBRATION_ELEMENTS} (MAX_CALIBRATION_ELEMENTS); give calibration samples`,
+        { reason: 'NOT_QUANTIZABLE' },
+      );
+    }
     const samples = Array.from({ length: SYNTHETIC_CALIBRATION_SAMPLES }, (_, i) =>
       create(WarmUpSampleSchema, {
         name: `synthetic ${i + 1}`,
@@ -276,7 +344,14 @@ export class ModelDerivation {
    * The samples' tensors are made one sample at a time, so a derivation holds one sample's inputs and
    * outputs at once.
    */
-  private async compare(source: Uint8Array, variant: Uint8Array, calibration: { samples: WarmUpSample[] }, signature: Signature): Promise<Comparison> {
+  private async compare(
+    source: Uint8Array,
+    variant: Uint8Array,
+    calibration: { samples: WarmUpSample[]; synthetic: boolean },
+    signature: Signature,
+    sourceName: string,
+    stillWanted: () => void,
+  ): Promise<Comparison> {
     const sessions: OnnxSession[] = [];
     try {
       const served = await this.onnx.session(source);
@@ -285,19 +360,40 @@ export class ModelDerivation {
       sessions.push(candidate);
       let total: Comparison | undefined;
       for (const [i, sample] of calibration.samples.entries()) {
+        stillWanted();
         const inputs = sampleInputs(sample, i, signature.inputs);
         let expected: Tensor[];
         try {
           expected = await served.run(inputs);
         } catch (error) {
-          throw RpcError.invalidArgument(`the source cannot run on calibration ${sampleLabel(sample, i)}: ${error instanceof Error ? error.message : String(error)}`);
+          const why = `the source cannot run on calibration ${sampleLabel(sample, i)}: ${error instanceof Error ? error.message : String(error)}`;
+          // Synthetic inputs the model does not take are not the caller's mistake: it can give its own.
+          if (calibration.synthetic) throw new RpcError(status.FAILED_PRECONDITION, `${why}; give calibration samples the model takes`, { reason: 'NOT_QUANTIZABLE' });
+          throw RpcError.invalidArgument(why);
         }
-        const comparison = compareOutputs(expected, await candidate.run(inputs));
+        let actual: Tensor[];
+        try {
+          actual = await candidate.run(inputs);
+        } catch (error) {
+          throw new RpcError(
+            status.FAILED_PRECONDITION,
+            `the int8 variant of ${sourceName} fails on calibration ${sampleLabel(sample, i)}, which the source runs: ${error instanceof Error ? error.message : String(error)}; nothing was registered`,
+            { reason: 'NOT_QUANTIZABLE' },
+          );
+        }
+        const comparison = compareOutputs(expected, actual);
+        if (comparison.mismatched > 0) {
+          throw new RpcError(
+            status.FAILED_PRECONDITION,
+            `the int8 variant of ${sourceName} answers calibration ${sampleLabel(sample, i)} with outputs of another shape or datatype than the source's; nothing was registered`,
+            { reason: 'NOT_QUANTIZABLE' },
+          );
+        }
         total = total === undefined ? comparison : addComparisons(total, comparison);
       }
       return total!;
     } finally {
-      for (const session of sessions) await session.release();
+      await Promise.allSettled(sessions.map((session) => session.release()));
     }
   }
 }

@@ -13,6 +13,10 @@ const shape = {
   REGISTRY_DATA_DIR: path(),
   REGISTRY_ARTIFACT_DIR: path(),
   REGISTRY_MAX_ARTIFACT_BYTES: byteSize('2GiB'),
+  // A derivation holds about five times its source at once (the bytes, the decoded graph, the
+  // variant, and two sessions): the default fits a registry with 1 GiB of memory.
+  REGISTRY_MAX_DERIVATION_BYTES: byteSize('128MiB'),
+  REGISTRY_MAX_QUEUED_DERIVATIONS: nonNegativeInt(4),
   REGISTRY_DEFAULT_MAX_BATCH_SIZE: positiveInt(64),
   REGISTRY_DRAIN_GRACE_MS: nonNegativeInt(10_000),
   REGISTRY_WATCH_POLL_MS: positiveInt(250),
@@ -51,6 +55,8 @@ export function loadRegistryConfig(env: Env) {
     artifactDir: resolve(e.REGISTRY_ARTIFACT_DIR ?? resolve(dataDir, 'artifacts')),
     /** Uploads larger than this are refused as soon as they pass it. */
     maxArtifactBytes: e.REGISTRY_MAX_ARTIFACT_BYTES,
+    maxDerivationBytes: e.REGISTRY_MAX_DERIVATION_BYTES,
+    maxQueuedDerivations: e.REGISTRY_MAX_QUEUED_DERIVATIONS,
     /** How long a version that left the serving set drains (DRAINING) before it is RETIRED. */
     drainGraceMs: e.REGISTRY_DRAIN_GRACE_MS,
     /** How often the registry looks for drained versions: a tenth of the grace, from 10 ms to 1 s. */

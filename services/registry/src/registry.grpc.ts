@@ -85,8 +85,8 @@ export class RegistryGrpcController implements ServiceImpl<typeof RegistryServic
     return {};
   }
 
-  async quantizeModelVersion(request: QuantizeModelVersionRequest) {
-    return { version: await this.derivation.quantize(request) };
+  async quantizeModelVersion(request: QuantizeModelVersionRequest, ctx: CallContext) {
+    return { version: await this.derivation.quantize(request, ctx.signal) };
   }
 
   watchModels(request: WatchModelsRequest, ctx: CallContext) {

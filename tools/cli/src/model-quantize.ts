@@ -1,4 +1,4 @@
-import { describeAccuracy } from '@infermesh/model-builder';
+import { describeAccuracy } from '@infermesh/quantization';
 import { type Lineage, ModelVersionSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { versionIdOf } from '@infermesh/rollout';
 import { parseSeconds, parseVersionId } from './args';
@@ -54,12 +54,13 @@ export async function quantize(ctx: CommandContext): Promise<void> {
   ctx.result(ModelVersionSchema, ready, () => `${label} is READY in ${formatSeconds(performance.now() - started)}\n`);
 }
 
-/** "int8 (dynamic), 3 nodes quantized, 1 kept in float; relative L2 0.0108, ...; artifact 6.0 MiB". */
+/** "dynamic_int8, 3 nodes quantized, 1 kept in float; relative L2 0.0108, ... (gate 0.02); artifact 6.0 MiB". */
 export function summarizeLineage(lineage: Lineage, artifactBytes?: bigint): string {
   const accuracy = lineage.accuracy === undefined ? 'no accuracy figures' : describeAccuracy(lineage.accuracy);
-  const kept = lineage.floatNodes.length;
+  const quantized = Math.max(lineage.quantizedNodeCount, lineage.quantizedNodes.length);
+  const kept = Math.max(lineage.floatNodeCount, lineage.floatNodes.length);
   return (
-    `${lineage.method}, ${lineage.quantizedNodes.length} node${lineage.quantizedNodes.length === 1 ? '' : 's'} quantized, ${kept} kept in float; ${accuracy}` +
+    `${lineage.method}, ${quantized} node${quantized === 1 ? '' : 's'} quantized, ${kept} kept in float; ${accuracy}` +
     `${lineage.accuracy === undefined ? '' : ` (gate ${lineage.accuracy.maxRelativeL2})`}${artifactBytes === undefined ? '' : `; artifact ${formatBytes(Number(artifactBytes))}`}`
   );
 }

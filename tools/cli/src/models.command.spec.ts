@@ -287,7 +287,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
 
       const run = await sut([
         'models', 'quantize', 'mlp', '--version', '1', '--as', 'mlp_int8', '--new-version', '3', '--calibration', calibration,
-        '--max-rel-l2', '0.05', '--per-tensor', '--conv',
+        '--max-rel-l2', '0.05', '--per-tensor', '--conv', '--reduce-range',
       ]);
 
       expect(run.code).toBe(0);
@@ -298,7 +298,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
         versionId: '3',
         calibration: expect.any(Array),
         maxRelativeL2: 0.05,
-        settings: { perChannel: false, quantizeConv: true },
+        settings: { perChannel: false, quantizeConv: true, reduceRange: true },
       });
       expect(request.calibration.map((s) => [s.name, s.inputs.map((i) => [i.name, i.datatype, i.shape, i.contents.case])])).toEqual([
         ['real', [['x', DataType.FP32, [1n, 2n], 'data']]],

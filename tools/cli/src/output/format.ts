@@ -12,7 +12,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import type { TensorSpec } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type ApiKey, type RateLimit, Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
-import { describeAccuracy } from '@infermesh/model-builder';
+import { describeAccuracy } from '@infermesh/quantization';
 import { latestReady, modelIdOf, versionIdOf } from '@infermesh/rollout';
 import { datatypeName, formatShape } from '@infermesh/tensors';
 
@@ -210,16 +210,23 @@ function formatVersion(version: ModelVersion): string {
   return lines.join('\n');
 }
 
+/** ", and 12 more" when a lineage lists fewer nodes than it counts. */
+function more(count: number, listed: number): string {
+  return count > listed ? ` and ${count - listed} more` : '';
+}
+
 /** A derived version's lineage: where it comes from, how it was made, how close it is to its source. */
 function formatLineage(lineage: Lineage): string[] {
   const settings = lineage.settings;
   const lines = [
     `  Derived from: ${lineage.sourceVersion} (sha256 ${lineage.sourceSha256})`,
     `  Method: ${lineage.method}, ${settings?.perChannel === false ? 'one scale per weight' : 'a scale per output channel'}${settings?.reduceRange === true ? ', 7-bit weights' : ''}, Conv ${settings?.quantizeConv === true ? 'quantized' : 'in float'}`,
-    `  Quantized: ${lineage.quantizedNodes.map((n) => `${n.node} (${n.opType})`).join(', ') || 'none'}`,
+    `  Quantized: ${lineage.quantizedNodes.map((n) => `${n.node} (${n.opType})`).join(', ') || 'none'}${more(lineage.quantizedNodeCount, lineage.quantizedNodes.length)}`,
   ];
   if (lineage.floatNodes.length > 0) {
     lines.push('  Kept in float:', ...lineage.floatNodes.map((n) => `    ${n.node} (${n.opType}): ${n.reason}`));
+    const unlisted = more(lineage.floatNodeCount, lineage.floatNodes.length);
+    if (unlisted !== '') lines.push(`   ${unlisted}`);
   }
   if (lineage.accuracy !== undefined) lines.push(`  Accuracy: ${describeAccuracy(lineage.accuracy)}; gate relative L2 ${lineage.accuracy.maxRelativeL2}`);
   return lines;

@@ -1,9 +1,6 @@
 import * as ort from 'onnxruntime-node';
 import { onnx } from 'onnx-proto';
-import { buildMlpModel } from './mlp-model';
-import { encodeModel, floatInitializer, node } from './onnx-graph';
-import { SeededRandom } from './prng';
-import { buildTinyModel } from './tiny-model';
+import { buildMlpModel, buildTinyModel, encodeModel, floatInitializer, node, SeededRandom } from '@infermesh/model-builder';
 import { QuantizationError, quantizeDynamic } from './quantize-dynamic';
 
 async function run(bytes: Uint8Array, input: Float32Array, dims: number[]): Promise<Float32Array> {
@@ -180,6 +177,120 @@ describe(quantizeDynamic.name, () => {
     expect(relativeL2(await run(model.bytes, input, [3, 8]), await run(sut.bytes, input, [3, 8]))).toBeLessThan(0.03);
   });
 
+  it('keeps in float a weight that is also a graph input (a caller may override it), and leaves the graph\'s inputs as they were', () => {
+    const random = new SeededRandom(6);
+    const model = encodeModel('overridable', {
+      nodes: [node('MatMul', ['input', 'w'], ['h'], 'fixed'), node('MatMul', ['h', 'v'], ['output'], 'overridable')],
+      initializers: [floatInitializer('w', [4, 4], random.uniformFloat32(16, -1, 1)), floatInitializer('v', [4, 2], random.uniformFloat32(8, -1, 1))],
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 4] }],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 2] }],
+    });
+    const decoded = onnx.ModelProto.decode(model.bytes);
+    (decoded.graph as onnx.GraphProto).input.push(onnx.ValueInfoProto.create({ name: 'v', type: { tensorType: { elemType: 1, shape: { dim: [{ dimValue: 4 }, { dimValue: 2 }] } } } }));
+
+    const sut = quantizeDynamic(onnx.ModelProto.encode(decoded).finish());
+
+    expect(sut.quantized.map((q) => q.node)).toEqual(['fixed']);
+    expect(sut.keptFloat).toEqual([{ node: 'overridable', opType: 'MatMul', reason: 'its weight "v" is also a graph input, which a caller may override' }]);
+    expect(graphOf(sut.bytes).input.map((v) => v.name)).toEqual(['input', 'v']);
+  });
+
+  it('leaves nodes of other domains alone', () => {
+    const random = new SeededRandom(6);
+    const model = encodeModel('domains', {
+      nodes: [node('MatMul', ['input', 'w'], ['output'], 'standard')],
+      initializers: [floatInitializer('w', [4, 4], random.uniformFloat32(16, -1, 1))],
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 4] }],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 4] }],
+    });
+    const decoded = onnx.ModelProto.decode(model.bytes);
+    ((decoded.graph as onnx.GraphProto).node[0] as onnx.NodeProto).domain = 'com.example';
+    expect(() => quantizeDynamic(onnx.ModelProto.encode(decoded).finish())).toThrow(/^nothing to quantize: the model has no MatMul, Gemm node/);
+  });
+
+  it('keeps a weight that a subgraph also reads, and the model still loads', async () => {
+    const random = new SeededRandom(8);
+    const branch = (name: string) =>
+      onnx.GraphProto.create({
+        name,
+        node: [{ opType: 'Identity', input: ['w'], output: [`${name}_out`], name: `${name}_identity` }],
+        output: [{ name: `${name}_out`, type: { tensorType: { elemType: 1, shape: { dim: [{ dimValue: 4 }, { dimValue: 4 }] } } } }],
+      });
+    const model = encodeModel('branches', {
+      nodes: [
+        node('MatMul', ['input', 'w'], ['output'], 'dense'),
+        node('If', ['flag'], ['picked'], 'if', [
+          { name: 'then_branch', type: onnx.AttributeProto.AttributeType.GRAPH, g: branch('then') },
+          { name: 'else_branch', type: onnx.AttributeProto.AttributeType.GRAPH, g: branch('else') },
+        ]),
+      ],
+      initializers: [floatInitializer('w', [4, 4], random.uniformFloat32(16, -1, 1))],
+      inputs: [
+        { name: 'input', datatype: 'FP32', shape: [-1, 4] },
+        { name: 'flag', datatype: 'BOOL', shape: [] },
+      ],
+      outputs: [
+        { name: 'output', datatype: 'FP32', shape: [-1, 4] },
+        { name: 'picked', datatype: 'FP32', shape: [4, 4] },
+      ],
+    });
+
+    const sut = quantizeDynamic(model.bytes);
+
+    expect(sut.quantized.map((q) => q.node)).toEqual(['dense']);
+    expect(graphOf(sut.bytes).initializer.map((t) => t.name)).toContain('w');
+    const session = await ort.InferenceSession.create(sut.bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    const out = await session.run({ input: new ort.Tensor('float32', uniform(8), [2, 4]), flag: new ort.Tensor('bool', Uint8Array.of(1), []) });
+    await session.release();
+    expect(out['picked']!.dims).toEqual([4, 4]);
+  });
+
+  it.each<[string, { bias: 'none' | 'input'; beta?: number }]>([
+    ['without C', { bias: 'none' }],
+    ['with a C computed at run time and beta 2', { bias: 'input', beta: 2 }],
+  ])('quantizes a Gemm %s to the same values as the float one', async (_, how) => {
+    const random = new SeededRandom(12);
+    const attribute: onnx.IAttributeProto[] = how.beta === undefined ? [] : [{ name: 'beta', type: onnx.AttributeProto.AttributeType.FLOAT, f: how.beta }];
+    const model = encodeModel('gemm', {
+      nodes: [
+        ...(how.bias === 'input' ? [node('Relu', ['input'], ['c'], 'relu')] : []),
+        node('Gemm', ['input', 'weight', ...(how.bias === 'input' ? ['c'] : [])], ['output'], 'gemm', attribute),
+      ],
+      initializers: [floatInitializer('weight', [8, 8], random.uniformFloat32(64, -0.5, 0.5))],
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 8] }],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 8] }],
+    });
+    const sut = quantizeDynamic(model.bytes);
+    expect(sut.quantized.map((q) => q.opType)).toEqual(['Gemm']);
+    if (how.bias === 'input') expect(opTypes(sut.bytes).filter((op) => op === 'Mul')).toHaveLength(3);
+    const input = uniform(3 * 8);
+    expect(relativeL2(await run(model.bytes, input, [3, 8]), await run(sut.bytes, input, [3, 8]))).toBeLessThan(0.02);
+  });
+
+  it('quantizes a Conv per tensor, and one whose bias is computed at run time', async () => {
+    const random = new SeededRandom(13);
+    const ints = (name: string, values: number[]): onnx.IAttributeProto => ({ name, type: onnx.AttributeProto.AttributeType.INTS, ints: values });
+    const model = encodeModel('conv-bias', {
+      nodes: [
+        node('ReduceMean', ['input'], ['bias_all'], 'mean', [ints('axes', [0, 2, 3]), { name: 'keepdims', type: onnx.AttributeProto.AttributeType.INT, i: 0 }]),
+        node('Tile', ['bias_all', 'repeats'], ['bias'], 'tile'),
+        node('Conv', ['input', 'w', 'bias'], ['output'], 'conv', [ints('kernel_shape', [3, 3]), ints('pads', [1, 1, 1, 1])]),
+      ],
+      initializers: [
+        floatInitializer('w', [8, 8, 3, 3], random.uniformFloat32(8 * 8 * 9, -0.1, 0.1)),
+        { name: 'repeats', dims: [1], dataType: 7, rawData: new Uint8Array(BigInt64Array.of(1n).buffer) },
+      ],
+      inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 8, 6, 6] }],
+      outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 8, 6, 6] }],
+    });
+    const sut = quantizeDynamic(model.bytes, { ops: ['Conv'], perChannel: false });
+    expect(sut.quantized.map((q) => q.opType)).toEqual(['Conv']);
+    expect(opTypes(sut.bytes)).toContain('Reshape');
+    expect(graphOf(sut.bytes).initializer.find((t) => t.name === 'w_scale')!.dims).toEqual([]);
+    const input = uniform(2 * 8 * 36);
+    expect(relativeL2(await run(model.bytes, input, [2, 8, 6, 6]), await run(sut.bytes, input, [2, 8, 6, 6]))).toBeLessThan(0.03);
+  });
+
   it('keeps a MatMul of two activations in float, and quantizes the rest', () => {
     const random = new SeededRandom(9);
     const model = encodeModel('mixed', {
@@ -208,6 +319,9 @@ describe(quantizeDynamic.name, () => {
     const graph = graphOf(quantizeDynamic(model.bytes).bytes);
     const produced = graph.node.flatMap((n) => n.output);
     expect(new Set(produced).size).toBe(produced.length);
+    const named = [...graph.node.map((n) => n.name), ...graph.initializer.map((t) => t.name)];
+    expect(new Set(named).size).toBe(named.length);
+    expect(named.filter((n) => produced.includes(n) || graph.input.some((v) => v.name === n))).toEqual([]);
   });
 
   it('refuses bytes that are not ONNX, an opset below 11, and a model with nothing to quantize', () => {

@@ -1,6 +1,15 @@
+import type { AccuracyReport } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { DataType, datatypeInfo } from '@infermesh/tensors';
 import { onnx } from 'onnx-proto';
 import { endianness } from 'node:os';
-import { ONNX_ELEM_TYPE } from './onnx-graph';
+
+/** The ONNX element types the quantizer writes. */
+const ONNX_TYPE = {
+  FP32: datatypeInfo(DataType.FP32).onnx,
+  UINT8: datatypeInfo(DataType.UINT8).onnx,
+  INT8: datatypeInfo(DataType.INT8).onnx,
+  INT64: datatypeInfo(DataType.INT64).onnx,
+} as const;
 
 /** The operators whose constant weights dynamic quantization turns to 8 bits. */
 export type QuantizableOp = 'MatMul' | 'Gemm' | 'Conv';
@@ -10,8 +19,8 @@ export interface DynamicQuantizationOptions {
   /** One scale per output channel (column of a MatMul or Gemm weight, filter of a Conv); false: one per weight. Default true. */
   perChannel?: boolean;
   /**
-   * The operators to quantize; default DEFAULT_QUANTIZED_OPS. A Conv of another operator set stays
-   * in float and is listed in keptFloat with the reason.
+   * The operators to quantize; default DEFAULT_QUANTIZED_OPS. A node of a quantizable operator not
+   * among them stays in float and is listed in keptFloat with the reason.
    */
   ops?: readonly QuantizableOp[];
   /**
@@ -24,13 +33,14 @@ export interface DynamicQuantizationOptions {
 
 /**
  * MatMul and Gemm, not Conv: onnxruntime's integer convolution (ConvInteger, the form dynamic
- * quantization takes) runs slower than its float Conv on CPU, 1.6 to 2.2 times on the CNN of
- * cnn-model.ts (`npm run bench -- quantization`), so quantizing a Conv pays in memory only.
+ * quantization takes) runs slower than its float Conv on CPU (0.57 to 0.79 times the items/s on the
+ * CNN of cnn-model.ts, `npm run bench -- quantization`), and a worker holds no less memory for it:
+ * only the artifact is smaller.
  */
 export const DEFAULT_QUANTIZED_OPS: readonly QuantizableOp[] = ['MatMul', 'Gemm'];
 
 /** A node whose weight was quantized. */
-export interface QuantizedNode {
+export interface QuantizedNodeReport {
   readonly node: string;
   readonly opType: QuantizableOp;
   readonly weight: string;
@@ -39,7 +49,7 @@ export interface QuantizedNode {
 }
 
 /** A node of a quantizable operator that stays in float, and why. */
-export interface FloatNode {
+export interface FloatNodeReport {
   readonly node: string;
   readonly opType: string;
   readonly reason: string;
@@ -48,8 +58,8 @@ export interface FloatNode {
 export interface DynamicQuantizationResult {
   /** The quantized model's bytes: valid ONNX with the source's inputs and outputs. */
   readonly bytes: Uint8Array;
-  readonly quantized: readonly QuantizedNode[];
-  readonly keptFloat: readonly FloatNode[];
+  readonly quantized: readonly QuantizedNodeReport[];
+  readonly keptFloat: readonly FloatNodeReport[];
   /** Bytes of the initializers before and after. */
   readonly weightBytesBefore: number;
   readonly weightBytesAfter: number;
@@ -63,27 +73,22 @@ export class QuantizationError extends Error {
   }
 }
 
-/** How a derived model's outputs compared with its source's on the same inputs (the registry's AccuracyReport). */
-export interface AccuracyFigures {
-  readonly samples: number;
-  readonly synthetic: boolean;
-  readonly maxAbsDiff: number;
-  readonly relativeL2: number;
-  /** Rows of [batch, classes] outputs compared by their top class, and how many agreed. */
-  readonly comparedItems: number;
-  readonly agreedItems: number;
-}
-
-/** "relative L2 0.0108, max abs diff 0.0412, top-1 agreement 99.2 % (248 of 250), 4 synthetic samples". */
-export function describeAccuracy(figures: AccuracyFigures): string {
+/**
+ * "relative L2 0.0108, max abs diff 0.0412, top-1 agreement 99.2 % (248 of 250), 4 synthetic samples":
+ * a derived model's figures for messages and `models show`.
+ */
+export function describeAccuracy(report: AccuracyReport): string {
   const figure = (value: number) => (value === 0 ? '0' : value.toPrecision(3));
-  const parts = [`relative L2 ${figure(figures.relativeL2)}`, `max abs diff ${figure(figures.maxAbsDiff)}`];
-  if (figures.comparedItems > 0) {
-    parts.push(`top-1 agreement ${((100 * figures.agreedItems) / figures.comparedItems).toFixed(1)} % (${figures.agreedItems} of ${figures.comparedItems})`);
+  const parts = [`relative L2 ${figure(report.relativeL2)}`, `max abs diff ${figure(report.maxAbsDiff)}`];
+  if (report.comparedItems > 0) {
+    parts.push(`top-1 agreement ${((100 * report.agreedItems) / report.comparedItems).toFixed(1)} % (${report.agreedItems} of ${report.comparedItems})`);
   }
-  parts.push(`${figures.samples} ${figures.synthetic ? 'synthetic ' : ''}sample${figures.samples === 1 ? '' : 's'}`);
+  parts.push(`${report.samples} ${report.synthetic ? 'synthetic ' : ''}sample${report.samples === 1 ? '' : 's'}`);
   return parts.join(', ');
 }
+
+/** The most reasons a QuantizationError lists; the rest are counted. */
+const MAX_LISTED_REASONS = 5;
 
 /** DynamicQuantizeLinear appeared in opset 11. */
 const MIN_OPSET = 11;
@@ -91,7 +96,7 @@ const INT8_MAX = 127;
 const INT7_MAX = 63;
 /** The zero point of the uint8 weights ConvInteger takes: symmetric around 128. */
 const UINT8_WEIGHT_ZERO_POINT = 128;
-const CAST_TO_FLOAT: onnx.IAttributeProto = { name: 'to', type: onnx.AttributeProto.AttributeType.INT, i: ONNX_ELEM_TYPE.FP32 };
+const CAST_TO_FLOAT: onnx.IAttributeProto = { name: 'to', type: onnx.AttributeProto.AttributeType.INT, i: ONNX_TYPE.FP32 };
 
 /**
  * Dynamic int8 quantization of an ONNX model, in the way of onnxruntime's quantize_dynamic: the
@@ -119,14 +124,17 @@ export function quantizeDynamic(modelBytes: Uint8Array, options: DynamicQuantiza
   const weightBytesBefore = initializerBytes(graph.initializer);
   const nodes: onnx.INodeProto[] = [];
   for (const original of graph.node as onnx.NodeProto[]) {
-    const opType = original.opType ?? '';
+    // Only the standard operators: a MatMul or Conv of another domain is that domain's own.
+    const opType = original.domain === '' || original.domain === 'ai.onnx' ? (original.opType ?? '') : '';
     let replacement: onnx.INodeProto[] | undefined;
     if (ops.has(opType as QuantizableOp)) replacement = rewriter.quantize(original, opType as QuantizableOp);
     else if (QUANTIZABLE_OPS.includes(opType as QuantizableOp)) rewriter.keep(original, opType, `${opType} is not among the operators asked for (${[...ops].join(', ')})`);
     nodes.push(...(replacement ?? [original]));
   }
   if (rewriter.quantized.length === 0) {
-    const why = rewriter.keptFloat.map((n) => `${n.opType} "${n.node}": ${n.reason}`);
+    const why = rewriter.keptFloat.slice(0, MAX_LISTED_REASONS).map((n) => `${n.opType} "${n.node}": ${n.reason}`);
+    const more = rewriter.keptFloat.length - why.length;
+    if (more > 0) why.push(`and ${more} more`);
     throw new QuantizationError(
       `nothing to quantize: the model has no ${[...ops].join(', ')} node with a constant FP32 weight that can be quantized${why.length > 0 ? ` (${why.join('; ')})` : ''}`,
     );
@@ -167,11 +175,12 @@ interface StoredWeight {
  * adds is new, and one DynamicQuantizeLinear per activation.
  */
 class GraphRewriter {
-  readonly quantized: QuantizedNode[] = [];
-  readonly keptFloat: FloatNode[] = [];
+  readonly quantized: QuantizedNodeReport[] = [];
+  readonly keptFloat: FloatNodeReport[] = [];
   readonly added: onnx.ITensorProto[] = [];
   private readonly names = new Set<string>();
   private readonly initializers = new Map<string, onnx.TensorProto>();
+  private readonly graphInputs = new Set<string>();
   /** Quantized weights by the weight and the layout they are stored in. */
   private readonly storedWeights = new Map<string, StoredWeight>();
   /** Activation name -> the names of its quantized value, scale and zero point. */
@@ -184,12 +193,16 @@ class GraphRewriter {
     private readonly maxLevel: number,
   ) {
     for (const tensor of graph.initializer as onnx.TensorProto[]) this.initializers.set(tensor.name, tensor);
-    for (const value of [...graph.input, ...graph.output, ...graph.valueInfo] as onnx.ValueInfoProto[]) this.names.add(value.name);
-    for (const tensor of graph.initializer as onnx.TensorProto[]) this.names.add(tensor.name);
-    for (const n of graph.node as onnx.NodeProto[]) {
-      for (const name of [...n.input, ...n.output]) this.names.add(name);
-      if (n.name) this.names.add(n.name);
-    }
+    for (const value of graph.input as onnx.ValueInfoProto[]) this.graphInputs.add(value.name);
+    // Every name of the graph and of its subgraphs (If, Loop, Scan bodies), which may read the outer graph's values.
+    forEachGraph(graph, (g) => {
+      for (const value of [...(g.input ?? []), ...(g.output ?? []), ...(g.valueInfo ?? [])]) if (value.name) this.names.add(value.name);
+      for (const tensor of [...(g.initializer ?? []), ...(g.sparseInitializer ?? []).map((t) => t.values)]) if (tensor?.name) this.names.add(tensor.name);
+      for (const n of g.node ?? []) {
+        for (const name of [...(n.input ?? []), ...(n.output ?? [])]) this.names.add(name);
+        if (n.name) this.names.add(n.name);
+      }
+    });
   }
 
   /** Records that `original` stays in float, and why. */
@@ -207,8 +220,9 @@ class GraphRewriter {
     if (this.initializers.has(activation)) return keep('its first input is a constant, not an activation');
     const weight = this.initializers.get(weightName);
     if (weight === undefined) return keep(`its weight "${weightName}" is computed, not a constant initializer`);
-    if (weight.dataType !== ONNX_ELEM_TYPE.FP32) return keep(`its weight "${weightName}" is not FP32 (ONNX type ${weight.dataType})`);
+    if (weight.dataType !== ONNX_TYPE.FP32) return keep(`its weight "${weightName}" is not FP32 (ONNX type ${weight.dataType})`);
     if (weight.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL) return keep(`its weight "${weightName}" is stored outside the model file`);
+    if (this.graphInputs.has(weightName)) return keep(`its weight "${weightName}" is also a graph input, which a caller may override`);
     const dims = weight.dims.map(toNumber);
     switch (opType) {
       case 'MatMul':
@@ -246,10 +260,10 @@ class GraphRewriter {
       stored = {
         weightName,
         weight,
-        values: this.addInitializer(`${weightName}_quantized`, uint8 ? ONNX_ELEM_TYPE.UINT8 : ONNX_ELEM_TYPE.INT8, weight.dims, weight.values),
+        values: this.addInitializer(`${weightName}_quantized`, uint8 ? ONNX_TYPE.UINT8 : ONNX_TYPE.INT8, weight.dims, weight.values),
         zeroPoint: uint8
-          ? this.addInitializer(`${weightName}_zero_point`, ONNX_ELEM_TYPE.UINT8, [], Uint8Array.of(UINT8_WEIGHT_ZERO_POINT))
-          : this.addInitializer(`${weightName}_zero_point`, ONNX_ELEM_TYPE.INT8, [], new Int8Array(1)),
+          ? this.addInitializer(`${weightName}_zero_point`, ONNX_TYPE.UINT8, [], Uint8Array.of(UINT8_WEIGHT_ZERO_POINT))
+          : this.addInitializer(`${weightName}_zero_point`, ONNX_TYPE.INT8, [], new Int8Array(1)),
         scales: new Map(),
       };
       this.storedWeights.set(key, stored);
@@ -343,7 +357,7 @@ class GraphRewriter {
   private scaledBias(bias: string, beta: number, nodeName: string, nodes: onnx.INodeProto[]): string {
     if (beta === 1) return bias;
     const constant = this.initializers.get(bias);
-    if (constant !== undefined && constant.dataType === ONNX_ELEM_TYPE.FP32) {
+    if (constant !== undefined && constant.dataType === ONNX_TYPE.FP32) {
       return this.addFloat(`${bias}_beta`, constant.dims.map(toNumber), floatValues(constant).map((v) => v * beta));
     }
     const betaName = this.addFloat(`${nodeName}_beta`, [], Float32Array.of(beta));
@@ -355,8 +369,8 @@ class GraphRewriter {
   /** A Conv's bias [filters] as [filters, 1, 1], to add to its NCHW output. */
   private channelBias(bias: string, filters: number, nodeName: string, nodes: onnx.INodeProto[]): string {
     const constant = this.initializers.get(bias);
-    if (constant !== undefined && constant.dataType === ONNX_ELEM_TYPE.FP32) return this.addFloat(`${bias}_channels`, [filters, 1, 1], floatValues(constant));
-    const shape = this.addInitializer(`${nodeName}_bias_shape`, ONNX_ELEM_TYPE.INT64, [3], BigInt64Array.of(BigInt(filters), 1n, 1n));
+    if (constant !== undefined && constant.dataType === ONNX_TYPE.FP32) return this.addFloat(`${bias}_channels`, [filters, 1, 1], floatValues(constant));
+    const shape = this.addInitializer(`${nodeName}_bias_shape`, ONNX_TYPE.INT64, [3], BigInt64Array.of(BigInt(filters), 1n, 1n));
     const reshaped = this.fresh(`${bias}_channels`);
     nodes.push(node('Reshape', [bias, shape], [reshaped], this.fresh(`${nodeName}_bias_reshape`)));
     return reshaped;
@@ -364,46 +378,35 @@ class GraphRewriter {
 
   /** A [rows, columns] weight as int8, symmetric, one scale per column (or one in all). */
   private quantizeColumns(values: Float32Array, rows: number, columns: number): QuantizedWeight {
-    const groups = this.perChannel ? columns : 1;
-    const maxAbs = new Float32Array(groups);
-    for (let r = 0; r < rows; r++) {
-      for (let c = 0; c < columns; c++) {
-        const g = this.perChannel ? c : 0;
-        maxAbs[g] = Math.max(maxAbs[g]!, Math.abs(values[r * columns + c]!));
-      }
-    }
-    const scales = maxAbs.map((m) => (m > 0 ? m / this.maxLevel : 1));
-    const quantized = new Int8Array(rows * columns);
-    for (let r = 0; r < rows; r++) {
-      for (let c = 0; c < columns; c++) {
-        const i = r * columns + c;
-        quantized[i] = clamp(Math.round(values[i]! / scales[this.perChannel ? c : 0]!), -this.maxLevel, this.maxLevel);
-      }
-    }
-    return { values: quantized, dims: [rows, columns], scales };
+    const { levels, scales } = this.symmetric(values, columns, (i) => i % columns);
+    return { values: Int8Array.from(levels), dims: [rows, columns], scales };
   }
 
-  /** A [filters, ...] weight as uint8 around 128, symmetric, one scale per filter (or one in all). */
+  /** A [filters, ...] weight as uint8 around 128 (what ConvInteger takes), symmetric, one scale per filter (or one in all). */
   private quantizeFilters(values: Float32Array, dims: readonly number[]): QuantizedWeight {
     const filters = dims[0]!;
     const perFilter = values.length / filters;
-    const groups = this.perChannel ? filters : 1;
-    const maxAbs = new Float32Array(groups);
-    for (let i = 0; i < values.length; i++) {
-      const g = this.perChannel ? Math.floor(i / perFilter) : 0;
-      maxAbs[g] = Math.max(maxAbs[g]!, Math.abs(values[i]!));
-    }
+    const { levels, scales } = this.symmetric(values, filters, (i) => Math.floor(i / perFilter));
+    return { values: Uint8Array.from(levels, (level) => UINT8_WEIGHT_ZERO_POINT + level), dims, scales };
+  }
+
+  /**
+   * Symmetric quantization of `values` into levels from -maxLevel to maxLevel: one scale per channel
+   * (`channelOf` an element's channel, of `channels`) when per channel, else one for all; a channel
+   * of zeros gets scale 1.
+   */
+  private symmetric(values: Float32Array, channels: number, channelOf: (index: number) => number): { levels: Int8Array; scales: Float32Array } {
+    const groupOf = this.perChannel ? channelOf : () => 0;
+    const maxAbs = new Float32Array(this.perChannel ? channels : 1);
+    for (let i = 0; i < values.length; i++) maxAbs[groupOf(i)] = Math.max(maxAbs[groupOf(i)]!, Math.abs(values[i]!));
     const scales = maxAbs.map((m) => (m > 0 ? m / this.maxLevel : 1));
-    const quantized = new Uint8Array(values.length);
-    for (let i = 0; i < values.length; i++) {
-      const scale = scales[this.perChannel ? Math.floor(i / perFilter) : 0]!;
-      quantized[i] = UINT8_WEIGHT_ZERO_POINT + clamp(Math.round(values[i]! / scale), -this.maxLevel, this.maxLevel);
-    }
-    return { values: quantized, dims, scales };
+    const levels = new Int8Array(values.length);
+    for (let i = 0; i < values.length; i++) levels[i] = clamp(Math.round(values[i]! / scales[groupOf(i)]!), -this.maxLevel, this.maxLevel);
+    return { levels, scales };
   }
 
   private addFloat(base: string, dims: readonly number[], values: Float32Array): string {
-    return this.addInitializer(base, ONNX_ELEM_TYPE.FP32, dims, values);
+    return this.addInitializer(base, ONNX_TYPE.FP32, dims, values);
   }
 
   private addInitializer(base: string, dataType: number, dims: readonly number[], values: Float32Array | Int8Array | Uint8Array | BigInt64Array): string {
@@ -447,15 +450,31 @@ function defaultOpset(model: onnx.ModelProto): number {
   return entry === undefined ? 0 : toNumber(entry.version);
 }
 
-/** Drops the initializers (and their graph inputs) that no node reads and no output names. */
+/** Drops the float initializers the rewrite left unread: read by no node (of the graph or its subgraphs) and named by no output. */
 function dropUnread(graph: onnx.GraphProto): void {
   const read = new Set<string>();
-  for (const n of graph.node as onnx.NodeProto[]) for (const input of n.input) read.add(input);
-  for (const output of graph.output as onnx.ValueInfoProto[]) read.add(output.name);
+  forEachGraph(graph, (g) => {
+    for (const n of g.node ?? []) for (const input of n.input ?? []) read.add(input);
+    for (const output of g.output ?? []) if (output.name) read.add(output.name);
+  });
   const initializers = graph.initializer as onnx.TensorProto[];
   const unread = new Set(initializers.filter((t) => !read.has(t.name)).map((t) => t.name));
   graph.initializer = initializers.filter((t) => !unread.has(t.name));
   graph.input = (graph.input as onnx.ValueInfoProto[]).filter((v) => !unread.has(v.name));
+}
+
+/**
+ * Calls `visit` on the graph and on every subgraph of its nodes' attributes, depth first. (Nodes the
+ * rewrite added are plain objects, without the empty arrays of decoded ones.)
+ */
+function forEachGraph(graph: onnx.IGraphProto, visit: (graph: onnx.IGraphProto) => void): void {
+  visit(graph);
+  for (const n of graph.node ?? []) {
+    for (const attribute of n.attribute ?? []) {
+      if (attribute.g) forEachGraph(attribute.g, visit);
+      for (const sub of attribute.graphs ?? []) forEachGraph(sub, visit);
+    }
+  }
 }
 
 /** A float initializer's values, from raw_data (little-endian) or float_data. */
