@@ -33,7 +33,7 @@ export interface DynamicQuantizationOptions {
 
 /**
  * MatMul and Gemm, not Conv: onnxruntime's integer convolution (ConvInteger, the form dynamic
- * quantization takes) runs slower than its float Conv on CPU (0.57 to 0.79 times the items/s on the
+ * quantization takes) runs slower than its float Conv on CPU (0.46 to 0.85 times the items/s on the
  * CNN of cnn-model.ts, `npm run bench -- quantization`), and a worker holds no less memory for it:
  * only the artifact is smaller.
  */
