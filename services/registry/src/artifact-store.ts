@@ -61,3 +61,8 @@ export abstract class ArtifactStore {
   /** The artifact in chunks of at most chunkBytes, or undefined when absent. */
   abstract read(sha256: string, chunkBytes: number): Promise<AsyncIterable<Buffer> | undefined>;
 }
+
+/** Bytes already in memory as the chunks ArtifactStore.write takes: one. */
+export async function* chunksOf(bytes: Uint8Array): AsyncGenerator<Uint8Array> {
+  yield bytes;
+}

@@ -27,6 +27,7 @@ import { createHash } from 'node:crypto';
 import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { chunksOf } from './artifact-store';
 import { FilesystemArtifactStore } from './artifact-store.filesystem';
 import { Clock } from './clock';
 import { ModelCatalog } from './model-catalog';
@@ -53,8 +54,17 @@ const sha256Of = (bytes: Uint8Array) => createHash('sha256').update(bytes).diges
 /** Row-major little-endian FP32 elements, as WarmUpInput.data. */
 const fp32 = (values: readonly number[]) => new Uint8Array(Float32Array.from(values).buffer);
 
-async function* single(bytes: Uint8Array): AsyncGenerator<Uint8Array> {
-  yield bytes;
+/** input [-1, 4] · W, then the column that "index" (INT64 [1]) picks: an index out of range fails the run. */
+function pickerModel(): BuiltModel {
+  return encodeModel('picker', {
+    nodes: [node('MatMul', ['input', 'w'], ['h'], 'dense'), node('Gather', ['h', 'index'], ['output'], 'pick', [{ name: 'axis', type: 2, i: 1 }])],
+    initializers: [floatInitializer('w', [4, 4], Float32Array.from({ length: 16 }, (_, i) => Math.sin(i)))],
+    inputs: [
+      { name: 'input', datatype: 'FP32', shape: [-1, 4] },
+      { name: 'index', datatype: 'INT64', shape: [1] },
+    ],
+    outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 1] }],
+  });
 }
 
 describe(ModelDerivation.name, () => {
@@ -88,7 +98,7 @@ describe(ModelDerivation.name, () => {
 
   /** Uploads the model's bytes and registers them as models/{model}/versions/{versionId}, with its processing unless init says otherwise. */
   async function register(model: string, versionId: string, built: BuiltModel = mlp, init: CreateInit = {}) {
-    const { sha256 } = await artifacts.write(single(built.bytes), { maxBytes: config.maxArtifactBytes });
+    const { sha256 } = await artifacts.write(chunksOf(built.bytes), { maxBytes: config.maxArtifactBytes });
     return catalog.createVersion(
       create(CreateModelVersionRequestSchema, { parent: `models/${model}`, versionId, artifactSha256: sha256, ...(built.processing && { processing: built.processing }), ...init }),
     );
@@ -353,16 +363,8 @@ describe(ModelDerivation.name, () => {
     });
 
     it('names the sample the source cannot run on', async () => {
-      // input · W, then the column picked by "index": an index out of range fails the run.
-      const picker = encodeModel('picker', {
-        nodes: [node('MatMul', ['input', 'w'], ['h'], 'dense'), node('Gather', ['h', 'index'], ['output'], 'pick', [{ name: 'axis', type: 2, i: 1 }])],
-        initializers: [floatInitializer('w', [4, 4], Float32Array.from({ length: 16 }, (_, i) => Math.sin(i)))],
-        inputs: [
-          { name: 'input', datatype: 'FP32', shape: [-1, 4] },
-          { name: 'index', datatype: 'INT64', shape: [1] },
-        ],
-        outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 1] }],
-      });
+      // An index out of range fails the run.
+      const picker = pickerModel();
       await register('m', '1', picker);
       const sample = (name: string, index: bigint) => ({
         name,
@@ -486,16 +488,8 @@ describe(ModelDerivation.name, () => {
     });
 
     it('refuses with FAILED_PRECONDITION, asking for calibration samples, a model its synthetic inputs do not suit', async () => {
-      // input · W, then the column picked by "index": random whole numbers up to 127 are out of range.
-      const picker = encodeModel('picker', {
-        nodes: [node('MatMul', ['input', 'w'], ['h'], 'dense'), node('Gather', ['h', 'index'], ['output'], 'pick', [{ name: 'axis', type: 2, i: 1 }])],
-        initializers: [floatInitializer('w', [4, 4], Float32Array.from({ length: 16 }, (_, i) => Math.sin(i)))],
-        inputs: [
-          { name: 'input', datatype: 'FP32', shape: [-1, 4] },
-          { name: 'index', datatype: 'INT64', shape: [1] },
-        ],
-        outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 1] }],
-      });
+      // Random whole numbers up to 127 are indices out of range.
+      const picker = pickerModel();
       await register('m', '1', picker, { maxBatchSize: 0 });
 
       const error = await rpcRejection(quantize({ source: 'models/m/versions/1' }));

@@ -20,7 +20,7 @@ import { checkVersionId, compareVersionIds, splitVersionName, stableVersion, ver
 import { addComparisons, type Comparison, compareOutputs, datatypeName, elementCount, sampleInputs } from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
-import { ArtifactStore } from './artifact-store';
+import { ArtifactStore, chunksOf } from './artifact-store';
 import { ModelCatalog } from './model-catalog';
 import { OnnxRuntime, type OnnxSession } from './onnx-runtime.adapter';
 import { readOnnxSignature } from './onnx-signature';
@@ -193,7 +193,7 @@ export class ModelDerivation {
     }
 
     stillWanted();
-    const stored = await this.artifacts.write(single(variant.bytes), { maxBytes: this.config.maxArtifactBytes });
+    const stored = await this.artifacts.write(chunksOf(variant.bytes), { maxBytes: this.config.maxArtifactBytes });
     const lineage: Lineage = create(LineageSchema, {
       sourceVersion: source.name,
       sourceSha256,
@@ -396,8 +396,4 @@ export class ModelDerivation {
       await Promise.allSettled(sessions.map((session) => session.release()));
     }
   }
-}
-
-async function* single(bytes: Uint8Array): AsyncGenerator<Uint8Array> {
-  yield bytes;
 }
