@@ -7,6 +7,13 @@ export function compareVersionIds(a: string, b: string): number {
   return Number(a) - Number(b);
 }
 
+/** The id a new version of `model` takes by default: one above its highest version id; 1 for a model that does not exist yet. */
+export function nextVersionId(model: Model | undefined): string {
+  const ids = (model?.versions ?? []).map((v) => versionIdOf(v.name)).sort(compareVersionIds);
+  const highest = ids[ids.length - 1];
+  return highest === undefined ? '1' : String(BigInt(highest) + 1n);
+}
+
 /** The highest-numbered READY version of a model, or undefined when none is READY. */
 export function latestReady(model: Model): ModelVersion | undefined {
   let latest: ModelVersion | undefined;

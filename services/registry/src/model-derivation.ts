@@ -16,8 +16,8 @@ import {
   WarmUpSampleSchema,
   WarmUpSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { checkVersionId, compareVersionIds, splitVersionName, stableVersion, versionIdOf } from '@infermesh/rollout';
-import { addComparisons, type Comparison, compareOutputs, datatypeName, elementCount, sampleInputs } from '@infermesh/tensors';
+import { checkVersionId, nextVersionId, splitVersionName, stableVersion, versionIdOf } from '@infermesh/rollout';
+import { addComparisons, type Comparison, compareOutputs, DataType, elementCount, sampleInputs } from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import { ArtifactStore, chunksOf } from './artifact-store';
@@ -140,8 +140,15 @@ export class ModelDerivation {
     const sourceModelId = splitVersionName(source.name)!.modelId;
     const targetModelId = request.targetModel === '' ? sourceModelId : parseModelName(request.targetModel, 'target_model');
     const calibration = this.calibration(request.calibration, signature);
-    const versionId = request.versionId !== '' ? checkVersionId(request.versionId) : await this.nextVersionId(targetModelId);
-    await this.checkTargetFree(targetModelId, versionId);
+    const target = await this.modelIfAny(targetModelId);
+    const versionId = request.versionId !== '' ? checkVersionId(request.versionId) : nextVersionId(target);
+    // Refused before any work.
+    if (target?.versions.some((v) => versionIdOf(v.name) === versionId) === true) {
+      throw new RpcError(status.ALREADY_EXISTS, `models/${targetModelId}/versions/${versionId} already exists; name another version or model`, {
+        reason: 'ALREADY_EXISTS',
+        metadata: { version: `models/${targetModelId}/versions/${versionId}` },
+      });
+    }
     const sourceBytes = Number(source.artifact!.sizeBytes);
     if (sourceBytes > this.config.maxDerivationBytes) {
       throw new RpcError(
@@ -252,37 +259,20 @@ export class ModelDerivation {
     return serving;
   }
 
-  /** Refuses, before any work, a target version that exists already. */
-  private async checkTargetFree(modelId: string, versionId: string): Promise<void> {
-    const model = await this.catalog.getModel(`models/${modelId}`).catch((error: unknown) => {
+  /** The model, or undefined when it does not exist (yet). */
+  private async modelIfAny(modelId: string): Promise<Model | undefined> {
+    try {
+      return await this.catalog.getModel(`models/${modelId}`);
+    } catch (error) {
       if (error instanceof RpcError && error.reason === 'MODEL_NOT_FOUND') return undefined;
       throw error;
-    });
-    if (model?.versions.some((v) => versionIdOf(v.name) === versionId) === true) {
-      throw new RpcError(status.ALREADY_EXISTS, `models/${modelId}/versions/${versionId} already exists; name another version or model`, {
-        reason: 'ALREADY_EXISTS',
-        metadata: { version: `models/${modelId}/versions/${versionId}` },
-      });
     }
-  }
-
-  /** One above the highest version id of the model; 1 for a model that does not exist yet. */
-  private async nextVersionId(modelId: string): Promise<string> {
-    let model: Model;
-    try {
-      model = await this.catalog.getModel(`models/${modelId}`);
-    } catch (error) {
-      if (error instanceof RpcError && error.reason === 'MODEL_NOT_FOUND') return '1';
-      throw error;
-    }
-    const highest = model.versions.map((v) => versionIdOf(v.name)).sort(compareVersionIds).at(-1);
-    return highest === undefined ? '1' : String(BigInt(highest) + 1n);
   }
 
   /** The given samples, checked like a warm-up; else random inputs from the signature. */
   private calibration(given: readonly WarmUpSample[], signature: Signature): { samples: WarmUpSample[]; synthetic: boolean } {
     for (const spec of signature.inputs) {
-      if (datatypeName(spec.datatype) === 'BYTES') {
+      if (spec.datatype === DataType.BYTES) {
         throw new RpcError(status.FAILED_PRECONDITION, `input "${spec.name}" is BYTES: the registry compares models on numeric inputs only`, { reason: 'NOT_QUANTIZABLE' });
       }
     }

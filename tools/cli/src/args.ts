@@ -235,6 +235,13 @@ export function parseRate(value: string, what: string): number {
   return n;
 }
 
+/** A number from 0 up, decimals allowed, such as `example`. */
+export function parseNonNegative(value: string, what: string, example: string): number {
+  const n = Number(value);
+  if (value.trim() === '' || !Number.isFinite(n) || n < 0) throw new UsageError(`${what} must be a number from 0 up, such as ${example}, got "${value}"`);
+  return n;
+}
+
 /** A share from 0 to 100, decimals allowed. */
 export function parsePercent(value: string, what: string): number {
   const n = Number(value.endsWith('%') ? value.slice(0, -1) : value);

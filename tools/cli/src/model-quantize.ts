@@ -1,8 +1,7 @@
 import { describeAccuracy } from '@infermesh/quantization';
 import { type Lineage, ModelVersionSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { versionIdOf } from '@infermesh/rollout';
-import { parseSeconds, parseVersionId } from './args';
-import { UsageError } from './cli-errors';
+import { parseNonNegative, parseSeconds, parseVersionId } from './args';
 import type { CommandContext } from './command-context';
 import { followUntilReady } from './model-register';
 import { formatBytes, formatSeconds } from './output/format';
@@ -23,10 +22,7 @@ export async function quantize(ctx: CommandContext): Promise<void> {
   const target = args.value('as');
   const newVersion = args.value('new-version');
   const maxRelL2 = args.value('max-rel-l2');
-  const maxRelativeL2 = maxRelL2 === undefined ? undefined : Number(maxRelL2);
-  if (maxRelativeL2 !== undefined && (maxRelL2!.trim() === '' || !Number.isFinite(maxRelativeL2) || maxRelativeL2 < 0)) {
-    throw new UsageError(`--max-rel-l2 must be a number from 0 up, such as 0.02, got "${maxRelL2}"`);
-  }
+  const maxRelativeL2 = maxRelL2 === undefined ? undefined : parseNonNegative(maxRelL2, '--max-rel-l2', '0.02');
   const calibrationFile = args.value('calibration');
   const calibration = calibrationFile === undefined ? [] : (await readWarmUpFile(calibrationFile, '--calibration')).samples;
   const timeoutMs = parseSeconds(args.value('timeout') ?? String(DEFAULT_QUANTIZE_TIMEOUT_S), '--timeout') * 1000;

@@ -6,7 +6,7 @@ import { status } from '@grpc/grpc-js';
 import type { MessageInitShape } from '@bufbuild/protobuf';
 import { RpcError } from '@infermesh/grpc';
 import { type Model, type ModelVersion, ModelVersionSchema, type UploadArtifactRequestSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { compareVersionIds, versionIdOf } from '@infermesh/rollout';
+import { nextVersionId } from '@infermesh/rollout';
 import { CommandFailure } from './cli-errors';
 import type { CommandContext } from './command-context';
 import type { GatewaySession } from './gateway-session';
@@ -115,13 +115,6 @@ async function getModelIfAny(session: GatewaySession, name: string): Promise<Mod
     if (error instanceof RpcError && error.code === status.NOT_FOUND) return undefined;
     throw error;
   }
-}
-
-/** One more than the highest version id of the model; 1 for a model that has none. */
-export function nextVersionId(model: Model | undefined): string {
-  const ids = (model?.versions ?? []).map((v) => versionIdOf(v.name)).sort(compareVersionIds);
-  const highest = ids[ids.length - 1];
-  return highest === undefined ? '1' : String(BigInt(highest) + 1n);
 }
 
 async function* uploadRequests(
