@@ -155,7 +155,7 @@ function metadata(meta) {
 
 async function main() {
   const { model, provider, intraOpThreads } = workerData;
-  delete workerData.model; // the session holds what it needs; the bytes can go
+  delete workerData.model;
   try {
     session = await ort.InferenceSession.create(model, {
       executionProviders: [provider],
@@ -172,6 +172,11 @@ async function main() {
     parentPort.postMessage({ type: 'failed', message: firstLine(error) });
     parentPort.close();
     return;
+  } finally {
+    // The session holds what it needs. Free this thread's copy of the model now (detaching its buffer
+    // frees it) rather than at the isolate's next full GC, which an idle thread may not run for a long
+    // time: until then the copy doubles what the model holds.
+    model.buffer.transfer(0);
   }
   parentPort.on('message', (message) => {
     switch (message.type) {

@@ -202,6 +202,16 @@ describe(ThreadsModelRuntime.name, () => {
     expect(session.holdsModelBytes).toBe(false);
   });
 
+  it('holds no copy of the model in its threads once their sessions exist', async () => {
+    const session = await load(two, MLP.bytes); // 24 MiB of weights
+
+    for (const thread of session.threads) {
+      // What a thread's JavaScript holds outside its heap: its clone of the model until it frees it.
+      expect((await thread.getHeapStatistics()).external_memory).toBeLessThan(MLP.bytes.byteLength / 4);
+    }
+    expect(floats((await session.run([mlpInput(2)], [])).outputs[0]!)).toHaveLength(2 * 512);
+  });
+
   it('keeps the model bytes without a way to reload them; a failed reload leaves waiting requests UNAVAILABLE, not hanging', async () => {
     expect((await load(sut, buildTinyModel().bytes)).holdsModelBytes).toBe(true);
 
