@@ -1,6 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import { createClient } from '@infermesh/grpc';
-import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { GRPCInferenceService, type ModelInferRequest, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import type { System } from '@infermesh/system';
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
@@ -17,21 +17,23 @@ export function cpuUs(pid: number): number {
   return ((Number(fields[11]) + Number(fields[12])) / TICKS_PER_S) * 1e6; // utime, stime (fields 14 and 15)
 }
 
-/** The pids of every service of a system. */
-export function pids(system: System): number[] {
-  return system.allProcesses.map((p) => p.pid!);
+/** Every service process of a system with its service's name. */
+export function serviceProcesses(system: System): { name: string; pid: number }[] {
+  return system.allProcesses.map((p) => ({ name: p.name, pid: p.pid! }));
 }
 
 /** What one or more phases of load measured. */
 export interface Phase {
   latenciesMs: number[];
   failures: number;
-  /** CPU time all the system's services used meanwhile. */
+  /** CPU time all the measured processes used meanwhile. */
   cpuUs: number;
+  /** The same by process name (a service's replicas together), when the phase names them. */
+  cpuUsByName: Record<string, number>;
 }
 
 export function emptyPhase(): Phase {
-  return { latenciesMs: [], failures: 0, cpuUs: 0 };
+  return { latenciesMs: [], failures: 0, cpuUs: 0, cpuUsByName: {} };
 }
 
 /** Adds a phase's measurements to a running total. */
@@ -39,20 +41,30 @@ export function addPhase(total: Phase, phase: Phase): void {
   total.latenciesMs.push(...phase.latenciesMs);
   total.failures += phase.failures;
   total.cpuUs += phase.cpuUs;
+  for (const [name, us] of Object.entries(phase.cpuUsByName)) total.cpuUsByName[name] = (total.cpuUsByName[name] ?? 0) + us;
+}
+
+export interface LoadOptions {
+  concurrency: number;
+  durationMs: number;
+  /** Together the clients send at most this many calls a second; default: each as soon as its previous answer came. */
+  ratePerS?: number;
 }
 
 /**
- * Closed-loop load through the gateway's gRPC: `concurrency` clients each send the tiny model a new
- * input (so that no cache answers) as soon as the previous answer came, for `durationMs`; with
- * `ratePerS`, paced so that together they send at most that many a second (the same load whatever
- * each answer costs, as long as the system keeps up). Returns the latencies of the successful calls,
- * the failures, and the CPU all services used meanwhile (from /proc, so Linux only); `seedBase`
- * keeps inputs distinct across phases.
+ * Closed-loop load: `concurrency` clients each make `call(seed)` as soon as their previous call
+ * answered (or paced, with `ratePerS`, so that together they make at most that many a second: the
+ * same load whatever each answer costs, as long as the server keeps up), for `durationMs`. Every call
+ * gets a seed of its own, from `seedBase` up. Returns the latencies of the calls that succeeded, the
+ * failures, and the CPU the named processes used meanwhile (from /proc, so Linux only).
  */
-export async function phase(fixture: Fixture, seedBase: number, options: { concurrency: number; durationMs: number; ratePerS?: number }): Promise<Phase> {
-  const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
-  const processes = pids(fixture.system);
-  const cpuBefore = processes.map(cpuUs);
+export async function closedLoop(
+  processes: readonly { name: string; pid: number }[],
+  seedBase: number,
+  options: LoadOptions,
+  call: (seed: number) => Promise<unknown>,
+): Promise<Phase> {
+  const cpuBefore = processes.map((p) => cpuUs(p.pid));
   const latenciesMs: number[] = [];
   let failures = 0;
   let seed = seedBase;
@@ -60,37 +72,58 @@ export async function phase(fixture: Fixture, seedBase: number, options: { concu
   // Each client's turn comes every `interval` ms, the clients' turns spread evenly.
   const interval = options.ratePerS === undefined ? 0 : (1000 * options.concurrency) / options.ratePerS;
   const began = performance.now();
-  try {
-    await Promise.all(
-      Array.from({ length: options.concurrency }, async (_, client) => {
-        for (let turn = 0; Date.now() < end; turn++) {
-          const due = began + (turn + client / options.concurrency) * interval;
-          const wait = due - performance.now();
-          if (wait > 1) await new Promise((resolve) => setTimeout(resolve, wait));
-          if (Date.now() >= end) break;
-          seed += 1;
-          const start = performance.now();
-          try {
-            await grpc.modelInfer(
-              create(ModelInferRequestSchema, {
-                modelName: 'tiny',
-                inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n] }],
-                rawInputContents: [new Uint8Array(new Float32Array([seed, 1, 2, 3]).buffer)],
-              }),
-              { metadata: { authorization: `Bearer ${API_KEY}` }, timeoutMs: 10_000 },
-            );
-            latenciesMs.push(performance.now() - start);
-          } catch {
-            failures += 1;
-          }
+  await Promise.all(
+    Array.from({ length: options.concurrency }, async (_, client) => {
+      for (let turn = 0; Date.now() < end; turn++) {
+        const due = began + (turn + client / options.concurrency) * interval;
+        const wait = due - performance.now();
+        if (wait > 1) await new Promise((resolve) => setTimeout(resolve, wait));
+        if (Date.now() >= end) break;
+        seed += 1;
+        const start = performance.now();
+        try {
+          await call(seed);
+          latenciesMs.push(performance.now() - start);
+        } catch {
+          failures += 1;
         }
-      }),
+      }
+    }),
+  );
+  const cpuUsByName: Record<string, number> = {};
+  let total = 0;
+  for (const [i, p] of processes.entries()) {
+    const used = cpuUs(p.pid) - cpuBefore[i]!;
+    cpuUsByName[p.name] = (cpuUsByName[p.name] ?? 0) + used;
+    total += used;
+  }
+  return { latenciesMs, failures, cpuUs: total, cpuUsByName };
+}
+
+/** A distinct batch-1 input of the tiny model for each seed, so that no cache answers. */
+export function tinyRequest(seed: number): ModelInferRequest {
+  return create(ModelInferRequestSchema, {
+    modelName: 'tiny',
+    inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n] }],
+    rawInputContents: [new Uint8Array(new Float32Array([seed, 1, 2, 3]).buffer)],
+  });
+}
+
+/**
+ * Closed-loop load through the gateway's gRPC (see closedLoop): by default the tiny model with a new
+ * input each call; `request` gives another request for each seed. The CPU is that of every service,
+ * by service name.
+ */
+export async function phase(fixture: Fixture, seedBase: number, options: LoadOptions & { request?: (seed: number) => ModelInferRequest }): Promise<Phase> {
+  const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
+  const request = options.request ?? tinyRequest;
+  try {
+    return await closedLoop(serviceProcesses(fixture.system), seedBase, options, (seed) =>
+      grpc.modelInfer(request(seed), { metadata: { authorization: `Bearer ${API_KEY}` }, timeoutMs: 10_000 }),
     );
   } finally {
     grpc.close();
   }
-  const cpu = processes.map(cpuUs).reduce((sum, after, i) => sum + after - cpuBefore[i]!, 0);
-  return { latenciesMs, failures, cpuUs: cpu };
 }
 
 /** A total's figures over `seconds` of measured load. */

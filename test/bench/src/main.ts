@@ -6,12 +6,13 @@ import { cache } from './cache.scenario';
 import { gateway } from './gateway.scenario';
 import { latency } from './latency.scenario';
 import { mesh } from './mesh.scenario';
+import { path } from './path.scenario';
 import { quantization } from './quantization.scenario';
 import { tracing } from './tracing.scenario';
 import { worker } from './worker.scenario';
 
 /** Benchmark scenarios by name: each runs against real processes and returns its figures. */
-const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = { latency, worker, batching, cache, gateway, mesh, tracing, quantization };
+const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = { latency, worker, batching, cache, gateway, mesh, tracing, quantization, path };
 
 async function main(): Promise<number> {
   const name = process.argv[2];

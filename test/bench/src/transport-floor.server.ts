@@ -1,4 +1,5 @@
 import { create } from '@bufbuild/protobuf';
+import { countBuffersInHeapLimit } from '@infermesh/config';
 import { GrpcServer, RpcError, type ServiceImpl } from '@infermesh/grpc';
 import { InferenceResponseSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
@@ -10,7 +11,8 @@ import { DataType } from '@infermesh/tensors';
  * WorkerService whose Infer computes nothing. It answers each request with an FP32 output of
  * [batch, OUTPUT_WIDTH] zeros (the MLP's output size), built once per batch size, so a call through
  * it costs what the client, grpc-js, HTTP/2 and protobuf cost for the MLP's bytes, and nothing else.
- * Prints nothing; sends its port to the parent over IPC.
+ * It runs with the services' V8 settings (countBuffersInHeapLimit). Prints nothing; sends its port
+ * to the parent over IPC.
  */
 const OUTPUT_WIDTH = 512;
 const outputs = new Map<number, Uint8Array>();
@@ -37,6 +39,7 @@ const impl: ServiceImpl<typeof WorkerService> = {
 };
 
 async function main(): Promise<void> {
+  countBuffersInHeapLimit();
   const server = new GrpcServer({ logger: new JsonLogger('transport-floor', 'error', () => undefined), metrics: new Metrics('transport_floor'), maxMessageBytes: 64 << 20 });
   server.add(WorkerService, impl);
   const port = await server.listen('127.0.0.1', 0);

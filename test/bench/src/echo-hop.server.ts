@@ -1,0 +1,49 @@
+import * as grpc from '@grpc/grpc-js';
+import { countBuffersInHeapLimit } from '@infermesh/config';
+
+/**
+ * One hop of the path benchmark's transport floor, a process of its own as each service is: a bare
+ * grpc-js server (identity serializers: no protobuf, no interceptors, no logging or metrics) with one
+ * unary method, its path argv[2] (the benchmark gives the real method's, so that headers weigh the
+ * same). With a next hop (argv[3], host:port) it passes each request's bytes on to it unchanged and
+ * answers with what it answers; the last hop (argv[3] '-') answers every request with argv[4] bytes
+ * (built once). A chain of them carries the bytes a request and its answer carry through the
+ * services, across as many hops, and costs what grpc-js and HTTP/2 cost for them, and nothing else.
+ * It runs with the services' V8 settings (countBuffersInHeapLimit). Sends its port to the parent over
+ * IPC; ends when the parent disconnects.
+ */
+const identity = (bytes: Buffer) => bytes;
+/** Limits as the services' (their messages carry tensors of up to 64 MiB). */
+const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_send_message_length': 64 << 20 };
+
+function main(): void {
+  countBuffersInHeapLimit();
+  const [method, nextAddress, answerBytes] = process.argv.slice(2) as [string, string, string];
+  const next = nextAddress === '-' ? undefined : new grpc.Client(nextAddress, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
+  const answer = Buffer.alloc(Number(answerBytes));
+  const server = new grpc.Server(MESSAGE_LIMITS);
+  server.register<Buffer, Buffer>(
+    method,
+    (call: grpc.ServerUnaryCall<Buffer, Buffer>, callback: grpc.sendUnaryData<Buffer>) => {
+      if (next === undefined) {
+        callback(null, answer);
+        return;
+      }
+      next.makeUnaryRequest(method, identity, identity, call.request, call.metadata, (error, response) => callback(error, response));
+    },
+    identity,
+    identity,
+    'unary',
+  );
+  server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, port) => {
+    if (error !== null) throw error;
+    process.send?.({ port });
+  });
+  process.on('disconnect', () => {
+    next?.close();
+    server.forceShutdown();
+    process.exit(0);
+  });
+}
+
+main();

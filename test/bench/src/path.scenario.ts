@@ -1,0 +1,322 @@
+import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
+import * as grpc from '@grpc/grpc-js';
+import { buildCnnModel, buildMlpModel, type BuiltModel, CNN_INPUT_SHAPE } from '@infermesh/model-builder';
+import { GRPCInferenceService, ModelInferRequestSchema, ModelInferResponseSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import * as ort from 'onnxruntime-node';
+import { type ChildProcess, fork } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { availableParallelism, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { API_KEY, REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
+import { addPhase, closedLoop, emptyPhase, serviceProcesses } from './closed-loop';
+import { quantile, round, table } from './stats';
+
+/** The hops a tensor crosses from the caller to the model: caller → gateway → router → batcher → worker. */
+const HOPS = 4;
+const CONCURRENCY = [1, 16];
+const PHASE_MS = 2_500;
+/** Phases of each path per point, the real path and the floor alternating. */
+const ROUNDS = 3;
+const IN_PROCESS_RUNS = 400;
+const INFER_PATH = `/${GRPCInferenceService.typeName}/ModelInfer`;
+const identity = (bytes: Buffer) => bytes;
+const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_send_message_length': 64 << 20 };
+/** Functions listed per service in the profile summary. */
+const PROFILE_TOP = 8;
+const PROFILE_MS = 6_000;
+
+interface Size {
+  key: 'small' | 'large';
+  model: string;
+  /** The shape of one item. */
+  item: readonly number[];
+}
+
+const SIZES: Size[] = [
+  { key: 'small', model: 'mlp', item: [512] },
+  { key: 'large', model: 'cnn', item: CNN_INPUT_SHAPE },
+];
+
+/**
+ * The serving path against the transport it runs on (issue 16). For a small tensor (the demo MLP,
+ * 2 KiB in) and a large one (the generated CNN, 3×48×192 FP32, 110 KiB in), at concurrency 1 and 16:
+ * - the real path: closed-loop ModelInfer through the gateway's gRPC, batch 1, a new input every call
+ *   (the caches are asked and miss), with the CPU every service used (from /proc), the worker's split
+ *   into the model's own (its execution threads, onnxruntime's included) and the rest;
+ * - the floor: the same request bytes through HOPS bare grpc-js hops, chained processes that pass the
+ *   bytes on (echo-hop.server.ts), the last answering with as many bytes as the real answer has;
+ * - the same model in-process (onnxruntime-node with the worker's session settings): p50 at batch 1
+ *   and CPU per item.
+ * The real path and the floor run in alternating phases, so that the machine's noise hits both alike.
+ * Per point: added_p50_ms (p50 through the path less the model's p50 in-process), chain_cpu_us (CPU
+ * per request of all services less the model's own), floor_cpu_us and floor_p50_ms, and their
+ * ratios. Then each service's top self-time functions under load (--cpu-prof), written beside the
+ * results as path.profile.md.
+ */
+export async function path(): Promise<Record<string, unknown>> {
+  const intraOpThreads = availableParallelism();
+  const cnn = { ...buildCnnModel(), name: 'cnn' };
+  const env = { WORKER_INSTANCES_PER_MODEL: '1', WORKER_INTRA_OP_THREADS: String(intraOpThreads) };
+  const figures: Record<string, number> = {};
+  const rows: (string | number)[][] = [];
+  const cpuRows: (string | number)[][] = [];
+  const fixture = await startFixture({ models: ['mlp', cnn], env });
+  const hops: ChildProcess[] = [];
+  try {
+    const gateway = new grpc.Client(fixture.system.gatewayGrpcAddress, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
+    for (const size of SIZES) {
+      const template = requestBytes(size);
+      const dataOffset = template.length - 4 * elements(size); // raw_input_contents is the request's last field
+      const withSeed = (seed: number) => {
+        const bytes = Buffer.from(template);
+        bytes.writeFloatLE(seed, dataOffset);
+        return bytes;
+      };
+      const real = (seed: number) => unary(gateway, withSeed(seed));
+      const answer = fromBinary(ModelInferResponseSchema, await real(0));
+      if (answer.outputs.length !== 1) throw new Error(`${size.model} answered ${answer.outputs.length} outputs`);
+      const answerBytes = (await real(1)).length;
+
+      hops.push(...(await startChain(answerBytes)));
+      const floorClient = new grpc.Client(`127.0.0.1:${(hops.at(-1) as ChildProcess & { port: number }).port}`, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
+      const floor = (seed: number) => unary(floorClient, withSeed(seed));
+      const floorProcesses = hops.slice(-HOPS).map((h, i) => ({ name: `hop${i}`, pid: h.pid! }));
+      const inProcess = await measureInProcess(size, intraOpThreads);
+
+      for (const concurrency of CONCURRENCY) {
+        const load = { concurrency, durationMs: PHASE_MS };
+        const totals = { real: emptyPhase(), floor: emptyPhase(), modelUs: 0 };
+        const worker = fixture.system.workerProcess(0).pid!;
+        // Warm-up of both.
+        await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, real);
+        await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, floor);
+        for (let r = 0; r < ROUNDS; r++) {
+          const modelBefore = executionThreadsCpuUs(worker);
+          const phase = await closedLoop(serviceProcesses(fixture.system), (r + 2) * 1e7 + concurrency * 1e5, load, real);
+          totals.modelUs += executionThreadsCpuUs(worker) - modelBefore;
+          addPhase(totals.real, phase);
+          addPhase(totals.floor, await closedLoop(floorProcesses, 0, load, floor));
+        }
+        const key = `${size.key}_c${concurrency}`;
+        const p50 = quantile(totals.real.latenciesMs, 0.5);
+        const requests = totals.real.latenciesMs.length;
+        const floorRequests = totals.floor.latenciesMs.length;
+        const chainCpuUs = (totals.real.cpuUs - totals.modelUs) / requests;
+        const floorCpuUs = totals.floor.cpuUs / floorRequests;
+        const floorP50 = quantile(totals.floor.latenciesMs, 0.5);
+        const point = {
+          requests_per_s: round(requests / ((ROUNDS * PHASE_MS) / 1000), 1),
+          failures: totals.real.failures + totals.floor.failures,
+          p50_ms: round(p50),
+          p99_ms: round(quantile(totals.real.latenciesMs, 0.99)),
+          inprocess_p50_ms: round(inProcess.p50Ms),
+          added_p50_ms: round(p50 - inProcess.p50Ms),
+          floor_p50_ms: round(floorP50),
+          added_p50_over_floor: round((p50 - inProcess.p50Ms) / floorP50),
+          model_cpu_us: round(totals.modelUs / requests, 1),
+          inprocess_cpu_us_per_item: round(inProcess.cpuUsPerItem, 1),
+          chain_cpu_us: round(chainCpuUs, 1),
+          floor_cpu_us: round(floorCpuUs, 1),
+          chain_cpu_over_floor: round(chainCpuUs / floorCpuUs),
+        };
+        for (const [name, value] of Object.entries(point)) figures[`${key}_${name}`] = value;
+        for (const [service, us] of Object.entries(totals.real.cpuUsByName)) {
+          figures[`${key}_cpu_us_${service}`] = round((service === 'worker' ? us - totals.modelUs : us) / requests, 1);
+        }
+        rows.push([key, point.requests_per_s, point.p50_ms, point.p99_ms, point.inprocess_p50_ms, point.added_p50_ms, point.floor_p50_ms, point.added_p50_over_floor, point.chain_cpu_us, point.floor_cpu_us, point.chain_cpu_over_floor, point.failures]);
+        cpuRows.push([key, ...['gateway', 'router', 'batcher', 'worker', 'cache', 'registry'].map((s) => figures[`${key}_cpu_us_${s}`] ?? 0), point.model_cpu_us, point.inprocess_cpu_us_per_item]);
+      }
+      floorClient.close();
+    }
+    gateway.close();
+  } finally {
+    for (const hop of hops) hop.disconnect();
+    await fixture.stop();
+  }
+  process.stdout.write(
+    `${table(['point', 'req/s', 'p50 ms', 'p99 ms', 'in-process p50', 'added p50', 'floor p50', 'added/floor', 'chain CPU µs', 'floor CPU µs', 'chain/floor', 'failures'], rows)}\n\n`,
+  );
+  process.stdout.write(`${table(['CPU µs a request', 'gateway', 'router', 'batcher', 'worker', 'cache', 'registry', 'model (worker)', 'model in-process'], cpuRows)}\n\n`);
+
+  const summary = await profileSummary(cnn, env);
+  writeFileSync(join(REPO_ROOT, 'test', 'bench', 'results', 'path.profile.md'), summary);
+  process.stdout.write(`${summary}\n`);
+  return { scenario: 'path', hops: HOPS, phase_ms: PHASE_MS, rounds: ROUNDS, ...figures };
+}
+
+/** A ModelInferRequest of one item, its input all ones, encoded. */
+function requestBytes(size: Size): Buffer {
+  const data = new Float32Array(elements(size)).fill(1);
+  return Buffer.from(
+    toBinary(
+      ModelInferRequestSchema,
+      create(ModelInferRequestSchema, {
+        modelName: size.model,
+        inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, ...size.item.map(BigInt)] }],
+        rawInputContents: [new Uint8Array(data.buffer)],
+      }),
+    ),
+  );
+}
+
+const elements = (size: Size) => size.item.reduce((a, b) => a * b, 1);
+
+/** A ModelInfer call with the request's bytes as they are, and the caller's key (which the floor's hops pass on too). */
+function unary(client: grpc.Client, bytes: Buffer): Promise<Buffer> {
+  const metadata = new grpc.Metadata();
+  metadata.set('authorization', `Bearer ${API_KEY}`);
+  return new Promise((resolve, reject) =>
+    client.makeUnaryRequest(INFER_PATH, identity, identity, bytes, metadata, { deadline: Date.now() + 10_000 }, (error, answer) =>
+      error === null && answer !== undefined ? resolve(answer) : reject(error ?? new Error('no answer')),
+    ),
+  );
+}
+
+/** HOPS echo-hop processes chained, the last answering `answerBytes`; the first (the caller's) last in the list. */
+async function startChain(answerBytes: number): Promise<(ChildProcess & { port: number })[]> {
+  const chain: (ChildProcess & { port: number })[] = [];
+  let next = '-';
+  for (let i = 0; i < HOPS; i++) {
+    const hop = fork(join(__dirname, 'echo-hop.server.js'), [INFER_PATH, next, String(answerBytes)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }) as ChildProcess & { port: number };
+    const [{ port }] = (await once(hop, 'message')) as [{ port: number }];
+    hop.port = port;
+    chain.push(hop);
+    next = `127.0.0.1:${port}`;
+  }
+  return chain;
+}
+
+/** The model in-process with the worker's session settings: p50 of a batch-1 run and CPU per item. */
+async function measureInProcess(size: Size, intraOpThreads: number): Promise<{ p50Ms: number; cpuUsPerItem: number }> {
+  const bytes = size.model === 'mlp' ? buildMlpModel().bytes : buildCnnModel().bytes;
+  const session = await ort.InferenceSession.create(bytes, {
+    executionProviders: ['cpu'],
+    intraOpNumThreads: intraOpThreads,
+    interOpNumThreads: 1,
+    graphOptimizationLevel: 'all',
+    extra: { session: { intra_op: { allow_spinning: '0' } } },
+  });
+  try {
+    const feeds = { input: new ort.Tensor('float32', new Float32Array(elements(size)).fill(1), [1, ...size.item]) };
+    for (let i = 0; i < 20; i++) await session.run(feeds);
+    const latencies: number[] = [];
+    const cpu = process.cpuUsage();
+    for (let i = 0; i < IN_PROCESS_RUNS; i++) {
+      const start = performance.now();
+      await session.run(feeds);
+      latencies.push(performance.now() - start);
+    }
+    const used = process.cpuUsage(cpu);
+    return { p50Ms: quantile(latencies, 0.5), cpuUsPerItem: (used.user + used.system) / IN_PROCESS_RUNS };
+  } finally {
+    await session.release();
+  }
+}
+
+/**
+ * CPU time so far of a worker's execution threads, onnxruntime's operator threads included (they
+ * take the name of the thread that starts them), in microseconds: the model's own CPU.
+ */
+function executionThreadsCpuUs(pid: number): number {
+  let us = 0;
+  for (const task of readdirSync(`/proc/${pid}/task`)) {
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${pid}/task/${task}/stat`, 'utf8');
+    } catch {
+      continue; // a thread that ended meanwhile
+    }
+    if (stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')) !== 'WorkerThread') continue;
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    us += ((Number(fields[11]) + Number(fields[12])) / 100) * 1e6;
+  }
+  return us;
+}
+
+/**
+ * Each service's top self-time functions (--cpu-prof) while it serves both sizes at c=16, as markdown:
+ * a system of its own, started with profiling on and stopped so that the profiles are written.
+ */
+async function profileSummary(cnn: BuiltModel, env: Record<string, string>): Promise<string> {
+  const dir = mkdtempSync(join(tmpdir(), 'infermesh-path-profile-'));
+  const window = { from: 0, to: 0 };
+  const fixture = await startFixture({ models: ['mlp', cnn], env: { ...env, NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${dir}` } });
+  let names: Map<number, string>;
+  try {
+    names = new Map(serviceProcesses(fixture.system).map((p) => [p.pid, p.name]));
+    const gateway = new grpc.Client(fixture.system.gatewayGrpcAddress, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
+    await unary(gateway, requestBytes(SIZES[0]!)); // connections open before the window
+    window.from = monotonicUs();
+    for (const size of SIZES) {
+      const template = requestBytes(size);
+      const offset = template.length - 4 * elements(size);
+      await closedLoop([], 0, { concurrency: 16, durationMs: PROFILE_MS / SIZES.length }, (seed) => {
+        const bytes = Buffer.from(template);
+        bytes.writeFloatLE(seed, offset);
+        return unary(gateway, bytes);
+      });
+    }
+    window.to = monotonicUs();
+    gateway.close();
+  } finally {
+    await fixture.stop();
+  }
+  const lines = [
+    '# Path benchmark: where each service spends its CPU',
+    '',
+    `Top ${PROFILE_TOP} self-time functions of each service's main thread (\`--cpu-prof\`, the samples taken during ${PROFILE_MS / 1000} s of closed-loop load at c=16 through the gateway's gRPC: the small tensor, then the large one), as a share of the time it was busy; written by \`npm run bench -- path\`.`,
+    '',
+  ];
+  const profiles = readdirSync(dir).flatMap((file) => {
+    // CPU.<date>.<time>.<pid>.<thread>.<seq>.cpuprofile; thread 0 is the main thread.
+    const [, , , pid, thread] = file.split('.');
+    const service = names.get(Number(pid));
+    return service === undefined || thread !== '0' ? [] : [{ service, ...topSelfTime(JSON.parse(readFileSync(join(dir, file), 'utf8')) as CpuProfile, window, PROFILE_TOP) }];
+  });
+  const order = ['gateway', 'router', 'batcher', 'worker', 'cache', 'registry'];
+  for (const profile of profiles.sort((a, b) => order.indexOf(a.service) - order.indexOf(b.service))) {
+    lines.push(`## ${profile.service}: busy ${Math.round(profile.busyMs)} ms`, '', '| self % of busy | function | file |', '| --- | --- | --- |');
+    for (const top of profile.top) lines.push(`| ${top.percent.toFixed(1)} | ${top.name} | ${top.file} |`);
+    lines.push('');
+  }
+  rmSync(dir, { recursive: true, force: true });
+  return lines.join('\n');
+}
+
+interface CpuProfile {
+  nodes: { id: number; callFrame: { functionName: string; url: string } }[];
+  /** Microseconds on the monotonic clock (process.hrtime's). */
+  startTime: number;
+  samples: number[];
+  timeDeltas: number[];
+}
+
+/** Now on the clock of a CPU profile's timestamps, in microseconds. */
+const monotonicUs = () => Number(process.hrtime.bigint() / 1000n);
+
+/** The functions with the most self time in the samples taken within `window`, as a share of the time not idle, and that time. */
+function topSelfTime(profile: CpuProfile, window: { from: number; to: number }, count: number): { busyMs: number; top: { name: string; file: string; percent: number }[] } {
+  const frames = new Map(profile.nodes.map((n) => [n.id, n.callFrame]));
+  const self = new Map<string, number>();
+  let busy = 0;
+  let at = profile.startTime;
+  for (const [i, id] of profile.samples.entries()) {
+    at += profile.timeDeltas[i] ?? 0;
+    const frame = frames.get(id)!;
+    if (at < window.from || at > window.to || frame.functionName === '(idle)') continue;
+    const key = `${frame.functionName || '(anonymous)'}\t${frame.url.replace(/^.*node_modules\//, '').replace(/^.*\/dist\//, '').replace(/^file:\/\//, '')}`;
+    const dt = profile.timeDeltas[i + 1] ?? 0;
+    self.set(key, (self.get(key) ?? 0) + dt);
+    busy += dt;
+  }
+  const top = [...self.entries()]
+    .sort((a, b) => b[1] - a[1])
+    .slice(0, count)
+    .map(([key, us]) => {
+      const [name, file] = key.split('\t') as [string, string];
+      return { name, file: file || '(native)', percent: (100 * us) / busy };
+    });
+  return { busyMs: busy / 1000, top };
+}
