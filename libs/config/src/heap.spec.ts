@@ -27,7 +27,11 @@ describe(countBuffersInHeapLimit.name, () => {
     // (16 times here on an idle machine; fewer when collections overlap on a busy one).
     expect(await majorCollectionsDuringBufferChurn()).toBeGreaterThanOrEqual(4);
 
-    countBuffersInHeapLimit();
+    // A process started with the flag's negation keeps V8's default.
+    expect(countBuffersInHeapLimit(['--no-external-memory-accounted-in-global-limit'])).toBe(false);
+    expect(await majorCollectionsDuringBufferChurn()).toBeGreaterThanOrEqual(4);
+
+    expect(countBuffersInHeapLimit([])).toBe(true);
 
     expect(await majorCollectionsDuringBufferChurn()).toBeLessThanOrEqual(1);
   });

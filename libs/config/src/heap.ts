@@ -11,8 +11,12 @@ import { setFlagsFromString } from 'node:v8';
  * (`npm run bench -- path`), the worker's items/s at batch 32 rise by 20 to 40 % (`npm run bench --
  * quantization`); a service holds more garbage before it collects (the worker about 80 MiB more under
  * that load). V8 reads the flag whenever it sets its limits, so setting it as a program starts takes
- * effect for the whole process, its worker threads included.
+ * effect for the whole process, its worker threads included. A process started with
+ * `--no-external-memory-accounted-in-global-limit` (where memory is tighter than CPU) keeps V8's
+ * default. Returns whether it set the flag.
  */
-export function countBuffersInHeapLimit(): void {
+export function countBuffersInHeapLimit(execArgv: readonly string[] = process.execArgv): boolean {
+  if (execArgv.some((arg) => /^--no[-_]external[-_]memory[-_]accounted[-_]in[-_]global[-_]limit$/.test(arg))) return false;
   setFlagsFromString('--external-memory-accounted-in-global-limit');
+  return true;
 }
