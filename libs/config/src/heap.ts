@@ -5,8 +5,8 @@ import { setFlagsFromString } from 'node:v8';
  * mark-compact of the whole heap each time such off-heap memory has grown by 64 MiB since the last,
  * whatever the heap holds. Every request that carries tensors leaves a service a few buffers the size
  * of its tensors (the message as received, the one sent on, the answer both ways): with 110 KiB
- * inputs that was a full collection every 100 or so requests in each service, the largest part of
- * their CPU (the gateway's, the batcher's) and of the worker's at batch 32. Measured on this machine:
+ * inputs, a full collection about every 120 requests in each service (64 MiB over five such buffers),
+ * and the largest part of the gateway's CPU per request. Measured on this machine:
  * the path's CPU per request with the 110 KiB CNN input falls by half and its p50 at c=1 by 40 %
  * (`npm run bench -- path`), the worker's items/s at batch 32 rise by 20 to 40 % (`npm run bench --
  * quantization`); a service holds more garbage before it collects (the worker about 80 MiB more under

@@ -1,6 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import { createClient } from '@infermesh/grpc';
-import { GRPCInferenceService, type ModelInferRequest, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import type { System } from '@infermesh/system';
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
@@ -100,26 +100,22 @@ export async function closedLoop(
   return { latenciesMs, failures, cpuUs: total, cpuUsByName };
 }
 
-/** A distinct batch-1 input of the tiny model for each seed, so that no cache answers. */
-export function tinyRequest(seed: number): ModelInferRequest {
-  return create(ModelInferRequestSchema, {
-    modelName: 'tiny',
-    inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n] }],
-    rawInputContents: [new Uint8Array(new Float32Array([seed, 1, 2, 3]).buffer)],
-  });
-}
-
 /**
- * Closed-loop load through the gateway's gRPC (see closedLoop): by default the tiny model with a new
- * input each call; `request` gives another request for each seed. The CPU is that of every service,
- * by service name.
+ * Closed-loop load through the gateway's gRPC (see closedLoop): the tiny model, with a new input each
+ * call so that no cache answers. The CPU is that of every service, by service name.
  */
-export async function phase(fixture: Fixture, seedBase: number, options: LoadOptions & { request?: (seed: number) => ModelInferRequest }): Promise<Phase> {
+export async function phase(fixture: Fixture, seedBase: number, options: LoadOptions): Promise<Phase> {
   const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
-  const request = options.request ?? tinyRequest;
   try {
     return await closedLoop(serviceProcesses(fixture.system), seedBase, options, (seed) =>
-      grpc.modelInfer(request(seed), { metadata: { authorization: `Bearer ${API_KEY}` }, timeoutMs: 10_000 }),
+      grpc.modelInfer(
+        create(ModelInferRequestSchema, {
+          modelName: 'tiny',
+          inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n] }],
+          rawInputContents: [new Uint8Array(new Float32Array([seed, 1, 2, 3]).buffer)],
+        }),
+        { metadata: { authorization: `Bearer ${API_KEY}` }, timeoutMs: 10_000 },
+      ),
     );
   } finally {
     grpc.close();
