@@ -175,8 +175,9 @@ async function main() {
   } finally {
     // The session holds what it needs. Free this thread's copy of the model now (detaching its buffer
     // frees it) rather than at the isolate's next full GC, which an idle thread may not run for a long
-    // time: until then the copy doubles what the model holds.
-    model.buffer.transfer(0);
+    // time: until then the copy doubles what the model holds. (Bytes shared with the service, in a
+    // SharedArrayBuffer, are not this thread's to free.)
+    if (model.buffer instanceof ArrayBuffer) model.buffer.transfer(0);
   }
   parentPort.on('message', (message) => {
     switch (message.type) {
