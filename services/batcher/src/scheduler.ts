@@ -61,6 +61,8 @@ interface Batch {
   readonly entries: readonly Waiting[];
   /** Cancels the worker call once no request of the batch wants its answer any more. */
   abort: AbortController;
+  /** The worker call has ended: nothing is left to cancel (aborting would only cost an AbortError, its stack and its listeners). */
+  ended: boolean;
 }
 
 type Outcome = { responses: InferenceResponse[] } | { error: RpcError };
@@ -444,7 +446,7 @@ export class Scheduler implements OnApplicationShutdown {
     if ('response' in outcome) entry.resolve(outcome.response);
     else entry.reject(outcome.error);
     const batch = entry.batch;
-    if (batch !== undefined && batch.entries.every((e) => e.settled)) batch.abort.abort();
+    if (batch !== undefined && !batch.ended && batch.entries.every((e) => e.settled)) batch.abort.abort();
   }
 
   private pumpAll(): void {
@@ -581,7 +583,7 @@ export class Scheduler implements OnApplicationShutdown {
       const live = entries.filter((e) => !e.settled);
       if (live.length === 0) return { error: new RpcError(status.CANCELLED, 'no request of the batch waits for it any more') };
       const abort = new AbortController();
-      const batch: Batch = { entries, abort };
+      const batch: Batch = { entries, abort, ended: false };
       for (const entry of entries) entry.batch = batch;
       // The batch runs under its own context: the latest deadline of its requests (none if one has
       // none), its own cancellation, and the request id of its first request.
@@ -595,7 +597,7 @@ export class Scheduler implements OnApplicationShutdown {
         const response = await requestContext.run(
           { requestId: entries[0]!.requestId, ...(attemptDeadlineMs !== undefined && { deadlineMs: attemptDeadlineMs }), signal: abort.signal, ...(span !== undefined && { span }) },
           () => worker.infer(batchRequest),
-        );
+        ).finally(() => (batch.ended = true));
         const ms = performance.now() - started;
         queue.batchMs = queue.batchMs === undefined ? ms : 0.8 * queue.batchMs + 0.2 * ms;
         this.pool.recordOutcome(worker, 'success');
