@@ -1,9 +1,9 @@
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { eventually } from '@infermesh/testing';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ServiceName } from './service-process';
-import { DEFAULT_PORTS, defaultPorts, System, type SystemOptions } from './system';
+import { DEFAULT_PORTS, defaultPorts, MALLOC_ENV, System, type SystemOptions } from './system';
 
 /** A stand-in worker entry that prints the variables a worker is placed and addressed by. */
 const WORKER_SCRIPT = `
@@ -105,6 +105,26 @@ describe(System.name, () => {
     expect(sut.workerProcess(0).running).toBe(false);
     await sut.workerProcess(1).kill();
     expect(sut.workerProcess(1).running).toBe(false);
+  });
+});
+
+describe('MALLOC_ENV', () => {
+  it('is in every service\'s environment unless the environment sets it', () => {
+    const sut = new System({ distDir: '/dist', dataDir: '/data', apiKey: 'key', ports: DEFAULT_PORTS, sink: () => undefined, models: [] });
+    for (const name of ['registry', 'cache', 'worker', 'batcher', 'router', 'gateway'] as const) expect(sut.envFor(name)).toMatchObject(MALLOC_ENV);
+
+    const chosen = new System({ distDir: '/dist', dataDir: '/data', apiKey: 'key', ports: DEFAULT_PORTS, sink: () => undefined, models: [], env: { MALLOC_MMAP_THRESHOLD_: '65536' } });
+    expect(chosen.envFor('worker')['MALLOC_MMAP_THRESHOLD_']).toBe('65536');
+  });
+
+  it('is what the image sets in each of its runtime stages', () => {
+    const dockerfile = readFileSync(join(__dirname, '..', '..', '..', 'Dockerfile'), 'utf8').replace(/\\\n\s*/g, ' '); // continuation lines joined
+    const stages = dockerfile.split(/^FROM /m).filter((stage) => / AS (runtime|worker-gpu)$/m.test(stage.split('\n')[0]!));
+    expect(stages).toHaveLength(2);
+    for (const stage of stages) {
+      const env = stage.split('\n').filter((line) => line.startsWith('ENV ')).flatMap((line) => line.slice(4).trim().split(/\s+/));
+      for (const [name, value] of Object.entries(MALLOC_ENV)) expect(env).toContain(`${name}=${value}`);
+    }
   });
 });
 

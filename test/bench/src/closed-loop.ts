@@ -17,6 +17,13 @@ export function cpuUs(pid: number): number {
   return ((Number(fields[11]) + Number(fields[12])) / TICKS_PER_S) * 1e6; // utime, stime (fields 14 and 15)
 }
 
+/** Resident memory of a process (VmRSS), in bytes. */
+export function rssBytes(pid: number): number {
+  const match = /^VmRSS:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  if (match === null) throw new Error(`no VmRSS in /proc/${pid}/status`);
+  return Number(match[1]) * 1024;
+}
+
 /** Every service process of a system with its service's name. */
 export function serviceProcesses(system: System): { name: string; pid: number }[] {
   return system.allProcesses.map((p) => ({ name: p.name, pid: p.pid! }));

@@ -3,12 +3,13 @@ import * as grpc from '@grpc/grpc-js';
 import { createClient } from '@infermesh/grpc';
 import { buildCnnModel, CNN_INPUT_SHAPE } from '@infermesh/model-builder';
 import { type ModelVersion, RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { InferRequestSchema, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import { InferRequestSchema, ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { DataType } from '@infermesh/tensors';
 import * as ort from 'onnxruntime-node';
 import { availableParallelism } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startFixture } from '../../e2e/support/system-fixture';
+import { rssBytes } from './closed-loop';
 import { round, table } from './stats';
 
 const BATCH = 32;
@@ -24,6 +25,10 @@ const WARMUP_ROUNDS = 3;
 /** Rounds per model and path, each of CONCURRENCY × CALLS_PER_CLIENT calls of BATCH items: about 40,000 items of the MLP, 8,000 of the CNN. */
 const ROUNDS: Record<string, number> = { mlp: 80, cnn: 16 };
 const INFER_PATH = `/${WorkerService.typeName}/Infer`;
+/** The models whose unloading is measured, each on a worker of its own that serves no request. */
+const UNLOADED = ['mlp', 'mlp-int8'] as const;
+/** How long after a model is unloaded the worker's resident memory is read: its threads have ended by then. */
+const UNLOAD_SETTLE_MS = 1_000;
 
 interface Pair {
   /** The figures' prefix. */
@@ -44,6 +49,7 @@ interface Pair {
  * - the memory the worker charges each (its memory_bytes), and the same beyond what an instance of
  *   the tiny model costs (the part of a charge that does not depend on the model);
  * - the artifact sizes, and the relative L2 error the registry recorded at derivation;
+ * - for the MLP and its variant, how much of the worker's resident memory unloading gives back;
  * - beside them, the same two models in-process (onnxruntime-node with the worker's session
  *   settings), so that the worker's ratio can be read against the runtime's own.
  * Models: the demo MLP (512-2048-2048-512), and the generated CNN (3×48×192 input) twice: with its
@@ -66,7 +72,9 @@ export async function quantization(): Promise<Record<string, unknown>> {
   const fixture = await startFixture({
     models: ['mlp', cnn, 'tiny'],
     env: { ROUTER_CACHE_ENABLED: 'false', WORKER_INSTANCES_PER_MODEL: '1', WORKER_INTRA_OP_THREADS: String(intraOpThreads) },
-    workers: served.map((model) => ({ models: [model] })),
+    // Then a quiet worker each for the MLP and its variant, never sent a request: what unloading gives
+    // back is read there, not where the load's garbage also comes and goes.
+    workers: [...served, ...UNLOADED].map((model) => ({ models: [model] })),
   });
   const registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
   const workers = new Map(served.map((model, i) => [model, createClient(WorkerService, fixture.system.workerGrpcAddress(i))]));
@@ -190,8 +198,33 @@ export async function quantization(): Promise<Record<string, unknown>> {
         figures[`${pair.key}_rel_l2`]!,
       ]);
     }
+    // What unloading gives back: the quiet worker's resident memory before and after its model (its
+    // only one) is unloaded through the registry (as `infermesh models unload` does, so that the
+    // worker does not load it again), beside what it charged the load.
+    for (const [i, model] of UNLOADED.entries()) {
+      const key = model === 'mlp' ? 'mlp_source' : 'mlp_variant';
+      const name = `models/${model}/versions/1`;
+      const quiet = served.length + i;
+      const pid = fixture.system.workerProcess(quiet).pid!;
+      const worker = createClient(WorkerService, fixture.system.workerGrpcAddress(quiet));
+      try {
+        const { memoryBytes } = await waitWorkerState(worker, name, ModelState.READY);
+        const before = rssBytes(pid);
+        await registry.updateModel({ model: { name: `models/${model}`, unloaded: true }, updateMask: { paths: ['unloaded'] } });
+        await waitWorkerState(worker, name, ModelState.UNLOADED);
+        await sleep(UNLOAD_SETTLE_MS);
+        const returned = before - rssBytes(pid);
+        figures[`${key}_unload_returned_mib`] = round(returned / 2 ** 20, 1);
+        figures[`${key}_unload_charge_mib`] = round(Number(memoryBytes) / 2 ** 20, 1);
+      } finally {
+        worker.close();
+      }
+    }
     process.stdout.write(
       `${table(['source -> int8 variant', 'source items/s', 'variant items/s', 'items ratio', 'one in flight', 'in-process ratio', 'worker memory MiB', 'memory ratio', 'rel L2'], rows)}\n`,
+    );
+    process.stdout.write(
+      `unloading gave back ${figures['mlp_source_unload_returned_mib']} MiB of the MLP's ${figures['mlp_source_unload_charge_mib']} MiB charge, ${figures['mlp_variant_unload_returned_mib']} of its variant's ${figures['mlp_variant_unload_charge_mib']}\n`,
     );
     return { scenario: 'quantization', batch: BATCH, intra_op_threads: intraOpThreads, empty_instance_memory_mib: round(instanceBytes / 2 ** 20, 1), ...figures };
   } finally {
@@ -201,6 +234,17 @@ export async function quantization(): Promise<Record<string, unknown>> {
     for (const client of raw.values()) client.close();
     await fixture.stop();
   }
+}
+
+/** The worker's entry for a model version once it is in `state` (a version it no longer lists counts as UNLOADED). */
+async function waitWorkerState(worker: ReturnType<typeof createClient<typeof WorkerService>>, name: string, state: ModelState): Promise<{ memoryBytes: bigint }> {
+  const deadline = Date.now() + 60_000;
+  while (Date.now() < deadline) {
+    const entry = (await worker.listModels({})).models.find((m) => m.name === name);
+    if ((entry?.state ?? ModelState.UNLOADED) === state) return { memoryBytes: entry?.memoryBytes ?? 0n };
+    await sleep(100);
+  }
+  throw new Error(`${name} was not ${ModelState[state]} on its worker within 60 s`);
 }
 
 async function waitReady(registry: ReturnType<typeof createClient<typeof RegistryService>>, model: string): Promise<void> {
