@@ -35,11 +35,7 @@ RUN node node_modules/onnxruntime-node/script/install.js --onnxruntime-node-inst
 # ---- runtime (default): Node 24 on distroless, non-root, read-only friendly --------------------------
 FROM gcr.io/distroless/nodejs24-debian12:nonroot AS runtime
 WORKDIR /app
-# MALLOC_*: what `infermesh up` gives every service (MALLOC_ENV, libs/system/src/system.ts): the memory
-# a model held goes back to the system when it is unloaded.
-ENV NODE_ENV=production \
-    MALLOC_MMAP_THRESHOLD_=4194304 \
-    MALLOC_TRIM_THRESHOLD_=33554432
+ENV NODE_ENV=production
 COPY --from=deps /src/package.json ./package.json
 COPY --from=deps /src/node_modules ./node_modules
 COPY --from=build /src/dist ./dist
@@ -54,6 +50,8 @@ CMD ["services/gateway/src/main.js"]
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 AS worker-gpu
 COPY --from=build /usr/local/bin/node /usr/local/bin/node
 WORKDIR /app
+# MALLOC_*: what `infermesh up` gives a worker (WORKER_MALLOC_ENV, libs/system/src/system.ts; the CPU
+# image's workers get them from their Deployment): the memory a model held goes back when it is unloaded.
 ENV NODE_ENV=production \
     MALLOC_MMAP_THRESHOLD_=4194304 \
     MALLOC_TRIM_THRESHOLD_=33554432

@@ -13,7 +13,10 @@ import { setFlagsFromString } from 'node:v8';
  * that load). V8 reads the flag whenever it sets its limits, so setting it as a program starts takes
  * effect for the whole process, its worker threads included. A process started with
  * `--no-external-memory-accounted-in-global-limit` (where memory is tighter than CPU) keeps V8's
- * default. Returns whether it set the flag.
+ * default. Returns whether it set the flag. Called by the services that carry tensors (gateway, router,
+ * batcher, worker), not by the cache service, whose memory its byte budget bounds (garbage held until
+ * the global limit took it 12 MiB past budget + 64 MiB in the hostile-state e2e spec), nor by the
+ * registry, which carries no requests.
  */
 export function countBuffersInHeapLimit(execArgv: readonly string[] = process.execArgv): boolean {
   if (execArgv.some((arg) => /^--no[-_]external[-_]memory[-_]accounted[-_]in[-_]global[-_]limit$/.test(arg))) return false;

@@ -4,7 +4,7 @@ import type * as grpc from '@grpc/grpc-js';
 import type { INestApplication, INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { GrpcServer, HealthService, type InboundAuthorization, type InboundFaults, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
-import { countBuffersInHeapLimit, exitOnUnsupportedNode } from '@infermesh/config';
+import { exitOnUnsupportedNode } from '@infermesh/config';
 import { JsonLogger, Metrics, stopTracing } from '@infermesh/telemetry';
 import type { Server } from 'node:http';
 import { HealthDetails } from './health-details';
@@ -236,7 +236,6 @@ export function lastResortGuard(what: string, options: LastResortOptions): (erro
  */
 export function runMain(name: string, start: () => Promise<RunningService>): void {
   exitOnUnsupportedNode(`infermesh ${name}`);
-  countBuffersInHeapLimit();
   let started = false;
   const fatal = lastResortGuard('failure', { service: name, started: () => false });
   process.on('uncaughtException', lastResortGuard('uncaught exception', { service: name, started: () => started }));

@@ -3,7 +3,7 @@ import { eventually } from '@infermesh/testing';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ServiceName } from './service-process';
-import { DEFAULT_PORTS, defaultPorts, MALLOC_ENV, System, type SystemOptions } from './system';
+import { DEFAULT_PORTS, defaultPorts, System, type SystemOptions, WORKER_MALLOC_ENV } from './system';
 
 /** A stand-in worker entry that prints the variables a worker is placed and addressed by. */
 const WORKER_SCRIPT = `
@@ -108,22 +108,28 @@ describe(System.name, () => {
   });
 });
 
-describe('MALLOC_ENV', () => {
-  it('is in every service\'s environment unless the environment sets it', () => {
-    const sut = new System({ distDir: '/dist', dataDir: '/data', apiKey: 'key', ports: DEFAULT_PORTS, sink: () => undefined, models: [] });
-    for (const name of ['registry', 'cache', 'worker', 'batcher', 'router', 'gateway'] as const) expect(sut.envFor(name)).toMatchObject(MALLOC_ENV);
+describe('WORKER_MALLOC_ENV', () => {
+  it('is in every worker\'s environment unless the environment sets it, and in no other service\'s', () => {
+    const system = (env?: Record<string, string>) =>
+      new System({ distDir: '/dist', dataDir: '/data', apiKey: 'key', ports: DEFAULT_PORTS, sink: () => undefined, models: [], ...(env !== undefined && { env }) });
+    const sut = system();
+    expect(sut.envForWorker(0)).toMatchObject(WORKER_MALLOC_ENV);
+    for (const name of ['registry', 'cache', 'batcher', 'router', 'gateway'] as const) {
+      for (const variable of Object.keys(WORKER_MALLOC_ENV)) expect(sut.envFor(name)[variable]).toBe(process.env[variable]);
+    }
 
-    const chosen = new System({ distDir: '/dist', dataDir: '/data', apiKey: 'key', ports: DEFAULT_PORTS, sink: () => undefined, models: [], env: { MALLOC_MMAP_THRESHOLD_: '65536' } });
-    expect(chosen.envFor('worker')['MALLOC_MMAP_THRESHOLD_']).toBe('65536');
+    expect(system({ MALLOC_MMAP_THRESHOLD_: '65536' }).envForWorker(0)['MALLOC_MMAP_THRESHOLD_']).toBe('65536');
   });
 
-  it('is what the image sets in each of its runtime stages', () => {
-    const dockerfile = readFileSync(join(__dirname, '..', '..', '..', 'Dockerfile'), 'utf8').replace(/\\\n\s*/g, ' '); // continuation lines joined
-    const stages = dockerfile.split(/^FROM /m).filter((stage) => / AS (runtime|worker-gpu)$/m.test(stage.split('\n')[0]!));
-    expect(stages).toHaveLength(2);
-    for (const stage of stages) {
-      const env = stage.split('\n').filter((line) => line.startsWith('ENV ')).flatMap((line) => line.slice(4).trim().split(/\s+/));
-      for (const [name, value] of Object.entries(MALLOC_ENV)) expect(env).toContain(`${name}=${value}`);
+  it('is what the worker\'s Deployment and the GPU image set', () => {
+    const root = join(__dirname, '..', '..', '..');
+    const dockerfile = readFileSync(join(root, 'Dockerfile'), 'utf8').replace(/\\\n\s*/g, ' '); // continuation lines joined
+    const gpuStage = dockerfile.split(/^FROM /m).find((stage) => / AS worker-gpu$/m.test(stage.split('\n')[0]!))!;
+    const imageEnv = gpuStage.split('\n').filter((line) => line.startsWith('ENV ')).flatMap((line) => line.slice(4).trim().split(/\s+/));
+    const deployment = readFileSync(join(root, 'k8s', 'base', 'worker.yaml'), 'utf8');
+    for (const [name, value] of Object.entries(WORKER_MALLOC_ENV)) {
+      expect(imageEnv).toContain(`${name}=${value}`);
+      expect(deployment).toContain(`- { name: ${name}, value: "${value}" }`);
     }
   });
 });

@@ -60,21 +60,23 @@ export interface SystemPorts {
 
 /** The services that may run several instances besides the workers: their callers reach them through the mesh. */
 /**
- * The C library's settings every service runs with, unless its environment sets them (the image sets
- * the same, Dockerfile). glibc gives an allocation pages of its own, returned to the system when it
- * is freed, only above a threshold that it raises, up to 32 MiB, each time such a block is freed; past
- * that, a model's weights come from the allocator's heaps, and when the model is unloaded most of its
- * memory stays in the worker. Fixed at 4 MiB, the threshold no longer moves; blocks under it (a batch
- * of 32 of the CNN's 110 KiB inputs is 3.5 MiB) still come from the heaps. Fixing it also fixes the
- * threshold above which glibc gives free memory at the top of a heap back (128 KiB by default), so
- * that is set to 32 MiB: at 128 KiB a heap shrinks and grows again, a page fault per page, call after
- * call (the worker's items/s at batch 32 fell by 15 %). Measured by `npm run bench -- quantization`
- * on a worker that loads the demo MLP (24 MiB of weights) and then unloads it: unloading gave back
- * 4.6 MiB of the 33.1 MiB its load was charged by default, 28.6 of 30.3 with these settings; its int8
- * variant was charged 15.5 MiB instead of 20.8, and unloading it gave back 8.2 MiB instead of 4.4;
- * items/s did not change beyond the runs' spread.
+ * The C library's settings a worker runs with, unless its environment sets them (the worker's
+ * Kubernetes Deployment and the GPU image set the same). glibc gives an allocation pages of its own,
+ * returned to the system when it is freed, only above a threshold that it raises, up to 32 MiB, each
+ * time such a block is freed; past that, a model's weights come from the allocator's heaps, and when
+ * the model is unloaded most of its memory stays in the worker. Fixed at 4 MiB, the threshold no
+ * longer moves; blocks under it (a batch of 32 of the CNN's 110 KiB inputs is 3.5 MiB) still come
+ * from the heaps. Fixing it also fixes the threshold above which glibc gives free memory at the top of
+ * a heap back (128 KiB by default), so that is set to 32 MiB: at 128 KiB a heap shrinks and grows
+ * again, a page fault per page, call after call (the worker's items/s at batch 32 fell by 15 %).
+ * Measured by `npm run bench -- quantization` on a worker that loads the demo MLP (24 MiB of weights)
+ * and then unloads it: unloading gave back 4.6 MiB of the 33.1 MiB its load was charged by default,
+ * 28.6 of 30.3 with these settings; its int8 variant was charged 15.5 MiB instead of 20.8, and
+ * unloading it gave back 8.2 MiB instead of 4.4; items/s did not change beyond the runs' spread. Only
+ * workers: the other services hold no models, and up to 32 MiB more free memory kept per heap would
+ * only count against their own memory budgets.
  */
-export const MALLOC_ENV: Readonly<Record<string, string>> = { MALLOC_MMAP_THRESHOLD_: String(4 << 20), MALLOC_TRIM_THRESHOLD_: String(32 << 20) };
+export const WORKER_MALLOC_ENV: Readonly<Record<string, string>> = { MALLOC_MMAP_THRESHOLD_: String(4 << 20), MALLOC_TRIM_THRESHOLD_: String(32 << 20) };
 
 export const REPLICATED_SERVICES = ['router', 'batcher', 'cache'] as const;
 export type ReplicatedService = (typeof REPLICATED_SERVICES)[number];
@@ -502,7 +504,7 @@ export class System {
     if (name === 'worker') return this.envForWorker(index);
     const { ports, dataDir, redisUrl, apiKey } = this.options;
     const h = this.host;
-    const env: NodeJS.ProcessEnv = { ...MALLOC_ENV, ...process.env, ...this.options.env };
+    const env: NodeJS.ProcessEnv = { ...process.env, ...this.options.env };
     delete env['REDIS_URL'];
     if (redisUrl !== undefined && (name === 'registry' || name === 'cache' || name === 'gateway')) env['REDIS_URL'] = redisUrl;
     const prefix = name.toUpperCase();
@@ -555,7 +557,7 @@ export class System {
     const { ports, dataDir } = this.options;
     const h = this.host;
     const own = this.workerPorts(index);
-    const env: NodeJS.ProcessEnv = { ...MALLOC_ENV, ...process.env, ...this.options.env };
+    const env: NodeJS.ProcessEnv = { ...WORKER_MALLOC_ENV, ...process.env, ...this.options.env };
     delete env['REDIS_URL'];
     env['WORKER_GRPC_HOST'] = h;
     env['WORKER_GRPC_PORT'] = String(own.grpc);

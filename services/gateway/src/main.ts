@@ -1,6 +1,9 @@
-import { loadOrExit } from '@infermesh/config';
+import { countBuffersInHeapLimit, loadOrExit } from '@infermesh/config';
 import { runMain } from '@infermesh/runtime';
 import { loadGatewayConfig } from './gateway.config';
 import { startGateway } from './gateway.start';
+
+// Requests carry tensors through this service: see countBuffersInHeapLimit.
+countBuffersInHeapLimit();
 
 runMain('gateway', async () => startGateway(loadOrExit('gateway', () => loadGatewayConfig(process.env))));

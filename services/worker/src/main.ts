@@ -1,4 +1,4 @@
-import { loadOrExit } from '@infermesh/config';
+import { countBuffersInHeapLimit, loadOrExit } from '@infermesh/config';
 import { WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { bind, bootstrap, runMain } from '@infermesh/runtime';
 import { InferenceExecutor } from './inference-executor';
@@ -6,6 +6,9 @@ import { ModelSync } from './model-sync';
 import { loadWorkerConfig } from './worker.config';
 import { WorkerGrpcController } from './worker.grpc';
 import { WorkerModule } from './worker.module';
+
+// Requests carry tensors through this service: see countBuffersInHeapLimit.
+countBuffersInHeapLimit();
 
 runMain('worker', async () => {
   const config = loadOrExit('worker', () => loadWorkerConfig(process.env));

@@ -9,8 +9,8 @@ import { countBuffersInHeapLimit } from '@infermesh/config';
  * answers with what it answers; the last hop (argv[3] '-') answers every request with argv[4] bytes
  * (built once). A chain of them carries the bytes a request and its answer carry through the
  * services, across as many hops, and costs what grpc-js and HTTP/2 cost for them, and nothing else.
- * It runs with the services' V8 and C library settings (countBuffersInHeapLimit, and MALLOC_ENV
- * from the parent). Sends its port to the parent over IPC; ends when the parent disconnects.
+ * It runs with the services' V8 settings (countBuffersInHeapLimit). Sends its port to the parent over
+ * IPC; ends when the parent disconnects.
  */
 const identity = (bytes: Buffer) => bytes;
 /** Limits as the services' (their messages carry tensors of up to 64 MiB). */

@@ -2,7 +2,6 @@ import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { buildCnnModel, buildMlpModel, type BuiltModel, CNN_INPUT_SHAPE } from '@infermesh/model-builder';
 import { GRPCInferenceService, ModelInferRequestSchema, ModelInferResponseSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
-import { MALLOC_ENV } from '@infermesh/system';
 import * as ort from 'onnxruntime-node';
 import { type ChildProcess, fork } from 'node:child_process';
 import { once } from 'node:events';
@@ -175,12 +174,12 @@ function unary(client: grpc.Client, bytes: Buffer): Promise<Buffer> {
   );
 }
 
-/** HOPS echo-hop processes chained (with the services' C library settings), the last answering `answerBytes`; the first (the caller's) last in the list. */
+/** HOPS echo-hop processes chained, the last answering `answerBytes`; the first (the caller's) last in the list. */
 async function startChain(answerBytes: number): Promise<(ChildProcess & { port: number })[]> {
   const chain: (ChildProcess & { port: number })[] = [];
   let next = '-';
   for (let i = 0; i < HOPS; i++) {
-    const hop = fork(join(__dirname, 'echo-hop.server.js'), [INFER_PATH, next, String(answerBytes)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'], env: { ...MALLOC_ENV, ...process.env } }) as ChildProcess & { port: number };
+    const hop = fork(join(__dirname, 'echo-hop.server.js'), [INFER_PATH, next, String(answerBytes)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }) as ChildProcess & { port: number };
     const [{ port }] = (await once(hop, 'message')) as [{ port: number }];
     hop.port = port;
     chain.push(hop);

@@ -11,8 +11,8 @@ import { DataType } from '@infermesh/tensors';
  * WorkerService whose Infer computes nothing. It answers each request with an FP32 output of
  * [batch, OUTPUT_WIDTH] zeros (the MLP's output size), built once per batch size, so a call through
  * it costs what the client, grpc-js, HTTP/2 and protobuf cost for the MLP's bytes, and nothing else.
- * It runs with the services' V8 and C library settings (countBuffersInHeapLimit, and MALLOC_ENV from
- * the parent). Prints nothing; sends its port to the parent over IPC.
+ * It runs with the worker's V8 and C library settings (countBuffersInHeapLimit, and WORKER_MALLOC_ENV
+ * from the parent). Prints nothing; sends its port to the parent over IPC.
  */
 const OUTPUT_WIDTH = 512;
 const outputs = new Map<number, Uint8Array>();

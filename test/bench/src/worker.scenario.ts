@@ -3,7 +3,7 @@ import { buildMlpModel } from '@infermesh/model-builder';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { DataType } from '@infermesh/tensors';
-import { MALLOC_ENV } from '@infermesh/system';
+import { WORKER_MALLOC_ENV } from '@infermesh/system';
 import * as ort from 'onnxruntime-node';
 import { fork } from 'node:child_process';
 import { once } from 'node:events';
@@ -46,7 +46,7 @@ export async function worker(): Promise<Record<string, unknown>> {
   const address = fixture.system.grpcAddress('worker');
   const client = createClient(WorkerService, address);
   const health = createClient(Health, address);
-  const floorServer = fork(join(__dirname, 'transport-floor.server.js'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'], env: { ...MALLOC_ENV, ...process.env } });
+  const floorServer = fork(join(__dirname, 'transport-floor.server.js'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'], env: { ...WORKER_MALLOC_ENV, ...process.env } });
   const [{ port: floorPort }] = (await once(floorServer, 'message')) as [{ port: number }];
   const floorClient = createClient(WorkerService, `127.0.0.1:${floorPort}`);
 
