@@ -1,4 +1,5 @@
 import { createClient } from '@infermesh/grpc';
+import { relativeL2 } from '@infermesh/testing';
 import { buildCnnModel, buildQuantizedFormModel, type BuiltModel, QUANTIZED_FORMS } from '@infermesh/model-builder';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type ModelVersion, RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
@@ -16,17 +17,6 @@ interface RestAnswer {
   degraded?: boolean;
   output?: { shape: number[]; data: number[] };
   error?: string;
-}
-
-/** ‖b − a‖₂ ÷ ‖a‖₂. */
-function relativeL2(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let diff = 0;
-  let norm = 0;
-  for (let i = 0; i < a.length; i++) {
-    diff += (b[i]! - a[i]!) ** 2;
-    norm += a[i]! ** 2;
-  }
-  return Math.sqrt(diff / norm);
 }
 
 const maxAbsDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => Math.max(...Array.from(a, (v, i) => Math.abs(v - b[i]!)));

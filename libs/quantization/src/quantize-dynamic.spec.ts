@@ -1,6 +1,7 @@
 import * as ort from 'onnxruntime-node';
 import { onnx } from 'onnx-proto';
 import { buildMlpModel, buildTinyModel, encodeModel, floatInitializer, node, SeededRandom } from '@infermesh/model-builder';
+import { relativeL2 } from '@infermesh/testing';
 import { QuantizationError, quantizeDynamic } from './quantize-dynamic';
 
 async function run(bytes: Uint8Array, input: Float32Array, dims: number[]): Promise<Float32Array> {
@@ -8,16 +9,6 @@ async function run(bytes: Uint8Array, input: Float32Array, dims: number[]): Prom
   const outputs = await session.run({ [session.inputNames[0]!]: new ort.Tensor('float32', input, dims) });
   await session.release();
   return outputs[session.outputNames[0]!]!.data as Float32Array;
-}
-
-function relativeL2(reference: Float32Array, candidate: Float32Array): number {
-  let diff = 0;
-  let norm = 0;
-  for (let i = 0; i < reference.length; i++) {
-    diff += (reference[i]! - candidate[i]!) ** 2;
-    norm += reference[i]! ** 2;
-  }
-  return Math.sqrt(diff / norm);
 }
 
 /** The decoded graph: a class instance, whose repeated fields are arrays. */

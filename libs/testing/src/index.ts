@@ -5,3 +5,4 @@ export * from './fake-registry';
 export * from './xds-probe';
 export * from './eventually';
 export * from './thrown';
+export * from './relative-l2';

@@ -2,7 +2,7 @@ import { create } from '@bufbuild/protobuf';
 import { createClient } from '@infermesh/grpc';
 import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import type { System } from '@infermesh/system';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { API_KEY, type Fixture } from '../../e2e/support/system-fixture';
 import { quantile, round } from './stats';
@@ -10,11 +10,32 @@ import { quantile, round } from './stats';
 /** Clock ticks per second of /proc/<pid>/stat's utime and stime (USER_HZ, 100 on Linux). */
 const TICKS_PER_S = 100;
 
+/** The name and the CPU time (user + system, in microseconds) a /proc stat file gives. */
+function parseStat(stat: string): { name: string; us: number } {
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  const us = ((Number(fields[11]) + Number(fields[12])) / TICKS_PER_S) * 1e6; // utime, stime (fields 14 and 15)
+  return { name: stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')), us };
+}
+
 /** CPU time (user + system) of a process so far, in microseconds. */
 export function cpuUs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return ((Number(fields[11]) + Number(fields[12])) / TICKS_PER_S) * 1e6; // utime, stime (fields 14 and 15)
+  return parseStat(readFileSync(`/proc/${pid}/stat`, 'utf8')).us;
+}
+
+/** CPU time so far of a process's threads named `name`, in microseconds. */
+export function threadsCpuUs(pid: number, name: string): number {
+  let us = 0;
+  for (const task of readdirSync(`/proc/${pid}/task`)) {
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${pid}/task/${task}/stat`, 'utf8');
+    } catch {
+      continue; // a thread that ended meanwhile
+    }
+    const thread = parseStat(stat);
+    if (thread.name === name) us += thread.us;
+  }
+  return us;
 }
 
 /** Resident memory of a process (VmRSS), in bytes. */

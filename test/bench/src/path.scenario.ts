@@ -10,7 +10,8 @@ import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { API_KEY, REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
-import { addPhase, closedLoop, emptyPhase, serviceProcesses } from './closed-loop';
+import { addPhase, closedLoop, emptyPhase, serviceProcesses, threadsCpuUs } from './closed-loop';
+import { workerSession } from './in-process';
 import { quantile, round, table } from './stats';
 
 /** The hops a tensor crosses from the caller to the model: caller → gateway → router → batcher → worker. */
@@ -23,6 +24,11 @@ const IN_PROCESS_RUNS = 400;
 const INFER_PATH = `/${GRPCInferenceService.typeName}/ModelInfer`;
 const identity = (bytes: Buffer) => bytes;
 const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_send_message_length': 64 << 20 };
+/**
+ * The model's own CPU in a worker: its execution threads', onnxruntime's operator threads included
+ * (they take the name of the thread that starts them).
+ */
+const executionThreadsCpuUs = (pid: number) => threadsCpuUs(pid, 'WorkerThread');
 /** Functions listed per service in the profile summary. */
 const PROFILE_TOP = 8;
 const PROFILE_MS = 6_000;
@@ -67,13 +73,7 @@ export async function path(): Promise<Record<string, unknown>> {
   try {
     const gateway = new grpc.Client(fixture.system.gatewayGrpcAddress, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
     for (const size of SIZES) {
-      const template = requestBytes(size);
-      const dataOffset = template.length - 4 * elements(size); // raw_input_contents is the request's last field
-      const withSeed = (seed: number) => {
-        const bytes = Buffer.from(template);
-        bytes.writeFloatLE(seed, dataOffset);
-        return bytes;
-      };
+      const withSeed = seededRequests(size);
       const real = (seed: number) => unary(gateway, withSeed(seed));
       const answer = fromBinary(ModelInferResponseSchema, await real(0));
       if (answer.outputs.length !== 1) throw new Error(`${size.model} answered ${answer.outputs.length} outputs`);
@@ -146,10 +146,13 @@ export async function path(): Promise<Record<string, unknown>> {
   return { scenario: 'path', hops: HOPS, phase_ms: PHASE_MS, rounds: ROUNDS, ...figures };
 }
 
-/** A ModelInferRequest of one item, its input all ones, encoded. */
-function requestBytes(size: Size): Buffer {
+/**
+ * Encoded ModelInferRequests of one item for `size`'s model, its input all ones but the first element,
+ * the seed: a request of its own for each seed (a copy of one encoding with the seed written in).
+ */
+function seededRequests(size: Size): (seed: number) => Buffer {
   const data = new Float32Array(elements(size)).fill(1);
-  return Buffer.from(
+  const template = Buffer.from(
     toBinary(
       ModelInferRequestSchema,
       create(ModelInferRequestSchema, {
@@ -159,6 +162,12 @@ function requestBytes(size: Size): Buffer {
       }),
     ),
   );
+  const dataOffset = template.length - data.byteLength; // raw_input_contents is the request's last field
+  return (seed) => {
+    const bytes = Buffer.from(template);
+    bytes.writeFloatLE(seed, dataOffset);
+    return bytes;
+  };
 }
 
 const elements = (size: Size) => size.item.reduce((a, b) => a * b, 1);
@@ -191,13 +200,7 @@ async function startChain(answerBytes: number): Promise<(ChildProcess & { port: 
 /** The model in-process with the worker's session settings: p50 of a batch-1 run and CPU per item. */
 async function measureInProcess(size: Size, intraOpThreads: number): Promise<{ p50Ms: number; cpuUsPerItem: number }> {
   const bytes = size.model === 'mlp' ? buildMlpModel().bytes : buildCnnModel().bytes;
-  const session = await ort.InferenceSession.create(bytes, {
-    executionProviders: ['cpu'],
-    intraOpNumThreads: intraOpThreads,
-    interOpNumThreads: 1,
-    graphOptimizationLevel: 'all',
-    extra: { session: { intra_op: { allow_spinning: '0' } } },
-  });
+  const session = await workerSession(bytes, intraOpThreads);
   try {
     const feeds = { input: new ort.Tensor('float32', new Float32Array(elements(size)).fill(1), [1, ...size.item]) };
     for (let i = 0; i < 20; i++) await session.run(feeds);
@@ -216,26 +219,6 @@ async function measureInProcess(size: Size, intraOpThreads: number): Promise<{ p
 }
 
 /**
- * CPU time so far of a worker's execution threads, onnxruntime's operator threads included (they
- * take the name of the thread that starts them), in microseconds: the model's own CPU.
- */
-function executionThreadsCpuUs(pid: number): number {
-  let us = 0;
-  for (const task of readdirSync(`/proc/${pid}/task`)) {
-    let stat: string;
-    try {
-      stat = readFileSync(`/proc/${pid}/task/${task}/stat`, 'utf8');
-    } catch {
-      continue; // a thread that ended meanwhile
-    }
-    if (stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')) !== 'WorkerThread') continue;
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    us += ((Number(fields[11]) + Number(fields[12])) / 100) * 1e6;
-  }
-  return us;
-}
-
-/**
  * Each service's top self-time functions (--cpu-prof) while it serves both sizes at c=16, as markdown:
  * a system of its own, started with profiling on and stopped so that the profiles are written.
  */
@@ -247,16 +230,11 @@ async function profileSummary(cnn: BuiltModel, env: Record<string, string>): Pro
   try {
     names = new Map(serviceProcesses(fixture.system).map((p) => [p.pid, p.name]));
     const gateway = new grpc.Client(fixture.system.gatewayGrpcAddress, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
-    await unary(gateway, requestBytes(SIZES[0]!)); // connections open before the window
+    await unary(gateway, seededRequests(SIZES[0]!)(0)); // connections open before the window
     window.from = monotonicUs();
     for (const size of SIZES) {
-      const template = requestBytes(size);
-      const offset = template.length - 4 * elements(size);
-      await closedLoop([], 0, { concurrency: 16, durationMs: PROFILE_MS / SIZES.length }, (seed) => {
-        const bytes = Buffer.from(template);
-        bytes.writeFloatLE(seed, offset);
-        return unary(gateway, bytes);
-      });
+      const withSeed = seededRequests(size);
+      await closedLoop([], 0, { concurrency: 16, durationMs: PROFILE_MS / SIZES.length }, (seed) => unary(gateway, withSeed(seed)));
     }
     window.to = monotonicUs();
     gateway.close();

@@ -9,6 +9,7 @@ import * as ort from 'onnxruntime-node';
 import { availableParallelism } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startFixture } from '../../e2e/support/system-fixture';
+import { workerSession } from './in-process';
 import { rssBytes } from './closed-loop';
 import { round, table } from './stats';
 
@@ -141,13 +142,7 @@ export async function quantization(): Promise<Record<string, unknown>> {
         return async () => void (await Promise.all(Array.from({ length: concurrency }, client)));
       };
       const inProcess = async (model: string) => {
-        const session = await ort.InferenceSession.create(await download(registry, model), {
-          executionProviders: ['cpu'],
-          intraOpNumThreads: intraOpThreads,
-          interOpNumThreads: 1,
-          graphOptimizationLevel: 'all',
-          extra: { session: { intra_op: { allow_spinning: '0' } } },
-        });
+        const session = await workerSession(await download(registry, model), intraOpThreads);
         sessions.push(session);
         const feeds = { input: new ort.Tensor('float32', input, shape) };
         return async () => void (await session.run(feeds));

@@ -11,6 +11,7 @@ import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startFixture } from '../../e2e/support/system-fixture';
+import { workerSession } from './in-process';
 import { quantile, round, table } from './stats';
 
 const BATCH_SIZES = [1, 8, 32, 64];
@@ -35,13 +36,7 @@ export async function worker(): Promise<Record<string, unknown>> {
   // The worker's default on this machine (one instance per model: all cores), set explicitly so that
   // both sides run the same session settings.
   const intraOpThreads = availableParallelism();
-  const session = await ort.InferenceSession.create(model.bytes, {
-    executionProviders: ['cpu'],
-    intraOpNumThreads: intraOpThreads,
-    interOpNumThreads: 1,
-    graphOptimizationLevel: 'all',
-    extra: { session: { intra_op: { allow_spinning: '0' } } },
-  });
+  const session = await workerSession(model.bytes, intraOpThreads);
   const fixture = await startFixture({ models: ['mlp'], env: { WORKER_INSTANCES_PER_MODEL: '1', WORKER_INTRA_OP_THREADS: String(intraOpThreads) } });
   const address = fixture.system.grpcAddress('worker');
   const client = createClient(WorkerService, address);
