@@ -19,10 +19,13 @@ const CACHE_SERVICE_BYTES = 16 * 1024 * 1024;
  * each process reports itself (`nodejs_heap_space_size_total_bytes{space="new"}`). The baseline is
  * the most held during 10 s of the same load, once both caches have filled and V8's old space has
  * grown to hold a churned store: after a 3 s warm-up the cache service grew by 61 to 85 MiB, close to the
- * bound; after 10 s, by 36 MiB (the router by 7). An unbounded store would still grow by the
- * ≥ 130 MiB of distinct answers the load produces (4 KiB each, more with its objects), past it.
+ * bound; after 10 s, by 36 MiB (the router by 7) when this was written. Later, with a faster path in
+ * front of it and its own code unchanged, the cache service grew by 74 to 83 MiB (76 on the commit
+ * before the change, 2026-12-01), past the 80 MiB the bound then allowed: hence 96. An unbounded
+ * store would still grow by the ≥ 130 MiB of distinct answers the load produces (4 KiB each, more
+ * with its objects), past 16 + 96.
  */
-const RSS_BASELINE_SLACK_BYTES = 64 * 1024 * 1024;
+const RSS_BASELINE_SLACK_BYTES = 96 * 1024 * 1024;
 /** Sustained load: concurrency and duration (bounded in time and in count). */
 const LOAD_CONCURRENCY = 16;
 const LOAD_MS = 45_000;
