@@ -1,3 +1,4 @@
+import { CLIENT_FLOW_CONTROL_OPTIONS } from './flow-control';
 import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { requestContext, spans } from '@infermesh/telemetry';
@@ -55,6 +56,7 @@ export function createClient<S extends DescService>(service: S, address: string,
     // up to two minutes of reconnect backoff.
     'grpc.initial_reconnect_backoff_ms': 200,
     'grpc.max_reconnect_backoff_ms': 1_000,
+    ...CLIENT_FLOW_CONTROL_OPTIONS,
     ...secureChannelOptions(address, options.peer, options.transport),
     ...options.channelOptions,
   });

@@ -728,6 +728,37 @@ describe(GrpcServer.name, () => {
     });
   });
 
+  describe('shedding', () => {
+    const overloaded = new RpcError(status.RESOURCE_EXHAUSTED, 'full up; retry later', { reason: 'OVERLOADED', retryDelayMs: 1_000 });
+
+    it('answers the calls it names with its error before any handler runs, its details intact; spares the rest', async () => {
+      let shedding = true;
+      sut.shedWith((path) => (shedding && path === '/infermesh.registry.v1.RegistryService/GetModel' ? overloaded : undefined));
+
+      const errors = await Promise.all(Array.from({ length: 5 }, () => rpcError(client.getModel({ name: 'models/a' }))));
+      await client.listModels({});
+
+      for (const error of errors) {
+        expect([error.code, error.message, error.reason, error.retryDelayMs]).toEqual([status.RESOURCE_EXHAUSTED, 'full up; retry later', 'OVERLOADED', 1_000]);
+      }
+      expect(registry.calls.map((c) => c.method)).toEqual(['listModels']);
+      expect(await handledCount(metrics, 'RegistryService/GetModel', 'RESOURCE_EXHAUSTED')).toBe(5);
+      shedding = false;
+      await client.getModel({ name: 'models/a' });
+      expect(registry.calls.map((c) => c.method)).toEqual(['listModels', 'getModel']);
+    });
+
+    it('refuses a large message, reading and dropping its body, and the connection goes on serving', async () => {
+      let shedding = true;
+      sut.shedWith((path) => (shedding && path.endsWith('/GetModel') ? overloaded : undefined));
+      const error = await rpcError(client.getModel({ name: 'x'.repeat(3 * 1024 * 1024) }));
+      expect([error.code, error.reason]).toEqual([status.RESOURCE_EXHAUSTED, 'OVERLOADED']);
+      expect(registry.calls).toHaveLength(0);
+      shedding = false;
+      expect((await client.getModel({ name: 'models/a' })).model?.name).toBe('models/a');
+    });
+  });
+
   describe('inbound faults', () => {
     beforeEach(async () => {
       client.close();

@@ -2,10 +2,11 @@ import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { type JsonLogger, LATENCY_BUCKETS_SECONDS, type Metrics, type RequestContext, requestContext, rpcAttributes, sanitizeRequestId, spans } from '@infermesh/telemetry';
 import type { Attributes, Span } from '@opentelemetry/api';
-import type { Http2Server, IncomingHttpHeaders, ServerHttp2Stream } from 'node:http2';
+import type { Http2Server, IncomingHttpHeaders, OutgoingHttpHeaders, ServerHttp2Stream } from 'node:http2';
 import type { TLSSocket } from 'node:tls';
 import type { Counter, Histogram } from 'prom-client';
 import { boundTimeoutHeader } from './deadline';
+import { openServerWindows } from './flow-control';
 import type { CallContext, ServiceImpl } from './method-types';
 import { RpcError, toRpcError } from './rpc-error';
 import { MalformedMessage, receivedBytes, toServiceDefinition } from './service-definition';
@@ -74,6 +75,9 @@ export class GrpcServer {
   private readonly injected: Counter<'method' | 'fault'>;
   private readonly refused: Counter<'method' | 'caller'>;
   private readonly handshakeFailures: Counter<'reason'>;
+  private shed: ((path: string) => RpcError | undefined) | undefined;
+  /** The trailers of each shedding error: one error object stands for many refusals. */
+  private readonly shedTrailers = new WeakMap<RpcError, OutgoingHttpHeaders>();
 
   constructor(private readonly options: GrpcServerOptions) {
     this.server = new grpc.Server({
@@ -111,7 +115,7 @@ export class GrpcServer {
       const key = `${socket.remoteAddress}:${socket.remotePort}`;
       this.peers.set(key, spiffeIdOf(socket.getPeerCertificate()));
       socket.once('close', () => this.peers.delete(key));
-    });
+    }, (stream, headers) => this.refuseEarly(stream, headers));
     this.duration = options.metrics.histogram(
       'grpc_server_handling_seconds',
       'Duration of gRPC calls handled by this service, by method and status code.',
@@ -119,6 +123,38 @@ export class GrpcServer {
       LATENCY_BUCKETS_SECONDS,
       { exemplars: true },
     );
+  }
+
+  /**
+   * Sheds load before grpc-js reads a call: each call's method path goes to `refusal`, and a call it
+   * returns an error for is answered at once with that status (trailers only), its message neither
+   * read nor decoded, no handler, interceptor or call object made for it. What a refusal costs is
+   * then the HTTP/2 stream alone: a server refusing most of what it receives (overload) keeps its CPU
+   * for what it admits. Each shed call is recorded in grpc_server_handling_seconds.
+   */
+  shedWith(refusal: (path: string) => RpcError | undefined): this {
+    this.shed = refusal;
+    return this;
+  }
+
+  private refuseEarly(stream: ServerHttp2Stream, headers: IncomingHttpHeaders): boolean {
+    const path = headers[':path'];
+    const error = this.shed === undefined || typeof path !== 'string' ? undefined : this.shed(path);
+    if (error === undefined) return false;
+    const start = process.hrtime.bigint();
+    let trailers = this.shedTrailers.get(error);
+    if (trailers === undefined) {
+      const { code, details, metadata } = error.toStatus();
+      trailers = { ':status': 200, 'content-type': 'application/grpc+proto', 'grpc-status': String(code), 'grpc-message': encodeURI(details ?? ''), ...metadata?.toHttp2Headers() };
+      this.shedTrailers.set(error, trailers);
+    }
+    stream.on('error', () => undefined);
+    if (stream.destroyed) return true;
+    // The request's body, if the client still sends one, is read and dropped.
+    stream.resume();
+    stream.respond(trailers, { endStream: true });
+    this.options.metrics.observe(this.duration, { method: methodLabel(path!), code: grpc.status[error.code] ?? String(error.code) }, Number(process.hrtime.bigint() - start) / 1e9);
+    return true;
   }
 
   add<S extends DescService>(service: S, impl: ServiceImpl<S>): this {
@@ -378,6 +414,7 @@ function hookHttp2Servers(
   server: grpc.Server,
   onTlsError: (error: Error & { code?: string }, socket: TLSSocket) => void,
   onSecureConnection: (socket: TLSSocket) => void,
+  answeredEarly: (stream: ServerHttp2Stream, headers: IncomingHttpHeaders) => boolean,
 ): void {
   const internals = server as unknown as { createHttp2Server?: (credentials: unknown) => Http2Server };
   const createHttp2Server = internals.createHttp2Server;
@@ -387,6 +424,11 @@ function hookHttp2Servers(
   internals.createHttp2Server = (credentials: unknown) => {
     const http2Server = createHttp2Server.call(server, credentials);
     http2Server.prependListener('stream', (_stream: ServerHttp2Stream, headers: IncomingHttpHeaders) => boundTimeoutHeader(headers));
+    // A call answered here never reaches grpc-js: its 'stream' event is not passed on.
+    const emit = http2Server.emit.bind(http2Server);
+    http2Server.emit = (event: string | symbol, ...args: unknown[]): boolean =>
+      event === 'stream' && answeredEarly(args[0] as ServerHttp2Stream, args[1] as IncomingHttpHeaders) ? true : emit(event, ...args);
+    openServerWindows(http2Server);
     // A TLS server: a peer refused during the handshake (no certificate, another CA, expired) is reported here.
     http2Server.on('tlsClientError', onTlsError);
     http2Server.on('secureConnection', onSecureConnection);

@@ -3,7 +3,7 @@ import type { DescService } from '@bufbuild/protobuf';
 import type * as grpc from '@grpc/grpc-js';
 import type { INestApplication, INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import { GrpcServer, HealthService, type InboundAuthorization, type InboundFaults, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
+import { GrpcServer, HealthService, type InboundAuthorization, type InboundFaults, type RpcError, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
 import { exitOnUnsupportedNode } from '@infermesh/config';
 import { JsonLogger, Metrics, stopTracing } from '@infermesh/telemetry';
 import type { Server } from 'node:http';
@@ -38,6 +38,11 @@ export interface BootstrapOptions {
   http?: { host: string; port: number; configure?: (app: INestApplication) => void };
   /** Runs after every listener is bound; the health status is set to SERVING when it resolves. */
   onListening?: (app: INestApplicationContext) => Promise<void>;
+  /**
+   * Calls refused before grpc-js reads them (GrpcServer.shedWith): given a call's method path, the
+   * error to answer it with now, or undefined to let it through.
+   */
+  shed?: (app: INestApplicationContext) => (path: string) => RpcError | undefined;
   /** Runs first when the service is asked to stop, before in-flight calls are waited for. */
   beforeShutdown?: (app: INestApplicationContext) => void;
   /**
@@ -137,6 +142,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
     health.set(service.typeName, ServingStatus.NOT_SERVING);
   }
   for (const { definition, implementation } of options.untypedGrpc?.(app) ?? []) grpcServer.addUntyped(definition, implementation);
+  if (options.shed !== undefined) grpcServer.shedWith(options.shed(app));
   if (options.http) options.http.configure?.(app as INestApplication);
   await app.init();
 

@@ -163,7 +163,15 @@ describe(loadGatewayConfig.name, () => {
     expect([sut.maxTimeoutMs, sut.maxBodyBytesInFlight, sut.tensorLimits.maxNameBytes]).toEqual([60_000, 2 ** 30, 64]);
   });
 
+  it('limits inference in flight adaptively between 16 and 1024 by default; the floor never above the ceiling; fixed on request', () => {
+    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' }).concurrency).toEqual({ adaptive: true, min: 16, max: 1_024 });
+    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_IN_FLIGHT: '8' }).concurrency).toEqual({ adaptive: true, min: 8, max: 8 });
+    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_CONCURRENCY_LIMIT: 'fixed', GATEWAY_MIN_IN_FLIGHT: '4' }).concurrency).toEqual({ adaptive: false, min: 4, max: 1_024 });
+  });
+
   it.each([
+    [{ GATEWAY_CONCURRENCY_LIMIT: 'gradient' }, /GATEWAY_CONCURRENCY_LIMIT/],
+    [{ GATEWAY_MIN_IN_FLIGHT: '0' }, /GATEWAY_MIN_IN_FLIGHT/],
     [{ GATEWAY_MAX_REQUEST_TIMEOUT_MS: '3000000000' }, /GATEWAY_MAX_REQUEST_TIMEOUT_MS: at most 2073600000/],
     [{ GATEWAY_MAX_REQUEST_TIMEOUT_MS: '10000' }, /GATEWAY_REQUEST_TIMEOUT_MS: the default deadline \(30000\) is longer than GATEWAY_MAX_REQUEST_TIMEOUT_MS/],
     [{ GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '1MiB' }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 1048576 bytes cannot hold one body of GATEWAY_MAX_BODY_BYTES/],

@@ -52,6 +52,8 @@ const shape = {
   GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: byteSize('256MiB'),
   GATEWAY_MAX_NAME_BYTES: positiveInt(DEFAULT_TENSOR_LIMITS.maxNameBytes),
   GATEWAY_MAX_IN_FLIGHT: positiveInt(1_024),
+  GATEWAY_MIN_IN_FLIGHT: positiveInt(16),
+  GATEWAY_CONCURRENCY_LIMIT: z.enum(['adaptive', 'fixed']).default('adaptive'),
   GATEWAY_MAX_INPUTS: positiveInt(DEFAULT_TENSOR_LIMITS.maxInputs),
   GATEWAY_MAX_TENSOR_ELEMENTS: positiveInt(DEFAULT_TENSOR_LIMITS.maxTensorElements),
   GATEWAY_MAX_BATCH_SIZE: positiveInt(DEFAULT_TENSOR_LIMITS.maxBatchSize),
@@ -171,8 +173,12 @@ export function loadGatewayConfig(env: Env) {
     maxBodyBytesInFlight: e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT,
     /** The largest REST request body accepted (artifact uploads excepted: the registry limits those). */
     maxBodyBytes: e.GATEWAY_MAX_BODY_BYTES,
-    /** Inference requests this gateway works on at once; more are refused at once (load shedding). */
-    maxInFlight: e.GATEWAY_MAX_IN_FLIGHT,
+    /**
+     * Inference requests this gateway works on at once; more are refused at once (load shedding).
+     * Adaptive: the limit follows the latency the router answers in, between min (at most max) and max;
+     * fixed: max.
+     */
+    concurrency: { adaptive: e.GATEWAY_CONCURRENCY_LIMIT === 'adaptive', min: Math.min(e.GATEWAY_MIN_IN_FLIGHT, e.GATEWAY_MAX_IN_FLIGHT), max: e.GATEWAY_MAX_IN_FLIGHT },
     /** What one inference request may hold: inputs, elements per tensor, batch size, name lengths (400 beyond). */
     tensorLimits: {
       maxInputs: e.GATEWAY_MAX_INPUTS,

@@ -1,11 +1,11 @@
 import { status } from '@grpc/grpc-js';
 import { Inject, Injectable } from '@nestjs/common';
-import { type CallContext, type ServiceImpl, toRpcError } from '@infermesh/grpc';
-import type {
+import { type CallContext, methodPath, type RpcError, type ServiceImpl, toRpcError } from '@infermesh/grpc';
+import {
   GRPCInferenceService,
-  ModelInferRequest,
-  ModelMetadataRequest,
-  ModelReadyRequest,
+  type ModelInferRequest,
+  type ModelMetadataRequest,
+  type ModelReadyRequest,
 } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
 import { requestContext } from '@infermesh/telemetry';
@@ -20,9 +20,11 @@ import { requestDeadline } from './request-deadline';
 import { checkName } from './tensor-limits';
 import { callerOf, ROUTING_KEY_HEADER } from './routing-key';
 import { ModelCatalog, type TensorMetadata } from './model-catalog';
-import { ModelInference } from './model-inference';
+import { type Admission, ModelInference } from './model-inference';
 import { RateLimits } from './rate-limits';
 import { ServerStatus } from './server-status';
+
+const MODEL_INFER_PATH = methodPath(GRPCInferenceService.method.modelInfer);
 
 const grpcTensor = (t: TensorMetadata) => ({ name: t.name, datatype: t.datatype, shape: t.shape.map(BigInt) });
 
@@ -68,18 +70,32 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
     });
   }
 
+  /**
+   * The refusal of a call arriving while the gateway is at its concurrency limit, for inference
+   * only: answered before grpc-js reads it (GrpcServer.shedWith). A call let through takes its place
+   * in `handle`, and may still be refused there.
+   */
+  refuseEarly(path: string): RpcError | undefined {
+    if (path !== MODEL_INFER_PATH) return undefined;
+    const start = process.hrtime.bigint();
+    const refusal = this.inference.refusal();
+    if (refusal !== undefined) this.metrics.observeRequest('grpc', 'ModelInfer', status[refusal.code], start);
+    return refusal;
+  }
+
   modelInfer(request: ModelInferRequest, ctx: CallContext) {
-    const options = { model: request.modelName, version: request.modelVersion, rateLimited: true, bodyBytes: ctx.requestBytes ?? 0, timeout: () => edgeParameters(request.parameters).timeoutMs };
-    return this.handle('ModelInfer', ctx, options, async (principal) =>
+    const options = { model: request.modelName, version: request.modelVersion, inference: true, bodyBytes: ctx.requestBytes ?? 0, timeout: () => edgeParameters(request.parameters).timeoutMs };
+    return this.handle('ModelInfer', ctx, options, async (principal, admission) =>
       inferResponseToGrpc(
-        await this.inference.infer({ ...inferRequestFromGrpc(request, this.config.tensorLimits), ...callerOf(ctx.metadata[ROUTING_KEY_HEADER], principal!) }, ctx.signal),
+        await this.inference.infer(admission!, { ...inferRequestFromGrpc(request, this.config.tensorLimits), ...callerOf(ctx.metadata[ROUTING_KEY_HEADER], principal!) }, ctx.signal),
       ),
     );
   }
 
   /**
    * Refuses names over GATEWAY_MAX_NAME_BYTES, authenticates (unless open), checks the key may use
-   * the call's model and, for inference, its rate limits and the budget of request bytes in flight;
+   * the call's model and, for inference, takes a place under the concurrency limit, then checks its
+   * rate limits and the budget of request bytes in flight;
    * runs the handler with the call's deadline, the earliest of the gRPC deadline and a Triton
    * `timeout` parameter, else the configured default, at most GATEWAY_MAX_REQUEST_TIMEOUT_MS; and
    * records the call's duration.
@@ -87,19 +103,23 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
   private async handle<T>(
     rpc: string,
     ctx: CallContext,
-    options: { open?: boolean; model?: string; version?: string; rateLimited?: boolean; bodyBytes?: number; timeout?: () => number | undefined },
-    fn: (principal: Principal | undefined) => Promise<T>,
+    options: { open?: boolean; model?: string; version?: string; inference?: boolean; bodyBytes?: number; timeout?: () => number | undefined },
+    fn: (principal: Principal | undefined, admission: Admission | undefined) => Promise<T>,
   ): Promise<T> {
     const start = process.hrtime.bigint();
     let code = status.OK;
     let reservation: BodyReservation | undefined;
+    let admission: Admission | undefined;
     try {
       if (options.model !== undefined) checkName('model name', options.model, this.config.tensorLimits);
       if (options.version !== undefined) checkName('model version', options.version, this.config.tensorLimits);
       const principal = options.open === true ? undefined : await this.auth.authorize(ctx.metadata['authorization'], Scope.INFER);
       if (principal !== undefined && options.model !== undefined) {
         checkModelAccess(principal, options.model);
-        if (options.rateLimited === true) await this.rateLimits.admit(principal, options.model);
+        if (options.inference === true) {
+          admission = this.inference.admit();
+          await this.rateLimits.admit(principal, options.model);
+        }
       }
       // grpc-js holds the message already: what is counted is what stays held until the answer.
       if (options.bodyBytes !== undefined) reservation = this.budget.reserve(options.bodyBytes);
@@ -108,12 +128,13 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
         { defaultMs: this.config.defaultTimeoutMs, maxMs: this.config.maxTimeoutMs },
       );
       const span = requestContext.current()?.span;
-      return await requestContext.run({ requestId: ctx.requestId, deadlineMs, ...(span !== undefined && { span }) }, () => fn(principal));
+      return await requestContext.run({ requestId: ctx.requestId, deadlineMs, ...(span !== undefined && { span }) }, () => fn(principal, admission));
     } catch (error) {
       code = toRpcError(error).code;
       throw error;
     } finally {
       reservation?.release();
+      admission?.release();
       this.metrics.observeRequest('grpc', rpc, status[code] ?? String(code), start);
     }
   }

@@ -136,26 +136,31 @@ export class GatewayHttpController {
   }
 
   /**
-   * Checks the key may use the model and is within its rate limits before the body is read: a refusal
-   * costs little. The body is JSON or, with Inference-Header-Content-Length, Triton's binary tensor
+   * Checks the key may use the model, takes a place under the concurrency limit and checks its rate
+   * limits before the body is read: a refusal costs little. The body is JSON or, with Inference-Header-Content-Length, Triton's binary tensor
    * data extension; outputs asked for as binary data come back as raw bytes after a JSON header.
    */
   private async infer(req: Request, res: Response, model: string, version: string): Promise<JsonInferResponse | StreamableFile> {
     const principal = principalOf(req);
     this.checkNames(model, version);
     checkModelAccess(principal, model);
-    await this.rateLimits.admit(principal, model);
-    const body = await readInferBody(req, res, this.bodyLimits);
-    const decoded = restInferRequest(model, version, body.json, { limits: this.config.tensorLimits, binaryData: body.binaryData });
-    const request = { ...decoded.request, ...callerOf(req.header(ROUTING_KEY_HEADER), principal) };
-    const signal = clientGone(res);
-    return this.within(req, res, edgeParameters(request.parameters).timeoutMs, async () => {
-      const response = await this.inference.infer(request, signal);
-      const binary = inferResponseToBinary(response, decoded.binaryOutputs);
-      if (binary === undefined) return inferResponseToJson(response);
-      res.setHeader(INFERENCE_HEADER_LENGTH, String(binary.headerLength));
-      return new StreamableFile(Readable.from(binary.chunks), { type: 'application/octet-stream', length: binary.byteLength });
-    });
+    const admission = this.inference.admit();
+    try {
+      await this.rateLimits.admit(principal, model);
+      const body = await readInferBody(req, res, this.bodyLimits);
+      const decoded = restInferRequest(model, version, body.json, { limits: this.config.tensorLimits, binaryData: body.binaryData });
+      const request = { ...decoded.request, ...callerOf(req.header(ROUTING_KEY_HEADER), principal) };
+      const signal = clientGone(res);
+      return await this.within(req, res, edgeParameters(request.parameters).timeoutMs, async () => {
+        const response = await this.inference.infer(admission, request, signal);
+        const binary = inferResponseToBinary(response, decoded.binaryOutputs);
+        if (binary === undefined) return inferResponseToJson(response);
+        res.setHeader(INFERENCE_HEADER_LENGTH, String(binary.headerLength));
+        return new StreamableFile(Readable.from(binary.chunks), { type: 'application/octet-stream', length: binary.byteLength });
+      });
+    } finally {
+      admission.release();
+    }
   }
 
   /** Runs a use case inside the request's context: its id and its deadline, the configured default unless the request names one. */

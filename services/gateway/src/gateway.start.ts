@@ -31,6 +31,11 @@ export function startGateway(config: GatewayConfig): Promise<RunningService> {
       const reflection = new ServerReflectionGrpcController([Health, ...api.map((binding) => binding.service)]);
       return [...api, ...reflection.bindings()];
     },
+    // Inference beyond the concurrency limit is refused before its message is read.
+    shed: (app) => {
+      const controller = app.get(GatewayGrpcController);
+      return (path) => controller.refuseEarly(path);
+    },
     http: {
       host: config.http.host,
       port: config.http.port,

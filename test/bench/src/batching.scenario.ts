@@ -1,16 +1,16 @@
-import { create } from '@bufbuild/protobuf';
-import { status } from '@grpc/grpc-js';
-import { createClient, toRpcError } from '@infermesh/grpc';
+import { type ServiceError, status } from '@grpc/grpc-js';
 import { buildMlpModel } from '@infermesh/model-builder';
-import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { GRPCInferenceService } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import * as ort from 'onnxruntime-node';
 import { availableParallelism } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { SERVICE_NAMES } from '@infermesh/system';
-import { API_KEY, metricValue, startFixture } from '../../e2e/support/system-fixture';
+import { metricValue, startFixture } from '../../e2e/support/system-fixture';
+import { identity, rawClient, seededRequests, unary } from './raw-infer';
 import { quantile, round, table } from './stats';
 
 const FEATURES = 512;
+const SERVER_LIVE_PATH = `/${GRPCInferenceService.typeName}/ServerLive`;
 const CONCURRENCIES = [1, 8, 32, 64, 128];
 /** Each closed-loop point runs this long after its warm-up. */
 const POINT_MS = 4_000;
@@ -24,8 +24,9 @@ const ANSWER_GRACE_MS = 15_000;
  */
 const QUEUE_SIZE = 256;
 /**
- * The gateway's load-shedding bound: about what it clears in half a second at this machine's
- * capacity, so that what it admits under overload waits about as long as at capacity.
+ * The ceiling of the gateway's adaptive concurrency limit (GATEWAY_CONCURRENCY_LIMIT=adaptive, the
+ * default): about what it clears in half a second at this machine's capacity. The limit itself
+ * follows the latency; the overload reports where it went.
  */
 const GATEWAY_MAX_IN_FLIGHT = 512;
 
@@ -56,20 +57,13 @@ export async function batching(): Promise<Record<string, unknown>> {
     ],
     env: { ROUTER_CACHE_ENABLED: 'false', GATEWAY_MAX_IN_FLIGHT: String(GATEWAY_MAX_IN_FLIGHT), GATEWAY_LOG_LEVEL: 'warn', ROUTER_LOG_LEVEL: 'warn', BATCHER_LOG_LEVEL: 'warn' },
   });
-  const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
-  const metadata = { authorization: `Bearer ${API_KEY}` };
+  const gateway = rawClient(fixture.system.gatewayGrpcAddress);
+  // Distinct inputs (the result cache is off: every one computes), each encoded by copying one
+  // encoding: at twice the capacity, a client that built and encoded each request took most of a
+  // core of this machine's two, which the system then lacked.
+  const encoded = { mlp: seededRequests('mlp', [FEATURES]), 'mlp-off': seededRequests('mlp-off', [FEATURES]) };
   let counter = 0;
-  const request = (name: string) => {
-    const data = new Float32Array(FEATURES);
-    const seed = counter++;
-    for (let j = 0; j < FEATURES; j++) data[j] = Math.sin(seed * 0.37 + j);
-    return create(ModelInferRequestSchema, {
-      modelName: name,
-      inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, BigInt(FEATURES)] }],
-      rawInputContents: [new Uint8Array(data.buffer)],
-    });
-  };
-  const call = (name: string) => grpc.modelInfer(request(name), { metadata, timeoutMs: 30_000 });
+  const call = (name: keyof typeof encoded) => unary(gateway, encoded[name](counter++), 30_000);
   const rssMb = async (service: 'batcher' | 'gateway') =>
     round((await metricValue(fixture.system.metricsUrl(service), 'process_resident_memory_bytes', { service })) / 2 ** 20, 1);
 
@@ -107,14 +101,28 @@ export async function batching(): Promise<Record<string, unknown>> {
     const rate = 2 * best.throughput;
     const rssBefore = { batcher: await rssMb('batcher'), gateway: await rssMb('gateway') };
     const rssMax = { ...rssBefore };
+    const gatewayLimits: number[] = [];
+    const gatewayLimit = () => metricValue(fixture.system.metricsUrl('gateway'), 'infermesh_gateway_concurrency_limit');
+    const limitBefore = await gatewayLimit();
     const sampler = setInterval(() => {
-      void Promise.all([rssMb('batcher'), rssMb('gateway')]).then(([b, g]) => {
+      void Promise.all([rssMb('batcher'), rssMb('gateway'), gatewayLimit()]).then(([b, g, limit]) => {
         rssMax.batcher = Math.max(rssMax.batcher, b);
         rssMax.gateway = Math.max(rssMax.gateway, g);
+        gatewayLimits.push(limit);
       });
     }, 250);
+    // What any answer of the gateway takes meanwhile: ServerLive, which does nothing, on a connection
+    // of its own every 10 ms. A refusal cannot come back faster than this on this machine.
+    const live = rawClient(fixture.system.gatewayGrpcAddress);
+    const liveMs: number[] = [];
+    const liveProbe = setInterval(() => {
+      const t = performance.now();
+      live.makeUnaryRequest(SERVER_LIVE_PATH, identity, identity, Buffer.alloc(0), { deadline: Date.now() + 30_000 }, () => liveMs.push(performance.now() - t));
+    }, 10);
     const open = await openLoop(() => call('mlp'), rate);
     clearInterval(sampler);
+    clearInterval(liveProbe);
+    live.close();
     overload = {
       capacity_rps: round(best.throughput, 1),
       capacity_concurrency: best.concurrency,
@@ -130,13 +138,20 @@ export async function batching(): Promise<Record<string, unknown>> {
       admitted_p99_ms: round(quantile(open.admitted, 0.99), 2),
       reject_p50_ms: round(quantile(open.refused, 0.5), 2),
       reject_p99_ms: round(quantile(open.refused, 0.99), 2),
+      serverlive_p50_ms: round(quantile(liveMs, 0.5), 2),
+      serverlive_p99_ms: round(quantile(liveMs, 0.99), 2),
       batcher_rss_mb_before: rssBefore.batcher,
       batcher_rss_mb_max: rssMax.batcher,
       gateway_rss_mb_before: rssBefore.gateway,
       gateway_rss_mb_max: rssMax.gateway,
+      /** The gateway's adaptive concurrency limit before the overload, and its range during it (sampled every 250 ms). */
+      gateway_limit_before: limitBefore,
+      gateway_limit_min: Math.min(...gatewayLimits),
+      gateway_limit_max: Math.max(...gatewayLimits),
+      gateway_limit_last: gatewayLimits.at(-1) ?? Number.NaN,
     };
   } finally {
-    grpc.close();
+    gateway.close();
     await fixture.stop();
   }
 
@@ -166,6 +181,8 @@ export async function batching(): Promise<Record<string, unknown>> {
     p99_on_le_off: CONCURRENCIES.filter((c) => c >= 8).every((c) => at('on', c).p99 <= at('off', c).p99),
     overload_admitted_p99_ratio: round(overload.admitted_p99_ms! / overload.capacity_p99_ms!, 2),
     overload_reject_p99_ms: overload.reject_p99_ms,
+    /** The same from a ServerLive probe on its own connection meanwhile: what any answer took. */
+    overload_serverlive_p99_ms: overload.serverlive_p99_ms,
     overload_unanswered: overload.unanswered,
     /** In-process onnxruntime-node, same model, same thread count as the worker, items/s. */
     inprocess_items_per_s: { b1: round(inprocess.b1, 1), b64: round(inprocess.b64, 1) },
@@ -230,7 +247,7 @@ async function openLoop(send: () => Promise<unknown>, rate: number) {
           },
           (error: unknown) => {
             answered += 1;
-            if (toRpcError(error).code === status.RESOURCE_EXHAUSTED) refused.push(performance.now() - t);
+            if ((error as ServiceError).code === status.RESOURCE_EXHAUSTED) refused.push(performance.now() - t);
             else otherErrors += 1;
           },
         );

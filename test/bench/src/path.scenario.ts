@@ -1,7 +1,6 @@
-import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
-import * as grpc from '@grpc/grpc-js';
+import { fromBinary } from '@bufbuild/protobuf';
 import { buildCnnModel, buildMlpModel, type BuiltModel, CNN_INPUT_SHAPE } from '@infermesh/model-builder';
-import { GRPCInferenceService, ModelInferRequestSchema, ModelInferResponseSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { ModelInferResponseSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import * as ort from 'onnxruntime-node';
 import { type ChildProcess, fork } from 'node:child_process';
 import { once } from 'node:events';
@@ -9,9 +8,10 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'n
 import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { API_KEY, REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
+import { REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
 import { addPhase, closedLoop, emptyPhase, serviceProcesses, threadsCpuUs } from './closed-loop';
 import { workerSession } from './in-process';
+import { INFER_PATH, rawClient, seededRequests, unary } from './raw-infer';
 import { quantile, round, table } from './stats';
 
 /** The hops a tensor crosses from the caller to the model: caller → gateway → router → batcher → worker. */
@@ -21,9 +21,6 @@ const PHASE_MS = 2_500;
 /** Phases of each path per point, the real path and the floor alternating. */
 const ROUNDS = 3;
 const IN_PROCESS_RUNS = 400;
-const INFER_PATH = `/${GRPCInferenceService.typeName}/ModelInfer`;
-const identity = (bytes: Buffer) => bytes;
-const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_send_message_length': 64 << 20 };
 /**
  * The model's own CPU in a worker: its execution threads', onnxruntime's operator threads included
  * (they take the name of the thread that starts them).
@@ -71,16 +68,16 @@ export async function path(): Promise<Record<string, unknown>> {
   const fixture = await startFixture({ models: ['mlp', cnn], env });
   const hops: ChildProcess[] = [];
   try {
-    const gateway = new grpc.Client(fixture.system.gatewayGrpcAddress, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
+    const gateway = rawClient(fixture.system.gatewayGrpcAddress);
     for (const size of SIZES) {
-      const withSeed = seededRequests(size);
+      const withSeed = seededRequests(size.model, size.item);
       const real = (seed: number) => unary(gateway, withSeed(seed));
       const answer = fromBinary(ModelInferResponseSchema, await real(0));
       if (answer.outputs.length !== 1) throw new Error(`${size.model} answered ${answer.outputs.length} outputs`);
       const answerBytes = (await real(1)).length;
 
       hops.push(...(await startChain(answerBytes)));
-      const floorClient = new grpc.Client(`127.0.0.1:${(hops.at(-1) as ChildProcess & { port: number }).port}`, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
+      const floorClient = rawClient(`127.0.0.1:${(hops.at(-1) as ChildProcess & { port: number }).port}`);
       const floor = (seed: number) => unary(floorClient, withSeed(seed));
       const floorProcesses = hops.slice(-HOPS).map((h, i) => ({ name: `hop${i}`, pid: h.pid! }));
       const inProcess = await measureInProcess(size, intraOpThreads);
@@ -146,43 +143,6 @@ export async function path(): Promise<Record<string, unknown>> {
   return { scenario: 'path', hops: HOPS, phase_ms: PHASE_MS, rounds: ROUNDS, ...figures };
 }
 
-/**
- * Encoded ModelInferRequests of one item for `size`'s model, its input all ones but the first element,
- * the seed: a request of its own for each seed (a copy of one encoding with the seed written in).
- */
-function seededRequests(size: Size): (seed: number) => Buffer {
-  const data = new Float32Array(elements(size)).fill(1);
-  const template = Buffer.from(
-    toBinary(
-      ModelInferRequestSchema,
-      create(ModelInferRequestSchema, {
-        modelName: size.model,
-        inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, ...size.item.map(BigInt)] }],
-        rawInputContents: [new Uint8Array(data.buffer)],
-      }),
-    ),
-  );
-  const dataOffset = template.length - data.byteLength; // raw_input_contents is the request's last field
-  return (seed) => {
-    const bytes = Buffer.from(template);
-    bytes.writeFloatLE(seed, dataOffset);
-    return bytes;
-  };
-}
-
-const elements = (size: Size) => size.item.reduce((a, b) => a * b, 1);
-
-/** A ModelInfer call with the request's bytes as they are, and the caller's key (which the floor's hops pass on too). */
-function unary(client: grpc.Client, bytes: Buffer): Promise<Buffer> {
-  const metadata = new grpc.Metadata();
-  metadata.set('authorization', `Bearer ${API_KEY}`);
-  return new Promise((resolve, reject) =>
-    client.makeUnaryRequest(INFER_PATH, identity, identity, bytes, metadata, { deadline: Date.now() + 10_000 }, (error, answer) =>
-      error === null && answer !== undefined ? resolve(answer) : reject(error ?? new Error('no answer')),
-    ),
-  );
-}
-
 /** HOPS echo-hop processes chained, the last answering `answerBytes`; the first (the caller's) last in the list. */
 async function startChain(answerBytes: number): Promise<(ChildProcess & { port: number })[]> {
   const chain: (ChildProcess & { port: number })[] = [];
@@ -202,7 +162,7 @@ async function measureInProcess(size: Size, intraOpThreads: number): Promise<{ p
   const bytes = size.model === 'mlp' ? buildMlpModel().bytes : buildCnnModel().bytes;
   const session = await workerSession(bytes, intraOpThreads);
   try {
-    const feeds = { input: new ort.Tensor('float32', new Float32Array(elements(size)).fill(1), [1, ...size.item]) };
+    const feeds = { input: new ort.Tensor('float32', new Float32Array(size.item.reduce((a, b) => a * b, 1)).fill(1), [1, ...size.item]) };
     for (let i = 0; i < 20; i++) await session.run(feeds);
     const latencies: number[] = [];
     const cpu = process.cpuUsage();
@@ -229,11 +189,11 @@ async function profileSummary(cnn: BuiltModel, env: Record<string, string>): Pro
   let names: Map<number, string>;
   try {
     names = new Map(serviceProcesses(fixture.system).map((p) => [p.pid, p.name]));
-    const gateway = new grpc.Client(fixture.system.gatewayGrpcAddress, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
-    await unary(gateway, seededRequests(SIZES[0]!)(0)); // connections open before the window
+    const gateway = rawClient(fixture.system.gatewayGrpcAddress);
+    await unary(gateway, seededRequests(SIZES[0]!.model, SIZES[0]!.item)(0)); // connections open before the window
     window.from = monotonicUs();
     for (const size of SIZES) {
-      const withSeed = seededRequests(size);
+      const withSeed = seededRequests(size.model, size.item);
       await closedLoop([], 0, { concurrency: 16, durationMs: PROFILE_MS / SIZES.length }, (seed) => unary(gateway, withSeed(seed)));
     }
     window.to = monotonicUs();

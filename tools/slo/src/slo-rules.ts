@@ -175,7 +175,7 @@ function burnAlert(slo: Slo, severity: Severity, errorOutcomes: readonly string[
           runbook:
             `See which outcome grows: sum by (model, outcome) (rate(${GATEWAY_INFERENCES}[5m])). unavailable: workers reachable, circuits open, ` +
             'a rollout to roll back; deadline_exceeded or resource_exhausted: queue depth and worker capacity (add workers); overloaded: ' +
-            'GATEWAY_MAX_IN_FLIGHT or more gateways; internal: the logs of the router and workers.',
+            'the gateway\'s concurrency limit (infermesh_gateway_concurrency_limit), more workers or more gateways; internal: the logs of the router and workers.',
         }
       : {
           summary: `Slow inference requests of ${whose} burn the budget of ${slo.target.objective} % under ${ms(slo.target.threshold)} ms ${speed}`,

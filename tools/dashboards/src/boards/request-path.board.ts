@@ -55,7 +55,7 @@ export function requestPathBoard(): dashboard.Dashboard {
           timeSeries({
             title: 'Refused at the edge',
             description:
-              'Requests per second the gateway refused before the router: by a rate limit (per key or per model), because their body did not fit GATEWAY_MAX_BODY_BYTES_IN_FLIGHT, or at GATEWAY_MAX_IN_FLIGHT (outcome overloaded); and the rate-limit decisions taken by the GATEWAY_RATE_LIMIT_REDIS_DOWN policy while Redis was unreachable.',
+              'Requests per second the gateway refused before the router: by a rate limit (per key or per model), because their body did not fit GATEWAY_MAX_BODY_BYTES_IN_FLIGHT, or at its concurrency limit (outcome overloaded, GATEWAY_CONCURRENCY_LIMIT); and the rate-limit decisions taken by the GATEWAY_RATE_LIMIT_REDIS_DOWN policy while Redis was unreachable.',
             unit: 'reqps',
             queries: [
               { expr: sumRate('infermesh_gateway_rate_limited_total', sel(INSTANCE), ['bucket']), legend: 'rate limit ({{bucket}})' },

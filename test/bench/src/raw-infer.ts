@@ -1,0 +1,53 @@
+import { create, toBinary } from '@bufbuild/protobuf';
+import * as grpc from '@grpc/grpc-js';
+import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { API_KEY } from '../../e2e/support/system-fixture';
+
+/**
+ * ModelInfer as a bare grpc-js client makes it: request bytes encoded once, sent as they are, the
+ * answer's bytes not decoded. What the benchmarks' own client costs per call is then little more
+ * than grpc-js's, and the machine's CPU goes to what is measured.
+ */
+export const INFER_PATH = `/${GRPCInferenceService.typeName}/ModelInfer`;
+export const identity = (bytes: Buffer) => bytes;
+export const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_send_message_length': 64 << 20 };
+
+/** A bare grpc-js client of `address` (plaintext), on a connection of its own. */
+export function rawClient(address: string): grpc.Client {
+  return new grpc.Client(address, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
+}
+
+/**
+ * Encoded ModelInferRequests of one item of `model`, its input all ones but the first element, the
+ * seed: a request of its own for each seed (a copy of one encoding with the seed written in).
+ */
+export function seededRequests(model: string, item: readonly number[]): (seed: number) => Buffer {
+  const data = new Float32Array(item.reduce((a, b) => a * b, 1)).fill(1);
+  const template = Buffer.from(
+    toBinary(
+      ModelInferRequestSchema,
+      create(ModelInferRequestSchema, {
+        modelName: model,
+        inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, ...item.map(BigInt)] }],
+        rawInputContents: [new Uint8Array(data.buffer)],
+      }),
+    ),
+  );
+  const dataOffset = template.length - data.byteLength; // raw_input_contents is the request's last field
+  return (seed) => {
+    const bytes = Buffer.from(template);
+    bytes.writeFloatLE(seed, dataOffset);
+    return bytes;
+  };
+}
+
+/** A ModelInfer call with the request's bytes as they are, and the caller's key. Fails with grpc-js's ServiceError. */
+export function unary(client: grpc.Client, bytes: Buffer, timeoutMs = 10_000): Promise<Buffer> {
+  const metadata = new grpc.Metadata();
+  metadata.set('authorization', `Bearer ${API_KEY}`);
+  return new Promise((resolve, reject) =>
+    client.makeUnaryRequest(INFER_PATH, identity, identity, bytes, metadata, { deadline: Date.now() + timeoutMs }, (error, answer) =>
+      error === null && answer !== undefined ? resolve(answer) : reject(error ?? new Error('no answer')),
+    ),
+  );
+}
