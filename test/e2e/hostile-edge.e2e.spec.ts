@@ -52,6 +52,7 @@ const tinyGrpc = (parameters: InferInit['parameters'] = {}, inputName = 'input')
  * Hostile requests at the edge while well-behaved clients keep sending valid ones: huge or nonsense
  * timeouts and deadlines, oversized names, many large uploads at once, the registry gone. No process
  * dies, no well-behaved request is lost, bad input gets a 4xx naming the problem, memory comes back.
+ * Then a flood beyond the gateway's concurrency limit, answered or refused call by call.
  */
 describe('hostile requests at the edge', () => {
   let fixture: Fixture;
@@ -334,6 +335,51 @@ describe('hostile requests at the edge', () => {
     expect(readiness.filter((s) => s !== 200)).toEqual([]);
     expect(grpcReady.filter((r) => !r)).toEqual([]);
     expect(details['upstreams']).toMatchObject({ router: { serving: true }, registry: { serving: false } });
+  });
+
+  it('(8) sheds a flood beyond its concurrency limit: every call answered, with an answer or OVERLOADED and a retry delay, and counted', async () => {
+    const metrics = fixture.system.metricsUrl('gateway');
+    const overloadedBefore = await metricValue(metrics, 'infermesh_gateway_inference_requests_total', { outcome: 'overloaded' });
+    const raw = rawGrpc(fixture.system.gatewayGrpcAddress);
+    let grpcAnswers: { code: grpc.status; details: string; outputs: number }[];
+    let restAnswers: { status: number; retryAfter: string | null; text: string }[];
+    try {
+      // Far more at once than the gateway's adaptive limit (128 at start, 1024 at most) lets in.
+      const grpcFlood = Array.from({ length: 3_000 }, () => raw.infer(tinyGrpc(), Date.now() + 60_000));
+      const restFlood = Array.from({ length: 400 }, async () => {
+        const res = await fetch(url('/v2/models/tiny/infer'), {
+          method: 'POST',
+          headers: { ...AUTH, 'content-type': 'application/json' },
+          body: JSON.stringify({ inputs: [TINY_INPUT] }),
+          signal: AbortSignal.timeout(60_000),
+        });
+        return { status: res.status, retryAfter: res.headers.get('retry-after'), text: await res.text() };
+      });
+      [grpcAnswers, restAnswers] = await Promise.all([Promise.all(grpcFlood), Promise.all(restFlood)]);
+    } finally {
+      raw.close();
+    }
+    const grpcRefused = grpcAnswers.filter((a) => a.code === grpc.status.RESOURCE_EXHAUSTED);
+    const restRefused = restAnswers.filter((a) => a.status === 429);
+    process.stdout.write(`flood: gRPC ${grpcAnswers.length - grpcRefused.length} answered, ${grpcRefused.length} refused; REST ${restAnswers.length - restRefused.length} answered, ${restRefused.length} refused\n`);
+    // Nothing but answers and refusals, every refusal saying why and when to retry.
+    expect(grpcAnswers.filter((a) => a.code !== grpc.status.OK && a.code !== grpc.status.RESOURCE_EXHAUSTED)).toEqual([]);
+    expect(grpcAnswers.filter((a) => a.code === grpc.status.OK && a.outputs !== 1)).toEqual([]);
+    expect(grpcRefused.filter((a) => !a.details.includes('inference requests in flight'))).toEqual([]);
+    expect(restAnswers.filter((a) => a.status !== 200 && a.status !== 429)).toEqual([]);
+    expect(restRefused.filter((a) => a.retryAfter !== '1' || !a.text.includes('inference requests in flight'))).toEqual([]);
+    expect(grpcRefused.length).toBeGreaterThan(0);
+    expect(grpcAnswers.length - grpcRefused.length).toBeGreaterThan(0);
+    // Each refusal counted once, as outcome overloaded; nothing left in flight; the limit within its bounds.
+    const overloaded = (await metricValue(metrics, 'infermesh_gateway_inference_requests_total', { outcome: 'overloaded' })) - overloadedBefore;
+    expect(overloaded).toBe(grpcRefused.length + restRefused.length);
+    expect(await metricValue(metrics, 'infermesh_gateway_inference_in_flight')).toBe(0);
+    const limit = await metricValue(metrics, 'infermesh_gateway_concurrency_limit');
+    expect(limit).toBeGreaterThanOrEqual(16);
+    expect(limit).toBeLessThanOrEqual(1_024);
+    // Once the flood is over, requests pass again.
+    const after = await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT] });
+    expect(after.status).toBe(200);
   });
 
   it('keeps every process alive through all of it', () => {
