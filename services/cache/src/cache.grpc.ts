@@ -2,20 +2,32 @@ import { Injectable } from '@nestjs/common';
 import type { ServiceImpl } from '@infermesh/grpc';
 import type { CacheService, LookupRequest, StoreRequest } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import { RpcError } from '@infermesh/grpc';
-import { ResultCache } from './result-cache';
+import { checkKey, ResultCache } from './result-cache';
 
 /** gRPC transport of the cache service. */
 @Injectable()
 export class CacheGrpcController implements ServiceImpl<typeof CacheService> {
   constructor(private readonly cache: ResultCache) {}
 
+  /**
+   * Looks the key up; the answers the lookup carries are stored meanwhile, and the lookup answers
+   * without waiting for them (a store that fails is counted, as outcome error, and lost). A malformed
+   * store fails the call, before anything is stored or looked up.
+   */
   async lookup(request: LookupRequest) {
+    for (const store of request.stores) checkStore(store);
+    for (const store of request.stores) void this.cache.store(store.key, store.response!, Number(store.ttlMs)).catch(() => undefined);
     const response = await this.cache.lookup(request.key);
     return response === undefined ? { found: false } : { found: true, response };
   }
 
   async store(request: StoreRequest) {
-    if (request.response === undefined) throw RpcError.invalidArgument('store needs a response');
-    return { stored: await this.cache.store(request.key, request.response, Number(request.ttlMs)) };
+    checkStore(request);
+    return { stored: await this.cache.store(request.key, request.response!, Number(request.ttlMs)) };
   }
+}
+
+function checkStore(request: StoreRequest): void {
+  if (request.response === undefined) throw RpcError.invalidArgument('store needs a response');
+  checkKey(request.key);
 }

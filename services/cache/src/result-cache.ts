@@ -83,6 +83,7 @@ export class ResultCache implements OnApplicationShutdown {
   }
 }
 
-function checkKey(key: Uint8Array): void {
+/** Refuses a key that is not a SHA-256 (INVALID_ARGUMENT). */
+export function checkKey(key: Uint8Array): void {
   if (key.byteLength !== 32) throw RpcError.invalidArgument(`cache key must be 32 bytes (a SHA-256), got ${key.byteLength}`);
 }

@@ -1,9 +1,11 @@
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
-import { createClient } from '@infermesh/grpc';
+import { create } from '@bufbuild/protobuf';
+import { createClient, toRpcError } from '@infermesh/grpc';
 import { BatcherService } from '@infermesh/proto/gen/infermesh/batcher/v1/batcher_pb';
-import { CacheService } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
+import { CacheService, type StoreRequest, StoreRequestSchema } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type Model, type ModelVersion, RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { JsonLogger } from '@infermesh/telemetry';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 
 /** How long the router waits for the registry to resolve a version. */
@@ -36,25 +38,77 @@ export class RegistryAdapter implements OnApplicationShutdown {
   }
 }
 
-/** The result cache service. */
+/** How long an answer waits for a lookup to carry it to the cache before it is sent by itself. */
+export const STORE_DELAY_MS = 50;
+/** Answers larger than this are sent by themselves at once: a lookup must stay small, it is on a request's path. */
+export const CARRIED_MAX_BYTES = 64 * 1024;
+/** Answers waiting to be carried, at most: beyond, they are all sent at once. */
+const PENDING_MAX_BYTES = 1024 * 1024;
+
+/**
+ * The result cache service. A miss costs one round trip: the answer computed after it is not stored
+ * by a call of its own but carried to the cache by the router's next lookup (LookupRequest.stores),
+ * or after STORE_DELAY_MS by a Store call when no lookup comes. Answers over CARRIED_MAX_BYTES go at
+ * once by themselves. Storing stays best-effort: answers that a failed lookup carried are lost.
+ */
 @Injectable()
 export class CacheAdapter implements OnApplicationShutdown {
   private readonly client;
+  private pending: StoreRequest[] = [];
+  private pendingBytes = 0;
+  private pendingTimeoutMs = 0;
+  private flushTimer: NodeJS.Timeout | undefined;
 
-  constructor(@Inject(ROUTER_CONFIG) config: RouterConfig) {
+  constructor(
+    @Inject(ROUTER_CONFIG) config: RouterConfig,
+    private readonly logger: JsonLogger,
+  ) {
     this.client = createClient(CacheService, config.upstreams.cache);
   }
 
   async lookup(key: Uint8Array, timeoutMs: number): Promise<InferenceResponse | undefined> {
-    const result = await this.client.lookup({ key }, { timeoutMs });
+    const stores = this.takePending();
+    const result = await this.client.lookup({ key, stores }, { timeoutMs });
     return result.found ? result.response : undefined;
   }
 
-  async store(key: Uint8Array, response: InferenceResponse, ttlMs: number, timeoutMs: number): Promise<boolean> {
-    return (await this.client.store({ key, response, ttlMs: BigInt(ttlMs) }, { timeoutMs })).stored;
+  /** Stores an answer, soon: resolves once it is on its way (a large one: once stored). */
+  async store(key: Uint8Array, response: InferenceResponse, ttlMs: number, timeoutMs: number): Promise<void> {
+    const request = create(StoreRequestSchema, { key, response, ttlMs: BigInt(ttlMs) });
+    const bytes = response.outputs.reduce((n, t) => n + t.data.byteLength, 0);
+    if (bytes > CARRIED_MAX_BYTES) {
+      await this.client.store(request, { timeoutMs });
+      return;
+    }
+    this.pending.push(request);
+    this.pendingBytes += bytes;
+    this.pendingTimeoutMs = Math.max(this.pendingTimeoutMs, timeoutMs);
+    if (this.pendingBytes > PENDING_MAX_BYTES) this.flush();
+    else this.flushTimer ??= setTimeout(() => this.flush(), STORE_DELAY_MS).unref();
   }
 
-  onApplicationShutdown(): void {
+  private takePending(): StoreRequest[] {
+    const stores = this.pending;
+    this.pending = [];
+    this.pendingBytes = 0;
+    this.pendingTimeoutMs = 0;
+    clearTimeout(this.flushTimer);
+    this.flushTimer = undefined;
+    return stores;
+  }
+
+  /** Sends the answers no lookup has carried, each by itself; resolves when all are answered. */
+  private flush(): Promise<void> {
+    const timeoutMs = this.pendingTimeoutMs;
+    return Promise.all(
+      this.takePending().map((request) =>
+        this.client.store(request, { timeoutMs }).catch((error: unknown) => this.logger.debug('result cache store failed', { err: toRpcError(error).message })),
+      ),
+    ).then(() => undefined);
+  }
+
+  async onApplicationShutdown(): Promise<void> {
+    await this.flush();
     this.client.close();
   }
 }
