@@ -9,7 +9,7 @@ import { CacheGrpcController } from './cache.grpc';
 import { loadCacheConfig } from './cache.config';
 import { ResultCache } from './result-cache';
 import { EmbeddedResultStore } from './result-store.embedded';
-import { ResultStore } from './result-store';
+import type { ResultStore } from './result-store';
 
 const answer = (version: string) => ({ modelName: 'mlp', modelVersion: version, outputs: [{ name: 'y', datatype: DataType.FP32, shape: [1n], data: new Uint8Array(4) }] });
 const store = (key: Uint8Array, version: string): StoreRequest => create(StoreRequestSchema, { key, response: answer(version), ttlMs: 60_000n });

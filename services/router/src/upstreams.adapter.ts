@@ -83,8 +83,8 @@ export class CacheAdapter implements OnApplicationShutdown {
     this.pending.push(request);
     this.pendingBytes += bytes;
     this.pendingTimeoutMs = Math.max(this.pendingTimeoutMs, timeoutMs);
-    if (this.pendingBytes > PENDING_MAX_BYTES) this.flush();
-    else this.flushTimer ??= setTimeout(() => this.flush(), STORE_DELAY_MS).unref();
+    if (this.pendingBytes > PENDING_MAX_BYTES) void this.flush();
+    else this.flushTimer ??= setTimeout(() => void this.flush(), STORE_DELAY_MS).unref();
   }
 
   private takePending(): StoreRequest[] {
