@@ -18,7 +18,7 @@ import { encodeBytesElements, decodeBytesElements } from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { HealthDetails } from '@infermesh/runtime';
-import { FakeRegistry, rpcRejection } from '@infermesh/testing';
+import { eventually, FakeRegistry, rpcRejection } from '@infermesh/testing';
 import { loadBatcherConfig } from './batcher.config';
 import { BatcherModule } from './batcher.module';
 import { CALLER_DEADLINE_SKEW_MS, Scheduler } from './scheduler';
@@ -150,14 +150,6 @@ const call = (options: { deadlineMs?: number; signal?: AbortSignal } = {}) => ({
   deadlineMs: options.deadlineMs,
   signal: options.signal ?? new AbortController().signal,
 });
-
-async function eventually(condition: () => boolean, timeoutMs = 5_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
 
 /** Holds the worker on a first request ("blocker") until release(), so that what follows queues behind it. */
 async function occupy(sut: Scheduler, worker: FakeWorker, tag = 0): Promise<{ blocker: Promise<InferenceResponse>; release: () => void }> {

@@ -3,6 +3,7 @@ import { GrpcServer, type ServiceImpl } from '@infermesh/grpc';
 import { CacheService, type LookupRequest, type StoreRequest } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import { DataType, type InferenceResponse, InferenceResponseSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { eventually } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
 import type { RouterConfig } from './router.config';
 import { CacheAdapter, CARRIED_MAX_BYTES, STORE_DELAY_MS } from './upstreams.adapter';
@@ -23,10 +24,6 @@ class RecordingCache implements ServiceImpl<typeof CacheService> {
 
 const answer = (bytes: number): InferenceResponse =>
   create(InferenceResponseSchema, { modelName: 'mlp', modelVersion: '1', outputs: [{ name: 'y', datatype: DataType.UINT8, shape: [BigInt(bytes)], data: new Uint8Array(bytes) }] });
-
-async function until(condition: () => boolean): Promise<void> {
-  for (let i = 0; i < 200 && !condition(); i++) await new Promise((r) => setTimeout(r, 5));
-}
 
 describe(CacheAdapter.name, () => {
   let server: GrpcServer;
@@ -64,7 +61,7 @@ describe(CacheAdapter.name, () => {
     const key = randomBytes(32);
     await sut.store(key, answer(16), 60_000, 1_000);
     expect(cache.stores).toHaveLength(0);
-    await until(() => cache.stores.length === 1);
+    await eventually(() => cache.stores.length === 1);
     expect(Buffer.from(cache.stores[0]!.key)).toEqual(key);
     await sut.lookup(randomBytes(32), 1_000);
     expect(cache.lookups[0]!.stores).toHaveLength(0);
