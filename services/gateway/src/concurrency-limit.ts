@@ -149,7 +149,6 @@ export class ConcurrencyLimit {
     this.recent = recent;
     if (this.probing) {
       this.probing = false;
-      this.generation += 1;
       this.baseline = recent;
       return;
     }

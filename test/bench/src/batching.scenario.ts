@@ -1,16 +1,14 @@
 import { type ServiceError, status } from '@grpc/grpc-js';
 import { buildMlpModel } from '@infermesh/model-builder';
-import { GRPCInferenceService } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import * as ort from 'onnxruntime-node';
 import { availableParallelism } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { SERVICE_NAMES } from '@infermesh/system';
 import { metricValue, startFixture } from '../../e2e/support/system-fixture';
-import { identity, rawClient, seededRequests, unary } from './raw-infer';
+import { identity, rawClient, SERVER_LIVE_PATH, seededRequests, unary } from './raw-infer';
 import { quantile, round, table } from './stats';
 
 const FEATURES = 512;
-const SERVER_LIVE_PATH = `/${GRPCInferenceService.typeName}/ServerLive`;
 const CONCURRENCIES = [1, 8, 32, 64, 128];
 /** Each closed-loop point runs this long after its warm-up. */
 const POINT_MS = 4_000;

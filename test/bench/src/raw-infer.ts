@@ -1,5 +1,6 @@
 import { create, toBinary } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
+import { methodPath } from '@infermesh/grpc';
 import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { API_KEY } from '../../e2e/support/system-fixture';
 
@@ -8,7 +9,8 @@ import { API_KEY } from '../../e2e/support/system-fixture';
  * answer's bytes not decoded. What the benchmarks' own client costs per call is then little more
  * than grpc-js's, and the machine's CPU goes to what is measured.
  */
-export const INFER_PATH = `/${GRPCInferenceService.typeName}/ModelInfer`;
+export const INFER_PATH = methodPath(GRPCInferenceService.method.modelInfer);
+export const SERVER_LIVE_PATH = methodPath(GRPCInferenceService.method.serverLive);
 export const identity = (bytes: Buffer) => bytes;
 export const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_send_message_length': 64 << 20 };
 
