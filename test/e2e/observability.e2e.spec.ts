@@ -6,16 +6,14 @@ import { buildMlpModel, buildTinyModel } from '@infermesh/model-builder';
 import { RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { SERVICE_NAMES, type ServiceName } from '@infermesh/system';
 import { freePortList } from '@infermesh/testing';
-import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parse, parseDocument, stringify } from 'yaml';
+import { parse, parseDocument } from 'yaml';
+import { Hopeless, promGet, type Prometheus, query, type QueryData, requirePrometheus, startPrometheus, stopPrometheus, type Target, waitFor } from './support/prometheus';
 import { API_KEY, DIST, type Fixture, inferTinyDistinct, REPO_ROOT, startFixture } from './support/system-fixture';
 
-/** Debian's prometheus package (2.42); PROMETHEUS_BIN overrides. The test fails without it: it never skips. */
-const PROMETHEUS_BIN = process.env['PROMETHEUS_BIN'] ?? '/usr/bin/prometheus';
 const RULES_FILE = join(REPO_ROOT, 'grafana', 'slo', 'rules.yaml');
 const LOAD_SECONDS = 20;
 const TINY_LOOPS = 8;
@@ -79,26 +77,6 @@ async function resolvedPanelQueries(): Promise<PanelQuery[]> {
   return dashboards.panelQueries({ resolve: true });
 }
 
-interface PromResponse<T> {
-  status: 'success' | 'error';
-  data?: T;
-  errorType?: string;
-  error?: string;
-  warnings?: string[];
-}
-
-interface QueryData {
-  resultType: 'vector' | 'matrix' | 'scalar' | 'string';
-  result: unknown;
-}
-
-interface Target {
-  labels: Record<string, string>;
-  scrapeUrl: string;
-  health: 'up' | 'down' | 'unknown';
-  lastError: string;
-}
-
 interface RuleState {
   name: string;
   type: 'recording' | 'alerting';
@@ -120,106 +98,9 @@ interface RuleFile {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/** A running Prometheus on a free port, its temp directory (config, TSDB, log) and how to stop it. */
-interface Prometheus {
-  url: string;
-  dir: string;
-  process: ChildProcess;
-  logTail(lines?: number): string;
-}
-
-/** Fails, never skips, when the prometheus binary is missing. */
-function requirePrometheus(): void {
-  if (!existsSync(PROMETHEUS_BIN)) {
-    throw new Error(
-      `Prometheus is not installed: ${PROMETHEUS_BIN} does not exist. This test proves the dashboards and SLO rules against a live Prometheus ` +
-        `and never skips: install Debian's prometheus package (apt-get install prometheus, 2.42) or set PROMETHEUS_BIN.`,
-    );
-  }
-}
-
-function startPrometheus(dir: string, port: number, targets: Readonly<Record<ServiceName, number>>): Prometheus {
-  requirePrometheus();
-  const config = {
-    global: { scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' },
-    rule_files: [RULES_FILE],
-    scrape_configs: SERVICE_NAMES.map((service) => ({
-      job_name: `infermesh-${service}`,
-      metrics_path: '/metrics',
-      static_configs: [{ targets: [`127.0.0.1:${targets[service]}`] }],
-    })),
-  };
-  const configFile = join(dir, 'prometheus.yml');
-  writeFileSync(configFile, stringify(config));
-  const logFile = join(dir, 'prometheus.log');
-  const log = openSync(logFile, 'a');
-  const child = spawn(
-    PROMETHEUS_BIN,
-    [`--config.file=${configFile}`, `--storage.tsdb.path=${join(dir, 'tsdb')}`, `--web.listen-address=127.0.0.1:${port}`, '--log.level=info'],
-    { stdio: ['ignore', log, log] },
-  );
-  closeSync(log);
-  return {
-    url: `http://127.0.0.1:${port}`,
-    dir,
-    process: child,
-    logTail: (lines = 30) => {
-      try {
-        return readFileSync(logFile, 'utf8').trimEnd().split('\n').slice(-lines).join('\n');
-      } catch {
-        return '(no log)';
-      }
-    },
-  };
-}
-
-async function stopPrometheus(prometheus: Prometheus): Promise<void> {
-  const child = prometheus.process;
-  if (child.exitCode === null && child.signalCode === null) {
-    const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-    child.kill('SIGTERM');
-    const timer = setTimeout(() => child.kill('SIGKILL'), 5_000);
-    await exited;
-    clearTimeout(timer);
-  }
-}
-
-async function promGet<T>(prometheus: Prometheus, path: string): Promise<PromResponse<T>> {
-  const res = await fetch(`${prometheus.url}${path}`, { signal: AbortSignal.timeout(10_000) });
-  return (await res.json()) as PromResponse<T>;
-}
-
-/** An instant query at `time` (now), through Prometheus' HTTP API. */
-async function query(prometheus: Prometheus, expr: string, time = Date.now() / 1000): Promise<PromResponse<QueryData>> {
-  const res = await fetch(`${prometheus.url}/api/v1/query`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/x-www-form-urlencoded' },
-    body: new URLSearchParams({ query: expr, time: time.toFixed(3) }),
-    signal: AbortSignal.timeout(10_000),
-  });
-  return (await res.json()) as PromResponse<QueryData>;
-}
-
 /** Series (or a scalar) the query returned. */
 function seriesCount(data: QueryData): number {
   return data.resultType === 'vector' || data.resultType === 'matrix' ? (data.result as unknown[]).length : 1;
-}
-
-/** Thrown by a waitFor probe: waiting longer cannot help. */
-class Hopeless extends Error {}
-
-/** Polls `probe` until it returns a value; its errors count as not yet, but a Hopeless one, which fails at once. */
-async function waitFor<T>(what: string, timeoutMs: number, probe: () => Promise<T | undefined>, explain: () => Promise<string> | string): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const found = await probe().catch((error: unknown) => {
-      if (error instanceof Hopeless) throw new Error(`${what}: ${error.message}`);
-      return undefined;
-    });
-    if (found !== undefined) return found;
-    if (Date.now() > deadline) throw new Error(`${what} not within ${timeoutMs} ms: ${await explain()}`);
-    await sleep(250);
-  }
 }
 
 /** One unary call to `method` of `service` at `address`, with the certificate and key given (or none), trusting `caPem`: its status code. */
@@ -255,8 +136,8 @@ function policyWithHarmlessFault(): string {
 /**
  * Proof against a live Prometheus: the six services (in the mesh, with mutual TLS) scraped by
  * Debian's real prometheus binary every second, with the SLO rules of grafana/slo/rules.yaml loaded;
- * a rollout (canary, A/B variants, a shadow), a fallback model and a mix of good and refused requests
- * for LOAD_SECONDS; then every dashboard panel's query and every rule's expression evaluated through
+ * a rollout (canary, A/B variants, a shadow), an automatic rollout in progress, a fallback model
+ * and a mix of good and refused requests for LOAD_SECONDS; then every dashboard panel's query and every rule's expression evaluated through
  * Prometheus' HTTP API.
  */
 describe('observability against a live Prometheus', () => {
@@ -345,7 +226,7 @@ describe('observability against a live Prometheus', () => {
     });
     const ports = fixture.system.options.ports;
     const [promPort] = await freePortList(1);
-    prometheus = startPrometheus(dir, promPort!, Object.fromEntries(SERVICE_NAMES.map((s) => [s, ports[`${s}Metrics`]])) as Record<ServiceName, number>);
+    prometheus = startPrometheus(dir, promPort!, Object.fromEntries(SERVICE_NAMES.map((s) => [s, ports[`${s}Metrics`]])) as Record<ServiceName, number>, [RULES_FILE]);
     const prom = prometheus;
     await waitFor(
       'Prometheus ready (/-/ready)',
@@ -393,6 +274,15 @@ describe('observability against a live Prometheus', () => {
       { model: 'models/tiny', policy: { stableVersion: '1', canary: { version: '2', percent: 10 }, variants: [{ version: '3', percent: 30 }], shadow: { version: '4', percent: 25 } } },
       admin(),
     );
+    // An automatic rollout of mlp that stays in its first step for the whole run (its gates need more
+    // requests than the run sends): a second version, given 10 % of mlp's requests by the registry.
+    await registry.setRolloutPolicy({ model: 'models/mlp', policy: { stableVersion: '1' } }, admin());
+    const mlpCanary = await register('mlp', '2', buildMlpModel({ sizes: [512, 64, 512], seed: 5 }).bytes);
+    await waitReady('mlp', [mlpCanary]);
+    await registry.startAutoRollout(
+      { model: 'models/mlp', version: '2', analysis: { steps: [10, 100], intervalMs: 3_600_000n, minRequests: 1_000_000_000n, maxErrorRateIncrease: 0.005 } },
+      admin(),
+    );
     // A model no worker places, falling back to tiny: its requests are answered degraded.
     await register('frozen', '1', tinyBytes);
     await registry.setRolloutPolicy({ model: 'models/frozen', policy: { fallbackModel: 'tiny' } }, admin());
@@ -405,7 +295,7 @@ describe('observability against a live Prometheus', () => {
     const asCache = await probe(registryAddress, RegistryService, 'listModels', ca.bundlePem, await ca.issue({ service: 'cache', instance: 'observability-probe' }, 600_000));
     expect({ noCertificate: grpc.status[noCertificate], asCache: grpc.status[asCache] }).toEqual({ noCertificate: 'UNAVAILABLE', asCache: 'PERMISSION_DENIED' });
     await sleep(1_000); // the router follows the registry's watch within a second
-    console.log(`set up in ${((Date.now() - started) / 1000).toFixed(1)} s (services, prometheus, rollout, fallback, probes)`);
+    console.log(`set up in ${((Date.now() - started) / 1000).toFixed(1)} s (services, prometheus, rollouts, fallback, probes)`);
 
     // The load: closed loops for LOAD_SECONDS.
     const loadStarted = Date.now();

@@ -99,6 +99,12 @@ class ScriptedRegistry implements Impl {
   quantizeModelVersion: Impl['quantizeModelVersion'] = async () => {
     throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
   };
+  startAutoRollout: Impl['startAutoRollout'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
+  reportTraffic: Impl['reportTraffic'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
+  };
   watchModels: Impl['watchModels'] = () => ({
     [Symbol.asyncIterator]: () => ({ next: () => Promise.reject(new RpcError(status.UNIMPLEMENTED, 'not in this test')) }),
   });

@@ -94,12 +94,15 @@ describe(inboundAuthorizationOf.name, () => {
     expect(sut.allows(id('worker'), registry('DownloadArtifact'))).toBe(true);
     expect(sut.allows(id('worker'), registry('ReportVersionState'))).toBe(true);
     expect(sut.allows(id('batcher'), registry('ReportVersionState'))).toBe(false);
+    // The routers report their traffic; nobody else may.
+    expect(sut.allows(id('router'), registry('ReportTraffic'))).toBe(true);
+    expect(sut.allows(id('worker'), registry('ReportTraffic'))).toBe(false);
     for (const caller of MESH_SERVICES) {
       expect(sut.allows(id(caller), '/infermesh.mesh.v1.InstanceService/Announce')).toBe(true);
       expect(sut.allows(id(caller), '/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources')).toBe(true);
     }
     expect(sut.allows(undefined, '/infermesh.mesh.v1.InstanceService/Announce')).toBe(false);
-    expect(sut.describe()).toContain('router (/infermesh.registry.v1.RegistryService/{GetModel,ResolveModelVersion,WatchModels})');
+    expect(sut.describe()).toContain('router (/infermesh.registry.v1.RegistryService/{GetModel,ResolveModelVersion,WatchModels,ReportTraffic})');
   });
 
   it("opens the gateway's public API to callers without a certificate", () => {

@@ -10,3 +10,4 @@ export * from './padded-model';
 export * from './warm-up-models';
 export * from './cnn-model';
 export * from './quantized-forms';
+export * from './rollout-models';

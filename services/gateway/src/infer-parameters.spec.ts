@@ -1,6 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { rpcRefusal } from '@infermesh/testing';
 import { type InferParameter, InferParameterSchema, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { inferRequestFromGrpc } from './grpc-codec';
 import { edgeParameters, outputClassCounts, parametersFromJson } from './infer-parameters';
@@ -8,16 +8,6 @@ import { inferRequestFromJson } from './rest-codec';
 
 const INPUTS = [{ name: 'x', shape: [1], datatype: 'FP32', data: [1] }];
 const int64 = (value: bigint): InferParameter => create(InferParameterSchema, { parameterChoice: { case: 'int64Param', value } });
-
-function refusal(call: () => unknown): RpcError {
-  try {
-    call();
-  } catch (error) {
-    if (error instanceof RpcError) return error;
-    throw error;
-  }
-  throw new Error('expected a refusal');
-}
 
 describe(outputClassCounts.name, () => {
   it('reads class_count from each requested output that has one', () => {
@@ -44,7 +34,7 @@ describe(outputClassCounts.name, () => {
     ['a boolean', create(InferParameterSchema, { parameterChoice: { case: 'boolParam', value: true } }), 'got true'],
     ['empty', create(InferParameterSchema), 'got empty'],
   ])('refuses a class_count that is %s with INVALID_ARGUMENT naming the output', (_label, parameter, shown) => {
-    const error = refusal(() => outputClassCounts([{ name: 'scores', parameters: { class_count: parameter } }]));
+    const error = rpcRefusal(() => outputClassCounts([{ name: 'scores', parameters: { class_count: parameter } }]));
     expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
     expect(error.message).toBe(`output "scores": parameter "class_count" must be a positive integer (at most 4294967295), ${shown}`);
   });
@@ -56,8 +46,8 @@ describe(outputClassCounts.name, () => {
         { name: 'scores', parameters: b === undefined ? {} : { class_count: b } },
       ]);
     expect(twice(int64(2n), int64(2n))).toEqual({ scores: 2 });
-    expect(refusal(() => twice(int64(2n), int64(3n))).message).toBe('output "scores" is requested more than once with different class_count parameters');
-    expect(refusal(() => twice(int64(2n), undefined)).code).toBe(status.INVALID_ARGUMENT);
+    expect(rpcRefusal(() => twice(int64(2n), int64(3n))).message).toBe('output "scores" is requested more than once with different class_count parameters');
+    expect(rpcRefusal(() => twice(int64(2n), undefined)).code).toBe(status.INVALID_ARGUMENT);
   });
 });
 
@@ -75,11 +65,11 @@ describe('class_count on requested outputs', () => {
 
   it('is refused in a REST body when it is not a positive integer, naming the output', () => {
     for (const classCount of [0, -2, 2.5, '3', null]) {
-      const error = refusal(() => inferRequestFromJson('m', '', { inputs: INPUTS, outputs: [{ name: 'scores', parameters: { class_count: classCount } }] }));
+      const error = rpcRefusal(() => inferRequestFromJson('m', '', { inputs: INPUTS, outputs: [{ name: 'scores', parameters: { class_count: classCount } }] }));
       expect([error.code, classCount]).toEqual([status.INVALID_ARGUMENT, classCount]);
       expect(error.message).toMatch(/^output "scores"/);
     }
-    expect(refusal(() => inferRequestFromJson('m', '', { inputs: INPUTS, outputs: [{ name: 'scores', parameters: 5 }] })).message).toContain(
+    expect(rpcRefusal(() => inferRequestFromJson('m', '', { inputs: INPUTS, outputs: [{ name: 'scores', parameters: 5 }] })).message).toContain(
       'output "scores" "parameters" must be an object',
     );
   });
@@ -114,7 +104,7 @@ describe(edgeParameters.name, () => {
     ['fractional', double(1.5)],
     ['a string', text('soon')],
   ])('refuses a %s timeout, naming it', (_, timeout) => {
-    const error = refusal(() => edgeParameters({ timeout }));
+    const error = rpcRefusal(() => edgeParameters({ timeout }));
     expect(error.code).toBe(status.INVALID_ARGUMENT);
     expect(error.message).toMatch(/^parameter "timeout" must be a positive integer of microseconds, got /);
   });
@@ -123,11 +113,11 @@ describe(edgeParameters.name, () => {
     expect(edgeParameters({ priority: int64(0n) })).toEqual({ timeoutMs: undefined });
     expect(edgeParameters({ priority: int64(3n) })).toEqual({ timeoutMs: undefined });
     for (const priority of [int64(-1n), double(0.5), text('high')]) {
-      expect(refusal(() => edgeParameters({ priority })).message).toMatch(/^parameter "priority" must be a non-negative integer/);
+      expect(rpcRefusal(() => edgeParameters({ priority })).message).toMatch(/^parameter "priority" must be a non-negative integer/);
     }
   });
 
   it('shows at most 40 characters of a string it refuses', () => {
-    expect(refusal(() => edgeParameters({ timeout: text('x'.repeat(100_000)) })).message.length).toBeLessThan(150);
+    expect(rpcRefusal(() => edgeParameters({ timeout: text('x'.repeat(100_000)) })).message.length).toBeLessThan(150);
   });
 });

@@ -13,6 +13,7 @@ import type {
   RetireModelVersionRequest,
   SetCachePolicyRequest,
   SetRolloutPolicyRequest,
+  StartAutoRolloutRequest,
   UpdateModelRequest,
   UpdateRolloutRequest,
   UploadArtifactRequest,
@@ -34,7 +35,8 @@ type Registry = ServiceClient<typeof RegistryService>;
  * with their code, message and ErrorInfo. Unary calls without a deadline get the configured default;
  * the streaming ones (UploadArtifact, DownloadArtifact, WatchModels) only the caller's, and pass
  * their messages on one by one as they come, with backpressure, never gathering them.
- * ReportVersionState is the workers' own and is refused.
+ * ReportVersionState is the workers' own and is refused; ReportTraffic, the routers' own, is not served
+ * here at all (UNIMPLEMENTED).
  */
 @Injectable()
 export class RegistryAdminGrpcController implements ServiceImpl<typeof RegistryService> {
@@ -83,6 +85,21 @@ export class RegistryAdminGrpcController implements ServiceImpl<typeof RegistryS
 
   updateRollout(request: UpdateRolloutRequest, ctx: CallContext) {
     return this.unary('UpdateRollout', ctx, {}, (r) => r.updateRollout(request));
+  }
+
+  startAutoRollout(request: StartAutoRolloutRequest, ctx: CallContext) {
+    return this.unary('StartAutoRollout', ctx, {}, (r) => r.startAutoRollout(request));
+  }
+
+  /**
+   * Routers report their traffic straight to the registry; the gateway has no such method. The
+   * generated service names it, so it must have a handler here: it answers what grpc-js answers for a
+   * method a server does not serve, UNIMPLEMENTED, with or without a key (there is nothing to
+   * authorize), and the registry never hears of it.
+   */
+  async reportTraffic(_request: unknown, _ctx: CallContext): Promise<never> {
+    this.metrics.observeRequest('grpc', 'ReportTraffic', 'UNIMPLEMENTED', process.hrtime.bigint());
+    throw new RpcError(status.UNIMPLEMENTED, 'ReportTraffic is reported by routers only, straight to the registry; the gateway does not serve it');
   }
 
   setCachePolicy(request: SetCachePolicyRequest, ctx: CallContext) {

@@ -35,6 +35,7 @@ import { checkVersionId } from '@infermesh/rollout';
 import type { Request, Response } from 'express';
 import { RequireScope } from './api-key.guard';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
+import { startAutoRolloutFromJson } from './auto-rollout-request';
 import { BodyBudget } from './body-budget';
 import { type BodyLimits, readJsonBody, readNoBody } from './json-body';
 import { RegistryClient } from './registry.client';
@@ -68,6 +69,10 @@ const ARTIFACT_SHA256_HEADER = 'x-artifact-sha256';
  *   POST   /admin/v1/models/{m}/rollout/promote  optional {"version": "2"} → Model
  *   POST   /admin/v1/models/{m}/rollout/rollback           → Model
  *   POST   /admin/v1/models/{m}/rollout/weights  SetWeights, e.g. {"percents": {"2": 10}} → Model
+ *   POST   /admin/v1/models/{m}/rollout/auto     {"version": "3", "analysis": AutoRolloutAnalysis}
+ *                                        StartAutoRollout → Model
+ *   POST   /admin/v1/models/{m}/rollout/auto/resume       StartAutoRollout resume → Model
+ *   POST   /admin/v1/models/{m}/rollout/pause             UpdateRollout pause → Model
  *   PUT    /admin/v1/models/{m}/cache    CachePolicy       → Model
  *
  * Errors are {"error": "..."} with the status of the registry's code (FAILED_PRECONDITION, e.g.
@@ -254,6 +259,34 @@ export class RegistryAdminHttpController {
     const name = modelResource(model);
     const weights = messageFromJson(SetWeightsSchema, await this.body(req, res));
     return this.updateRollout(req, res, { model: name, action: { case: 'setWeights', value: weights } });
+  }
+
+  /** Starts an automatic rollout: the body's version becomes the canary and moves through the analysis's steps. */
+  @Post('admin/v1/models/:model/rollout/auto')
+  @HttpCode(200)
+  async startAutoRollout(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string) {
+    const request = startAutoRolloutFromJson(await this.body(req, res), modelResource(model));
+    const { model: updated } = await this.call(req, res, (r) => r.startAutoRollout(request));
+    return messageToJson(ModelSchema, required(updated, 'model'));
+  }
+
+  /** Resumes the model's paused automatic rollout at its step. */
+  @Post('admin/v1/models/:model/rollout/auto/resume')
+  @HttpCode(200)
+  async resumeAutoRollout(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string) {
+    const name = modelResource(model);
+    await this.noBody(req, res);
+    const { model: updated } = await this.call(req, res, (r) => r.startAutoRollout({ model: name, resume: true }));
+    return messageToJson(ModelSchema, required(updated, 'model'));
+  }
+
+  /** Pauses the model's automatic rollout where it is; the policy stays. */
+  @Post('admin/v1/models/:model/rollout/pause')
+  @HttpCode(200)
+  async pause(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string) {
+    const name = modelResource(model);
+    await this.noBody(req, res);
+    return this.updateRollout(req, res, { model: name, action: { case: 'pause', value: true } });
   }
 
   @Put('admin/v1/models/:model/cache')

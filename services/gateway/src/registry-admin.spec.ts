@@ -129,6 +129,8 @@ function fakeRegistry(state: FakeState): ServiceImpl<typeof RegistryService> {
     retireModelVersion: unary('retireModelVersion', () => ({ version: { ...VERSION, state: VersionState.RETIRED } })),
     deleteModel: unary('deleteModel', () => ({})),
     quantizeModelVersion: unary('quantizeModelVersion', () => ({ version: DERIVED })),
+    startAutoRollout: unary('startAutoRollout', () => ({ model: MODEL })),
+    reportTraffic: unary('reportTraffic', () => ({})),
     async uploadArtifact(requests: AsyncIterable<UploadArtifactRequest>, ctx: CallContext) {
       const upload: Upload = { chunks: [], expectedSha256: [], signal: ctx.signal };
       state.uploads.push(upload);
@@ -296,6 +298,8 @@ describe('gateway admin API', () => {
         await http(port, 'GET', '/admin/v1/models', { headers }),
         await http(port, 'POST', '/v2/repository/models/mlp/unload', { headers }),
         await json(port, 'PATCH', '/admin/v1/models/mlp', { pinned: true }, headers),
+        await json(port, 'POST', '/admin/v1/models/mlp/rollout/auto', { version: '3', analysis: { steps: [100], intervalMs: '1000', minRequests: '10' } }, headers),
+        await http(port, 'POST', '/admin/v1/models/mlp/rollout/pause', { headers }),
         await http(port, 'POST', '/admin/v1/artifacts', { headers: { ...headers, 'content-type': 'application/octet-stream' }, body: bytes(20_000, 1) }),
       ];
       for (const reply of replies) {
@@ -387,6 +391,22 @@ describe('gateway admin API', () => {
       ['POST', '/admin/v1/models/mlp/rollout/rollback', undefined, 'updateRollout', { model: 'models/mlp', rollback: true }, MODEL_JSON],
       ['POST', '/admin/v1/models/mlp/rollout/weights', '{"percents": {"3": 25, "4": 5}}', 'updateRollout', { model: 'models/mlp', setWeights: { percents: { '3': 25, '4': 5 } } }, MODEL_JSON],
       ['PUT', '/admin/v1/models/mlp/cache', '{"enabled": false, "ttlMs": "60000"}', 'setCachePolicy', { model: 'models/mlp', policy: { enabled: false, ttlMs: '60000' } }, MODEL_JSON],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [5, 10, 25, 50, 100], "intervalMs": 60000, "min_requests": "200", "maxErrorRateIncrease": 0.005, ' +
+          '"maxP99Ratio": 1.2, "minAgreement": 0.99, "maxBurnRate": 2, "objective": 99.5}}',
+        'startAutoRollout',
+        {
+          model: 'models/mlp',
+          version: '3',
+          analysis: { steps: [5, 10, 25, 50, 100], intervalMs: '60000', minRequests: '200', maxErrorRateIncrease: 0.005, maxP99Ratio: 1.2, minAgreement: 0.99, maxBurnRate: 2, objective: 99.5 },
+        },
+        MODEL_JSON,
+      ],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}', 'startAutoRollout', { model: 'models/mlp', version: '3', analysis: { steps: [100], intervalMs: '1000', minRequests: '10' } }, MODEL_JSON],
+      ['POST', '/admin/v1/models/mlp/rollout/auto/resume', undefined, 'startAutoRollout', { model: 'models/mlp', resume: true }, MODEL_JSON],
+      ['POST', '/admin/v1/models/mlp/rollout/pause', '{}', 'updateRollout', { model: 'models/mlp', pause: true }, MODEL_JSON],
     ])('forwards %s %s %s to %s and answers its message as JSON', async (method, path, body, rpc, expected, answer) => {
       const reply = await http(port, method, path, { headers: { ...ADMIN, 'content-type': 'application/json', 'x-request-id': 'admin-rest-1' }, ...(body !== undefined && { body }) });
       expect([reply.status, reply.json]).toEqual([200, answer]);
@@ -429,6 +449,28 @@ describe('gateway admin API', () => {
       ['POST', '/admin/v1/models/mlp/versions/2/quantize', '{"source": "models/other/versions/1"}', /^leave "source" out of the request body: the path names the version \("models\/mlp\/versions\/2"\)$/],
       ['POST', '/admin/v1/models/mlp/versions/2/quantize', '{"maxRelativeL2": "lots"}', /maxRelativeL2|max_relative_l2/],
       ['POST', '/admin/v1/models/mlp/versions/x1/quantize', '{}', /invalid version id "x1"/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '', /needs a JSON body/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}', /^"version" is missing/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": 3, "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}', /^"version" must be a version id as a string/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "03", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}', /invalid version id "03"/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3"}', /^"analysis" is missing/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": [5, 100]}', /^"analysis" must be a JSON object/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}, "resume": true}', /^unknown field "resume" in the request body: expected "version" and "analysis"$/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "intervall": 5}}', /"intervall" is unknown/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": "5,100"}}', /AutoRolloutAnalysis\.steps/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"intervalMs": "60000"}}', /^auto rollout: steps has 0 percents/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [0, 100]}}', /^auto rollout: steps\[0\] is 0; each step is a percent above 0, at most 100$/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [10, 5, 100]}}', /^auto rollout: steps must increase: steps\[1\] is 5 after 10$/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [10, 50]}}', /^auto rollout: the last step is 50; it must be 100/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "intervalMs": "-1"}}', /^auto rollout: interval_ms is -1/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxErrorRateIncrease": 5}}', /^auto rollout: max_error_rate_increase is 5; it must be from 0 to 1$/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxP99Ratio": "NaN"}}', /^auto rollout: max_p99_ratio is NaN/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "minAgreement": 1.5}}', /^auto rollout: min_agreement is 1\.5/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxBurnRate": 2}}', /^auto rollout: objective is 0; max_burn_rate needs the availability objective it burns/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxBurnRate": 2, "objective": 100}}', /^auto rollout: objective is 100/],
+      ['POST', '/admin/v1/models/mlp/rollout/auto/resume', '{"version": "3"}', /takes no body/],
+      ['POST', '/admin/v1/models/mlp/rollout/pause', '{"now": true}', /takes no body/],
+      ['POST', '/admin/v1/models/bad%20name/rollout/pause', '', /invalid model name "bad name"/],
     ])('answers %s %s %j with 400 naming the problem, never asking the registry', async (method, path, body, message) => {
       const reply = await http(port, method, path, { headers: { ...ADMIN, 'content-type': 'application/json' }, body });
       expect([reply.status, reply.json]).toEqual([400, { error: expect.stringMatching(message) }]);
@@ -460,6 +502,15 @@ describe('gateway admin API', () => {
       expect([reply.status, reply.json]).toEqual([409, { error: refusal }]);
     });
 
+    it('answers the registry\'s refusal of an automatic rollout with 409 and the registry\'s message', async () => {
+      const refusal = 'version 3 of model "mlp" is LOADING, not READY: an automatic rollout starts from a READY version';
+      state.script['startAutoRollout'] = async () => {
+        throw new RpcError(status.FAILED_PRECONDITION, refusal, { reason: 'MODEL_NOT_READY' });
+      };
+      const reply = await json(port, 'POST', '/admin/v1/models/mlp/rollout/auto', { version: '3', analysis: { steps: [50, 100], intervalMs: '1000', minRequests: '10' } });
+      expect([reply.status, reply.json]).toEqual([409, { error: refusal }]);
+    });
+
     it('answers a registry RESOURCE_EXHAUSTED with 429 and Retry-After', async () => {
       state.script['setRolloutPolicy'] = async () => {
         throw new RpcError(status.RESOURCE_EXHAUSTED, 'too many policy changes', { reason: 'OVERLOADED', retryDelayMs: 2000 });
@@ -474,6 +525,11 @@ describe('gateway admin API', () => {
       const model = await http(port, 'POST', '/admin/v1/models/mlp');
       expect([model.status, model.headers['allow']]).toEqual([405, 'GET, PATCH, DELETE, HEAD']);
       expect((await http(port, 'GET', '/v2/repository/models/mlp/load')).status).toBe(405);
+      for (const path of ['/admin/v1/models/mlp/rollout/auto', '/admin/v1/models/mlp/rollout/auto/resume', '/admin/v1/models/mlp/rollout/pause']) {
+        const reply = await http(port, 'GET', path);
+        expect([reply.status, reply.headers['allow']]).toEqual([405, 'POST']);
+      }
+      expect(state.seen).toEqual([]);
     });
 
     describe('POST /admin/v1/artifacts', () => {
@@ -574,6 +630,15 @@ describe('gateway admin API', () => {
         { model: MODEL },
       ],
       ['updateRollout', (c, metadata) => c.updateRollout({ model: 'models/mlp', action: { case: 'rollback', value: true } }, { metadata }), { model: 'models/mlp', rollback: true }, { model: MODEL }],
+      ['updateRollout', (c, metadata) => c.updateRollout({ model: 'models/mlp', action: { case: 'pause', value: true } }, { metadata }), { model: 'models/mlp', pause: true }, { model: MODEL }],
+      [
+        'startAutoRollout',
+        (c, metadata) =>
+          c.startAutoRollout({ model: 'models/mlp', version: '3', analysis: { steps: [10, 100], intervalMs: 30_000n, minRequests: 50n, maxP99Ratio: 1.5 } }, { metadata }),
+        { model: 'models/mlp', version: '3', analysis: { steps: [10, 100], intervalMs: '30000', minRequests: '50', maxP99Ratio: 1.5 } },
+        { model: MODEL },
+      ],
+      ['startAutoRollout', (c, metadata) => c.startAutoRollout({ model: 'models/mlp', resume: true }, { metadata }), { model: 'models/mlp', resume: true }, { model: MODEL }],
       ['setCachePolicy', (c, metadata) => c.setCachePolicy({ model: 'models/mlp', policy: { ttlMs: 1000n } }, { metadata }), { model: 'models/mlp', policy: { ttlMs: '1000' } }, { model: MODEL }],
       [
         'updateModel',
@@ -625,6 +690,25 @@ describe('gateway admin API', () => {
     it('refuses ReportVersionState, which only workers send and only to the registry', async () => {
       const error = await rpcRejection(admin.reportVersionState({ name: 'models/mlp/versions/2', state: VersionState.READY }, { metadata: bearer(FULL_KEY) }));
       expect(error).toMatchObject({ code: status.PERMISSION_DENIED, reason: 'PERMISSION_DENIED', message: expect.stringContaining('reported by workers only') });
+      expect(state.seen).toEqual([]);
+    });
+
+    it.each([
+      ['no key', {}],
+      ['an admin key', ADMIN],
+    ])('answers ReportTraffic, which routers send straight to the registry, with UNIMPLEMENTED given %s, never forwarding it', async (_label, metadata) => {
+      const error = await rpcRejection(admin.reportTraffic({ reporter: 'router-1', versions: [{ name: 'models/mlp/versions/2', counters: { requests: 5n } }] }, { metadata }));
+      expect(error).toMatchObject({ code: status.UNIMPLEMENTED, message: expect.stringContaining('reported by routers only') });
+      expect(state.seen).toEqual([]);
+    });
+
+    it('refuses StartAutoRollout to a key without the admin scope, as UpdateRollout', async () => {
+      for (const call of [
+        admin.startAutoRollout({ model: 'models/mlp', resume: true }, { metadata: bearer(INFER_KEY) }),
+        admin.updateRollout({ model: 'models/mlp', action: { case: 'pause', value: true } }, { metadata: bearer(INFER_KEY) }),
+      ]) {
+        expect(await rpcRejection(call)).toMatchObject({ code: status.PERMISSION_DENIED, message: 'this API key lacks the admin scope' });
+      }
       expect(state.seen).toEqual([]);
     });
 

@@ -8,7 +8,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { FilesystemArtifactStore } from './artifact-store.filesystem';
-import { Clock } from './clock';
+import { ManualClock } from './clock.testing';
 import { ModelCatalog } from './model-catalog';
 import { EmbeddedModelStore } from './model-store.embedded';
 import { ModelWatch } from './model-watch';
@@ -16,17 +16,6 @@ import { loadRegistryConfig } from './registry.config';
 import { LEFT_SERVING_SET_REASON, RETIRING_REASON, UNLOADED_REASON } from './version-lifecycle';
 
 const GRACE_MS = 10_000;
-
-/** Time that moves only when the test says so. */
-class ManualClock extends Clock {
-  private at = new Date('2030-01-01T00:00:00Z').getTime();
-  override now(): Date {
-    return new Date(this.at);
-  }
-  advance(ms: number): void {
-    this.at += ms;
-  }
-}
 
 describe(ModelCatalog.name, () => {
   let dir: string;

@@ -4,6 +4,7 @@ import { status } from '@grpc/grpc-js';
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
 import {
+  AutoRolloutPhase,
   type CachePolicy,
   CachePolicySchema,
   type CreateModelVersionRequest,
@@ -21,6 +22,7 @@ import { checkVersionId, compareVersionIds, modelName, stableVersion, versionIdO
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { Gauge } from 'prom-client';
 import { ArtifactStore, SHA256_HEX } from './artifact-store';
+import { pauseAutoRollout, phaseName } from './auto-rollout';
 import { checkBatching, sameBatching } from './batching-check';
 import { Clock } from './clock';
 import { ModelStore, type ModelMutation } from './model-store';
@@ -183,9 +185,14 @@ export class ModelCatalog implements OnApplicationShutdown {
   /** Changes a model's rollout in one step: promote, roll back or set shares; the result is checked like any policy. */
   async updateRollout(model: string, action: UpdateRolloutRequest['action']): Promise<Model> {
     const modelId = parseModelName(model, 'model');
+    const now = this.clock.now();
     const stored = await this.mutate(modelId, (current) => {
       const model = existing(current, modelId);
       model.rollout = checkRollout(applyRolloutAction(model, action), model);
+      const paused = pauseAutoRollout(model, action.case === 'pause' ? 'paused' : `paused by a manual rollout change (${action.case ?? 'none'})`, now);
+      if (action.case === 'pause' && !paused) {
+        throw new RpcError(status.FAILED_PRECONDITION, `rollout: model "${modelId}" has no automatic rollout in progress to pause`, { reason: 'NO_ROLLOUT_IN_PROGRESS', metadata: { model: modelId } });
+      }
       return model;
     });
     this.logger.info('rollout updated', { model: modelId, action: action.case ?? 'none', rollout: stored?.rollout === undefined ? 'none' : toJsonString(RolloutPolicySchema, stored.rollout) });
@@ -219,9 +226,11 @@ export class ModelCatalog implements OnApplicationShutdown {
     if (fallback !== '' && (await this.store(() => this.models.get(fallback))) === undefined) {
       throw RpcError.invalidArgument(`rollout: the fallback model "${fallback}" does not exist`);
     }
+    const now = this.clock.now();
     const stored = await this.mutate(modelId, (current) => {
       const model = existing(current, modelId);
       model.rollout = checkRollout(policy, model);
+      pauseAutoRollout(model, 'paused by a manual rollout change (a new policy)', now);
       return model;
     });
     this.logger.info('rollout policy set', { model: modelId, rollout: stored?.rollout === undefined ? 'none' : toJsonString(RolloutPolicySchema, stored.rollout) });
@@ -425,6 +434,14 @@ export class ModelCatalog implements OnApplicationShutdown {
   }
 
   /**
+   * Changes one model as `change` decides (automatic rollouts' decisions), like every change here:
+   * atomically, with its version states then brought in line with its serving set.
+   */
+  async changeModel(modelId: string, change: ModelMutation): Promise<Model | undefined> {
+    return this.mutate(modelId, change);
+  }
+
+  /**
    * Changes one model, then brings its version states in line with its serving set, in one atomic
    * update; logs the state changes and tells the watchers. A change that returns undefined still
    * applies the lifecycle (a version may have drained meanwhile).
@@ -569,6 +586,32 @@ function registerGauges(metrics: Metrics, store: ModelStore, logger: JsonLogger)
         for (const version of model.versions) counts.set(stateName(version.state), (counts.get(stateName(version.state)) ?? 0) + 1);
       }
       for (const [state, count] of counts) this.set({ state }, count);
+    },
+  });
+  new Gauge({
+    name: `${metrics.prefix}rollout_phase`,
+    help: 'The phase of each model\'s automatic rollout (its last one): 1 for the current phase (progressing, paused, promoted, rolled_back, aborted), 0 for the others.',
+    labelNames: ['model', 'phase'],
+    registers: [metrics.registry],
+    async collect() {
+      this.reset();
+      for (const model of await snapshot()) {
+        if (model.autoRollout === undefined) continue;
+        for (const phase of Object.values(AutoRolloutPhase)) {
+          if (typeof phase !== 'number' || phase === AutoRolloutPhase.UNSPECIFIED) continue;
+          this.set({ model: model.name.slice('models/'.length), phase: phaseName(phase) }, phase === model.autoRollout.phase ? 1 : 0);
+        }
+      }
+    },
+  });
+  new Gauge({
+    name: `${metrics.prefix}rollout_canary_percent`,
+    help: 'The share of requests each model\'s canary takes, in percent (0 without a canary).',
+    labelNames: ['model'],
+    registers: [metrics.registry],
+    async collect() {
+      this.reset();
+      for (const model of await snapshot()) this.set({ model: model.name.slice('models/'.length) }, model.rollout?.canary?.percent ?? 0);
     },
   });
 }

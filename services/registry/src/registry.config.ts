@@ -23,6 +23,12 @@ const shape = {
   REGISTRY_MESH_POLICY: path(),
   REGISTRY_MESH_POLICY_POLL_MS: positiveInt(1_000),
   REGISTRY_INSTANCE_TIMEOUT_MS: positiveInt(15_000),
+  REGISTRY_ROLLOUT_TICK_MS: positiveInt(1_000),
+  PROMETHEUS_URL: z
+    .string()
+    .url()
+    .refine((url) => /^https?:\/\//.test(url), 'must be an http:// or https:// URL')
+    .optional(),
   // grpc-js-xds's own xDS client speaks only plaintext to its control plane: with mutual TLS on the
   // registry's port, proxyless clients on this machine take xDS from this loopback port instead.
   REGISTRY_XDS_PLAINTEXT_PORT: z.coerce.number().int().min(0).max(65535).optional(),
@@ -68,6 +74,12 @@ export function loadRegistryConfig(env: Env) {
     /** DownloadArtifact sends the artifact in chunks of 1 MiB, or less when messages must be smaller. */
     downloadChunkBytes: Math.max(1024, Math.min(1024 * 1024, runtime.maxMessageBytes - 1024)),
     redisKeyPrefix: 'infermesh:registry:',
+    rollouts: {
+      /** How often automatic rollouts in progress are judged. */
+      tickMs: e.REGISTRY_ROLLOUT_TICK_MS,
+      /** Where automatic rollouts read the routers' metrics; unset: from the routers' own reports (ReportTraffic). */
+      prometheusUrl: e.PROMETHEUS_URL,
+    },
     mesh: {
       /** The mesh policy served over xDS; unset: no xDS, instances are still tracked. */
       policyPath: meshPolicyPath,

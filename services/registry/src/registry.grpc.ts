@@ -7,20 +7,24 @@ import type {
   GetModelRequest,
   QuantizeModelVersionRequest,
   RegistryService,
+  ReportTrafficRequest,
   ReportVersionStateRequest,
   ResolveModelVersionRequest,
   RetireModelVersionRequest,
   SetCachePolicyRequest,
   SetRolloutPolicyRequest,
+  StartAutoRolloutRequest,
   UpdateModelRequest,
   UpdateRolloutRequest,
   UploadArtifactRequest,
   WatchModelsRequest,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ArtifactTransfer } from './artifact-transfer';
+import { AutoRollouts } from './auto-rollouts';
 import { ModelCatalog } from './model-catalog';
 import { ModelDerivation } from './model-derivation';
 import { ModelWatch } from './model-watch';
+import { TrafficLedger, trafficDeltas } from './traffic-ledger';
 
 /** gRPC transport of the registry service. */
 @Injectable()
@@ -30,6 +34,8 @@ export class RegistryGrpcController implements ServiceImpl<typeof RegistryServic
     private readonly transfer: ArtifactTransfer,
     private readonly watch: ModelWatch,
     private readonly derivation: ModelDerivation,
+    private readonly rollouts: AutoRollouts,
+    private readonly traffic: TrafficLedger,
   ) {}
 
   async uploadArtifact(requests: AsyncIterable<UploadArtifactRequest>, ctx: CallContext) {
@@ -87,6 +93,15 @@ export class RegistryGrpcController implements ServiceImpl<typeof RegistryServic
 
   async quantizeModelVersion(request: QuantizeModelVersionRequest, ctx: CallContext) {
     return { version: await this.derivation.quantize(request, ctx.signal) };
+  }
+
+  async startAutoRollout(request: StartAutoRolloutRequest) {
+    return { model: await this.rollouts.start(request) };
+  }
+
+  async reportTraffic(request: ReportTrafficRequest) {
+    await this.traffic.add(trafficDeltas(request));
+    return {};
   }
 
   watchModels(request: WatchModelsRequest, ctx: CallContext) {

@@ -18,6 +18,11 @@ import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 import { RegistryGrpcController } from './registry.grpc';
 import { InstancesGrpcController } from './instances.grpc';
 import { MeshControlPlane } from './mesh-control-plane';
+import { AutoRollouts } from './auto-rollouts';
+import { LedgerRolloutTraffic, RolloutTraffic } from './rollout-traffic';
+import { PrometheusRolloutTraffic } from './rollout-traffic.prometheus';
+import { EmbeddedTrafficLedger, TrafficLedger } from './traffic-ledger';
+import { RedisTrafficLedger } from './traffic-ledger.redis';
 
 @Module({})
 export class RegistryModule {
@@ -40,6 +45,19 @@ export class RegistryModule {
             return new RedisModelStore(client, config.redisKeyPrefix);
           },
         },
+        {
+          provide: TrafficLedger,
+          inject: [JsonLogger],
+          useFactory: (logger: JsonLogger): TrafficLedger =>
+            config.redisUrl === undefined ? new EmbeddedTrafficLedger() : new RedisTrafficLedger(createRedisClient(config.redisUrl, logger, 'registry-traffic'), config.redisKeyPrefix),
+        },
+        {
+          provide: RolloutTraffic,
+          inject: [TrafficLedger],
+          useFactory: (ledger: TrafficLedger): RolloutTraffic =>
+            config.rollouts.prometheusUrl === undefined ? new LedgerRolloutTraffic(ledger) : new PrometheusRolloutTraffic(config.rollouts.prometheusUrl),
+        },
+        AutoRollouts,
         { provide: ArtifactStore, useFactory: (): ArtifactStore => new FilesystemArtifactStore(config.artifactDir) },
         Clock,
         OnnxRuntime,

@@ -10,7 +10,8 @@ const invalid = (message: string) => RpcError.invalidArgument(`rollout: ${messag
 /**
  * The policy an UpdateRollout action makes of the model's current one (checked by the caller like
  * any policy): promote a canary or variant to stable, roll back to the stable version, or set new
- * shares. An action the current policy leaves nothing to do for is FAILED_PRECONDITION.
+ * shares (pause leaves it as it is). An action the current policy leaves nothing to do for is
+ * FAILED_PRECONDITION.
  */
 export function applyRolloutAction(model: Model, action: UpdateRolloutRequest['action']): RolloutPolicy {
   const current = model.rollout ?? create(RolloutPolicySchema);
@@ -49,8 +50,11 @@ export function applyRolloutAction(model: Model, action: UpdateRolloutRequest['a
         variants: current.variants.map((v) => share(v.version, v.percent)),
       });
     }
+    case 'pause':
+      // Pauses the model's automatic rollout (the catalog does); the policy stays.
+      return current;
     case undefined:
-      throw RpcError.invalidArgument('the request names no action: promote, rollback or set_weights');
+      throw RpcError.invalidArgument('the request names no action: promote, rollback, set_weights or pause');
   }
 }
 

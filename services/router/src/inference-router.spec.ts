@@ -89,6 +89,9 @@ class FakeRegistry {
     return found;
   }
 
+  /** Takes every traffic report (traffic-reporter.spec.ts tests them against a registry server). */
+  async reportTraffic(): Promise<void> {}
+
   /** The model, its versions and rollout policy; recorded as a lookup without a version id. */
   async getModel(model: string): Promise<Model> {
     this.calls.push({ model, versionId: '' });
@@ -307,6 +310,20 @@ describe(InferenceRouter.name, () => {
       // A request naming its version is served that version whatever its key.
       await sut.infer(inferRequest({ modelName: 'ab', modelVersion: '2', routingKey: 'user-0' }));
       expect(await counter(app, 'routed_total', { model: 'ab', version: '2', route: 'explicit' })).toBe(1);
+    });
+
+    it('times each successful request under the version that served it', async () => {
+      const { sut, app } = await startRouter({ ROUTER_CACHE_ENABLED: 'false' });
+
+      await sut.infer(inferRequest({ modelVersion: '1' }));
+      await sut.infer(inferRequest({ modelVersion: '2' }));
+      await sut.infer(inferRequest({ modelVersion: '2' }));
+      await rpcRejection(sut.infer(inferRequest({ modelVersion: '3' })));
+
+      const text = await app.get(Metrics).render();
+      expect(text).toContain('infermesh_router_request_duration_seconds_count{model="mlp",version="1",cached="false"} 1\n');
+      expect(text).toContain('infermesh_router_request_duration_seconds_count{model="mlp",version="2",cached="false"} 2\n');
+      expect(text).not.toContain('infermesh_router_request_duration_seconds_count{model="mlp",version="3"');
     });
   });
 

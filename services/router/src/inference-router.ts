@@ -16,6 +16,7 @@ import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { GuardedBatcher } from './guarded-batcher';
 import { LocalResultCache } from './local-result-cache';
 import { ShadowTraffic } from './shadow-traffic';
+import { TrafficReporter } from './traffic-reporter';
 import { CacheAdapter } from './upstreams.adapter';
 import { VersionResolver } from './version-resolver';
 
@@ -37,13 +38,14 @@ export class InferenceRouter {
   private readonly local: LocalResultCache;
   /** Inferences running for cache misses, by cache key: identical misses join them. */
   private readonly inflight = new Map<string, Promise<InferenceResponse>>();
-  private readonly duration: Histogram<'model' | 'cached'>;
+  private readonly duration: Histogram<'model' | 'version' | 'cached'>;
 
   constructor(
     private readonly resolver: VersionResolver,
     private readonly cache: CacheAdapter,
     private readonly batcher: GuardedBatcher,
     private readonly shadow: ShadowTraffic,
+    private readonly traffic: TrafficReporter,
     @Inject(ROUTER_CONFIG) private readonly config: RouterConfig,
     private readonly logger: JsonLogger,
     private readonly labels: ModelLabels,
@@ -70,7 +72,13 @@ export class InferenceRouter {
       'fallback',
       'reason',
     ]);
-    this.duration = metrics.histogram('request_duration_seconds', 'Time to route and answer an inference request.', ['model', 'cached'], LATENCY_BUCKETS_SECONDS, { exemplars: true });
+    this.duration = metrics.histogram(
+      'request_duration_seconds',
+      'Time to route and answer an inference request, successful ones only, by model, the version that answered and whether from a cache.',
+      ['model', 'version', 'cached'],
+      LATENCY_BUCKETS_SECONDS,
+      { exemplars: true },
+    );
   }
 
   async infer(request: InferenceRequest): Promise<InferenceResponse> {
@@ -100,10 +108,13 @@ export class InferenceRouter {
   private async routeAndServe(request: InferenceRequest, start: bigint): Promise<InferenceResponse> {
     const model = request.modelName;
     let version = '';
+    /** The version's resource name, once resolved: its traffic is reported to the registry under it. */
+    let versionName = '';
     try {
       if (model === '') throw RpcError.invalidArgument('the request names no model');
       const resolved = await this.resolver.resolve(model, request.modelVersion, request.routingKey);
-      version = versionIdOf(resolved.version.name);
+      versionName = resolved.version.name;
+      version = versionIdOf(versionName);
       this.routes.inc({ ...this.labels.of(model, version), route: resolved.route });
       requestContext.current()?.span?.setAttributes({ 'infermesh.model': model, 'infermesh.model.version': version, 'infermesh.route': resolved.route });
       this.check(model, resolved.version, request);
@@ -111,13 +122,15 @@ export class InferenceRouter {
       const response = await this.serve(routed, resolved.version.artifact?.sha256 ?? '', resolved.cache);
       const seconds = Number(process.hrtime.bigint() - start) / 1e9;
       this.requests.inc({ ...this.labels.of(model, version), outcome: 'OK' });
-      this.metrics.observe(this.duration, { model: this.labels.model(model), cached: String(response.cached) }, seconds);
+      this.metrics.observe(this.duration, { ...this.labels.of(model, version), cached: String(response.cached) }, seconds);
+      this.traffic.succeeded(versionName, seconds);
       if (resolved.shadow !== undefined) this.shadow.mirror(routed, resolved.shadow, response, seconds * 1000);
       return response;
     } catch (error) {
       const rpcError = toRpcError(error);
       const labels = model === '' ? { model: '(none)', version } : this.labels.of(model, version);
       this.requests.inc({ ...labels, outcome: String(rpcError.code) });
+      if (versionName !== '') this.traffic.failed(versionName, rpcError.code);
       throw rpcError;
     }
   }

@@ -22,6 +22,7 @@ const shape = {
   ROUTER_RETRY_BASE_MS: positiveInt(25),
   ROUTER_RETRY_MAX_MS: positiveInt(250),
   ROUTER_SHADOW_TIMEOUT_MS: positiveInt(10_000),
+  ROUTER_TRAFFIC_REPORT_INTERVAL_MS: positiveInt(1_000),
 };
 
 /** The router's configuration, validated once at start-up. */
@@ -60,6 +61,8 @@ export function loadRouterConfig(env: Env) {
     retry: { attempts: e.ROUTER_RETRY_ATTEMPTS, baseMs: e.ROUTER_RETRY_BASE_MS, maxMs: e.ROUTER_RETRY_MAX_MS },
     /** Deadline of a mirrored request on a shadow version. */
     shadowTimeoutMs: e.ROUTER_SHADOW_TIMEOUT_MS,
+    /** How often what each version served is reported to the registry (ReportTraffic), for its automatic rollouts. */
+    trafficReportIntervalMs: e.ROUTER_TRAFFIC_REPORT_INTERVAL_MS,
   };
 }
 

@@ -7,6 +7,7 @@ import { InferenceRouter } from './inference-router';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { RouterGrpcController } from './router.grpc';
 import { ShadowTraffic } from './shadow-traffic';
+import { TrafficReporter } from './traffic-reporter';
 import { BatcherAdapter, CacheAdapter, RegistryAdapter } from './upstreams.adapter';
 import { VersionResolver } from './version-resolver';
 
@@ -23,6 +24,7 @@ export class RouterModule {
         CacheAdapter,
         BatcherAdapter,
         GuardedBatcher,
+        TrafficReporter,
         ShadowTraffic,
         VersionResolver,
         // Model and version names become metric labels only when registered: known to the resolver.

@@ -10,6 +10,7 @@ import type { Counter, Histogram } from 'prom-client';
 import { GuardedBatcher } from './guarded-batcher';
 import { compareOutputs } from '@infermesh/tensors';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
+import { TrafficReporter } from './traffic-reporter';
 
 type Labels = 'model' | 'primary' | 'shadow';
 
@@ -18,7 +19,8 @@ type Labels = 'model' | 'primary' | 'shadow';
  * under its own deadline, after the client has its answer, which it never delays, changes or fails.
  * The shadow's outputs are compared with the served ones and the comparison exported per model,
  * primary and shadow version: top-1 agreement, largest absolute difference, relative L2 distance and
- * the difference in latency.
+ * the difference in latency. The items compared and agreed also go to the registry, under the shadow
+ * version (TrafficReporter), for its automatic rollouts.
  */
 @Injectable()
 export class ShadowTraffic {
@@ -35,6 +37,7 @@ export class ShadowTraffic {
     @Inject(ROUTER_CONFIG) private readonly config: RouterConfig,
     private readonly logger: JsonLogger,
     private readonly modelLabels: ModelLabels,
+    private readonly traffic: TrafficReporter,
     metrics: Metrics,
   ) {
     const labels: Labels[] = ['model', 'primary', 'shadow'];
@@ -75,6 +78,7 @@ export class ShadowTraffic {
           const comparison = compareOutputs(served.outputs, response.outputs);
           this.items.inc(labels, comparison.items);
           this.agreed.inc(labels, comparison.agreed);
+          this.traffic.shadowCompared(shadow.name, comparison.items, comparison.agreed);
           if (comparison.mismatched > 0) this.mismatched.inc(labels, comparison.mismatched);
           this.maxAbsDiff.observe(labels, comparison.maxAbsDiff);
           this.relativeL2.observe(labels, comparison.relativeL2);

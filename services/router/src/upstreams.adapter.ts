@@ -1,10 +1,10 @@
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
-import { create } from '@bufbuild/protobuf';
+import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { createClient, toRpcError } from '@infermesh/grpc';
 import { BatcherService } from '@infermesh/proto/gen/infermesh/batcher/v1/batcher_pb';
 import { CacheService, type StoreRequest, StoreRequestSchema } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type Model, type ModelVersion, RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { type Model, type ModelVersion, RegistryService, type ReportTrafficRequestSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger } from '@infermesh/telemetry';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 
@@ -31,6 +31,11 @@ export class RegistryAdapter implements OnApplicationShutdown {
     const { model: found } = await this.client.getModel({ name: `models/${model}` }, { timeoutMs: RESOLVE_TIMEOUT_MS });
     if (found === undefined) throw new Error(`registry answered models/${model} with nothing`);
     return found;
+  }
+
+  /** Reports what each version served since the router's last accepted report; rejects when the registry did not take it. */
+  async reportTraffic(request: MessageInitShape<typeof ReportTrafficRequestSchema>, deadlineMs: number): Promise<void> {
+    await this.client.reportTraffic(request, { deadlineMs });
   }
 
   onApplicationShutdown(): void {

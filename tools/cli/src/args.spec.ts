@@ -2,9 +2,12 @@ import {
   command,
   type GroupSpec,
   parseCommandLine,
+  parseDuration,
+  parseFraction,
   parseInteger,
   parseKeyValue,
   parsePercent,
+  parsePositive,
   parseSeconds,
   parseVersionId,
   parseVersionShare,
@@ -121,6 +124,9 @@ describe('argument values', () => {
     expect(parseKeyValue('a=b=c', '--label')).toEqual(['a', 'b=c']);
     expect(parseKeyValue('a=', '--label')).toEqual(['a', '']);
     expect(parseVersionShare('3=25', '--variant')).toEqual({ version: '3', percent: 25 });
+    expect([parseDuration('500ms', '--interval'), parseDuration('30s', '--interval'), parseDuration('1.5m', '--interval')]).toEqual([500, 30_000, 90_000]);
+    expect([parseFraction('0', '--min-agreement', '0.99'), parseFraction('1', '--min-agreement', '0.99')]).toEqual([0, 1]);
+    expect(parsePositive('1.2', '--max-p99-ratio', '1.2')).toBe(1.2);
   });
 
   it.each([
@@ -134,6 +140,11 @@ describe('argument values', () => {
     [() => parsePercent('', '--percent'), '--percent must be a percent from 0 to 100, got ""'],
     [() => parseKeyValue('=b', '--label'), '--label must look like key=value, got "=b"'],
     [() => parseVersionShare('3=x', '--variant'), '--variant "3=x": the percent must be a percent from 0 to 100, got "x"'],
+    [() => parseDuration('60', '--interval'), '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "60"'],
+    [() => parseDuration('-1s', '--interval'), '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "-1s"'],
+    [() => parseDuration('0.5ms', '--interval'), '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "0.5ms"'],
+    [() => parseFraction('1.5', '--min-agreement', '0.99'), '--min-agreement must be a fraction from 0 to 1, such as 0.99, got "1.5"'],
+    [() => parsePositive('0', '--max-p99-ratio', '1.2'), '--max-p99-ratio must be a number above 0, such as 1.2, got "0"'],
   ])('refuses a bad value: %#', (parse, message) => {
     expect(parse).toThrow(new UsageError(message));
   });

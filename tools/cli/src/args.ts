@@ -1,3 +1,4 @@
+import { parseDurationMs } from '@infermesh/mesh';
 import { UsageError } from './cli-errors';
 
 /** A flag of a command: `--name <value>`, a repeatable `--label <k=v>`, or a switch `--pin`. */
@@ -228,6 +229,15 @@ export function parseSeconds(value: string, what: string): number {
   return n;
 }
 
+/** A duration with its unit, such as 30s, 1m or 500ms (ms, s, m, h), in whole milliseconds from 0 up. */
+export function parseDuration(value: string, what: string): number {
+  const ms = parseDurationMs(value);
+  if (ms === undefined || ms < 0 || !Number.isSafeInteger(ms)) {
+    throw new UsageError(`${what} must be a duration with its unit, such as 30s, 1m or 500ms, got "${value}"`);
+  }
+  return ms;
+}
+
 /** A number of requests per second from 0 up, decimals allowed. */
 export function parseRate(value: string, what: string): number {
   const n = Number(value);
@@ -239,6 +249,20 @@ export function parseRate(value: string, what: string): number {
 export function parseNonNegative(value: string, what: string, example: string): number {
   const n = Number(value);
   if (value.trim() === '' || !Number.isFinite(n) || n < 0) throw new UsageError(`${what} must be a number from 0 up, such as ${example}, got "${value}"`);
+  return n;
+}
+
+/** A number above 0, decimals allowed, such as `example`. */
+export function parsePositive(value: string, what: string, example: string): number {
+  const n = Number(value);
+  if (value.trim() === '' || !Number.isFinite(n) || n <= 0) throw new UsageError(`${what} must be a number above 0, such as ${example}, got "${value}"`);
+  return n;
+}
+
+/** A fraction from 0 to 1, such as `example`. */
+export function parseFraction(value: string, what: string, example: string): number {
+  const n = Number(value);
+  if (value.trim() === '' || !Number.isFinite(n) || n < 0 || n > 1) throw new UsageError(`${what} must be a fraction from 0 to 1, such as ${example}, got "${value}"`);
   return n;
 }
 

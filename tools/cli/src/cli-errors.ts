@@ -1,7 +1,7 @@
 /** Exit statuses of the `infermesh` command. */
 export const EXIT = {
   ok: 0,
-  /** The operation failed: the server refused it, a version FAILED, a wait timed out. */
+  /** The operation failed: the server refused it, a version FAILED, a wait timed out, an automatic rollout was rolled back or aborted. */
   failed: 1,
   /** The command line is wrong: unknown command or flag, missing or malformed value, no API key. */
   usage: 2,

@@ -29,7 +29,8 @@ Environment (up):
   INFERMESH_READY_TIMEOUT_MS  How long to wait for the system to be ready (default 120000)
 
 Exit status: 0 done; 1 the operation failed (the gateway refused it, a version FAILED, a wait timed
-out); 2 usage error (unknown command or flag, bad value, no API key); 3 the gateway cannot be reached.`;
+out, an automatic rollout followed with --wait was rolled back or aborted); 2 usage error (unknown
+command or flag, bad value, no API key); 3 the gateway cannot be reached.`;
 
 /** Every command of `infermesh`. */
 export const COMMANDS: GroupSpec<CommandHandler> = {

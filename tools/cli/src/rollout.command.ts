@@ -14,7 +14,8 @@ import { UsageError } from './cli-errors';
 import type { CommandContext, CommandHandler } from './command-context';
 import { GATEWAY_FLAGS } from './gateway-flags';
 import { getModel } from './models.command';
-import { formatRollout } from './output/format';
+import { formatFullRollout, formatRolloutHistory } from './output/auto-rollout-format';
+import { AUTO_ROLLOUT_FLAGS, autoRollout } from './rollout-auto';
 
 /**
  * Pins the stable version when the policy leaves it to "the latest READY version", so that a version
@@ -59,19 +60,24 @@ async function setPolicy(ctx: CommandContext, change: (policy: RolloutPolicy) =>
   const session = ctx.gateway();
   const { model } = await session.registry.setRolloutPolicy({ model: current.name, policy }, session.call());
   if (model === undefined) throw new Error(`the gateway returned no model for ${current.name}`);
-  ctx.result(ModelSchema, model, () => formatRollout(model));
+  ctx.result(ModelSchema, model, () => formatFullRollout(model, Date.now()));
 }
 
 async function update(ctx: CommandContext, action: MessageInitShape<typeof UpdateRolloutRequestSchema>['action']): Promise<void> {
   const session = ctx.gateway();
   const { model } = await session.registry.updateRollout({ model: `models/${ctx.args.positionals[0]!}`, action }, session.call());
   if (model === undefined) throw new Error(`the gateway returned no model for "${ctx.args.positionals[0]}"`);
-  ctx.result(ModelSchema, model, () => formatRollout(model));
+  ctx.result(ModelSchema, model, () => formatFullRollout(model, Date.now()));
 }
 
 async function show(ctx: CommandContext): Promise<void> {
   const model = await getModel(ctx, ctx.args.positionals[0]!);
-  ctx.result(ModelSchema, model, () => formatRollout(model));
+  ctx.result(ModelSchema, model, () => formatFullRollout(model, Date.now()));
+}
+
+async function history(ctx: CommandContext): Promise<void> {
+  const model = await getModel(ctx, ctx.args.positionals[0]!);
+  ctx.result(ModelSchema, model, () => formatRolloutHistory(model));
 }
 
 async function stable(ctx: CommandContext): Promise<void> {
@@ -139,15 +145,47 @@ const STABLE_FLAG = {
 export const ROLLOUT_GROUP: GroupSpec<CommandHandler> = {
   kind: 'group',
   name: 'rollout',
-  summary: "Spread a model's traffic over its versions: canary, A/B, shadow, fallback, promote, roll back",
+  summary: "Spread a model's traffic over its versions: canary, A/B, shadow, fallback, promote, roll back, automatic rollouts",
   flags: GATEWAY_FLAGS,
   commands: [
     command<CommandHandler>({
       name: 'show',
-      summary: "Show a model's rollout: stable version, canary, variants, shadow, fallback",
+      summary: "Show a model's rollout: stable version, canary, variants, shadow, fallback, and its automatic rollout",
+      details:
+        "An automatic rollout shows with its phase, canary and stable versions, step and share, time in the step,\nreason, analysis, and the figures it last checked: each version's requests, errors, p99 and shadow\nagreement, and each gate's value against its threshold (passed, FAILED, or not checked and why).",
       positionals: [NAME],
       flags: [],
       handler: show,
+    }),
+    command<CommandHandler>({
+      name: 'auto',
+      summary: 'Roll a version out automatically: the registry moves it through the steps while it holds up on every gate',
+      details: [
+        'The version becomes the canary at the first step\'s share. A step passes once --interval has gone by,',
+        'the canary has served --min-requests in it and every gate holds against the stable version; the',
+        'gates are checked as soon as the canary has served --min-requests, so the first gate it fails rolls it',
+        'back at once. After the last step it is promoted and the old stable version drains. Any manual',
+        'rollout change (canary, weights, promote, rollback, pause...) pauses it; --resume goes on.',
+        '--wait exits 0 once it is promoted, 1 when it is rolled back or aborted.',
+      ].join('\n'),
+      positionals: [NAME],
+      flags: AUTO_ROLLOUT_FLAGS,
+      handler: autoRollout,
+    }),
+    command<CommandHandler>({
+      name: 'pause',
+      summary: "Pause the model's automatic rollout where it is; the traffic split stays (resume: auto --resume)",
+      positionals: [NAME],
+      flags: [],
+      handler: (ctx) => update(ctx, { case: 'pause', value: true }),
+    }),
+    command<CommandHandler>({
+      name: 'history',
+      summary: "List the decisions of the model's automatic rollouts, oldest first, with the figures each was made on",
+      details: 'With --json, the model, whose rolloutHistory holds them (the last 100).',
+      positionals: [NAME],
+      flags: [],
+      handler: history,
     }),
     command<CommandHandler>({
       name: 'stable',

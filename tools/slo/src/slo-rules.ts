@@ -22,7 +22,7 @@ import {
 export const GATEWAY_INFERENCES = 'infermesh_gateway_inference_requests_total';
 /** Public API requests by protocol, endpoint and code, timed by the gateway: has no model label. */
 export const GATEWAY_DURATION = 'infermesh_gateway_request_duration_seconds';
-/** Successful inference requests by model and cached, timed by the router from arrival to answer. */
+/** Successful inference requests by model, the version that served them and cached, timed by the router from arrival to answer. */
 export const ROUTER_DURATION = 'infermesh_router_request_duration_seconds';
 /** The gateway's `endpoint` values of inference: the gRPC method and the REST route templates. */
 export const INFERENCE_ENDPOINTS = ['ModelInfer', 'POST /v2/models/:model/infer', 'POST /v2/models/:model/versions/:version/infer'] as const;

@@ -103,6 +103,8 @@ export function fakeRegistry() {
     retireModelVersion: notUsed,
     deleteModel: notUsed,
     quantizeModelVersion: notUsed,
+    startAutoRollout: notUsed,
+    reportTraffic: notUsed,
     watchModels: notUsed,
     async getModel({ name }: { name: string }) {
       return { model: find(name) };

@@ -1,21 +1,26 @@
 import { clone, create, type MessageInitShape } from '@bufbuild/protobuf';
-import { timestampNow } from '@bufbuild/protobuf/wkt';
+import { timestampFromMs, timestampNow } from '@bufbuild/protobuf/wkt';
 import { status } from '@grpc/grpc-js';
 import { type CallContext, GrpcServer, RpcError, type ServiceImpl } from '@infermesh/grpc';
 import {
+  AutoRolloutPhase,
+  AutoRolloutSchema,
   type Model,
   ModelSchema,
   type ModelVersion,
   ModelVersionSchema,
   RegistryService,
   type QuantizeModelVersionRequest,
+  RolloutDecision,
+  RolloutEventSchema,
+  RolloutPolicySchema,
   VersionState,
   type WatchModelsRequest,
   type WatchModelsResponse,
   WatchModelsResponseSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ApiKeyService } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
-import { modelNameOf } from '@infermesh/rollout';
+import { modelIdOf, modelNameOf, stableVersion, versionIdOf } from '@infermesh/rollout';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { createHash } from 'node:crypto';
 import { FakeApiKeys } from './fake-api-keys';
@@ -27,6 +32,26 @@ export interface RecordedCall {
   method: string;
   request: unknown;
   authorization: string | undefined;
+}
+
+/** The phase an automatic rollout is in after a decision. */
+const PHASE_AFTER: Record<RolloutDecision, AutoRolloutPhase> = {
+  [RolloutDecision.UNSPECIFIED]: AutoRolloutPhase.UNSPECIFIED,
+  [RolloutDecision.STARTED]: AutoRolloutPhase.PROGRESSING,
+  [RolloutDecision.ADVANCED]: AutoRolloutPhase.PROGRESSING,
+  [RolloutDecision.RESUMED]: AutoRolloutPhase.PROGRESSING,
+  [RolloutDecision.PAUSED]: AutoRolloutPhase.PAUSED,
+  [RolloutDecision.PROMOTED]: AutoRolloutPhase.PROMOTED,
+  [RolloutDecision.ROLLED_BACK]: AutoRolloutPhase.ROLLED_BACK,
+  [RolloutDecision.ABORTED]: AutoRolloutPhase.ABORTED,
+};
+
+/** What a decision of the registry's automatic rollout says besides itself. */
+export interface FakeDecision {
+  reason?: string;
+  figures?: MessageInitShape<typeof RolloutEventSchema>['figures'];
+  /** Epoch milliseconds; default now. */
+  atMs?: number;
 }
 
 /** An upload as it arrived: the size of each chunk and the expected_sha256 values sent with it. */
@@ -49,11 +74,14 @@ export class FakeRegistry implements Impl {
   readonly uploads: RecordedUpload[] = [];
   readonly artifacts = new Map<string, Uint8Array>();
   afterSnapshot: ((registry: FakeRegistry) => void) | undefined;
+  /** Runs before GetModel answers: where a spec makes the registry's rollout decisions as a follower polls. */
+  beforeGetModel: ((registry: FakeRegistry) => void) | undefined;
   /** What QuantizeModelVersion answers (the derivation is the registry's, outside the CLI); unset: UNIMPLEMENTED. */
   quantizeAnswer: ((request: QuantizeModelVersionRequest) => ModelVersion) | undefined;
   private readonly models = new Map<string, Model>();
   private readonly followers = new Set<(change: WatchModelsResponse) => void>();
   private revision = 0n;
+  private rollouts = 0;
 
   constructor(private readonly apiKey: string) {}
 
@@ -77,6 +105,46 @@ export class FakeRegistry implements Impl {
     version.state = state;
     version.stateReason = reason;
     version.warmUpError = warmUpError;
+    this.changed(model);
+  }
+
+  /**
+   * A decision of the model's automatic rollout, as the registry's analysis would make it: the
+   * rollout's phase follows, ADVANCED moves it to the next step (its share becomes the canary's),
+   * and the decision joins the model's history with the figures given.
+   */
+  decide(modelName: string, decision: RolloutDecision, details: FakeDecision = {}): void {
+    const model = this.existing(modelName);
+    const rollout = model.autoRollout;
+    if (rollout === undefined) throw new Error(`${modelName} has no automatic rollout`);
+    const at = timestampFromMs(details.atMs ?? Date.now());
+    if (decision === RolloutDecision.ADVANCED) {
+      rollout.step += 1;
+      rollout.stepStartTime = at;
+      if (model.rollout?.canary !== undefined) model.rollout.canary.percent = rollout.analysis?.steps[rollout.step] ?? 100;
+    }
+    rollout.phase = PHASE_AFTER[decision];
+    rollout.reason = details.reason ?? '';
+    rollout.updateTime = at;
+    const event = create(RolloutEventSchema, {
+      time: at,
+      rolloutId: rollout.id,
+      version: rollout.canaryVersion,
+      decision,
+      step: rollout.step,
+      percent: rollout.analysis?.steps[rollout.step] ?? 0,
+      reason: rollout.reason,
+      ...(details.figures !== undefined && { figures: details.figures }),
+    });
+    if (event.figures !== undefined) rollout.figures = event.figures;
+    // The trial ends: the canary takes everything, or nothing and is marked with the reason.
+    if (decision === RolloutDecision.PROMOTED) model.rollout = create(RolloutPolicySchema, { stableVersion: rollout.canaryVersion });
+    if (decision === RolloutDecision.ROLLED_BACK) {
+      model.rollout = create(RolloutPolicySchema, { stableVersion: rollout.stableVersion });
+      const canary = model.versions.find((v) => versionIdOf(v.name) === rollout.canaryVersion);
+      if (canary !== undefined) canary.rollbackReason = rollout.reason;
+    }
+    model.rolloutHistory.push(event);
     this.changed(model);
   }
 
@@ -136,6 +204,7 @@ export class FakeRegistry implements Impl {
 
   getModel: Impl['getModel'] = async (request, ctx) => {
     this.admit('getModel', request, ctx);
+    this.beforeGetModel?.(this);
     return { model: this.existing(request.name) };
   };
 
@@ -198,7 +267,45 @@ export class FakeRegistry implements Impl {
 
   updateRollout: Impl['updateRollout'] = async (request, ctx) => {
     this.admit('updateRollout', request, ctx);
-    return { model: this.existing(request.model) };
+    const model = this.existing(request.model);
+    if (request.action.case === 'pause') {
+      if (model.autoRollout?.phase !== AutoRolloutPhase.PROGRESSING) {
+        throw new RpcError(status.FAILED_PRECONDITION, `model "${modelIdOf(model.name)}" has no automatic rollout in progress`);
+      }
+      this.decide(model.name, RolloutDecision.PAUSED, { reason: 'paused by UpdateRollout' });
+    }
+    return { model };
+  };
+
+  /** Starts an automatic rollout at its first step (the version READY), or resumes a paused one; the steps after are the spec's to decide. */
+  startAutoRollout: Impl['startAutoRollout'] = async (request, ctx) => {
+    this.admit('startAutoRollout', request, ctx);
+    const model = this.existing(request.model);
+    const id = modelIdOf(model.name);
+    if (request.resume) {
+      if (model.autoRollout?.phase !== AutoRolloutPhase.PAUSED) throw new RpcError(status.FAILED_PRECONDITION, `model "${id}" has no paused automatic rollout`);
+      this.decide(model.name, RolloutDecision.RESUMED, { reason: 'resumed by StartAutoRollout' });
+      return { model };
+    }
+    const version = model.versions.find((v) => versionIdOf(v.name) === request.version);
+    if (version?.state !== VersionState.READY) throw new RpcError(status.FAILED_PRECONDITION, `version ${request.version} of model "${id}" is not READY`);
+    const stable = stableVersion(model);
+    const now = timestampNow();
+    model.autoRollout = create(AutoRolloutSchema, {
+      id: `rollout-${++this.rollouts}`,
+      canaryVersion: request.version,
+      stableVersion: stable === undefined ? '' : versionIdOf(stable.name),
+      ...(request.analysis !== undefined && { analysis: request.analysis }),
+      phase: AutoRolloutPhase.PROGRESSING,
+      startTime: now,
+      stepStartTime: now,
+    });
+    model.rollout = create(RolloutPolicySchema, {
+      stableVersion: model.autoRollout.stableVersion,
+      canary: { version: request.version, percent: request.analysis?.steps[0] ?? 100 },
+    });
+    this.decide(model.name, RolloutDecision.STARTED, { reason: `waiting for ${request.analysis?.minRequests ?? 0n} canary requests` });
+    return { model };
   };
 
   async *watchModels(request: WatchModelsRequest, ctx: CallContext): AsyncGenerator<MessageInitShape<typeof WatchModelsResponseSchema>> {
@@ -242,6 +349,10 @@ export class FakeRegistry implements Impl {
 
   setCachePolicy: Impl['setCachePolicy'] = async () => {
     throw unimplemented('SetCachePolicy');
+  };
+
+  reportTraffic: Impl['reportTraffic'] = async () => {
+    throw new RpcError(status.UNIMPLEMENTED, "ReportTraffic is the routers' own, sent straight to the registry; the CLI does not use it");
   };
 
   private admit(method: string, request: unknown, ctx: CallContext): void {

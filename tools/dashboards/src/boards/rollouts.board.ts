@@ -15,6 +15,8 @@ function versionShare(routes: string): string {
   return `${sumRate(ROUTED, selector, ['model', 'version'])} / on (model) group_left () ${sumRate(ROUTED, selector, ['model'])}`;
 }
 
+const PHASE = 'infermesh_registry_rollout_phase';
+
 const CIRCUIT_STATES = valueText({
   0: { text: 'closed', color: 'green' },
   1: { text: 'half-open', color: 'orange' },
@@ -26,7 +28,7 @@ export function rolloutsBoard(): dashboard.Dashboard {
     uid: 'infermesh-rollouts',
     title: 'infermesh / Rollouts',
     description:
-      "How the router splits each model's traffic between its versions (stable, canary, A/B variants), how a shadow version compares with the served one, the fallback model's answers and each version's circuit breaker.",
+      "How the router splits each model's traffic between its versions (stable, canary, A/B variants), where each automatic rollout stands, how a shadow version compares with the served one, the fallback model's answers and each version's circuit breaker.",
     tags: ['rollouts', 'router'],
     variables: [labelVariable('model', 'Model', 'Models the router has routed.', `label_values(${ROUTED}, model)`)],
     rows: [
@@ -75,6 +77,35 @@ export function rolloutsBoard(): dashboard.Dashboard {
             min: 0,
             max: 1,
             queries: [{ expr: versionShare('route="variant"'), legend: '{{model}} v{{version}}' }],
+          }),
+        ],
+      },
+      {
+        title: 'Automatic rollouts',
+        panels: [
+          statPanel({
+            title: 'Automatic rollout phase now',
+            description:
+              "The phase of each model's automatic rollout (its last one): progressing, paused (by a manual rollout change), promoted, rolled_back (a gate failed: `npx infermesh rollout history` says which, with the figures) or aborted.",
+            unit: 'short',
+            span: 6,
+            queries: [{ expr: `max by (model, phase) (${PHASE}${sel(MODEL)}) > 0`, legend: '{{model}}: {{phase}}' }],
+          }),
+          timeSeries({
+            title: 'Canary percent set by the registry',
+            description: "The share of requests each model's canary is given, in percent: an automatic rollout moves it step by step, to 100 before it promotes, to 0 when it rolls back.",
+            unit: 'percent',
+            span: 9,
+            min: 0,
+            max: 100,
+            queries: [{ expr: `max by (model) (infermesh_registry_rollout_canary_percent${sel(MODEL)})`, legend: '{{model}}' }],
+          }),
+          timeSeries({
+            title: 'Automatic rollout decisions',
+            description: 'Decisions of automatic rollouts per time step, by model and decision: started, advanced (a step passed), promoted, rolled_back, paused, resumed, aborted.',
+            unit: 'short',
+            span: 9,
+            queries: [{ expr: sumIncrease('infermesh_registry_rollout_decisions_total', sel(MODEL), ['model', 'decision']), legend: '{{model}} {{decision}}' }],
           }),
         ],
       },

@@ -1,0 +1,20 @@
+import { ConfigError } from '@infermesh/config';
+import { loadRouterConfig } from './router.config';
+
+describe(loadRouterConfig.name, () => {
+  it('reports traffic to the registry every second unless ROUTER_TRAFFIC_REPORT_INTERVAL_MS says otherwise', () => {
+    expect(loadRouterConfig({}).trafficReportIntervalMs).toBe(1_000);
+    expect(loadRouterConfig({ ROUTER_TRAFFIC_REPORT_INTERVAL_MS: '250' }).trafficReportIntervalMs).toBe(250);
+  });
+
+  it.each(['0', '-5', '1.5', 'soon'])('refuses ROUTER_TRAFFIC_REPORT_INTERVAL_MS=%s, naming it', (value) => {
+    let error: unknown;
+    try {
+      loadRouterConfig({ ROUTER_TRAFFIC_REPORT_INTERVAL_MS: value });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    expect((error as ConfigError).problems.join('\n')).toMatch(new RegExp(`^ROUTER_TRAFFIC_REPORT_INTERVAL_MS: .*\\(got "${value}"\\)`));
+  });
+});
