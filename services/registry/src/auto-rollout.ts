@@ -186,7 +186,7 @@ export function startAutoRollout(model: Model, versionId: string, analysis: Auto
   }
   const stable = stableVersionOutside(model, versionId);
   if (stable === undefined) {
-    throw new RpcError(status.FAILED_PRECONDITION, `auto rollout: model "${modelId}" has no READY stable version besides ${versionId} to compare the canary with`, {
+    throw new RpcError(status.FAILED_PRECONDITION, `auto rollout: model "${modelId}" has no READY stable version besides ${versionId} to compare the canary with; pin the serving version (rollout stable) before registering the next one, so that it keeps serving`, {
       reason: 'NO_STABLE_VERSION',
       metadata: { model: modelId, version: versionId },
     });
