@@ -21,7 +21,8 @@ const WARN_EVERY_MS = 60_000;
 /**
  * What each model version served, reported to the registry (ReportTraffic) every
  * ROUTER_TRAFFIC_REPORT_INTERVAL_MS, for its SLO-gated automatic rollouts: the requests it answered,
- * those that failed with the service's error (isServiceError), the latency of the successful ones
+ * those that failed (any error but CANCELLED) and, among them, those with the service's error
+ * (isServiceError), the latency of the successful ones
  * over LATENCY_BUCKETS_SECONDS, and, while it ran as a shadow, the output items compared and those
  * that agreed. Versions are keyed by their resource names, not by the metric labels (which fold rare
  * names together).
@@ -74,7 +75,7 @@ export class TrafficReporter implements OnApplicationBootstrap, BeforeApplicatio
     counters.latencyCounts[i] = (counters.latencyCounts[i] ?? 0n) + 1n;
   }
 
-  /** A request the version failed with `code`: the service's error or the client's (counted as a request only). */
+  /** A request the version failed with `code`: a failure unless the client cancelled it, and an error when it is the service's. */
   failed(versionName: string, code: status): void {
     const counters = this.countersOf(versionName);
     counters.requests += 1n;

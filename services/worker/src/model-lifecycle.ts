@@ -219,7 +219,12 @@ export class ModelLifecycle {
       return 'no_room';
     }
     if (entry.retired) this.logger.info('model version retired while it loaded; its session is freed', { name: entry.name });
-    else if (!this.stopped) this.logger.warn('model version load interrupted; it loads again when asked', { name: entry.name, err: entry.reason });
+    else if (!this.stopped) {
+      this.logger.warn('model version load interrupted; the next sync loads it again', { name: entry.name, err: entry.reason });
+      // No reason kept: a version that is still to serve loads again at the next sync (the registry
+      // was unreachable, or the worker was shutting down), not only when a request asks for it.
+      entry.reason = '';
+    }
     return 'interrupted';
   }
 

@@ -106,10 +106,16 @@ class InMemoryRegistry extends ModelRegistry {
 
   /** While set, downloads wait for it. */
   hold: Promise<void> | undefined;
+  /** Downloads to refuse as an unreachable registry does, before serving them again. */
+  refuseDownloads = 0;
 
   async *download(sha256: string): AsyncIterable<Uint8Array> {
     this.downloads += 1;
     await this.hold;
+    if (this.refuseDownloads > 0) {
+      this.refuseDownloads -= 1;
+      throw new Error('No connection established. Last error: connect ECONNREFUSED');
+    }
     const bytes = this.artifacts.get(sha256);
     if (bytes === undefined) throw new Error(`no artifact ${sha256}`);
     for (let offset = 0; offset < bytes.byteLength; offset += MiB) yield bytes.subarray(offset, offset + MiB);
@@ -234,6 +240,17 @@ describe(WorkerModule.name, () => {
     expect(metric(text, 'memory_budget_bytes')).toBe(120 * MiB);
     expect(text).toMatch(/infermesh_worker_inference_compute_seconds_count\{model="m1",version="1",device="cpu"\} [1-9]/);
   }, 90_000);
+
+  it('loads again, at the next sync, a version whose artifact the registry could not serve for a while', async () => {
+    const registry = new InMemoryRegistry();
+    registry.add('tiny', buildTinyModel().bytes);
+    registry.refuseDownloads = 2;
+    worker = await startWorker(registry, {});
+
+    await until(async () => registry.versions.get('models/tiny/versions/1')?.state === VersionState.READY);
+    expect(registry.downloads).toBe(3);
+    expect(metric(await worker.metrics(), 'model_loads_total{outcome="interrupted"}')).toBe(2);
+  });
 
   it('refuses a load that cannot fit beside pinned models with RESOURCE_EXHAUSTED naming the budget, and says SERVING once they are READY', async () => {
     const registry = new InMemoryRegistry();
