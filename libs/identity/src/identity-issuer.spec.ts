@@ -2,43 +2,13 @@ import { createPrivateKey, X509Certificate } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { eventually } from '@infermesh/testing';
+import { eventually, ManualClock } from '@infermesh/testing';
 import { identityPaths } from './identity-files';
-import { type IdentityIssuedEvent, type IdentityIssueFailedEvent, IdentityIssuer, type IssuerClock } from './identity-issuer';
+import { type IdentityIssuedEvent, type IdentityIssueFailedEvent, IdentityIssuer } from './identity-issuer';
 import { type CertificateAuthority, type IssuedIdentity, LocalCa, type ServiceIdentity } from './local-ca';
 import { readIdentity } from './read-identity';
 
 const HOUR_MS = 3600 * 1000;
-
-/** Time that moves only when the spec says so. */
-class FakeClock implements IssuerClock {
-  private ms = Date.now();
-  private timers: { atMs: number; callback: () => void }[] = [];
-
-  now(): number {
-    return this.ms;
-  }
-
-  setTimer(callback: () => void, delayMs: number): () => void {
-    const timer = { atMs: this.ms + delayMs, callback };
-    this.timers.push(timer);
-    return () => {
-      this.timers = this.timers.filter((t) => t !== timer);
-    };
-  }
-
-  /** When the pending timers fire, in ms from now. */
-  pendingInMs(): number[] {
-    return this.timers.map((timer) => timer.atMs - this.ms).sort((a, b) => a - b);
-  }
-
-  advance(ms: number): void {
-    this.ms += ms;
-    const due = this.timers.filter((timer) => timer.atMs <= this.ms);
-    this.timers = this.timers.filter((timer) => timer.atMs > this.ms);
-    for (const timer of due) timer.callback();
-  }
-}
 
 /** The real local CA, made to fail its next `failures` issues: an outage of the CA. */
 class FlakyCa implements CertificateAuthority {
@@ -152,7 +122,7 @@ describe(IdentityIssuer.name, () => {
   });
 
   it('issues again at half-life', async () => {
-    const clock = new FakeClock();
+    const clock = new ManualClock(Date.now());
     const issued = new Events<IdentityIssuedEvent>();
     sut = new IdentityIssuer({ ca, rootDir: join(root, 'half-life'), clock, onIssued: issued.push });
     const dir = await sut.ensure({ service: 'cache', instance: 'cache-0' });
@@ -173,7 +143,7 @@ describe(IdentityIssuer.name, () => {
   });
 
   it('reports a failed rotation and retries it with capped exponential back-off until it succeeds', async () => {
-    const clock = new FakeClock();
+    const clock = new ManualClock(Date.now());
     const flaky = new FlakyCa(ca);
     const issued = new Events<IdentityIssuedEvent>();
     const failed = new Events<IdentityIssueFailedEvent>();
@@ -205,7 +175,7 @@ describe(IdentityIssuer.name, () => {
   });
 
   it('rejects ensure when the first issue fails, and keeps nothing', async () => {
-    const clock = new FakeClock();
+    const clock = new ManualClock(Date.now());
     const flaky = new FlakyCa(ca);
     flaky.failures = 1;
     sut = new IdentityIssuer({ ca: flaky, rootDir: join(root, 'first-fails'), clock });
@@ -219,7 +189,7 @@ describe(IdentityIssuer.name, () => {
 
   it('keeps one identity per instance', async () => {
     const flaky = new FlakyCa(ca);
-    sut = new IdentityIssuer({ ca: flaky, rootDir: join(root, 'once'), clock: new FakeClock() });
+    sut = new IdentityIssuer({ ca: flaky, rootDir: join(root, 'once'), clock: new ManualClock(Date.now()) });
 
     const dirs = await Promise.all([sut.ensure({ service: 'worker', instance: 'worker-0' }), sut.ensure({ service: 'worker', instance: 'worker-0' })]);
     await sut.ensure({ service: 'worker', instance: 'worker-0' });
@@ -232,7 +202,7 @@ describe(IdentityIssuer.name, () => {
   });
 
   it('stops rotating on stop and on release', async () => {
-    const clock = new FakeClock();
+    const clock = new ManualClock(Date.now());
     const flaky = new FlakyCa(ca);
     sut = new IdentityIssuer({ ca: flaky, rootDir: join(root, 'stopped'), clock });
     await sut.ensure({ service: 'worker', instance: 'worker-0' });
@@ -250,7 +220,7 @@ describe(IdentityIssuer.name, () => {
   });
 
   it('keeps rotating when the listener throws', async () => {
-    const clock = new FakeClock();
+    const clock = new ManualClock(Date.now());
     const flaky = new FlakyCa(ca);
     sut = new IdentityIssuer({
       ca: flaky,

@@ -1,26 +1,7 @@
+import { type Clock, MAX_TIMER_MS, systemClock } from '@infermesh/clock';
 import { join } from 'node:path';
 import { writeIdentityFiles } from './identity-files';
 import { type CertificateAuthority, checkInstanceName, type ServiceIdentity } from './local-ca';
-
-/** The clock and timers of an IdentityIssuer; tests pass a fake one. */
-export interface IssuerClock {
-  now(): number;
-  /** Calls `callback` once after `delayMs` (at most MAX_TIMER_MS); returns what cancels it. */
-  setTimer(callback: () => void, delayMs: number): () => void;
-}
-
-/** The longest delay a Node timer holds (2^31 - 1 ms, 24.8 days); a longer one would fire at once. */
-export const MAX_TIMER_MS = 2 ** 31 - 1;
-
-/** Date.now and setTimeout, the timers unref'd: a pending rotation never keeps the process alive. */
-export const systemClock: IssuerClock = {
-  now: () => Date.now(),
-  setTimer(callback, delayMs) {
-    const timer = setTimeout(callback, delayMs);
-    timer.unref();
-    return () => clearTimeout(timer);
-  },
-};
 
 export interface IdentityIssuedEvent {
   identity: ServiceIdentity;
@@ -58,7 +39,7 @@ export interface IdentityIssuerOptions {
   retryInitialMs?: number;
   /** The longest wait between retries. Default 60 s. */
   retryMaxMs?: number;
-  clock?: IssuerClock;
+  clock?: Clock;
 }
 
 export const DEFAULT_IDENTITY_LIFETIME_MS = 4 * 3600 * 1000;
@@ -83,7 +64,7 @@ export class IdentityIssuer {
   private readonly lifetimeMs: number;
   private readonly retryInitialMs: number;
   private readonly retryMaxMs: number;
-  private readonly clock: IssuerClock;
+  private readonly clock: Clock;
   private stopped = false;
 
   constructor(private readonly options: IdentityIssuerOptions) {

@@ -1,3 +1,4 @@
+import { type Clock, systemClock } from '@infermesh/clock';
 import { type Bucket, type BucketState, type Decision, RateLimiter, takeTokens } from './rate-limiter';
 
 /**
@@ -10,13 +11,13 @@ export class MemoryRateLimiter extends RateLimiter {
 
   constructor(
     private readonly maxBuckets = 100_000,
-    private readonly now: () => number = Date.now,
+    private readonly clock: Clock = systemClock,
   ) {
     super();
   }
 
   async take(scope: string, buckets: readonly Bucket[]): Promise<Decision> {
-    const nowMs = this.now();
+    const nowMs = this.clock.now();
     const keys = buckets.map((b) => `${scope}\u0000${b.key}`);
     const { decision, states } = takeTokens(
       buckets,

@@ -1,6 +1,6 @@
 import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
 import { JsonLogger } from '@infermesh/telemetry';
-import { type RedisServer, startRedisServer } from '@infermesh/testing';
+import { type RedisServer, startRedisServer, ManualClock } from '@infermesh/testing';
 import { type Bucket, checkBucket, type RateLimiter } from './rate-limiter';
 import { FallbackRateLimiter, RateLimitStoreUnavailableError } from './rate-limiter.fallback';
 import { MemoryRateLimiter } from './rate-limiter.memory';
@@ -110,12 +110,12 @@ describe.each([
 
 describe(MemoryRateLimiter.name, () => {
   it('keeps at most maxBuckets, dropping full buckets before the least recently used', async () => {
-    let now = 0;
-    const sut = new MemoryRateLimiter(3, () => now);
+    const clock = new ManualClock(0);
+    const sut = new MemoryRateLimiter(3, clock);
     const bucket = (key: string) => ({ key, ratePerS: 1, burst: 2 });
     await sut.take('s', [bucket('a')]);
     await sut.take('s', [bucket('b')]);
-    now = 5_000; // a and b are full again
+    clock.advance(5_000); // a and b are full again
     await sut.take('s', [bucket('c')]);
     await sut.take('s', [bucket('d')]);
     await sut.take('s', [bucket('e')]);

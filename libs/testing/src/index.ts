@@ -6,3 +6,4 @@ export * from './xds-probe';
 export * from './eventually';
 export * from './thrown';
 export * from './relative-l2';
+export * from './manual-clock';

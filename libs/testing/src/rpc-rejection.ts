@@ -9,15 +9,3 @@ export async function rpcRejection(promise: Promise<unknown>): Promise<RpcError>
   expect(error).toBeInstanceOf(RpcError);
   return error as RpcError;
 }
-
-/** The RpcError a synchronous call throws; fails the test when it returns or throws anything else. */
-export function rpcRefusal(call: () => unknown): RpcError {
-  let error: unknown;
-  try {
-    call();
-  } catch (e) {
-    error = e;
-  }
-  expect(error).toBeInstanceOf(RpcError);
-  return error as RpcError;
-}

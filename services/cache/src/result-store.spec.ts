@@ -1,6 +1,6 @@
 import { createRedisClient, type Redis } from '@infermesh/redis';
 import { JsonLogger } from '@infermesh/telemetry';
-import { type RedisServer, startRedisServer } from '@infermesh/testing';
+import { type RedisServer, startRedisServer, ManualClock } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
 import type { ResultStore } from './result-store';
 import { EmbeddedResultStore, ENTRY_OVERHEAD_BYTES } from './result-store.embedded';
@@ -94,6 +94,19 @@ describe(EmbeddedResultStore.name, () => {
     expect(held.byteLength).toBe(2_048);
     expect(held.buffer.byteLength).toBe(2_048);
     expect(held.every((b) => b === 3)).toBe(true);
+  });
+
+  it('answers an entry for its time to live on the clock it is given, then drops it', async () => {
+    const clock = new ManualClock();
+    const sut = new EmbeddedResultStore(1 << 20, clock);
+    const key = randomBytes(32);
+    await sut.set(key, Buffer.alloc(100), 100);
+
+    clock.advance(99);
+    expect(await sut.get(key)).toBeDefined();
+    clock.advance(2);
+    expect(await sut.get(key)).toBeUndefined();
+    expect(sut.heldBytes).toBe(0);
   });
 
   it('does not hold a value larger than its budget', async () => {

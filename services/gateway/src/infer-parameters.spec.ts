@@ -1,10 +1,13 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { rpcRefusal } from '@infermesh/testing';
+import { RpcError } from '@infermesh/grpc';
+import { thrownBy } from '@infermesh/testing';
 import { type InferParameter, InferParameterSchema, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { inferRequestFromGrpc } from './grpc-codec';
 import { edgeParameters, outputClassCounts, parametersFromJson } from './infer-parameters';
 import { inferRequestFromJson } from './rest-codec';
+
+const refusal = (call: () => unknown): RpcError => thrownBy(call, RpcError);
 
 const INPUTS = [{ name: 'x', shape: [1], datatype: 'FP32', data: [1] }];
 const int64 = (value: bigint): InferParameter => create(InferParameterSchema, { parameterChoice: { case: 'int64Param', value } });
@@ -34,7 +37,7 @@ describe(outputClassCounts.name, () => {
     ['a boolean', create(InferParameterSchema, { parameterChoice: { case: 'boolParam', value: true } }), 'got true'],
     ['empty', create(InferParameterSchema), 'got empty'],
   ])('refuses a class_count that is %s with INVALID_ARGUMENT naming the output', (_label, parameter, shown) => {
-    const error = rpcRefusal(() => outputClassCounts([{ name: 'scores', parameters: { class_count: parameter } }]));
+    const error = refusal(() => outputClassCounts([{ name: 'scores', parameters: { class_count: parameter } }]));
     expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
     expect(error.message).toBe(`output "scores": parameter "class_count" must be a positive integer (at most 4294967295), ${shown}`);
   });
@@ -46,8 +49,8 @@ describe(outputClassCounts.name, () => {
         { name: 'scores', parameters: b === undefined ? {} : { class_count: b } },
       ]);
     expect(twice(int64(2n), int64(2n))).toEqual({ scores: 2 });
-    expect(rpcRefusal(() => twice(int64(2n), int64(3n))).message).toBe('output "scores" is requested more than once with different class_count parameters');
-    expect(rpcRefusal(() => twice(int64(2n), undefined)).code).toBe(status.INVALID_ARGUMENT);
+    expect(refusal(() => twice(int64(2n), int64(3n))).message).toBe('output "scores" is requested more than once with different class_count parameters');
+    expect(refusal(() => twice(int64(2n), undefined)).code).toBe(status.INVALID_ARGUMENT);
   });
 });
 
@@ -65,11 +68,11 @@ describe('class_count on requested outputs', () => {
 
   it('is refused in a REST body when it is not a positive integer, naming the output', () => {
     for (const classCount of [0, -2, 2.5, '3', null]) {
-      const error = rpcRefusal(() => inferRequestFromJson('m', '', { inputs: INPUTS, outputs: [{ name: 'scores', parameters: { class_count: classCount } }] }));
+      const error = refusal(() => inferRequestFromJson('m', '', { inputs: INPUTS, outputs: [{ name: 'scores', parameters: { class_count: classCount } }] }));
       expect([error.code, classCount]).toEqual([status.INVALID_ARGUMENT, classCount]);
       expect(error.message).toMatch(/^output "scores"/);
     }
-    expect(rpcRefusal(() => inferRequestFromJson('m', '', { inputs: INPUTS, outputs: [{ name: 'scores', parameters: 5 }] })).message).toContain(
+    expect(refusal(() => inferRequestFromJson('m', '', { inputs: INPUTS, outputs: [{ name: 'scores', parameters: 5 }] })).message).toContain(
       'output "scores" "parameters" must be an object',
     );
   });
@@ -104,7 +107,7 @@ describe(edgeParameters.name, () => {
     ['fractional', double(1.5)],
     ['a string', text('soon')],
   ])('refuses a %s timeout, naming it', (_, timeout) => {
-    const error = rpcRefusal(() => edgeParameters({ timeout }));
+    const error = refusal(() => edgeParameters({ timeout }));
     expect(error.code).toBe(status.INVALID_ARGUMENT);
     expect(error.message).toMatch(/^parameter "timeout" must be a positive integer of microseconds, got /);
   });
@@ -113,11 +116,11 @@ describe(edgeParameters.name, () => {
     expect(edgeParameters({ priority: int64(0n) })).toEqual({ timeoutMs: undefined });
     expect(edgeParameters({ priority: int64(3n) })).toEqual({ timeoutMs: undefined });
     for (const priority of [int64(-1n), double(0.5), text('high')]) {
-      expect(rpcRefusal(() => edgeParameters({ priority })).message).toMatch(/^parameter "priority" must be a non-negative integer/);
+      expect(refusal(() => edgeParameters({ priority })).message).toMatch(/^parameter "priority" must be a non-negative integer/);
     }
   });
 
   it('shows at most 40 characters of a string it refuses', () => {
-    expect(rpcRefusal(() => edgeParameters({ timeout: text('x'.repeat(100_000)) })).message.length).toBeLessThan(150);
+    expect(refusal(() => edgeParameters({ timeout: text('x'.repeat(100_000)) })).message.length).toBeLessThan(150);
   });
 });

@@ -1,3 +1,4 @@
+import { type Clock, systemClock } from '@infermesh/clock';
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { createClient, type ServiceClient } from '@infermesh/grpc';
 import { requestContext } from '@infermesh/telemetry';
@@ -9,7 +10,8 @@ export interface UpstreamHealthOptions {
   timeoutMs: number;
   /** How long an answer is reused, so that probes do not multiply into upstream calls. */
   cacheMs: number;
-  now?: () => number;
+  /** Time (systemClock unless given). */
+  clock?: Clock;
 }
 
 /** What the last probe of one upstream found. */
@@ -25,13 +27,13 @@ export interface UpstreamState {
  */
 export class UpstreamHealth {
   private readonly clients: [string, ServiceClient<typeof Health>][];
-  private readonly now: () => number;
+  private readonly clock: Clock;
   private cached: { at: number; states: Record<string, UpstreamState> } | undefined;
   private inflight: Promise<Record<string, UpstreamState>> | undefined;
 
   constructor(private readonly options: UpstreamHealthOptions) {
     this.clients = Object.entries(options.upstreams).map(([name, address]) => [name, createClient(Health, address)]);
-    this.now = options.now ?? Date.now;
+    this.clock = options.clock ?? systemClock;
   }
 
   /** Whether the named upstream answers SERVING (probed, or the answer of the last `cacheMs`). */
@@ -52,7 +54,7 @@ export class UpstreamHealth {
 
   private async states(): Promise<Record<string, UpstreamState>> {
     const cached = this.cached;
-    if (cached !== undefined && this.now() - cached.at < this.options.cacheMs) return cached.states;
+    if (cached !== undefined && this.clock.now() - cached.at < this.options.cacheMs) return cached.states;
     // Its own context: a shared probe must not be cut short by the deadline of whichever request started it.
     this.inflight ??= requestContext.run({ requestId: 'readiness-probe' }, () => this.probe()).finally(() => {
       this.inflight = undefined;
@@ -71,7 +73,7 @@ export class UpstreamHealth {
         }
       }),
     );
-    const at = this.now();
+    const at = this.clock.now();
     const checkedAt = new Date(at).toISOString();
     const states = Object.fromEntries(results.map(([name, serving]) => [name, { serving, checkedAt }]));
     this.cached = { at, states };

@@ -18,7 +18,7 @@ import {
   type StepMarks,
   whyNotJudgeable,
 } from './auto-rollout';
-import { Clock } from './clock';
+import { Clock } from '@infermesh/clock';
 import { ModelCatalog } from './model-catalog';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
 import { parseModelName } from './resource-names';
@@ -75,7 +75,7 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
       const model = await this.catalog.getModel(request.model);
       const paused = model.autoRollout;
       const marks = paused === undefined ? { canary: undefined, stable: undefined } : await this.marks(modelId, paused.canaryVersion, paused.stableVersion);
-      const stored = await this.catalog.changeModel(modelId, (current) => (current === undefined ? undefined : resumeAutoRollout(current, marks, this.clock.now())));
+      const stored = await this.catalog.changeModel(modelId, (current) => (current === undefined ? undefined : resumeAutoRollout(current, marks, this.clock.date())));
       return this.decided(stored!);
     }
     if (request.version === '') throw RpcError.invalidArgument('auto rollout: the request names no version to roll out');
@@ -85,7 +85,7 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
     const marks = await this.marks(modelId, request.version, stable);
     const id = randomUUID();
     const stored = await this.catalog.changeModel(modelId, (current) =>
-      current === undefined ? undefined : startAutoRollout(current, request.version, analysis, id, marks, this.clock.now()),
+      current === undefined ? undefined : startAutoRollout(current, request.version, analysis, id, marks, this.clock.date()),
     );
     return this.decided(stored!);
   }
@@ -114,7 +114,7 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
   private async judge(model: Model): Promise<void> {
     const rollout = model.autoRollout!;
     const modelId = model.name.slice('models/'.length);
-    const now = this.clock.now();
+    const now = this.clock.date();
     const why = whyNotJudgeable(model, rollout);
     if (why !== undefined) {
       const stored = await this.catalog.changeModel(modelId, (current) => (current !== undefined && abortAutoRollout(current, rollout.id, why, now) ? current : undefined));

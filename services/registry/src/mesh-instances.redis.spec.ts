@@ -1,7 +1,8 @@
+import type { Clock } from '@infermesh/clock';
 import type { MeshInstance } from '@infermesh/mesh';
 import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
 import { JsonLogger } from '@infermesh/telemetry';
-import { eventually, type RedisServer, startRedisServer } from '@infermesh/testing';
+import { eventually, type RedisServer, startRedisServer, ManualClock } from '@infermesh/testing';
 import { MeshInstances } from './mesh-instances';
 import { RedisInstanceMirror } from './mesh-instances.redis';
 
@@ -28,12 +29,12 @@ describe(RedisInstanceMirror.name, () => {
     for (const client of clients.splice(0)) client.disconnect();
   });
 
-  async function replica(name: string, ttlMs = 5_000, now?: () => number): Promise<{ instances: MeshInstances; mirror: RedisInstanceMirror; client: Redis }> {
+  async function replica(name: string, ttlMs = 5_000, clock?: Clock): Promise<{ instances: MeshInstances; mirror: RedisInstanceMirror; client: Redis }> {
     const client = createRedisClient(redis.url, logger, name);
     await waitForRedis(client, 5_000);
     clients.push(client);
-    const instances = new MeshInstances(ttlMs, now);
-    const mirror = new RedisInstanceMirror(instances, client, `test-${expect.getState().currentTestName?.replace(/\W+/g, '-')}:`, name, ttlMs, 50, logger, now);
+    const instances = new MeshInstances(ttlMs, clock);
+    const mirror = new RedisInstanceMirror(instances, client, `test-${expect.getState().currentTestName?.replace(/\W+/g, '-')}:`, name, ttlMs, 50, logger, clock);
     mirrors.push(mirror);
     mirror.start();
     return { instances, mirror, client };
@@ -88,8 +89,7 @@ describe(RedisInstanceMirror.name, () => {
   });
 
   it('the instances of a replica that died (no cleanup) expire after the instance timeout', async () => {
-    let now = Date.now();
-    const clock = () => now;
+    const clock = new ManualClock(Date.now());
     const a = await replica('registry-a', 2_000, clock);
     const b = await replica('registry-b', 2_000, clock);
     a.instances.announce(worker('worker-0'));
@@ -97,10 +97,10 @@ describe(RedisInstanceMirror.name, () => {
 
     // A loses Redis for good (as a killed process does): its entry stays there until it expires.
     a.client.disconnect();
-    now += 1_000;
+    clock.advance(1_000);
     await new Promise((r) => setTimeout(r, 200));
     expect(b.instances.list()).toHaveLength(1);
-    now += 1_500;
+    clock.advance(1_500);
 
     await eventually(() => b.instances.list().length === 0);
   });

@@ -1,3 +1,4 @@
+import { type Clock, systemClock } from '@infermesh/clock';
 import type { MeshInstance } from '@infermesh/mesh';
 import type { Redis } from '@infermesh/redis';
 import type { JsonLogger } from '@infermesh/telemetry';
@@ -72,7 +73,7 @@ export class RedisInstanceMirror {
     private readonly ttlMs: number,
     private readonly pollMs: number,
     private readonly logger: JsonLogger,
-    private readonly now: () => number = Date.now,
+    private readonly clock: Clock = systemClock,
   ) {
     this.key = `${keyPrefix}mesh:instances`;
     this.unsubscribe = instances.onChange(() => {
@@ -116,7 +117,7 @@ export class RedisInstanceMirror {
   }
 
   private async sync(): Promise<void> {
-    const now = this.now();
+    const now = this.clock.now();
     // What this replica holds, each entry's expiry a timeout ahead of its last heartbeat here.
     const mine = new Map<string, string>();
     const args: string[] = [];

@@ -1,17 +1,18 @@
+import { ManualClock } from '@infermesh/testing';
 import type { MeshInstance } from '@infermesh/mesh';
 import { MeshInstances } from './mesh-instances';
 
 const router = (id: string, port = 50052): MeshInstance => ({ service: 'router', id, address: '127.0.0.1', port, labels: {}, healthy: true });
 
 describe(MeshInstances.name, () => {
-  let now: number;
+  let clock: ManualClock;
   let changes: number;
   let sut: MeshInstances;
 
   beforeEach(() => {
-    now = 1_000;
+    clock = new ManualClock(1_000);
     changes = 0;
-    sut = new MeshInstances(5_000, () => now);
+    sut = new MeshInstances(5_000, clock);
     sut.onChange(() => (changes += 1));
   });
 
@@ -48,9 +49,9 @@ describe(MeshInstances.name, () => {
   it('withdraws an instance silent for longer than the timeout, and keeps one that sends heartbeats', () => {
     const a = sut.announce(router('router-0'));
     sut.announce(router('router-1'));
-    now += 4_000;
+    clock.advance(4_000);
     sut.heartbeat('router-0', a, true);
-    now += 2_000;
+    clock.advance(2_000);
 
     expect(sut.sweep()).toBe(true);
     expect(sut.list().map((i) => i.id)).toEqual(['router-0']);

@@ -1,3 +1,4 @@
+import { type Clock, systemClock } from '@infermesh/clock';
 import { MESH_SERVICES, type MeshInstance, type MeshService } from '@infermesh/mesh';
 
 /** An instance announced to another replica of the registry, until when it counts, and since when it is announced. */
@@ -30,7 +31,7 @@ export class MeshInstances {
 
   constructor(
     private readonly timeoutMs: number,
-    private readonly now: () => number = Date.now,
+    private readonly clock: Clock = systemClock,
   ) {}
 
   /** Whether `service` is one of the mesh's services. */
@@ -46,7 +47,7 @@ export class MeshInstances {
   /** Adds or replaces an instance; returns the token its later heartbeats and withdrawal use. */
   announce(instance: MeshInstance): symbol {
     const token = Symbol(instance.id);
-    const now = this.now();
+    const now = this.clock.now();
     this.byId.set(instance.id, { instance, announcedAtMs: now, lastSeenMs: now, token });
     this.changed();
     return token;
@@ -56,7 +57,7 @@ export class MeshInstances {
   heartbeat(id: string, token: symbol, serving: boolean): void {
     const entry = this.byId.get(id);
     if (entry?.token !== token) return;
-    entry.lastSeenMs = this.now();
+    entry.lastSeenMs = this.clock.now();
     if (entry.instance.healthy !== serving) {
       entry.instance = { ...entry.instance, healthy: serving };
       this.changed();
@@ -72,7 +73,7 @@ export class MeshInstances {
 
   /** Withdraws the instances silent for longer than the timeout; true when any was. */
   sweep(): boolean {
-    const cutoff = this.now() - this.timeoutMs;
+    const cutoff = this.clock.now() - this.timeoutMs;
     let removed = false;
     for (const [id, entry] of this.byId) {
       if (entry.lastSeenMs < cutoff) {
@@ -90,7 +91,7 @@ export class MeshInstances {
    * itself to another replica before its old stream here ended).
    */
   list(): MeshInstance[] {
-    const now = this.now();
+    const now = this.clock.now();
     const newest = new Map<string, { instance: MeshInstance; announcedAtMs: number }>();
     for (const entry of [...this.byId.values(), ...this.remote.filter((r) => r.expiresAtMs > now)]) {
       const known = newest.get(entry.instance.id);

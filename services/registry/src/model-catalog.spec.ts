@@ -8,7 +8,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { FilesystemArtifactStore } from './artifact-store.filesystem';
-import { ManualClock } from './clock.testing';
+import { ManualClock } from '@infermesh/testing';
 import { ModelCatalog } from './model-catalog';
 import { EmbeddedModelStore } from './model-store.embedded';
 import { ModelWatch } from './model-watch';

@@ -24,7 +24,7 @@ import { Gauge } from 'prom-client';
 import { ArtifactStore, SHA256_HEX } from './artifact-store';
 import { pauseAutoRollout, phaseName } from './auto-rollout';
 import { checkBatching, sameBatching } from './batching-check';
-import { Clock } from './clock';
+import { Clock } from '@infermesh/clock';
 import { ModelStore, type ModelMutation } from './model-store';
 import { checkLabels, checkUpdateMask, checkVersionPolicy } from './model-update-check';
 import { ModelWatch } from './model-watch';
@@ -95,7 +95,7 @@ export class ModelCatalog implements OnApplicationShutdown {
       });
     }
     const signature = readOnnxSignature(bytes);
-    const now = timestampFromDate(this.clock.now());
+    const now = timestampFromDate(this.clock.date());
     const version = create(ModelVersionSchema, {
       name,
       state: VersionState.REGISTERED,
@@ -185,7 +185,7 @@ export class ModelCatalog implements OnApplicationShutdown {
   /** Changes a model's rollout in one step: promote, roll back or set shares; the result is checked like any policy. */
   async updateRollout(model: string, action: UpdateRolloutRequest['action']): Promise<Model> {
     const modelId = parseModelName(model, 'model');
-    const now = this.clock.now();
+    const now = this.clock.date();
     const stored = await this.mutate(modelId, (current) => {
       const model = existing(current, modelId);
       model.rollout = checkRollout(applyRolloutAction(model, action), model);
@@ -226,7 +226,7 @@ export class ModelCatalog implements OnApplicationShutdown {
     if (fallback !== '' && (await this.store(() => this.models.get(fallback))) === undefined) {
       throw RpcError.invalidArgument(`rollout: the fallback model "${fallback}" does not exist`);
     }
-    const now = this.clock.now();
+    const now = this.clock.date();
     const stored = await this.mutate(modelId, (current) => {
       const model = existing(current, modelId);
       model.rollout = checkRollout(policy, model);
@@ -252,7 +252,7 @@ export class ModelCatalog implements OnApplicationShutdown {
     }
     const stateReason = state === VersionState.FAILED ? reason || 'failed (no reason given)' : '';
     const coldReason = state === VersionState.READY ? bounded(warmUpError) : '';
-    const now = timestampFromDate(this.clock.now());
+    const now = timestampFromDate(this.clock.date());
     let outcome = 'unchanged' as 'recorded' | 'unchanged' | 'ignored';
     const stored = await this.mutate(modelId, (current) => {
       const model = existing(current, modelId);
@@ -337,7 +337,7 @@ export class ModelCatalog implements OnApplicationShutdown {
    */
   async retireVersion(name: string): Promise<ModelVersion> {
     const { modelId, versionId } = parseVersionName(name, 'name');
-    const now = this.clock.now();
+    const now = this.clock.date();
     let retired = false;
     const stored = await this.mutate(modelId, (current) => {
       retired = false;
@@ -387,7 +387,7 @@ export class ModelCatalog implements OnApplicationShutdown {
         { reason: 'MODEL_IN_USE', metadata: { model: modelId } },
       );
     }
-    const now = this.clock.now();
+    const now = this.clock.date();
     const deleted = await this.store(() =>
       this.models.delete(modelId, (current) => {
         const { model } = applyLifecycle(current, now, this.config.drainGraceMs);
@@ -412,7 +412,7 @@ export class ModelCatalog implements OnApplicationShutdown {
    * number of models changed.
    */
   async sweep(): Promise<number> {
-    const now = this.clock.now();
+    const now = this.clock.date();
     let changed = 0;
     // Not through store(): the sweeper retries on its own, without a warning a second while Redis is down.
     for (const model of await this.models.list()) {
@@ -447,7 +447,7 @@ export class ModelCatalog implements OnApplicationShutdown {
    * applies the lifecycle (a version may have drained meanwhile).
    */
   private async mutate(modelId: string, change: ModelMutation): Promise<Model | undefined> {
-    const now = this.clock.now();
+    const now = this.clock.date();
     let transitions: Transition[] = [];
     let wrote = false;
     const stored = await this.store(() =>

@@ -29,7 +29,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { chunksOf } from './artifact-store';
 import { FilesystemArtifactStore } from './artifact-store.filesystem';
-import { Clock } from './clock';
+import { systemClock } from '@infermesh/clock';
 import { ModelCatalog } from './model-catalog';
 import { DEFAULT_MAX_RELATIVE_L2, MAX_CALIBRATION_ELEMENTS, ModelDerivation, QUANTIZATION_METHOD } from './model-derivation';
 import { EmbeddedModelStore } from './model-store.embedded';
@@ -79,7 +79,7 @@ describe(ModelDerivation.name, () => {
   /** A catalog over the metadata file as the registry keeps it, with its own store (and metrics, as a registry started again). */
   function openCatalog(on: Metrics = metrics): ModelCatalog {
     const store = new EmbeddedModelStore(config.metadataFile);
-    return new ModelCatalog(store, artifacts, new Clock(), config, logger, new ModelWatch(store, config, logger, on), on);
+    return new ModelCatalog(store, artifacts, systemClock, config, logger, new ModelWatch(store, config, logger, on), on);
   }
 
   beforeEach(() => {

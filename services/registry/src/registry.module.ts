@@ -5,7 +5,7 @@ import { JsonLogger } from '@infermesh/telemetry';
 import { ArtifactStore } from './artifact-store';
 import { FilesystemArtifactStore } from './artifact-store.filesystem';
 import { ArtifactTransfer } from './artifact-transfer';
-import { Clock } from './clock';
+import { Clock, systemClock } from '@infermesh/clock';
 import { DrainSweeper } from './drain-sweeper';
 import { ModelCatalog } from './model-catalog';
 import { ModelStore } from './model-store';
@@ -59,7 +59,7 @@ export class RegistryModule {
         },
         AutoRollouts,
         { provide: ArtifactStore, useFactory: (): ArtifactStore => new FilesystemArtifactStore(config.artifactDir) },
-        Clock,
+        { provide: Clock, useValue: systemClock },
         OnnxRuntime,
         ModelWatch,
         ModelCatalog,

@@ -1,12 +1,15 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
+import { RpcError } from '@infermesh/grpc';
 import { ReportTrafficRequestSchema, TrafficCountersSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
 import { emptyCounters } from '@infermesh/rollout';
 import { JsonLogger, LATENCY_BUCKETS_SECONDS } from '@infermesh/telemetry';
-import { type RedisServer, startRedisServer, rpcRefusal } from '@infermesh/testing';
+import { type RedisServer, startRedisServer, thrownBy } from '@infermesh/testing';
 import { EmbeddedTrafficLedger, type TrafficLedger, trafficDeltas } from './traffic-ledger';
 import { RedisTrafficLedger } from './traffic-ledger.redis';
+
+const refusal = (call: () => unknown): RpcError => thrownBy(call, RpcError);
 
 const counters = (requests: number, errors: number, latency: Record<number, number> = {}, shadow: [number, number] = [0, 0]) => {
   const c = emptyCounters(LATENCY_BUCKETS_SECONDS);
@@ -79,7 +82,7 @@ describe(trafficDeltas.name, () => {
     ['a malformed name', report({ versions: [{ name: 'tiny/2' }] }), 'versions[0].name'],
     ['too many latency counts', report({ versions: [{ name: 'models/tiny/versions/2', counters: { latencyCounts: new Array<bigint>(40).fill(1n) } }] }), 'versions[0] has 40 latency counts'],
   ])('refuses a report with %s', (_name, request, message) => {
-    const error = rpcRefusal(() => trafficDeltas(request));
+    const error = refusal(() => trafficDeltas(request));
     expect(error.code).toBe(status.INVALID_ARGUMENT);
     expect(error.message).toContain(message);
   });

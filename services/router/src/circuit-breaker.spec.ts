@@ -1,14 +1,15 @@
+import { ManualClock } from '@infermesh/testing';
 import { CircuitBreaker, type CircuitState } from './circuit-breaker';
 
 describe(CircuitBreaker.name, () => {
-  let now = 0;
+  let clock: ManualClock;
   let transitions: CircuitState[];
   let sut: CircuitBreaker;
 
   beforeEach(() => {
-    now = 1_000;
+    clock = new ManualClock(1_000);
     transitions = [];
-    sut = new CircuitBreaker({ failureThreshold: 3, cooldownMs: 500, now: () => now, onTransition: (s) => transitions.push(s) });
+    sut = new CircuitBreaker({ failureThreshold: 3, cooldownMs: 500, clock, onTransition: (s) => transitions.push(s) });
   });
 
   const fail = (times: number) => {
@@ -24,7 +25,7 @@ describe(CircuitBreaker.name, () => {
     fail(1);
     expect(sut.state).toBe('open');
     expect(sut.tryAcquire()).toBe(false);
-    now += 499;
+    clock.advance(499);
     expect(sut.tryAcquire()).toBe(false);
     expect(sut.retryInMs).toBe(1);
     expect(transitions).toEqual(['open']);
@@ -40,7 +41,7 @@ describe(CircuitBreaker.name, () => {
 
   it('after the cool-down lets one probe through at a time; a success closes it', () => {
     fail(3);
-    now += 500;
+    clock.advance(500);
     expect(sut.state).toBe('half_open');
     expect(sut.tryAcquire()).toBe(true);
     expect(sut.tryAcquire()).toBe(false);
@@ -52,7 +53,7 @@ describe(CircuitBreaker.name, () => {
 
   it('opens again at once when the probe fails', () => {
     fail(3);
-    now += 500;
+    clock.advance(500);
     expect(sut.tryAcquire()).toBe(true);
     sut.failed();
     expect(sut.state).toBe('open');
@@ -61,7 +62,7 @@ describe(CircuitBreaker.name, () => {
 
   it('lets another probe through when one was abandoned', () => {
     fail(3);
-    now += 500;
+    clock.advance(500);
     expect(sut.tryAcquire()).toBe(true);
     sut.abandoned();
     expect(sut.state).toBe('half_open');

@@ -1,3 +1,4 @@
+import { type Clock, systemClock } from '@infermesh/clock';
 export type CircuitState = 'closed' | 'open' | 'half_open';
 
 export interface CircuitBreakerOptions {
@@ -7,7 +8,8 @@ export interface CircuitBreakerOptions {
   cooldownMs: number;
   /** Told of every change of state. */
   onTransition?: (to: CircuitState) => void;
-  now?: () => number;
+  /** Time (systemClock unless given). */
+  clock?: Clock;
 }
 
 /**
@@ -20,20 +22,20 @@ export class CircuitBreaker {
   private failures = 0;
   private openedAt = 0;
   private probing = false;
-  private readonly now: () => number;
+  private readonly clock: Clock;
 
   constructor(private readonly options: CircuitBreakerOptions) {
-    this.now = options.now ?? Date.now;
+    this.clock = options.clock ?? systemClock;
   }
 
   get state(): CircuitState {
-    if (this.current === 'open' && this.now() - this.openedAt >= this.options.cooldownMs) this.moveTo('half_open');
+    if (this.current === 'open' && this.clock.now() - this.openedAt >= this.options.cooldownMs) this.moveTo('half_open');
     return this.current;
   }
 
   /** Milliseconds until an open circuit lets a probe through; 0 otherwise. */
   get retryInMs(): number {
-    return this.state === 'open' ? Math.max(0, this.openedAt + this.options.cooldownMs - this.now()) : 0;
+    return this.state === 'open' ? Math.max(0, this.openedAt + this.options.cooldownMs - this.clock.now()) : 0;
   }
 
   /** Whether a call may go now; a half-open circuit lets one through until its outcome is known. */
@@ -62,7 +64,7 @@ export class CircuitBreaker {
     this.probing = false;
     this.failures += 1;
     if (this.current === 'half_open' || (this.current === 'closed' && this.failures >= this.options.failureThreshold)) {
-      this.openedAt = this.now();
+      this.openedAt = this.clock.now();
       this.moveTo('open');
     }
   }

@@ -1,5 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import { InferenceResponseSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { ManualClock } from '@infermesh/testing';
 import { chargeOf, ENTRY_OVERHEAD_BYTES, LocalResultCache, OUTPUT_OVERHEAD_BYTES } from './local-result-cache';
 
 /** A response whose output "y" holds `bytes` bytes. */
@@ -8,14 +9,14 @@ const response = (id: string, bytes: number) => create(InferenceResponseSchema, 
 const charge = (bytes: number) => ENTRY_OVERHEAD_BYTES + 2 + OUTPUT_OVERHEAD_BYTES + 2 + bytes;
 
 describe(LocalResultCache.name, () => {
-  let now = 0;
-  const clock = () => now;
+  const clock = new ManualClock();
 
   it('answers what it holds until it expires', () => {
     const sut = new LocalResultCache(10_000, 100, clock);
     sut.set('a', response('a', 10));
+    clock.advance(99);
     expect(sut.get('a')?.id).toBe('a');
-    now += 100;
+    clock.advance(2);
     expect(sut.get('a')).toBeUndefined();
     expect(sut.size).toBe(0);
   });

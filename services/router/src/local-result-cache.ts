@@ -1,21 +1,17 @@
 import { create } from '@bufbuild/protobuf';
 import { type InferenceResponse, InferenceResponseSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { type Clock, systemClock } from '@infermesh/clock';
+import { LRUCache } from 'lru-cache';
 
 /**
- * What an entry costs beyond its tensors' bytes: the map entry, its key, the entry and response
- * objects. Measured with `node --expose-gc` on 20,000 entries of one 2 KiB output (heap and
- * array-buffer growth): 3,086 bytes an entry really held, 3,484 charged (1,024 + the key's 128 +
- * 256 and the name and shape for the output + 2,048 of data).
+ * What an entry costs beyond its tensors' bytes: lru-cache's map entry and slots for it, its key,
+ * the response objects. Measured with `node --expose-gc` on 20,000 entries of one 2 KiB output
+ * (heap and array-buffer growth): 3,086 bytes an entry really held, 3,484 charged (1,024 + the
+ * key's 128 + 256 and the name and shape for the output + 2,048 of data).
  */
 export const ENTRY_OVERHEAD_BYTES = 1_024;
 /** What each output adds on top of ENTRY_OVERHEAD_BYTES (its message, name, shape and byte array). */
 export const OUTPUT_OVERHEAD_BYTES = 256;
-
-interface Entry {
-  response: InferenceResponse;
-  bytes: number;
-  expiresAt: number;
-}
 
 /**
  * The router's own small result cache in front of the shared cache service: answers a hot request
@@ -29,50 +25,51 @@ interface Entry {
  * is charged its tensors' bytes, its key and a fixed overhead for its objects.
  */
 export class LocalResultCache {
-  private readonly entries = new Map<string, Entry>();
-  private bytes = 0;
+  private readonly entries: LRUCache<string, InferenceResponse>;
 
   constructor(
     private readonly maxBytes: number,
     private readonly ttlMs: number,
-    private readonly now: () => number = Date.now,
-  ) {}
-
-  get(key: string): InferenceResponse | undefined {
-    const entry = this.entries.get(key);
-    if (entry === undefined) return undefined;
-    this.entries.delete(key);
-    if (entry.expiresAt <= this.now()) {
-      this.bytes -= entry.bytes;
-      return undefined;
-    }
-    this.entries.set(key, entry); // the most recently used is last
-    return entry.response;
+    clock: Clock = systemClock,
+  ) {
+    this.entries = new LRUCache<string, InferenceResponse>({
+      // lru-cache wants a positive budget; at 0 (the cache off) set() refuses every entry before it.
+      maxSize: Math.max(maxBytes, 1),
+      allowStale: false,
+      updateAgeOnGet: false,
+      ttlAutopurge: false,
+      ttlResolution: 0,
+      perf: { now: () => clock.now() },
+    });
   }
 
-  /** Holds an answer for `ttlMs`, or this cache's own time when that is shorter or not given. */
+  /** The answer held for `key`, unless it has expired (then it is dropped). */
+  get(key: string): InferenceResponse | undefined {
+    return this.entries.get(key);
+  }
+
+  /**
+   * Holds an answer for `ttlMs`, or this cache's own time when that is shorter or not given. An
+   * answer larger than the whole budget is not held (and does not displace what is held under its key).
+   */
   set(key: string, response: InferenceResponse, ttlMs = this.ttlMs): void {
     const bytes = chargeOf(key, response);
     if (bytes > this.maxBytes) return;
-    const previous = this.entries.get(key);
-    if (previous !== undefined) {
-      this.entries.delete(key);
-      this.bytes -= previous.bytes;
+    const ttl = Math.min(ttlMs, this.ttlMs);
+    if (!(ttl > 0)) {
+      this.entries.delete(key); // expired as soon as held (lru-cache would read a ttl of 0 as "forever")
+      return;
     }
-    this.entries.set(key, { response: ownedCopy(response), bytes, expiresAt: this.now() + Math.min(ttlMs, this.ttlMs) });
-    this.bytes += bytes;
-    for (const [oldest, entry] of this.entries) {
-      if (this.bytes <= this.maxBytes) break;
-      this.entries.delete(oldest);
-      this.bytes -= entry.bytes;
-    }
+    this.entries.set(key, ownedCopy(response), { size: bytes, ttl });
   }
 
   /** Bytes charged to the entries held. */
   get size(): number {
-    return this.bytes;
+    return this.entries.calculatedSize;
   }
 }
+
+
 
 /** What an entry is charged: its tensors' bytes, its key and output names (two bytes a character), and the overheads. */
 export function chargeOf(key: string, response: InferenceResponse): number {

@@ -1,10 +1,13 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { rpcRefusal } from '@infermesh/testing';
+import { RpcError } from '@infermesh/grpc';
+import { thrownBy } from '@infermesh/testing';
 import { DataType, type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type ModelVersion, ModelVersionSchema, type ProcessingSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { decodeBytesElements, fromHalfBits, toHalfBits } from '@infermesh/tensors';
 import { ModelProcessing, printfFixed } from './model-processing';
+
+const refusal = (call: () => unknown): RpcError => thrownBy(call, RpcError);
 
 const bytes = (view: ArrayBufferView) => new Uint8Array(view.buffer, view.byteOffset, view.byteLength);
 const f32 = (values: number[]) => bytes(Float32Array.from(values));
@@ -90,7 +93,7 @@ describe(ModelProcessing.name, () => {
     it('checks a per-position normalization against a dynamic last dimension, naming the input', () => {
       const perColumn = new ModelProcessing(version({ inputNormalizations: [{ input: 'wide', mean: [1, 2] }] }));
       expect(Array.from(new Float64Array(perColumn.preprocess([tensor('wide', DataType.FP64, [2, 2], bytes(Float64Array.from([1, 2, 3, 4])))])[0]!.data.slice().buffer))).toEqual([0, 0, 2, 2]);
-      const error = rpcRefusal(() => perColumn.preprocess([tensor('wide', DataType.FP64, [1, 3], bytes(Float64Array.from([1, 2, 3])))]));
+      const error = refusal(() => perColumn.preprocess([tensor('wide', DataType.FP64, [1, 3], bytes(Float64Array.from([1, 2, 3])))]));
       expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
       expect(error.message).toBe('input "wide" has shape [1,3], but its normalization has 2 values for its last dimension');
     });
@@ -175,7 +178,7 @@ describe(ModelProcessing.name, () => {
       ['an output the request does not return', { half_scores: 1 }, [scores], 'class_count is asked of output "half_scores", which the request does not return'],
       ['a class count of 0', { scores: 0 }, [scores], 'output "scores": class_count must be a positive integer, got 0'],
     ])('refuses %s with INVALID_ARGUMENT / INVALID_TENSOR naming the output', (_label, classCounts, outputs, message) => {
-      const error = rpcRefusal(() => new ModelProcessing(LABELLED).postprocess(outputs, classCounts));
+      const error = refusal(() => new ModelProcessing(LABELLED).postprocess(outputs, classCounts));
       expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
       expect(error.message).toContain(message);
     });
@@ -183,8 +186,8 @@ describe(ModelProcessing.name, () => {
     it('refuses before the model runs what the signature already rules out', () => {
       const sut = new ModelProcessing(LABELLED);
       expect(() => sut.checkClassCounts({ scores: 4, logits: 1000 })).not.toThrow();
-      expect(rpcRefusal(() => sut.checkClassCounts({ scores: 5 })).metadata).toMatchObject({ output: 'scores', class_count: '5' });
-      expect(rpcRefusal(() => sut.checkClassCounts({ flags: 1 })).message).toContain('"flags" is BOOL');
+      expect(refusal(() => sut.checkClassCounts({ scores: 5 })).metadata).toMatchObject({ output: 'scores', class_count: '5' });
+      expect(refusal(() => sut.checkClassCounts({ flags: 1 })).message).toContain('"flags" is BOOL');
     });
   });
 });

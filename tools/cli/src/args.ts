@@ -1,5 +1,7 @@
 import { parseDurationMs } from '@infermesh/mesh';
+import { Argument, type Command, type CommanderError, Option } from 'commander';
 import { UsageError } from './cli-errors';
+import { CliCommand, FLAGS_HEADING, FlagOption, GLOBAL_FLAGS_HEADING } from './help';
 
 /** A flag of a command: `--name <value>`, a repeatable `--label <k=v>`, or a switch `--pin`. */
 export interface FlagSpec {
@@ -60,6 +62,8 @@ export interface Invocation<H> {
   readonly path: readonly string[];
   /** True when --help or -h was given: print the usage of the last node and run nothing. */
   readonly help: boolean;
+  /** With --version: the version to print, and nothing to run. */
+  readonly version?: string;
   readonly args: ParsedArgs;
 }
 
@@ -105,106 +109,229 @@ export function flagsOf<H>(nodes: readonly CommandNode<H>[]): FlagSpec[] {
   return [...nodes.flatMap((node) => node.flags), HELP_FLAG];
 }
 
+/** What a commander command of the program stands for. */
+interface ProgramCommand<H> {
+  /** The nodes from the root to this one. */
+  readonly nodes: readonly CommandNode<H>[];
+  /** The command words: ["models", "register"]. */
+  readonly path: readonly string[];
+}
+
+/** A command tree as commander commands. */
+export interface Program<H> {
+  readonly root: Command;
+  readonly commands: ReadonlyMap<Command, ProgramCommand<H>>;
+}
+
+/** Options of the program: `version` adds `--version` to the root. */
+export interface ProgramOptions {
+  readonly version?: string;
+}
+
 /**
- * Parses a command line against a command tree: the leading words pick a command; flags are
- * `--name value`, `--name=value` or `-h`, anywhere after the word of the group that declares them;
- * `--` ends the flags. Throws a UsageError naming the unknown command or flag, the missing value or
- * argument, or the flag given twice.
+ * The commander program of a command tree: a group's flags are accepted after its word, by the group
+ * and by every command under it (options are positional: `infermesh --version`, but
+ * `infermesh models register --version 3`). It writes nothing itself and never exits the process:
+ * parseCommandLine turns what it reports into an Invocation or a UsageError.
  */
-export function parseCommandLine<H>(argv: readonly string[], root: GroupSpec<H>): Invocation<H> {
-  const nodes: CommandNode<H>[] = [root];
-  const path: string[] = [];
-  const positionals: string[] = [];
-  const values = new Map<string, string[]>();
-  let help = false;
-  const current = () => nodes[nodes.length - 1]!;
-  function fail(message: string): never {
-    throw new UsageError(message, path);
-  }
-
-  const word = (text: string) => {
-    const node = current();
-    if (node.kind === 'command') {
-      positionals.push(text);
-      return;
+export function buildProgram<H>(root: GroupSpec<H>, options: ProgramOptions = {}): Program<H> {
+  const commands = new Map<Command, ProgramCommand<H>>();
+  const add = (cmd: CliCommand, nodes: readonly CommandNode<H>[], path: readonly string[]) => {
+    const node = nodes[nodes.length - 1]!;
+    commands.set(cmd, { nodes, path });
+    cmd
+      .enablePositionalOptions()
+      .helpCommand(false)
+      .allowExcessArguments(false)
+      .showSuggestionAfterError(true)
+      .exitOverride()
+      .configureOutput({ writeOut: () => undefined, writeErr: () => undefined, outputError: () => undefined })
+      .summary(node.summary)
+      .description(node.kind === 'command' && node.details !== undefined ? `${node.summary}\n\n${node.details.trimEnd()}` : node.summary)
+      .usage(usageOf(nodes));
+    const own = node.kind === 'command' ? node.flags : [];
+    for (const flag of own) cmd.addOption(flagOption(flag, path, FLAGS_HEADING));
+    const inheritedHeading = node.kind === 'command' ? GLOBAL_FLAGS_HEADING : FLAGS_HEADING;
+    for (const flag of nodes.flatMap((n) => (n === node && node.kind === 'command' ? [] : n.flags))) cmd.addOption(flagOption(flag, path, inheritedHeading));
+    if (path.length === 0 && options.version !== undefined) {
+      cmd.version(options.version, '-V, --version', 'Print the version of infermesh');
+      cmd.options.find((o) => o.long === '--version')?.helpGroup(FLAGS_HEADING);
     }
-    const next = node.commands.find((c) => c.name === text);
-    if (next === undefined) {
-      const where = path.length === 0 ? '' : ` of "${path.join(' ')}"`;
-      fail(`unknown command "${text}"${where}; the commands are ${node.commands.map((c) => c.name).join(', ')}`);
+    cmd.addHelpOption(new Option(`-${HELP_FLAG.short}, --${HELP_FLAG.name}`, HELP_FLAG.description).helpGroup(inheritedHeading));
+    if (node.kind === 'group') {
+      const command = ['infermesh', ...path].join(' ');
+      cmd.afterHelp = [`Run \`${command} <command> --help\` for the flags of a command.`, ...(node.details === undefined ? [] : ['', node.details.trimEnd()])].join('\n');
+      for (const child of node.commands) {
+        const sub = new CliCommand(child.name);
+        cmd.addCommand(sub);
+        add(sub, [...nodes, child], [...path, child.name]);
+      }
+    } else {
+      node.positionals.forEach((p, i) => cmd.addArgument(new Argument(p.optional === true ? `[arg${i}${p.variadic === true ? '...' : ''}]` : `<arg${i}${p.variadic === true ? '...' : ''}>`)));
     }
-    nodes.push(next);
-    path.push(text);
   };
+  const program = new CliCommand(root.name);
+  add(program, [root], []);
+  return { root: program, commands };
+}
 
-  for (let i = 0; i < argv.length; i++) {
-    const token = argv[i]!;
-    if (token === '--') {
-      for (const rest of argv.slice(i + 1)) word(rest);
-      break;
-    }
-    if (!token.startsWith('-') || token === '-' || /^-\d/.test(token)) {
-      word(token);
-      continue;
-    }
-    const long = token.startsWith('--');
-    const equals = token.indexOf('=');
-    const name = long ? token.slice(2, equals < 0 ? undefined : equals) : token.slice(1);
-    const inline = long && equals >= 0 ? token.slice(equals + 1) : undefined;
-    const accepted = flagsOf(nodes);
-    const spec = accepted.find((f) => (long ? f.name === name : f.short === name));
-    if (spec === undefined) {
-      const command = path.length === 0 ? 'infermesh' : `infermesh ${path.join(' ')}`;
-      fail(`unknown flag ${token.split('=')[0]} for "${command}"`);
-    }
-    const flag = spec;
-    if (flag === HELP_FLAG) {
-      help = true;
-      continue;
-    }
-    if (flag.kind === 'switch') {
-      if (inline !== undefined) fail(`--${flag.name} takes no value`);
-      values.set(flag.name, ['true']);
-      continue;
-    }
-    let value = inline;
-    if (value === undefined) {
-      const next = argv[i + 1];
-      if (next === undefined || next.startsWith('--')) fail(`--${flag.name} needs a value ${flag.placeholder ?? ''}`.trimEnd());
-      value = next;
-      i++;
-    }
-    const seen = values.get(flag.name);
-    if (seen !== undefined && flag.kind === 'value') fail(`--${flag.name} is given more than once`);
-    values.set(flag.name, [...(seen ?? []), value]);
+function usageOf<H>(nodes: readonly CommandNode<H>[]): string {
+  const node = nodes[nodes.length - 1]!;
+  if (node.kind === 'group') return '<command> [flags]';
+  const words = node.positionals.map((p) => positionalUsage(p));
+  for (const flag of node.flags) if (flag.required === true) words.push(`--${flag.name} ${flag.placeholder ?? ''}`.trimEnd());
+  if (flagsOf(nodes).some((f) => f.required !== true)) words.push('[flags]');
+  return words.join(' ');
+}
+
+function positionalUsage(p: PositionalSpec): string {
+  const text = p.variadic === true ? `${p.name}...` : p.name;
+  return p.optional === true ? `[${text}]` : text;
+}
+
+/** A flag as a commander option; a value flag refuses another flag as its value, and being given twice. */
+function flagOption(flag: FlagSpec, path: readonly string[], heading: string): FlagOption {
+  const option = new FlagOption(flag);
+  option.helpGroup(heading);
+  if (flag.kind === 'value') {
+    option.argParser((value: string, previous: string | undefined) => {
+      checkFlagValue(flag, value, path);
+      if (previous !== undefined) throw new UsageError(`--${flag.name} is given more than once`, path);
+      return value;
+    });
+  } else if (flag.kind === 'list') {
+    option.argParser((value: string, previous: string[] | undefined) => {
+      checkFlagValue(flag, value, path);
+      return [...(previous ?? []), value];
+    });
   }
+  return option;
+}
 
-  const node = current();
-  const args = new ParsedArgs(positionals, values);
-  if (help) return { nodes, path, help, args };
-  if (node.kind === 'group') {
-    fail(path.length === 0 ? 'missing command' : `missing command after "${path.join(' ')}"`);
-  } else {
-    checkPositionals(node, positionals, fail);
-    for (const flag of flagsOf(nodes)) {
-      if (flag.required === true && !values.has(flag.name)) fail(`--${flag.name} is required`);
+function checkFlagValue(flag: FlagSpec, value: string, path: readonly string[]): void {
+  if (value.startsWith('--')) throw new UsageError(`--${flag.name} needs a value ${flag.placeholder ?? ''}`.trimEnd(), path);
+}
+
+// Words that start with a dash and a digit (-1, -1=2) are arguments, never flags: they travel through
+// commander behind this mark.
+const WORD_MARK = '\u0000';
+const markWord = (word: string) => (/^-\d/.test(word) ? `${WORD_MARK}${word}` : word);
+const unmark = (text: string) => text.replaceAll(WORD_MARK, '');
+
+/** commander reported what to show instead of running a command: the help of `at`, or the version. */
+class Shown extends Error {
+  constructor(
+    readonly at: Command,
+    readonly version?: string,
+  ) {
+    super('shown');
+  }
+}
+
+/** The help of the command named by `path` (as far as its words name commands), as --help prints it. */
+export function renderHelp<H>(root: GroupSpec<H>, path: readonly string[], options: ProgramOptions = {}): string {
+  let cmd = buildProgram(root, options).root;
+  for (const word of path) {
+    const next = cmd.commands.find((c) => c.name() === word);
+    if (next === undefined) break;
+    cmd = next;
+  }
+  return cmd.helpInformation();
+}
+
+/**
+ * Parses a command line against a command tree with commander: the leading words pick a command;
+ * flags are `--name value`, `--name=value` or `-h`, anywhere after the word of the group that
+ * declares them; `--` ends the flags. Throws a UsageError naming the unknown command or flag (with
+ * commander's suggestion of a similar one), the missing value or argument, or the flag given twice.
+ */
+export function parseCommandLine<H>(argv: readonly string[], root: GroupSpec<H>, options: ProgramOptions = {}): Invocation<H> {
+  const { root: program, commands } = buildProgram(root, options);
+  const end = argv.indexOf('--');
+  const flags = end < 0 ? argv : argv.slice(0, end);
+  const help = flags.some((word) => word === '--help' || word === '-h');
+  const words = [...flags.filter((word) => word !== '--help' && word !== '-h'), ...(end < 0 ? [] : argv.slice(end))].map(markWord);
+  let leaf: Command | undefined;
+  for (const [cmd, where] of commands) {
+    cmd.exitOverride((error) => {
+      throw commanderFailure(error, cmd, where, help);
+    });
+    // Parsing only: the command is run by the caller, from the Invocation.
+    if (where.nodes[where.nodes.length - 1]!.kind === 'command') cmd.action(() => void (leaf = cmd));
+  }
+  try {
+    program.parse(words, { from: 'user' });
+  } catch (error) {
+    if (!(error instanceof Shown)) throw error;
+    const where = commands.get(error.at)!;
+    return { nodes: where.nodes, path: where.path, help: error.version === undefined, version: error.version, args: new ParsedArgs([], new Map()) };
+  }
+  if (leaf === undefined) throw new UsageError('missing command', []);
+  const { nodes, path } = commands.get(leaf)!;
+  const values = new Map<string, string[]>();
+  for (let cmd: Command | null = leaf; cmd !== null; cmd = cmd.parent) {
+    for (const option of cmd.options) {
+      if (!(option instanceof FlagOption)) continue;
+      const value: unknown = cmd.getOptionValue(option.attributeName());
+      if (value === undefined) continue;
+      const { name, kind } = option.spec;
+      // A switch holds true, a value flag its string, a list flag an array of strings (flagOption's parsers).
+      const given = kind === 'switch' ? ['true'] : (kind === 'list' ? (value as string[]) : [value as string]).map(unmark);
+      if (values.has(name) && kind === 'value') throw new UsageError(`--${name} is given more than once`, path);
+      values.set(name, [...given, ...(values.get(name) ?? [])]);
     }
+  }
+  const args = new ParsedArgs(leaf.args.map(unmark), values);
+  if (help) return { nodes, path, help, args };
+  for (const flag of flagsOf(nodes)) {
+    if (flag.required === true && !values.has(flag.name)) throw new UsageError(`--${flag.name} is required`, path);
   }
   return { nodes, path, help, args };
 }
 
-function checkPositionals<H>(command: CommandSpec<H>, given: readonly string[], fail: (message: string) => never): void {
-  const specs = command.positionals;
-  const variadic = specs.some((p) => p.variadic === true);
-  const required = specs.filter((p) => p.optional !== true);
-  if (given.length < required.length) {
-    fail(`missing ${required.slice(given.length).map((p) => p.name).join(' ')}`);
-  }
-  if (!variadic && given.length > specs.length) {
-    fail(`unexpected argument "${given[specs.length]}"`);
+/** What commander reports, as infermesh says it; with --help, a missing argument or command shows the help. */
+function commanderFailure<H>(error: CommanderError, cmd: Command, where: ProgramCommand<H>, help: boolean): Error {
+  const { nodes, path } = where;
+  const node = nodes[nodes.length - 1]!;
+  const message = unmark(error.message);
+  const suggestion = /\n\(Did you mean .+\?\)$/.exec(message)?.[0] ?? '';
+  switch (error.code) {
+    case 'commander.version':
+      return new Shown(cmd, error.message);
+    case 'commander.help':
+    case 'commander.helpDisplayed':
+      // A group without its command.
+      return help ? new Shown(cmd) : new UsageError(path.length === 0 ? 'missing command' : `missing command after "${path.join(' ')}"`, path);
+    case 'commander.missingArgument':
+    case 'commander.excessArguments': {
+      if (help) return new Shown(cmd);
+      const specs = node.kind === 'command' ? node.positionals : [];
+      const given = cmd.args.map(unmark);
+      if (error.code === 'commander.excessArguments') return new UsageError(`unexpected argument "${given[specs.length]}"`, path);
+      const required = specs.filter((p) => p.optional !== true);
+      return new UsageError(`missing ${required.slice(given.length).map((p) => p.name).join(' ')}`, path);
+    }
+    case 'commander.unknownCommand': {
+      const names = node.kind === 'group' ? node.commands.map((c) => c.name) : [];
+      const where = path.length === 0 ? '' : ` of "${path.join(' ')}"`;
+      return new UsageError(`unknown command "${unmark(cmd.args[0] ?? '')}"${where}; the commands are ${names.join(', ')}${suggestion}`, path);
+    }
+    case 'commander.unknownOption': {
+      const token = /^error: unknown option '(.*)'/.exec(message)?.[1] ?? message;
+      const name = token.split('=')[0]!;
+      const known = cmd.options.find((o) => o.long === name);
+      if (known !== undefined && token.includes('=')) return new UsageError(`${name} takes no value`, path);
+      return new UsageError(`unknown flag ${name} for "${['infermesh', ...path].join(' ')}"${suggestion}`, path);
+    }
+    case 'commander.optionMissingArgument': {
+      const name = /--([^\s',]+)/.exec(message)?.[1];
+      const flag = flagsOf(nodes).find((f) => f.name === name);
+      return new UsageError(`--${name} needs a value ${flag?.placeholder ?? ''}`.trimEnd(), path);
+    }
+    default:
+      return new UsageError(message.replace(/^error: /, ''), path);
   }
 }
-
 // Values of flags and arguments, checked where they are read: each error names the flag.
 
 /** A positive integer version id, such as "3". */

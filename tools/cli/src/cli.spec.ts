@@ -1,4 +1,6 @@
+import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
+import { join } from 'node:path';
 import { runCli } from './cli';
 import { runCapturing } from './testing/cli-runner';
 import { type RunningFakeRegistry, startFakeRegistry } from './testing/fake-registry';
@@ -57,7 +59,7 @@ describe(runCli.name, () => {
 
       expect(run.code).toBe(2);
       expect(run.stdout).toBe('');
-      expect(run.stderr).toMatch(/^infermesh: unknown command "deploy"; the commands are up, models, rollout, keys, mesh, k8s, help\n\nUsage: infermesh <command> \[flags\]\n/);
+      expect(run.stderr).toMatch(/^infermesh: unknown command "deploy"; the commands are up, models, rollout, keys, mesh, k8s, completion, help\n\nUsage: infermesh <command> \[flags\]\n/);
     });
 
     it('refuses an unknown flag with the usage of the command on stderr and exit 2', async () => {
@@ -65,6 +67,26 @@ describe(runCli.name, () => {
 
       expect(run.code).toBe(2);
       expect(run.stderr).toMatch(/^infermesh: unknown flag --verbose for "infermesh models list"\n\nUsage: infermesh models list \[flags\]\n/);
+    });
+
+    it('prints the version of package.json with --version or -V', async () => {
+      const { version } = JSON.parse(readFileSync(join(__dirname, '..', '..', '..', 'package.json'), 'utf8')) as { version: string };
+
+      expect(await runCapturing(['--version'], {})).toEqual({ code: 0, stdout: `${version}\n`, stderr: '' });
+      expect(await runCapturing(['-V'], {})).toEqual({ code: 0, stdout: `${version}\n`, stderr: '' });
+      expect((await runCapturing(['--help'], {})).stdout).toContain('-V, --version');
+    });
+
+    it('suggests the command or flag meant by a mistyped one', async () => {
+      const group = await runCapturing(['modles', 'list'], {});
+      const sub = await runCapturing(['rollout', 'promot', 'mlp'], {});
+      const flag = await runCapturing(['models', 'list', '--jsn'], {});
+
+      expect(group.code).toBe(2);
+      expect(group.stderr).toMatch(/^infermesh: unknown command "modles"; the commands are [^\n]+\n\(Did you mean models\?\)\n\nUsage: infermesh <command> \[flags\]\n/);
+      expect(sub.stderr).toMatch(/^infermesh: unknown command "promot" of "rollout"; the commands are [^\n]+\n\(Did you mean promote\?\)\n\nUsage: infermesh rollout <command>/);
+      expect(flag).toMatchObject({ code: 2, stdout: '' });
+      expect(flag.stderr).toMatch(/^infermesh: unknown flag --jsn for "infermesh models list"\n\(Did you mean --json\?\)\n\nUsage: infermesh models list \[flags\]\n/);
     });
 
     it('refuses a group without a command', async () => {

@@ -1,12 +1,14 @@
 import { status } from '@grpc/grpc-js';
 import { ConfigError } from '@infermesh/config';
 import { RpcError } from '@infermesh/grpc';
-import { command, type CommandNode, type GroupSpec, type Invocation, parseCommandLine } from './args';
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { buildProgram, command, type GroupSpec, type Invocation, parseCommandLine, renderHelp } from './args';
 import { loadCliConfig } from './cli.config';
 import { CliError, EXIT, UsageError } from './cli-errors';
 import type { CliIo } from './cli-io';
 import { CommandContext, type CommandHandler } from './command-context';
-import { renderHelp } from './help';
+import { completionScript, isShell, SHELLS } from './completion';
 import { K8S_GROUP } from './k8s.command';
 import { KEYS_GROUP } from './keys.command';
 import { MESH_GROUP } from './mesh.command';
@@ -68,6 +70,22 @@ export const COMMANDS: GroupSpec<CommandHandler> = {
     MESH_GROUP,
     K8S_GROUP,
     command<CommandHandler>({
+      name: 'completion',
+      summary: 'Print the shell completion script of infermesh: `source <(infermesh completion bash)`',
+      details: [
+        'Completes commands and flags. Load it in the shell\'s start-up file: for bash,',
+        '`source <(infermesh completion bash)` in ~/.bashrc; for zsh, `source <(infermesh completion zsh)` in',
+        '~/.zshrc after compinit, or save it as _infermesh in a directory of $fpath.',
+      ].join('\n'),
+      positionals: [{ name: `<${SHELLS.join('|')}>` }],
+      flags: [],
+      handler: async (ctx) => {
+        const shell = ctx.args.positionals[0]!;
+        if (!isShell(shell)) throw new UsageError(`the shell must be ${SHELLS.join(' or ')}, got "${shell}"`);
+        ctx.io.stdout.write(completionScript(shell, buildProgram(COMMANDS, { version: cliVersion() }).root));
+      },
+    }),
+    command<CommandHandler>({
       name: 'help',
       summary: 'Show this help, or a command\'s: `infermesh help models register`',
       positionals: [{ name: '[command...]', optional: true, variadic: true }],
@@ -84,20 +102,25 @@ export const COMMANDS: GroupSpec<CommandHandler> = {
  * (`infermesh: <message>`) to stderr.
  */
 export async function runCli(argv: readonly string[], io: CliIo): Promise<number> {
+  const version = cliVersion();
   if (argv.length === 0) {
-    io.stdout.write(renderHelp([COMMANDS], []));
+    io.stdout.write(renderHelp(COMMANDS, [], { version }));
     return EXIT.ok;
   }
   const words = argv[0] === 'help' ? [...argv.slice(1), '--help'] : argv;
   let invocation: Invocation<CommandHandler>;
   try {
-    invocation = parseCommandLine(words, COMMANDS);
+    invocation = parseCommandLine(words, COMMANDS, { version });
   } catch (error) {
     if (error instanceof UsageError) return usageFailure(io, error, error.path ?? []);
     throw error;
   }
+  if (invocation.version !== undefined) {
+    io.stdout.write(`${invocation.version}\n`);
+    return EXIT.ok;
+  }
   if (invocation.help) {
-    io.stdout.write(renderHelp(invocation.nodes, invocation.path));
+    io.stdout.write(renderHelp(COMMANDS, invocation.path, { version }));
     return EXIT.ok;
   }
   const node = invocation.nodes[invocation.nodes.length - 1]!;
@@ -115,15 +138,27 @@ export async function runCli(argv: readonly string[], io: CliIo): Promise<number
 }
 
 function usageFailure(io: CliIo, error: UsageError, path: readonly string[]): number {
-  const nodes: CommandNode<CommandHandler>[] = [COMMANDS];
-  for (const word of path) {
-    const last = nodes[nodes.length - 1]!;
-    const next = last.kind === 'group' ? last.commands.find((c) => c.name === word) : undefined;
-    if (next === undefined) break;
-    nodes.push(next);
-  }
-  io.stderr.write(`infermesh: ${error.message}\n\n${renderHelp(nodes, path.slice(0, nodes.length - 1))}`);
+  io.stderr.write(`infermesh: ${error.message}\n\n${renderHelp(COMMANDS, path, { version: cliVersion() })}`);
   return EXIT.usage;
+}
+
+let cachedVersion: string | undefined;
+
+/** The version of infermesh: that of the repository's package.json, found up from this file (src or dist). */
+function cliVersion(): string {
+  if (cachedVersion === undefined) {
+    cachedVersion = 'unknown';
+    for (let dir = __dirname; dirname(dir) !== dir; dir = dirname(dir)) {
+      const file = join(dir, 'package.json');
+      if (!existsSync(file)) continue;
+      const pkg = JSON.parse(readFileSync(file, 'utf8')) as { name?: unknown; version?: unknown };
+      if (pkg.name === 'infermesh' && typeof pkg.version === 'string') {
+        cachedVersion = pkg.version;
+        break;
+      }
+    }
+  }
+  return cachedVersion;
 }
 
 /** Prints why a command failed and returns its exit status. */

@@ -1,48 +1,55 @@
-import { type CommandNode, type FlagSpec, flagsOf } from './args';
+import { Command, Help, Option } from 'commander';
+import type { FlagSpec } from './args';
 
-const PROGRAM = 'infermesh';
+/** The heading of a command's own flags, and of the flags of the groups above it (and --help). */
+export const FLAGS_HEADING = 'Flags:';
+export const GLOBAL_FLAGS_HEADING = 'Global flags:';
+
+/** A commander option made from a flag spec: its help shows the spec's placeholder (`--scope infer|admin`). */
+export class FlagOption extends Option {
+  constructor(readonly spec: FlagSpec) {
+    super(
+      `${spec.short === undefined ? '' : `-${spec.short}, `}--${spec.name}${spec.kind === 'switch' ? '' : ' <value>'}`,
+      spec.kind === 'list' ? `${spec.description} (repeatable)` : spec.description,
+    );
+  }
+
+  /** How the flag shows in the help: `-n, --name <n>`, long-only names indented to line up. */
+  get term(): string {
+    const { short, name, placeholder } = this.spec;
+    return `${short === undefined ? '    ' : `-${short}, `}--${name}${placeholder === undefined ? '' : ` ${placeholder}`}`;
+  }
+}
 
 /**
- * The help of a command or group, as printed by `--help`: usage line, summary, the subcommands of a
- * group, and the flags, those declared by the groups above listed apart as global flags.
+ * commander's help with infermesh's layout: subcommands by their name alone, flags with their
+ * placeholders, no wrapping (details keep their own lines), and text after it (`afterHelp`).
  */
-export function renderHelp<H>(nodes: readonly CommandNode<H>[], path: readonly string[]): string {
-  const node = nodes[nodes.length - 1]!;
-  const command = [PROGRAM, ...path].join(' ');
-  const lines: string[] = [];
-  if (node.kind === 'group') {
-    lines.push(`Usage: ${command} <command> [flags]`, '', node.summary, '', 'Commands:');
-    lines.push(...columns(node.commands.map((c) => [c.name, c.summary])));
-  } else {
-    const words = [command, ...node.positionals.map((p) => positional(p.name, p.optional === true, p.variadic === true))];
-    for (const flag of node.flags) if (flag.required === true) words.push(`--${flag.name} ${flag.placeholder ?? ''}`.trimEnd());
-    if (flagsOf(nodes).some((f) => f.required !== true)) words.push('[flags]');
-    lines.push(`Usage: ${words.join(' ')}`, '', node.summary);
+export class CliHelp extends Help {
+  constructor(private readonly afterHelp: string | undefined) {
+    super();
+    this.helpWidth = Number.MAX_SAFE_INTEGER;
   }
-  // A command's details explain it, right after its summary; a group's (the root's environment) close its help.
-  if (node.kind === 'command' && node.details !== undefined) lines.push('', node.details.trimEnd());
-  const own = node.kind === 'command' ? node.flags : [];
-  const inherited = flagsOf(nodes).filter((f) => !own.includes(f));
-  if (own.length > 0) lines.push('', 'Flags:', ...columns(own.map(flagRow)));
-  if (inherited.length > 0) lines.push('', own.length > 0 || node.kind === 'command' ? 'Global flags:' : 'Flags:', ...columns(inherited.map(flagRow)));
-  if (node.kind === 'group') lines.push('', `Run \`${command} <command> --help\` for the flags of a command.`);
-  if (node.kind === 'group' && node.details !== undefined) lines.push('', node.details.trimEnd());
-  return `${lines.join('\n')}\n`;
+
+  override subcommandTerm(cmd: Command): string {
+    return cmd.name();
+  }
+
+  override optionTerm(option: Option): string {
+    return option instanceof FlagOption ? option.term : super.optionTerm(option);
+  }
+
+  override formatHelp(cmd: Command, helper: Help): string {
+    const text = super.formatHelp(cmd, helper);
+    return this.afterHelp === undefined ? text : `${text}\n${this.afterHelp.trimEnd()}\n`;
+  }
 }
 
-function positional(name: string, optional: boolean, variadic: boolean): string {
-  const text = variadic ? `${name}...` : name;
-  return optional ? `[${text}]` : text;
-}
+/** A commander command whose help is a CliHelp. */
+export class CliCommand extends Command {
+  afterHelp: string | undefined;
 
-function flagRow(flag: FlagSpec): [string, string] {
-  const names = `${flag.short === undefined ? '    ' : `-${flag.short}, `}--${flag.name}${flag.placeholder === undefined ? '' : ` ${flag.placeholder}`}`;
-  const repeat = flag.kind === 'list' ? ' (repeatable)' : '';
-  return [names, `${flag.description}${repeat}`];
-}
-
-/** Two columns, the first padded to its widest cell, indented by two spaces. */
-function columns(rows: readonly (readonly [string, string])[]): string[] {
-  const width = Math.max(...rows.map(([left]) => left.length));
-  return rows.map(([left, right]) => `  ${left.padEnd(width)}  ${right}`.trimEnd());
+  override createHelp(): Help {
+    return Object.assign(new CliHelp(this.afterHelp), this.configureHelp());
+  }
 }

@@ -3,7 +3,7 @@ import { create } from '@bufbuild/protobuf';
 import { ApiKeySchema, Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
 import { createRedisClient, waitForRedis } from '@infermesh/redis';
 import { JsonLogger } from '@infermesh/telemetry';
-import { type RedisServer, rpcRejection, startRedisServer } from '@infermesh/testing';
+import { type RedisServer, rpcRejection, startRedisServer, ManualClock } from '@infermesh/testing';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -53,14 +53,14 @@ describe.each([
     };
   }],
 ])('%s store', (_name, backend) => {
-  let now: number;
+  let clock: ManualClock;
   let stores: ApiKeyStore[];
   let open: () => Promise<ApiKeys>;
   let raw: () => string | Promise<string>;
   let shared: boolean;
 
   beforeEach(() => {
-    now = 1_700_000_000_000;
+    clock = new ManualClock(1_700_000_000_000);
     stores = [];
     const made = backend();
     raw = made.raw;
@@ -68,7 +68,7 @@ describe.each([
     open = async () => {
       const store = await made.open();
       stores.push(store);
-      return new ApiKeys(store, { cacheMs: 1_000, now: () => now });
+      return new ApiKeys(store, { cacheMs: 1_000, clock });
     };
   });
 
@@ -119,7 +119,7 @@ describe.each([
 
     expect(revoked.revokeTime).toBeDefined();
     expect(await first.authenticate(secret)).toEqual({ refused: 'this API key was revoked' });
-    now += 1_001;
+    clock.advance(1_001);
     expect(await second.authenticate(secret)).toEqual({ refused: 'this API key was revoked' });
   });
 

@@ -1,3 +1,4 @@
+import { type Clock, systemClock } from '@infermesh/clock';
 import { clone, create } from '@bufbuild/protobuf';
 import { timestampFromDate } from '@bufbuild/protobuf/wkt';
 import { status } from '@grpc/grpc-js';
@@ -36,7 +37,8 @@ const MAX_RATE = 1_000_000;
 export interface ApiKeysOptions {
   /** How long a looked-up record is reused: a revocation applies within this time on every replica. */
   cacheMs: number;
-  now?: () => number;
+  /** Time (systemClock unless given). */
+  clock?: Clock;
 }
 
 /**
@@ -46,20 +48,20 @@ export interface ApiKeysOptions {
  */
 export class ApiKeys {
   private readonly cache = new Map<string, { at: number; record: Promise<Awaited<ReturnType<ApiKeyStore['get']>>> }>();
-  private readonly now: () => number;
+  private readonly clock: Clock;
 
   constructor(
     private readonly store: ApiKeyStore,
     private readonly options: ApiKeysOptions,
   ) {
-    this.now = options.now ?? Date.now;
+    this.clock = options.clock ?? systemClock;
   }
 
   async create(init: ApiKey | undefined): Promise<{ key: ApiKey; secret: string }> {
     const key = checkApiKey(init);
     const { id, key: secret, secret: rawSecret } = generateKey();
     key.name = `apiKeys/${id}`;
-    key.createTime = timestampFromDate(new Date(this.now()));
+    key.createTime = timestampFromDate(new Date(this.clock.now()));
     key.revokeTime = undefined;
     const salt = newSalt();
     await this.store.put(id, create(ApiKeyRecordSchema, { key, salt, secretSha256: hashSecret(salt, rawSecret) }));
@@ -77,7 +79,7 @@ export class ApiKeys {
     const record = await this.store.get(id);
     if (record?.key === undefined) throw RpcError.notFound(`API key ${name} does not exist`, 'INVALID_REQUEST', { name });
     if (record.key.revokeTime === undefined) {
-      record.key.revokeTime = timestampFromDate(new Date(this.now()));
+      record.key.revokeTime = timestampFromDate(new Date(this.clock.now()));
       await this.store.put(id, record);
     }
     this.cache.delete(id);
@@ -113,7 +115,7 @@ export class ApiKeys {
   }
 
   private lookup(id: string) {
-    const now = this.now();
+    const now = this.clock.now();
     const cached = this.cache.get(id);
     if (cached !== undefined && now - cached.at < this.options.cacheMs) return cached.record;
     const record = this.store.get(id);
