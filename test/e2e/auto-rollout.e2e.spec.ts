@@ -2,7 +2,13 @@ import { create } from '@bufbuild/protobuf';
 import { createClient, RpcError } from '@infermesh/grpc';
 import { buildInputRangeModel, buildSlowModel, buildTinyModel } from '@infermesh/model-builder';
 import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
-import { AutoRolloutPhase, type Model, RegistryService, RolloutDecision, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  AutoRolloutPhase,
+  type Model,
+  RegistryService,
+  RolloutDecision,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { registerModel, waitForVersionsReady } from '@infermesh/system';
 import { SERVICE_NAMES, type ServiceName } from '@infermesh/system';
 import { freePortList } from '@infermesh/testing';
@@ -34,7 +40,12 @@ class Traffic {
         const first = Math.floor(Math.random() * 2 * RANGE_ROWS);
         try {
           const response = await grpc.modelInfer(
-            create(ModelInferRequestSchema, { modelName: 'tiny', inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n], contents: { fp32Contents: [first, 1, 2, 3] } }] }),
+            create(ModelInferRequestSchema, {
+              modelName: 'tiny',
+              inputs: [
+                { name: 'input', datatype: 'FP32', shape: [1n, 4n], contents: { fp32Contents: [first, 1, 2, 3] } },
+              ],
+            }),
             { metadata: { authorization: `Bearer ${API_KEY}` }, timeoutMs: 30_000 },
           );
           this.served.set(response.modelVersion, (this.served.get(response.modelVersion) ?? 0) + 1);
@@ -90,7 +101,10 @@ describe('automatic rollouts through the whole system', () => {
   /** Requests the router answered with a failure, per version. */
   const routerFailures = async (version: string) => {
     const url = fixture.system.metricsUrl('router');
-    return (await metricValue(url, 'infermesh_router_requests_total', { model: 'tiny', version })) - (await metricValue(url, 'infermesh_router_requests_total', { model: 'tiny', version, outcome: 'OK' }));
+    return (
+      (await metricValue(url, 'infermesh_router_requests_total', { model: 'tiny', version })) -
+      (await metricValue(url, 'infermesh_router_requests_total', { model: 'tiny', version, outcome: 'OK' }))
+    );
   };
 
   beforeAll(async () => {
@@ -106,7 +120,8 @@ describe('automatic rollouts through the whole system', () => {
 
   // A test that failed leaves no rollout in progress to the next: a paused one is replaced.
   afterEach(async () => {
-    if ((await model()).autoRollout?.phase === AutoRolloutPhase.PROGRESSING) await registry.updateRollout({ model: 'models/tiny', action: { case: 'pause', value: true } });
+    if ((await model()).autoRollout?.phase === AutoRolloutPhase.PROGRESSING)
+      await registry.updateRollout({ model: 'models/tiny', action: { case: 'pause', value: true } });
   });
 
   afterAll(async () => {
@@ -120,7 +135,22 @@ describe('automatic rollouts through the whole system', () => {
     const traffic = new Traffic(grpc);
     try {
       const cli = await runCli(
-        ['rollout', 'auto', 'tiny', '--version', '2', '--steps', '20,50,100', '--interval', '1500ms', '--min-requests', '40', '--max-p99-ratio', '3', '--wait'],
+        [
+          'rollout',
+          'auto',
+          'tiny',
+          '--version',
+          '2',
+          '--steps',
+          '20,50,100',
+          '--interval',
+          '1500ms',
+          '--min-requests',
+          '40',
+          '--max-p99-ratio',
+          '3',
+          '--wait',
+        ],
         fixture.system.gatewayGrpcAddress,
       );
       expect(cli.code).toBe(0);
@@ -138,7 +168,9 @@ describe('automatic rollouts through the whole system', () => {
     const old = promoted.versions.find((v) => v.name.endsWith('/versions/1'))!;
     expect(old.state === VersionState.RETIRED || old.stateReason.includes('retired')).toBe(true);
     expect(traffic.failures).toEqual([]);
-    process.stdout.write(`healthy canary: ${JSON.stringify(Object.fromEntries(traffic.served))} served, ${traffic.failures.length} failed\n`);
+    process.stdout.write(
+      `healthy canary: ${JSON.stringify(Object.fromEntries(traffic.served))} served, ${traffic.failures.length} failed\n`,
+    );
 
     const history = await runCli(['rollout', 'history', 'tiny'], fixture.system.gatewayGrpcAddress);
     expect(history.code).toBe(0);
@@ -157,7 +189,10 @@ describe('automatic rollouts through the whole system', () => {
         // A step far longer than the test: only a gate can end it.
         analysis: { steps: [20, 50, 100], intervalMs: 600_000n, minRequests: 40n, maxErrorRateIncrease: 0.01 },
       });
-      const rolledBack = await waitForPhase([AutoRolloutPhase.ROLLED_BACK, AutoRolloutPhase.PROMOTED, AutoRolloutPhase.ABORTED], 60_000);
+      const rolledBack = await waitForPhase(
+        [AutoRolloutPhase.ROLLED_BACK, AutoRolloutPhase.PROMOTED, AutoRolloutPhase.ABORTED],
+        60_000,
+      );
       await new Promise((r) => setTimeout(r, 1_000));
 
       expect(rolledBack.autoRollout?.phase).toBe(AutoRolloutPhase.ROLLED_BACK);
@@ -166,7 +201,9 @@ describe('automatic rollouts through the whole system', () => {
       expect(verdict.step).toBe(0);
       expect(verdict.figures!.canary!.requests).toBeGreaterThanOrEqual(40n);
       expect(verdict.figures!.canary!.errors).toBeGreaterThan(0n);
-      expect(rolledBack.versions.find((v) => v.name.endsWith('/versions/3'))?.rollbackReason).toMatch(/^error_rate_increase gate failed/);
+      expect(rolledBack.versions.find((v) => v.name.endsWith('/versions/3'))?.rollbackReason).toMatch(
+        /^error_rate_increase gate failed/,
+      );
       expect(rolledBack.rollout?.canary).toBeUndefined();
     } finally {
       await traffic.stop();
@@ -175,7 +212,9 @@ describe('automatic rollouts through the whole system', () => {
     expect(await routerFailures('2')).toBe(stableFailuresBefore);
     expect(await routerFailures('3')).toBe(traffic.failures.length);
     expect(traffic.failures.length).toBeGreaterThan(0);
-    process.stdout.write(`failing canary: ${JSON.stringify(Object.fromEntries(traffic.served))} served, ${traffic.failures.length} failed (all on version 3)\n`);
+    process.stdout.write(
+      `failing canary: ${JSON.stringify(Object.fromEntries(traffic.served))} served, ${traffic.failures.length} failed (all on version 3)\n`,
+    );
     // After the rollback every request goes to the stable version, and none fails.
     const after = new Traffic(grpc);
     await new Promise((r) => setTimeout(r, 1_500));
@@ -194,14 +233,25 @@ describe('automatic rollouts through the whole system', () => {
         model: 'models/tiny',
         version: '4',
         // The CLI's default latency gate.
-        analysis: { steps: [20, 100], intervalMs: 600_000n, minRequests: 40n, maxErrorRateIncrease: 0.01, maxP99Ratio: 1.2 },
+        analysis: {
+          steps: [20, 100],
+          intervalMs: 600_000n,
+          minRequests: 40n,
+          maxErrorRateIncrease: 0.01,
+          maxP99Ratio: 1.2,
+        },
       });
-      const rolledBack = await waitForPhase([AutoRolloutPhase.ROLLED_BACK, AutoRolloutPhase.PROMOTED, AutoRolloutPhase.ABORTED], 90_000);
+      const rolledBack = await waitForPhase(
+        [AutoRolloutPhase.ROLLED_BACK, AutoRolloutPhase.PROMOTED, AutoRolloutPhase.ABORTED],
+        90_000,
+      );
 
       expect(decisions(rolledBack, since)).toEqual(['STARTED', 'ROLLED_BACK']);
       const gate = rolledBack.rolloutHistory.at(-1)!.figures!.gates.find((g) => g.gate === 'p99_ratio')!;
       expect(gate).toMatchObject({ checked: true, passed: false });
-      process.stdout.write(`slow canary: p99 ${gate.value.toFixed(1)}× the stable version's (${rolledBack.rolloutHistory.at(-1)!.reason})\n`);
+      process.stdout.write(
+        `slow canary: p99 ${gate.value.toFixed(1)}× the stable version's (${rolledBack.rolloutHistory.at(-1)!.reason})\n`,
+      );
     } finally {
       await traffic.stop();
     }
@@ -225,14 +275,22 @@ describe('automatic rollouts through the whole system', () => {
       await fixture.system.restart('registry');
       registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
 
-      const promoted = await waitForPhase([AutoRolloutPhase.PROMOTED, AutoRolloutPhase.ROLLED_BACK, AutoRolloutPhase.ABORTED], 90_000);
-      expect({ phase: AutoRolloutPhase[promoted.autoRollout!.phase], reason: promoted.autoRollout!.reason }).toEqual({ phase: 'PROMOTED', reason: expect.any(String) });
+      const promoted = await waitForPhase(
+        [AutoRolloutPhase.PROMOTED, AutoRolloutPhase.ROLLED_BACK, AutoRolloutPhase.ABORTED],
+        90_000,
+      );
+      expect({ phase: AutoRolloutPhase[promoted.autoRollout!.phase], reason: promoted.autoRollout!.reason }).toEqual({
+        phase: 'PROMOTED',
+        reason: expect.any(String),
+      });
       expect(decisions(promoted, since)).toEqual(['STARTED', 'ADVANCED', 'PROMOTED']);
     } finally {
       await traffic.stop();
     }
     expect(traffic.failures).toEqual([]);
-    process.stdout.write(`registry restart: ${JSON.stringify(Object.fromEntries(traffic.served))} served, none failed\n`);
+    process.stdout.write(
+      `registry restart: ${JSON.stringify(Object.fromEntries(traffic.served))} served, none failed\n`,
+    );
   }, 240_000);
 });
 
@@ -253,15 +311,25 @@ describe('automatic rollouts judged on Prometheus', () => {
     const [port] = await freePortList(1);
     fixture = await startFixture({
       models: ['tiny'],
-      env: { ROUTER_CACHE_ENABLED: 'false', REGISTRY_ROLLOUT_TICK_MS: '500', ROUTER_TRAFFIC_REPORT_INTERVAL_MS: '3600000', PROMETHEUS_URL: `http://127.0.0.1:${port}` },
+      env: {
+        ROUTER_CACHE_ENABLED: 'false',
+        REGISTRY_ROLLOUT_TICK_MS: '500',
+        ROUTER_TRAFFIC_REPORT_INTERVAL_MS: '3600000',
+        PROMETHEUS_URL: `http://127.0.0.1:${port}`,
+      },
     });
     const ports = fixture.system.options.ports;
-    prometheus = startPrometheus(dir, port!, Object.fromEntries(SERVICE_NAMES.map((s) => [s, ports[`${s}Metrics`]])) as Record<ServiceName, number>);
+    prometheus = startPrometheus(
+      dir,
+      port!,
+      Object.fromEntries(SERVICE_NAMES.map((s) => [s, ports[`${s}Metrics`]])) as Record<ServiceName, number>,
+    );
     await waitFor(
       'every target up',
       30_000,
       async () => {
-        const list = (await promGet<{ activeTargets: Target[] }>(prometheus, '/api/v1/targets')).data?.activeTargets ?? [];
+        const list =
+          (await promGet<{ activeTargets: Target[] }>(prometheus, '/api/v1/targets')).data?.activeTargets ?? [];
         return list.length === SERVICE_NAMES.length && list.every((t) => t.health === 'up') ? true : undefined;
       },
       () => prometheus.logTail(),

@@ -38,20 +38,31 @@ describe('dynamic batching through the whole system', () => {
         modelName: model,
         inputs: [{ name: 'input', datatype: 'FP32', shape: [BigInt(data.length / features), BigInt(features)] }],
         rawInputContents: [new Uint8Array(data.buffer, data.byteOffset, data.byteLength)],
-        parameters: Object.fromEntries(Object.entries(parameters).map(([k, value]) => [k, { parameterChoice: { case: 'int64Param' as const, value } }])),
+        parameters: Object.fromEntries(
+          Object.entries(parameters).map(([k, value]) => [
+            k,
+            { parameterChoice: { case: 'int64Param' as const, value } },
+          ]),
+        ),
       }),
       { metadata, timeoutMs: 60_000 },
     );
   };
-  const outputOf = (response: Awaited<ReturnType<typeof infer>>) => new Float32Array(Uint8Array.from(response.rawOutputContents[0]!).buffer);
-  const batcherMetric = (name: string, labels: Record<string, string>) => metricValue(fixture.system.metricsUrl('batcher'), name, labels);
+  const outputOf = (response: Awaited<ReturnType<typeof infer>>) =>
+    new Float32Array(Uint8Array.from(response.rawOutputContents[0]!).buffer);
+  const batcherMetric = (name: string, labels: Record<string, string>) =>
+    metricValue(fixture.system.metricsUrl('batcher'), name, labels);
 
   /** Sends the blocker and waits until the worker runs it: the worker takes one batch at a time. */
   async function block(): Promise<{ blocker: Promise<unknown> }> {
     const sent = { model: WIDE.name };
     const before = await batcherMetric('infermesh_batcher_queue_time_seconds_count', sent);
     const blocker = infer(WIDE.name, rows(BLOCKER_ROWS, 999, WIDE.sizes[0]));
-    for (let i = 0; i < 400 && (await batcherMetric('infermesh_batcher_queue_time_seconds_count', sent)) === before; i++) {
+    for (
+      let i = 0;
+      i < 400 && (await batcherMetric('infermesh_batcher_queue_time_seconds_count', sent)) === before;
+      i++
+    ) {
       await new Promise((r) => setTimeout(r, 5));
     }
     return { blocker };
@@ -63,7 +74,11 @@ describe('dynamic batching through the whole system', () => {
         buildMlpModel({ name: 'mlp' }),
         { ...buildMlpModel(WIDE), batching: { maxBatchSize: 0, maxQueueSize: 1 } },
       ],
-      env: { REGISTRY_DEFAULT_MAX_BATCH_SIZE: String(BLOCKER_ROWS), BATCHER_MAX_BATCHES_PER_WORKER: '1', ROUTER_CACHE_ENABLED: 'false' },
+      env: {
+        REGISTRY_DEFAULT_MAX_BATCH_SIZE: String(BLOCKER_ROWS),
+        BATCHER_MAX_BATCHES_PER_WORKER: '1',
+        ROUTER_CACHE_ENABLED: 'false',
+      },
     });
     grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
   }, 180_000);
@@ -102,7 +117,11 @@ describe('dynamic batching through the whole system', () => {
   it('refuses a request with RESOURCE_EXHAUSTED over gRPC and 429 with Retry-After over REST when the queue is full', async () => {
     const { blocker } = await block();
     const queued = infer(WIDE.name, rows(1, 1, 16));
-    for (let i = 0; i < 200 && (await batcherMetric('infermesh_batcher_queue_depth', { model: WIDE.name })) === 0; i++) {
+    for (
+      let i = 0;
+      i < 200 && (await batcherMetric('infermesh_batcher_queue_depth', { model: WIDE.name })) === 0;
+      i++
+    ) {
       await new Promise((r) => setTimeout(r, 5));
     }
 
@@ -111,7 +130,9 @@ describe('dynamic batching through the whole system', () => {
       fetch(`${fixture.system.gatewayUrl}/v2/models/${WIDE.name}/infer`, {
         method: 'POST',
         headers: { 'content-type': 'application/json', ...metadata },
-        body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 16], datatype: 'FP32', data: Array.from(rows(1, 3, 16)) }] }),
+        body: JSON.stringify({
+          inputs: [{ name: 'input', shape: [1, 16], datatype: 'FP32', data: Array.from(rows(1, 3, 16)) }],
+        }),
       }),
     ]);
     const body = (await res.json()) as { error: string };
@@ -121,18 +142,24 @@ describe('dynamic batching through the whole system', () => {
     expect(res.status).toBe(429);
     expect(Number(res.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
     expect(body.error).toContain(`queue of model "${WIDE.name}" version 1 is full`);
-    expect(await batcherMetric('infermesh_batcher_rejections_total', { model: WIDE.name, reason: 'QUEUE_FULL' })).toBe(2);
+    expect(await batcherMetric('infermesh_batcher_rejections_total', { model: WIDE.name, reason: 'QUEUE_FULL' })).toBe(
+      2,
+    );
   }, 60_000);
 
   it('answers 504 without running a request whose `timeout` cannot be met behind the queue', async () => {
-    const ran = () => metricValue(fixture.system.metricsUrl('worker'), 'infermesh_worker_inference_compute_seconds_count', { model: WIDE.name });
+    const ran = () =>
+      metricValue(fixture.system.metricsUrl('worker'), 'infermesh_worker_inference_compute_seconds_count', {
+        model: WIDE.name,
+      });
     // The model loaded and warm first: on a cold machine (the first suite of a fresh clone) a load
     // on demand would hold the blocker back while the request arrives.
     await infer(WIDE.name, rows(1, 5, 16));
     const runsBefore = await ran();
     const { blocker } = await block();
     // The worker is running the blocker, not just sent it.
-    const inFlight = () => metricValue(fixture.system.metricsUrl('worker'), 'infermesh_worker_inference_requests_in_flight');
+    const inFlight = () =>
+      metricValue(fixture.system.metricsUrl('worker'), 'infermesh_worker_inference_requests_in_flight');
     for (let i = 0; i < 400 && (await inFlight()) === 0; i++) await new Promise((r) => setTimeout(r, 5));
     const res = await fetch(`${fixture.system.gatewayUrl}/v2/models/${WIDE.name}/infer`, {
       method: 'POST',
@@ -156,7 +183,9 @@ describe('dynamic batching through the whole system', () => {
       (await batcherMetric('infermesh_batcher_rejections_total', { model: WIDE.name, reason: 'DEADLINE_EXCEEDED' })) +
       (await batcherMetric('infermesh_batcher_rejections_total', { model: WIDE.name, reason: 'DEADLINE_INFEASIBLE' }));
     expect(expired).toBeLessThanOrEqual(1);
-    expect(await batcherMetric('infermesh_batcher_rejections_total', { model: WIDE.name, reason: 'CANCELLED' })).toBe(0);
+    expect(await batcherMetric('infermesh_batcher_rejections_total', { model: WIDE.name, reason: 'CANCELLED' })).toBe(
+      0,
+    );
   }, 60_000);
 
   it('refuses a priority level the model does not have with 400 naming the parameter', async () => {

@@ -32,7 +32,16 @@ interface DatatypeCase {
 const INT64_EDGES = [-(2n ** 63n), -(2n ** 53n) - 1n, -1n, 0n, 2n ** 53n + 1n, 2n ** 63n - 1n];
 const UINT64_EDGES = [0n, 1n, 2n ** 53n - 1n, 2n ** 53n + 1n, 2n ** 63n, 2n ** 64n - 1n];
 const FP64_EDGES = [1e300, -1e-300, 5e-324, -1.7976931348623157e308, 0.1, 3.141592653589793];
-const FP32_EDGES = [3.4028234663852886e38, -1.401298464324817e-45, 1.1754943508222875e-38, -0, 0.10000000149011612, Infinity, 16777216, -1.5];
+const FP32_EDGES = [
+  3.4028234663852886e38,
+  -1.401298464324817e-45,
+  1.1754943508222875e-38,
+  -0,
+  0.10000000149011612,
+  Infinity,
+  16777216,
+  -1.5,
+];
 const BYTES_EDGES = ['héllo wörld', '', '日本語', '🙂'];
 
 const CASES: Record<string, DatatypeCase> = {
@@ -58,7 +67,11 @@ const CASES: Record<string, DatatypeCase> = {
     shape: [2, 2],
     json: [0, 1, 4294967294, 4294967295],
     raw: le(Uint32Array.of(0, 1, 4294967294, 4294967295)),
-    typed: { field: 'uint_contents', values: [0, 1, 4294967294, 4294967295], raw: le(Uint32Array.of(0, 1, 4294967294, 4294967295)) },
+    typed: {
+      field: 'uint_contents',
+      values: [0, 1, 4294967294, 4294967295],
+      raw: le(Uint32Array.of(0, 1, 4294967294, 4294967295)),
+    },
   },
   UINT64: {
     shape: [2, 3],
@@ -83,7 +96,11 @@ const CASES: Record<string, DatatypeCase> = {
     shape: [2, 2],
     json: [-2147483648, -1, 0, 2147483647],
     raw: le(Int32Array.of(-2147483648, -1, 0, 2147483647)),
-    typed: { field: 'int_contents', values: [-2147483648, -1, 0, 2147483647], raw: le(Int32Array.of(-2147483648, -1, 0, 2147483647)) },
+    typed: {
+      field: 'int_contents',
+      values: [-2147483648, -1, 0, 2147483647],
+      raw: le(Int32Array.of(-2147483648, -1, 0, 2147483647)),
+    },
   },
   INT64: {
     shape: [2, 3],
@@ -101,7 +118,9 @@ const CASES: Record<string, DatatypeCase> = {
   FP32: {
     shape: [2, 4],
     json: [3.4028235e38, -3.4028235e38, 1.1754944e-38, 1.4013e-45, 0.1, 16777216, -1.5, 1e-10],
-    raw: le(Float32Array.of(3.4028234663852886e38, -Infinity, NaN, 1.401298464324817e-45, -0, 0.1, 1.1754943508222875e-38, 1)),
+    raw: le(
+      Float32Array.of(3.4028234663852886e38, -Infinity, NaN, 1.401298464324817e-45, -0, 0.1, 1.1754943508222875e-38, 1),
+    ),
     typed: { field: 'fp32_contents', values: FP32_EDGES, raw: le(Float32Array.from(FP32_EDGES)) },
   },
   FP64: {
@@ -148,9 +167,10 @@ describe('every datatype through the whole system', () => {
 
   /** The model's inputs: `given` by name, every other one empty. */
   const jsonInputs = (given: Record<string, unknown>[]) =>
-    DATATYPES.map((d) => given.find((t) => t['name'] === inputName(d)) ?? { name: inputName(d), datatype: d, shape: [0, 0], data: [] }).concat(
-      given.filter((t) => !DATATYPES.some((d) => t['name'] === inputName(d))),
-    );
+    DATATYPES.map(
+      (d) =>
+        given.find((t) => t['name'] === inputName(d)) ?? { name: inputName(d), datatype: d, shape: [0, 0], data: [] },
+    ).concat(given.filter((t) => !DATATYPES.some((d) => t['name'] === inputName(d))));
 
   const grpcInputs = (given: { name: string; datatype: string; shape: number[]; contents?: object }[]) => {
     const empty = DATATYPES.filter((d) => !given.some((t) => t.name === inputName(d))).map((d) => ({
@@ -161,7 +181,8 @@ describe('every datatype through the whole system', () => {
     return [...given, ...empty];
   };
 
-  const modelInfer = (request: object) => grpcClient.call<GrpcResponse>('ModelInfer', { model_name: 'identity', ...request }, API_KEY);
+  const modelInfer = (request: object) =>
+    grpcClient.call<GrpcResponse>('ModelInfer', { model_name: 'identity', ...request }, API_KEY);
 
   beforeAll(async () => {
     // Without the result cache, each request is run by the worker, not answered from an earlier one.
@@ -210,17 +231,28 @@ describe('every datatype through the whole system', () => {
       );
       const res = await fetch(`${url}/v2/models/identity/infer`, {
         method: 'POST',
-        headers: { 'content-type': 'application/octet-stream', 'inference-header-content-length': String(header.length), authorization: `Bearer ${API_KEY}` },
+        headers: {
+          'content-type': 'application/octet-stream',
+          'inference-header-content-length': String(header.length),
+          authorization: `Bearer ${API_KEY}`,
+        },
         body: Buffer.concat([header, sent]),
       });
       const body = Buffer.from(await res.arrayBuffer());
-      expect({ status: res.status, text: res.status === 200 ? '' : body.toString() }).toEqual({ status: 200, text: '' });
+      expect({ status: res.status, text: res.status === 200 ? '' : body.toString() }).toEqual({
+        status: 200,
+        text: '',
+      });
       const headerLength = Number(res.headers.get('inference-header-content-length'));
       const answer = JSON.parse(body.subarray(0, headerLength).toString()) as { outputs: unknown[] };
-      expect(answer.outputs).toEqual([{ name: outputName(datatype), datatype, shape: c.shape, parameters: { binary_data_size: sent.length } }]);
+      expect(answer.outputs).toEqual([
+        { name: outputName(datatype), datatype, shape: c.shape, parameters: { binary_data_size: sent.length } },
+      ]);
       const binary = body.subarray(headerLength);
 
-      const json = (await (await postInfer({ inputs: jsonInputs([{ name, datatype, shape: c.shape, data: c.json }]) })).json()) as JsonResponse;
+      const json = (await (
+        await postInfer({ inputs: jsonInputs([{ name, datatype, shape: c.shape, data: c.json }]) })
+      ).json()) as JsonResponse;
       const jsonData = json.outputs.find((o) => o.name === outputName(datatype))!.data;
 
       expect(binary.equals(sent)).toBe(true);
@@ -242,7 +274,9 @@ describe('every datatype through the whole system', () => {
     if (c.typed !== undefined) {
       const typed = c.typed;
       it(`comes back exactly from typed ${typed.field}`, async () => {
-        const response = await modelInfer({ inputs: grpcInputs([{ name, datatype, shape: c.shape, contents: { [typed.field]: typed.values } }]) });
+        const response = await modelInfer({
+          inputs: grpcInputs([{ name, datatype, shape: c.shape, contents: { [typed.field]: typed.values } }]),
+        });
         const i = response.outputs.findIndex((o) => o.name === outputName(datatype));
         expect(response.outputs[i]).toMatchObject({ datatype, shape: c.shape.map(String) });
         expect(response.raw_output_contents[i]!.toString('hex')).toBe(typed.raw.toString('hex'));
@@ -250,10 +284,16 @@ describe('every datatype through the whole system', () => {
     } else {
       it('is refused in typed contents, which KServe v2 has no field for, with INVALID_ARGUMENT pointing to raw contents', async () => {
         await expect(
-          modelInfer({ inputs: grpcInputs([{ name, datatype, shape: c.shape, contents: { fp32_contents: [0.5, 1, 2, 3, 4, 5, 6, 7] } }]) }),
+          modelInfer({
+            inputs: grpcInputs([
+              { name, datatype, shape: c.shape, contents: { fp32_contents: [0.5, 1, 2, 3, 4, 5, 6, 7] } },
+            ]),
+          }),
         ).rejects.toMatchObject({
           code: 3,
-          details: expect.stringMatching(new RegExp(`input "${name}": ${datatype} has no typed contents field.*raw_input_contents`)),
+          details: expect.stringMatching(
+            new RegExp(`input "${name}": ${datatype} has no typed contents field.*raw_input_contents`),
+          ),
         });
       });
     }
@@ -261,16 +301,28 @@ describe('every datatype through the whole system', () => {
 
   describe('BYTES elements that onnxruntime-node would alter', () => {
     it('are refused over REST with 400 rather than cut short at a NUL byte', async () => {
-      const res = await postInfer({ inputs: jsonInputs([{ name: 'bytes_in', datatype: 'BYTES', shape: [1, 2], data: ['ok', 'a\u0000b'] }]) });
+      const res = await postInfer({
+        inputs: jsonInputs([{ name: 'bytes_in', datatype: 'BYTES', shape: [1, 2], data: ['ok', 'a\u0000b'] }]),
+      });
       expect(res.status).toBe(400);
-      expect(((await res.json()) as { error: string }).error).toMatch(/input "bytes_in": BYTES element 1 contains a NUL byte/);
+      expect(((await res.json()) as { error: string }).error).toMatch(
+        /input "bytes_in": BYTES element 1 contains a NUL byte/,
+      );
     });
 
     it('are refused over gRPC with INVALID_ARGUMENT rather than turned into U+FFFD when not UTF-8', async () => {
       const inputs = grpcInputs([{ name: 'bytes_in', datatype: 'BYTES', shape: [1, 1] }]);
       await expect(
-        modelInfer({ inputs, raw_input_contents: inputs.map((t) => (t.name === 'bytes_in' ? lengthPrefixed([Buffer.from([0x41, 0xff])]) : Buffer.alloc(0))) }),
-      ).rejects.toMatchObject({ code: 3, details: expect.stringMatching(/input "bytes_in": BYTES element 0 is not valid UTF-8/) });
+        modelInfer({
+          inputs,
+          raw_input_contents: inputs.map((t) =>
+            t.name === 'bytes_in' ? lengthPrefixed([Buffer.from([0x41, 0xff])]) : Buffer.alloc(0),
+          ),
+        }),
+      ).rejects.toMatchObject({
+        code: 3,
+        details: expect.stringMatching(/input "bytes_in": BYTES element 0 is not valid UTF-8/),
+      });
     });
   });
 
@@ -287,12 +339,19 @@ describe('every datatype through the whole system', () => {
     it('is refused over gRPC raw contents with UNIMPLEMENTED naming the tensor and the datatype', async () => {
       const inputs = grpcInputs([bf16]);
       await expect(
-        modelInfer({ inputs, raw_input_contents: inputs.map((t) => (t.name === 'bf16_in' ? Buffer.from([0xc0, 0x3f, 0x00, 0xc0]) : Buffer.alloc(0))) }),
+        modelInfer({
+          inputs,
+          raw_input_contents: inputs.map((t) =>
+            t.name === 'bf16_in' ? Buffer.from([0xc0, 0x3f, 0x00, 0xc0]) : Buffer.alloc(0),
+          ),
+        }),
       ).rejects.toMatchObject({ code: 12, details: expect.stringMatching(refusal) });
     });
 
     it('is refused over gRPC typed contents with UNIMPLEMENTED naming the tensor and the datatype', async () => {
-      await expect(modelInfer({ inputs: grpcInputs([{ ...bf16, contents: { fp32_contents: [1.5, -2] } }]) })).rejects.toMatchObject({
+      await expect(
+        modelInfer({ inputs: grpcInputs([{ ...bf16, contents: { fp32_contents: [1.5, -2] } }]) }),
+      ).rejects.toMatchObject({
         code: 12,
         details: expect.stringMatching(refusal),
       });

@@ -27,13 +27,16 @@ function primaryOutput(input: readonly number[]): number[] {
 function backupOutput(input: readonly number[]): number[] {
   let x = [...input];
   for (const layer of mlpLayers(BACKUP)) {
-    const y = Array.from(layer.bias, (b, j) => x.reduce((sum, v, i) => sum + v * layer.weight[i * layer.outFeatures + j]!, b));
+    const y = Array.from(layer.bias, (b, j) =>
+      x.reduce((sum, v, i) => sum + v * layer.weight[i * layer.outFeatures + j]!, b),
+    );
     x = layer.relu ? y.map((v) => Math.max(0, v)) : y;
   }
   return x;
 }
 
-const close = (a: readonly number[], b: readonly number[]) => a.length === b.length && a.every((v, i) => Math.abs(v - b[i]!) <= 1e-4 * Math.max(1, Math.abs(b[i]!)));
+const close = (a: readonly number[], b: readonly number[]) =>
+  a.length === b.length && a.every((v, i) => Math.abs(v - b[i]!) <= 1e-4 * Math.max(1, Math.abs(b[i]!)));
 
 /**
  * Graceful degradation to a fallback model when the primary model's workers die: two workers, worker
@@ -52,7 +55,10 @@ describe('fallback model when the primary has no worker', () => {
     });
     const registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
     try {
-      await registry.setRolloutPolicy({ model: 'models/primary', policy: { fallbackModel: 'backup' } }, { timeoutMs: 5_000 });
+      await registry.setRolloutPolicy(
+        { model: 'models/primary', policy: { fallbackModel: 'backup' } },
+        { timeoutMs: 5_000 },
+      );
     } finally {
       registry.close();
     }
@@ -77,9 +83,18 @@ describe('fallback model when the primary has no worker', () => {
         body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: input }] }),
         signal: AbortSignal.timeout(20_000),
       });
-      const body = (await res.json()) as { error?: string; model_name?: string; parameters?: { degraded?: boolean }; outputs?: { data: number[] }[] };
+      const body = (await res.json()) as {
+        error?: string;
+        model_name?: string;
+        parameters?: { degraded?: boolean };
+        outputs?: { data: number[] }[];
+      };
       const output = body.outputs?.[0]?.data ?? [];
-      const computedBy = close(output, primaryOutput(input)) ? 'primary' : close(output, backupOutput(input)) ? 'backup' : 'neither';
+      const computedBy = close(output, primaryOutput(input))
+        ? 'primary'
+        : close(output, backupOutput(input))
+          ? 'backup'
+          : 'neither';
       return {
         sentAt,
         doneAt: Date.now(),
@@ -110,11 +125,16 @@ describe('fallback model when the primary has no worker', () => {
     };
   }
 
-  const summary = (answers: Answer[]) => answers.map((a) => `${a.status} ${a.model ?? '-'} degraded=${a.degraded ?? '-'} computed by ${a.computedBy ?? '-'}${a.error === undefined ? '' : ` (${a.error})`}`);
+  const summary = (answers: Answer[]) =>
+    answers.map(
+      (a) =>
+        `${a.status} ${a.model ?? '-'} degraded=${a.degraded ?? '-'} computed by ${a.computedBy ?? '-'}${a.error === undefined ? '' : ` (${a.error})`}`,
+    );
   const servedBy = (answers: Answer[], model: string, degraded: boolean) =>
-    answers.filter((a) => a.status === 200 && a.model === model && a.degraded === degraded && a.computedBy === model).length;
+    answers.filter((a) => a.status === 200 && a.model === model && a.degraded === degraded && a.computedBy === model)
+      .length;
 
-  it('answers from the fallback, marked degraded, while the primary\'s only worker is dead, with no failed request; the primary answers again once its worker is back', async () => {
+  it("answers from the fallback, marked degraded, while the primary's only worker is dead, with no failed request; the primary answers again once its worker is back", async () => {
     const client = closedLoop();
     await new Promise((r) => setTimeout(r, 2_000));
     const killStartedAt = Date.now();
@@ -160,7 +180,15 @@ describe('fallback model when the primary has no worker', () => {
       `fallback: worker 0 restarted; primary answered again after ${((meanwhile.at(-1)!.doneAt - restartedAt) / 1000).toFixed(1)} s ` +
         `(${meanwhile.length - 1} requests answered by backup, degraded, meanwhile), then ${servedBy(recovered, 'primary', false)} of ${recovered.length} from primary, not degraded`,
     );
-    expect(summary(meanwhile.slice(0, -1).filter((a) => !(a.status === 200 && a.model === 'backup' && a.degraded === true && a.computedBy === 'backup')))).toEqual([]);
+    expect(
+      summary(
+        meanwhile
+          .slice(0, -1)
+          .filter(
+            (a) => !(a.status === 200 && a.model === 'backup' && a.degraded === true && a.computedBy === 'backup'),
+          ),
+      ),
+    ).toEqual([]);
     expect(summary(meanwhile.slice(-1))).toEqual(['200 primary degraded=false computed by primary']);
     expect(servedBy(recovered, 'primary', false)).toBe(recovered.length);
   });

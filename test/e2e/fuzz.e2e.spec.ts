@@ -49,7 +49,11 @@ function seedInit(schema: DescMessage): unknown {
     case 'infermesh.worker.v1.InferRequest':
       return { request: tinyRequest };
     case 'inference.ModelInferRequest':
-      return { modelName: 'tiny', inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n] }], rawInputContents: [float32([1, 2, 3, 4])] };
+      return {
+        modelName: 'tiny',
+        inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n] }],
+        rawInputContents: [float32([1, 2, 3, 4])],
+      };
     case 'inference.ModelMetadataRequest':
     case 'inference.ModelReadyRequest':
       return { name: 'tiny' };
@@ -91,11 +95,19 @@ interface Outcome {
 }
 
 /** One call with raw request bytes; its status. Server streams are read to their end or deadline. */
-function rawCall(client: grpc.Client, path: string, kind: string, bytes: Buffer, metadata: grpc.Metadata, deadlineMs: number): Promise<Outcome> {
+function rawCall(
+  client: grpc.Client,
+  path: string,
+  kind: string,
+  bytes: Buffer,
+  metadata: grpc.Metadata,
+  deadlineMs: number,
+): Promise<Outcome> {
   const identity = (b: Buffer) => b;
   const options = { deadline: Date.now() + deadlineMs };
   return new Promise((resolve) => {
-    const done = (error: grpc.ServiceError | null) => resolve(error === null ? { code: grpc.status.OK, details: '' } : { code: error.code, details: error.details });
+    const done = (error: grpc.ServiceError | null) =>
+      resolve(error === null ? { code: grpc.status.OK, details: '' } : { code: error.code, details: error.details });
     if (kind === 'unary') {
       client.makeUnaryRequest(path, identity, identity, bytes, metadata, options, (error) => done(error));
     } else if (kind === 'server_streaming') {
@@ -104,7 +116,9 @@ function rawCall(client: grpc.Client, path: string, kind: string, bytes: Buffer,
       stream.on('error', (error: grpc.ServiceError) => done(error));
       stream.on('end', () => done(null));
     } else {
-      const stream = client.makeClientStreamRequest(path, identity, identity, metadata, options, (error) => done(error));
+      const stream = client.makeClientStreamRequest(path, identity, identity, metadata, options, (error) =>
+        done(error),
+      );
       stream.write(bytes);
       stream.end();
     }
@@ -129,7 +143,10 @@ describe('fuzzing every port with malformed input', () => {
 
   beforeAll(async () => {
     fixture = await startFixture({ models: ['tiny', 'multi-io'] });
-    pids = Object.fromEntries(SERVICE_NAMES.map((s) => [s, fixture.system.process(s).pid!])) as Record<ServiceName, number>;
+    pids = Object.fromEntries(SERVICE_NAMES.map((s) => [s, fixture.system.process(s).pid!])) as Record<
+      ServiceName,
+      number
+    >;
     console.log(`fuzz seed ${FUZZ_SEED} (replay with INFERMESH_FUZZ_SEED=${FUZZ_SEED})`);
   }, 120_000);
 
@@ -149,14 +166,29 @@ describe('fuzzing every port with malformed input', () => {
     fc.constantFrom('tiny', 'multi-io', 'nope', '', '..', '%00', 'a%2Fb', 'x'.repeat(300)),
     fc.string({ maxLength: 12 }).map(encodeURIComponent),
   );
-  const otherName = fc.oneof(fc.constantFrom('nope', 'fuzzed', '', '%00', 'x'.repeat(300)), fc.string({ maxLength: 12 }).map(encodeURIComponent));
-  const version = fc.oneof(fc.constantFrom('1', '2', '0', '-1', '01', '99999999999999999999'), fc.string({ maxLength: 6 }).map(encodeURIComponent));
+  const otherName = fc.oneof(
+    fc.constantFrom('nope', 'fuzzed', '', '%00', 'x'.repeat(300)),
+    fc.string({ maxLength: 12 }).map(encodeURIComponent),
+  );
+  const version = fc.oneof(
+    fc.constantFrom('1', '2', '0', '-1', '01', '99999999999999999999'),
+    fc.string({ maxLength: 6 }).map(encodeURIComponent),
+  );
   const path = fc.oneof(
     fc.tuple(modelName, version).map(([m, v]) => `/v2/models/${m}/versions/${v}/infer`),
     modelName.map((m) => `/v2/models/${m}/infer`),
     modelName.map((m) => `/v2/models/${m}`),
     modelName.map((m) => `/v2/models/${m}/ready`),
-    fc.constantFrom('/v2', '/v2/health/ready', '/v2/health/live', '/v2/repository/index', '/admin/v1/models', '/admin/v1/artifacts', '/', '/v2/models'),
+    fc.constantFrom(
+      '/v2',
+      '/v2/health/ready',
+      '/v2/health/live',
+      '/v2/repository/index',
+      '/admin/v1/models',
+      '/admin/v1/artifacts',
+      '/',
+      '/v2/models',
+    ),
     otherName.map((m) => `/v2/repository/models/${m}/load`),
     otherName.map((m) => `/v2/repository/models/${m}/unload`),
     otherName.map((m) => `/admin/v1/models/${m}`),
@@ -167,11 +199,28 @@ describe('fuzzing every port with malformed input', () => {
   const tensor = fc.record(
     {
       name: fc.oneof(fc.constant('input'), fc.constant('x'), fc.anything()),
-      shape: fc.oneof(fc.constant([1, 4]), fc.array(fc.oneof(fc.integer(), fc.double(), fc.string(), fc.constant(-1)), { maxLength: 5 }), fc.anything()),
-      datatype: fc.oneof(fc.constantFrom('FP32', 'INT64', 'BOOL', 'BYTES', 'FP16', 'BF16', 'fp32', 'UINT8', ''), fc.anything()),
+      shape: fc.oneof(
+        fc.constant([1, 4]),
+        fc.array(fc.oneof(fc.integer(), fc.double(), fc.string(), fc.constant(-1)), { maxLength: 5 }),
+        fc.anything(),
+      ),
+      datatype: fc.oneof(
+        fc.constantFrom('FP32', 'INT64', 'BOOL', 'BYTES', 'FP16', 'BF16', 'fp32', 'UINT8', ''),
+        fc.anything(),
+      ),
       data: fc.oneof(
         fc.constant([1, 2, 3, 4]),
-        fc.array(fc.oneof(fc.double(), fc.integer(), fc.string(), fc.boolean(), fc.constant(null), fc.constantFrom('NaN', 'Infinity', '1e999')), { maxLength: 16 }),
+        fc.array(
+          fc.oneof(
+            fc.double(),
+            fc.integer(),
+            fc.string(),
+            fc.boolean(),
+            fc.constant(null),
+            fc.constantFrom('NaN', 'Infinity', '1e999'),
+          ),
+          { maxLength: 16 },
+        ),
         fc.anything(),
       ),
       parameters: fc.anything(),
@@ -179,7 +228,17 @@ describe('fuzzing every port with malformed input', () => {
     { requiredKeys: [] },
   );
   const body = fc.oneof(
-    fc.record({ inputs: fc.oneof(fc.array(tensor, { maxLength: 3 }), fc.anything()), outputs: fc.anything(), id: fc.anything(), parameters: fc.anything() }, { requiredKeys: [] }).map((o) => JSON.stringify(o)),
+    fc
+      .record(
+        {
+          inputs: fc.oneof(fc.array(tensor, { maxLength: 3 }), fc.anything()),
+          outputs: fc.anything(),
+          id: fc.anything(),
+          parameters: fc.anything(),
+        },
+        { requiredKeys: [] },
+      )
+      .map((o) => JSON.stringify(o)),
     fc.json().map(String),
     fc.string({ maxLength: 200 }),
     fc.uint8Array({ maxLength: 200 }).map((b) => Buffer.from(b)),
@@ -190,9 +249,24 @@ describe('fuzzing every port with malformed input', () => {
     method: fc.constantFrom('GET', 'POST', 'POST', 'POST', 'PUT', 'PATCH', 'DELETE'),
     path,
     body,
-    auth: fc.constantFrom(`Bearer ${API_KEY}`, `Bearer ${API_KEY}`, 'Bearer wrong', 'Basic abc', '', `bearer ${API_KEY} extra`),
-    contentType: fc.constantFrom('application/json', 'application/octet-stream', 'text/plain', 'application/json; charset=latin1', ''),
-    timeout: fc.option(fc.oneof(fc.constantFrom('0', '-5', 'abc', '1e9', '100'), fc.string({ maxLength: 5 })), { nil: undefined }),
+    auth: fc.constantFrom(
+      `Bearer ${API_KEY}`,
+      `Bearer ${API_KEY}`,
+      'Bearer wrong',
+      'Basic abc',
+      '',
+      `bearer ${API_KEY} extra`,
+    ),
+    contentType: fc.constantFrom(
+      'application/json',
+      'application/octet-stream',
+      'text/plain',
+      'application/json; charset=latin1',
+      '',
+    ),
+    timeout: fc.option(fc.oneof(fc.constantFrom('0', '-5', 'abc', '1e9', '100'), fc.string({ maxLength: 5 })), {
+      nil: undefined,
+    }),
     routingKey: fc.option(fc.string({ maxLength: 300 }), { nil: undefined }),
   });
 
@@ -212,15 +286,19 @@ describe('fuzzing every port with malformed input', () => {
             signal: AbortSignal.timeout(20_000),
           });
           const text = await res.text();
-          if (!REST_OK.has(res.status)) throw new Error(`${r.method} ${r.path} answered ${res.status}: ${text.slice(0, 300)}`);
+          if (!REST_OK.has(res.status))
+            throw new Error(`${r.method} ${r.path} answered ${res.status}: ${text.slice(0, 300)}`);
           if (res.status >= 400) {
             let parsed: unknown;
             try {
               parsed = JSON.parse(text);
             } catch {
-              throw new Error(`${r.method} ${r.path} answered ${res.status} without a JSON body: ${text.slice(0, 200)}`);
+              throw new Error(
+                `${r.method} ${r.path} answered ${res.status} without a JSON body: ${text.slice(0, 200)}`,
+              );
             }
-            if (typeof (parsed as { error?: unknown }).error !== 'string') throw new Error(`${r.method} ${r.path} answered ${res.status} without "error": ${text.slice(0, 200)}`);
+            if (typeof (parsed as { error?: unknown }).error !== 'string')
+              throw new Error(`${r.method} ${r.path} answered ${res.status} without "error": ${text.slice(0, 200)}`);
           }
         }),
         { numRuns: runs, seed, endOnFailure: true },
@@ -230,14 +308,20 @@ describe('fuzzing every port with malformed input', () => {
     const gatewayAfterWarmUp = rssBytes(pids.gateway);
     await restRound(2_000, FUZZ_SEED + 1);
     const growth = rssBytes(pids.gateway) - gatewayAfterWarmUp;
-    console.log(`gateway resident memory grew ${(growth / 2 ** 20).toFixed(1)} MiB over 2,000 fuzzed requests after 500 to warm up`);
+    console.log(
+      `gateway resident memory grew ${(growth / 2 ** 20).toFixed(1)} MiB over 2,000 fuzzed requests after 500 to warm up`,
+    );
     expect(growth).toBeLessThan(64 * 2 ** 20);
     expect((await validInfer()).status).toBe(200);
   }, 120_000);
 
   it('answers mutated and malformed protobuf messages on every gRPC port without INTERNAL', async () => {
     const targets: { service: ServiceName; address: string; services: DescService[] }[] = [
-      { service: 'gateway', address: fixture.system.gatewayGrpcAddress, services: [GRPCInferenceService, RegistryService, Health] },
+      {
+        service: 'gateway',
+        address: fixture.system.gatewayGrpcAddress,
+        services: [GRPCInferenceService, RegistryService, Health],
+      },
       { service: 'registry', address: fixture.system.grpcAddress('registry'), services: [RegistryService, Health] },
       { service: 'router', address: fixture.system.grpcAddress('router'), services: [RouterService, Health] },
       { service: 'cache', address: fixture.system.grpcAddress('cache'), services: [CacheService, Health] },
@@ -257,12 +341,29 @@ describe('fuzzing every port with malformed input', () => {
             const endless = method.methodKind === 'server_streaming' && /Watch/.test(method.name);
             const path = `/${service.typeName}/${method.name}`;
             await fc.assert(
-              fc.asyncProperty(fc.oneof(mutated(seeds.get(path)!), fc.uint8Array({ maxLength: 256 }).map((b) => Buffer.from(b))), async (bytes) => {
-                calls += 1;
-                const outcome = await rawCall(client, path, method.methodKind, bytes, metadata, endless ? 300 : 5_000);
-                if (GRPC_BUGS.has(outcome.code)) throw new Error(`${target.service} ${path} answered ${grpc.status[outcome.code]}: ${outcome.details}`);
-                if (outcome.code === grpc.status.DEADLINE_EXCEEDED && !endless) throw new Error(`${target.service} ${path} left a call without an answer until its deadline`);
-              }),
+              fc.asyncProperty(
+                fc.oneof(
+                  mutated(seeds.get(path)!),
+                  fc.uint8Array({ maxLength: 256 }).map((b) => Buffer.from(b)),
+                ),
+                async (bytes) => {
+                  calls += 1;
+                  const outcome = await rawCall(
+                    client,
+                    path,
+                    method.methodKind,
+                    bytes,
+                    metadata,
+                    endless ? 300 : 5_000,
+                  );
+                  if (GRPC_BUGS.has(outcome.code))
+                    throw new Error(
+                      `${target.service} ${path} answered ${grpc.status[outcome.code]}: ${outcome.details}`,
+                    );
+                  if (outcome.code === grpc.status.DEADLINE_EXCEEDED && !endless)
+                    throw new Error(`${target.service} ${path} left a call without an answer until its deadline`);
+                },
+              ),
               { numRuns: endless ? 3 : 60, seed: FUZZ_SEED, endOnFailure: true },
             );
           }
@@ -277,7 +378,11 @@ describe('fuzzing every port with malformed input', () => {
 
   it('leaves every process running, and the system still serves', async () => {
     for (const service of SERVICE_NAMES) {
-      expect({ service, running: fixture.system.process(service).running, pid: fixture.system.process(service).pid }).toEqual({
+      expect({
+        service,
+        running: fixture.system.process(service).running,
+        pid: fixture.system.process(service).pid,
+      }).toEqual({
         service,
         running: true,
         pid: pids[service],

@@ -33,8 +33,20 @@ const ROUTES: Route[] = [
   { method: 'POST', path: '/v2/repository/index', scope: 'infer', ok: 200 },
   { method: 'GET', path: '/admin/v1/models', scope: 'admin', ok: 200 },
   { method: 'GET', path: '/admin/v1/models/tiny', scope: 'admin', ok: 200 },
-  { method: 'PATCH', path: '/admin/v1/models/tiny', scope: 'admin', body: JSON.stringify({ labels: { audited: 'yes' } }), ok: 200 },
-  { method: 'PUT', path: '/admin/v1/models/tiny/cache', scope: 'admin', body: JSON.stringify({ ttlMs: '60000' }), ok: 200 },
+  {
+    method: 'PATCH',
+    path: '/admin/v1/models/tiny',
+    scope: 'admin',
+    body: JSON.stringify({ labels: { audited: 'yes' } }),
+    ok: 200,
+  },
+  {
+    method: 'PUT',
+    path: '/admin/v1/models/tiny/cache',
+    scope: 'admin',
+    body: JSON.stringify({ ttlMs: '60000' }),
+    ok: 200,
+  },
   { method: 'POST', path: '/v2/repository/models/tiny/load', scope: 'admin', ok: 200 },
   { method: 'GET', path: '/admin/v1/api-keys', scope: 'admin', ok: 200 },
 ];
@@ -111,15 +123,19 @@ describe('the gateway edge: keys, scopes and shared rate limits', () => {
           ...(route.body !== undefined && { body: route.body }),
         });
         const body = (await res.json()) as { error?: string };
-        if (res.status !== expected(credential, route)) mismatches.push(`${route.method} ${route.path} with ${credential}: ${res.status} ${JSON.stringify(body)}`);
-        if (res.status >= 400 && typeof body.error !== 'string') mismatches.push(`${route.method} ${route.path} with ${credential}: no error message`);
+        if (res.status !== expected(credential, route))
+          mismatches.push(`${route.method} ${route.path} with ${credential}: ${res.status} ${JSON.stringify(body)}`);
+        if (res.status >= 400 && typeof body.error !== 'string')
+          mismatches.push(`${route.method} ${route.path} with ${credential}: no error message`);
         if (route.path.endsWith('/infer') && res.status === 200) admittedInferences += 1;
       }
     }
     for (const path of ['/v2/health/live', '/v2/health/ready']) {
       for (const credential of CREDENTIALS) {
         const header = authorization(credential, 'infer');
-        const res = await fetch(`${fixture.system.gatewayUrl}${path}`, { headers: header !== undefined ? { authorization: header } : {} });
+        const res = await fetch(`${fixture.system.gatewayUrl}${path}`, {
+          headers: header !== undefined ? { authorization: header } : {},
+        });
         if (res.status !== 200) mismatches.push(`GET ${path} with ${credential}: ${res.status}`);
       }
     }
@@ -138,7 +154,8 @@ describe('the gateway edge: keys, scopes and shared rate limits', () => {
         () => 'OK',
         (error: unknown) => (error instanceof RpcError ? (status[error.code] ?? String(error.code)) : String(error)),
       );
-    const grpcExpected = (credential: Credential) => (credential === 'right scope' ? 'OK' : credential === 'wrong scope' ? 'PERMISSION_DENIED' : 'UNAUTHENTICATED');
+    const grpcExpected = (credential: Credential) =>
+      credential === 'right scope' ? 'OK' : credential === 'wrong scope' ? 'PERMISSION_DENIED' : 'UNAUTHENTICATED';
     const seen: string[] = [];
     const wanted: string[] = [];
     try {
@@ -149,7 +166,18 @@ describe('the gateway edge: keys, scopes and shared rate limits', () => {
           return { metadata: headers, timeoutMs: 10_000 };
         };
         const calls: [string, Promise<unknown>][] = [
-          ['ModelInfer', inference.modelInfer(create(ModelInferRequestSchema, { modelName: 'tiny', inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n], contents: { fp32Contents: [1, 2, 3, 4] } }] }), metadata('infer'))],
+          [
+            'ModelInfer',
+            inference.modelInfer(
+              create(ModelInferRequestSchema, {
+                modelName: 'tiny',
+                inputs: [
+                  { name: 'input', datatype: 'FP32', shape: [1n, 4n], contents: { fp32Contents: [1, 2, 3, 4] } },
+                ],
+              }),
+              metadata('infer'),
+            ),
+          ],
           ['ModelMetadata', inference.modelMetadata({ name: 'tiny' }, metadata('infer'))],
           ['ModelReady', inference.modelReady({ name: 'tiny' }, metadata('infer'))],
           ['ServerMetadata', inference.serverMetadata({}, metadata('infer'))],
@@ -172,21 +200,33 @@ describe('the gateway edge: keys, scopes and shared rate limits', () => {
     const RATE = 40;
     const BURST = 5;
     const DURATION_MS = 6_000;
-    const { secret } = await createKey({ displayName: 'limited', scopes: ['SCOPE_INFER'], rateLimit: { requestsPerSecond: RATE, burst: BURST } });
+    const { secret } = await createKey({
+      displayName: 'limited',
+      scopes: ['SCOPE_INFER'],
+      rateLimit: { requestsPerSecond: RATE, burst: BURST },
+    });
 
     // A second gateway replica: the same router, registry and Redis, its own ports.
     const [http, grpc, metrics] = await freePortList(3);
     const second = new ServiceProcess(
       'gateway',
       serviceEntry(DIST, 'gateway'),
-      { ...fixture.system.envFor('gateway'), GATEWAY_HTTP_PORT: String(http), GATEWAY_GRPC_PORT: String(grpc), GATEWAY_METRICS_PORT: String(metrics) },
+      {
+        ...fixture.system.envFor('gateway'),
+        GATEWAY_HTTP_PORT: String(http),
+        GATEWAY_GRPC_PORT: String(grpc),
+        GATEWAY_METRICS_PORT: String(metrics),
+      },
       () => undefined,
     );
     second.start();
     try {
       const secondUrl = `http://127.0.0.1:${http}`;
-      for (const end = Date.now() + 30_000; ; ) {
-        const ready = await fetch(`${secondUrl}/v2/health/ready`).then((r) => r.status, () => 0);
+      for (const end = Date.now() + 30_000; ;) {
+        const ready = await fetch(`${secondUrl}/v2/health/ready`).then(
+          (r) => r.status,
+          () => 0,
+        );
         if (ready === 200) break;
         if (Date.now() > end) throw new Error('the second gateway did not become ready');
         await new Promise((r) => setTimeout(r, 100));

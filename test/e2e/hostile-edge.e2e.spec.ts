@@ -24,7 +24,10 @@ type InferInit = MessageInitShape<typeof ModelInferRequestSchema>;
 function rawGrpc(address: string) {
   const Ctor = grpc.makeGenericClientConstructor(toServiceDefinition(GRPCInferenceService), 'GRPCInferenceService');
   const client = new Ctor(address, grpc.credentials.createInsecure());
-  const infer = (request: InferInit, deadline: number): Promise<{ code: grpc.status; details: string; outputs: number }> =>
+  const infer = (
+    request: InferInit,
+    deadline: number,
+  ): Promise<{ code: grpc.status; details: string; outputs: number }> =>
     new Promise((resolve) => {
       const metadata = new grpc.Metadata();
       metadata.set('authorization', AUTH.authorization);
@@ -35,7 +38,11 @@ function rawGrpc(address: string) {
         metadata,
         options,
         (error: grpc.ServiceError | null, response: { outputs?: unknown[] } | undefined) =>
-          resolve(error ? { code: error.code, details: error.details, outputs: 0 } : { code: grpc.status.OK, details: '', outputs: response?.outputs?.length ?? 0 }),
+          resolve(
+            error
+              ? { code: error.code, details: error.details, outputs: 0 }
+              : { code: grpc.status.OK, details: '', outputs: response?.outputs?.length ?? 0 },
+          ),
       );
     });
   return { infer, close: () => client.close() };
@@ -61,7 +68,11 @@ describe('hostile requests at the edge', () => {
   beforeAll(async () => {
     fixture = await startFixture({
       models: ['tiny'],
-      env: { GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: String(BODY_BUDGET_BYTES), GATEWAY_MAX_REQUEST_TIMEOUT_MS: '600000', GATEWAY_MAX_NAME_BYTES: '1024' },
+      env: {
+        GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: String(BODY_BUDGET_BYTES),
+        GATEWAY_MAX_REQUEST_TIMEOUT_MS: '600000',
+        GATEWAY_MAX_NAME_BYTES: '1024',
+      },
     });
     pids = new Map(SERVICE_NAMES.map((name) => [name, fixture.system.process(name).pid]));
   });
@@ -84,7 +95,11 @@ describe('hostile requests at the edge', () => {
 
   /** Services that died or were replaced since the start (but one the test killed itself). */
   const deadServices = () =>
-    SERVICE_NAMES.filter((name) => pids.has(name) && (!fixture.system.process(name).running || fixture.system.process(name).pid !== pids.get(name)));
+    SERVICE_NAMES.filter(
+      (name) =>
+        pids.has(name) &&
+        (!fixture.system.process(name).running || fixture.system.process(name).pid !== pids.get(name)),
+    );
 
   /**
    * `clients` loops of valid requests (half REST, half gRPC) until stopped; each counts what it sent
@@ -103,14 +118,19 @@ describe('hostile requests at the edge', () => {
             const { status, text } = await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT] });
             if (status !== 200) failures.push(`REST ${status} ${text.slice(0, 200)}`);
           } else {
-            const response = await grpcClient.modelInfer(create(GRPCInferenceService.method.modelInfer.input, tinyGrpc()), {
-              metadata: AUTH,
-              timeoutMs: 60_000,
-            });
+            const response = await grpcClient.modelInfer(
+              create(GRPCInferenceService.method.modelInfer.input, tinyGrpc()),
+              {
+                metadata: AUTH,
+                timeoutMs: 60_000,
+              },
+            );
             if (response.rawOutputContents.length !== 1) failures.push('gRPC: no output');
           }
         } catch (error) {
-          failures.push(`${i % 2 === 0 ? 'REST' : 'gRPC'}: ${error instanceof Error ? error.message.slice(0, 200) : String(error)}`);
+          failures.push(
+            `${i % 2 === 0 ? 'REST' : 'gRPC'}: ${error instanceof Error ? error.message.slice(0, 200) : String(error)}`,
+          );
           await new Promise((r) => setTimeout(r, 100)); // a dead gateway refuses at once: no busy loop
         }
         if (failures.length >= 1_000) break;
@@ -140,7 +160,11 @@ describe('hostile requests at the edge', () => {
     }
     const { sent, failures } = outcome;
     process.stdout.write(`well-behaved clients: ${sent} requests sent, ${failures.length} failed\n`);
-    expect({ dead: deadServices(), failures: failures.slice(0, 10), failed: failures.length }).toEqual({ dead: [], failures: [], failed: 0 });
+    expect({ dead: deadServices(), failures: failures.slice(0, 10), failed: failures.length }).toEqual({
+      dead: [],
+      failures: [],
+      failed: 0,
+    });
     expect(sent).toBeGreaterThan(8);
     return result;
   };
@@ -151,19 +175,43 @@ describe('hostile requests at the edge', () => {
     try {
       const outcome = await underLoad(async () => {
         const rest = {
-          hugeTimeout: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { timeout: 400000000000000000 } }),
+          hugeTimeout: await post('/v2/models/tiny/infer', {
+            inputs: [TINY_INPUT],
+            parameters: { timeout: 400000000000000000 },
+          }),
           negativeTimeout: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { timeout: -5 } }),
-          fractionalTimeout: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { timeout: 1.5 } }),
+          fractionalTimeout: await post('/v2/models/tiny/infer', {
+            inputs: [TINY_INPUT],
+            parameters: { timeout: 1.5 },
+          }),
           textTimeout: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { timeout: 'soon' } }),
           negativePriority: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { priority: -1 } }),
           textPriority: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { priority: 'high' } }),
-          maxHeader: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT] }, { 'x-request-timeout-ms': '2147483647' }),
-          hugeHeader: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT] }, { 'x-request-timeout-ms': '99999999999999999999' }),
-          negativeHeader: await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT] }, { 'x-request-timeout-ms': '-1' }),
+          maxHeader: await post(
+            '/v2/models/tiny/infer',
+            { inputs: [TINY_INPUT] },
+            { 'x-request-timeout-ms': '2147483647' },
+          ),
+          hugeHeader: await post(
+            '/v2/models/tiny/infer',
+            { inputs: [TINY_INPUT] },
+            { 'x-request-timeout-ms': '99999999999999999999' },
+          ),
+          negativeHeader: await post(
+            '/v2/models/tiny/infer',
+            { inputs: [TINY_INPUT] },
+            { 'x-request-timeout-ms': '-1' },
+          ),
         };
         const grpcCalls = {
-          hugeTimeoutNoDeadline: await raw.infer(tinyGrpc({ timeout: { parameterChoice: { case: 'int64Param', value: 400000000000000000n } } }), Infinity),
-          negativeTimeout: await raw.infer(tinyGrpc({ timeout: { parameterChoice: { case: 'int64Param', value: -1n } } }), Date.now() + 60_000),
+          hugeTimeoutNoDeadline: await raw.infer(
+            tinyGrpc({ timeout: { parameterChoice: { case: 'int64Param', value: 400000000000000000n } } }),
+            Infinity,
+          ),
+          negativeTimeout: await raw.infer(
+            tinyGrpc({ timeout: { parameterChoice: { case: 'int64Param', value: -1n } } }),
+            Date.now() + 60_000,
+          ),
           deadline25Days: await raw.infer(tinyGrpc(), Date.now() + 25 * DAY_MS),
           deadline30Days: await raw.infer(tinyGrpc(), Date.now() + 30 * DAY_MS),
           deadline50Days: await raw.infer(tinyGrpc(), Date.now() + 50 * DAY_MS),
@@ -211,7 +259,10 @@ describe('hostile requests at the edge', () => {
             ['input name', post('/v2/models/tiny/infer', { inputs: [{ ...TINY_INPUT, name: HUGE_NAME.repeat(10) }] })],
             ['output name', post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], outputs: [{ name: HUGE_NAME }] })],
             ['parameter key', post('/v2/models/tiny/infer', { inputs: [TINY_INPUT], parameters: { [HUGE_NAME]: 1 } })],
-            ['input parameter key', post('/v2/models/tiny/infer', { inputs: [{ ...TINY_INPUT, parameters: { [HUGE_NAME]: true } }] })],
+            [
+              'input parameter key',
+              post('/v2/models/tiny/infer', { inputs: [{ ...TINY_INPUT, parameters: { [HUGE_NAME]: true } }] }),
+            ],
             ['request id', post('/v2/models/tiny/infer', { id: HUGE_NAME, inputs: [TINY_INPUT] })],
             ['model name', post(`/v2/models/${'m'.repeat(6_000)}/infer`, { inputs: [TINY_INPUT] })],
             ['version', post(`/v2/models/tiny/versions/${'v'.repeat(6_000)}/infer`, { inputs: [TINY_INPUT] })],
@@ -219,7 +270,11 @@ describe('hostile requests at the edge', () => {
           const grpcPending = raw.infer(tinyGrpc({}, HUGE_NAME), Date.now() + 60_000);
           for (const [what, pending] of requests) all.push({ what, ...(await pending) });
           const grpcAnswer = await grpcPending;
-          all.push({ what: 'gRPC input name', status: grpc.status[grpcAnswer.code] ?? String(grpcAnswer.code), text: grpcAnswer.details });
+          all.push({
+            what: 'gRPC input name',
+            status: grpc.status[grpcAnswer.code] ?? String(grpcAnswer.code),
+            text: grpcAnswer.details,
+          });
         }
         return all;
       });
@@ -266,7 +321,11 @@ describe('hostile requests at the edge', () => {
           // Slowly: a chunk at a time, the last one only once every upload has sent the rest.
           void (async () => {
             await new Promise((r) => setTimeout(r, 500));
-            for (let sent = 0; sent < UPLOAD_BYTES - chunk.length && answered === undefined && !req.destroyed; sent += chunk.length) {
+            for (
+              let sent = 0;
+              sent < UPLOAD_BYTES - chunk.length && answered === undefined && !req.destroyed;
+              sent += chunk.length
+            ) {
               if (!req.write(chunk)) await new Promise((r) => req.once('drain', r).once('close', r));
               await new Promise((r) => setTimeout(r, 5));
             }
@@ -293,7 +352,9 @@ describe('hostile requests at the edge', () => {
       await new Promise((r) => setTimeout(r, 1_000));
       after = await rss();
     }
-    process.stdout.write(`gateway RSS: ${Math.round(baseline / 2 ** 20)} MiB before, ${Math.round(peak / 2 ** 20)} MiB peak, ${Math.round(after / 2 ** 20)} MiB after 12 uploads of 60 MB\n`);
+    process.stdout.write(
+      `gateway RSS: ${Math.round(baseline / 2 ** 20)} MiB before, ${Math.round(peak / 2 ** 20)} MiB peak, ${Math.round(after / 2 ** 20)} MiB after 12 uploads of 60 MB\n`,
+    );
     const statuses = uploads.map((u) => u.status ?? u.error);
     // None is a 5xx but the budget's refusal; those refused say which limit and when to retry.
     const refused = uploads.filter((u) => u.status === 429);
@@ -339,7 +400,9 @@ describe('hostile requests at the edge', () => {
 
   it('(8) sheds a flood beyond its concurrency limit: every call answered, with an answer or OVERLOADED and a retry delay, and counted', async () => {
     const metrics = fixture.system.metricsUrl('gateway');
-    const overloadedBefore = await metricValue(metrics, 'infermesh_gateway_inference_requests_total', { outcome: 'overloaded' });
+    const overloadedBefore = await metricValue(metrics, 'infermesh_gateway_inference_requests_total', {
+      outcome: 'overloaded',
+    });
     const raw = rawGrpc(fixture.system.gatewayGrpcAddress);
     let grpcAnswers: { code: grpc.status; details: string; outputs: number }[];
     let restAnswers: { status: number; retryAfter: string | null; text: string }[];
@@ -361,17 +424,25 @@ describe('hostile requests at the edge', () => {
     }
     const grpcRefused = grpcAnswers.filter((a) => a.code === grpc.status.RESOURCE_EXHAUSTED);
     const restRefused = restAnswers.filter((a) => a.status === 429);
-    process.stdout.write(`flood: gRPC ${grpcAnswers.length - grpcRefused.length} answered, ${grpcRefused.length} refused; REST ${restAnswers.length - restRefused.length} answered, ${restRefused.length} refused\n`);
+    process.stdout.write(
+      `flood: gRPC ${grpcAnswers.length - grpcRefused.length} answered, ${grpcRefused.length} refused; REST ${restAnswers.length - restRefused.length} answered, ${restRefused.length} refused\n`,
+    );
     // Nothing but answers and refusals, every refusal saying why and when to retry.
-    expect(grpcAnswers.filter((a) => a.code !== grpc.status.OK && a.code !== grpc.status.RESOURCE_EXHAUSTED)).toEqual([]);
+    expect(grpcAnswers.filter((a) => a.code !== grpc.status.OK && a.code !== grpc.status.RESOURCE_EXHAUSTED)).toEqual(
+      [],
+    );
     expect(grpcAnswers.filter((a) => a.code === grpc.status.OK && a.outputs !== 1)).toEqual([]);
     expect(grpcRefused.filter((a) => !a.details.includes('inference requests in flight'))).toEqual([]);
     expect(restAnswers.filter((a) => a.status !== 200 && a.status !== 429)).toEqual([]);
-    expect(restRefused.filter((a) => a.retryAfter !== '1' || !a.text.includes('inference requests in flight'))).toEqual([]);
+    expect(restRefused.filter((a) => a.retryAfter !== '1' || !a.text.includes('inference requests in flight'))).toEqual(
+      [],
+    );
     expect(grpcRefused.length).toBeGreaterThan(0);
     expect(grpcAnswers.length - grpcRefused.length).toBeGreaterThan(0);
     // Each refusal counted once, as outcome overloaded; nothing left in flight; the limit within its bounds.
-    const overloaded = (await metricValue(metrics, 'infermesh_gateway_inference_requests_total', { outcome: 'overloaded' })) - overloadedBefore;
+    const overloaded =
+      (await metricValue(metrics, 'infermesh_gateway_inference_requests_total', { outcome: 'overloaded' })) -
+      overloadedBefore;
     expect(overloaded).toBe(grpcRefused.length + restRefused.length);
     expect(await metricValue(metrics, 'infermesh_gateway_inference_in_flight')).toBe(0);
     const limit = await metricValue(metrics, 'infermesh_gateway_concurrency_limit');

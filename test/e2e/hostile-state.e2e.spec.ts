@@ -105,7 +105,10 @@ describe('hostile callers and shared state', () => {
 
   it('a tenant whose requests all expire (1 ms deadlines) never opens the circuit: the other clients lose nothing', async () => {
     const router = fixture.system.metricsUrl('router');
-    const opensBefore = await metricValue(router, 'infermesh_router_circuit_transitions_total', { model: 'mlp', state: 'open' });
+    const opensBefore = await metricValue(router, 'infermesh_router_circuit_transitions_total', {
+      model: 'mlp',
+      state: 'open',
+    });
     let worstState = 0;
     const hostile = (async () => {
       const statuses: number[] = [];
@@ -115,13 +118,20 @@ describe('hostile callers and shared state', () => {
           const res = await fetch(`${fixture.system.gatewayUrl}/v2/models/mlp/infer`, {
             method: 'POST',
             headers: { ...auth, 'content-type': 'application/json', 'x-request-timeout-ms': String(1 + (i % 3)) },
-            body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, MLP_FEATURES], datatype: 'FP32', data: Array.from(distinctInput()) }] }),
+            body: JSON.stringify({
+              inputs: [
+                { name: 'input', shape: [1, MLP_FEATURES], datatype: 'FP32', data: Array.from(distinctInput()) },
+              ],
+            }),
           });
           await res.arrayBuffer();
           return res.status;
         });
         statuses.push(...(await Promise.all(burst)));
-        worstState = Math.max(worstState, await metricValue(router, 'infermesh_router_circuit_state', { model: 'mlp', version: '1' }));
+        worstState = Math.max(
+          worstState,
+          await metricValue(router, 'infermesh_router_circuit_state', { model: 'mlp', version: '1' }),
+        );
         await new Promise((r) => setTimeout(r, 100));
       }
       return statuses;
@@ -129,7 +139,10 @@ describe('hostile callers and shared state', () => {
 
     const wellBehaved = await runWhile(4, hostile, () => inferGrpc());
     const hostileStatuses = await hostile;
-    worstState = Math.max(worstState, await metricValue(router, 'infermesh_router_circuit_state', { model: 'mlp', version: '1' }));
+    worstState = Math.max(
+      worstState,
+      await metricValue(router, 'infermesh_router_circuit_state', { model: 'mlp', version: '1' }),
+    );
 
     const lost = wellBehaved.filter((code) => code !== 0);
     console.log(
@@ -139,7 +152,9 @@ describe('hostile callers and shared state', () => {
     expect(wellBehaved.length).toBeGreaterThan(20);
     expect(lost).toEqual([]);
     expect(worstState).toBe(0);
-    expect(await metricValue(router, 'infermesh_router_circuit_transitions_total', { model: 'mlp', state: 'open' })).toBe(opensBefore);
+    expect(
+      await metricValue(router, 'infermesh_router_circuit_transitions_total', { model: 'mlp', state: 'open' }),
+    ).toBe(opensBefore);
   }, 120_000);
 
   it('requests for thousands of unknown model names and versions add no metric series and show none of the names', async () => {
@@ -147,25 +162,31 @@ describe('hostile callers and shared state', () => {
     const scrape = () => Promise.all(services.map(async (s) => (await fetch(fixture.system.metricsUrl(s))).text()));
     // Every series a request for a known model creates exists already.
     let known = await inferGrpc();
-    for (const end = Date.now() + 15_000; known !== 0 && Date.now() < end; ) known = await inferGrpc();
+    for (const end = Date.now() + 15_000; known !== 0 && Date.now() < end;) known = await inferGrpc();
     expect(known).toBe(0);
     const before = await scrape();
 
     const names: string[] = [];
     for (let i = 0; i < 2_000; i++) {
       // Plausible typos, and names of 15,000 characters.
-      names.push(i % 100 === 0 ? `long-${randomBytes(7_500).toString('hex')}` : `typo-${randomBytes(6).toString('hex')}`);
+      names.push(
+        i % 100 === 0 ? `long-${randomBytes(7_500).toString('hex')}` : `typo-${randomBytes(6).toString('hex')}`,
+      );
     }
     const versions: string[] = Array.from({ length: 300 }, () => `v${randomBytes(5).toString('hex')}`);
     for (let i = 0; i < names.length; i += 50) {
-      const codes = await Promise.all(names.slice(i, i + 50).map((name) => inferGrpc(name, new Float32Array(MLP_FEATURES), 10_000)));
+      const codes = await Promise.all(
+        names.slice(i, i + 50).map((name) => inferGrpc(name, new Float32Array(MLP_FEATURES), 10_000)),
+      );
       expect(codes.filter((code) => code === 0)).toEqual([]);
     }
     for (const version of versions) {
       const res = await fetch(`${fixture.system.gatewayUrl}/v2/models/mlp/versions/${version}/infer`, {
         method: 'POST',
         headers: { ...auth, 'content-type': 'application/json' },
-        body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, MLP_FEATURES], datatype: 'FP32', data: Array.from(distinctInput()) }] }),
+        body: JSON.stringify({
+          inputs: [{ name: 'input', shape: [1, MLP_FEATURES], datatype: 'FP32', data: Array.from(distinctInput()) }],
+        }),
       });
       await res.arrayBuffer();
       expect(res.status).not.toBe(200);
@@ -173,13 +194,21 @@ describe('hostile callers and shared state', () => {
 
     const after = await scrape();
     /** Series, a histogram counted once (its _count), not once per bucket. */
-    const series = (text: string) => text.split('\n').filter((line) => line !== '' && !line.startsWith('#') && !/_bucket\{|_sum\{/.test(line)).length;
+    const series = (text: string) =>
+      text.split('\n').filter((line) => line !== '' && !line.startsWith('#') && !/_bucket\{|_sum\{/.test(line)).length;
     services.forEach((service, i) => {
       const text = after[i]!;
       const leaked = [...names, ...versions].filter((name) => text.includes(name));
-      const labelled = text.split('\n').filter((line) => !line.includes('nodejs_version_info')).join('\n');
-      const labels = new Set([...labelled.matchAll(/\b(?:model|version|primary|shadow|fallback)="([^"]*)"/g)].map((m) => m[1]));
-      console.log(`${service}: ${series(before[i]!)} → ${series(text)} series, ${text.length} bytes; model/version labels: ${[...labels].join(' ')}`);
+      const labelled = text
+        .split('\n')
+        .filter((line) => !line.includes('nodejs_version_info'))
+        .join('\n');
+      const labels = new Set(
+        [...labelled.matchAll(/\b(?:model|version|primary|shadow|fallback)="([^"]*)"/g)].map((m) => m[1]),
+      );
+      console.log(
+        `${service}: ${series(before[i]!)} → ${series(text)} series, ${text.length} bytes; model/version labels: ${[...labels].join(' ')}`,
+      );
       expect({ service, leaked: leaked.slice(0, 3) }).toEqual({ service, leaked: [] });
       // New series only from the outcomes of these errors (a handful), never one per name.
       expect(series(text) - series(before[i]!)).toBeLessThan(100);
@@ -226,7 +255,9 @@ describe('hostile callers and shared state', () => {
         await new Promise((r) => setTimeout(r, 1_000));
       }
     })();
-    const codes = await runWhile(LOAD_CONCURRENCY, end, () => (++sent > LOAD_MAX_REQUESTS ? Promise.resolve(0) : inferGrpc()));
+    const codes = await runWhile(LOAD_CONCURRENCY, end, () =>
+      ++sent > LOAD_MAX_REQUESTS ? Promise.resolve(0) : inferGrpc(),
+    );
     await sampler;
     const after = { router: await rss('router'), cache: await rss('cache') };
     const mib = (n: number) => `${(n / 2 ** 20).toFixed(0)} MiB`;
@@ -234,12 +265,16 @@ describe('hostile callers and shared state', () => {
     for (const service of ['router', 'cache'] as const) {
       const url = fixture.system.metricsUrl(service);
       const sizes = await Promise.all(
-        ['nodejs_heap_size_used_bytes', 'nodejs_heap_size_total_bytes', 'nodejs_external_memory_bytes'].map((m) => metricValue(url, m, { service })),
+        ['nodejs_heap_size_used_bytes', 'nodejs_heap_size_total_bytes', 'nodejs_external_memory_bytes'].map((m) =>
+          metricValue(url, m, { service }),
+        ),
       );
       console.log(`${service}: V8 heap ${mib(sizes[0]!)} used of ${mib(sizes[1]!)}, external ${mib(sizes[2]!)}`);
     }
     const last = { router: await held('router'), cache: await held('cache') };
-    console.log(`at the end: router RSS ${mib(last.router.rss)} (young generation ${mib(last.router.young)}), cache RSS ${mib(last.cache.rss)} (young generation ${mib(last.cache.young)})`);
+    console.log(
+      `at the end: router RSS ${mib(last.router.rss)} (young generation ${mib(last.router.young)}), cache RSS ${mib(last.cache.rss)} (young generation ${mib(last.cache.young)})`,
+    );
     console.log(
       `${codes.length} requests in ${LOAD_MS / 1000} s at c=${LOAD_CONCURRENCY}; RSS less the young generation: router ${mib(baseline.router)} → peak ${mib(peak.router)}, end ${mib(after.router)} (local cache ${mib(localBytes)}); ` +
         `cache ${mib(baseline.cache)} → peak ${mib(peak.cache)}, end ${mib(after.cache)}`,
@@ -260,7 +295,14 @@ describe('hostile callers and shared state', () => {
         body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data }] }),
         signal: AbortSignal.timeout(20_000),
       });
-      return { status: res.status, body: (await res.json()) as { parameters?: { cached?: boolean }; outputs?: { data: number[] }[]; error?: string } };
+      return {
+        status: res.status,
+        body: (await res.json()) as {
+          parameters?: { cached?: boolean };
+          outputs?: { data: number[] }[];
+          error?: string;
+        },
+      };
     };
     const input = [0.25, -1, 2, 0.5];
     const first = await registerModel(registry, name, '1', buildMlpModel({ sizes: [4, 8, 3], seed: 1 }).bytes);
@@ -276,10 +318,19 @@ describe('hostile callers and shared state', () => {
     expect(cached.body.parameters?.cached).toBe(true);
 
     // Unload, let it drain, delete, and create it again: same name, same version id, other weights.
-    await registry.updateModel({ model: { name: `models/${name}`, unloaded: true }, updateMask: { paths: ['unloaded'] } });
-    for (const end = Date.now() + 30_000; ; ) {
+    await registry.updateModel({
+      model: { name: `models/${name}`, unloaded: true },
+      updateMask: { paths: ['unloaded'] },
+    });
+    for (const end = Date.now() + 30_000; ;) {
       const { model } = await registry.getModel({ name: `models/${name}` });
-      if (model!.versions.every((v) => v.state !== VersionState.READY && v.state !== VersionState.DRAINING && v.state !== VersionState.LOADING)) break;
+      if (
+        model!.versions.every(
+          (v) =>
+            v.state !== VersionState.READY && v.state !== VersionState.DRAINING && v.state !== VersionState.LOADING,
+        )
+      )
+        break;
       if (Date.now() > end) throw new Error('the model did not drain');
       await new Promise((r) => setTimeout(r, 100));
     }
@@ -289,7 +340,7 @@ describe('hostile callers and shared state', () => {
     expect(second.artifact?.sha256).not.toBe(first.artifact?.sha256);
 
     let fresh = await rest(input);
-    for (const end = Date.now() + 20_000; fresh.status !== 200 && Date.now() < end; ) {
+    for (const end = Date.now() + 20_000; fresh.status !== 200 && Date.now() < end;) {
       await new Promise((r) => setTimeout(r, 100));
       fresh = await rest(input);
     }

@@ -19,7 +19,12 @@ describe('the metrics the Kubernetes autoscalers read, against the running servi
     const smi = join(fakeGpu, 'nvidia-smi');
     writeFileSync(smi, '#!/bin/sh\necho "0, NVIDIA L4, 37, 1024, 23034"\n');
     chmodSync(smi, 0o755);
-    fixture = await startFixture({ models: ['tiny'], workers: [{ env: { PATH: `${fakeGpu}${delimiter}${process.env['PATH'] ?? ''}`, WORKER_GPU_METRICS_INTERVAL_MS: '200' } }] });
+    fixture = await startFixture({
+      models: ['tiny'],
+      workers: [
+        { env: { PATH: `${fakeGpu}${delimiter}${process.env['PATH'] ?? ''}`, WORKER_GPU_METRICS_INTERVAL_MS: '200' } },
+      ],
+    });
     // A few requests, so that the batcher has had a queue.
     for (let i = 0; i < 5; i += 1) expect(await inferTinyDistinct(fixture.system.gatewayUrl)).toBe(200);
     urls = SERVICE_NAMES.map((s) => fixture.system.metricsUrl(s)).join(',');
@@ -30,7 +35,7 @@ describe('the metrics the Kubernetes autoscalers read, against the running servi
     rmSync(fakeGpu, { recursive: true, force: true });
   });
 
-  it('every metric of every shipped overlay\'s autoscalers (KEDA, GPU use) and of the HPA component is exposed', async () => {
+  it("every metric of every shipped overlay's autoscalers (KEDA, GPU use) and of the HPA component is exposed", async () => {
     const hpa = join(REPO_ROOT, 'k8s', 'testdata', 'hpa');
     const shipped = await runCli(['k8s', 'check', '--metrics', urls], '127.0.0.1:1');
     const withHpa = await runCli(['k8s', 'check', hpa, '--metrics', urls], '127.0.0.1:1');
@@ -48,7 +53,9 @@ describe('the metrics the Kubernetes autoscalers read, against the running servi
     const run = await runCli(['k8s', 'check', broken, '--production', '--metrics', urls], '127.0.0.1:1');
 
     expect(run.code).toBe(1);
-    expect(run.stdout).toContain('ScaledObject/batcher: reads infermesh_batcher_queue_length, which none of the scraped services exposes');
+    expect(run.stdout).toContain(
+      'ScaledObject/batcher: reads infermesh_batcher_queue_length, which none of the scraped services exposes',
+    );
     // The same overlay without --metrics passes: only the running services know their metrics.
     expect((await runCli(['k8s', 'check', broken, '--production'], '127.0.0.1:1')).code).toBe(0);
   }, 120_000);

@@ -13,7 +13,10 @@ describe('memory budget and eviction', () => {
   let fixture: Fixture;
   beforeAll(async () => {
     // Without the result cache every request reaches the worker.
-    fixture = await startFixture({ models: MODELS, env: { WORKER_MEMORY_BUDGET_BYTES: '120MiB', ROUTER_CACHE_ENABLED: 'false' } });
+    fixture = await startFixture({
+      models: MODELS,
+      env: { WORKER_MEMORY_BUDGET_BYTES: '120MiB', ROUTER_CACHE_ENABLED: 'false' },
+    });
   });
   afterAll(async () => {
     await fixture?.stop();
@@ -46,6 +49,8 @@ describe('memory budget and eviction', () => {
     expect(evictions).toBeGreaterThanOrEqual(7);
     expect(await metricValue(workerMetrics, 'infermesh_worker_models_loaded')).toBe(2);
     expect(await metricValue(workerMetrics, 'infermesh_worker_models_loaded_bytes')).toBeLessThanOrEqual(120 * MiB);
-    expect(await metricValue(workerMetrics, 'infermesh_worker_model_unloads_total', { reason: 'evicted' })).toBeGreaterThanOrEqual(evictions);
+    expect(
+      await metricValue(workerMetrics, 'infermesh_worker_model_unloads_total', { reason: 'evicted' }),
+    ).toBeGreaterThanOrEqual(evictions);
   });
 });

@@ -29,7 +29,10 @@ describe('the registry serves the mesh over xDS', () => {
     const withdrawn = new Promise<void>((resolve) => (withdraw = resolve));
     async function* messages(): AsyncGenerator<MessageInitShape<typeof AnnounceRequestSchema>> {
       const port = Number(fixture.system.grpcAddress('router').split(':').at(-1));
-      yield { instance: { service: 'router', id: 'router-0', address: '127.0.0.1', port, labels: { track: 'stable' } }, serving: true };
+      yield {
+        instance: { service: 'router', id: 'router-0', address: '127.0.0.1', port, labels: { track: 'stable' } },
+        serving: true,
+      };
       await withdrawn;
     }
     const ended = instances.announce(messages(), { timeoutMs: 600_000 });
@@ -53,7 +56,11 @@ describe('the registry serves the mesh over xDS', () => {
     writeFileSync(policyFile, POLICY);
     fixture = await startFixture({
       models: ['tiny'],
-      env: { REGISTRY_MESH_POLICY: policyFile, REGISTRY_MESH_POLICY_POLL_MS: '100', REGISTRY_INSTANCE_TIMEOUT_MS: '5000' },
+      env: {
+        REGISTRY_MESH_POLICY: policyFile,
+        REGISTRY_MESH_POLICY_POLL_MS: '100',
+        REGISTRY_INSTANCE_TIMEOUT_MS: '5000',
+      },
     });
     instances = createClient(InstanceService, fixture.system.grpcAddress('registry'));
     probe = startXdsProbe({
@@ -77,7 +84,12 @@ describe('the registry serves the mesh over xDS', () => {
 
     const up = await eventually((c) => c[SERVING] === 5);
     expect(up).toEqual({ [SERVING]: 5 });
-    expect(await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_mesh_instances', { service: 'router', serving: 'true' })).toBe(1);
+    expect(
+      await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_mesh_instances', {
+        service: 'router',
+        serving: 'true',
+      }),
+    ).toBe(1);
 
     announcement.withdraw();
     await announcement.ended;
@@ -88,16 +100,29 @@ describe('the registry serves the mesh over xDS', () => {
   it('refuses a policy change that does not validate, naming the field, and keeps serving the running one', async () => {
     const announcement = announceRouter();
     await eventually((c) => c[SERVING] === 5);
-    const refusedBefore = await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_mesh_policy_changes_total', { outcome: 'refused' });
+    const refusedBefore = await metricValue(
+      fixture.system.metricsUrl('registry'),
+      'infermesh_registry_mesh_policy_changes_total',
+      { outcome: 'refused' },
+    );
 
     writeFileSync(policyFile, POLICY.replace('timeout: 60s', 'timeout: -60s'));
     const deadline = Date.now() + 10_000;
     while (Date.now() < deadline) {
-      if ((await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_mesh_policy_changes_total', { outcome: 'refused' })) > refusedBefore) break;
+      if (
+        (await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_mesh_policy_changes_total', {
+          outcome: 'refused',
+        })) > refusedBefore
+      )
+        break;
       await new Promise((r) => setTimeout(r, 100));
     }
 
-    expect(await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_mesh_policy_changes_total', { outcome: 'refused' })).toBe(refusedBefore + 1);
+    expect(
+      await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_mesh_policy_changes_total', {
+        outcome: 'refused',
+      }),
+    ).toBe(refusedBefore + 1);
     expect(readFileSync(fixture.logFile, 'utf8')).toContain('defaults.timeout: must be zero or more');
     expect(await probe.tally(10)).toEqual({ [SERVING]: 10 });
     announcement.withdraw();
@@ -110,7 +135,10 @@ describe('the registry serves the mesh over xDS', () => {
 
     writeFileSync(
       policyFile,
-      POLICY.replace('  - from: gateway\n    to: router\n', '  - from: gateway\n    to: router\n    fault: { abort: { percent: 100, grpcStatus: RESOURCE_EXHAUSTED } }\n    retry: { attempts: 1 }\n'),
+      POLICY.replace(
+        '  - from: gateway\n    to: router\n',
+        '  - from: gateway\n    to: router\n    fault: { abort: { percent: 100, grpcStatus: RESOURCE_EXHAUSTED } }\n    retry: { attempts: 1 }\n',
+      ),
     );
     const started = Date.now();
     const faulted = await eventually((c) => c['error RESOURCE_EXHAUSTED'] === 5);
@@ -120,7 +148,11 @@ describe('the registry serves the mesh over xDS', () => {
 
     writeFileSync(policyFile, POLICY);
     expect(await eventually((c) => c[SERVING] === 5)).toEqual({ [SERVING]: 5 });
-    expect(await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_xds_events_total', { event: 'nack' })).toBe(0);
+    expect(
+      await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_xds_events_total', {
+        event: 'nack',
+      }),
+    ).toBe(0);
     announcement.withdraw();
     await announcement.ended;
   });

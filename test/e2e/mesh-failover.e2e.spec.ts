@@ -38,8 +38,13 @@ describe('one of two batchers killed under load, in the mesh', () => {
     await Promise.all(clients);
 
     const failed = statuses.filter((s) => s !== 200);
-    const dispatchedByRestarted = await metricValue(fixture.system.instanceMetricsUrl('batcher', 1), 'infermesh_batcher_dispatched_total');
-    console.log(`two batchers, one killed by SIGKILL 5 s in: ${statuses.length} requests at c=16 over 20 s, ${failed.length} failed (${[...new Set(failed)].join(', ')}); the restarted batcher dispatched ${dispatchedByRestarted}`);
+    const dispatchedByRestarted = await metricValue(
+      fixture.system.instanceMetricsUrl('batcher', 1),
+      'infermesh_batcher_dispatched_total',
+    );
+    console.log(
+      `two batchers, one killed by SIGKILL 5 s in: ${statuses.length} requests at c=16 over 20 s, ${failed.length} failed (${[...new Set(failed)].join(', ')}); the restarted batcher dispatched ${dispatchedByRestarted}`,
+    );
     expect(failed).toEqual([]);
     expect(victim.pid).not.toBe(pid);
     expect(dispatchedByRestarted).toBeGreaterThan(0);
@@ -77,18 +82,35 @@ describe('one of two workers killed under load, in the mesh', () => {
     let announcedAt: number | undefined;
     let servingAgainAt: number | undefined;
     while (Date.now() < end && servingAgainAt === undefined) {
-      if (announcedAt === undefined && victim.pid !== pid && (await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_mesh_instances', { service: 'worker', serving: 'true' })) === 2) {
+      if (
+        announcedAt === undefined &&
+        victim.pid !== pid &&
+        (await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_mesh_instances', {
+          service: 'worker',
+          serving: 'true',
+        })) === 2
+      ) {
         announcedAt = Date.now();
       }
-      if (announcedAt !== undefined && (await metricValue(fixture.system.workerMetricsUrl(0), 'infermesh_worker_inference_batch_size_count').catch(() => 0)) > 0) servingAgainAt = Date.now();
+      if (
+        announcedAt !== undefined &&
+        (await metricValue(fixture.system.workerMetricsUrl(0), 'infermesh_worker_inference_batch_size_count').catch(
+          () => 0,
+        )) > 0
+      )
+        servingAgainAt = Date.now();
       await new Promise((r) => setTimeout(r, 100));
     }
     await Promise.all(clients);
 
     const failed = statuses.filter((s) => s !== 200);
-    const batchesByRestarted = await metricValue(fixture.system.workerMetricsUrl(0), 'infermesh_worker_inference_batch_size_count');
+    const batchesByRestarted = await metricValue(
+      fixture.system.workerMetricsUrl(0),
+      'infermesh_worker_inference_batch_size_count',
+    );
     const log = readFileSync(fixture.logFile, 'utf8');
-    const servedAfterMs = announcedAt === undefined || servingAgainAt === undefined ? undefined : servingAgainAt - announcedAt;
+    const servedAfterMs =
+      announcedAt === undefined || servingAgainAt === undefined ? undefined : servingAgainAt - announcedAt;
     console.log(
       `mesh: two workers, one killed by SIGKILL 5 s in: ${statuses.length} requests at c=16 over 30 s, ${failed.length} failed; ` +
         `the restarted worker ran its first batch ${servedAfterMs} ms after it was announced, ${batchesByRestarted} batches in all`,

@@ -15,7 +15,10 @@ const SECONDS = 30;
  */
 function faultyPolicy(): string {
   const doc = parseDocument(readFileSync(join(REPO_ROOT, 'envoy', 'mesh.yaml'), 'utf8'));
-  doc.setIn(['services', 'batcher', 'inboundFault'], doc.createNode({ subset: 'next', abort: { grpcStatus: 'UNAVAILABLE', percent: 10 } }));
+  doc.setIn(
+    ['services', 'batcher', 'inboundFault'],
+    doc.createNode({ subset: 'next', abort: { grpcStatus: 'UNAVAILABLE', percent: 10 } }),
+  );
   const edges = doc.toJSON() as { edges: { from: unknown; to: string }[] };
   const edge = edges.edges.findIndex((e) => e.from === 'router' && e.to === 'batcher');
   if (edge < 0) throw new Error('envoy/mesh.yaml has no router -> batcher edge');
@@ -38,7 +41,12 @@ describe('one of two batchers failing 10 % of its calls by fault injection', () 
     fixture = await startFixture({
       models: ['tiny'],
       meshPolicyFile: join(dir, 'mesh.yaml'),
-      replicas: { batcher: [{ env: { INFERMESH_INSTANCE_LABELS: 'track=stable' } }, { env: { INFERMESH_INSTANCE_LABELS: 'track=next' } }] },
+      replicas: {
+        batcher: [
+          { env: { INFERMESH_INSTANCE_LABELS: 'track=stable' } },
+          { env: { INFERMESH_INSTANCE_LABELS: 'track=next' } },
+        ],
+      },
       env: { ROUTER_RETRY_ATTEMPTS: '0', ROUTER_LOCAL_CACHE_ENABLED: 'false' },
     });
   }, 120_000);
@@ -51,13 +59,23 @@ describe('one of two batchers failing 10 % of its calls by fault injection', () 
   /** Infer calls each batcher took in, whatever their end, and the faults it injected. */
   const batcherCounts = async () => {
     const of = async (i: number) => ({
-      received: await metricValue(fixture.system.instanceMetricsUrl('batcher', i), 'infermesh_batcher_grpc_server_handling_seconds_count', { method: 'BatcherService/Infer' }),
-      injected: await metricValue(fixture.system.instanceMetricsUrl('batcher', i), 'infermesh_batcher_grpc_server_injected_faults_total', { method: 'BatcherService/Infer', fault: 'abort' }),
+      received: await metricValue(
+        fixture.system.instanceMetricsUrl('batcher', i),
+        'infermesh_batcher_grpc_server_handling_seconds_count',
+        { method: 'BatcherService/Infer' },
+      ),
+      injected: await metricValue(
+        fixture.system.instanceMetricsUrl('batcher', i),
+        'infermesh_batcher_grpc_server_injected_faults_total',
+        { method: 'BatcherService/Infer', fault: 'abort' },
+      ),
     });
     return {
       stable: await of(0),
       next: await of(1),
-      router: await metricValue(fixture.system.metricsUrl('router'), 'infermesh_router_requests_total', { model: 'tiny' }),
+      router: await metricValue(fixture.system.metricsUrl('router'), 'infermesh_router_requests_total', {
+        model: 'tiny',
+      }),
     };
   };
 

@@ -25,7 +25,14 @@ interface Outcome {
 }
 
 /** One unary call to `method` of `service` at `address`, as a client presenting `presented` and trusting `caPem`. */
-async function probe(address: string, service: DescService, method: string, request: object, presented: Presented, caPem: string): Promise<Outcome> {
+async function probe(
+  address: string,
+  service: DescService,
+  method: string,
+  request: object,
+  presented: Presented,
+  caPem: string,
+): Promise<Outcome> {
   const credentials =
     presented === 'plaintext'
       ? grpc.credentials.createInsecure()
@@ -36,11 +43,20 @@ async function probe(address: string, service: DescService, method: string, requ
           { checkServerIdentity: () => undefined },
         );
   const Client = grpc.makeGenericClientConstructor(toServiceDefinition(service), service.typeName);
-  const client = new Client(address, credentials, { 'grpc.ssl_target_name_override': 'probe.infermesh.local' }) as unknown as Record<string, (...args: unknown[]) => void> & grpc.Client;
+  const client = new Client(address, credentials, {
+    'grpc.ssl_target_name_override': 'probe.infermesh.local',
+  }) as unknown as Record<string, (...args: unknown[]) => void> & grpc.Client;
   try {
     return await new Promise<Outcome>((resolve) => {
-      client[method]!.call(client, request, new grpc.Metadata(), { deadline: Date.now() + 5_000 }, (error: grpc.ServiceError | null) =>
-        resolve(error === null ? { code: grpc.status.OK, details: '' } : { code: error.code, details: error.details }),
+      client[method]!.call(
+        client,
+        request,
+        new grpc.Metadata(),
+        { deadline: Date.now() + 5_000 },
+        (error: grpc.ServiceError | null) =>
+          resolve(
+            error === null ? { code: grpc.status.OK, details: '' } : { code: error.code, details: error.details },
+          ),
       );
     });
   } finally {
@@ -62,7 +78,11 @@ describe('service identity: mutual TLS and authorization between the services', 
   let otherDir: string;
 
   beforeAll(async () => {
-    fixture = await startFixture({ models: ['tiny'], meshPolicyFile: POLICY, mtls: { lifetimeMs: 20_000, refreshMs: 1_000 } });
+    fixture = await startFixture({
+      models: ['tiny'],
+      meshPolicyFile: POLICY,
+      mtls: { lifetimeMs: 20_000, refreshMs: 1_000 },
+    });
     dataDir = fixture.system.options.dataDir;
     ca = await LocalCa.open(join(dataDir, 'identity-ca'));
     caPem = ca.bundlePem;
@@ -79,11 +99,46 @@ describe('service identity: mutual TLS and authorization between the services', 
   /** Each internal port, one of its methods, who may call it and who may not. */
   const targets = () =>
     [
-      { callee: 'registry', address: fixture.system.grpcAddress('registry'), service: RegistryService, method: 'listModels', allowed: 'worker', refused: 'cache' },
-      { callee: 'router', address: fixture.system.grpcAddress('router'), service: RouterService, method: 'infer', allowed: 'gateway', refused: 'worker' },
-      { callee: 'cache', address: fixture.system.grpcAddress('cache'), service: CacheService, method: 'lookup', allowed: 'router', refused: 'gateway' },
-      { callee: 'batcher', address: fixture.system.grpcAddress('batcher'), service: BatcherService, method: 'infer', allowed: 'router', refused: 'gateway' },
-      { callee: 'worker', address: fixture.system.grpcAddress('worker'), service: WorkerService, method: 'listModels', allowed: 'batcher', refused: 'router' },
+      {
+        callee: 'registry',
+        address: fixture.system.grpcAddress('registry'),
+        service: RegistryService,
+        method: 'listModels',
+        allowed: 'worker',
+        refused: 'cache',
+      },
+      {
+        callee: 'router',
+        address: fixture.system.grpcAddress('router'),
+        service: RouterService,
+        method: 'infer',
+        allowed: 'gateway',
+        refused: 'worker',
+      },
+      {
+        callee: 'cache',
+        address: fixture.system.grpcAddress('cache'),
+        service: CacheService,
+        method: 'lookup',
+        allowed: 'router',
+        refused: 'gateway',
+      },
+      {
+        callee: 'batcher',
+        address: fixture.system.grpcAddress('batcher'),
+        service: BatcherService,
+        method: 'infer',
+        allowed: 'router',
+        refused: 'gateway',
+      },
+      {
+        callee: 'worker',
+        address: fixture.system.grpcAddress('worker'),
+        service: WorkerService,
+        method: 'listModels',
+        allowed: 'batcher',
+        refused: 'router',
+      },
     ] as const;
 
   it('serves the request path through the mesh with mutual TLS on every hop', async () => {
@@ -97,7 +152,10 @@ describe('service identity: mutual TLS and authorization between the services', 
     await new Promise((r) => setTimeout(r, 2_500));
     const lines: string[] = [];
     for (const target of targets()) {
-      const before = await metricValue(fixture.system.metricsUrl(target.callee), `infermesh_${target.callee}_grpc_server_tls_handshake_failures_total`);
+      const before = await metricValue(
+        fixture.system.metricsUrl(target.callee),
+        `infermesh_${target.callee}_grpc_server_tls_handshake_failures_total`,
+      );
       for (const [what, presented] of [
         ['plaintext', 'plaintext'],
         ['TLS without a certificate', 'no certificate'],
@@ -106,22 +164,36 @@ describe('service identity: mutual TLS and authorization between the services', 
       ] as const) {
         const outcome = await probe(target.address, target.service, target.method, {}, presented, caPem);
         lines.push(`${target.callee} ${target.method} with ${what}: ${grpc.status[outcome.code]}`);
-        expect({ target: target.callee, what, code: outcome.code }).toEqual({ target: target.callee, what, code: grpc.status.UNAVAILABLE });
+        expect({ target: target.callee, what, code: outcome.code }).toEqual({
+          target: target.callee,
+          what,
+          code: grpc.status.UNAVAILABLE,
+        });
       }
-      const after = await metricValue(fixture.system.metricsUrl(target.callee), `infermesh_${target.callee}_grpc_server_tls_handshake_failures_total`);
+      const after = await metricValue(
+        fixture.system.metricsUrl(target.callee),
+        `infermesh_${target.callee}_grpc_server_tls_handshake_failures_total`,
+      );
       // The TLS refusals are counted where they happen (plaintext is no TLS handshake at all).
       expect(after - before).toBeGreaterThanOrEqual(2);
     }
     console.log(`refused without a mesh identity:\n  ${lines.join('\n  ')}`);
-    expect(readFileSync(fixture.logFile, 'utf8')).toContain('refused a TLS connection: the peer did not prove a mesh identity');
+    expect(readFileSync(fixture.logFile, 'utf8')).toContain(
+      'refused a TLS connection: the peer did not prove a mesh identity',
+    );
   }, 90_000);
 
   it('allows each method to the identities the policy names, and refuses the others with PERMISSION_DENIED naming them', async () => {
     const lines: string[] = [];
     for (const target of targets()) {
       const refused = await probe(target.address, target.service, target.method, {}, await as(target.refused), caPem);
-      lines.push(`${target.refused} -> ${target.callee} ${target.method}: ${grpc.status[refused.code]} (${refused.details.slice(0, 120)})`);
-      expect({ target: target.callee, code: refused.code }).toEqual({ target: target.callee, code: grpc.status.PERMISSION_DENIED });
+      lines.push(
+        `${target.refused} -> ${target.callee} ${target.method}: ${grpc.status[refused.code]} (${refused.details.slice(0, 120)})`,
+      );
+      expect({ target: target.callee, code: refused.code }).toEqual({
+        target: target.callee,
+        code: grpc.status.PERMISSION_DENIED,
+      });
       expect(refused.details).toContain(`spiffe://infermesh.local/${target.refused} may not call`);
       const allowed = await probe(target.address, target.service, target.method, {}, await as(target.allowed), caPem);
       lines.push(`${target.allowed} -> ${target.callee} ${target.method}: ${grpc.status[allowed.code]}`);
@@ -129,18 +201,39 @@ describe('service identity: mutual TLS and authorization between the services', 
       expect([grpc.status.PERMISSION_DENIED, grpc.status.UNAVAILABLE]).not.toContain(allowed.code);
     }
     // Nobody may pin a model on a worker by hand, and the router may not change the registry.
-    const pin = await probe(fixture.system.grpcAddress('worker'), WorkerService, 'loadModel', {}, await as('batcher'), caPem);
+    const pin = await probe(
+      fixture.system.grpcAddress('worker'),
+      WorkerService,
+      'loadModel',
+      {},
+      await as('batcher'),
+      caPem,
+    );
     expect(pin.code).toBe(grpc.status.PERMISSION_DENIED);
-    const admin = await probe(fixture.system.grpcAddress('registry'), RegistryService, 'deleteModel', { name: 'models/tiny' }, await as('router'), caPem);
+    const admin = await probe(
+      fixture.system.grpcAddress('registry'),
+      RegistryService,
+      'deleteModel',
+      { name: 'models/tiny' },
+      await as('router'),
+      caPem,
+    );
     expect(admin.code).toBe(grpc.status.PERMISSION_DENIED);
-    expect(await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_grpc_server_unauthorized_calls_total', { caller: 'spiffe://infermesh.local/router' })).toBeGreaterThan(0);
+    expect(
+      await metricValue(
+        fixture.system.metricsUrl('registry'),
+        'infermesh_registry_grpc_server_unauthorized_calls_total',
+        { caller: 'spiffe://infermesh.local/router' },
+      ),
+    ).toBeGreaterThan(0);
     console.log(`authorization by identity:\n  ${lines.join('\n  ')}`);
     // The model is still there: a refused call changed nothing.
     expect(await inferTinyDistinct(fixture.system.gatewayUrl)).toBe(200);
   }, 60_000);
 
   it('loses no request while every certificate rotates under load', async () => {
-    const certOf = () => new X509Certificate(readFileSync(join(dataDir, 'identity', 'router-0', 'cert.pem'))).serialNumber;
+    const certOf = () =>
+      new X509Certificate(readFileSync(join(dataDir, 'identity', 'router-0', 'cert.pem'))).serialNumber;
     const serials = new Set([certOf()]);
     const statuses: number[] = [];
     const end = Date.now() + 25_000;
@@ -156,17 +249,31 @@ describe('service identity: mutual TLS and authorization between the services', 
     const operator = await as('operator');
     const presented = await new Promise<string>((resolve, reject) => {
       const [host, port] = fixture.system.grpcAddress('router').split(':');
-      const socket = connect({ host, port: Number(port), ca: caPem, cert: operator.certPem, key: operator.keyPem, ALPNProtocols: ['h2'], servername: 'router.infermesh.local', checkServerIdentity: () => undefined }, () => {
-        resolve(socket.getPeerCertificate().serialNumber);
-        socket.end();
-      });
+      const socket = connect(
+        {
+          host,
+          port: Number(port),
+          ca: caPem,
+          cert: operator.certPem,
+          key: operator.keyPem,
+          ALPNProtocols: ['h2'],
+          servername: 'router.infermesh.local',
+          checkServerIdentity: () => undefined,
+        },
+        () => {
+          resolve(socket.getPeerCertificate().serialNumber);
+          socket.end();
+        },
+      );
       socket.on('error', reject);
     });
     // (The file may have rotated once more in the second it takes the service to reread it.)
     expect([...serials, certOf()]).toContain(presented);
     expect(presented).not.toBe([...serials][0]);
     const failed = statuses.filter((s) => s !== 200);
-    console.log(`rotation under load: ${statuses.length} requests at c=16 over 25 s, ${failed.length} failed; the router's certificate was issued ${serials.size - 1} more times (20 s lifetime, renewed at half-life)`);
+    console.log(
+      `rotation under load: ${statuses.length} requests at c=16 over 25 s, ${failed.length} failed; the router's certificate was issued ${serials.size - 1} more times (20 s lifetime, renewed at half-life)`,
+    );
     expect(failed).toEqual([]);
     expect(serials.size).toBeGreaterThanOrEqual(3);
   }, 60_000);

@@ -9,7 +9,10 @@ const POLICY = readFileSync(join(REPO_ROOT, 'envoy', 'mesh.yaml'), 'utf8');
 function split(stable: number, next: number): string {
   const edge = '  - from: gateway\n    to: router\n';
   if (!POLICY.includes(edge)) throw new Error('envoy/mesh.yaml has no gateway -> router edge');
-  return POLICY.replace(edge, `${edge}    split: [{ subset: stable, weight: ${stable} }, { subset: next, weight: ${next} }]\n`);
+  return POLICY.replace(
+    edge,
+    `${edge}    split: [{ subset: stable, weight: ${stable} }, { subset: next, weight: ${next} }]\n`,
+  );
 }
 
 /**
@@ -23,7 +26,8 @@ describe('a traffic split between two subsets of the router', () => {
 
   /** Requests each router instance has answered so far. */
   const served = async () => {
-    const count = async (i: number) => metricValue(fixture.system.instanceMetricsUrl('router', i), 'infermesh_router_requests_total', { model: 'tiny' });
+    const count = async (i: number) =>
+      metricValue(fixture.system.instanceMetricsUrl('router', i), 'infermesh_router_requests_total', { model: 'tiny' });
     return { stable: await count(0), next: await count(1) };
   };
 
@@ -49,7 +53,12 @@ describe('a traffic split between two subsets of the router', () => {
     fixture = await startFixture({
       models: ['tiny'],
       meshPolicyFile: policyFile,
-      replicas: { router: [{ env: { INFERMESH_INSTANCE_LABELS: 'track=stable' } }, { env: { INFERMESH_INSTANCE_LABELS: 'track=next' } }] },
+      replicas: {
+        router: [
+          { env: { INFERMESH_INSTANCE_LABELS: 'track=stable' } },
+          { env: { INFERMESH_INSTANCE_LABELS: 'track=next' } },
+        ],
+      },
       env: { REGISTRY_MESH_POLICY_POLL_MS: '100', ROUTER_LOCAL_CACHE_ENABLED: 'false' },
     });
   }, 120_000);
@@ -68,7 +77,9 @@ describe('a traffic split between two subsets of the router', () => {
     const next = after.next - before.next;
     const stable = after.stable - before.stable;
     const share = next / (next + stable);
-    console.log(`90/10 split: ${stable} requests to the stable router, ${next} to the next one (${(share * 100).toFixed(2)} %); ${statuses.filter((s) => s !== 200).length} failed`);
+    console.log(
+      `90/10 split: ${stable} requests to the stable router, ${next} to the next one (${(share * 100).toFixed(2)} %); ${statuses.filter((s) => s !== 200).length} failed`,
+    );
     expect(statuses.filter((s) => s !== 200)).toEqual([]);
     expect(next + stable).toBe(10_000);
     expect(share).toBeGreaterThanOrEqual(0.085);
@@ -95,7 +106,9 @@ describe('a traffic split between two subsets of the router', () => {
     const next = to.next - from.next;
     const stable = to.stable - from.stable;
     const share = next / (next + stable);
-    console.log(`changed to 50/50 ${((Date.now() - changedAt) / 1000).toFixed(1)} s ago: from 2 s after the change, ${stable} to stable and ${next} to next (${(share * 100).toFixed(1)} %); ${statuses.length} requests, ${statuses.filter((s) => s !== 200).length} failed`);
+    console.log(
+      `changed to 50/50 ${((Date.now() - changedAt) / 1000).toFixed(1)} s ago: from 2 s after the change, ${stable} to stable and ${next} to next (${(share * 100).toFixed(1)} %); ${statuses.length} requests, ${statuses.filter((s) => s !== 200).length} failed`,
+    );
     expect(statuses.filter((s) => s !== 200)).toEqual([]);
     expect(share).toBeGreaterThan(0.4);
     expect(share).toBeLessThan(0.6);

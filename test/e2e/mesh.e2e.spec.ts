@@ -44,7 +44,9 @@ describe('the services reach each other through the mesh', () => {
     const before = await metricValue(registry, 'infermesh_registry_mesh_policy_changes_total', { outcome: 'applied' });
     writeFileSync(policyFile, text);
     const deadline = Date.now() + 10_000;
-    while ((await metricValue(registry, 'infermesh_registry_mesh_policy_changes_total', { outcome: 'applied' })) === before) {
+    while (
+      (await metricValue(registry, 'infermesh_registry_mesh_policy_changes_total', { outcome: 'applied' })) === before
+    ) {
       if (Date.now() > deadline) throw new Error(`the registry did not apply the policy change\n${fixture.logTail()}`);
       await new Promise((r) => setTimeout(r, 50));
     }
@@ -60,7 +62,12 @@ describe('the services reach each other through the mesh', () => {
       meshPolicyFile: policyFile,
       // Only the mesh retries: the router's own retries of UNAVAILABLE would hide what the policy does.
       // The injected aborts open tiny's circuit in the router (as a failing batcher would): keep it short.
-      env: { ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_COOLDOWN_MS: '300', REGISTRY_MESH_POLICY_POLL_MS: '100', ROUTER_CACHE_ENABLED: 'false' },
+      env: {
+        ROUTER_RETRY_ATTEMPTS: '0',
+        ROUTER_BREAKER_COOLDOWN_MS: '300',
+        REGISTRY_MESH_POLICY_POLL_MS: '100',
+        ROUTER_CACHE_ENABLED: 'false',
+      },
     });
   }, 120_000);
 
@@ -79,7 +86,7 @@ describe('the services reach each other through the mesh', () => {
     expect(readFileSync(fixture.logFile, 'utf8')).toContain('serving xDS (ADS) for the mesh policy');
   });
 
-  it('applies the policy\'s fault injection at run time: every router → batcher call aborted when it says 100 %', async () => {
+  it("applies the policy's fault injection at run time: every router → batcher call aborted when it says 100 %", async () => {
     await applyPolicy(withBatcherFault(100));
 
     const statuses = await Promise.all(Array.from({ length: 10 }, () => infer()));
@@ -96,6 +103,10 @@ describe('the services reach each other through the mesh', () => {
 
     expect(statuses.filter((s) => s !== 200)).toEqual([]);
     expect(statuses.length).toBeGreaterThan(20);
-    expect(await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_xds_events_total', { event: 'nack' })).toBe(0);
+    expect(
+      await metricValue(fixture.system.metricsUrl('registry'), 'infermesh_registry_xds_events_total', {
+        event: 'nack',
+      }),
+    ).toBe(0);
   });
 });

@@ -29,10 +29,15 @@ describe('model control: CLI, admin API and version switches', () => {
     const res = await fetch(`${fixture.system.gatewayUrl}/v2/models/${model}/infer`, {
       method: 'POST',
       headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, features.length], datatype: 'FP32', data: features }] }),
+      body: JSON.stringify({
+        inputs: [{ name: 'input', shape: [1, features.length], datatype: 'FP32', data: features }],
+      }),
       signal: AbortSignal.timeout(20_000),
     });
-    return { status: res.status, body: (await res.json()) as { model_version?: string; error?: string; outputs?: { shape: number[] }[] } };
+    return {
+      status: res.status,
+      body: (await res.json()) as { model_version?: string; error?: string; outputs?: { shape: number[] }[] },
+    };
   };
 
   const writeModel = (file: string, sizes: number[], seed: number) => {
@@ -44,7 +49,9 @@ describe('model control: CLI, admin API and version switches', () => {
   /** Files in the registry's artifact directory, temporary uploads included. */
   const storedArtifacts = () => {
     const dir = join(dirname(fixture.logFile), 'registry', 'artifacts');
-    return [...readdirSync(dir), ...readdirSync(join(dir, '.incoming')).map((f) => `.incoming/${f}`)].filter((f) => f !== '.incoming').sort();
+    return [...readdirSync(dir), ...readdirSync(join(dir, '.incoming')).map((f) => `.incoming/${f}`)]
+      .filter((f) => f !== '.incoming')
+      .sort();
   };
 
   beforeAll(async () => {
@@ -92,7 +99,9 @@ describe('model control: CLI, admin API and version switches', () => {
       { metadata: { authorization: `Bearer ${API_KEY}` }, timeoutMs: 20_000 },
     );
     expect(response.modelVersion).toBe('1');
-    console.log(`models register → READY for a ${(buildMlpModel({ sizes: [6, 16, 3], seed: 11 }).bytes.length / 1024).toFixed(1)} KiB model: ${elapsedMs} ms (CLI process included)`);
+    console.log(
+      `models register → READY for a ${(buildMlpModel({ sizes: [6, 16, 3], seed: 11 }).bytes.length / 1024).toFixed(1)} KiB model: ${elapsedMs} ms (CLI process included)`,
+    );
   });
 
   it('registers the ~25 MB MLP with the CLI and serves it once the CLI exits', async () => {
@@ -109,7 +118,9 @@ describe('model control: CLI, admin API and version switches', () => {
     const served = await inferRest('big', features);
     expect(served.status).toBe(200);
     expect(served.body.outputs?.[0]?.shape).toEqual([1, 512]);
-    console.log(`models register → READY for the ${(bytes.length / 2 ** 20).toFixed(1)} MiB MLP: ${elapsedMs} ms (CLI process included)`);
+    console.log(
+      `models register → READY for the ${(bytes.length / 2 ** 20).toFixed(1)} MiB MLP: ${elapsedMs} ms (CLI process included)`,
+    );
   }, 120_000);
 
   it('switches a model to a new version under 50 requests/s without a failed request, and the responses switch once', async () => {
@@ -186,30 +197,44 @@ describe('model control: CLI, admin API and version switches', () => {
     await expect(registry.getModel({ name: 'models/broken' })).rejects.toMatchObject({ code: 5 });
   });
 
-  it('unloads and loads a model with Triton\'s repository API, and refuses to retire a version that serves', async () => {
+  it("unloads and loads a model with Triton's repository API, and refuses to retire a version that serves", async () => {
     const headers = { authorization: `Bearer ${API_KEY}` };
-    const retire = await fetch(`${fixture.system.gatewayUrl}/admin/v1/models/fresh/versions/1/retire`, { method: 'POST', headers });
+    const retire = await fetch(`${fixture.system.gatewayUrl}/admin/v1/models/fresh/versions/1/retire`, {
+      method: 'POST',
+      headers,
+    });
     expect(retire.status).toBe(409);
     expect(((await retire.json()) as { error: string }).error).toMatch(/serves traffic|still serves/);
 
-    expect((await fetch(`${fixture.system.gatewayUrl}/v2/repository/models/fresh/unload`, { method: 'POST', headers })).status).toBe(200);
+    expect(
+      (await fetch(`${fixture.system.gatewayUrl}/v2/repository/models/fresh/unload`, { method: 'POST', headers }))
+        .status,
+    ).toBe(200);
     let unloaded = await inferRest('fresh', [1, 2, 3, 4, 5, 6]);
-    for (const end = Date.now() + 10_000; unloaded.status === 200 && Date.now() < end; ) unloaded = await inferRest('fresh', [1, 2, 3, 4, 5, 6]);
+    for (const end = Date.now() + 10_000; unloaded.status === 200 && Date.now() < end;)
+      unloaded = await inferRest('fresh', [1, 2, 3, 4, 5, 6]);
     expect(unloaded.status).toBe(503);
     expect(unloaded.body.error).toMatch(/unloaded/);
 
-    expect((await fetch(`${fixture.system.gatewayUrl}/v2/repository/models/fresh/load`, { method: 'POST', headers })).status).toBe(200);
+    expect(
+      (await fetch(`${fixture.system.gatewayUrl}/v2/repository/models/fresh/load`, { method: 'POST', headers })).status,
+    ).toBe(200);
     let loaded = await inferRest('fresh', [1, 2, 3, 4, 5, 6]);
-    for (const end = Date.now() + 30_000; loaded.status !== 200 && Date.now() < end; ) {
+    for (const end = Date.now() + 30_000; loaded.status !== 200 && Date.now() < end;) {
       await new Promise((r) => setTimeout(r, 200));
       loaded = await inferRest('fresh', [1, 2, 3, 4, 5, 6]);
     }
     expect(loaded.status).toBe(200);
   }, 60_000);
 
-  it('keeps the registry\'s models across a registry restart', async () => {
+  it("keeps the registry's models across a registry restart", async () => {
     const snapshot = async () =>
-      (await registry.listModels({})).models.map((m) => [m.name, m.revision, m.unloaded, m.versions.map((v) => [v.name, v.state, v.artifact?.sha256])]);
+      (await registry.listModels({})).models.map((m) => [
+        m.name,
+        m.revision,
+        m.unloaded,
+        m.versions.map((v) => [v.name, v.state, v.artifact?.sha256]),
+      ]);
     const before = await snapshot();
     const pid = fixture.system.process('registry').pid;
     // Killed, not stopped: nothing gets the chance to be flushed on the way out.
@@ -218,6 +243,8 @@ describe('model control: CLI, admin API and version switches', () => {
 
     expect(fixture.system.process('registry').pid).not.toBe(pid);
     expect(await snapshot()).toEqual(before);
-    expect(before.map(([name]) => name)).toEqual(expect.arrayContaining(['models/big', 'models/fresh', 'models/switching', 'models/tiny']));
+    expect(before.map(([name]) => name)).toEqual(
+      expect.arrayContaining(['models/big', 'models/fresh', 'models/switching', 'models/tiny']),
+    );
   });
 });

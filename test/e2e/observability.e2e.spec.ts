@@ -11,7 +11,18 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parse, parseDocument } from 'yaml';
-import { Hopeless, promGet, type Prometheus, query, type QueryData, requirePrometheus, startPrometheus, stopPrometheus, type Target, waitFor } from './support/prometheus';
+import {
+  Hopeless,
+  promGet,
+  type Prometheus,
+  query,
+  type QueryData,
+  requirePrometheus,
+  startPrometheus,
+  stopPrometheus,
+  type Target,
+  waitFor,
+} from './support/prometheus';
 import { API_KEY, DIST, type Fixture, inferTinyDistinct, REPO_ROOT, startFixture } from './support/system-fixture';
 
 const RULES_FILE = join(REPO_ROOT, 'grafana', 'slo', 'rules.yaml');
@@ -31,8 +42,10 @@ const PAUSE_MS = 20;
  * unauthorized call under mutual TLS); these need a failure or hardware a healthy run on a CPU has not.
  */
 const MAY_BE_EMPTY: Readonly<Record<string, string>> = {
-  'infermesh-worker / GPU utilisation': 'no GPU: the workers run on the CPU, and only a GPU execution provider exports GPU gauges',
-  'infermesh-worker / GPU memory': 'no GPU: the workers run on the CPU, and only a GPU execution provider exports GPU gauges',
+  'infermesh-worker / GPU utilisation':
+    'no GPU: the workers run on the CPU, and only a GPU execution provider exports GPU gauges',
+  'infermesh-worker / GPU memory':
+    'no GPU: the workers run on the CPU, and only a GPU execution provider exports GPU gauges',
   'infermesh-batcher / Retries':
     'a batch goes to a worker again (batcher), and a request to the batcher again (router), only after an UNAVAILABLE answer: none in a healthy run',
   'infermesh-worker / Failures by reason':
@@ -104,7 +117,13 @@ function seriesCount(data: QueryData): number {
 }
 
 /** One unary call to `method` of `service` at `address`, with the certificate and key given (or none), trusting `caPem`: its status code. */
-async function probe(address: string, service: DescService, method: string, caPem: string, identity: { certPem: string; keyPem: string } | undefined): Promise<grpc.status> {
+async function probe(
+  address: string,
+  service: DescService,
+  method: string,
+  caPem: string,
+  identity: { certPem: string; keyPem: string } | undefined,
+): Promise<grpc.status> {
   const credentials = grpc.credentials.createSsl(
     Buffer.from(caPem),
     identity === undefined ? null : Buffer.from(identity.keyPem),
@@ -112,10 +131,18 @@ async function probe(address: string, service: DescService, method: string, caPe
     { checkServerIdentity: () => undefined },
   );
   const Client = grpc.makeGenericClientConstructor(toServiceDefinition(service), service.typeName);
-  const client = new Client(address, credentials, { 'grpc.ssl_target_name_override': 'probe.infermesh.local' }) as unknown as Record<string, (...args: unknown[]) => void> & grpc.Client;
+  const client = new Client(address, credentials, {
+    'grpc.ssl_target_name_override': 'probe.infermesh.local',
+  }) as unknown as Record<string, (...args: unknown[]) => void> & grpc.Client;
   try {
     return await new Promise<grpc.status>((resolve) => {
-      client[method]!.call(client, {}, new grpc.Metadata(), { deadline: Date.now() + 5_000 }, (error: grpc.ServiceError | null) => resolve(error === null ? grpc.status.OK : error.code));
+      client[method]!.call(
+        client,
+        {},
+        new grpc.Metadata(),
+        { deadline: Date.now() + 5_000 },
+        (error: grpc.ServiceError | null) => resolve(error === null ? grpc.status.OK : error.code),
+      );
     });
   } finally {
     client.close();
@@ -155,7 +182,10 @@ describe('observability against a live Prometheus', () => {
       yield { chunk: bytes, expectedSha256: sha256 };
     }
     await registry!.uploadArtifact(chunks(), admin());
-    const { version: created } = await registry!.createModelVersion({ parent: `models/${model}`, versionId: version, artifactSha256: sha256 }, admin());
+    const { version: created } = await registry!.createModelVersion(
+      { parent: `models/${model}`, versionId: version, artifactSha256: sha256 },
+      admin(),
+    );
     return created!.name;
   }
 
@@ -226,16 +256,25 @@ describe('observability against a live Prometheus', () => {
     });
     const ports = fixture.system.options.ports;
     const [promPort] = await freePortList(1);
-    prometheus = startPrometheus(dir, promPort!, Object.fromEntries(SERVICE_NAMES.map((s) => [s, ports[`${s}Metrics`]])) as Record<ServiceName, number>, [RULES_FILE]);
+    prometheus = startPrometheus(
+      dir,
+      promPort!,
+      Object.fromEntries(SERVICE_NAMES.map((s) => [s, ports[`${s}Metrics`]])) as Record<ServiceName, number>,
+      [RULES_FILE],
+    );
     const prom = prometheus;
     await waitFor(
       'Prometheus ready (/-/ready)',
       30_000,
       async () => {
-        if (prom.process.exitCode !== null) throw new Hopeless(`prometheus exited with ${prom.process.exitCode}\n--- prometheus log ---\n${prom.logTail()}`);
+        if (prom.process.exitCode !== null)
+          throw new Hopeless(
+            `prometheus exited with ${prom.process.exitCode}\n--- prometheus log ---\n${prom.logTail()}`,
+          );
         return (await fetch(`${prom.url}/-/ready`, { signal: AbortSignal.timeout(1_000) })).ok ? true : undefined;
       },
-      () => `${prom.process.exitCode !== null ? `it exited with ${prom.process.exitCode}` : 'not ready'}\n--- prometheus log ---\n${prom.logTail()}`,
+      () =>
+        `${prom.process.exitCode !== null ? `it exited with ${prom.process.exitCode}` : 'not ready'}\n--- prometheus log ---\n${prom.logTail()}`,
     );
     const targets = await waitFor(
       'every target up',
@@ -250,13 +289,21 @@ describe('observability against a live Prometheus', () => {
           .join('; '),
     );
     const build = (await promGet<{ version: string }>(prom, '/api/v1/status/buildinfo')).data?.version;
-    console.log(`prometheus ${build} at ${prom.url} scrapes ${targets.map((t) => `${t.labels['job']} (${t.scrapeUrl})`).join(', ')}`);
+    console.log(
+      `prometheus ${build} at ${prom.url} scrapes ${targets.map((t) => `${t.labels['job']} (${t.scrapeUrl})`).join(', ')}`,
+    );
 
     // A rollout of tiny through the gateway's admin API: versions 2 and 3 the same weights (canary, A/B
     // variant), 4 other weights (shadow, so that outputs differ), 5 registered and
     // then left out of the version policy (an unload).
     registry = createClient(RegistryService, fixture.system.gatewayGrpcAddress);
-    await registry.updateModel({ model: { name: 'models/tiny', versionPolicy: { policy: { case: 'all', value: {} } } }, updateMask: { paths: ['version_policy'] } }, admin());
+    await registry.updateModel(
+      {
+        model: { name: 'models/tiny', versionPolicy: { policy: { case: 'all', value: {} } } },
+        updateMask: { paths: ['version_policy'] },
+      },
+      admin(),
+    );
     const tinyBytes = buildTinyModel().bytes;
     const added = [
       await register('tiny', '2', tinyBytes),
@@ -267,11 +314,25 @@ describe('observability against a live Prometheus', () => {
     await waitReady('tiny', added);
     // Version 5 leaves the version policy: the worker unloads it (retired).
     await registry.updateModel(
-      { model: { name: 'models/tiny', versionPolicy: { policy: { case: 'specific', value: { versions: ['1', '2', '3', '4'] } } } }, updateMask: { paths: ['version_policy'] } },
+      {
+        model: {
+          name: 'models/tiny',
+          versionPolicy: { policy: { case: 'specific', value: { versions: ['1', '2', '3', '4'] } } },
+        },
+        updateMask: { paths: ['version_policy'] },
+      },
       admin(),
     );
     await registry.setRolloutPolicy(
-      { model: 'models/tiny', policy: { stableVersion: '1', canary: { version: '2', percent: 10 }, variants: [{ version: '3', percent: 30 }], shadow: { version: '4', percent: 25 } } },
+      {
+        model: 'models/tiny',
+        policy: {
+          stableVersion: '1',
+          canary: { version: '2', percent: 10 },
+          variants: [{ version: '3', percent: 30 }],
+          shadow: { version: '4', percent: 25 },
+        },
+      },
       admin(),
     );
     // An automatic rollout of mlp that stays in its first step for the whole run (its gates need more
@@ -280,7 +341,16 @@ describe('observability against a live Prometheus', () => {
     const mlpCanary = await register('mlp', '2', buildMlpModel({ sizes: [512, 64, 512], seed: 5 }).bytes);
     await waitReady('mlp', [mlpCanary]);
     await registry.startAutoRollout(
-      { model: 'models/mlp', version: '2', analysis: { steps: [10, 100], intervalMs: 3_600_000n, minRequests: 1_000_000_000n, maxErrorRateIncrease: 0.005 } },
+      {
+        model: 'models/mlp',
+        version: '2',
+        analysis: {
+          steps: [10, 100],
+          intervalMs: 3_600_000n,
+          minRequests: 1_000_000_000n,
+          maxErrorRateIncrease: 0.005,
+        },
+      },
       admin(),
     );
     // A model no worker places, falling back to tiny: its requests are answered degraded.
@@ -292,10 +362,21 @@ describe('observability against a live Prometheus', () => {
     const ca = await LocalCa.open(join(fixture.system.options.dataDir, 'identity-ca'));
     const registryAddress = fixture.system.grpcAddress('registry');
     const noCertificate = await probe(registryAddress, RegistryService, 'listModels', ca.bundlePem, undefined);
-    const asCache = await probe(registryAddress, RegistryService, 'listModels', ca.bundlePem, await ca.issue({ service: 'cache', instance: 'observability-probe' }, 600_000));
-    expect({ noCertificate: grpc.status[noCertificate], asCache: grpc.status[asCache] }).toEqual({ noCertificate: 'UNAVAILABLE', asCache: 'PERMISSION_DENIED' });
+    const asCache = await probe(
+      registryAddress,
+      RegistryService,
+      'listModels',
+      ca.bundlePem,
+      await ca.issue({ service: 'cache', instance: 'observability-probe' }, 600_000),
+    );
+    expect({ noCertificate: grpc.status[noCertificate], asCache: grpc.status[asCache] }).toEqual({
+      noCertificate: 'UNAVAILABLE',
+      asCache: 'PERMISSION_DENIED',
+    });
     await sleep(1_000); // the router follows the registry's watch within a second
-    console.log(`set up in ${((Date.now() - started) / 1000).toFixed(1)} s (services, prometheus, rollouts, fallback, probes)`);
+    console.log(
+      `set up in ${((Date.now() - started) / 1000).toFixed(1)} s (services, prometheus, rollouts, fallback, probes)`,
+    );
 
     // The load: closed loops for LOAD_SECONDS.
     const loadStarted = Date.now();
@@ -313,14 +394,26 @@ describe('observability against a live Prometheus', () => {
         // Routing keys spread over the A/B variant; every input repeats, so the result cache answers some.
         while (Date.now() < until) {
           keyed += 1;
-          count('tiny keyed', await infer('tiny', { shape: [1, 4], data: [keyed % 16, 0, 1, 0] }, { headers: { 'x-routing-key': `user-${keyed % 64}` } }), 200);
+          count(
+            'tiny keyed',
+            await infer(
+              'tiny',
+              { shape: [1, 4], data: [keyed % 16, 0, 1, 0] },
+              { headers: { 'x-routing-key': `user-${keyed % 64}` } },
+            ),
+            200,
+          );
           await sleep(PAUSE_MS);
         }
       })(),
       (async () => {
         while (Date.now() < until) {
           mlpSeq += 1;
-          count('mlp', await infer('mlp', { shape: [1, 512], data: Array.from({ length: 512 }, (_, i) => Math.sin(i + mlpSeq)) }), 200);
+          count(
+            'mlp',
+            await infer('mlp', { shape: [1, 512], data: Array.from({ length: 512 }, (_, i) => Math.sin(i + mlpSeq)) }),
+            200,
+          );
           await sleep(100);
         }
       })(),
@@ -339,7 +432,12 @@ describe('observability against a live Prometheus', () => {
           // thousand answered requests, so that no budget burns.
           if (short < 1 + load.ok / 1000) {
             short += 1;
-            count('short deadline', await infer('tiny', fresh(), { headers: { 'x-request-timeout-ms': String(1 + (short % 3)) } }), 200, 504);
+            count(
+              'short deadline',
+              await infer('tiny', fresh(), { headers: { 'x-request-timeout-ms': String(1 + (short % 3)) } }),
+              200,
+              504,
+            );
           }
           await sleep(250);
         }
@@ -376,7 +474,8 @@ describe('observability against a live Prometheus', () => {
       const result = await query(prometheus!, q.expr, time);
       const entry = perPanel.get(key) ?? { queries: 0, series: 0 };
       entry.queries += 1;
-      if (result.status !== 'success' || result.data === undefined) errors.push(`${key}: ${result.errorType}: ${result.error}\n    ${q.expr}`);
+      if (result.status !== 'success' || result.data === undefined)
+        errors.push(`${key}: ${result.errorType}: ${result.error}\n    ${q.expr}`);
       else entry.series += seriesCount(result.data);
       perPanel.set(key, entry);
     }
@@ -394,15 +493,20 @@ describe('observability against a live Prometheus', () => {
 
   it('evaluates every rule expression of grafana/slo/rules.yaml: each parses and runs', async () => {
     const file = parse(readFileSync(RULES_FILE, 'utf8')) as RuleFile;
-    const rules = file.groups.flatMap((g) => g.rules.map((r) => ({ group: g.name, name: 'record' in r ? r.record : r.alert, expr: r.expr })));
+    const rules = file.groups.flatMap((g) =>
+      g.rules.map((r) => ({ group: g.name, name: 'record' in r ? r.record : r.alert, expr: r.expr })),
+    );
     const errors: string[] = [];
     let withSeries = 0;
     for (const rule of rules) {
       const result = await query(prometheus!, rule.expr);
-      if (result.status !== 'success' || result.data === undefined) errors.push(`${rule.group} / ${rule.name}: ${result.errorType}: ${result.error}`);
+      if (result.status !== 'success' || result.data === undefined)
+        errors.push(`${rule.group} / ${rule.name}: ${result.errorType}: ${result.error}`);
       else if (seriesCount(result.data) > 0) withSeries += 1;
     }
-    console.log(`rule expressions: ${rules.length} evaluated in ${file.groups.length} groups, ${rules.length - errors.length} ran, ${withSeries} returned series`);
+    console.log(
+      `rule expressions: ${rules.length} evaluated in ${file.groups.length} groups, ${rules.length - errors.length} ran, ${withSeries} returned series`,
+    );
     expect(errors).toEqual([]);
     expect(rules.length).toBeGreaterThan(0);
   }, 60_000);
@@ -413,23 +517,36 @@ describe('observability against a live Prometheus', () => {
       'every rule evaluated at least once',
       15_000,
       async () => {
-        const list = (await promGet<{ groups: { name: string; file: string; rules: RuleState[] }[] }>(prometheus!, '/api/v1/rules')).data?.groups ?? [];
-        return list.length === file.groups.length && list.every((g) => g.rules.every((r) => r.health !== 'unknown')) ? list : undefined;
+        const list =
+          (
+            await promGet<{ groups: { name: string; file: string; rules: RuleState[] }[] }>(
+              prometheus!,
+              '/api/v1/rules',
+            )
+          ).data?.groups ?? [];
+        return list.length === file.groups.length && list.every((g) => g.rules.every((r) => r.health !== 'unknown'))
+          ? list
+          : undefined;
       },
       async () => JSON.stringify((await promGet<unknown>(prometheus!, '/api/v1/rules')).data).slice(0, 2_000),
     );
     const byName = (a: { name: string }, b: { name: string }) => a.name.localeCompare(b.name);
     const loaded = groups.map((g) => ({ name: g.name, rules: g.rules.length })).sort(byName);
     expect(loaded).toEqual(file.groups.map((g) => ({ name: g.name, rules: g.rules.length })).sort(byName));
-    const unhealthy = groups.flatMap((g) => g.rules.filter((r) => r.health !== 'ok').map((r) => `${g.name} / ${r.name}: ${r.health} ${r.lastError ?? ''}`));
-    console.log(`rule groups loaded: ${groups.map((g) => `${g.name} (${g.rules.length} rules)`).join(', ')}; ${unhealthy.length} unhealthy`);
+    const unhealthy = groups.flatMap((g) =>
+      g.rules.filter((r) => r.health !== 'ok').map((r) => `${g.name} / ${r.name}: ${r.health} ${r.lastError ?? ''}`),
+    );
+    console.log(
+      `rule groups loaded: ${groups.map((g) => `${g.name} (${g.rules.length} rules)`).join(', ')}; ${unhealthy.length} unhealthy`,
+    );
     expect(unhealthy).toEqual([]);
   }, 30_000);
 
   it('fires no alert under this healthy load, but those explained', async () => {
     const alerts = (await promGet<{ alerts: Alert[] }>(prometheus!, '/api/v1/alerts')).data?.alerts ?? [];
     const key = (a: Alert) => `${a.labels['alertname']}/${a.labels['severity']}`;
-    const show = (a: Alert) => `${a.labels['alertname']} ${a.state} ${JSON.stringify(a.labels)} value ${a.value}${MAY_ALERT[key(a)] === undefined ? '' : ` (allowed: ${MAY_ALERT[key(a)]})`}`;
+    const show = (a: Alert) =>
+      `${a.labels['alertname']} ${a.state} ${JSON.stringify(a.labels)} value ${a.value}${MAY_ALERT[key(a)] === undefined ? '' : ` (allowed: ${MAY_ALERT[key(a)]})`}`;
     const sli = async (record: string) => {
       const result = await query(prometheus!, record);
       const sample = (result.data?.result as { value: [number, string] }[] | undefined)?.[0];

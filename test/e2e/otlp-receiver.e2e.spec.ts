@@ -58,13 +58,29 @@ describe(OtlpReceiver.name, () => {
     await sut.stop();
   });
 
-  const post = (receiver: OtlpReceiver, body: Uint8Array, headers: Record<string, string> = { 'content-type': 'application/x-protobuf' }, path = '/v1/traces') =>
-    fetch(`${receiver.endpoint}${path}`, { method: 'POST', headers, body });
+  const post = (
+    receiver: OtlpReceiver,
+    body: Uint8Array,
+    headers: Record<string, string> = { 'content-type': 'application/x-protobuf' },
+    path = '/v1/traces',
+  ) => fetch(`${receiver.endpoint}${path}`, { method: 'POST', headers, body });
   const exportOf = (...names: string[]) =>
     toBinary(
       ExportTraceServiceRequestSchema,
       create(ExportTraceServiceRequestSchema, {
-        resourceSpans: [{ scopeSpans: [{ spans: names.map((name, i) => ({ traceId: new Uint8Array(16).fill(1), spanId: new Uint8Array(8).fill(i + 2), name })) }] }],
+        resourceSpans: [
+          {
+            scopeSpans: [
+              {
+                spans: names.map((name, i) => ({
+                  traceId: new Uint8Array(16).fill(1),
+                  spanId: new Uint8Array(8).fill(i + 2),
+                  name,
+                })),
+              },
+            ],
+          },
+        ],
       }),
     );
 
@@ -111,14 +127,23 @@ describe(OtlpReceiver.name, () => {
       name: 'child',
       kind: Span_SpanKind.CLIENT,
       service: 'receiver-spec',
-      attributes: { 'rpc.system': 'grpc', 'rpc.grpc.status_code': 14, 'infermesh.cached': false, 'infermesh.ratio': 0.25, 'infermesh.shape': [1, 4] },
+      attributes: {
+        'rpc.system': 'grpc',
+        'rpc.grpc.status_code': 14,
+        'infermesh.cached': false,
+        'infermesh.ratio': 0.25,
+        'infermesh.shape': [1, 4],
+      },
       events: [{ name: 'retry', attributes: { 'retry.attempt': 2, 'retry.reason': 'unavailable' } }],
       links: [{ traceId: ids.batch.traceId, spanId: ids.batch.spanId, attributes: { 'infermesh.batch.size': 8 } }],
       status: { code: Status_StatusCode.ERROR, message: 'worker unavailable' },
       startNs: expect.any(BigInt),
       endNs: expect.any(BigInt),
     });
-    expect([child.traceId, child.spanId]).toEqual([expect.stringMatching(/^[0-9a-f]{32}$/), expect.stringMatching(/^[0-9a-f]{16}$/)]);
+    expect([child.traceId, child.spanId]).toEqual([
+      expect.stringMatching(/^[0-9a-f]{32}$/),
+      expect.stringMatching(/^[0-9a-f]{16}$/),
+    ]);
     expect(batch.traceId).not.toBe(child.traceId);
     // Nanoseconds since the epoch, within the last minute, the child inside its parent.
     expect(child.startNs).toBeGreaterThan(BigInt(Date.now() - 60_000) * 1_000_000n);
@@ -141,8 +166,14 @@ describe(OtlpReceiver.name, () => {
       `,
     );
 
-    const byHand = await post(sut, gzipSync(exportOf('zipped by hand')), { 'content-type': 'application/x-protobuf', 'content-encoding': 'gzip' });
-    const notZipped = await post(sut, exportOf('not zipped'), { 'content-type': 'application/x-protobuf', 'content-encoding': 'gzip' });
+    const byHand = await post(sut, gzipSync(exportOf('zipped by hand')), {
+      'content-type': 'application/x-protobuf',
+      'content-encoding': 'gzip',
+    });
+    const notZipped = await post(sut, exportOf('not zipped'), {
+      'content-type': 'application/x-protobuf',
+      'content-encoding': 'gzip',
+    });
 
     expect(result).toEqual({ code: 0 }); // ExportResultCode.SUCCESS
     expect(byHand.status).toBe(200);
@@ -158,11 +189,16 @@ describe(OtlpReceiver.name, () => {
     const truncated = new Uint8Array([0x0a, 0x05, 0x01]);
 
     const garbage = await post(sut, truncated);
-    const json = await post(sut, new TextEncoder().encode('{"resourceSpans":[]}'), { 'content-type': 'application/json' });
+    const json = await post(sut, new TextEncoder().encode('{"resourceSpans":[]}'), {
+      'content-type': 'application/json',
+    });
     const wrongPath = await post(sut, truncated, undefined, '/v1/metrics');
     const get = await fetch(`${sut.endpoint}/v1/traces`);
 
-    expect([garbage.status, await garbage.text()]).toEqual([400, expect.stringContaining('not an ExportTraceServiceRequest')]);
+    expect([garbage.status, await garbage.text()]).toEqual([
+      400,
+      expect.stringContaining('not an ExportTraceServiceRequest'),
+    ]);
     expect([json.status, await json.text()]).toEqual([415, expect.stringContaining('application/x-protobuf')]);
     expect([wrongPath.status, await wrongPath.text()]).toEqual([404, expect.stringContaining('/v1/metrics')]);
     expect([get.status, get.headers.get('allow')]).toEqual([405, 'POST']);
@@ -170,8 +206,12 @@ describe(OtlpReceiver.name, () => {
 
     const ok = await post(sut, exportOf('after'));
     expect([ok.status, ok.headers.get('content-type')]).toEqual([200, 'application/x-protobuf']);
-    expect(fromBinary(ExportTraceServiceResponseSchema, new Uint8Array(await ok.arrayBuffer())).partialSuccess).toBeUndefined();
-    expect(sut.spans.map((s) => [s.name, s.traceId, s.spanId, s.service])).toEqual([['after', '01'.repeat(16), '02'.repeat(8), '']]);
+    expect(
+      fromBinary(ExportTraceServiceResponseSchema, new Uint8Array(await ok.arrayBuffer())).partialSuccess,
+    ).toBeUndefined();
+    expect(sut.spans.map((s) => [s.name, s.traceId, s.spanId, s.service])).toEqual([
+      ['after', '01'.repeat(16), '02'.repeat(8), ''],
+    ]);
     expect([sut.exports, sut.spanCount]).toEqual([1, 1]);
   });
 
@@ -181,7 +221,9 @@ describe(OtlpReceiver.name, () => {
       const span = await sut.waitFor((spans) => spans.find((s) => s.name === 'late'), 10_000);
 
       expect(span.spanId).toBe('02'.repeat(8));
-      await expect(sut.waitFor((spans) => spans.find((s) => s.name === 'never'), 200)).rejects.toThrow('1 spans in 1 exports');
+      await expect(sut.waitFor((spans) => spans.find((s) => s.name === 'never'), 200)).rejects.toThrow(
+        '1 spans in 1 exports',
+      );
     } finally {
       clearTimeout(late);
     }

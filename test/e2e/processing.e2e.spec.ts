@@ -18,7 +18,7 @@ const INPUT = { name: 'input', shape: [2, 4], datatype: 'FP32', data: ROWS.flatM
 /** BYTES raw contents as strings: each element a 4-byte little-endian length, then its bytes. */
 function bytesElements(raw: Buffer): string[] {
   const out: string[] = [];
-  for (let offset = 0; offset < raw.length; ) {
+  for (let offset = 0; offset < raw.length;) {
     const length = raw.readUInt32LE(offset);
     out.push(raw.subarray(offset + 4, offset + 4 + length).toString('utf8'));
     offset += 4 + length;
@@ -55,24 +55,39 @@ describe('pre- and post-processing declared in the registry, run by the worker',
   it('normalizes the input before the model runs, exactly as computed by hand', async () => {
     const { status, json } = await infer({ inputs: [INPUT] });
     expect(status).toBe(200);
-    expect(json['outputs']).toEqual([{ name: 'scores', datatype: 'FP32', shape: [2, 5], data: ROWS.flatMap((r) => r.scores) }]);
+    expect(json['outputs']).toEqual([
+      { name: 'scores', datatype: 'FP32', shape: [2, 5], data: ROWS.flatMap((r) => r.scores) },
+    ]);
   });
 
   it('answers REST class_count with the top classes as "score:index:label", ties by lower index', async () => {
-    const { status, json } = await infer({ inputs: [INPUT], outputs: [{ name: 'scores', parameters: { class_count: 3 } }] });
+    const { status, json } = await infer({
+      inputs: [INPUT],
+      outputs: [{ name: 'scores', parameters: { class_count: 3 } }],
+    });
     expect(status).toBe(200);
     expect(json['outputs']).toEqual([
       {
         name: 'scores',
         datatype: 'BYTES',
         shape: [2, 3],
-        data: ['2.250000:4:mixed', '2.000000:1:dog', '1.000000:0:cat', '0.250000:4:mixed', '0.000000:0:cat', '0.000000:1:dog'],
+        data: [
+          '2.250000:4:mixed',
+          '2.000000:1:dog',
+          '1.000000:0:cat',
+          '0.250000:4:mixed',
+          '0.000000:0:cat',
+          '0.000000:1:dog',
+        ],
       },
     ]);
   });
 
   it('answers gRPC class_count (int64_param) with BYTES raw output contents', async () => {
-    const response = await grpcClient.call<{ outputs: { name: string; datatype: string; shape: string[] }[]; raw_output_contents: Buffer[] }>(
+    const response = await grpcClient.call<{
+      outputs: { name: string; datatype: string; shape: string[] }[];
+      raw_output_contents: Buffer[];
+    }>(
       'ModelInfer',
       {
         model_name: 'classifier',
@@ -82,14 +97,25 @@ describe('pre- and post-processing declared in the registry, run by the worker',
       },
       API_KEY,
     );
-    expect(response.outputs).toEqual([expect.objectContaining({ name: 'scores', datatype: 'BYTES', shape: ['2', '2'] })]);
-    expect(bytesElements(response.raw_output_contents[0]!)).toEqual(['2.250000:4:mixed', '2.000000:1:dog', '0.250000:4:mixed', '0.000000:0:cat']);
+    expect(response.outputs).toEqual([
+      expect.objectContaining({ name: 'scores', datatype: 'BYTES', shape: ['2', '2'] }),
+    ]);
+    expect(bytesElements(response.raw_output_contents[0]!)).toEqual([
+      '2.250000:4:mixed',
+      '2.000000:1:dog',
+      '0.250000:4:mixed',
+      '0.000000:0:cat',
+    ]);
   });
 
   it('does not answer one class_count from the cached result of another, or of none', async () => {
     const top = async (classCount?: number) => {
-      const outputs = classCount === undefined ? undefined : [{ name: 'scores', parameters: { class_count: classCount } }];
-      const { json } = await infer({ inputs: [{ ...INPUT, shape: [1, 4], data: ROWS[0]!.x }], ...(outputs && { outputs }) });
+      const outputs =
+        classCount === undefined ? undefined : [{ name: 'scores', parameters: { class_count: classCount } }];
+      const { json } = await infer({
+        inputs: [{ ...INPUT, shape: [1, 4], data: ROWS[0]!.x }],
+        ...(outputs && { outputs }),
+      });
       return (json['outputs'] as { data: unknown[] }[])[0]!.data;
     };
     expect(await top(1)).toEqual(['2.250000:4:mixed']);
@@ -103,7 +129,10 @@ describe('pre- and post-processing declared in the registry, run by the worker',
     ['not an integer', 2.5, /output "scores": parameter "class_count" must be a positive integer/],
     ['more than the 5 classes', 6, /output "scores" has 5 classes per item, fewer than the 6 class_count asks for/],
   ])('answers 400 naming the output to a class_count that is %s', async (_label, classCount, message) => {
-    const { status, json } = await infer({ inputs: [INPUT], outputs: [{ name: 'scores', parameters: { class_count: classCount } }] });
+    const { status, json } = await infer({
+      inputs: [INPUT],
+      outputs: [{ name: 'scores', parameters: { class_count: classCount } }],
+    });
     expect(status).toBe(400);
     expect(json.error).toMatch(message);
   });

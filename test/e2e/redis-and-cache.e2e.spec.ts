@@ -11,7 +11,11 @@ describe('serving with Redis stores and the result cache', () => {
   beforeAll(async () => {
     redis = await startRedisServer();
     // The router's own cache off: every repeated request goes to the shared cache in Redis.
-    fixture = await startFixture({ models: ['tiny'], redisUrl: redis.url, env: { ROUTER_LOCAL_CACHE_ENABLED: 'false' } });
+    fixture = await startFixture({
+      models: ['tiny'],
+      redisUrl: redis.url,
+      env: { ROUTER_LOCAL_CACHE_ENABLED: 'false' },
+    });
     url = fixture.system.gatewayUrl;
   });
 
@@ -27,11 +31,18 @@ describe('serving with Redis stores and the result cache', () => {
       body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data }] }),
     });
     expect(res.status).toBe(200);
-    return (await res.json()) as { model_version: string; parameters?: Record<string, unknown>; outputs: { data: number[] }[] };
+    return (await res.json()) as {
+      model_version: string;
+      parameters?: Record<string, unknown>;
+      outputs: { data: number[] }[];
+    };
   };
 
   it('serves the model registered in Redis', async () => {
-    const res = await fetch(`${url}/v2/repository/index`, { method: 'POST', headers: { authorization: `Bearer ${API_KEY}` } });
+    const res = await fetch(`${url}/v2/repository/index`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${API_KEY}` },
+    });
     expect(await res.json()).toEqual([{ name: 'tiny', version: '1', state: 'READY' }]);
   });
 
@@ -39,7 +50,11 @@ describe('serving with Redis stores and the result cache', () => {
     const registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
     try {
       await registry.updateModel({
-        model: { name: 'models/tiny', labels: { team: 'e2e' }, versionPolicy: { policy: { case: 'latest', value: 2 } } },
+        model: {
+          name: 'models/tiny',
+          labels: { team: 'e2e' },
+          versionPolicy: { policy: { case: 'latest', value: 2 } },
+        },
         updateMask: { paths: ['labels', 'version_policy'] },
       });
       await registry.setCachePolicy({ model: 'models/tiny', policy: { ttlMs: 60_000n } });
@@ -71,7 +86,9 @@ describe('serving with Redis stores and the result cache', () => {
     expect(second.parameters?.['cached']).toBe(true);
     expect(second.outputs).toEqual(first.outputs);
     expect(second.model_version).toBe('1');
-    expect(await metricValue(cacheMetrics, 'infermesh_cache_lookups_total', { outcome: 'hit' })).toBeGreaterThan(hitsBefore);
+    expect(await metricValue(cacheMetrics, 'infermesh_cache_lookups_total', { outcome: 'hit' })).toBeGreaterThan(
+      hitsBefore,
+    );
 
     const different = await infer([0.5, 1, 1.5, 2.5]);
     expect(different.parameters?.['cached']).not.toBe(true);
@@ -81,7 +98,7 @@ describe('serving with Redis stores and the result cache', () => {
     const statuses: number[] = [];
     let seq = 0;
     const run = (async () => {
-      for (const end = Date.now() + 4_000; Date.now() < end; ) {
+      for (const end = Date.now() + 4_000; Date.now() < end;) {
         seq += 1;
         const res = await fetch(`${url}/v2/models/tiny/infer`, {
           method: 'POST',
@@ -99,6 +116,8 @@ describe('serving with Redis stores and the result cache', () => {
     expect(statuses.length).toBeGreaterThan(10);
     expect(statuses.filter((s) => s !== 200)).toEqual([]);
     // The cache service answered its failed Redis lookups as misses.
-    expect(await metricValue(fixture.system.metricsUrl('cache'), 'infermesh_cache_lookups_total', { outcome: 'error' })).toBeGreaterThan(0);
+    expect(
+      await metricValue(fixture.system.metricsUrl('cache'), 'infermesh_cache_lookups_total', { outcome: 'error' }),
+    ).toBeGreaterThan(0);
   });
 });

@@ -49,7 +49,8 @@ describe('registry replicas share the mesh instances through Redis', () => {
         await client.listInstances({}, { timeoutMs: 1_000 });
         return { process: child, client };
       } catch (error) {
-        if (child.exitCode !== null || Date.now() > deadline) throw new Error(`registry ${name} did not start: ${String(error)}`);
+        if (child.exitCode !== null || Date.now() > deadline)
+          throw new Error(`registry ${name} did not start: ${String(error)}`);
         await new Promise((r) => setTimeout(r, 100));
       }
     }

@@ -46,7 +46,9 @@ describe('killing one service at a time', () => {
   it.each<ServiceName>(['worker', 'batcher', 'router'])(
     'answers 503 while the %s is down and recovers when it is back, without restarting the others',
     async (service) => {
-      const others = ['registry', 'cache', 'worker', 'batcher', 'router', 'gateway'].filter((s) => s !== service) as ServiceName[];
+      const others = ['registry', 'cache', 'worker', 'batcher', 'router', 'gateway'].filter(
+        (s) => s !== service,
+      ) as ServiceName[];
       const pids = others.map((s) => fixture.system.process(s).pid);
       await fixture.system.process(service).kill();
       const down = await eventually(503);
@@ -66,7 +68,7 @@ describe('killing one service at a time', () => {
     // Far past ROUTER_RESOLVE_TTL_MS (200 ms) and the worker's sync interval: every answer comes
     // from what the data plane last saw.
     const statuses: number[] = [];
-    for (const end = Date.now() + 60_000; Date.now() < end; ) {
+    for (const end = Date.now() + 60_000; Date.now() < end;) {
       statuses.push((await infer()).status);
       await new Promise((r) => setTimeout(r, 50));
     }
@@ -81,7 +83,7 @@ describe('killing one service at a time', () => {
     try {
       await registerModel(registry, 'tiny', '2', buildTinyModel().bytes);
       let served = await infer();
-      for (const end = Date.now() + 20_000; served.body.model_version !== '2' && Date.now() < end; ) {
+      for (const end = Date.now() + 20_000; served.body.model_version !== '2' && Date.now() < end;) {
         await new Promise((r) => setTimeout(r, 100));
         served = await infer();
       }

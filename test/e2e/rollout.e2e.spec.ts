@@ -24,7 +24,13 @@ describe('rollouts through the whole system', () => {
         modelName: 'tiny',
         inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n], contents: { fp32Contents: input } }],
       }),
-      { metadata: { authorization: `Bearer ${API_KEY}`, ...(routingKey !== undefined && { 'x-routing-key': routingKey }) }, timeoutMs: 30_000 },
+      {
+        metadata: {
+          authorization: `Bearer ${API_KEY}`,
+          ...(routingKey !== undefined && { 'x-routing-key': routingKey }),
+        },
+        timeoutMs: 30_000,
+      },
     );
     return response.modelVersion;
   };
@@ -56,7 +62,10 @@ describe('rollouts through the whole system', () => {
     registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
     // Every version stays loaded whatever the policy names (the default version policy, latest 1,
     // would drain versions 1 and 2 once version 3 is READY).
-    await registry.updateModel({ model: { name: 'models/tiny', versionPolicy: { policy: { case: 'all', value: {} } } }, updateMask: { paths: ['version_policy'] } });
+    await registry.updateModel({
+      model: { name: 'models/tiny', versionPolicy: { policy: { case: 'all', value: {} } } },
+      updateMask: { paths: ['version_policy'] },
+    });
     // Version 2 is the same model again; version 3 has the same signature and other weights.
     const second = await registerModel(registry, 'tiny', '2', buildTinyModel().bytes);
     const perturbed = await registerModel(registry, 'tiny', '3', buildMlpModel({ sizes: [4, 16, 3], seed: 7 }).bytes);
@@ -93,7 +102,9 @@ describe('rollouts through the whole system', () => {
 
     const onTwo = (list: string[]) => list.filter((v) => v === '2').length;
     const moved = keys.filter((_, i) => before[i] !== after[i]).length;
-    process.stdout.write(`A/B: ${onTwo(before)} of 1000 keys on version 2 at 10 %, ${onTwo(after)} at 50 %; ${moved} keys moved, all from 1 to 2\n`);
+    process.stdout.write(
+      `A/B: ${onTwo(before)} of 1000 keys on version 2 at 10 %, ${onTwo(after)} at 50 %; ${moved} keys moved, all from 1 to 2\n`,
+    );
     expect(keys.filter((_, i) => before[i] === '2' && after[i] !== '2')).toEqual([]);
     expect(moved).toBe(onTwo(after) - onTwo(before));
     expect(onTwo(before)).toBeGreaterThan(60);
@@ -104,15 +115,27 @@ describe('rollouts through the whole system', () => {
 
   it('compares a 100 % shadow with the served version: agreement exactly 1.0 for the same model, below 1.0 for another', async () => {
     const router = (name: string, shadow: string) =>
-      metricValue(fixture.system.metricsUrl('router'), `infermesh_router_${name}`, { model: 'tiny', primary: '1', shadow });
-    const inputs = Array.from({ length: 200 }, (_, i) => [Math.sin(i), Math.cos(i * 3), Math.sin(i * 7), Math.cos(i * 11)]);
+      metricValue(fixture.system.metricsUrl('router'), `infermesh_router_${name}`, {
+        model: 'tiny',
+        primary: '1',
+        shadow,
+      });
+    const inputs = Array.from({ length: 200 }, (_, i) => [
+      Math.sin(i),
+      Math.cos(i * 3),
+      Math.sin(i * 7),
+      Math.cos(i * 11),
+    ]);
     const agreement = async (shadow: string) => {
       await setPolicy({ stableVersion: '1', shadow: { version: shadow, percent: 100 } });
       const served = await many(inputs.length, (i) => infer(undefined, inputs[i]));
       expect(new Set(served)).toEqual(new Set(['1']));
-      for (let i = 0; i < 300 && (await router('shadow_requests_total', shadow)) < inputs.length; i++) await new Promise((r) => setTimeout(r, 50));
+      for (let i = 0; i < 300 && (await router('shadow_requests_total', shadow)) < inputs.length; i++)
+        await new Promise((r) => setTimeout(r, 50));
       expect(await router('shadow_requests_total', shadow)).toBe(inputs.length);
-      return (await router('shadow_agreed_items_total', shadow)) / (await router('shadow_compared_items_total', shadow));
+      return (
+        (await router('shadow_agreed_items_total', shadow)) / (await router('shadow_compared_items_total', shadow))
+      );
     };
 
     const same = await agreement('2');

@@ -66,7 +66,10 @@ describe('serving through the whole system (embedded stores)', () => {
       outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 512] }],
     });
     const grpcMetadata = await grpcClient.call('ModelMetadata', { name: 'mlp' }, API_KEY);
-    expect(grpcMetadata).toMatchObject({ name: 'mlp', inputs: [{ name: 'input', datatype: 'FP32', shape: ['-1', '512'] }] });
+    expect(grpcMetadata).toMatchObject({
+      name: 'mlp',
+      inputs: [{ name: 'input', datatype: 'FP32', shape: ['-1', '512'] }],
+    });
   });
 
   it('answers REST and gRPC with the same outputs as onnxruntime-node in-process, bit for bit', async () => {
@@ -80,13 +83,21 @@ describe('serving through the whole system (embedded stores)', () => {
       inputs: [{ name: 'input', shape: [2, 512], datatype: 'FP32', data: Array.from(data) }],
     });
     expect(res.status).toBe(200);
-    const body = (await res.json()) as { id: string; model_version: string; outputs: { name: string; shape: number[]; data: number[] }[] };
+    const body = (await res.json()) as {
+      id: string;
+      model_version: string;
+      outputs: { name: string; shape: number[]; data: number[] }[];
+    };
     expect(body.id).toBe('req-1');
     expect(body.model_version).toBe('1');
     expect(body.outputs[0]!.shape).toEqual([2, 512]);
     expect(bits(body.outputs[0]!.data).equals(bits(expected.data as Float32Array))).toBe(true);
 
-    const grpcResponse = await grpcClient.call<{ model_version: string; outputs: { name: string; shape: string[] }[]; raw_output_contents: Buffer[] }>(
+    const grpcResponse = await grpcClient.call<{
+      model_version: string;
+      outputs: { name: string; shape: string[] }[];
+      raw_output_contents: Buffer[];
+    }>(
       'ModelInfer',
       {
         model_name: 'mlp',
@@ -105,12 +116,23 @@ describe('serving through the whole system (embedded stores)', () => {
     const session = await ort.InferenceSession.create(model.bytes);
     const x = new Float32Array([1.5, -2, 0, 3.25, -0.5, 4, -8, 2]);
     const ids = new BigInt64Array([1n, 2n, -3n, 40n]);
-    const expected = await session.run({ x: new ort.Tensor('float32', x, [2, 4]), ids: new ort.Tensor('int64', ids, [2, 2]) });
+    const expected = await session.run({
+      x: new ort.Tensor('float32', x, [2, 4]),
+      ids: new ort.Tensor('int64', ids, [2, 2]),
+    });
     await session.release();
 
     const res = await post('/v2/models/multi-io/infer', {
       inputs: [
-        { name: 'x', shape: [2, 4], datatype: 'FP32', data: [[1.5, -2, 0, 3.25], [-0.5, 4, -8, 2]] },
+        {
+          name: 'x',
+          shape: [2, 4],
+          datatype: 'FP32',
+          data: [
+            [1.5, -2, 0, 3.25],
+            [-0.5, 4, -8, 2],
+          ],
+        },
         { name: 'ids', shape: [2, 2], datatype: 'INT64', data: [1, 2, -3, 40] },
       ],
     });
@@ -127,7 +149,10 @@ describe('serving through the whole system (embedded stores)', () => {
       expect(got.data).toEqual(wantValues);
     }
 
-    const typed = await grpcClient.call<{ outputs: { name: string; datatype: string }[]; raw_output_contents: Buffer[] }>(
+    const typed = await grpcClient.call<{
+      outputs: { name: string; datatype: string }[];
+      raw_output_contents: Buffer[];
+    }>(
       'ModelInfer',
       {
         model_name: 'multi-io',
@@ -166,7 +191,15 @@ describe('serving through the whole system (embedded stores)', () => {
       expect(res.status).toBe(404);
       expect(((await res.json()) as { error: string }).error).toContain('no-such-model');
       await expect(
-        grpcClient.call('ModelInfer', { model_name: 'no-such-model', inputs: [{ name: 'input', datatype: 'FP32', shape: [1, 4] }], raw_input_contents: [Buffer.alloc(16)] }, API_KEY),
+        grpcClient.call(
+          'ModelInfer',
+          {
+            model_name: 'no-such-model',
+            inputs: [{ name: 'input', datatype: 'FP32', shape: [1, 4] }],
+            raw_input_contents: [Buffer.alloc(16)],
+          },
+          API_KEY,
+        ),
       ).rejects.toMatchObject({ code: 5 });
     });
 
@@ -185,7 +218,15 @@ describe('serving through the whole system (embedded stores)', () => {
 
     it('INVALID_ARGUMENT over gRPC when raw contents disagree with the shape', async () => {
       await expect(
-        grpcClient.call('ModelInfer', { model_name: 'tiny', inputs: [{ name: 'input', datatype: 'FP32', shape: [1, 4] }], raw_input_contents: [Buffer.alloc(12)] }, API_KEY),
+        grpcClient.call(
+          'ModelInfer',
+          {
+            model_name: 'tiny',
+            inputs: [{ name: 'input', datatype: 'FP32', shape: [1, 4] }],
+            raw_input_contents: [Buffer.alloc(12)],
+          },
+          API_KEY,
+        ),
       ).rejects.toMatchObject({ code: 3, details: expect.stringContaining('input') });
     });
 
@@ -196,7 +237,16 @@ describe('serving through the whole system (embedded stores)', () => {
     });
 
     it('never answers 500 to a burst of odd bodies', async () => {
-      const bodies = ['null', '[]', '{}', '{"inputs": {}}', '{"inputs": [null]}', '{"inputs": [{"name": 1}]}', '"text"', '{"inputs":[{"name":"input","shape":"x","datatype":"FP32","data":[]}]}'];
+      const bodies = [
+        'null',
+        '[]',
+        '{}',
+        '{"inputs": {}}',
+        '{"inputs": [null]}',
+        '{"inputs": [{"name": 1}]}',
+        '"text"',
+        '{"inputs":[{"name":"input","shape":"x","datatype":"FP32","data":[]}]}',
+      ];
       for (const body of bodies) {
         const res = await post('/v2/models/tiny/infer', body);
         expect(res.status).toBeGreaterThanOrEqual(400);
@@ -205,4 +255,3 @@ describe('serving through the whole system (embedded stores)', () => {
     });
   });
 });
-

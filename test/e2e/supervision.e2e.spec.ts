@@ -77,7 +77,9 @@ describe('a system supervised as `infermesh up` supervises it', () => {
       expect(victim.state).toBe('running');
       expect(victim.pid).not.toBe(pid);
       expect(victim.restartCount).toBe(restartsBefore + 1);
-      expect(readFileSync(fixture.logFile, 'utf8')).toContain(`supervisor | ${service} exited unexpectedly (killed by SIGKILL after`);
+      expect(readFileSync(fixture.logFile, 'utf8')).toContain(
+        `supervisor | ${service} exited unexpectedly (killed by SIGKILL after`,
+      );
       // Once back, it keeps serving: ten in a row.
       const after = await Promise.all(Array.from({ length: 10 }, () => infer()));
       expect(after).toEqual(Array(10).fill(200));
@@ -89,7 +91,12 @@ describe('one of two workers killed under load, supervised as `infermesh up` sup
   let fixture: Fixture;
 
   beforeAll(async () => {
-    fixture = await startFixture({ models: ['tiny'], workers: [{}, {}], restartPolicy: DEFAULT_RESTART_POLICY, env: { ROUTER_CACHE_ENABLED: 'false' } });
+    fixture = await startFixture({
+      models: ['tiny'],
+      workers: [{}, {}],
+      restartPolicy: DEFAULT_RESTART_POLICY,
+      env: { ROUTER_CACHE_ENABLED: 'false' },
+    });
   }, 120_000);
 
   afterAll(async () => {
@@ -111,7 +118,10 @@ describe('one of two workers killed under load, supervised as `infermesh up` sup
     await Promise.all(clients);
 
     const failed = statuses.filter((s) => s !== 200);
-    const servedByRestarted = await metricValue(fixture.system.workerMetricsUrl(0), 'infermesh_worker_inference_batch_size_count');
+    const servedByRestarted = await metricValue(
+      fixture.system.workerMetricsUrl(0),
+      'infermesh_worker_inference_batch_size_count',
+    );
     console.log(
       `two workers, one killed by SIGKILL ${((killedAt - (end - 30_000)) / 1000).toFixed(0)} s in: ${statuses.length} requests at c=16 over 30 s, ${failed.length} failed; ` +
         `the restarted worker (pid ${victim.pid}) ran ${servedByRestarted} batches`,

@@ -17,7 +17,11 @@ const { SERVER, INTERNAL } = Span_SpanKind;
 const SPANS_PER_REQUEST = 7;
 
 /** A model that batches: requests arriving within 100 ms of each other share a batch. */
-const BATCHED = { ...buildTinyModel(), name: 'tiny-batched', batching: { maxBatchSize: 16, maxQueueDelayUs: 100_000n } };
+const BATCHED = {
+  ...buildTinyModel(),
+  name: 'tiny-batched',
+  batching: { maxBatchSize: 16, maxQueueDelayUs: 100_000n },
+};
 
 const hex = (bytes: number) => randomBytes(bytes).toString('hex');
 
@@ -62,7 +66,11 @@ describe('traces of the request path (OTLP)', () => {
   const restInfer = (model: string, traceparent: string | undefined, seed: number) =>
     fetch(`${fixture.system.gatewayUrl}/v2/models/${model}/infer`, {
       method: 'POST',
-      headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json', ...(traceparent !== undefined && { traceparent }) },
+      headers: {
+        authorization: `Bearer ${API_KEY}`,
+        'content-type': 'application/json',
+        ...(traceparent !== undefined && { traceparent }),
+      },
       body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [seed, 1, 2, 3] }] }),
     });
 
@@ -75,11 +83,14 @@ describe('traces of the request path (OTLP)', () => {
 
   const one = (trace: ReceivedSpan[], service: string, name: string, kind: Span_SpanKind): ReceivedSpan => {
     const found = trace.filter((s) => s.service === service && s.name === name && s.kind === kind);
-    if (found.length !== 1) throw new Error(`expected one ${service} span "${name}" (kind ${kind}), found ${found.length}: ${listSpans(trace)}`);
+    if (found.length !== 1)
+      throw new Error(
+        `expected one ${service} span "${name}" (kind ${kind}), found ${found.length}: ${listSpans(trace)}`,
+      );
     return found[0]!;
   };
 
-  it('one REST request is one trace, from the caller\'s span through every hop to the model run', async () => {
+  it("one REST request is one trace, from the caller's span through every hop to the model run", async () => {
     const traceId = hex(16);
     const callerSpan = hex(8);
     const response = await restInfer('tiny', `00-${traceId}-${callerSpan}-01`, 7);
@@ -88,12 +99,27 @@ describe('traces of the request path (OTLP)', () => {
     const trace = await traceOf(traceId, SPANS_PER_REQUEST);
     const gateway = one(trace, 'gateway', 'POST /v2/models/:model/infer', SERVER);
     expect(gateway.parentSpanId).toBe(callerSpan);
-    expect(gateway.attributes).toMatchObject({ 'http.route': '/v2/models/:model/infer', 'http.response.status_code': 200, 'infermesh.model': 'tiny', 'infermesh.model.version': '1' });
+    expect(gateway.attributes).toMatchObject({
+      'http.route': '/v2/models/:model/infer',
+      'http.response.status_code': 200,
+      'infermesh.model': 'tiny',
+      'infermesh.model.version': '1',
+    });
 
     const router = one(trace, 'router', 'infermesh.router.v1.RouterService/Infer', SERVER);
     expect(router.parentSpanId).toBe(gateway.spanId);
-    expect(router.attributes).toMatchObject({ 'rpc.system': 'grpc', 'rpc.service': 'infermesh.router.v1.RouterService', 'rpc.method': 'Infer', 'rpc.grpc.status_code': 0 });
-    expect(router.attributes).toMatchObject({ 'infermesh.model': 'tiny', 'infermesh.model.version': '1', 'infermesh.route': 'stable', 'infermesh.cache': 'miss' });
+    expect(router.attributes).toMatchObject({
+      'rpc.system': 'grpc',
+      'rpc.service': 'infermesh.router.v1.RouterService',
+      'rpc.method': 'Infer',
+      'rpc.grpc.status_code': 0,
+    });
+    expect(router.attributes).toMatchObject({
+      'infermesh.model': 'tiny',
+      'infermesh.model.version': '1',
+      'infermesh.route': 'stable',
+      'infermesh.cache': 'miss',
+    });
     expect(one(trace, 'cache', 'infermesh.cache.v1.CacheService/Lookup', SERVER).parentSpanId).toBe(router.spanId);
 
     const batcher = one(trace, 'batcher', 'infermesh.batcher.v1.BatcherService/Infer', SERVER);
@@ -110,7 +136,12 @@ describe('traces of the request path (OTLP)', () => {
     expect(worker.parentSpanId).toBe(batch.spanId);
     const run = one(trace, 'worker', 'onnxruntime run', INTERNAL);
     expect(run.parentSpanId).toBe(worker.spanId);
-    expect(run.attributes).toMatchObject({ 'infermesh.model': 'tiny', 'infermesh.model.version': '1', 'infermesh.batch.size': 1, 'infermesh.execution_provider': 'cpu' });
+    expect(run.attributes).toMatchObject({
+      'infermesh.model': 'tiny',
+      'infermesh.model.version': '1',
+      'infermesh.batch.size': 1,
+      'infermesh.execution_provider': 'cpu',
+    });
     expect(typeof run.attributes['infermesh.instance']).toBe('number');
 
     // The latency histograms carry the trace as an exemplar, to a scraper that asks for OpenMetrics.
@@ -121,16 +152,27 @@ describe('traces of the request path (OTLP)', () => {
       ['batcher', 'infermesh_batcher_dispatch_duration_seconds_bucket{', 'model="tiny"'],
       ['worker', 'infermesh_worker_inference_compute_seconds_bucket{', 'model="tiny"'],
     ] as const) {
-      const scraped = await fetch(fixture.system.metricsUrl(service), { headers: { accept: 'application/openmetrics-text;version=1.0.0,text/plain;q=0.5' } });
+      const scraped = await fetch(fixture.system.metricsUrl(service), {
+        headers: { accept: 'application/openmetrics-text;version=1.0.0,text/plain;q=0.5' },
+      });
       expect(scraped.headers.get('content-type')).toContain('application/openmetrics-text');
-      const exemplars = (await scraped.text()).split('\n').filter((line) => line.startsWith(bucket) && line.includes(label) && line.includes(' # {'));
-      expect({ bucket, exemplars }).toEqual({ bucket, exemplars: expect.arrayContaining([expect.stringContaining(`trace_id="${traceId}"`)]) });
+      const exemplars = (await scraped.text())
+        .split('\n')
+        .filter((line) => line.startsWith(bucket) && line.includes(label) && line.includes(' # {'));
+      expect({ bucket, exemplars }).toEqual({
+        bucket,
+        exemplars: expect.arrayContaining([expect.stringContaining(`trace_id="${traceId}"`)]),
+      });
     }
 
     // Every span's parent is in the trace, but the gateway's, whose parent is the caller's; children end within their parents' traces.
     const ids = new Set(trace.map((s) => s.spanId));
     for (const span of trace) {
-      if (span !== gateway) expect({ span: span.name, parentFound: ids.has(span.parentSpanId) }).toEqual({ span: span.name, parentFound: true });
+      if (span !== gateway)
+        expect({ span: span.name, parentFound: ids.has(span.parentSpanId) }).toEqual({
+          span: span.name,
+          parentFound: true,
+        });
       expect(span.endNs).toBeGreaterThanOrEqual(span.startNs);
       expect(span.status.code).not.toBe(Status_StatusCode.ERROR);
     }
@@ -147,7 +189,11 @@ describe('traces of the request path (OTLP)', () => {
       { metadata: { authorization: `Bearer ${API_KEY}` }, timeoutMs: 10_000 },
     );
     const root = await receiver.waitFor(
-      (all) => all.find((s) => !before.has(s.traceId) && s.service === 'gateway' && s.name === 'inference.GRPCInferenceService/ModelInfer'),
+      (all) =>
+        all.find(
+          (s) =>
+            !before.has(s.traceId) && s.service === 'gateway' && s.name === 'inference.GRPCInferenceService/ModelInfer',
+        ),
       20_000,
     );
     expect(root.parentSpanId).toBe('');
@@ -168,7 +214,9 @@ describe('traces of the request path (OTLP)', () => {
       const response = await fetch(`${fixture.system.gatewayUrl}/v2/models/tiny/infer`, {
         method: 'POST',
         headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json', ...headers },
-        body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [300 + i, 1, 2, 3] }] }),
+        body: JSON.stringify({
+          inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [300 + i, 1, 2, 3] }],
+        }),
       });
       expect({ headers, status: response.status }).toEqual({ headers, status: 200 });
     }
@@ -183,7 +231,9 @@ describe('traces of the request path (OTLP)', () => {
 
   it('a batch span links to the span of every request it carries, each of which records its batch', async () => {
     const traces = Array.from({ length: 6 }, () => hex(16));
-    const responses = await Promise.all(traces.map((traceId, i) => restInfer(BATCHED.name, `00-${traceId}-${hex(8)}-01`, 100 + i)));
+    const responses = await Promise.all(
+      traces.map((traceId, i) => restInfer(BATCHED.name, `00-${traceId}-${hex(8)}-01`, 100 + i)),
+    );
     expect(responses.map((r) => r.status)).toEqual(traces.map(() => 200));
 
     const requestSpans = await receiver.waitFor((all) => {
@@ -195,7 +245,10 @@ describe('traces of the request path (OTLP)', () => {
     expect(batchIds.size).toBeLessThan(traces.length);
     for (const batchId of batchIds) {
       const members = requestSpans.filter((s) => s.attributes['infermesh.batch.id'] === batchId);
-      const batch = await receiver.waitFor((all) => all.find((s) => s.name === `batch ${BATCHED.name}` && s.attributes['infermesh.batch.id'] === batchId), 20_000);
+      const batch = await receiver.waitFor(
+        (all) => all.find((s) => s.name === `batch ${BATCHED.name}` && s.attributes['infermesh.batch.id'] === batchId),
+        20_000,
+      );
       expect(batch.attributes['infermesh.batch.requests']).toBe(members.length);
       for (const member of members) expect(member.attributes['infermesh.batch.requests']).toBe(members.length);
       expect(sortLinks(batch.links)).toEqual(sortLinks(members.map((m) => ({ traceId: m.traceId, spanId: m.spanId }))));

@@ -40,7 +40,14 @@ describe('warm-up: samples given at registration', () => {
 
   /** Registers `model` as `name` with the CLI, with the warm-up file when one is given. */
   const register = (model: BuiltModel, name: string, warmUp?: object) =>
-    cli(['models', 'register', write(`${name}.onnx`, model.bytes), '--name', name, ...(warmUp === undefined ? [] : ['--warmup', write(`${name}.json`, warmUp)])]);
+    cli([
+      'models',
+      'register',
+      write(`${name}.onnx`, model.bytes),
+      '--name',
+      name,
+      ...(warmUp === undefined ? [] : ['--warmup', write(`${name}.json`, warmUp)]),
+    ]);
 
   const version = async (name: string) => (await registry.getModel({ name: `models/${name}` })).model!.versions[0]!;
 
@@ -59,19 +66,37 @@ describe('warm-up: samples given at registration', () => {
 
   /** What onnxruntime-node answers in-process for the same model and inputs. */
   const direct = async (model: BuiltModel, feeds: Record<string, ort.Tensor>) => {
-    const session = await ort.InferenceSession.create(model.bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
+    const session = await ort.InferenceSession.create(model.bytes, {
+      executionProviders: ['cpu'],
+      intraOpNumThreads: 1,
+    });
     try {
       const out = await session.run(feeds);
-      return Object.fromEntries(Object.entries(out).map(([name, t]) => [name, { shape: [...t.dims], data: Array.from(t.data as Float32Array) }]));
+      return Object.fromEntries(
+        Object.entries(out).map(([name, t]) => [
+          name,
+          { shape: [...t.dims], data: Array.from(t.data as Float32Array) },
+        ]),
+      );
     } finally {
       await session.release();
     }
   };
 
-  const padRequest = (samples: number[], rows = 1) => [{ name: 'audio', datatype: 'FP32', shape: [rows, samples.length / rows], data: samples }];
-  const padFeeds = (samples: number[], rows = 1) => ({ audio: new ort.Tensor('float32', Float32Array.from(samples), [rows, samples.length / rows]) });
-  const rateRequest = (samples: number[], sr: number) => [...padRequest(samples), { name: 'sr', datatype: 'INT64', shape: [1], data: [sr] }];
-  const rateFeeds = (samples: number[], sr: number) => ({ ...padFeeds(samples), sr: new ort.Tensor('int64', BigInt64Array.of(BigInt(sr)), [1]) });
+  const padRequest = (samples: number[], rows = 1) => [
+    { name: 'audio', datatype: 'FP32', shape: [rows, samples.length / rows], data: samples },
+  ];
+  const padFeeds = (samples: number[], rows = 1) => ({
+    audio: new ort.Tensor('float32', Float32Array.from(samples), [rows, samples.length / rows]),
+  });
+  const rateRequest = (samples: number[], sr: number) => [
+    ...padRequest(samples),
+    { name: 'sr', datatype: 'INT64', shape: [1], data: [sr] },
+  ];
+  const rateFeeds = (samples: number[], sr: number) => ({
+    ...padFeeds(samples),
+    sr: new ort.Tensor('int64', BigInt64Array.of(BigInt(sr)), [1]),
+  });
 
   /** Warm-up files as a user writes them by hand. */
   const PAD_WARM_UP = { inputs: [{ name: 'audio', datatype: 'FP32', shape: [1, 512], data: AUDIO }] };
@@ -85,7 +110,10 @@ describe('warm-up: samples given at registration', () => {
 
   beforeAll(async () => {
     workDir = mkdtempSync(join(tmpdir(), 'infermesh-warm-up-'));
-    fixture = await startFixture({ models: ['tiny'], env: { ROUTER_CACHE_ENABLED: 'false', WORKER_WARMUP_BATCH_SIZES: '1,max' } });
+    fixture = await startFixture({
+      models: ['tiny'],
+      env: { ROUTER_CACHE_ENABLED: 'false', WORKER_WARMUP_BATCH_SIZES: '1,max' },
+    });
     registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
     worker = createClient(WorkerService, fixture.system.grpcAddress('worker'));
   }, 120_000);
@@ -101,7 +129,10 @@ describe('warm-up: samples given at registration', () => {
     const model = buildReflectPadModel();
     const result = await register(model, 'pad', PAD_WARM_UP);
 
-    expect({ code: result.code, stderr: result.stderr }).toEqual({ code: 0, stderr: expect.not.stringContaining('warning') });
+    expect({ code: result.code, stderr: result.stderr }).toEqual({
+      code: 0,
+      stderr: expect.not.stringContaining('warning'),
+    });
     expect(result.stdout).toMatch(/^pad version 1 is READY in /);
     expect(await version('pad')).toMatchObject({ state: VersionState.READY, warmUpError: '' });
     const rows = [...AUDIO.slice(0, 100), ...AUDIO.slice(200, 300)];
@@ -118,7 +149,9 @@ describe('warm-up: samples given at registration', () => {
     const show = await cli(['models', 'show', 'rate']);
     expect(show.stdout).toContain('Warm-up: 2 samples given ("8 kHz", "16 kHz"); warmed up');
     for (const sr of [8000, 16000]) {
-      expect(await inferRest('rate', rateRequest(AUDIO.slice(0, 64), sr))).toEqual(await direct(model, rateFeeds(AUDIO.slice(0, 64), sr)));
+      expect(await inferRest('rate', rateRequest(AUDIO.slice(0, 64), sr))).toEqual(
+        await direct(model, rateFeeds(AUDIO.slice(0, 64), sr)),
+      );
     }
   });
 
@@ -129,32 +162,65 @@ describe('warm-up: samples given at registration', () => {
     const rateResult = await register(rate, 'rate-cold');
 
     expect(padResult.code).toBe(0);
-    expect(padResult.stderr).toMatch(/warning: pad-cold version 1 serves without warm-up: synthetic warm-up at batch 1 failed on cpu: .*Pad reflect requires axis length >= 2/);
+    expect(padResult.stderr).toMatch(
+      /warning: pad-cold version 1 serves without warm-up: synthetic warm-up at batch 1 failed on cpu: .*Pad reflect requires axis length >= 2/,
+    );
     expect(padResult.stdout).toMatch(/^pad-cold version 1 is READY \(not warmed up\) in /);
     expect(rateResult.code).toBe(0);
-    expect(await version('pad-cold')).toMatchObject({ state: VersionState.READY, warmUpError: expect.stringMatching(/Pad reflect requires axis length >= 2/) });
-    expect(await version('rate-cold')).toMatchObject({ state: VersionState.READY, warmUpError: expect.stringMatching(/indices element out of data bounds/) });
-    const listed = Object.fromEntries((await worker.listModels({})).models.map((m) => [m.name, [m.state, m.warmUpError]]));
-    expect(listed['models/pad-cold/versions/1']).toEqual([ModelState.READY, expect.stringMatching(/^synthetic warm-up at batch 1 failed on cpu: /)]);
+    expect(await version('pad-cold')).toMatchObject({
+      state: VersionState.READY,
+      warmUpError: expect.stringMatching(/Pad reflect requires axis length >= 2/),
+    });
+    expect(await version('rate-cold')).toMatchObject({
+      state: VersionState.READY,
+      warmUpError: expect.stringMatching(/indices element out of data bounds/),
+    });
+    const listed = Object.fromEntries(
+      (await worker.listModels({})).models.map((m) => [m.name, [m.state, m.warmUpError]]),
+    );
+    expect(listed['models/pad-cold/versions/1']).toEqual([
+      ModelState.READY,
+      expect.stringMatching(/^synthetic warm-up at batch 1 failed on cpu: /),
+    ]);
     expect(listed['models/pad/versions/1']).toEqual([ModelState.READY, '']);
     const show = await cli(['models', 'show', 'rate-cold']);
-    expect(show.stdout).toMatch(/Warm-up: synthetic \(no samples given\); NOT warmed up: synthetic warm-up at batch 1 failed on cpu: .*indices element out of data bounds/);
+    expect(show.stdout).toMatch(
+      /Warm-up: synthetic \(no samples given\); NOT warmed up: synthetic warm-up at batch 1 failed on cpu: .*indices element out of data bounds/,
+    );
 
-    expect(await inferRest('pad-cold', padRequest(AUDIO.slice(0, 3)))).toEqual(await direct(pad, padFeeds(AUDIO.slice(0, 3))));
-    expect(await inferRest('rate-cold', rateRequest(AUDIO.slice(0, 16), 16000))).toEqual(await direct(rate, rateFeeds(AUDIO.slice(0, 16), 16000)));
+    expect(await inferRest('pad-cold', padRequest(AUDIO.slice(0, 3)))).toEqual(
+      await direct(pad, padFeeds(AUDIO.slice(0, 3))),
+    );
+    expect(await inferRest('rate-cold', rateRequest(AUDIO.slice(0, 16), 16000))).toEqual(
+      await direct(rate, rateFeeds(AUDIO.slice(0, 16), 16000)),
+    );
   });
 
   it("FAILS a version whose warm-up the model refuses, with onnxruntime's message, and refuses one that does not fit the signature before registering", async () => {
     const bad = await register(buildSampleRateModel(), 'rate-bad', { samples: [rateSample(16000), rateSample(44100)] });
     expect(bad.code).toBe(1);
-    expect(bad.stderr).toMatch(/infermesh: rate-bad version 1 FAILED: warm-up sample "44\.1 kHz" failed on cpu: .*Gather node.*indices element out of data bounds/);
-    expect(await version('rate-bad')).toMatchObject({ state: VersionState.FAILED, stateReason: expect.stringMatching(/indices element out of data bounds/) });
+    expect(bad.stderr).toMatch(
+      /infermesh: rate-bad version 1 FAILED: warm-up sample "44\.1 kHz" failed on cpu: .*Gather node.*indices element out of data bounds/,
+    );
+    expect(await version('rate-bad')).toMatchObject({
+      state: VersionState.FAILED,
+      stateReason: expect.stringMatching(/indices element out of data bounds/),
+    });
 
-    const short = await register(buildReflectPadModel(), 'pad-bad', { inputs: [{ name: 'audio', shape: [1, 1], zero_data: true }] });
+    const short = await register(buildReflectPadModel(), 'pad-bad', {
+      inputs: [{ name: 'audio', shape: [1, 1], zero_data: true }],
+    });
     expect(short.code).toBe(1);
-    expect(short.stderr).toMatch(/pad-bad version 1 FAILED: warm-up sample 1 failed on cpu: .*Pad reflect requires axis length >= 2/);
+    expect(short.stderr).toMatch(
+      /pad-bad version 1 FAILED: warm-up sample 1 failed on cpu: .*Pad reflect requires axis length >= 2/,
+    );
 
-    const misfit = await register(buildSampleRateModel(), 'rate-misfit', { inputs: [{ name: 'audio', shape: [1, 512], zero_data: true }, { name: 'sr', datatype: 'INT64', shape: [2], data: [8000, 16000] }] });
+    const misfit = await register(buildSampleRateModel(), 'rate-misfit', {
+      inputs: [
+        { name: 'audio', shape: [1, 512], zero_data: true },
+        { name: 'sr', datatype: 'INT64', shape: [2], data: [8000, 16000] },
+      ],
+    });
     expect(misfit.code).toBe(1);
     expect(misfit.stderr).toContain('warm_up: samples[0] input "sr" has shape [2] but the model expects [1]');
     expect(misfit.stderr).toContain('INVALID_ARGUMENT');
@@ -177,13 +243,26 @@ describe('warm-up: samples given at registration', () => {
       body: JSON.stringify({
         versionId: '1',
         artifactSha256: sha256,
-        warmUp: { samples: [{ name: '16 kHz', inputs: [{ name: 'audio', shape: ['1', '256'], zeroData: true }, { name: 'sr', datatype: 'DATA_TYPE_INT64', shape: ['1'], data: rate }] }] },
+        warmUp: {
+          samples: [
+            {
+              name: '16 kHz',
+              inputs: [
+                { name: 'audio', shape: ['1', '256'], zeroData: true },
+                { name: 'sr', datatype: 'DATA_TYPE_INT64', shape: ['1'], data: rate },
+              ],
+            },
+          ],
+        },
       }),
     });
     expect(created.status).toBe(200);
     const deadline = Date.now() + 30_000;
-    while ((await version('rate-rest')).state !== VersionState.READY && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+    while ((await version('rate-rest')).state !== VersionState.READY && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 100));
     expect(await version('rate-rest')).toMatchObject({ state: VersionState.READY, warmUpError: '' });
-    expect(await inferRest('rate-rest', rateRequest(AUDIO.slice(0, 8), 8000))).toEqual(await direct(model, rateFeeds(AUDIO.slice(0, 8), 8000)));
+    expect(await inferRest('rate-rest', rateRequest(AUDIO.slice(0, 8), 8000))).toEqual(
+      await direct(model, rateFeeds(AUDIO.slice(0, 8), 8000)),
+    );
   });
 });

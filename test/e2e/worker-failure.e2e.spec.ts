@@ -82,10 +82,14 @@ describe('one of two workers failing to load a version', () => {
       );
       replacement.start();
     });
-    const failedLoads = await metricValue(fixture.system.workerMetricsUrl(1), 'infermesh_worker_model_loads_total', { outcome: 'failed' });
+    const failedLoads = await metricValue(fixture.system.workerMetricsUrl(1), 'infermesh_worker_model_loads_total', {
+      outcome: 'failed',
+    });
     await replacement?.stop();
 
-    console.log(`worker 1 failed to load tiny while worker 0 served it: ${run.requests} requests, ${run.failures.length} failed; version states seen: ${run.statesSeen.join(', ')}`);
+    console.log(
+      `worker 1 failed to load tiny while worker 0 served it: ${run.requests} requests, ${run.failures.length} failed; version states seen: ${run.statesSeen.join(', ')}`,
+    );
     expect(run.failures).toEqual([]);
     expect(run.statesSeen).toEqual(['READY']);
     expect(failedLoads).toBeGreaterThan(0);

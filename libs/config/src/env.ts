@@ -40,7 +40,13 @@ export const port = (fallback: number) => z.coerce.number().int().min(0).max(655
  * Unlike `port`, 0 is refused: "any free port" is for a process's own listener, and no one else can
  * be told where that is.
  */
-export const optionalPort = () => z.coerce.number().int().min(1, 'expected a port from 1 to 65535').max(65535, 'expected a port from 1 to 65535').optional();
+export const optionalPort = () =>
+  z.coerce
+    .number()
+    .int()
+    .min(1, 'expected a port from 1 to 65535')
+    .max(65535, 'expected a port from 1 to 65535')
+    .optional();
 
 /** A positive integer, e.g. a timeout in milliseconds or a size in bytes. */
 export const positiveInt = (fallback: number) => z.coerce.number().int().positive().default(fallback);
@@ -49,7 +55,16 @@ export const positiveInt = (fallback: number) => z.coerce.number().int().positiv
 export const nonNegativeInt = (fallback: number) => z.coerce.number().int().nonnegative().default(fallback);
 
 const BYTE_UNITS: Readonly<Record<string, number>> = {
-  '': 1, b: 1, kb: 1e3, mb: 1e6, gb: 1e9, tb: 1e12, kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, tib: 2 ** 40,
+  '': 1,
+  b: 1,
+  kb: 1e3,
+  mb: 1e6,
+  gb: 1e9,
+  tb: 1e12,
+  kib: 2 ** 10,
+  mib: 2 ** 20,
+  gib: 2 ** 30,
+  tib: 2 ** 40,
 };
 
 /** "512MiB", "2GB", "1.5GiB", "1048576" as a whole number of bytes; undefined when it is not a size. */
@@ -95,14 +110,22 @@ export const address = (fallback: string) => z.string().refine(isHostPort, 'expe
 
 /** An upstream service's address `host:port`, or `xds:///<service>` to reach it through the mesh. */
 export const serviceAddress = (fallback: string) =>
-  z.string().refine((value) => isHostPort(value) || isXdsTarget(value), 'expected host:port or xds:///<service>').default(fallback);
+  z
+    .string()
+    .refine((value) => isHostPort(value) || isXdsTarget(value), 'expected host:port or xds:///<service>')
+    .default(fallback);
 
 /** A comma-separated list of upstream addresses. */
 export const addressList = (fallback: string) =>
   z
     .string()
     .default(fallback)
-    .transform((value) => value.split(',').map((a) => a.trim()).filter((a) => a.length > 0))
+    .transform((value) =>
+      value
+        .split(',')
+        .map((a) => a.trim())
+        .filter((a) => a.length > 0),
+    )
     .pipe(z.array(z.string().refine(isHostPort, 'expected host:port')).min(1));
 
 export const logLevel = () => z.enum(['debug', 'info', 'warn', 'error']).default('info');
@@ -134,5 +157,9 @@ export function loadOrExit<T>(service: string, load: () => T): T {
 
 /** A field's path as a validation issue gives it (`edges[1].retry.attempts`), for messages that name the field. */
 export function fieldPath(path: readonly PropertyKey[]): string {
-  return path.reduce<string>((text, part) => (typeof part === 'number' ? `${text}[${part}]` : text === '' ? String(part) : `${text}.${String(part)}`), '');
+  return path.reduce<string>(
+    (text, part) =>
+      typeof part === 'number' ? `${text}[${part}]` : text === '' ? String(part) : `${text}.${String(part)}`,
+    '',
+  );
 }

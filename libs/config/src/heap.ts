@@ -19,7 +19,8 @@ import { setFlagsFromString } from 'node:v8';
  * registry, which carries no requests.
  */
 export function countBuffersInHeapLimit(execArgv: readonly string[] = process.execArgv): boolean {
-  if (execArgv.some((arg) => /^--no[-_]external[-_]memory[-_]accounted[-_]in[-_]global[-_]limit$/.test(arg))) return false;
+  if (execArgv.some((arg) => /^--no[-_]external[-_]memory[-_]accounted[-_]in[-_]global[-_]limit$/.test(arg)))
+    return false;
   setFlagsFromString('--external-memory-accounted-in-global-limit');
   return true;
 }

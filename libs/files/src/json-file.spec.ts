@@ -21,7 +21,9 @@ describe(readJsonFileSync.name, () => {
   it('names a file that is not JSON, or that the decoder refuses, as corrupt', () => {
     const file = join(dir, 'corrupt.json');
     writeFileSync(file, '{ not json');
-    expect(() => readJsonFileSync(file, 'store file', (json) => json)).toThrow(new RegExp(`^store file ${file} is corrupt: `));
+    expect(() => readJsonFileSync(file, 'store file', (json) => json)).toThrow(
+      new RegExp(`^store file ${file} is corrupt: `),
+    );
 
     writeFileSync(file, '[]');
     const refuse = () => {

@@ -11,7 +11,11 @@ const HTTP2_DEFAULT_WINDOW = 65_535;
 
 describe('HTTP/2 flow-control windows', () => {
   it('a server lets each peer send 16 MiB, per stream and per connection, before it must wait for a window update', async () => {
-    const server = new GrpcServer({ logger: new JsonLogger('test', 'error', () => undefined), metrics: new Metrics('test'), maxMessageBytes: 1024 * 1024 });
+    const server = new GrpcServer({
+      logger: new JsonLogger('test', 'error', () => undefined),
+      metrics: new Metrics('test'),
+      maxMessageBytes: 1024 * 1024,
+    });
     server.add(Health, new HealthService());
     const port = await server.listen('127.0.0.1', 0);
     const session: ClientHttp2Session = connect(`http://127.0.0.1:${port}`);
@@ -19,7 +23,8 @@ describe('HTTP/2 flow-control windows', () => {
       await new Promise((resolve) => session.once('remoteSettings', resolve));
       expect(session.remoteSettings.initialWindowSize).toBe(FLOW_CONTROL_WINDOW_BYTES);
       // The connection's window comes in a WINDOW_UPDATE after the settings.
-      for (let i = 0; i < 100 && session.state.remoteWindowSize! < FLOW_CONTROL_WINDOW_BYTES; i++) await new Promise((r) => setTimeout(r, 5));
+      for (let i = 0; i < 100 && session.state.remoteWindowSize! < FLOW_CONTROL_WINDOW_BYTES; i++)
+        await new Promise((r) => setTimeout(r, 5));
       expect(session.state.remoteWindowSize).toBe(FLOW_CONTROL_WINDOW_BYTES);
     } finally {
       session.destroy();
@@ -36,7 +41,8 @@ describe('HTTP/2 flow-control windows', () => {
     try {
       // The call fails (this peer is no gRPC server); what counts is the client's settings.
       void client.check({ service: '' }, { timeoutMs: 2_000 }).catch(() => undefined);
-      for (let i = 0; i < 200 && sessions[0]?.remoteSettings.initialWindowSize !== FLOW_CONTROL_WINDOW_BYTES; i++) await new Promise((r) => setTimeout(r, 5));
+      for (let i = 0; i < 200 && sessions[0]?.remoteSettings.initialWindowSize !== FLOW_CONTROL_WINDOW_BYTES; i++)
+        await new Promise((r) => setTimeout(r, 5));
       expect(sessions[0]?.remoteSettings.initialWindowSize).toBe(FLOW_CONTROL_WINDOW_BYTES);
       expect(FLOW_CONTROL_WINDOW_BYTES).toBeGreaterThan(HTTP2_DEFAULT_WINDOW);
     } finally {

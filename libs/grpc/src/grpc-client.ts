@@ -45,7 +45,11 @@ function registerXdsOnce(address: string): void {
   xdsRegistered = true;
 }
 
-export function createClient<S extends DescService>(service: S, address: string, options: ClientOptions = {}): ServiceClient<S> {
+export function createClient<S extends DescService>(
+  service: S,
+  address: string,
+  options: ClientOptions = {},
+): ServiceClient<S> {
   registerXdsOnce(address);
   const maxBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
   const Ctor = grpc.makeGenericClientConstructor(toServiceDefinition(service), service.typeName);
@@ -129,11 +133,17 @@ function clientMethod(client: Record<string, unknown>, method: DescMethod) {
       return (request: unknown, options?: CallOptions) =>
         new Promise((resolve, reject) => {
           const { metadata, callOptions, signal } = prepare(options);
-          const call = raw[name]!.call(client, request, metadata, callOptions, (error: grpc.ServiceError | null, response: unknown) => {
-            unlink();
-            if (error) reject(RpcError.fromServiceError(error));
-            else resolve(response);
-          });
+          const call = raw[name]!.call(
+            client,
+            request,
+            metadata,
+            callOptions,
+            (error: grpc.ServiceError | null, response: unknown) => {
+              unlink();
+              if (error) reject(RpcError.fromServiceError(error));
+              else resolve(response);
+            },
+          );
           const unlink = linkAbort(signal, call);
         });
     case 'server_streaming':
@@ -172,7 +182,8 @@ function clientMethod(client: Record<string, unknown>, method: DescMethod) {
         try {
           for await (const message of requests) {
             if (settled) break;
-            if (!call.write(message)) await Promise.race([new Promise((resolve) => call.once('drain', resolve)), answered]);
+            if (!call.write(message))
+              await Promise.race([new Promise((resolve) => call.once('drain', resolve)), answered]);
           }
           if (!settled) call.end();
         } catch (error) {

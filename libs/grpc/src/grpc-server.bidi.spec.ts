@@ -39,7 +39,9 @@ async function eventually(condition: () => boolean, timeoutMs = 5_000): Promise<
 }
 
 /** Reads a stream to its end; resolves with the messages and the error it ended with, if any. */
-async function drain(call: Duplex): Promise<{ messages: ServerReflectionResponse[]; error: grpc.ServiceError | undefined }> {
+async function drain(
+  call: Duplex,
+): Promise<{ messages: ServerReflectionResponse[]; error: grpc.ServiceError | undefined }> {
   const messages: ServerReflectionResponse[] = [];
   try {
     for await (const message of call as AsyncIterable<ServerReflectionResponse>) messages.push(message);
@@ -66,7 +68,11 @@ describe(GrpcServer.name, () => {
       onInfo = async function* (requests) {
         for await (const request of requests) yield { validHost: request.host };
       };
-      sut = new GrpcServer({ logger: new JsonLogger('test', 'error', (line) => logs.push(line)), metrics, maxMessageBytes: 4 * 1024 * 1024 });
+      sut = new GrpcServer({
+        logger: new JsonLogger('test', 'error', (line) => logs.push(line)),
+        metrics,
+        maxMessageBytes: 4 * 1024 * 1024,
+      });
       const impl: Impl = {
         serverReflectionInfo: (requests, ctx) => {
           seen.push(ctx);
@@ -90,7 +96,9 @@ describe(GrpcServer.name, () => {
     async function handledCount(method: string, code: string): Promise<number> {
       const histogram = metrics.registry.getSingleMetric(HISTOGRAM) as Histogram | undefined;
       const values = (await histogram?.get())?.values ?? [];
-      const sample = values.find((v) => v.metricName === `${HISTOGRAM}_count` && v.labels['method'] === method && v.labels['code'] === code);
+      const sample = values.find(
+        (v) => v.metricName === `${HISTOGRAM}_count` && v.labels['method'] === method && v.labels['code'] === code,
+      );
       return sample?.value ?? 0;
     }
 
@@ -226,7 +234,13 @@ describe(GrpcServer.name, () => {
       onInfo = async function* (requests) {
         for await (const request of requests) {
           const n = Number(request.host);
-          yield { validHost: request.host, messageResponse: { case: 'fileDescriptorResponse', value: { fileDescriptorProto: [new Uint8Array(64 * 1024).fill(n & 0xff)] } } };
+          yield {
+            validHost: request.host,
+            messageResponse: {
+              case: 'fileDescriptorResponse',
+              value: { fileDescriptorProto: [new Uint8Array(64 * 1024).fill(n & 0xff)] },
+            },
+          };
         }
       };
       const call = open();
@@ -238,7 +252,10 @@ describe(GrpcServer.name, () => {
       expect(error).toBeUndefined();
       expect(messages.map((m) => m.validHost)).toEqual(Array.from({ length: total }, (_, n) => String(n)));
       const intact = messages.every((m, n) => {
-        const bytes = m.messageResponse.case === 'fileDescriptorResponse' ? m.messageResponse.value.fileDescriptorProto[0] : undefined;
+        const bytes =
+          m.messageResponse.case === 'fileDescriptorResponse'
+            ? m.messageResponse.value.fileDescriptorProto[0]
+            : undefined;
         return bytes?.length === 64 * 1024 && bytes.every((b) => b === (n & 0xff));
       });
       expect(intact).toBe(true);

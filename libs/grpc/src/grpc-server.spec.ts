@@ -106,7 +106,9 @@ class ScriptedRegistry implements Impl {
     throw new RpcError(status.UNIMPLEMENTED, 'not in this test');
   };
   watchModels: Impl['watchModels'] = () => ({
-    [Symbol.asyncIterator]: () => ({ next: () => Promise.reject(new RpcError(status.UNIMPLEMENTED, 'not in this test')) }),
+    [Symbol.asyncIterator]: () => ({
+      next: () => Promise.reject(new RpcError(status.UNIMPLEMENTED, 'not in this test')),
+    }),
   });
 }
 
@@ -189,7 +191,12 @@ describe(GrpcServer.name, () => {
     registry = new ScriptedRegistry();
     metrics = new Metrics('test');
     logs = [];
-    sut = new GrpcServer({ logger: new JsonLogger('test', 'error', (line) => logs.push(line)), metrics, maxMessageBytes, faultInjection });
+    sut = new GrpcServer({
+      logger: new JsonLogger('test', 'error', (line) => logs.push(line)),
+      metrics,
+      maxMessageBytes,
+      faultInjection,
+    });
     sut.add(RegistryService, registry);
     const port = await sut.listen('127.0.0.1', 0);
     address = `127.0.0.1:${port}`;
@@ -259,10 +266,12 @@ describe(GrpcServer.name, () => {
       for (let i = 0; i < big.length; i++) big[i] = (i * 31) & 0xff;
       const chunkBytes = 64 * 1024;
       registry.onDownload = async function* () {
-        for (let offset = 0; offset < big.length; offset += chunkBytes) yield { chunk: big.subarray(offset, offset + chunkBytes) };
+        for (let offset = 0; offset < big.length; offset += chunkBytes)
+          yield { chunk: big.subarray(offset, offset + chunkBytes) };
       };
       async function* upload() {
-        for (let offset = 0; offset < big.length; offset += chunkBytes) yield { chunk: big.subarray(offset, offset + chunkBytes) };
+        for (let offset = 0; offset < big.length; offset += chunkBytes)
+          yield { chunk: big.subarray(offset, offset + chunkBytes) };
       }
 
       const downloaded = Buffer.concat((await collect(client.downloadArtifact({ sha256: 'x' }))).map((c) => c.chunk));
@@ -342,7 +351,8 @@ describe(GrpcServer.name, () => {
 
       const error = await rpcError(
         (async () => {
-          for await (const message of client.downloadArtifact({ sha256: 'abc' })) received.push(Buffer.from(message.chunk).toString());
+          for await (const message of client.downloadArtifact({ sha256: 'abc' }))
+            received.push(Buffer.from(message.chunk).toString());
         })(),
       );
 
@@ -368,12 +378,17 @@ describe(GrpcServer.name, () => {
     it('delivers an RpcError thrown by a client-streaming handler', async () => {
       registry.onUpload = async (requests) => {
         for await (const request of requests) {
-          if (request.expectedSha256 !== '') throw RpcError.invalidArgument('checksum mismatch', 'INVALID_ARTIFACT', { expected: request.expectedSha256 });
+          if (request.expectedSha256 !== '')
+            throw RpcError.invalidArgument('checksum mismatch', 'INVALID_ARTIFACT', {
+              expected: request.expectedSha256,
+            });
         }
         return {};
       };
 
-      const error = await rpcError(client.uploadArtifact(messages([{ chunk: Buffer.from('x') }, { expectedSha256: 'ff' }])));
+      const error = await rpcError(
+        client.uploadArtifact(messages([{ chunk: Buffer.from('x') }, { expectedSha256: 'ff' }])),
+      );
 
       expect(error.code).toBe(status.INVALID_ARGUMENT);
       expect(error.message).toBe('checksum mismatch');
@@ -444,14 +459,17 @@ describe(GrpcServer.name, () => {
       ['unary', '/infermesh.registry.v1.RegistryService/GetModel'],
       ['server', '/infermesh.registry.v1.RegistryService/DownloadArtifact'],
       ['client', '/infermesh.registry.v1.RegistryService/UploadArtifact'],
-    ] as const)('refuses a %s call whose bytes do not decode with INVALID_ARGUMENT naming the message', async (kind, path) => {
-      const error = await rawCall(path, kind, truncated);
+    ] as const)(
+      'refuses a %s call whose bytes do not decode with INVALID_ARGUMENT naming the message',
+      async (kind, path) => {
+        const error = await rawCall(path, kind, truncated);
 
-      expect(error?.code).toBe(status.INVALID_ARGUMENT);
-      expect(error?.details).toMatch(/^malformed infermesh\.registry\.v1\.\w+Request message: /);
-      // A unary or server-streaming handler never runs; a client-streaming one fails reading the message.
-      expect(registry.calls.length).toBe(kind === 'client' ? 1 : 0);
-    });
+        expect(error?.code).toBe(status.INVALID_ARGUMENT);
+        expect(error?.details).toMatch(/^malformed infermesh\.registry\.v1\.\w+Request message: /);
+        // A unary or server-streaming handler never runs; a client-streaming one fails reading the message.
+        expect(registry.calls.length).toBe(kind === 'client' ? 1 : 0);
+      },
+    );
   });
 
   describe('hostile input', () => {
@@ -460,20 +478,29 @@ describe(GrpcServer.name, () => {
       new Promise<grpc.ServiceError | null>((resolve) => {
         const Ctor = grpc.makeGenericClientConstructor(toServiceDefinition(RegistryService), 'RegistryService');
         const raw = new Ctor(address, grpc.credentials.createInsecure());
-        (raw as unknown as Record<string, (...args: unknown[]) => void>)['getModel']!.call(raw, { name: 'models/mlp' }, new grpc.Metadata(), { deadline }, (error: grpc.ServiceError | null) => {
-          raw.close();
-          resolve(error);
-        });
+        (raw as unknown as Record<string, (...args: unknown[]) => void>)['getModel']!.call(
+          raw,
+          { name: 'models/mlp' },
+          new grpc.Metadata(),
+          { deadline },
+          (error: grpc.ServiceError | null) => {
+            raw.close();
+            resolve(error);
+          },
+        );
       });
 
-    it.each([25, 30, 50, 3650])('serves a call whose deadline is %i days away, with a deadline of at most MAX_DEADLINE_MS', async (days) => {
-      const error = await rawGetModel(Date.now() + days * 24 * 3600 * 1000);
+    it.each([25, 30, 50, 3650])(
+      'serves a call whose deadline is %i days away, with a deadline of at most MAX_DEADLINE_MS',
+      async (days) => {
+        const error = await rawGetModel(Date.now() + days * 24 * 3600 * 1000);
 
-      expect(error).toBeNull();
-      const deadlineMs = registry.calls[0]!.ctx.deadlineMs!;
-      expect(deadlineMs).toBeGreaterThan(Date.now() + MAX_DEADLINE_MS - 60_000);
-      expect(deadlineMs).toBeLessThanOrEqual(Date.now() + MAX_DEADLINE_MS);
-    });
+        expect(error).toBeNull();
+        const deadlineMs = registry.calls[0]!.ctx.deadlineMs!;
+        expect(deadlineMs).toBeGreaterThan(Date.now() + MAX_DEADLINE_MS - 60_000);
+        expect(deadlineMs).toBeLessThanOrEqual(Date.now() + MAX_DEADLINE_MS);
+      },
+    );
 
     it('answers INTERNAL to a handler that throws synchronously, logs it, and serves the next call', async () => {
       registry.onGetModel = () => {
@@ -735,17 +762,29 @@ describe(GrpcServer.name, () => {
   });
 
   describe('shedding', () => {
-    const overloaded = new RpcError(status.RESOURCE_EXHAUSTED, 'full up; retry later', { reason: 'OVERLOADED', retryDelayMs: 1_000 });
+    const overloaded = new RpcError(status.RESOURCE_EXHAUSTED, 'full up; retry later', {
+      reason: 'OVERLOADED',
+      retryDelayMs: 1_000,
+    });
 
     it('answers the calls it names with its error before any handler runs, its details intact; spares the rest', async () => {
       let shedding = true;
-      sut.shedWith((path) => (shedding && path === '/infermesh.registry.v1.RegistryService/GetModel' ? overloaded : undefined));
+      sut.shedWith((path) =>
+        shedding && path === '/infermesh.registry.v1.RegistryService/GetModel' ? overloaded : undefined,
+      );
 
-      const errors = await Promise.all(Array.from({ length: 5 }, () => rpcError(client.getModel({ name: 'models/a' }))));
+      const errors = await Promise.all(
+        Array.from({ length: 5 }, () => rpcError(client.getModel({ name: 'models/a' }))),
+      );
       await client.listModels({});
 
       for (const error of errors) {
-        expect([error.code, error.message, error.reason, error.retryDelayMs]).toEqual([status.RESOURCE_EXHAUSTED, 'full up; retry later', 'OVERLOADED', 1_000]);
+        expect([error.code, error.message, error.reason, error.retryDelayMs]).toEqual([
+          status.RESOURCE_EXHAUSTED,
+          'full up; retry later',
+          'OVERLOADED',
+          1_000,
+        ]);
       }
       expect(registry.calls.map((c) => c.method)).toEqual(['listModels']);
       expect(await handledCount(metrics, 'RegistryService/GetModel', 'RESOURCE_EXHAUSTED')).toBe(5);
@@ -774,14 +813,23 @@ describe(GrpcServer.name, () => {
 
     it('fails the share of calls the faults say, before the handler runs, with the status they name', async () => {
       sut.setInboundFaults({ abort: { code: status.UNAVAILABLE, percent: 50 }, appliesTo: () => true });
-      const outcomes = await Promise.all(Array.from({ length: 400 }, () => client.getModel({ name: 'models/a' }).then(() => 'ok', (e: RpcError) => e.code)));
+      const outcomes = await Promise.all(
+        Array.from({ length: 400 }, () =>
+          client.getModel({ name: 'models/a' }).then(
+            () => 'ok',
+            (e: RpcError) => e.code,
+          ),
+        ),
+      );
       const aborted = outcomes.filter((o) => o === status.UNAVAILABLE).length;
       expect(aborted + outcomes.filter((o) => o === 'ok').length).toBe(400);
       // 50 % of 400: 200 ± 5 standard deviations (10 each).
       expect(aborted).toBeGreaterThan(150);
       expect(aborted).toBeLessThan(250);
       expect(registry.calls).toHaveLength(400 - aborted);
-      expect(await metrics.render()).toContain(`test_grpc_server_injected_faults_total{method="RegistryService/GetModel",fault="abort"} ${aborted}`);
+      expect(await metrics.render()).toContain(
+        `test_grpc_server_injected_faults_total{method="RegistryService/GetModel",fault="abort"} ${aborted}`,
+      );
     });
 
     it('delays calls, spares the methods it does not apply to, and stops when cleared', async () => {
@@ -803,9 +851,15 @@ describe(GrpcServer.name, () => {
     it('refuses a service implementation with a missing handler, naming the method', () => {
       const { uploadArtifact: _omitted, ...partial } = new ScriptedRegistry();
 
-      const server = new GrpcServer({ logger: new JsonLogger('test', 'error', () => undefined), metrics: new Metrics('test'), maxMessageBytes: 1024 });
+      const server = new GrpcServer({
+        logger: new JsonLogger('test', 'error', () => undefined),
+        metrics: new Metrics('test'),
+        maxMessageBytes: 1024,
+      });
 
-      expect(() => server.add(RegistryService, partial as unknown as Impl)).toThrow('infermesh.registry.v1.RegistryService.UploadArtifact has no handler');
+      expect(() => server.add(RegistryService, partial as unknown as Impl)).toThrow(
+        'infermesh.registry.v1.RegistryService.UploadArtifact has no handler',
+      );
     });
 
     it('lets an in-flight call finish during shutdown, then refuses new calls', async () => {
@@ -854,7 +908,11 @@ describe('createClient', () => {
 
   beforeEach(async () => {
     registry = new ScriptedRegistry();
-    server = new GrpcServer({ logger: new JsonLogger('test', 'error', () => undefined), metrics: new Metrics('test'), maxMessageBytes: 1024 * 1024 });
+    server = new GrpcServer({
+      logger: new JsonLogger('test', 'error', () => undefined),
+      metrics: new Metrics('test'),
+      maxMessageBytes: 1024 * 1024,
+    });
     server.add(RegistryService, registry);
     const port = await server.listen('127.0.0.1', 0);
     sut = createClient(RegistryService, `127.0.0.1:${port}`);
@@ -872,14 +930,18 @@ describe('createClient', () => {
   }
 
   it('uses the call timeout when it is earlier than the ambient deadline', async () => {
-    await requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 60_000 }, () => sut.getModel({ name: 'models/a' }, { timeoutMs: 2_000 }));
+    await requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 60_000 }, () =>
+      sut.getModel({ name: 'models/a' }, { timeoutMs: 2_000 }),
+    );
 
     expect(serverDeadlineIn()).toBeGreaterThan(1_000);
     expect(serverDeadlineIn()).toBeLessThanOrEqual(2_000);
   });
 
   it('uses the ambient deadline when it is earlier than the call timeout', async () => {
-    await requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 2_000 }, () => sut.getModel({ name: 'models/a' }, { timeoutMs: 60_000 }));
+    await requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 2_000 }, () =>
+      sut.getModel({ name: 'models/a' }, { timeoutMs: 60_000 }),
+    );
 
     expect(serverDeadlineIn()).toBeGreaterThan(1_000);
     expect(serverDeadlineIn()).toBeLessThanOrEqual(2_000);
@@ -893,13 +955,17 @@ describe('createClient', () => {
   });
 
   it('lets an explicit x-request-id win over the ambient one', async () => {
-    await requestContext.run({ requestId: 'ambient' }, () => sut.getModel({ name: 'models/a' }, { metadata: { 'x-request-id': 'explicit' } }));
+    await requestContext.run({ requestId: 'ambient' }, () =>
+      sut.getModel({ name: 'models/a' }, { metadata: { 'x-request-id': 'explicit' } }),
+    );
 
     expect(registry.calls[0]?.ctx.requestId).toBe('explicit');
   });
 
   it('fails a unary call whose ambient deadline already passed with DEADLINE_EXCEEDED, without sending it', async () => {
-    const error = await rpcError(requestContext.run({ requestId: 'late', deadlineMs: Date.now() - 1 }, () => sut.getModel({ name: 'models/a' })));
+    const error = await rpcError(
+      requestContext.run({ requestId: 'late', deadlineMs: Date.now() - 1 }, () => sut.getModel({ name: 'models/a' })),
+    );
 
     expect(error.code).toBe(status.DEADLINE_EXCEEDED);
     expect(error.reason).toBe('DEADLINE_EXCEEDED');

@@ -1,6 +1,15 @@
 import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import { type JsonLogger, LATENCY_BUCKETS_SECONDS, type Metrics, type RequestContext, requestContext, rpcAttributes, sanitizeRequestId, spans } from '@infermesh/telemetry';
+import {
+  type JsonLogger,
+  LATENCY_BUCKETS_SECONDS,
+  type Metrics,
+  type RequestContext,
+  requestContext,
+  rpcAttributes,
+  sanitizeRequestId,
+  spans,
+} from '@infermesh/telemetry';
 import type { Attributes, Span } from '@opentelemetry/api';
 import type { Http2Server, IncomingHttpHeaders, OutgoingHttpHeaders, ServerHttp2Stream } from 'node:http2';
 import type { TLSSocket } from 'node:tls';
@@ -86,7 +95,10 @@ export class GrpcServer {
       // In the mesh, every call passes the inbound filters: authorization, then faults the policy can
       // turn on at run time.
       ...((options.faultInjection === true || options.authorization === true) && {
-        interceptors: [(descriptor: grpc.ServerMethodDefinition<unknown, unknown>, call: grpc.ServerInterceptingCallInterface) => this.inbound(descriptor.path, call)],
+        interceptors: [
+          (descriptor: grpc.ServerMethodDefinition<unknown, unknown>, call: grpc.ServerInterceptingCallInterface) =>
+            this.inbound(descriptor.path, call),
+        ],
       }),
     });
     this.handshakeFailures = options.metrics.counter(
@@ -96,26 +108,39 @@ export class GrpcServer {
     );
     this.refused = options.metrics.counter(
       'grpc_server_unauthorized_calls_total',
-      'Calls refused by the mesh policy\'s authorization (PERMISSION_DENIED), or before it was received (UNAVAILABLE), by method and caller identity.',
+      "Calls refused by the mesh policy's authorization (PERMISSION_DENIED), or before it was received (UNAVAILABLE), by method and caller identity.",
       ['method', 'caller'],
     );
-    this.injected = options.metrics.counter('grpc_server_injected_faults_total', 'Calls this service failed or delayed on purpose, as the mesh policy\'s inboundFault says.', ['method', 'fault']);
+    this.injected = options.metrics.counter(
+      'grpc_server_injected_faults_total',
+      "Calls this service failed or delayed on purpose, as the mesh policy's inboundFault says.",
+      ['method', 'fault'],
+    );
     const reported = new Map<string, number>();
-    hookHttp2Servers(this.server, (error, socket) => {
-      const reason = error.code ?? error.message;
-      this.handshakeFailures.inc({ reason });
-      // One line per reason every 10 s: a scanner must not flood the log.
-      const last = reported.get(reason) ?? 0;
-      if (Date.now() - last < 10_000) return;
-      reported.set(reason, Date.now());
-      options.logger.warn('refused a TLS connection: the peer did not prove a mesh identity', { reason, peer: `${socket.remoteAddress}:${socket.remotePort}`, err: error.message });
-    }, (socket) => {
-      // The peer's identity, read once per connection: reading the certificate on every call costs
-      // more than the rest of the authorization.
-      const key = `${socket.remoteAddress}:${socket.remotePort}`;
-      this.peers.set(key, spiffeIdOf(socket.getPeerCertificate()));
-      socket.once('close', () => this.peers.delete(key));
-    }, (stream, headers) => this.refuseEarly(stream, headers));
+    hookHttp2Servers(
+      this.server,
+      (error, socket) => {
+        const reason = error.code ?? error.message;
+        this.handshakeFailures.inc({ reason });
+        // One line per reason every 10 s: a scanner must not flood the log.
+        const last = reported.get(reason) ?? 0;
+        if (Date.now() - last < 10_000) return;
+        reported.set(reason, Date.now());
+        options.logger.warn('refused a TLS connection: the peer did not prove a mesh identity', {
+          reason,
+          peer: `${socket.remoteAddress}:${socket.remotePort}`,
+          err: error.message,
+        });
+      },
+      (socket) => {
+        // The peer's identity, read once per connection: reading the certificate on every call costs
+        // more than the rest of the authorization.
+        const key = `${socket.remoteAddress}:${socket.remotePort}`;
+        this.peers.set(key, spiffeIdOf(socket.getPeerCertificate()));
+        socket.once('close', () => this.peers.delete(key));
+      },
+      (stream, headers) => this.refuseEarly(stream, headers),
+    );
     this.duration = options.metrics.histogram(
       'grpc_server_handling_seconds',
       'Duration of gRPC calls handled by this service, by method and status code.',
@@ -145,7 +170,13 @@ export class GrpcServer {
     let trailers = this.shedTrailers.get(error);
     if (trailers === undefined) {
       const { code, details, metadata } = error.toStatus();
-      trailers = { ':status': 200, 'content-type': 'application/grpc+proto', 'grpc-status': String(code), 'grpc-message': encodeURI(details ?? ''), ...metadata?.toHttp2Headers() };
+      trailers = {
+        ':status': 200,
+        'content-type': 'application/grpc+proto',
+        'grpc-status': String(code),
+        'grpc-message': encodeURI(details ?? ''),
+        ...metadata?.toHttp2Headers(),
+      };
       this.shedTrailers.set(error, trailers);
     }
     stream.on('error', () => undefined);
@@ -153,7 +184,11 @@ export class GrpcServer {
     // The request's body, if the client still sends one, is read and dropped.
     stream.resume();
     stream.respond(trailers, { endStream: true });
-    this.options.metrics.observe(this.duration, { method: methodLabel(path!), code: grpc.status[error.code] ?? String(error.code) }, Number(process.hrtime.bigint() - start) / 1e9);
+    this.options.metrics.observe(
+      this.duration,
+      { method: methodLabel(path!), code: grpc.status[error.code] ?? String(error.code) },
+      Number(process.hrtime.bigint() - start) / 1e9,
+    );
     return true;
   }
 
@@ -181,8 +216,10 @@ export class GrpcServer {
 
   async listen(host: string, port: number): Promise<number> {
     return new Promise((resolve, reject) => {
-      this.server.bindAsync(`${host}:${port}`, this.options.public === true ? grpc.ServerCredentials.createInsecure() : serverCredentials(), (error, bound) =>
-        error ? reject(error) : resolve(bound),
+      this.server.bindAsync(
+        `${host}:${port}`,
+        this.options.public === true ? grpc.ServerCredentials.createInsecure() : serverCredentials(),
+        (error, bound) => (error ? reject(error) : resolve(bound)),
       );
     });
   }
@@ -221,7 +258,8 @@ export class GrpcServer {
       const refusal = this.authorize(path, call);
       if (refusal !== undefined) {
         return new grpc.ServerInterceptingCall(call, {
-          start: (next) => next({ onReceiveMetadata: () => call.sendStatus({ ...refusal, metadata: new grpc.Metadata() }) }),
+          start: (next) =>
+            next({ onReceiveMetadata: () => call.sendStatus({ ...refusal, metadata: new grpc.Metadata() }) }),
         });
       }
     }
@@ -229,18 +267,28 @@ export class GrpcServer {
   }
 
   /** Why the caller may not make this call; undefined: it may. */
-  private authorize(path: string, call: grpc.ServerInterceptingCallInterface): { code: grpc.status; details: string } | undefined {
+  private authorize(
+    path: string,
+    call: grpc.ServerInterceptingCallInterface,
+  ): { code: grpc.status; details: string } | undefined {
     const { remoteAddress, remotePort } = call.getConnectionInfo();
-    const caller = this.peers.get(`${remoteAddress}:${remotePort}`) ?? spiffeIdOf(call.getAuthContext().sslPeerCertificate);
+    const caller =
+      this.peers.get(`${remoteAddress}:${remotePort}`) ?? spiffeIdOf(call.getAuthContext().sslPeerCertificate);
     const method = methodLabel(path);
     const authorization = this.authorization;
     if (authorization === undefined) {
       this.refused.inc({ method, caller: caller ?? '(none)' });
-      return { code: grpc.status.UNAVAILABLE, details: 'this service has not received its authorization policy from the mesh yet; retry' };
+      return {
+        code: grpc.status.UNAVAILABLE,
+        details: 'this service has not received its authorization policy from the mesh yet; retry',
+      };
     }
     if (authorization.allows(caller, path)) return undefined;
     this.refused.inc({ method, caller: caller ?? '(none)' });
-    return { code: grpc.status.PERMISSION_DENIED, details: `${caller ?? 'a caller without a certificate'} may not call ${path} (${authorization.describe()})` };
+    return {
+      code: grpc.status.PERMISSION_DENIED,
+      details: `${caller ?? 'a caller without a certificate'} may not call ${path} (${authorization.describe()})`,
+    };
   }
 
   private injectFaults(path: string, call: grpc.ServerInterceptingCallInterface): grpc.ServerInterceptingCall {
@@ -257,7 +305,11 @@ export class GrpcServer {
             const go = () => {
               if (abort === undefined) return nextMetadata(metadata);
               this.injected.inc({ method, fault: 'abort' });
-              call.sendStatus({ code: abort.code, details: `injected fault: the mesh policy fails ${abort.percent}% of calls here`, metadata: new grpc.Metadata() });
+              call.sendStatus({
+                code: abort.code,
+                details: `injected fault: the mesh policy fails ${abort.percent}% of calls here`,
+                metadata: new grpc.Metadata(),
+              });
             };
             if (delayMs === 0) return go();
             this.injected.inc({ method, fault: 'delay' });
@@ -275,7 +327,12 @@ export class GrpcServer {
     const path = `/${method.parent.typeName}/${method.name}`;
     const span = path.startsWith(HEALTH_PREFIX) ? undefined : { name: path.slice(1), attributes: rpcAttributes(path) };
     const finish = (start: bigint, code: grpc.status, callSpan?: Span, message?: string) => {
-      this.options.metrics.observe(this.duration, { method: name, code: grpc.status[code] ?? String(code) }, Number(process.hrtime.bigint() - start) / 1e9, callSpan);
+      this.options.metrics.observe(
+        this.duration,
+        { method: name, code: grpc.status[code] ?? String(code) },
+        Number(process.hrtime.bigint() - start) / 1e9,
+        callSpan,
+      );
       spans.endCall(callSpan, code, message);
     };
     const fail = (start: bigint, error: unknown, callSpan?: Span): Partial<grpc.ServiceError> => {
@@ -288,9 +345,18 @@ export class GrpcServer {
     };
 
     /** Answering a call threw (grpc-js could not send it): logged; the call ends without an answer of ours. */
-    const answerFailed = (error: unknown) => this.options.logger.error(`${name}: the answer could not be sent`, error instanceof Error ? error : new Error(String(error)));
+    const answerFailed = (error: unknown) =>
+      this.options.logger.error(
+        `${name}: the answer could not be sent`,
+        error instanceof Error ? error : new Error(String(error)),
+      );
     /** Runs a call's work in its context, then answers with its response or its error (unary and client streaming). */
-    const respond = (start: bigint, call: AnyCall, callback: grpc.sendUnaryData<unknown>, work: (ctx: CallContext) => Promise<unknown>) => {
+    const respond = (
+      start: bigint,
+      call: AnyCall,
+      callback: grpc.sendUnaryData<unknown>,
+      work: (ctx: CallContext) => Promise<unknown>,
+    ) => {
       let dispose = () => undefined as unknown;
       let callSpan: Span | undefined;
       guarded(() => {
@@ -351,18 +417,29 @@ export class GrpcServer {
             call.emit('error', fail(start, call.request.toError()));
             return;
           }
-          stream(start, call, (ctx) => writeAll(call, handler(call.request, ctx) as AsyncIterable<unknown>, ctx.signal));
+          stream(start, call, (ctx) =>
+            writeAll(call, handler(call.request, ctx) as AsyncIterable<unknown>, ctx.signal),
+          );
         };
       case 'client_streaming':
         return (call: grpc.ServerReadableStream<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) => {
-          respond(process.hrtime.bigint(), call, callback, (ctx) => handler(requestsOf(call, ctx.signal), ctx) as Promise<unknown>);
+          respond(
+            process.hrtime.bigint(),
+            call,
+            callback,
+            (ctx) => handler(requestsOf(call, ctx.signal), ctx) as Promise<unknown>,
+          );
         };
       case 'bidi_streaming':
         return (call: grpc.ServerDuplexStream<unknown, unknown>) => {
           // The handler may stop reading requests and go on answering: its request stream must not
           // take the call (whose writable side is the same stream) down with it.
           stream(process.hrtime.bigint(), call, (ctx) =>
-            writeAll(call, handler(requestsOf(call, ctx.signal, { destroyOnReturn: false }), ctx) as AsyncIterable<unknown>, ctx.signal),
+            writeAll(
+              call,
+              handler(requestsOf(call, ctx.signal, { destroyOnReturn: false }), ctx) as AsyncIterable<unknown>,
+              ctx.signal,
+            ),
           );
         };
     }
@@ -375,17 +452,35 @@ export class GrpcServer {
     }
     const requestId = sanitizeRequestId(metadata['x-request-id']);
     const rawDeadline = call.getDeadline();
-    const deadlineMs = rawDeadline instanceof Date ? rawDeadline.getTime() : Number.isFinite(rawDeadline) ? rawDeadline : undefined;
+    const deadlineMs =
+      rawDeadline instanceof Date ? rawDeadline.getTime() : Number.isFinite(rawDeadline) ? rawDeadline : undefined;
     const controller = new AbortController();
     const onCancel = () => controller.abort(new RpcError(grpc.status.CANCELLED, 'the call was cancelled'));
     call.once('cancelled', onCancel);
     const bytes = 'request' in call ? receivedBytes(call.request) : undefined;
-    const ctx: CallContext = { requestId, deadlineMs, signal: controller.signal, metadata, ...(bytes !== undefined && { requestBytes: bytes }) };
+    const ctx: CallContext = {
+      requestId,
+      deadlineMs,
+      signal: controller.signal,
+      metadata,
+      ...(bytes !== undefined && { requestBytes: bytes }),
+    };
     // Traced when the caller's call is (its traceparent), or always at the public edge.
-    const span = spans.enabled && spanOf !== undefined
-      ? spans.server(spanOf.name, { traceparent: metadata['traceparent'], tracestate: metadata['tracestate'] }, spanOf.attributes, this.options.public === true)
-      : undefined;
-    const context: RequestContext = { requestId, signal: controller.signal, ...(deadlineMs !== undefined && { deadlineMs }), ...(span !== undefined && { span }) };
+    const span =
+      spans.enabled && spanOf !== undefined
+        ? spans.server(
+            spanOf.name,
+            { traceparent: metadata['traceparent'], tracestate: metadata['tracestate'] },
+            spanOf.attributes,
+            this.options.public === true,
+          )
+        : undefined;
+    const context: RequestContext = {
+      requestId,
+      signal: controller.signal,
+      ...(deadlineMs !== undefined && { deadlineMs }),
+      ...(span !== undefined && { span }),
+    };
     return { ctx, context, dispose: () => call.removeListener('cancelled', onCancel) };
   }
 }
@@ -419,15 +514,21 @@ function hookHttp2Servers(
   const internals = server as unknown as { createHttp2Server?: (credentials: unknown) => Http2Server };
   const createHttp2Server = internals.createHttp2Server;
   if (typeof createHttp2Server !== 'function') {
-    throw new Error('@grpc/grpc-js has no Server.createHttp2Server: received deadlines cannot be bounded; check the grpc-js version');
+    throw new Error(
+      '@grpc/grpc-js has no Server.createHttp2Server: received deadlines cannot be bounded; check the grpc-js version',
+    );
   }
   internals.createHttp2Server = (credentials: unknown) => {
     const http2Server = createHttp2Server.call(server, credentials);
-    http2Server.prependListener('stream', (_stream: ServerHttp2Stream, headers: IncomingHttpHeaders) => boundTimeoutHeader(headers));
+    http2Server.prependListener('stream', (_stream: ServerHttp2Stream, headers: IncomingHttpHeaders) =>
+      boundTimeoutHeader(headers),
+    );
     // A call answered here never reaches grpc-js: its 'stream' event is not passed on.
     const emit = http2Server.emit.bind(http2Server);
     http2Server.emit = (event: string | symbol, ...args: unknown[]): boolean =>
-      event === 'stream' && answeredEarly(args[0] as ServerHttp2Stream, args[1] as IncomingHttpHeaders) ? true : emit(event, ...args);
+      event === 'stream' && answeredEarly(args[0] as ServerHttp2Stream, args[1] as IncomingHttpHeaders)
+        ? true
+        : emit(event, ...args);
     openServerWindows(http2Server);
     // A TLS server: a peer refused during the handshake (no certificate, another CA, expired) is reported here.
     http2Server.on('tlsClientError', onTlsError);
@@ -462,7 +563,11 @@ async function* requestsOf(
  * grpc-js sends them. Stops when the call is cancelled, also while waiting for a drain that will
  * not come.
  */
-async function writeAll(call: grpc.ServerWritableStream<unknown, unknown> | grpc.ServerDuplexStream<unknown, unknown>, responses: AsyncIterable<unknown>, signal: AbortSignal): Promise<void> {
+async function writeAll(
+  call: grpc.ServerWritableStream<unknown, unknown> | grpc.ServerDuplexStream<unknown, unknown>,
+  responses: AsyncIterable<unknown>,
+  signal: AbortSignal,
+): Promise<void> {
   for await (const message of responses) {
     if (signal.aborted) return;
     if (!call.write(message)) await drained(call, signal);

@@ -1,6 +1,14 @@
 import { CacheService } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
-import { flushTracing, JsonLogger, Metrics, requestContext, spans, startTracing, stopTracing } from '@infermesh/telemetry';
+import {
+  flushTracing,
+  JsonLogger,
+  Metrics,
+  requestContext,
+  spans,
+  startTracing,
+  stopTracing,
+} from '@infermesh/telemetry';
 import { SpanKind } from '@opentelemetry/api';
 import { InMemorySpanExporter } from '@opentelemetry/sdk-trace';
 import { createClient } from './grpc-client';
@@ -27,7 +35,12 @@ describe('gRPC spans', () => {
   let edge: ServiceClient<typeof CacheService>;
 
   async function serve(isPublic: boolean): Promise<ServiceClient<typeof CacheService>> {
-    const server = new GrpcServer({ logger: new JsonLogger('test', 'error', () => undefined), metrics: new Metrics('test'), maxMessageBytes: 1 << 20, public: isPublic });
+    const server = new GrpcServer({
+      logger: new JsonLogger('test', 'error', () => undefined),
+      metrics: new Metrics('test'),
+      maxMessageBytes: 1 << 20,
+      public: isPublic,
+    });
     server.add(CacheService, {
       lookup: async (request, ctx) => {
         seen.push(ctx);
@@ -70,17 +83,26 @@ describe('gRPC spans', () => {
     const request = spans.server('request', {}, {}, true)!;
     await requestContext.run({ requestId: 'r1', span: request }, () => inner.lookup({ key: KEY }));
     spans.end(request);
-    expect(seen[0]!.metadata['traceparent']).toBe(`00-${request.spanContext().traceId}-${request.spanContext().spanId}-01`);
+    expect(seen[0]!.metadata['traceparent']).toBe(
+      `00-${request.spanContext().traceId}-${request.spanContext().spanId}-01`,
+    );
     const server = (await exported()).find((s) => s.name !== 'request')!;
     expect(server.kind).toBe(SpanKind.SERVER);
     expect(server.name).toBe('infermesh.cache.v1.CacheService/Lookup');
     expect(server.parentSpanContext?.spanId).toBe(request.spanContext().spanId);
-    expect(server.attributes).toMatchObject({ 'rpc.system': 'grpc', 'rpc.service': 'infermesh.cache.v1.CacheService', 'rpc.method': 'Lookup', 'rpc.grpc.status_code': 0 });
+    expect(server.attributes).toMatchObject({
+      'rpc.system': 'grpc',
+      'rpc.service': 'infermesh.cache.v1.CacheService',
+      'rpc.method': 'Lookup',
+      'rpc.grpc.status_code': 0,
+    });
   });
 
   it("marks a failed call's span with its status", async () => {
     const request = spans.server('request', {}, {}, true)!;
-    await expect(requestContext.run({ requestId: 'r2', span: request }, () => inner.lookup({ key: new Uint8Array() }))).rejects.toThrow();
+    await expect(
+      requestContext.run({ requestId: 'r2', span: request }, () => inner.lookup({ key: new Uint8Array() })),
+    ).rejects.toThrow();
     spans.end(request);
     const server = (await exported()).find((s) => s.name !== 'request')!;
     expect([server.attributes['rpc.grpc.status_code'], server.status.code]).toEqual([13, 2]);

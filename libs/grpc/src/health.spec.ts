@@ -16,7 +16,11 @@ describe(HealthService.name, () => {
 
   beforeEach(async () => {
     sut = new HealthService();
-    server = new GrpcServer({ logger: new JsonLogger('test', 'error', () => undefined), metrics: new Metrics('test'), maxMessageBytes: 1024 * 1024 });
+    server = new GrpcServer({
+      logger: new JsonLogger('test', 'error', () => undefined),
+      metrics: new Metrics('test'),
+      maxMessageBytes: 1024 * 1024,
+    });
     server.add(Health, sut);
     const port = await server.listen('127.0.0.1', 0);
     client = createClient(Health, `127.0.0.1:${port}`);

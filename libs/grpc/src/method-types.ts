@@ -23,7 +23,10 @@ export type HandlerFor<M extends MethodShape> = M['methodKind'] extends 'unary'
     : M['methodKind'] extends 'client_streaming'
       ? (requests: AsyncIterable<MessageShape<M['input']>>, ctx: CallContext) => Promise<MessageInitShape<M['output']>>
       : M['methodKind'] extends 'bidi_streaming'
-        ? (requests: AsyncIterable<MessageShape<M['input']>>, ctx: CallContext) => AsyncIterable<MessageInitShape<M['output']>>
+        ? (
+            requests: AsyncIterable<MessageShape<M['input']>>,
+            ctx: CallContext,
+          ) => AsyncIterable<MessageInitShape<M['output']>>
         : never;
 
 /**
@@ -51,7 +54,10 @@ export type ClientMethodFor<M extends MethodShape> = M['methodKind'] extends 'un
   : M['methodKind'] extends 'server_streaming'
     ? (request: MessageInitShape<M['input']>, options?: CallOptions) => AsyncIterable<MessageShape<M['output']>>
     : M['methodKind'] extends 'client_streaming'
-      ? (requests: AsyncIterable<MessageInitShape<M['input']>>, options?: CallOptions) => Promise<MessageShape<M['output']>>
+      ? (
+          requests: AsyncIterable<MessageInitShape<M['input']>>,
+          options?: CallOptions,
+        ) => Promise<MessageShape<M['output']>>
       : never;
 
 /** A typed client of a generated service. */

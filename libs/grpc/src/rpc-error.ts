@@ -87,7 +87,10 @@ export class RpcError extends Error {
     const details = [];
     if (this.reason !== undefined) {
       details.push(
-        anyPack(ErrorInfoSchema, create(ErrorInfoSchema, { reason: this.reason, domain: ERROR_DOMAIN, metadata: this.metadata })),
+        anyPack(
+          ErrorInfoSchema,
+          create(ErrorInfoSchema, { reason: this.reason, domain: ERROR_DOMAIN, metadata: this.metadata }),
+        ),
       );
     }
     if (this.retryDelayMs !== undefined) {

@@ -34,7 +34,11 @@ function configuredFor(settings: TransportSecurity): Configured {
     caCertificateFile: settings.caFile,
     refreshIntervalMs: settings.refreshMs,
   });
-  return { settings, provider, server: grpc.experimental.createCertificateProviderServerCredentials(provider, provider, true) };
+  return {
+    settings,
+    provider,
+    server: grpc.experimental.createCertificateProviderServerCredentials(provider, provider, true),
+  };
 }
 
 /** What a client uses: the given identity, plaintext (null), or the process's (undefined). */
@@ -42,7 +46,11 @@ function select(transport: TransportSecurity | null | undefined): Configured | u
   if (transport === null) return undefined;
   if (transport === undefined) return configured;
   let found = others.get(transport.certFile);
-  if (found === undefined || found.settings.keyFile !== transport.keyFile || found.settings.caFile !== transport.caFile) {
+  if (
+    found === undefined ||
+    found.settings.keyFile !== transport.keyFile ||
+    found.settings.caFile !== transport.caFile
+  ) {
     found = configuredFor(transport);
     others.set(transport.certFile, found);
   }
@@ -93,7 +101,11 @@ function serviceOfTarget(target: string): string | undefined {
  * and carries a SPIFFE ID of the trust domain — of the service the target names, for `xds:///<service>`
  * and when `peer` is given. The host name is not what identifies a peer in the mesh: its SPIFFE ID is.
  */
-export function channelCredentials(target: string, peer?: string, transport?: TransportSecurity | null): grpc.ChannelCredentials {
+export function channelCredentials(
+  target: string,
+  peer?: string,
+  transport?: TransportSecurity | null,
+): grpc.ChannelCredentials {
   const chosen = select(transport);
   if (chosen === undefined) return grpc.credentials.createInsecure();
   const { trustDomain } = chosen.settings;
@@ -105,7 +117,8 @@ export function channelCredentials(target: string, peer?: string, transport?: Tr
       if (id === undefined || !id.startsWith(prefix)) {
         return new Error(`the server's certificate has no SPIFFE ID of ${trustDomain} (${id ?? 'none'})`);
       }
-      if (expected !== undefined && id !== `${prefix}${expected}`) return new Error(`the server is ${id}, not ${prefix}${expected}`);
+      if (expected !== undefined && id !== `${prefix}${expected}`)
+        return new Error(`the server is ${id}, not ${prefix}${expected}`);
       return undefined;
     },
   });
@@ -116,8 +129,14 @@ export function channelCredentials(target: string, peer?: string, transport?: Tr
  * (`router.infermesh.local`), not an IP address (which RFC 6066 forbids as a server name); peers are
  * identified by their SPIFFE ID, never by this name.
  */
-export function secureChannelOptions(target: string, peer?: string, transport?: TransportSecurity | null): grpc.ChannelOptions {
+export function secureChannelOptions(
+  target: string,
+  peer?: string,
+  transport?: TransportSecurity | null,
+): grpc.ChannelOptions {
   const chosen = select(transport);
   if (chosen === undefined) return {};
-  return { 'grpc.ssl_target_name_override': `${peer ?? serviceOfTarget(target) ?? 'mesh'}.${chosen.settings.trustDomain}` };
+  return {
+    'grpc.ssl_target_name_override': `${peer ?? serviceOfTarget(target) ?? 'mesh'}.${chosen.settings.trustDomain}`,
+  };
 }

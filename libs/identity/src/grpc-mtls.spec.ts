@@ -47,10 +47,17 @@ describe('grpc-js mutual TLS over the identity files', () => {
     const client = new grpc.Client(`127.0.0.1:${port}`, credentials, { 'grpc.use_local_subchannel_pool': 1 });
     try {
       return await new Promise<string>((resolve, reject) => {
-        client.makeUnaryRequest(WHO_AM_I.path, passThrough, passThrough, Buffer.alloc(0), { deadline: Date.now() + 5000 }, (error, response) => {
-          if (error) reject(error);
-          else resolve(response!.toString());
-        });
+        client.makeUnaryRequest(
+          WHO_AM_I.path,
+          passThrough,
+          passThrough,
+          Buffer.alloc(0),
+          { deadline: Date.now() + 5000 },
+          (error, response) => {
+            if (error) reject(error);
+            else resolve(response!.toString());
+          },
+        );
       });
     } finally {
       client.close();
@@ -64,16 +71,21 @@ describe('grpc-js mutual TLS over the identity files', () => {
     const serverDir = await issuer.ensure({ service: 'registry', instance: 'registry' });
     const provided = provider(serverDir);
     server = new grpc.Server();
-    server.addService({ whoAmI: WHO_AM_I }, {
-      whoAmI: (peerCall: grpc.ServerUnaryCall<Buffer, Buffer>, callback: grpc.sendUnaryData<Buffer>) => {
-        const certificate = peerCall.getAuthContext().sslPeerCertificate;
-        const uri = subjectAltNames(certificate?.subjectaltname).find((name) => name.type === 'URI');
-        callback(null, Buffer.from(`${uri?.value ?? 'none'} ${certificate?.serialNumber ?? 'none'}`));
+    server.addService(
+      { whoAmI: WHO_AM_I },
+      {
+        whoAmI: (peerCall: grpc.ServerUnaryCall<Buffer, Buffer>, callback: grpc.sendUnaryData<Buffer>) => {
+          const certificate = peerCall.getAuthContext().sslPeerCertificate;
+          const uri = subjectAltNames(certificate?.subjectaltname).find((name) => name.type === 'URI');
+          callback(null, Buffer.from(`${uri?.value ?? 'none'} ${certificate?.serialNumber ?? 'none'}`));
+        },
       },
-    });
+    );
     port = await new Promise<number>((resolve, reject) =>
-      server.bindAsync('127.0.0.1:0', grpc.experimental.createCertificateProviderServerCredentials(provided, provided, true), (error, bound) =>
-        error ? reject(error) : resolve(bound),
+      server.bindAsync(
+        '127.0.0.1:0',
+        grpc.experimental.createCertificateProviderServerCredentials(provided, provided, true),
+        (error, bound) => (error ? reject(error) : resolve(bound)),
       ),
     );
   });
@@ -98,7 +110,9 @@ describe('grpc-js mutual TLS over the identity files', () => {
     }
     await new Promise((resolve) => setTimeout(resolve, 3 * REFRESH_MS));
     const [, serial] = (await call(clientDir)).split(' ');
-    const rotatedSerials = clientIssued.filter((event) => event.dir === clientDir && event.rotated).map((event) => event.serialNumber);
+    const rotatedSerials = clientIssued
+      .filter((event) => event.dir === clientDir && event.rotated)
+      .map((event) => event.serialNumber);
     expect(rotatedSerials).toContain(serial);
   });
 
@@ -116,11 +130,22 @@ describe('grpc-js mutual TLS over the identity files', () => {
         caCertificateFile: realBundle,
         refreshIntervalMs: REFRESH_MS,
       });
-      const client = new grpc.Client(`127.0.0.1:${port}`, grpc.experimental.createCertificateProviderChannelCredentials(provided, provided), {
-        'grpc.use_local_subchannel_pool': 1,
-      });
+      const client = new grpc.Client(
+        `127.0.0.1:${port}`,
+        grpc.experimental.createCertificateProviderChannelCredentials(provided, provided),
+        {
+          'grpc.use_local_subchannel_pool': 1,
+        },
+      );
       const error = await new Promise<grpc.ServiceError | null>((resolve) =>
-        client.makeUnaryRequest(WHO_AM_I.path, passThrough, passThrough, Buffer.alloc(0), { deadline: Date.now() + 3000 }, (failure) => resolve(failure)),
+        client.makeUnaryRequest(
+          WHO_AM_I.path,
+          passThrough,
+          passThrough,
+          Buffer.alloc(0),
+          { deadline: Date.now() + 3000 },
+          (failure) => resolve(failure),
+        ),
       );
       client.close();
 

@@ -29,7 +29,9 @@ describe(writeIdentityFiles.name, () => {
     expect(readdirSync(dir).sort()).toEqual(['ca.pem', 'cert.pem', 'key.pem']);
     expect(readFileSync(paths.certFile, 'utf8')).toBe(issued.certPem);
     expect(readFileSync(paths.certFile, 'utf8').match(/BEGIN CERTIFICATE/g)).toHaveLength(1);
-    expect(readFileSync(paths.keyFile, 'utf8')).toMatch(/^-----BEGIN PRIVATE KEY-----\n[^]*-----END PRIVATE KEY-----\n$/);
+    expect(readFileSync(paths.keyFile, 'utf8')).toMatch(
+      /^-----BEGIN PRIVATE KEY-----\n[^]*-----END PRIVATE KEY-----\n$/,
+    );
     expect(readFileSync(paths.caFile, 'utf8')).toBe(ca.bundlePem);
     expect(statSync(paths.keyFile).mode & 0o777).toBe(0o600);
     expect(statSync(dir).mode & 0o777).toBe(0o700);
@@ -85,7 +87,9 @@ describe(writeIdentityFiles.name, () => {
     await writeIdentityFiles(dir, first, ca.bundlePem);
     const second = await ca.issue({ service: 'gateway', instance: 'gateway' }, 60_000);
 
-    await expect(writeIdentityFiles(dir, { ...second, certPem: second.certPem + ca.bundlePem }, ca.bundlePem)).rejects.toThrow(/exactly one certificate/);
+    await expect(
+      writeIdentityFiles(dir, { ...second, certPem: second.certPem + ca.bundlePem }, ca.bundlePem),
+    ).rejects.toThrow(/exactly one certificate/);
 
     expect(readFileSync(identityPaths(dir).certFile, 'utf8')).toBe(first.certPem);
     expect(readFileSync(identityPaths(dir).keyFile, 'utf8')).toBe(first.keyPem);

@@ -43,10 +43,16 @@ export function identityPaths(dir: string): IdentityPaths {
  * overlap the renames at all. Both pairs are valid at that moment (rotation is at half-life), so
  * the reader's next reread heals it.
  */
-export async function writeIdentityFiles(dir: string, issued: Pick<IssuedIdentity, 'certPem' | 'keyPem'>, bundlePem: string): Promise<IdentityPaths> {
+export async function writeIdentityFiles(
+  dir: string,
+  issued: Pick<IssuedIdentity, 'certPem' | 'keyPem'>,
+  bundlePem: string,
+): Promise<IdentityPaths> {
   const certPem = certificatesPem(issued.certPem);
-  if (pemBlocks(certPem, 'CERTIFICATE').length !== 1) throw new Error('the issued certificate PEM must hold exactly one certificate (the leaf)');
-  if (pemBlocks(issued.keyPem, 'PRIVATE KEY').length !== 1) throw new Error('the issued key must be one PKCS#8 PEM block (BEGIN PRIVATE KEY)');
+  if (pemBlocks(certPem, 'CERTIFICATE').length !== 1)
+    throw new Error('the issued certificate PEM must hold exactly one certificate (the leaf)');
+  if (pemBlocks(issued.keyPem, 'PRIVATE KEY').length !== 1)
+    throw new Error('the issued key must be one PKCS#8 PEM block (BEGIN PRIVATE KEY)');
   const bundle = certificatesPem(bundlePem);
   if (bundle === '') throw new Error('the trust bundle holds no certificate');
   await mkdir(dir, { recursive: true, mode: 0o700 });

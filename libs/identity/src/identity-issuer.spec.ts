@@ -92,9 +92,17 @@ describe(IdentityIssuer.name, () => {
     const dir = await sut.ensure({ service: 'worker', instance: 'worker-3' });
 
     expect(dir).toBe(join(root, 'written', 'worker-3'));
-    await expect(readIdentity(dir)).resolves.toMatchObject({ service: 'worker', spiffeId: 'spiffe://infermesh.local/worker' });
+    await expect(readIdentity(dir)).resolves.toMatchObject({
+      service: 'worker',
+      spiffeId: 'spiffe://infermesh.local/worker',
+    });
     const event = await issued.next();
-    expect(event).toMatchObject({ dir, rotated: false, spiffeId: 'spiffe://infermesh.local/worker', serialNumber: serialIn(dir) });
+    expect(event).toMatchObject({
+      dir,
+      rotated: false,
+      spiffeId: 'spiffe://infermesh.local/worker',
+      serialNumber: serialIn(dir),
+    });
     // Four hours by default, renewed half-way.
     expect(event.notAfter.getTime() - Date.now()).toBeGreaterThan(4 * HOUR_MS - 2000);
     expect(event.renewAt.getTime() - Date.now()).toBeGreaterThan(2 * HOUR_MS - 2000);
@@ -147,13 +155,25 @@ describe(IdentityIssuer.name, () => {
     const flaky = new FlakyCa(ca);
     const issued = new Events<IdentityIssuedEvent>();
     const failed = new Events<IdentityIssueFailedEvent>();
-    sut = new IdentityIssuer({ ca: flaky, rootDir: join(root, 'flaky'), clock, onIssued: issued.push, onError: failed.push, retryMaxMs: 1500 });
+    sut = new IdentityIssuer({
+      ca: flaky,
+      rootDir: join(root, 'flaky'),
+      clock,
+      onIssued: issued.push,
+      onError: failed.push,
+      retryMaxMs: 1500,
+    });
     const dir = await sut.ensure({ service: 'batcher', instance: 'batcher-0' });
     const first = await issued.next();
     flaky.failures = 3;
 
     clock.advance(clock.pendingInMs()[0]!);
-    expect(await failed.next()).toMatchObject({ failures: 1, retryInMs: 1000, dir, identity: { service: 'batcher', instance: 'batcher-0' } });
+    expect(await failed.next()).toMatchObject({
+      failures: 1,
+      retryInMs: 1000,
+      dir,
+      identity: { service: 'batcher', instance: 'batcher-0' },
+    });
     expect(clock.pendingInMs()).toEqual([1000]);
     clock.advance(1000);
     expect(await failed.next()).toMatchObject({ failures: 2, retryInMs: 1500 });
@@ -184,14 +204,19 @@ describe(IdentityIssuer.name, () => {
 
     expect(clock.pendingInMs()).toEqual([]);
     // Asking again tries again.
-    await expect(sut.ensure({ service: 'gateway', instance: 'gateway' })).resolves.toBe(join(root, 'first-fails', 'gateway'));
+    await expect(sut.ensure({ service: 'gateway', instance: 'gateway' })).resolves.toBe(
+      join(root, 'first-fails', 'gateway'),
+    );
   });
 
   it('keeps one identity per instance', async () => {
     const flaky = new FlakyCa(ca);
     sut = new IdentityIssuer({ ca: flaky, rootDir: join(root, 'once'), clock: new ManualClock(Date.now()) });
 
-    const dirs = await Promise.all([sut.ensure({ service: 'worker', instance: 'worker-0' }), sut.ensure({ service: 'worker', instance: 'worker-0' })]);
+    const dirs = await Promise.all([
+      sut.ensure({ service: 'worker', instance: 'worker-0' }),
+      sut.ensure({ service: 'worker', instance: 'worker-0' }),
+    ]);
     await sut.ensure({ service: 'worker', instance: 'worker-0' });
 
     expect(dirs[0]).toBe(dirs[1]);
@@ -216,7 +241,9 @@ describe(IdentityIssuer.name, () => {
     expect(clock.pendingInMs()).toEqual([]);
     clock.advance(5 * HOUR_MS);
     expect(flaky.issues).toBe(2);
-    await expect(sut.ensure({ service: 'worker', instance: 'worker-2' })).rejects.toThrow('the identity issuer is stopped');
+    await expect(sut.ensure({ service: 'worker', instance: 'worker-2' })).rejects.toThrow(
+      'the identity issuer is stopped',
+    );
   });
 
   it('keeps rotating when the listener throws', async () => {

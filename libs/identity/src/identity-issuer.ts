@@ -73,7 +73,9 @@ export class IdentityIssuer {
     this.retryMaxMs = options.retryMaxMs ?? 60_000;
     this.clock = options.clock ?? systemClock;
     if (!(this.retryInitialMs > 0 && this.retryMaxMs >= this.retryInitialMs)) {
-      throw new Error(`retry back-off must satisfy 0 < retryInitialMs (${this.retryInitialMs}) <= retryMaxMs (${this.retryMaxMs})`);
+      throw new Error(
+        `retry back-off must satisfy 0 < retryInitialMs (${this.retryInitialMs}) <= retryMaxMs (${this.retryMaxMs})`,
+      );
     }
   }
 
@@ -88,11 +90,18 @@ export class IdentityIssuer {
     const known = this.tracked.get(identity.instance) ?? this.pending.get(identity.instance);
     if (known !== undefined) {
       if (known.identity.service !== identity.service) {
-        throw new Error(`instance ${identity.instance} is already the identity of service ${known.identity.service}, not ${identity.service}`);
+        throw new Error(
+          `instance ${identity.instance} is already the identity of service ${known.identity.service}, not ${identity.service}`,
+        );
       }
       return known.dir;
     }
-    const entry: Tracked = { identity: { ...identity }, dir: join(this.options.rootDir, identity.instance), cancelTimer: undefined, failures: 0 };
+    const entry: Tracked = {
+      identity: { ...identity },
+      dir: join(this.options.rootDir, identity.instance),
+      cancelTimer: undefined,
+      failures: 0,
+    };
     const dir = this.issue(entry, false).then(() => entry.dir);
     this.pending.set(identity.instance, { identity: entry.identity, dir });
     try {
@@ -150,7 +159,13 @@ export class IdentityIssuer {
       entry.failures += 1;
       const retryInMs = Math.min(this.retryMaxMs, this.retryInitialMs * 2 ** (entry.failures - 1));
       this.schedule(entry, this.clock.now() + retryInMs);
-      notify(this.options.onError, { identity: { ...entry.identity }, dir: entry.dir, error, failures: entry.failures, retryInMs });
+      notify(this.options.onError, {
+        identity: { ...entry.identity },
+        dir: entry.dir,
+        error,
+        failures: entry.failures,
+        retryInMs,
+      });
     }
   }
 

@@ -16,7 +16,10 @@ export async function craftLeaf(
 ): Promise<{ certPem: string; keyPem: string }> {
   const crypto = webcrypto;
   const caCert = new x509.X509Certificate(readFileSync(join(caDir, CA_CERT_FILE), 'utf8'));
-  const caKeyDer = createPrivateKey(readFileSync(join(caDir, CA_KEY_FILE), 'utf8')).export({ type: 'pkcs8', format: 'der' });
+  const caKeyDer = createPrivateKey(readFileSync(join(caDir, CA_KEY_FILE), 'utf8')).export({
+    type: 'pkcs8',
+    format: 'der',
+  });
   const algorithm = { name: 'ECDSA', namedCurve: 'P-256' };
   const signingKey = await crypto.subtle.importKey('pkcs8', caKeyDer, algorithm, false, ['sign']);
   const keys = await crypto.subtle.generateKey(algorithm, true, ['sign', 'verify']);

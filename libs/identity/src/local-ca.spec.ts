@@ -78,7 +78,7 @@ describe(LocalCa.name, () => {
       expect(readFileSync(join(dir, CA_CERT_FILE), 'utf8')).toBe(sut.bundlePem);
     });
 
-    it('replaces a CA whose key is not the certificate\'s', async () => {
+    it("replaces a CA whose key is not the certificate's", async () => {
       const other = mkdtempSync(join(tmpdir(), 'local-ca-other-'));
       try {
         await LocalCa.open(dir);
@@ -134,10 +134,15 @@ describe(LocalCa.name, () => {
     it('marks the leaf not a CA and its key for signatures only, both critical', async () => {
       const sut = await LocalCa.open(dir);
 
-      const leaf = new x509.X509Certificate((await sut.issue({ service: 'router', instance: 'router' }, 60_000)).certPem);
+      const leaf = new x509.X509Certificate(
+        (await sut.issue({ service: 'router', instance: 'router' }, 60_000)).certPem,
+      );
 
       expect(leaf.getExtension(x509.BasicConstraintsExtension)).toMatchObject({ ca: false, critical: true });
-      expect(leaf.getExtension(x509.KeyUsagesExtension)).toMatchObject({ usages: x509.KeyUsageFlags.digitalSignature, critical: true });
+      expect(leaf.getExtension(x509.KeyUsagesExtension)).toMatchObject({
+        usages: x509.KeyUsageFlags.digitalSignature,
+        critical: true,
+      });
     });
 
     it('signs the leaf with the CA', async () => {
@@ -181,7 +186,7 @@ describe(LocalCa.name, () => {
       expect(issued.notAfter).toEqual(sut.notAfter);
     });
 
-    it('gives a PKCS#8 key that signs what the certificate\'s public key verifies', async () => {
+    it("gives a PKCS#8 key that signs what the certificate's public key verifies", async () => {
       const sut = await LocalCa.open(dir);
 
       const issued = await sut.issue({ service: 'batcher', instance: 'batcher-2' }, 60_000);
@@ -196,7 +201,9 @@ describe(LocalCa.name, () => {
     it('gives each leaf a random 16-byte serial number', async () => {
       const sut = await LocalCa.open(dir);
 
-      const serials = await Promise.all([1, 2, 3].map(async () => (await sut.issue({ service: 'worker', instance: 'w' }, 60_000)).serialNumber));
+      const serials = await Promise.all(
+        [1, 2, 3].map(async () => (await sut.issue({ service: 'worker', instance: 'w' }, 60_000)).serialNumber),
+      );
 
       for (const serial of serials) expect(serial).toMatch(/^[4-7][0-9A-F]{31}$/);
       expect(new Set(serials).size).toBe(3);

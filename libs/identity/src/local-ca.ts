@@ -94,7 +94,9 @@ export class LocalCa implements CertificateAuthority {
     const now = options.now ?? (() => new Date());
     checkTrustDomain(trustDomain);
     if (!(lifetimeMs > minRemainingMs)) {
-      throw new Error(`the local CA's lifetime (${lifetimeMs} ms) must exceed the validity it must have left (${minRemainingMs} ms)`);
+      throw new Error(
+        `the local CA's lifetime (${lifetimeMs} ms) must exceed the validity it must have left (${minRemainingMs} ms)`,
+      );
     }
     await mkdir(dir, { recursive: true, mode: 0o700 });
     const loaded = await loadCa(dir, now(), minRemainingMs);
@@ -104,9 +106,27 @@ export class LocalCa implements CertificateAuthority {
         { name: CA_KEY_FILE, content: created.keyPem, mode: 0o600 },
         { name: CA_CERT_FILE, content: created.certPem, mode: 0o644 },
       ]);
-      return new LocalCa(dir, created.certPem, created.certificate.notAfter, loaded, created.certificate, created.signingKey, trustDomain, now);
+      return new LocalCa(
+        dir,
+        created.certPem,
+        created.certificate.notAfter,
+        loaded,
+        created.certificate,
+        created.signingKey,
+        trustDomain,
+        now,
+      );
     }
-    return new LocalCa(dir, loaded.certPem, loaded.certificate.notAfter, undefined, loaded.certificate, loaded.signingKey, trustDomain, now);
+    return new LocalCa(
+      dir,
+      loaded.certPem,
+      loaded.certificate.notAfter,
+      undefined,
+      loaded.certificate,
+      loaded.signingKey,
+      trustDomain,
+      now,
+    );
   }
 
   /**
@@ -123,7 +143,9 @@ export class LocalCa implements CertificateAuthority {
     const notBefore = wholeSeconds(nowMs - CLOCK_SKEW_MS);
     const notAfter = new Date(Math.min(wholeSeconds(nowMs + lifetimeMs).getTime(), this.notAfter.getTime()));
     if (notAfter.getTime() <= nowMs) {
-      throw new Error(`the local CA in ${this.dir} expired at ${this.notAfter.toISOString()}; open it again to make a new one`);
+      throw new Error(
+        `the local CA in ${this.dir} expired at ${this.notAfter.toISOString()}; open it again to make a new one`,
+      );
     }
     const keys = await crypto.subtle.generateKey(KEY_ALGORITHM, true, ['sign', 'verify']);
     const certificate = await x509.X509CertificateGenerator.create(
@@ -191,10 +213,13 @@ async function loadCa(dir: string, now: Date, minRemainingMs: number): Promise<L
     return `${keyFile} holds no private key`;
   }
   if (!certificate.ca) return `${certFile} is not a CA certificate`;
-  if (key.asymmetricKeyType !== 'ec' || key.asymmetricKeyDetails?.namedCurve !== P256) return `${keyFile} is not an ECDSA P-256 key`;
+  if (key.asymmetricKeyType !== 'ec' || key.asymmetricKeyDetails?.namedCurve !== P256)
+    return `${keyFile} is not an ECDSA P-256 key`;
   if (!certificate.checkPrivateKey(key)) return `${keyFile} does not match ${certFile}`;
-  if (certificate.validFromDate.getTime() > now.getTime()) return `${certFile} is not valid before ${certificate.validFromDate.toISOString()}`;
-  if (certificate.validToDate.getTime() - now.getTime() < minRemainingMs) return `${certFile} expires at ${certificate.validToDate.toISOString()}`;
+  if (certificate.validFromDate.getTime() > now.getTime())
+    return `${certFile} is not valid before ${certificate.validFromDate.toISOString()}`;
+  if (certificate.validToDate.getTime() - now.getTime() < minRemainingMs)
+    return `${certFile} expires at ${certificate.validToDate.toISOString()}`;
   const pkcs8 = key.export({ type: 'pkcs8', format: 'der' });
   return {
     certPem,
@@ -233,7 +258,9 @@ async function createCa(now: Date, lifetimeMs: number): Promise<LoadedCa & { key
 /** Throws unless `instance` can name an instance (and its folder): never '.', '..' or a path. */
 export function checkInstanceName(instance: string): void {
   if (!INSTANCE.test(instance)) {
-    throw new Error(`invalid instance name ${JSON.stringify(instance)}: expected 1 to 64 of [A-Za-z0-9._-], not starting with '.' or '-'`);
+    throw new Error(
+      `invalid instance name ${JSON.stringify(instance)}: expected 1 to 64 of [A-Za-z0-9._-], not starting with '.' or '-'`,
+    );
   }
 }
 

@@ -29,7 +29,12 @@ describe(readIdentity.name, () => {
   it("gives the leaf's SPIFFE ID, service and validity", async () => {
     const info = await readIdentity(dir);
 
-    expect(info).toEqual({ spiffeId: 'spiffe://infermesh.local/worker', service: 'worker', notBefore: expect.any(Date), notAfter: expect.any(Date) });
+    expect(info).toEqual({
+      spiffeId: 'spiffe://infermesh.local/worker',
+      service: 'worker',
+      notBefore: expect.any(Date),
+      notAfter: expect.any(Date),
+    });
     expect(info.notAfter.getTime() - Date.now()).toBeGreaterThan(3_500_000);
   });
 
@@ -42,7 +47,9 @@ describe(readIdentity.name, () => {
   it('names a file that is not PEM', async () => {
     writeFileSync(identityPaths(dir).certFile, 'hello');
 
-    await expect(readIdentity(dir)).rejects.toThrow(`${identityPaths(dir).certFile}: is not PEM: no BEGIN CERTIFICATE block`);
+    await expect(readIdentity(dir)).rejects.toThrow(
+      `${identityPaths(dir).certFile}: is not PEM: no BEGIN CERTIFICATE block`,
+    );
   });
 
   it('names a key that is not PKCS#8 PEM', async () => {
@@ -52,9 +59,14 @@ describe(readIdentity.name, () => {
   });
 
   it('refuses a certificate file with more than the leaf', async () => {
-    writeFileSync(identityPaths(dir).certFile, (await ca.issue({ service: 'worker', instance: 'worker-0' }, 60_000)).certPem + ca.bundlePem);
+    writeFileSync(
+      identityPaths(dir).certFile,
+      (await ca.issue({ service: 'worker', instance: 'worker-0' }, 60_000)).certPem + ca.bundlePem,
+    );
 
-    await expect(readIdentity(dir)).rejects.toThrow(`${identityPaths(dir).certFile}: holds 2 certificates; it must hold the leaf certificate only`);
+    await expect(readIdentity(dir)).rejects.toThrow(
+      `${identityPaths(dir).certFile}: holds 2 certificates; it must hold the leaf certificate only`,
+    );
   });
 
   it('refuses an expired certificate', async () => {
@@ -82,10 +94,15 @@ describe(readIdentity.name, () => {
     await expect(readIdentity(dir)).resolves.toMatchObject({ service: 'worker' });
   });
 
-  it('refuses a key that is not the certificate\'s', async () => {
-    writeFileSync(identityPaths(dir).keyFile, (await ca.issue({ service: 'worker', instance: 'worker-0' }, 60_000)).keyPem);
+  it("refuses a key that is not the certificate's", async () => {
+    writeFileSync(
+      identityPaths(dir).keyFile,
+      (await ca.issue({ service: 'worker', instance: 'worker-0' }, 60_000)).keyPem,
+    );
 
-    await expect(readIdentity(dir)).rejects.toThrow(`${identityPaths(dir).keyFile}: is not the key of the certificate in ${identityPaths(dir).certFile}`);
+    await expect(readIdentity(dir)).rejects.toThrow(
+      `${identityPaths(dir).keyFile}: is not the key of the certificate in ${identityPaths(dir).certFile}`,
+    );
   });
 
   it('refuses a certificate without a SPIFFE ID', async () => {
@@ -93,7 +110,9 @@ describe(readIdentity.name, () => {
     writeFileSync(identityPaths(dir).certFile, leaf.certPem);
     writeFileSync(identityPaths(dir).keyFile, leaf.keyPem);
 
-    await expect(readIdentity(dir)).rejects.toThrow(`${identityPaths(dir).certFile}: has no SPIFFE ID (no URI subject alternative name)`);
+    await expect(readIdentity(dir)).rejects.toThrow(
+      `${identityPaths(dir).certFile}: has no SPIFFE ID (no URI subject alternative name)`,
+    );
   });
 
   it('refuses a certificate with two URI SANs', async () => {
@@ -106,7 +125,9 @@ describe(readIdentity.name, () => {
     writeFileSync(identityPaths(dir).certFile, leaf.certPem);
     writeFileSync(identityPaths(dir).keyFile, leaf.keyPem);
 
-    await expect(readIdentity(dir)).rejects.toThrow(/has 2 URI subject alternative names; a SPIFFE certificate has exactly one/);
+    await expect(readIdentity(dir)).rejects.toThrow(
+      /has 2 URI subject alternative names; a SPIFFE certificate has exactly one/,
+    );
   });
 
   it('refuses a SPIFFE ID of another trust domain', async () => {

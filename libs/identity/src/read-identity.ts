@@ -40,27 +40,39 @@ export async function readIdentity(dir: string, options: ReadIdentityOptions = {
   const trustDomain = options.trustDomain ?? DEFAULT_TRUST_DOMAIN;
   const now = options.now ?? new Date();
   const { certFile, keyFile, caFile } = identityPaths(dir);
-  const [certText, keyText, bundleText] = await Promise.all([readIdentityFile(certFile), readIdentityFile(keyFile), readIdentityFile(caFile)]);
+  const [certText, keyText, bundleText] = await Promise.all([
+    readIdentityFile(certFile),
+    readIdentityFile(keyFile),
+    readIdentityFile(caFile),
+  ]);
 
   const leaves = parseCertificates(certFile, certText);
   if (leaves.length !== 1) {
-    throw new IdentityFileError(certFile, `holds ${leaves.length} certificates; it must hold the leaf certificate only`);
+    throw new IdentityFileError(
+      certFile,
+      `holds ${leaves.length} certificates; it must hold the leaf certificate only`,
+    );
   }
   const leaf = leaves[0]!;
   const bundle = parseCertificates(caFile, bundleText);
   const key = parseKey(keyFile, keyText);
 
-  if (!leaf.checkPrivateKey(key)) throw new IdentityFileError(keyFile, `is not the key of the certificate in ${certFile}`);
+  if (!leaf.checkPrivateKey(key))
+    throw new IdentityFileError(keyFile, `is not the key of the certificate in ${certFile}`);
   if (now.getTime() < leaf.validFromDate.getTime()) {
     throw new IdentityFileError(certFile, `is not valid before ${leaf.validFromDate.toISOString()}`);
   }
-  if (now.getTime() > leaf.validToDate.getTime()) throw new IdentityFileError(certFile, `expired at ${leaf.validToDate.toISOString()}`);
+  if (now.getTime() > leaf.validToDate.getTime())
+    throw new IdentityFileError(certFile, `expired at ${leaf.validToDate.toISOString()}`);
   const issuer = bundle.find((ca) => ca.ca && leaf.checkIssued(ca) && leaf.verify(ca.publicKey));
   if (issuer === undefined) {
     throw new IdentityFileError(certFile, `is not signed by any CA certificate of the trust bundle ${caFile}`);
   }
   if (now.getTime() > issuer.validToDate.getTime()) {
-    throw new IdentityFileError(caFile, `the CA certificate that signed ${certFile} expired at ${issuer.validToDate.toISOString()}`);
+    throw new IdentityFileError(
+      caFile,
+      `the CA certificate that signed ${certFile} expired at ${issuer.validToDate.toISOString()}`,
+    );
   }
 
   let names: SubjectAltName[];
@@ -72,14 +84,25 @@ export async function readIdentity(dir: string, options: ReadIdentityOptions = {
   const uris = names.filter((name) => name.type === 'URI');
   if (uris.length === 0) throw new IdentityFileError(certFile, 'has no SPIFFE ID (no URI subject alternative name)');
   if (uris.length > 1) {
-    throw new IdentityFileError(certFile, `has ${uris.length} URI subject alternative names; a SPIFFE certificate has exactly one`);
+    throw new IdentityFileError(
+      certFile,
+      `has ${uris.length} URI subject alternative names; a SPIFFE certificate has exactly one`,
+    );
   }
   const id = uris[0]!.value;
   const service = serviceOfSpiffeId(id, trustDomain);
   if (service === undefined) {
-    throw new IdentityFileError(certFile, `its URI SAN ${JSON.stringify(id)} is not a SPIFFE ID spiffe://${trustDomain}/<service>`);
+    throw new IdentityFileError(
+      certFile,
+      `its URI SAN ${JSON.stringify(id)} is not a SPIFFE ID spiffe://${trustDomain}/<service>`,
+    );
   }
-  return { spiffeId: id, service, notBefore: new Date(leaf.validFromDate.getTime()), notAfter: new Date(leaf.validToDate.getTime()) };
+  return {
+    spiffeId: id,
+    service,
+    notBefore: new Date(leaf.validFromDate.getTime()),
+    notAfter: new Date(leaf.validToDate.getTime()),
+  };
 }
 
 async function readIdentityFile(file: string): Promise<string> {
@@ -99,7 +122,10 @@ function parseCertificates(file: string, text: string): X509Certificate[] {
     try {
       return new X509Certificate(toPem('CERTIFICATE', Buffer.from(body, 'base64')));
     } catch (error) {
-      throw new IdentityFileError(file, `certificate ${index + 1} is not a valid X.509 certificate (${(error as Error).message})`);
+      throw new IdentityFileError(
+        file,
+        `certificate ${index + 1} is not a valid X.509 certificate (${(error as Error).message})`,
+      );
     }
   });
 }

@@ -24,7 +24,9 @@ export function spiffeId(service: string, trustDomain = DEFAULT_TRUST_DOMAIN): s
 /** Throws unless `trustDomain` is a SPIFFE trust domain name. */
 export function checkTrustDomain(trustDomain: string): void {
   if (!TRUST_DOMAIN.test(trustDomain)) {
-    throw new Error(`invalid SPIFFE trust domain ${JSON.stringify(trustDomain)}: expected lowercase letters, digits, '.', '-' or '_'`);
+    throw new Error(
+      `invalid SPIFFE trust domain ${JSON.stringify(trustDomain)}: expected lowercase letters, digits, '.', '-' or '_'`,
+    );
   }
 }
 

@@ -19,7 +19,11 @@ describe('mutual TLS with issued identities', () => {
   let accepted: string[];
 
   async function identityOf(authority: LocalCa, identity: ServiceIdentity): Promise<IdentityPaths> {
-    return writeIdentityFiles(join(root, `${identity.instance}-${Math.random().toString(16).slice(2)}`), await authority.issue(identity, 3_600_000), authority.bundlePem);
+    return writeIdentityFiles(
+      join(root, `${identity.instance}-${Math.random().toString(16).slice(2)}`),
+      await authority.issue(identity, 3_600_000),
+      authority.bundlePem,
+    );
   }
 
   function tlsOptions(paths: IdentityPaths): { cert: Buffer; key: Buffer; ca: Buffer } {
@@ -47,12 +51,15 @@ describe('mutual TLS with issued identities', () => {
     const serverPaths = await identityOf(ca, { service: 'registry', instance: 'registry' });
     serverErrors = [];
     accepted = [];
-    server = createServer({ ...tlsOptions(serverPaths), requestCert: true, rejectUnauthorized: true }, (socket: TLSSocket) => {
-      const peer = subjectAltNames(socket.getPeerCertificate().subjectaltname).find((name) => name.type === 'URI');
-      const service = serviceOfSpiffeId(peer?.value ?? '') ?? 'nobody';
-      accepted.push(service);
-      socket.end(`hello ${service}`);
-    });
+    server = createServer(
+      { ...tlsOptions(serverPaths), requestCert: true, rejectUnauthorized: true },
+      (socket: TLSSocket) => {
+        const peer = subjectAltNames(socket.getPeerCertificate().subjectaltname).find((name) => name.type === 'URI');
+        const service = serviceOfSpiffeId(peer?.value ?? '') ?? 'nobody';
+        accepted.push(service);
+        socket.end(`hello ${service}`);
+      },
+    );
     server.on('tlsClientError', (error) => serverErrors.push(error));
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     port = (server.address() as AddressInfo).port;

@@ -7,8 +7,6 @@ import { type MeshPolicy } from './mesh-policy';
 import { type MeshInstance, XDS_TYPES, xdsResources } from './xds-resources';
 import { policyWith } from './policy.testing';
 
-
-
 /** Resolves with the next value `next()` is called with. */
 function nextValue<T>(): { promise: Promise<T>; next: (value: T) => void; reset: () => void } {
   let resolve!: (value: T) => void;
@@ -30,7 +28,14 @@ describe(AdsClient.name, () => {
   let policy: MeshPolicy;
   let serverEvents: AdsEvent[];
   let clients: AdsClient[];
-  const batcher = (id: string, track: string): MeshInstance => ({ service: 'batcher', id, address: '127.0.0.1', port: 7001, labels: { track }, healthy: true });
+  const batcher = (id: string, track: string): MeshInstance => ({
+    service: 'batcher',
+    id,
+    address: '127.0.0.1',
+    port: 7001,
+    labels: { track },
+    healthy: true,
+  });
   const workers: MeshInstance[] = [
     { service: 'worker', id: 'worker-0', address: '127.0.0.1', port: 7100, labels: {}, healthy: true },
     { service: 'worker', id: 'worker-1', address: '127.0.0.1', port: 7101, labels: {}, healthy: false },
@@ -38,19 +43,31 @@ describe(AdsClient.name, () => {
   let instances: MeshInstance[];
 
   beforeEach(async () => {
-    policy = policyWith([['services', 'batcher', 'inboundFault'], { subset: 'next', abort: { percent: 10, grpcStatus: 'UNAVAILABLE' } }]);
+    policy = policyWith([
+      ['services', 'batcher', 'inboundFault'],
+      { subset: 'next', abort: { percent: 10, grpcStatus: 'UNAVAILABLE' } },
+    ]);
     instances = [batcher('batcher-0', 'stable'), batcher('batcher-1', 'next'), ...workers];
     serverEvents = [];
     clients = [];
     ads = new AdsServer(
       api,
-      (node) => xdsResources(policy, 'batcher', 'grpc', instances, instances.find((i) => i.id === node.id)),
+      (node) =>
+        xdsResources(
+          policy,
+          'batcher',
+          'grpc',
+          instances,
+          instances.find((i) => i.id === node.id),
+        ),
       (event) => serverEvents.push(event),
     );
     server = new grpc.Server();
     ads.addTo(server);
     port = await new Promise<number>((resolve, reject) =>
-      server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, p) => (error ? reject(error) : resolve(p))),
+      server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, p) =>
+        error ? reject(error) : resolve(p),
+      ),
     );
   });
 
@@ -84,7 +101,7 @@ describe(AdsClient.name, () => {
     expect((await endpoints.promise).get('worker')).toEqual(served[XDS_TYPES.endpoint].get('worker'));
   });
 
-  it('gets the subset-less inbound listener when its instance is outside the fault\'s subset', async () => {
+  it("gets the subset-less inbound listener when its instance is outside the fault's subset", async () => {
     const sut = client('batcher-0');
     const listeners = nextValue<XdsUpdate>();
     sut.watch(XDS_TYPES.listener, ['inbound'], { parse: (r) => r, apply: listeners.next });
@@ -106,13 +123,18 @@ describe(AdsClient.name, () => {
     sut.start();
     await listeners.promise;
     listeners.reset();
-    policy = policyWith([['services', 'batcher', 'inboundFault'], { subset: 'next', abort: { percent: 50, grpcStatus: 'INTERNAL' } }]);
+    policy = policyWith([
+      ['services', 'batcher', 'inboundFault'],
+      { subset: 'next', abort: { percent: 50, grpcStatus: 'INTERNAL' } },
+    ]);
     ads.refresh();
     const second = await listeners.promise;
     expect(JSON.stringify(second.get('inbound'))).toContain('"grpc_status":13');
     // The first version's ACK may come after the second was sent: the server takes it as stale.
     const lastSent = () => serverEvents.filter((e) => e.kind === 'sent').at(-1);
-    await eventually(() => serverEvents.some((e) => e.kind === 'ack' && e.version === (lastSent() as { version: string }).version));
+    await eventually(() =>
+      serverEvents.some((e) => e.kind === 'ack' && e.version === (lastSent() as { version: string }).version),
+    );
     expect(serverEvents.filter((e) => e.kind === 'nack')).toEqual([]);
   });
 
@@ -122,14 +144,18 @@ describe(AdsClient.name, () => {
     const accepted: XdsUpdate[] = [];
     sut.watch(XDS_TYPES.listener, ['inbound'], {
       parse: (update) => {
-        if (JSON.stringify(update.get('inbound')).includes('"grpc_status":13')) throw new Error('INTERNAL is not injected here');
+        if (JSON.stringify(update.get('inbound')).includes('"grpc_status":13'))
+          throw new Error('INTERNAL is not injected here');
         return update;
       },
       apply: (update) => accepted.push(update),
     });
     sut.start();
     await eventually(() => accepted.length === 1);
-    policy = policyWith([['services', 'batcher', 'inboundFault'], { subset: 'next', abort: { percent: 50, grpcStatus: 'INTERNAL' } }]);
+    policy = policyWith([
+      ['services', 'batcher', 'inboundFault'],
+      { subset: 'next', abort: { percent: 50, grpcStatus: 'INTERNAL' } },
+    ]);
     ads.refresh();
     await eventually(() => serverEvents.some((e) => e.kind === 'nack'));
     expect(serverEvents.find((e) => e.kind === 'nack')).toMatchObject({ error: 'INTERNAL is not injected here' });
@@ -150,7 +176,9 @@ describe(AdsClient.name, () => {
     server = new grpc.Server();
     ads.addTo(server);
     await new Promise<number>((resolve, reject) =>
-      server.bindAsync(`127.0.0.1:${port}`, grpc.ServerCredentials.createInsecure(), (error, p) => (error ? reject(error) : resolve(p))),
+      server.bindAsync(`127.0.0.1:${port}`, grpc.ServerCredentials.createInsecure(), (error, p) =>
+        error ? reject(error) : resolve(p),
+      ),
     );
     await eventually(() => updates.length === 2, 10_000);
     expect(updates[1]!.get('worker')).toEqual(updates[0]!.get('worker'));

@@ -63,7 +63,10 @@ export class AdsClient {
     private readonly node: { id: string; cluster: string },
     private readonly onEvent: (event: AdsClientEvent) => void = () => undefined,
     /** How to reach the control plane: plaintext unless given (mutual TLS, in the mesh). */
-    security: { credentials: grpc.ChannelCredentials; options: grpc.ChannelOptions } = { credentials: grpc.credentials.createInsecure(), options: {} },
+    security: { credentials: grpc.ChannelCredentials; options: grpc.ChannelOptions } = {
+      credentials: grpc.credentials.createInsecure(),
+      options: {},
+    },
   ) {
     const request = api.lookupType('envoy.service.discovery.v3.DiscoveryRequest')!;
     const response = api.lookupType('envoy.service.discovery.v3.DiscoveryResponse')!;
@@ -74,7 +77,8 @@ export class AdsClient {
       requestSerialize: (value: object) => Buffer.from(request.encode(request.fromObject(value)).finish()),
       requestDeserialize: (bytes: Buffer) => request.decode(bytes),
       responseSerialize: (value: object) => Buffer.from(response.encode(response.fromObject(value)).finish()),
-      responseDeserialize: (bytes: Buffer) => response.toObject(response.decode(bytes), { longs: String, enums: String }),
+      responseDeserialize: (bytes: Buffer) =>
+        response.toObject(response.decode(bytes), { longs: String, enums: String }),
     };
     this.client = new grpc.Client(target, security.credentials, security.options);
   }
@@ -92,7 +96,11 @@ export class AdsClient {
 
   start(): void {
     if (this.call !== undefined || this.stopped) return;
-    const call = this.client.makeBidiStreamRequest(this.method.path, this.method.requestSerialize, this.method.responseDeserialize);
+    const call = this.client.makeBidiStreamRequest(
+      this.method.path,
+      this.method.requestSerialize,
+      this.method.responseDeserialize,
+    );
     this.call = call;
     let connected = false;
     call.on('data', (response: DiscoveryResponse) => {
@@ -167,9 +175,17 @@ export class AdsClient {
   private decode(typeUrl: XdsTypeUrl, response: DiscoveryResponse): Map<string, unknown> {
     const resources = new Map<string, unknown>();
     for (const any of response.resources ?? []) {
-      if (any.type_url !== typeUrl) throw new Error(`a resource of type ${String(any.type_url)} in a ${typeUrl} response`);
+      if (any.type_url !== typeUrl)
+        throw new Error(`a resource of type ${String(any.type_url)} in a ${typeUrl} response`);
       const json = this.api.decode(XDS_TYPE_NAMES[typeUrl], any.value ?? new Uint8Array()) as Record<string, unknown>;
-      resources.set(typeof json['name'] === 'string' ? json['name'] : typeof json['cluster_name'] === 'string' ? json['cluster_name'] : '', json);
+      resources.set(
+        typeof json['name'] === 'string'
+          ? json['name']
+          : typeof json['cluster_name'] === 'string'
+            ? json['cluster_name']
+            : '',
+        json,
+      );
     }
     return resources;
   }

@@ -6,13 +6,20 @@ import { type MeshPolicy, type MeshService } from './mesh-policy';
 import { type MeshInstance, xdsResources } from './xds-resources';
 import { policyWith } from './policy.testing';
 
-
 /** The shipped policy with values set at paths. */
 
 const IDENTITY = (value: Buffer) => value;
 /** A service that answers with the name of the instance that served it, or fails as told. */
 const ECHO: grpc.ServiceDefinition = {
-  Who: { path: '/test.Echo/Who', requestStream: false, responseStream: false, requestSerialize: IDENTITY, requestDeserialize: IDENTITY, responseSerialize: IDENTITY, responseDeserialize: IDENTITY },
+  Who: {
+    path: '/test.Echo/Who',
+    requestStream: false,
+    responseStream: false,
+    requestSerialize: IDENTITY,
+    requestDeserialize: IDENTITY,
+    responseSerialize: IDENTITY,
+    responseDeserialize: IDENTITY,
+  },
 };
 
 interface Backend {
@@ -38,7 +45,9 @@ async function startBackend(name: string): Promise<Backend> {
     },
   });
   backend.port = await new Promise<number>((resolve, reject) =>
-    server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, port) => (error ? reject(error) : resolve(port))),
+    server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, port) =>
+      error ? reject(error) : resolve(port),
+    ),
   );
   return backend;
 }
@@ -56,7 +65,12 @@ describe(AdsServer.name, () => {
   let client: XdsProbe;
 
   const instance = (backend: Backend, track: string): MeshInstance => ({
-    service: 'router', id: backend.name, address: '127.0.0.1', port: backend.port, labels: { track }, healthy: true,
+    service: 'router',
+    id: backend.name,
+    address: '127.0.0.1',
+    port: backend.port,
+    labels: { track },
+    healthy: true,
   });
 
   /** `calls` calls of the gateway's xDS client to `xds:///router`, one after the other: how many each backend answered, and each error. */
@@ -76,9 +90,17 @@ describe(AdsServer.name, () => {
     controlPlane = new grpc.Server();
     sut.addTo(controlPlane);
     const port = await new Promise<number>((resolve, reject) =>
-      controlPlane.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, p) => (error ? reject(error) : resolve(p))),
+      controlPlane.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, p) =>
+        error ? reject(error) : resolve(p),
+      ),
     );
-    client = startXdsProbe({ controlPlane: `127.0.0.1:${port}`, caller: 'gateway', target: 'xds:///router', method: '/test.Echo/Who', format: 'utf8' });
+    client = startXdsProbe({
+      controlPlane: `127.0.0.1:${port}`,
+      caller: 'gateway',
+      target: 'xds:///router',
+      method: '/test.Echo/Who',
+      format: 'utf8',
+    });
   });
 
   afterAll(async () => {
@@ -93,7 +115,10 @@ describe(AdsServer.name, () => {
 
     const nodes = sut.connectedNodes();
     expect(nodes).toHaveLength(1);
-    expect(nodes[0]!.node).toMatchObject({ id: expect.stringMatching(/^gateway-probe-/) as unknown, cluster: 'gateway' });
+    expect(nodes[0]!.node).toMatchObject({
+      id: expect.stringMatching(/^gateway-probe-/) as unknown,
+      cluster: 'gateway',
+    });
     expect(Object.keys(nodes[0]!.acked).sort()).toEqual([
       'type.googleapis.com/envoy.config.cluster.v3.Cluster',
       'type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment',
@@ -104,7 +129,13 @@ describe(AdsServer.name, () => {
 
   it('applies a new split at run time without a new connection: 50/50 after the refresh', async () => {
     const sentBefore = sut.counters.responses;
-    policy = policyWith([['edges', 0, 'split'], [{ subset: 'stable', weight: 50 }, { subset: 'next', weight: 50 }]]);
+    policy = policyWith([
+      ['edges', 0, 'split'],
+      [
+        { subset: 'stable', weight: 50 },
+        { subset: 'next', weight: 50 },
+      ],
+    ]);
     sut.refresh();
     await new Promise((resolve) => setTimeout(resolve, 300));
 
@@ -117,7 +148,10 @@ describe(AdsServer.name, () => {
   });
 
   it('retries UNAVAILABLE on another endpoint as the policy says (gRFC A44): a failing instance loses no call', async () => {
-    policy = policyWith([['edges', 0, 'split'], [{ subset: 'stable', weight: 100 }]], [['edges', 0, 'loadBalancing'], { policy: 'round_robin' }]);
+    policy = policyWith(
+      [['edges', 0, 'split'], [{ subset: 'stable', weight: 100 }]],
+      [['edges', 0, 'loadBalancing'], { policy: 'round_robin' }],
+    );
     instances = [instance(stable, 'stable'), { ...instance(next, 'stable'), id: 'next-as-stable' }];
     sut.refresh();
     await new Promise((resolve) => setTimeout(resolve, 300));
@@ -136,7 +170,14 @@ describe(AdsServer.name, () => {
       [['edges', 0, 'split'], [{ subset: 'stable', weight: 100 }]],
       [['edges', 0, 'loadBalancing'], { policy: 'round_robin' }],
       [['edges', 0, 'retry', 'attempts'], 1],
-      [['edges', 0, 'outlierDetection'], { interval: '500ms', baseEjectionTime: '30s', failurePercentage: { threshold: 50, minimumHosts: 2, requestVolume: 10 } }],
+      [
+        ['edges', 0, 'outlierDetection'],
+        {
+          interval: '500ms',
+          baseEjectionTime: '30s',
+          failurePercentage: { threshold: 50, minimumHosts: 2, requestVolume: 10 },
+        },
+      ],
     );
     const flaky = await startBackend('flaky'); // a new address: nothing ejected before
     flaky.failing = true;
@@ -154,7 +195,10 @@ describe(AdsServer.name, () => {
   });
 
   it('injects faults from the policy (gRFC A33): every call aborted with the status it names', async () => {
-    policy = policyWith([['edges', 0, 'fault'], { abort: { percent: 100, grpcStatus: 'RESOURCE_EXHAUSTED' } }], [['edges', 0, 'retry', 'attempts'], 1]);
+    policy = policyWith(
+      [['edges', 0, 'fault'], { abort: { percent: 100, grpcStatus: 'RESOURCE_EXHAUSTED' } }],
+      [['edges', 0, 'retry', 'attempts'], 1],
+    );
     sut.refresh();
     await new Promise((resolve) => setTimeout(resolve, 300));
 
@@ -171,14 +215,18 @@ describe(AdsServer.name, () => {
 
     // A cluster only Envoy can balance (least request without the round-robin fallback): grpc-js refuses it.
     const resources = xdsResources(policy, 'gateway', 'grpc', instances);
-    const cluster = resources['type.googleapis.com/envoy.config.cluster.v3.Cluster'].get('router.stable') as { load_balancing_policy: { policies: unknown[] } };
+    const cluster = resources['type.googleapis.com/envoy.config.cluster.v3.Cluster'].get('router.stable') as {
+      load_balancing_policy: { policies: unknown[] };
+    };
     cluster.load_balancing_policy.policies.pop();
     serve = () => resources;
     sut.refresh();
     await new Promise((resolve) => setTimeout(resolve, 300));
 
     expect(sut.counters.nacks).toBe(nacksBefore + 1);
-    expect(events.find((e) => e.kind === 'nack')).toMatchObject({ typeUrl: 'type.googleapis.com/envoy.config.cluster.v3.Cluster' });
+    expect(events.find((e) => e.kind === 'nack')).toMatchObject({
+      typeUrl: 'type.googleapis.com/envoy.config.cluster.v3.Cluster',
+    });
     expect(await tally(5)).toEqual({ stable: 5 });
   });
 });

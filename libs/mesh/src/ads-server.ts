@@ -47,7 +47,6 @@ interface Subscription {
   nackedVersion: string | undefined;
 }
 
-
 /**
  * The xDS v3 Aggregated Discovery Service, state of the world: each stream is answered from its
  * node's snapshot, each type versioned by a hash of its resources, so only what changed is sent
@@ -83,9 +82,11 @@ export class AdsServer {
         requestStream: true,
         responseStream: true,
         requestSerialize: (value: object) => Buffer.from(request.encode(request.fromObject(value)).finish()),
-        requestDeserialize: (bytes: Buffer) => request.toObject(request.decode(bytes), { longs: String, enums: String }),
+        requestDeserialize: (bytes: Buffer) =>
+          request.toObject(request.decode(bytes), { longs: String, enums: String }),
         responseSerialize: (value: object) => Buffer.from(response.encode(response.fromObject(value)).finish()),
-        responseDeserialize: (bytes: Buffer) => response.toObject(response.decode(bytes), { longs: String, enums: String }),
+        responseDeserialize: (bytes: Buffer) =>
+          response.toObject(response.decode(bytes), { longs: String, enums: String }),
       },
     };
     const implementation: grpc.UntypedServiceImplementation = {
@@ -99,7 +100,10 @@ export class AdsServer {
             stream.onRequest(message);
           } catch (error) {
             // A request this server cannot answer ends its stream (the client reconnects), never the process.
-            call.emit('error', { code: grpc.status.INTERNAL, details: `xDS: ${error instanceof Error ? error.message : String(error)}` });
+            call.emit('error', {
+              code: grpc.status.INTERNAL,
+              details: `xDS: ${error instanceof Error ? error.message : String(error)}`,
+            });
           }
         });
         const end = () => {
@@ -122,7 +126,9 @@ export class AdsServer {
 
   /** Nodes connected now, with the version of each type they acknowledged. */
   connectedNodes(): { node: XdsNode; acked: Record<string, string | undefined> }[] {
-    return [...this.streams].filter((s) => s.node !== undefined).map((s) => ({ node: s.node!, acked: s.ackedVersions() }));
+    return [...this.streams]
+      .filter((s) => s.node !== undefined)
+      .map((s) => ({ node: s.node!, acked: s.ackedVersions() }));
   }
 
   /** Ends every stream (on shutdown). */
@@ -193,7 +199,11 @@ class AdsStream {
 
   onRequest(request: DiscoveryRequest): void {
     if (this.node === undefined) {
-      this.node = { id: request.node?.id ?? '', cluster: request.node?.cluster ?? '', userAgentName: request.node?.user_agent_name ?? '' };
+      this.node = {
+        id: request.node?.id ?? '',
+        cluster: request.node?.cluster ?? '',
+        userAgentName: request.node?.user_agent_name ?? '',
+      };
       this.snapshot = this.server.snapshotFor(this.node);
     }
     const typeUrl = request.type_url ?? '';
@@ -206,9 +216,19 @@ class AdsStream {
       this.subscriptions.set(typeUrl, subscription);
     }
     if (nonce !== '' && subscription.sentVersion !== undefined) {
-      if (request.error_detail !== undefined && request.error_detail !== null && (request.error_detail.message ?? '') !== '') {
+      if (
+        request.error_detail !== undefined &&
+        request.error_detail !== null &&
+        (request.error_detail.message ?? '') !== ''
+      ) {
         subscription.nackedVersion = subscription.sentVersion;
-        this.server.report({ kind: 'nack', node: this.node, typeUrl, version: subscription.sentVersion, error: request.error_detail.message ?? '' });
+        this.server.report({
+          kind: 'nack',
+          node: this.node,
+          typeUrl,
+          version: subscription.sentVersion,
+          error: request.error_detail.message ?? '',
+        });
       } else {
         this.acked.set(typeUrl, subscription.sentVersion);
         this.server.report({ kind: 'ack', node: this.node, typeUrl, version: subscription.sentVersion });
@@ -232,7 +252,8 @@ class AdsStream {
     this.snapshot = next;
     for (const [typeUrl, subscription] of this.subscriptions) {
       const current = next.get(typeUrl as XdsTypeUrl);
-      if (current !== undefined && current.version !== subscription.sentVersion) this.send(typeUrl as XdsTypeUrl, subscription, current);
+      if (current !== undefined && current.version !== subscription.sentVersion)
+        this.send(typeUrl as XdsTypeUrl, subscription, current);
     }
   }
 
@@ -249,7 +270,13 @@ class AdsStream {
     subscription.sentVersion = current.version;
     subscription.nonce = nonce;
     this.call.write({ version_info: current.version, resources, type_url: typeUrl, nonce });
-    this.server.report({ kind: 'sent', node: this.node!, typeUrl, version: current.version, resources: resources.length });
+    this.server.report({
+      kind: 'sent',
+      node: this.node!,
+      typeUrl,
+      version: current.version,
+      resources: resources.length,
+    });
   }
 }
 

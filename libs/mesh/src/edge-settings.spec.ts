@@ -5,8 +5,6 @@ import { type MeshPolicy, parseMeshPolicy } from './mesh-policy';
 import { XDS_TYPE_NAMES, XDS_TYPES, xdsResources } from './xds-resources';
 import { policyWith, SHIPPED_POLICY as SHIPPED } from './policy.testing';
 
-
-
 describe('edge settings read back from xDS', () => {
   const api = EnvoyApi.load();
   /** The batcher's resources for the worker edge, through the wire and back. */
@@ -16,9 +14,10 @@ describe('edge settings read back from xDS', () => {
       api.decode(XDS_TYPE_NAMES[typeUrl], api.encode(XDS_TYPE_NAMES[typeUrl], served[typeUrl].get('worker')));
     return { listener: wire(XDS_TYPES.listener), cluster: wire(XDS_TYPES.cluster) };
   }
-  const workerEdgeIndex = (policy: MeshPolicy) => policy.edges.findIndex((e) => e.from === 'batcher' && e.to === 'worker');
+  const workerEdgeIndex = (policy: MeshPolicy) =>
+    policy.edges.findIndex((e) => e.from === 'batcher' && e.to === 'worker');
 
-  it('gives the batcher the policy\'s retry and outlier detection of the worker edge', () => {
+  it("gives the batcher the policy's retry and outlier detection of the worker edge", () => {
     const policy = policyWith();
     const { listener, cluster } = workerEdge(policy);
     const edge = policy.edges[workerEdgeIndex(policy)]!;
@@ -33,24 +32,51 @@ describe('edge settings read back from xDS', () => {
 
   it('follows a changed policy: more attempts, a per-try timeout, success-rate ejection, no consecutive rules', () => {
     const doc = parseDocument(SHIPPED);
-    const at = (doc.toJSON() as { edges: { from: unknown; to: string }[] }).edges.findIndex((e) => e.from === 'batcher' && e.to === 'worker');
-    doc.setIn(['edges', at, 'retry'], doc.createNode({ attempts: 4, on: ['unavailable', 'internal'], perTryTimeout: '2s' }));
-    doc.setIn(['edges', at, 'outlierDetection'], doc.createNode({ consecutiveFailures: 0, consecutiveGatewayFailures: 0, successRate: { stdevFactor: 1500, minimumHosts: 3, requestVolume: 40 } }));
+    const at = (doc.toJSON() as { edges: { from: unknown; to: string }[] }).edges.findIndex(
+      (e) => e.from === 'batcher' && e.to === 'worker',
+    );
+    doc.setIn(
+      ['edges', at, 'retry'],
+      doc.createNode({ attempts: 4, on: ['unavailable', 'internal'], perTryTimeout: '2s' }),
+    );
+    doc.setIn(
+      ['edges', at, 'outlierDetection'],
+      doc.createNode({
+        consecutiveFailures: 0,
+        consecutiveGatewayFailures: 0,
+        successRate: { stdevFactor: 1500, minimumHosts: 3, requestVolume: 40 },
+      }),
+    );
     const policy = parseMeshPolicy(doc.toString());
     const { listener, cluster } = workerEdge(policy);
-    expect(edgeRetryOf(listener)).toMatchObject({ on: ['unavailable', 'internal'], attempts: 4, perTryTimeoutMs: 2000 });
-    expect(outlierDetectionOf(cluster)).toMatchObject({ consecutiveFailures: 0, consecutiveGatewayFailures: 0, successRate: { stdevFactor: 1500, minimumHosts: 3, requestVolume: 40 } });
+    expect(edgeRetryOf(listener)).toMatchObject({
+      on: ['unavailable', 'internal'],
+      attempts: 4,
+      perTryTimeoutMs: 2000,
+    });
+    expect(outlierDetectionOf(cluster)).toMatchObject({
+      consecutiveFailures: 0,
+      consecutiveGatewayFailures: 0,
+      successRate: { stdevFactor: 1500, minimumHosts: 3, requestVolume: 40 },
+    });
   });
 
   it('reads no retry from an edge with one attempt', () => {
     const doc = parseDocument(SHIPPED);
-    const at = (doc.toJSON() as { edges: { from: unknown; to: string }[] }).edges.findIndex((e) => e.from === 'batcher' && e.to === 'worker');
+    const at = (doc.toJSON() as { edges: { from: unknown; to: string }[] }).edges.findIndex(
+      (e) => e.from === 'batcher' && e.to === 'worker',
+    );
     doc.setIn(['edges', at, 'retry'], doc.createNode({ attempts: 1 }));
     expect(edgeRetryOf(workerEdge(parseMeshPolicy(doc.toString())).listener)).toMatchObject({ attempts: 1 });
   });
 
   it('retries the statuses named, and backs off with full jitter up to the cap', () => {
-    const retry = { on: ['unavailable'] as const, attempts: 3, backoff: { baseMs: 10, maxMs: 25 }, perTryTimeoutMs: undefined };
+    const retry = {
+      on: ['unavailable'] as const,
+      attempts: 3,
+      backoff: { baseMs: 10, maxMs: 25 },
+      perTryTimeoutMs: undefined,
+    };
     expect(retries(retry, 14)).toBe(true);
     expect(retries(retry, 13)).toBe(false);
     expect(retries(retry, 3)).toBe(false);

@@ -13,7 +13,13 @@ export interface EdgeRetry {
   perTryTimeoutMs: number | undefined;
 }
 
-const RETRIABLE_BY_CODE: Readonly<Record<number, EdgeRetry['on'][number]>> = { 1: 'cancelled', 4: 'deadline-exceeded', 8: 'resource-exhausted', 13: 'internal', 14: 'unavailable' };
+const RETRIABLE_BY_CODE: Readonly<Record<number, EdgeRetry['on'][number]>> = {
+  1: 'cancelled',
+  4: 'deadline-exceeded',
+  8: 'resource-exhausted',
+  13: 'internal',
+  14: 'unavailable',
+};
 
 /** Whether a retry policy retries a call that ended with this gRPC status code. */
 export function retries(retry: EdgeRetry, code: number): boolean {
@@ -26,7 +32,6 @@ export function retryBackoffMs(retry: EdgeRetry, n: number, random = Math.random
   return random() * Math.min(retry.backoff.maxMs, retry.backoff.baseMs * 2 ** n);
 }
 
-
 const num = (value: unknown, fallback: number): number => (value === undefined ? fallback : Number(value));
 
 /**
@@ -37,25 +42,41 @@ const num = (value: unknown, fallback: number): number => (value === undefined ?
 export function edgeRetryOf(resource: unknown, at = 'listener'): EdgeRetry {
   const listener = (resource ?? {}) as Json;
   const hcm = (listener['api_listener'] as Json | undefined)?.['api_listener'] as Json | undefined;
-  const routes = (((hcm?.['route_config'] as Json | undefined)?.['virtual_hosts'] as Json[] | undefined)?.[0]?.['routes'] ?? []) as Json[];
+  const routes = (((hcm?.['route_config'] as Json | undefined)?.['virtual_hosts'] as Json[] | undefined)?.[0]?.[
+    'routes'
+  ] ?? []) as Json[];
   const action = routes.at(-1)?.['route'] as Json | undefined;
   if (action === undefined) throw new Error(`${at}: no route`);
   const policy = action['retry_policy'] as Json | undefined;
-  if (policy === undefined) return { on: [], attempts: 1, backoff: { baseMs: 25, maxMs: 250 }, perTryTimeoutMs: undefined };
+  if (policy === undefined)
+    return { on: [], attempts: 1, backoff: { baseMs: 25, maxMs: 250 }, perTryTimeoutMs: undefined };
   const on = (typeof policy['retry_on'] === 'string' ? policy['retry_on'] : '')
     .split(',')
     .map((c) => c.trim())
     .filter((c) => c !== '');
   for (const code of on) {
-    if (!(RETRIABLE_GRPC_CODES as readonly string[]).includes(code)) throw new Error(`${at}.retry_policy.retry_on: ${code} is not a gRPC status this caller retries on`);
+    if (!(RETRIABLE_GRPC_CODES as readonly string[]).includes(code))
+      throw new Error(`${at}.retry_policy.retry_on: ${code} is not a gRPC status this caller retries on`);
   }
   const backoff = (policy['retry_back_off'] ?? {}) as Json;
-  const baseMs = backoff['base_interval'] === undefined ? 25 : durationMs(backoff['base_interval'], `${at}.retry_policy.retry_back_off.base_interval`);
+  const baseMs =
+    backoff['base_interval'] === undefined
+      ? 25
+      : durationMs(backoff['base_interval'], `${at}.retry_policy.retry_back_off.base_interval`);
   return {
     on: on as EdgeRetry['on'],
     attempts: num(policy['num_retries'], 1) + 1,
-    backoff: { baseMs, maxMs: backoff['max_interval'] === undefined ? baseMs * 10 : durationMs(backoff['max_interval'], `${at}.retry_policy.retry_back_off.max_interval`) },
-    perTryTimeoutMs: policy['per_try_timeout'] === undefined ? undefined : durationMs(policy['per_try_timeout'], `${at}.retry_policy.per_try_timeout`),
+    backoff: {
+      baseMs,
+      maxMs:
+        backoff['max_interval'] === undefined
+          ? baseMs * 10
+          : durationMs(backoff['max_interval'], `${at}.retry_policy.retry_back_off.max_interval`),
+    },
+    perTryTimeoutMs:
+      policy['per_try_timeout'] === undefined
+        ? undefined
+        : durationMs(policy['per_try_timeout'], `${at}.retry_policy.per_try_timeout`),
   };
 }
 
@@ -69,9 +90,13 @@ export function outlierDetectionOf(resource: unknown, at = 'cluster'): OutlierDe
   const enforced = (field: string) => num(od[field], 100) > 0;
   return {
     consecutiveFailures: enforced('enforcing_consecutive_5xx') ? num(od['consecutive_5xx'], 5) : 0,
-    consecutiveGatewayFailures: num(od['enforcing_consecutive_gateway_failure'], 0) > 0 ? num(od['consecutive_gateway_failure'], 5) : 0,
+    consecutiveGatewayFailures:
+      num(od['enforcing_consecutive_gateway_failure'], 0) > 0 ? num(od['consecutive_gateway_failure'], 5) : 0,
     interval: od['interval'] === undefined ? 10_000 : durationMs(od['interval'], `${at}.outlier_detection.interval`),
-    baseEjectionTime: od['base_ejection_time'] === undefined ? 30_000 : durationMs(od['base_ejection_time'], `${at}.outlier_detection.base_ejection_time`),
+    baseEjectionTime:
+      od['base_ejection_time'] === undefined
+        ? 30_000
+        : durationMs(od['base_ejection_time'], `${at}.outlier_detection.base_ejection_time`),
     maxEjectionPercent: num(od['max_ejection_percent'], 10),
     ...(num(od['enforcing_failure_percentage'], 0) > 0 && {
       failurePercentage: {

@@ -37,21 +37,54 @@ describe(EnvoyApi.name, () => {
     const filter = (typed: object) => ({ name: 'f', typed_config: typed });
     const type = 'envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter';
 
-    expect(sut.check(type, filter({ '@type': 'type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault', abort: { grpc_status: 14, percentage: { numerator: 10 } } }))).toEqual([]);
-    expect(sut.check(type, filter({ '@type': 'type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault', abort: { grpc_status: 14, percentage: { numerator: 10, denominator: 'MILLIONS' } } }))).toEqual([
+    expect(
+      sut.check(
+        type,
+        filter({
+          '@type': 'type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault',
+          abort: { grpc_status: 14, percentage: { numerator: 10 } },
+        }),
+      ),
+    ).toEqual([]);
+    expect(
+      sut.check(
+        type,
+        filter({
+          '@type': 'type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault',
+          abort: { grpc_status: 14, percentage: { numerator: 10, denominator: 'MILLIONS' } },
+        }),
+      ),
+    ).toEqual([
       'typed_config.abort.percentage.denominator: "MILLIONS" is not a value of envoy.type.v3.FractionalPercent.DenominatorType (HUNDRED, TEN_THOUSAND, MILLION)',
     ]);
-    expect(sut.check(type, filter({ abort: {} }))).toEqual(['typed_config.@type: expected "type.googleapis.com/<message>", got undefined']);
+    expect(sut.check(type, filter({ abort: {} }))).toEqual([
+      'typed_config.@type: expected "type.googleapis.com/<message>", got undefined',
+    ]);
   });
 
   it('applies validation rules to values a field holds by default: a missing required string fails', () => {
-    expect(sut.check('envoy.config.cluster.v3.Cluster', { connect_timeout: '1s' })).toEqual(['name: must be at least 1 characters (the field is missing)']);
+    expect(sut.check('envoy.config.cluster.v3.Cluster', { connect_timeout: '1s' })).toEqual([
+      'name: must be at least 1 characters (the field is missing)',
+    ]);
   });
 
   it('checks JSON types: durations, 64-bit integers as strings, booleans, lists', () => {
-    const cluster = { name: 'c', connect_timeout: '0.25s', per_connection_buffer_limit_bytes: 1024, respect_dns_ttl: true, dns_lookup_family: 'V4_ONLY' };
+    const cluster = {
+      name: 'c',
+      connect_timeout: '0.25s',
+      per_connection_buffer_limit_bytes: 1024,
+      respect_dns_ttl: true,
+      dns_lookup_family: 'V4_ONLY',
+    };
     expect(sut.check('envoy.config.cluster.v3.Cluster', cluster)).toEqual([]);
-    expect(sut.check('envoy.config.cluster.v3.Cluster', { ...cluster, connect_timeout: '250ms', respect_dns_ttl: 'yes', health_checks: {} })).toEqual([
+    expect(
+      sut.check('envoy.config.cluster.v3.Cluster', {
+        ...cluster,
+        connect_timeout: '250ms',
+        respect_dns_ttl: 'yes',
+        health_checks: {},
+      }),
+    ).toEqual([
       'connect_timeout: expected a duration such as "1.5s", got "250ms"',
       'respect_dns_ttl: expected true or false, got "yes"',
       'health_checks: expected a list, got {}',
@@ -59,6 +92,8 @@ describe(EnvoyApi.name, () => {
   });
 
   it('names a type it does not know', () => {
-    expect(sut.check('envoy.config.nothing.v3.Nothing', {})).toEqual(["(document): envoy.config.nothing.v3.Nothing is not a type of Envoy's v3 API"]);
+    expect(sut.check('envoy.config.nothing.v3.Nothing', {})).toEqual([
+      "(document): envoy.config.nothing.v3.Nothing is not a type of Envoy's v3 API",
+    ]);
   });
 });

@@ -32,11 +32,13 @@ function parsedOption(element: protobuf.ReflectionObject, name: string): Rules |
     if (name in option) merged = { ...merged, ...(option[name] as Rules) };
   }
   const plain: unknown = element.options?.[name];
-  if (merged === undefined && plain !== undefined) return typeof plain === 'object' ? (plain as Rules) : { value: plain };
+  if (merged === undefined && plain !== undefined)
+    return typeof plain === 'object' ? (plain as Rules) : { value: plain };
   return merged;
 }
 
-const isObject = (value: Json): value is Record<string, Json> => typeof value === 'object' && value !== null && !Array.isArray(value);
+const isObject = (value: Json): value is Record<string, Json> =>
+  typeof value === 'object' && value !== null && !Array.isArray(value);
 
 const INT_RANGES: Readonly<Record<string, [bigint, bigint]>> = {
   int32: [-(2n ** 31n), 2n ** 31n - 1n],
@@ -88,7 +90,12 @@ function ruleNanos(bound: unknown): bigint {
   return BigInt(b.seconds ?? 0) * 1_000_000_000n + BigInt(b.nanos ?? 0);
 }
 
-function compareBounds<T extends number | bigint>(value: T, rules: Rules, toT: (v: unknown) => T, say: (v: unknown) => string): string | undefined {
+function compareBounds<T extends number | bigint>(
+  value: T,
+  rules: Rules,
+  toT: (v: unknown) => T,
+  say: (v: unknown) => string,
+): string | undefined {
   const has = (k: string) => rules[k] !== undefined;
   if (has('const') && value !== toT(rules['const'])) return `must be ${say(rules['const'])}`;
   if (has('lt') && !(value < toT(rules['lt']))) return `must be less than ${say(rules['lt'])}`;
@@ -96,16 +103,19 @@ function compareBounds<T extends number | bigint>(value: T, rules: Rules, toT: (
   if (has('gt') && !(value > toT(rules['gt']))) return `must be more than ${say(rules['gt'])}`;
   if (has('gte') && !(value >= toT(rules['gte']))) return `must be at least ${say(rules['gte'])}`;
   // A list rule with one item (`not_in: 0`) comes as the item itself.
-  const listOf = (rule: unknown): unknown[] | undefined => (rule === undefined ? undefined : Array.isArray(rule) ? rule : [rule]);
+  const listOf = (rule: unknown): unknown[] | undefined =>
+    rule === undefined ? undefined : Array.isArray(rule) ? rule : [rule];
   const inList = listOf(rules['in']);
-  if (inList !== undefined && inList.length > 0 && !inList.some((v) => toT(v) === value)) return `must be one of ${inList.map(say).join(', ')}`;
+  if (inList !== undefined && inList.length > 0 && !inList.some((v) => toT(v) === value))
+    return `must be one of ${inList.map(say).join(', ')}`;
   const notIn = listOf(rules['not_in']);
   if (notIn !== undefined && notIn.some((v) => toT(v) === value)) return `must not be ${say(value)}`;
   return undefined;
 }
 
 /** A rule's value in a message. */
-const ruleText = (value: unknown): string => (typeof value === 'object' && value !== null ? JSON.stringify(value) : String(value));
+const ruleText = (value: unknown): string =>
+  typeof value === 'object' && value !== null ? JSON.stringify(value) : String(value);
 
 const HEADER_NAME = /^:?[0-9a-zA-Z!#$%&'*+\-.^_|~`]+$/;
 
@@ -207,16 +217,24 @@ export class EnvoyApi {
       const inner = this.lookupType(url.slice(TYPE_URL_PREFIX.length));
       if (inner === undefined) throw new Error(`unknown @type ${url}`);
       const content = this.fromMessage(inner, inner.decode(fields['value'] as Uint8Array));
-      return this.isSpecialJson(inner.fullName.slice(1)) ? { '@type': url, value: content } : { '@type': url, ...(content as object) };
+      return this.isSpecialJson(inner.fullName.slice(1))
+        ? { '@type': url, value: content }
+        : { '@type': url, ...(content as object) };
     }
     if (name === 'google.protobuf.Duration') {
-      const nanos = BigInt(String(fields['seconds'] as number | string | undefined ?? 0)) * 1_000_000_000n + BigInt(Number(fields['nanos'] ?? 0));
+      const nanos =
+        BigInt(String((fields['seconds'] as number | string | undefined) ?? 0)) * 1_000_000_000n +
+        BigInt(Number(fields['nanos'] ?? 0));
       const whole = nanos / 1_000_000_000n;
       const rest = (nanos < 0n ? -nanos : nanos) % 1_000_000_000n;
       return `${nanos < 0n && whole === 0n ? '-' : ''}${whole}${rest === 0n ? '' : `.${String(rest).padStart(9, '0').replace(/0+$/, '')}`}s`;
     }
     const plain = type.toObject(message, { longs: String, enums: String, bytes: String });
-    if (name in WRAPPERS) return plain['value'] ?? (WRAPPERS[name] === 'bool' ? false : WRAPPERS[name] === 'string' || WRAPPERS[name] === 'bytes' ? '' : 0);
+    if (name in WRAPPERS)
+      return (
+        plain['value'] ??
+        (WRAPPERS[name] === 'bool' ? false : WRAPPERS[name] === 'string' || WRAPPERS[name] === 'bytes' ? '' : 0)
+      );
     if (name === 'google.protobuf.Struct' || name === 'google.protobuf.Value' || name === 'google.protobuf.ListValue') {
       return plainStruct(name, plain);
     }
@@ -234,7 +252,12 @@ export class EnvoyApi {
             : plainItem;
       const plainValue: unknown = plain[field.name];
       if (field.map) {
-        json[field.name] = Object.fromEntries(Object.entries(value as Record<string, unknown>).map(([k, v]) => [k, one(v, (plainValue as Record<string, unknown>)[k])]));
+        json[field.name] = Object.fromEntries(
+          Object.entries(value as Record<string, unknown>).map(([k, v]) => [
+            k,
+            one(v, (plainValue as Record<string, unknown>)[k]),
+          ]),
+        );
       } else if (field.repeated) {
         const items = value as unknown[];
         if (items.length === 0) continue;
@@ -257,11 +280,15 @@ export class EnvoyApi {
       return { type_url: url, value: inner.encode(inner.fromObject(this.toObject(inner, content))).finish() };
     }
     if (name === 'google.protobuf.Duration' || name === 'google.protobuf.Timestamp') {
-      const nanos = name === 'google.protobuf.Duration' ? durationNanos(value)! : BigInt(Date.parse(String(value))) * 1_000_000n;
+      const nanos =
+        name === 'google.protobuf.Duration' ? durationNanos(value)! : BigInt(Date.parse(String(value))) * 1_000_000n;
       return { seconds: String(nanos / 1_000_000_000n), nanos: Number(nanos % 1_000_000_000n) };
     }
     if (name in WRAPPERS) return { value };
-    if (name === 'google.protobuf.Struct') return { fields: Object.fromEntries(Object.entries(value as Record<string, Json>).map(([k, v]) => [k, structValue(v)])) };
+    if (name === 'google.protobuf.Struct')
+      return {
+        fields: Object.fromEntries(Object.entries(value as Record<string, Json>).map(([k, v]) => [k, structValue(v)])),
+      };
     if (name === 'google.protobuf.Value') return structValue(value);
     if (name === 'google.protobuf.ListValue') return { values: (value as Json[]).map(structValue) };
     const byName = new Map<string, protobuf.Field>();
@@ -273,7 +300,8 @@ export class EnvoyApi {
     for (const [key, child] of Object.entries(value as Record<string, Json>)) {
       const field = byName.get(key);
       if (field === undefined) throw new Error(`unknown field ${key} of ${name}`);
-      const one = (item: Json) => (field.resolvedType instanceof protobuf.Type ? this.toObject(field.resolvedType, item) : item);
+      const one = (item: Json) =>
+        field.resolvedType instanceof protobuf.Type ? this.toObject(field.resolvedType, item) : item;
       object[field.name] = field.map
         ? Object.fromEntries(Object.entries(child as Record<string, Json>).map(([k, v]) => [k, one(v)]))
         : field.repeated
@@ -313,14 +341,18 @@ export class EnvoyApi {
       }
       if (present.has(field)) problems.push(`${childPath}: ${field.name} is set twice (by both of its names)`);
       present.add(field);
-      if (field.options?.['deprecated'] === true) problems.push(`${childPath}: deprecated in Envoy's API (${type.fullName.slice(1)}.${field.name})`);
+      if (field.options?.['deprecated'] === true)
+        problems.push(`${childPath}: deprecated in Envoy's API (${type.fullName.slice(1)}.${field.name})`);
       this.checkField(field, child, childPath, problems);
     }
     for (const oneof of type.oneofsArray) {
       const set = oneof.fieldsArray.filter((f) => present.has(f));
-      if (set.length > 1) problems.push(`${at}: only one of ${set.map((f) => f.name).join(', ')} may be set (oneof ${oneof.name})`);
-      const required = oneof.options?.['(validate.required)'] === true || parsedOption(oneof, '(validate.required)') !== undefined;
-      if (required && set.length === 0) problems.push(`${at}: one of ${oneof.fieldsArray.map((f) => f.name).join(', ')} is required`);
+      if (set.length > 1)
+        problems.push(`${at}: only one of ${set.map((f) => f.name).join(', ')} may be set (oneof ${oneof.name})`);
+      const required =
+        oneof.options?.['(validate.required)'] === true || parsedOption(oneof, '(validate.required)') !== undefined;
+      if (required && set.length === 0)
+        problems.push(`${at}: one of ${oneof.fieldsArray.map((f) => f.name).join(', ')} is required`);
     }
     // Absent fields hold their default, which PGV checks too (a missing string with min_len 1 fails).
     for (const field of type.fieldsArray) {
@@ -330,8 +362,10 @@ export class EnvoyApi {
       const childPath = path === '' ? field.name : `${path}.${field.name}`;
       if ((rules['message'] as Rules | undefined)?.['required'] === true) problems.push(`${childPath}: required`);
       if (field.repeated || field.map) {
-        const minItems = (rules['repeated'] as Rules | undefined)?.['min_items'] ?? (rules['map'] as Rules | undefined)?.['min_pairs'];
-        if (minItems !== undefined && Number(minItems) > 0) problems.push(`${childPath}: required (at least ${ruleText(minItems)})`);
+        const minItems =
+          (rules['repeated'] as Rules | undefined)?.['min_items'] ?? (rules['map'] as Rules | undefined)?.['min_pairs'];
+        if (minItems !== undefined && Number(minItems) > 0)
+          problems.push(`${childPath}: required (at least ${ruleText(minItems)})`);
       } else if (field.resolvedType === null) {
         const scalar = this.defaultScalar(field.type);
         if (scalar !== undefined) this.checkScalarRules(field.type, scalar, rules, childPath, problems, true);
@@ -355,11 +389,14 @@ export class EnvoyApi {
       }
       const mapRules = (rules['map'] ?? {}) as Rules;
       const pairs = Object.keys(value).length;
-      if (mapRules['min_pairs'] !== undefined && pairs < Number(mapRules['min_pairs'])) problems.push(`${path}: at least ${ruleText(mapRules['min_pairs'])} entries`);
-      if (mapRules['max_pairs'] !== undefined && pairs > Number(mapRules['max_pairs'])) problems.push(`${path}: at most ${ruleText(mapRules['max_pairs'])} entries`);
+      if (mapRules['min_pairs'] !== undefined && pairs < Number(mapRules['min_pairs']))
+        problems.push(`${path}: at least ${ruleText(mapRules['min_pairs'])} entries`);
+      if (mapRules['max_pairs'] !== undefined && pairs > Number(mapRules['max_pairs']))
+        problems.push(`${path}: at most ${ruleText(mapRules['max_pairs'])} entries`);
       for (const [key, item] of Object.entries(value)) {
         const keyType = (field as unknown as protobuf.MapField).keyType;
-        if (mapRules['keys'] !== undefined) this.checkScalarRules(keyType, key, mapRules['keys'] as Rules, `${path}.${key}`, problems, false);
+        if (mapRules['keys'] !== undefined)
+          this.checkScalarRules(keyType, key, mapRules['keys'] as Rules, `${path}.${key}`, problems, false);
         this.checkSingle(field, item, `${path}.${key}`, (mapRules['values'] ?? {}) as Rules, problems);
       }
       return;
@@ -370,10 +407,15 @@ export class EnvoyApi {
         return;
       }
       const listRules = (rules['repeated'] ?? {}) as Rules;
-      if (listRules['min_items'] !== undefined && value.length < Number(listRules['min_items'])) problems.push(`${path}: at least ${ruleText(listRules['min_items'])} items`);
-      if (listRules['max_items'] !== undefined && value.length > Number(listRules['max_items'])) problems.push(`${path}: at most ${ruleText(listRules['max_items'])} items`);
-      if (listRules['unique'] === true && new Set(value.map((v) => JSON.stringify(v))).size !== value.length) problems.push(`${path}: items must be unique`);
-      value.forEach((item, i) => this.checkSingle(field, item, `${path}[${i}]`, (listRules['items'] ?? {}) as Rules, problems));
+      if (listRules['min_items'] !== undefined && value.length < Number(listRules['min_items']))
+        problems.push(`${path}: at least ${ruleText(listRules['min_items'])} items`);
+      if (listRules['max_items'] !== undefined && value.length > Number(listRules['max_items']))
+        problems.push(`${path}: at most ${ruleText(listRules['max_items'])} items`);
+      if (listRules['unique'] === true && new Set(value.map((v) => JSON.stringify(v))).size !== value.length)
+        problems.push(`${path}: items must be unique`);
+      value.forEach((item, i) =>
+        this.checkSingle(field, item, `${path}[${i}]`, (listRules['items'] ?? {}) as Rules, problems),
+      );
       return;
     }
     this.checkSingle(field, value, path, rules, problems);
@@ -394,11 +436,17 @@ export class EnvoyApi {
       }
       this.checkMessage(resolved, value, path, problems);
       const wrapped = WRAPPERS[name];
-      if (wrapped !== undefined && rules[wrapped] !== undefined) this.checkScalarRules(wrapped, value, rules, path, problems, false);
+      if (wrapped !== undefined && rules[wrapped] !== undefined)
+        this.checkScalarRules(wrapped, value, rules, path, problems, false);
       if (name === 'google.protobuf.Duration' && rules['duration'] !== undefined) {
         const nanos = durationNanos(value);
         if (nanos !== undefined) {
-          const problem = compareBounds(nanos, rules['duration'] as Rules, ruleNanos, (b) => `${Number(ruleNanos(b)) / 1e9}s`);
+          const problem = compareBounds(
+            nanos,
+            rules['duration'] as Rules,
+            ruleNanos,
+            (b) => `${Number(ruleNanos(b)) / 1e9}s`,
+          );
           if (problem !== undefined) problems.push(`${path}: ${problem}`);
         }
       }
@@ -419,14 +467,18 @@ export class EnvoyApi {
     if (typeof value === 'string') {
       number = type.values[value];
       if (number === undefined) {
-        problems.push(`${path}: ${JSON.stringify(value)} is not a value of ${type.fullName.slice(1)} (${Object.keys(type.values).join(', ')})`);
+        problems.push(
+          `${path}: ${JSON.stringify(value)} is not a value of ${type.fullName.slice(1)} (${Object.keys(type.values).join(', ')})`,
+        );
         return;
       }
-      const valueOptions = (type as unknown as { valuesOptions?: Record<string, Record<string, unknown>> }).valuesOptions?.[value];
+      const valueOptions = (type as unknown as { valuesOptions?: Record<string, Record<string, unknown>> })
+        .valuesOptions?.[value];
       if (valueOptions?.['deprecated'] === true) problems.push(`${path}: ${value} is deprecated in Envoy's API`);
     } else if (typeof value === 'number' && Number.isInteger(value)) {
       number = value;
-      if (!Object.values(type.values).includes(value)) problems.push(`${path}: ${value} is not a value of ${type.fullName.slice(1)}`);
+      if (!Object.values(type.values).includes(value))
+        problems.push(`${path}: ${value} is not a value of ${type.fullName.slice(1)}`);
     } else {
       problems.push(`${path}: expected a value of ${type.fullName.slice(1)}, got ${JSON.stringify(value)}`);
       return;
@@ -438,8 +490,16 @@ export class EnvoyApi {
     }
   }
 
-  private checkScalarRules(type: string, value: Json, allRules: Rules, path: string, problems: string[], isDefault: boolean): void {
-    const rules = (allRules[type] ?? (type === 'sfixed32' || type === 'sfixed64' ? undefined : undefined)) as Rules | undefined;
+  private checkScalarRules(
+    type: string,
+    value: Json,
+    allRules: Rules,
+    path: string,
+    problems: string[],
+    isDefault: boolean,
+  ): void {
+    const rules = (allRules[type] ?? (type === 'sfixed32' || type === 'sfixed64' ? undefined : undefined)) as
+      Rules | undefined;
     if (!isDefault && !this.scalarTypeOk(type, value, path, problems)) return;
     if (rules === undefined) return;
     if (isDefault && rules['ignore_empty'] === true) return;
@@ -449,23 +509,38 @@ export class EnvoyApi {
       const length = [...text].length;
       const bytes = Buffer.byteLength(text);
       const fail = (why: string) => problems.push(`${path}: ${why}${isDefault ? ' (the field is missing)' : ''}`);
-      if (rules['min_len'] !== undefined && length < Number(rules['min_len'])) return void fail(`must be at least ${ruleText(rules['min_len'])} characters`);
-      if (rules['max_len'] !== undefined && length > Number(rules['max_len'])) return void fail(`must be at most ${ruleText(rules['max_len'])} characters`);
-      if (rules['min_bytes'] !== undefined && bytes < Number(rules['min_bytes'])) return void fail(`must be at least ${ruleText(rules['min_bytes'])} bytes`);
-      if (rules['max_bytes'] !== undefined && bytes > Number(rules['max_bytes'])) return void fail(`must be at most ${ruleText(rules['max_bytes'])} bytes`);
-      if (rules['prefix'] !== undefined && !text.startsWith(ruleText(rules['prefix']))) return void fail(`must start with ${ruleText(rules['prefix'])}`);
-      if (rules['suffix'] !== undefined && !text.endsWith(ruleText(rules['suffix']))) return void fail(`must end with ${ruleText(rules['suffix'])}`);
-      if (rules['contains'] !== undefined && !text.includes(ruleText(rules['contains']))) return void fail(`must contain ${ruleText(rules['contains'])}`);
+      if (rules['min_len'] !== undefined && length < Number(rules['min_len']))
+        return void fail(`must be at least ${ruleText(rules['min_len'])} characters`);
+      if (rules['max_len'] !== undefined && length > Number(rules['max_len']))
+        return void fail(`must be at most ${ruleText(rules['max_len'])} characters`);
+      if (rules['min_bytes'] !== undefined && bytes < Number(rules['min_bytes']))
+        return void fail(`must be at least ${ruleText(rules['min_bytes'])} bytes`);
+      if (rules['max_bytes'] !== undefined && bytes > Number(rules['max_bytes']))
+        return void fail(`must be at most ${ruleText(rules['max_bytes'])} bytes`);
+      if (rules['prefix'] !== undefined && !text.startsWith(ruleText(rules['prefix'])))
+        return void fail(`must start with ${ruleText(rules['prefix'])}`);
+      if (rules['suffix'] !== undefined && !text.endsWith(ruleText(rules['suffix'])))
+        return void fail(`must end with ${ruleText(rules['suffix'])}`);
+      if (rules['contains'] !== undefined && !text.includes(ruleText(rules['contains'])))
+        return void fail(`must contain ${ruleText(rules['contains'])}`);
       const inRule = rules['in'] as string[] | string | undefined;
       const inList = typeof inRule === 'string' ? [inRule] : inRule;
-      if (inList !== undefined && inList.length > 0 && !inList.includes(text)) return void fail(`must be one of ${inList.join(', ')}`);
+      if (inList !== undefined && inList.length > 0 && !inList.includes(text))
+        return void fail(`must be one of ${inList.join(', ')}`);
       const strict = rules['strict'] !== false;
-      if (rules['well_known_regex'] === 'HTTP_HEADER_NAME' && text !== '' && strict && !HEADER_NAME.test(text)) return void fail('is not a valid HTTP header name');
-      if (rules['well_known_regex'] === 'HTTP_HEADER_VALUE' && strict && /[\0\r\n]/.test(text)) return void fail('is not a valid HTTP header value');
+      if (rules['well_known_regex'] === 'HTTP_HEADER_NAME' && text !== '' && strict && !HEADER_NAME.test(text))
+        return void fail('is not a valid HTTP header name');
+      if (rules['well_known_regex'] === 'HTTP_HEADER_VALUE' && strict && /[\0\r\n]/.test(text))
+        return void fail('is not a valid HTTP header value');
       return;
     }
     if (type in INT_RANGES) {
-      const problem = compareBounds(BigInt(value as number | string), rules, (v) => BigInt(v as number | string), String);
+      const problem = compareBounds(
+        BigInt(value as number | string),
+        rules,
+        (v) => BigInt(v as number | string),
+        String,
+      );
       if (problem !== undefined) problems.push(`${path}: ${problem}${isDefault ? ' (the field is missing)' : ''}`);
       return;
     }
@@ -489,11 +564,20 @@ export class EnvoyApi {
         return (typeof value === 'string' && /^[A-Za-z0-9+/_-]*={0,2}$/.test(value)) || fail('base64 bytes');
       case 'double':
       case 'float':
-        return (typeof value === 'number' && Number.isFinite(value)) || ['NaN', 'Infinity', '-Infinity'].includes(String(value)) || fail('a number');
+        return (
+          (typeof value === 'number' && Number.isFinite(value)) ||
+          ['NaN', 'Infinity', '-Infinity'].includes(String(value)) ||
+          fail('a number')
+        );
       default: {
         const range = INT_RANGES[type];
         if (range === undefined) return true;
-        const text = typeof value === 'number' && Number.isInteger(value) ? String(value) : typeof value === 'string' && /^-?\d+$/.test(value) ? value : undefined;
+        const text =
+          typeof value === 'number' && Number.isInteger(value)
+            ? String(value)
+            : typeof value === 'string' && /^-?\d+$/.test(value)
+              ? value
+              : undefined;
         if (text === undefined) return fail(`an integer (${type})`);
         const n = BigInt(text);
         return (n >= range[0] && n <= range[1]) || fail(`an integer in the range of ${type}`);
@@ -505,13 +589,16 @@ export class EnvoyApi {
   private checkWellKnown(name: string, value: Json, at: string, problems: string[]): boolean {
     switch (name) {
       case 'google.protobuf.Duration':
-        if (durationNanos(value) === undefined) problems.push(`${at}: expected a duration such as "1.5s", got ${JSON.stringify(value)}`);
+        if (durationNanos(value) === undefined)
+          problems.push(`${at}: expected a duration such as "1.5s", got ${JSON.stringify(value)}`);
         return true;
       case 'google.protobuf.Timestamp':
-        if (typeof value !== 'string' || Number.isNaN(Date.parse(value))) problems.push(`${at}: expected an RFC 3339 time, got ${JSON.stringify(value)}`);
+        if (typeof value !== 'string' || Number.isNaN(Date.parse(value)))
+          problems.push(`${at}: expected an RFC 3339 time, got ${JSON.stringify(value)}`);
         return true;
       case 'google.protobuf.FieldMask':
-        if (typeof value !== 'string') problems.push(`${at}: expected a field mask string, got ${JSON.stringify(value)}`);
+        if (typeof value !== 'string')
+          problems.push(`${at}: expected a field mask string, got ${JSON.stringify(value)}`);
         return true;
       case 'google.protobuf.Struct':
         if (!isObject(value)) problems.push(`${at}: expected an object, got ${JSON.stringify(value)}`);
@@ -522,7 +609,8 @@ export class EnvoyApi {
         if (!Array.isArray(value)) problems.push(`${at}: expected a list, got ${JSON.stringify(value)}`);
         return true;
       case 'google.protobuf.Empty':
-        if (!isObject(value) || Object.keys(value).length > 0) problems.push(`${at}: expected {}, got ${JSON.stringify(value)}`);
+        if (!isObject(value) || Object.keys(value).length > 0)
+          problems.push(`${at}: expected {}, got ${JSON.stringify(value)}`);
         return true;
       case 'google.protobuf.Any':
         this.checkAny(value, at, problems);
@@ -559,18 +647,36 @@ export class EnvoyApi {
   }
 
   private isSpecialJson(name: string): boolean {
-    return name in WRAPPERS || ['google.protobuf.Duration', 'google.protobuf.Timestamp', 'google.protobuf.Struct', 'google.protobuf.Value', 'google.protobuf.ListValue', 'google.protobuf.FieldMask'].includes(name);
+    return (
+      name in WRAPPERS ||
+      [
+        'google.protobuf.Duration',
+        'google.protobuf.Timestamp',
+        'google.protobuf.Struct',
+        'google.protobuf.Value',
+        'google.protobuf.ListValue',
+        'google.protobuf.FieldMask',
+      ].includes(name)
+    );
   }
 }
 
 /** A decoded google.protobuf.Struct, Value or ListValue (protobufjs's plain object, camelCase) as plain JSON. */
 function plainStruct(name: string, plain: Record<string, unknown>): Json {
   if (name === 'google.protobuf.Struct') {
-    return Object.fromEntries(Object.entries((plain['fields'] ?? {}) as Record<string, Record<string, unknown>>).map(([k, v]) => [k, plainStruct('google.protobuf.Value', v)]));
+    return Object.fromEntries(
+      Object.entries((plain['fields'] ?? {}) as Record<string, Record<string, unknown>>).map(([k, v]) => [
+        k,
+        plainStruct('google.protobuf.Value', v),
+      ]),
+    );
   }
-  if (name === 'google.protobuf.ListValue') return ((plain['values'] ?? []) as Record<string, unknown>[]).map((v) => plainStruct('google.protobuf.Value', v));
-  if ('structValue' in plain) return plainStruct('google.protobuf.Struct', plain['structValue'] as Record<string, unknown>);
-  if ('listValue' in plain) return plainStruct('google.protobuf.ListValue', plain['listValue'] as Record<string, unknown>);
+  if (name === 'google.protobuf.ListValue')
+    return ((plain['values'] ?? []) as Record<string, unknown>[]).map((v) => plainStruct('google.protobuf.Value', v));
+  if ('structValue' in plain)
+    return plainStruct('google.protobuf.Struct', plain['structValue'] as Record<string, unknown>);
+  if ('listValue' in plain)
+    return plainStruct('google.protobuf.ListValue', plain['listValue'] as Record<string, unknown>);
   if ('numberValue' in plain) return plain['numberValue'];
   if ('stringValue' in plain) return plain['stringValue'];
   if ('boolValue' in plain) return plain['boolValue'];
@@ -587,7 +693,11 @@ function structValue(value: Json): Record<string, unknown> {
   if (typeof value === 'string') return { stringValue: value };
   if (typeof value === 'boolean') return { boolValue: value };
   if (Array.isArray(value)) return { listValue: { values: value.map(structValue) } };
-  return { structValue: { fields: Object.fromEntries(Object.entries(value as Record<string, Json>).map(([k, v]) => [k, structValue(v)])) } };
+  return {
+    structValue: {
+      fields: Object.fromEntries(Object.entries(value as Record<string, Json>).map(([k, v]) => [k, structValue(v)])),
+    },
+  };
 }
 
 /** Walks a JSON document, calling `visit` with each object and its path. */
@@ -608,28 +718,45 @@ export function checkBootstrapReferences(bootstrap: Record<string, Json>): strin
   const clusterNames = new Map<string, number>();
   clusters.forEach((cluster, i) => {
     const name = String(cluster['name']);
-    if (clusterNames.has(name)) problems.push(`static_resources.clusters[${i}].name: "${name}" is also the name of clusters[${clusterNames.get(name)}]`);
+    if (clusterNames.has(name))
+      problems.push(
+        `static_resources.clusters[${i}].name: "${name}" is also the name of clusters[${clusterNames.get(name)}]`,
+      );
     clusterNames.set(name, i);
     const assignment = cluster['load_assignment'] as Record<string, Json> | undefined;
     if (assignment !== undefined && assignment['cluster_name'] !== name) {
-      problems.push(`static_resources.clusters[${i}].load_assignment.cluster_name: "${String(assignment['cluster_name'])}" is not the cluster's name "${name}"`);
+      problems.push(
+        `static_resources.clusters[${i}].load_assignment.cluster_name: "${String(assignment['cluster_name'])}" is not the cluster's name "${name}"`,
+      );
     }
   });
   const listenerNames = new Map<string, number>();
   const listenerPorts = new Map<string, number>();
   listeners.forEach((listener, i) => {
     const name = String(listener['name']);
-    if (listenerNames.has(name)) problems.push(`static_resources.listeners[${i}].name: "${name}" is also the name of listeners[${listenerNames.get(name)}]`);
+    if (listenerNames.has(name))
+      problems.push(
+        `static_resources.listeners[${i}].name: "${name}" is also the name of listeners[${listenerNames.get(name)}]`,
+      );
     listenerNames.set(name, i);
-    const socket = ((listener['address'] as Record<string, Json> | undefined)?.['socket_address'] ?? {}) as Record<string, Json>;
+    const socket = ((listener['address'] as Record<string, Json> | undefined)?.['socket_address'] ?? {}) as Record<
+      string,
+      Json
+    >;
     const port = String(socket['port_value']);
-    if (listenerPorts.has(port)) problems.push(`static_resources.listeners[${i}].address: port ${port} is also the port of listeners[${listenerPorts.get(port)}]`);
+    if (listenerPorts.has(port))
+      problems.push(
+        `static_resources.listeners[${i}].address: port ${port} is also the port of listeners[${listenerPorts.get(port)}]`,
+      );
     listenerPorts.set(port, i);
   });
-  const admin = (bootstrap['admin'] as Record<string, Json> | undefined)?.['address'] as Record<string, Json> | undefined;
+  const admin = (bootstrap['admin'] as Record<string, Json> | undefined)?.['address'] as
+    Record<string, Json> | undefined;
   const adminHost = (admin?.['socket_address'] as Record<string, Json> | undefined)?.['address'];
   if (admin !== undefined && adminHost !== '127.0.0.1' && adminHost !== '::1' && adminHost !== 'localhost') {
-    problems.push(`admin.address.socket_address.address: the admin API must listen on localhost only, not ${String(adminHost)}`);
+    problems.push(
+      `admin.address.socket_address.address: the admin API must listen on localhost only, not ${String(adminHost)}`,
+    );
   }
   // Every cluster named anywhere: routes, weighted clusters, mirrors, gRPC services (ADS, tracing).
   const references: [string, string][] = [];
@@ -638,12 +765,18 @@ export function checkBootstrapReferences(bootstrap: Record<string, Json>): strin
       if (typeof object['cluster'] === 'string') references.push([`${path}.cluster`, object['cluster']]);
     }
     const weighted = object['weighted_clusters'] as Record<string, Json> | undefined;
-    ((weighted?.['clusters'] ?? []) as Record<string, Json>[]).forEach((c, i) => references.push([`${path}.weighted_clusters.clusters[${i}].name`, String(c['name'])]));
+    ((weighted?.['clusters'] ?? []) as Record<string, Json>[]).forEach((c, i) =>
+      references.push([`${path}.weighted_clusters.clusters[${i}].name`, String(c['name'])]),
+    );
     const envoyGrpc = object['envoy_grpc'] as Record<string, Json> | undefined;
-    if (envoyGrpc !== undefined) references.push([`${path}.envoy_grpc.cluster_name`, String(envoyGrpc['cluster_name'])]);
+    if (envoyGrpc !== undefined)
+      references.push([`${path}.envoy_grpc.cluster_name`, String(envoyGrpc['cluster_name'])]);
   });
   for (const [path, name] of references) {
-    if (!clusterNames.has(name)) problems.push(`${path}: no cluster "${name}" is defined (static_resources.clusters has ${[...clusterNames.keys()].join(', ') || 'none'})`);
+    if (!clusterNames.has(name))
+      problems.push(
+        `${path}: no cluster "${name}" is defined (static_resources.clusters has ${[...clusterNames.keys()].join(', ') || 'none'})`,
+      );
   }
   return problems;
 }

@@ -1,5 +1,11 @@
 import { downstreamTransportSocket, rbacFilter, upstreamTransportSocket } from './envoy-security';
-import { type FaultInjection, GRPC_STATUS_CODES, type MeshEdge, type MeshPolicy, type MeshService } from './mesh-policy';
+import {
+  type FaultInjection,
+  GRPC_STATUS_CODES,
+  type MeshEdge,
+  type MeshPolicy,
+  type MeshService,
+} from './mesh-policy';
 
 /**
  * Envoy sidecar configurations, compiled from the mesh policy by pure functions: the same policy
@@ -37,9 +43,12 @@ export function serviceHost(policy: MeshPolicy, service: MeshService, subset?: s
 
 /** HTTP/2 to an upstream, as gRPC needs. */
 const HTTP2_UPSTREAM: Json = {
-  'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': any('envoy.extensions.upstreams.http.v3.HttpProtocolOptions', {
-    explicit_http_config: { http2_protocol_options: {} },
-  }),
+  'envoy.extensions.upstreams.http.v3.HttpProtocolOptions': any(
+    'envoy.extensions.upstreams.http.v3.HttpProtocolOptions',
+    {
+      explicit_http_config: { http2_protocol_options: {} },
+    },
+  ),
 };
 
 /** One JSON line per request on stdout: who called what, how it ended, how long it took. */
@@ -72,7 +81,14 @@ const ROUTER_FILTER: Json = {
   typed_config: any('envoy.extensions.filters.http.router.v3.Router', {}),
 };
 
-function httpConnectionManager(policy: MeshPolicy, service: MeshService, statPrefix: string, routeConfig: Json, filters: Json[], longLived = false): Json {
+function httpConnectionManager(
+  policy: MeshPolicy,
+  service: MeshService,
+  statPrefix: string,
+  routeConfig: Json,
+  filters: Json[],
+  longLived = false,
+): Json {
   return {
     name: 'envoy.filters.network.http_connection_manager',
     typed_config: any('envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager', {
@@ -102,7 +118,11 @@ function httpConnectionManager(policy: MeshPolicy, service: MeshService, statPre
 }
 
 function listener(name: string, address: string, port: number, hcm: Json, transportSocket?: Json): Json {
-  return { name, address: socketAddress(address, port), filter_chains: [{ filters: [hcm], ...(transportSocket !== undefined && { transport_socket: transportSocket }) }] };
+  return {
+    name,
+    address: socketAddress(address, port),
+    filter_chains: [{ filters: [hcm], ...(transportSocket !== undefined && { transport_socket: transportSocket }) }],
+  };
 }
 
 function retryPolicy(edge: MeshEdge): Json | undefined {
@@ -134,7 +154,11 @@ function routeAction(edge: MeshEdge, subset?: string): Json {
         ? { cluster: clusterName(edge.to) }
         : split.length === 1
           ? { cluster: clusterName(edge.to, split[0]!.subset) }
-          : { weighted_clusters: { clusters: split.map((part) => ({ name: clusterName(edge.to, part.subset), weight: part.weight })) } };
+          : {
+              weighted_clusters: {
+                clusters: split.map((part) => ({ name: clusterName(edge.to, part.subset), weight: part.weight })),
+              },
+            };
   const retry = retryPolicy(edge);
   return {
     ...target,
@@ -142,13 +166,17 @@ function routeAction(edge: MeshEdge, subset?: string): Json {
     // The caller's gRPC deadline (grpc-timeout) bounds the call when it is shorter than the edge's timeout.
     max_stream_duration: { grpc_timeout_header_max: seconds(edge.timeoutMs) },
     ...(retry !== undefined && { retry_policy: retry }),
-    ...(edge.loadBalancing.policy === 'ring_hash' && { hash_policy: [{ header: { header_name: edge.loadBalancing.hashHeader } }] }),
+    ...(edge.loadBalancing.policy === 'ring_hash' && {
+      hash_policy: [{ header: { header_name: edge.loadBalancing.hashHeader } }],
+    }),
     ...(edge.mirror !== undefined &&
       edge.mirror.percent > 0 && {
         request_mirror_policies: [
           {
             cluster: clusterName(edge.to, edge.mirror.subset),
-            runtime_fraction: { default_value: { numerator: Math.round(edge.mirror.percent * 10_000), denominator: 'MILLION' } },
+            runtime_fraction: {
+              default_value: { numerator: Math.round(edge.mirror.percent * 10_000), denominator: 'MILLION' },
+            },
           },
         ],
       }),
@@ -189,8 +217,12 @@ function faultFilter(fault: FaultInjection | undefined, inbound = false): Json[]
         ...(fault.abort !== undefined && {
           abort: { grpc_status: GRPC_STATUS_CODES[fault.abort.grpcStatus], percentage: fraction(fault.abort.percent) },
         }),
-        ...(fault.delay !== undefined && { delay: { fixed_delay: seconds(fault.delay.fixed), percentage: fraction(fault.delay.percent) } }),
-        ...(inbound && { headers: [{ name: ':path', string_match: { prefix: FAULT_EXEMPT_PATH_PREFIX }, invert_match: true }] }),
+        ...(fault.delay !== undefined && {
+          delay: { fixed_delay: seconds(fault.delay.fixed), percentage: fraction(fault.delay.percent) },
+        }),
+        ...(inbound && {
+          headers: [{ name: ':path', string_match: { prefix: FAULT_EXEMPT_PATH_PREFIX }, invert_match: true }],
+        }),
       }),
     },
   ];
@@ -211,16 +243,25 @@ const GRPC_HEALTH_CHECK: Json = {
  */
 function lbSettings(edge: MeshEdge): Json {
   const lb = edge.loadBalancing;
-  const policy = (name: string, type: string, config: Json = {}) => ({ typed_extension_config: { name, typed_config: any(type, config) } });
-  const roundRobin = policy('envoy.load_balancing_policies.round_robin', 'envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin');
+  const policy = (name: string, type: string, config: Json = {}) => ({
+    typed_extension_config: { name, typed_config: any(type, config) },
+  });
+  const roundRobin = policy(
+    'envoy.load_balancing_policies.round_robin',
+    'envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin',
+  );
   switch (lb.policy) {
     case 'least_request':
       return {
         load_balancing_policy: {
           policies: [
-            policy('envoy.load_balancing_policies.least_request', 'envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest', {
-              choice_count: lb.choiceCount,
-            }),
+            policy(
+              'envoy.load_balancing_policies.least_request',
+              'envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest',
+              {
+                choice_count: lb.choiceCount,
+              },
+            ),
             roundRobin,
           ],
         },
@@ -231,7 +272,11 @@ function lbSettings(edge: MeshEdge): Json {
       return {
         load_balancing_policy: {
           policies: [
-            policy('envoy.load_balancing_policies.ring_hash', 'envoy.extensions.load_balancing_policies.ring_hash.v3.RingHash', { hash_function: 'XX_HASH' }),
+            policy(
+              'envoy.load_balancing_policies.ring_hash',
+              'envoy.extensions.load_balancing_policies.ring_hash.v3.RingHash',
+              { hash_function: 'XX_HASH' },
+            ),
           ],
         },
       };
@@ -269,7 +314,13 @@ function outlierDetection(edge: MeshEdge): Json {
  * (`proxyless`) has no transport socket: grpc-js-xds refuses SDS, and such a client brings its own
  * credentials.
  */
-export function edgeCluster(policy: MeshPolicy, edge: MeshEdge, mode: EnvoyMode, subset?: string, proxyless = false): Json {
+export function edgeCluster(
+  policy: MeshPolicy,
+  edge: MeshEdge,
+  mode: EnvoyMode,
+  subset?: string,
+  proxyless = false,
+): Json {
   const name = clusterName(edge.to, subset);
   const cb = edge.circuitBreakers;
   const discovery: Json =
@@ -279,7 +330,17 @@ export function edgeCluster(policy: MeshPolicy, edge: MeshEdge, mode: EnvoyMode,
           type: 'STRICT_DNS',
           load_assignment: {
             cluster_name: name,
-            endpoints: [{ lb_endpoints: [{ endpoint: { address: socketAddress(serviceHost(policy, edge.to, subset), policy.sidecar.inboundPort) } }] }],
+            endpoints: [
+              {
+                lb_endpoints: [
+                  {
+                    endpoint: {
+                      address: socketAddress(serviceHost(policy, edge.to, subset), policy.sidecar.inboundPort),
+                    },
+                  },
+                ],
+              },
+            ],
           },
         };
   return {
@@ -318,7 +379,10 @@ function transportSocketField(socket: Json | undefined): Json {
 export function edgeClusters(policy: MeshPolicy, edge: MeshEdge, mode: EnvoyMode, proxyless = false): Json[] {
   const subsets = new Set<string>([...edge.routes.map((r) => r.subset), ...edge.split.map((s) => s.subset)]);
   if (edge.mirror !== undefined) subsets.add(edge.mirror.subset);
-  return [edgeCluster(policy, edge, mode, undefined, proxyless), ...[...subsets].sort().map((subset) => edgeCluster(policy, edge, mode, subset, proxyless))];
+  return [
+    edgeCluster(policy, edge, mode, undefined, proxyless),
+    ...[...subsets].sort().map((subset) => edgeCluster(policy, edge, mode, subset, proxyless)),
+  ];
 }
 
 /** Edges a sidecar proxies: the service's upstreams, except those the service chooses endpoints of itself (batcher → worker). */
@@ -332,7 +396,14 @@ export function edgeListener(policy: MeshPolicy, edge: MeshEdge): Json {
     `outbound_${edge.to}`,
     '127.0.0.1',
     policy.services[edge.to].port,
-    httpConnectionManager(policy, edge.from, `outbound_${edge.to}`, edgeRouteConfiguration(edge), faultFilter(edge.fault), edge.timeoutMs === 0),
+    httpConnectionManager(
+      policy,
+      edge.from,
+      `outbound_${edge.to}`,
+      edgeRouteConfiguration(edge),
+      faultFilter(edge.fault),
+      edge.timeoutMs === 0,
+    ),
   );
 }
 
@@ -354,14 +425,24 @@ export function edgeApiListener(edge: MeshEdge): Json {
 }
 
 /** The fault injected into calls arriving at the service's instances of `subset` (any instance: undefined), if any. */
-export function inboundFaultOf(policy: MeshPolicy, service: MeshService, subset: string | undefined): FaultInjection | undefined {
+export function inboundFaultOf(
+  policy: MeshPolicy,
+  service: MeshService,
+  subset: string | undefined,
+): FaultInjection | undefined {
   const fault = policy.services[service].inboundFault;
   return fault !== undefined && (fault.subset === undefined || fault.subset === subset) ? fault : undefined;
 }
 
 /** Which subset of the service an instance with these labels is in (the first whose labels all match). */
-export function subsetOf(policy: MeshPolicy, service: MeshService, labels: Readonly<Record<string, string>>): string | undefined {
-  return Object.entries(policy.services[service].subsets).find(([, selector]) => Object.entries(selector).every(([k, v]) => labels[k] === v))?.[0];
+export function subsetOf(
+  policy: MeshPolicy,
+  service: MeshService,
+  labels: Readonly<Record<string, string>>,
+): string | undefined {
+  return Object.entries(policy.services[service].subsets).find(([, selector]) =>
+    Object.entries(selector).every(([k, v]) => labels[k] === v),
+  )?.[0];
 }
 
 /**
@@ -378,7 +459,13 @@ function inboundFilters(policy: MeshPolicy, service: MeshService, subset: string
  * enforces, read by inboundAuthorizationOf; the fault filter, by inboundFaultsOf), and no forwarding.
  * No transport socket: the server's TLS is its own (the same identity files).
  */
-export function inboundApiListener(policy: MeshPolicy, service: MeshService, subset: string | undefined, address: string, port: number): Json {
+export function inboundApiListener(
+  policy: MeshPolicy,
+  service: MeshService,
+  subset: string | undefined,
+  address: string,
+  port: number,
+): Json {
   return {
     name: 'inbound',
     address: socketAddress(address, port),
@@ -391,7 +478,9 @@ export function inboundApiListener(policy: MeshPolicy, service: MeshService, sub
               stat_prefix: 'inbound',
               route_config: {
                 name: 'inbound',
-                virtual_hosts: [{ name: service, domains: ['*'], routes: [{ match: { prefix: '/' }, non_forwarding_action: {} }] }],
+                virtual_hosts: [
+                  { name: service, domains: ['*'], routes: [{ match: { prefix: '/' }, non_forwarding_action: {} }] },
+                ],
               },
               http_filters: [...inboundFilters(policy, service, subset), ROUTER_FILTER],
             }),
@@ -416,7 +505,10 @@ export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: E
     name,
     type: 'STATIC',
     connect_timeout: '1s',
-    load_assignment: { cluster_name: name, endpoints: [{ lb_endpoints: [{ endpoint: { address: socketAddress('127.0.0.1', port) } }] }] },
+    load_assignment: {
+      cluster_name: name,
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: socketAddress('127.0.0.1', port) } }] }],
+    },
     ...(http2 && { typed_extension_protocol_options: HTTP2_UPSTREAM }),
   });
   const inbound = listener(
@@ -470,7 +562,13 @@ export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: E
     connect_timeout: '1s',
     load_assignment: {
       cluster_name: 'xds_control_plane',
-      endpoints: [{ lb_endpoints: [{ endpoint: { address: socketAddress(serviceHost(policy, 'registry'), sidecar.inboundPort) } }] }],
+      endpoints: [
+        {
+          lb_endpoints: [
+            { endpoint: { address: socketAddress(serviceHost(policy, 'registry'), sidecar.inboundPort) } },
+          ],
+        },
+      ],
     },
     // Mutual TLS to the registry's sidecar, certificates from files (SDS from the control plane could not bootstrap itself).
     ...transportSocketField(upstreamTransportSocket(policy, 'registry')),
@@ -491,7 +589,10 @@ export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: E
                   lb_endpoints: [
                     {
                       endpoint: {
-                        address: socketAddress(policy.tracing.collector.split(':')[0]!, Number(policy.tracing.collector.split(':')[1])),
+                        address: socketAddress(
+                          policy.tracing.collector.split(':')[0]!,
+                          Number(policy.tracing.collector.split(':')[1]),
+                        ),
                       },
                     },
                   ],
@@ -512,7 +613,11 @@ export function envoyBootstrap(policy: MeshPolicy, service: MeshService, mode: E
           ...http1Local('local_app', policy.services[service].port, true),
           // A service whose callers hold streams open without a time limit (the registry: every
           // sidecar's ADS, every announcement, the watches) takes more than Envoy's default 1,024.
-          ...(longLived && { circuit_breakers: { thresholds: [{ max_connections: 65_536, max_pending_requests: 65_536, max_requests: 65_536 }] } }),
+          ...(longLived && {
+            circuit_breakers: {
+              thresholds: [{ max_connections: 65_536, max_pending_requests: 65_536, max_requests: 65_536 }],
+            },
+          }),
         },
         http1Local('envoy_admin', sidecar.adminPort, false),
         ...(mode === 'ads' ? [controlPlane] : []),

@@ -16,7 +16,11 @@ export interface EnvoyConfigFile {
  * Every service's sidecar bootstrap as YAML text, each file saying where it comes from. A service
  * whose inbound fault targets one subset gets a second file for that subset's pods.
  */
-export function envoyConfigFiles(policy: MeshPolicy, mode: EnvoyMode, policySource = 'envoy/mesh.yaml'): EnvoyConfigFile[] {
+export function envoyConfigFiles(
+  policy: MeshPolicy,
+  mode: EnvoyMode,
+  policySource = 'envoy/mesh.yaml',
+): EnvoyConfigFile[] {
   return MESH_SERVICES.flatMap((service) => {
     const faultSubset = policy.services[service].inboundFault?.subset;
     return [undefined, ...(faultSubset === undefined ? [] : [faultSubset])].map((subset) => {
@@ -26,7 +30,13 @@ export function envoyConfigFiles(policy: MeshPolicy, mode: EnvoyMode, policySour
         `# Envoy sidecar of ${who} (${mode === 'ads' ? 'listeners and clusters over ADS from the registry' : 'everything static, upstreams by DNS'}).\n` +
         `# Generated from ${policySource} by \`npx infermesh mesh envoy --mode ${mode}\`: do not edit, change the policy.\n`;
       const fileName = subset === undefined ? `${service}.yaml` : `${service}.${subset}.yaml`;
-      return { service, subset, fileName, bootstrap, text: header + stringify(bootstrap, { lineWidth: 0, aliasDuplicateObjects: false }) };
+      return {
+        service,
+        subset,
+        fileName,
+        bootstrap,
+        text: header + stringify(bootstrap, { lineWidth: 0, aliasDuplicateObjects: false }),
+      };
     });
   });
 }
@@ -48,6 +58,10 @@ export function envoySdsFiles(policy: MeshPolicy, policySource = 'envoy/mesh.yam
     const header =
       `# SDS secret ${file.secret} of every sidecar (file-based SDS: Envoy reads it from ${policy.sidecar.configDir}, and rereads the\n` +
       `# files it names when ${policy.identity.certificateDir} changes). Generated from ${policySource} by \`npx infermesh mesh envoy\`.\n`;
-    return { fileName: file.fileName, response: file.response, text: header + stringify(file.response, { lineWidth: 0, aliasDuplicateObjects: false }) };
+    return {
+      fileName: file.fileName,
+      response: file.response,
+      text: header + stringify(file.response, { lineWidth: 0, aliasDuplicateObjects: false }),
+    };
   });
 }

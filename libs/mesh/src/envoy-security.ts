@@ -24,7 +24,10 @@ export const IDENTITY_SECRET = 'infermesh_identity';
 /** The SDS secret of the trust bundle (the CA certificates peers must chain to). */
 export const TRUST_BUNDLE_SECRET = 'infermesh_trust_bundle';
 /** The file of each SDS secret, in `sidecar.configDir`. */
-export const SDS_FILES = { [IDENTITY_SECRET]: 'sds-identity.yaml', [TRUST_BUNDLE_SECRET]: 'sds-trust-bundle.yaml' } as const;
+export const SDS_FILES = {
+  [IDENTITY_SECRET]: 'sds-identity.yaml',
+  [TRUST_BUNDLE_SECRET]: 'sds-trust-bundle.yaml',
+} as const;
 
 const TLS_TRANSPORT_SOCKET = 'envoy.transport_sockets.tls';
 /** The message of the RBAC HTTP filter's typed config. */
@@ -91,7 +94,9 @@ export function downstreamTransportSocket(policy: MeshPolicy, service: MeshServi
   return {
     name: TLS_TRANSPORT_SOCKET,
     typed_config: any('envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext', {
-      common_tls_context: commonTlsContext(policy, ['h2', 'http/1.1'], { prefix: `spiffe://${policy.identity.trustDomain}/` }),
+      common_tls_context: commonTlsContext(policy, ['h2', 'http/1.1'], {
+        prefix: `spiffe://${policy.identity.trustDomain}/`,
+      }),
       require_client_certificate: !admitsAnyone(policy, service),
     }),
   };
@@ -116,7 +121,9 @@ export function rbacPolicies(policy: MeshPolicy, service: MeshService): Record<s
       permissions: rule.methods.map(methodPermission),
       principals: rule.from.includes(ANYONE)
         ? [{ any: true }]
-        : rule.from.map((caller) => ({ authenticated: { principal_name: { exact: spiffeId(policy, caller as MeshService | typeof OPERATOR) } } })),
+        : rule.from.map((caller) => ({
+            authenticated: { principal_name: { exact: spiffeId(policy, caller as MeshService | typeof OPERATOR) } },
+          })),
     };
   });
   policies[HEALTH_POLICY] = { permissions: [methodPermission(HEALTH_METHODS)], principals: [{ any: true }] };
@@ -130,7 +137,12 @@ export function rbacPolicies(policy: MeshPolicy, service: MeshService): Record<s
  */
 export function rbacFilter(policy: MeshPolicy, service: MeshService): Json[] {
   if (!policy.mtls) return [];
-  return [{ name: 'envoy.filters.http.rbac', typed_config: any(RBAC_FILTER_TYPE, { rules: { policies: rbacPolicies(policy, service) } }) }];
+  return [
+    {
+      name: 'envoy.filters.http.rbac',
+      typed_config: any(RBAC_FILTER_TYPE, { rules: { policies: rbacPolicies(policy, service) } }),
+    },
+  ];
 }
 
 /** One file-based SDS file: its name in `sidecar.configDir` and its content, a DiscoveryResponse with one Secret. */
@@ -157,8 +169,14 @@ export function sdsFiles(policy: MeshPolicy): SdsFile[] {
   });
   return [
     secret(IDENTITY_SECRET, {
-      tls_certificate: { certificate_chain: { filename: `${dir}/cert.pem` }, private_key: { filename: `${dir}/key.pem` }, watched_directory: watched },
+      tls_certificate: {
+        certificate_chain: { filename: `${dir}/cert.pem` },
+        private_key: { filename: `${dir}/key.pem` },
+        watched_directory: watched,
+      },
     }),
-    secret(TRUST_BUNDLE_SECRET, { validation_context: { trusted_ca: { filename: `${dir}/ca.pem` }, watched_directory: watched } }),
+    secret(TRUST_BUNDLE_SECRET, {
+      validation_context: { trusted_ca: { filename: `${dir}/ca.pem` }, watched_directory: watched },
+    }),
   ];
 }

@@ -28,7 +28,8 @@ function protoMethods(): string[] {
     const out: string[] = [];
     for (const block of text.split(/^service /m).slice(1)) {
       const service = /^(\w+)/.exec(block)![1]!;
-      for (const rpc of block.matchAll(/^\s*rpc (\w+)\s*\(/gm)) out.push(`/${pkg === undefined ? '' : `${pkg}.`}${service}/${rpc[1]!}`);
+      for (const rpc of block.matchAll(/^\s*rpc (\w+)\s*\(/gm))
+        out.push(`/${pkg === undefined ? '' : `${pkg}.`}${service}/${rpc[1]!}`);
     }
     return out;
   });
@@ -49,14 +50,34 @@ describe(inboundAuthorizationOf.name, () => {
 
   it('allows what the policy allows, and refuses the rest: every method of every proto, from every service and from no one', () => {
     const methods = protoMethods();
-    expect(methods).toEqual(expect.arrayContaining(['/infermesh.router.v1.RouterService/Infer', '/grpc.health.v1.Health/Check', '/infermesh.mesh.v1.InstanceService/Announce']));
+    expect(methods).toEqual(
+      expect.arrayContaining([
+        '/infermesh.router.v1.RouterService/Infer',
+        '/grpc.health.v1.Health/Check',
+        '/infermesh.mesh.v1.InstanceService/Announce',
+      ]),
+    );
     for (const callee of MESH_SERVICES) {
       const sut = inboundAuthorizationOf(served(callee))!;
       for (const path of methods) {
-        for (const caller of MESH_SERVICES) expect([callee, caller, path, sut.allows(id(caller), path)]).toEqual([callee, caller, path, isCallAuthorized(policy, caller, callee, path)]);
-        expect([callee, path, sut.allows(undefined, path)]).toEqual([callee, path, isCallAuthorized(policy, undefined, callee, path)]);
+        for (const caller of MESH_SERVICES)
+          expect([callee, caller, path, sut.allows(id(caller), path)]).toEqual([
+            callee,
+            caller,
+            path,
+            isCallAuthorized(policy, caller, callee, path),
+          ]);
+        expect([callee, path, sut.allows(undefined, path)]).toEqual([
+          callee,
+          path,
+          isCallAuthorized(policy, undefined, callee, path),
+        ]);
         // Another trust domain's router is not the router.
-        expect([callee, path, sut.allows('spiffe://elsewhere.example/router', path)]).toEqual([callee, path, isCallAuthorized(policy, undefined, callee, path)]);
+        expect([callee, path, sut.allows('spiffe://elsewhere.example/router', path)]).toEqual([
+          callee,
+          path,
+          isCallAuthorized(policy, undefined, callee, path),
+        ]);
       }
     }
   });
@@ -68,7 +89,9 @@ describe(inboundAuthorizationOf.name, () => {
     expect(sut.allows(id('batcher'), '/infermesh.router.v1.RouterService/Infer')).toBe(false);
     expect(sut.allows(undefined, '/infermesh.router.v1.RouterService/Infer')).toBe(false);
     expect(sut.allows(id('gateway'), '/infermesh.cache.v1.CacheService/Lookup')).toBe(false);
-    expect(sut.describe()).toBe('router is called by gateway (/infermesh.router.v1.RouterService/*); anyone (/grpc.health.v1.Health/*)');
+    expect(sut.describe()).toBe(
+      'router is called by gateway (/infermesh.router.v1.RouterService/*); anyone (/grpc.health.v1.Health/*)',
+    );
   });
 
   it('always allows health checks, whoever calls, even of a service nobody may call', () => {
@@ -88,7 +111,8 @@ describe(inboundAuthorizationOf.name, () => {
     const registry = (method: string) => `/infermesh.registry.v1.RegistryService/${method}`;
 
     expect(sut.allows(id('gateway'), registry('CreateModelVersion'))).toBe(true);
-    for (const caller of ['router', 'batcher', 'worker', 'cache']) expect([caller, sut.allows(id(caller), registry('CreateModelVersion'))]).toEqual([caller, false]);
+    for (const caller of ['router', 'batcher', 'worker', 'cache'])
+      expect([caller, sut.allows(id(caller), registry('CreateModelVersion'))]).toEqual([caller, false]);
     expect(sut.allows(id('router'), registry('ResolveModelVersion'))).toBe(true);
     expect(sut.allows(id('router'), registry('DeleteModel'))).toBe(false);
     expect(sut.allows(id('worker'), registry('DownloadArtifact'))).toBe(true);
@@ -99,10 +123,14 @@ describe(inboundAuthorizationOf.name, () => {
     expect(sut.allows(id('worker'), registry('ReportTraffic'))).toBe(false);
     for (const caller of MESH_SERVICES) {
       expect(sut.allows(id(caller), '/infermesh.mesh.v1.InstanceService/Announce')).toBe(true);
-      expect(sut.allows(id(caller), '/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources')).toBe(true);
+      expect(
+        sut.allows(id(caller), '/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources'),
+      ).toBe(true);
     }
     expect(sut.allows(undefined, '/infermesh.mesh.v1.InstanceService/Announce')).toBe(false);
-    expect(sut.describe()).toContain('router (/infermesh.registry.v1.RegistryService/{GetModel,ResolveModelVersion,WatchModels,ReportTraffic})');
+    expect(sut.describe()).toContain(
+      'router (/infermesh.registry.v1.RegistryService/{GetModel,ResolveModelVersion,WatchModels,ReportTraffic})',
+    );
   });
 
   it("opens the gateway's public API to callers without a certificate", () => {
@@ -120,24 +148,65 @@ describe(inboundAuthorizationOf.name, () => {
   });
 
   describe('refuses what it cannot enforce exactly, naming it (so the update is NACKed)', () => {
-    type Listener = { filter_chains: { filters: { typed_config: { http_filters: { typed_config: Record<string, unknown> }[] } }[] }[] };
-    const rbacOf = (listener: Listener) => listener.filter_chains[0]!.filters[0]!.typed_config.http_filters[0]!.typed_config;
+    type Listener = {
+      filter_chains: { filters: { typed_config: { http_filters: { typed_config: Record<string, unknown> }[] } }[] }[];
+    };
+    const rbacOf = (listener: Listener) =>
+      listener.filter_chains[0]!.filters[0]!.typed_config.http_filters[0]!.typed_config;
     const routerRules = () => {
       const listener = served('router') as Listener;
-      return { listener, rbac: rbacOf(listener), policies: (rbacOf(listener)['rules'] as { policies: Record<string, Record<string, unknown[]>> }).policies };
+      return {
+        listener,
+        rbac: rbacOf(listener),
+        policies: (rbacOf(listener)['rules'] as { policies: Record<string, Record<string, unknown[]>> }).policies,
+      };
     };
     const at = 'inbound listener: http_filters[0].typed_config';
 
     it.each<[string, (r: ReturnType<typeof routerRules>) => void, string]>([
-      ['a DENY action', (r) => ((r.rbac['rules'] as Record<string, unknown>)['action'] = 'DENY'), `${at}.rules.action: only ALLOW is supported by a proxyless server, got "DENY"`],
+      [
+        'a DENY action',
+        (r) => ((r.rbac['rules'] as Record<string, unknown>)['action'] = 'DENY'),
+        `${at}.rules.action: only ALLOW is supported by a proxyless server, got "DENY"`,
+      ],
       ['shadow rules', (r) => (r.rbac['shadow_rules'] = {}), `${at}.shadow_rules: not supported by a proxyless server`],
       ['a filter without rules', (r) => delete r.rbac['rules'], `${at}.rules: required`],
-      ['a condition', (r) => (r.policies['authorization.router[0]']!['condition'] = {} as unknown as unknown[]), `${at}.rules.policies.authorization.router[0].condition: not supported`],
-      ['a header principal', (r) => (r.policies['authorization.router[0]']!['principals'] = [{ header: { name: 'x-caller' } }]), `${at}.rules.policies.authorization.router[0].principals[0].header: not supported by a proxyless server`],
-      ['a principal by prefix', (r) => (r.policies['authorization.router[0]']!['principals'] = [{ authenticated: { principal_name: { prefix: 'spiffe://' } } }]), `${at}.rules.policies.authorization.router[0].principals[0].authenticated.principal_name: only exact is supported`],
-      ['a path matched ignoring case', (r) => (r.policies['authorization.router[0]']!['permissions'] = [{ url_path: { path: { exact: '/a.B/C', ignore_case: true } } }]), `${at}.rules.policies.authorization.router[0].permissions[0].url_path.path.ignore_case: not supported`],
-      ['a permission by destination port', (r) => (r.policies['authorization.router[0]']!['permissions'] = [{ destination_port: 50052 }]), `${at}.rules.policies.authorization.router[0].permissions[0].destination_port: not supported`],
-      ['a policy without principals', (r) => delete r.policies['authorization.router[0]']!['principals'], `${at}.rules.policies.authorization.router[0].principals: expected at least one`],
+      [
+        'a condition',
+        (r) => (r.policies['authorization.router[0]']!['condition'] = {} as unknown as unknown[]),
+        `${at}.rules.policies.authorization.router[0].condition: not supported`,
+      ],
+      [
+        'a header principal',
+        (r) => (r.policies['authorization.router[0]']!['principals'] = [{ header: { name: 'x-caller' } }]),
+        `${at}.rules.policies.authorization.router[0].principals[0].header: not supported by a proxyless server`,
+      ],
+      [
+        'a principal by prefix',
+        (r) =>
+          (r.policies['authorization.router[0]']!['principals'] = [
+            { authenticated: { principal_name: { prefix: 'spiffe://' } } },
+          ]),
+        `${at}.rules.policies.authorization.router[0].principals[0].authenticated.principal_name: only exact is supported`,
+      ],
+      [
+        'a path matched ignoring case',
+        (r) =>
+          (r.policies['authorization.router[0]']!['permissions'] = [
+            { url_path: { path: { exact: '/a.B/C', ignore_case: true } } },
+          ]),
+        `${at}.rules.policies.authorization.router[0].permissions[0].url_path.path.ignore_case: not supported`,
+      ],
+      [
+        'a permission by destination port',
+        (r) => (r.policies['authorization.router[0]']!['permissions'] = [{ destination_port: 50052 }]),
+        `${at}.rules.policies.authorization.router[0].permissions[0].destination_port: not supported`,
+      ],
+      [
+        'a policy without principals',
+        (r) => delete r.policies['authorization.router[0]']!['principals'],
+        `${at}.rules.policies.authorization.router[0].principals: expected at least one`,
+      ],
     ])('%s', (_what, change, message) => {
       const rules = routerRules();
       change(rules);
@@ -148,7 +217,9 @@ describe(inboundAuthorizationOf.name, () => {
       const { listener } = routerRules();
       const filters = listener.filter_chains[0]!.filters[0]!.typed_config.http_filters;
       filters.splice(1, 0, filters[0]!);
-      expect(() => inboundAuthorizationOf(listener)).toThrow('inbound listener: http_filters[1]: a second RBAC filter is not supported by a proxyless server');
+      expect(() => inboundAuthorizationOf(listener)).toThrow(
+        'inbound listener: http_filters[1]: a second RBAC filter is not supported by a proxyless server',
+      );
     });
   });
 
@@ -159,7 +230,8 @@ describe(inboundAuthorizationOf.name, () => {
           filters: [
             {
               typed_config: {
-                '@type': 'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager',
+                '@type':
+                  'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager',
                 route_config: { virtual_hosts: [{ name: 'cache' }] },
                 http_filters: [
                   {
@@ -169,8 +241,26 @@ describe(inboundAuthorizationOf.name, () => {
                         action: 'ALLOW',
                         policies: {
                           callers: {
-                            permissions: [{ or_rules: { rules: [{ url_path: { path: { exact: '/a.B/C' } } }, { url_path: { path: { prefix: '/a.D/' } } }] } }],
-                            principals: [{ or_ids: { ids: [{ authenticated: { principal_name: { exact: id('router') } } }, { authenticated: { principal_name: { exact: id('gateway') } } }] } }],
+                            permissions: [
+                              {
+                                or_rules: {
+                                  rules: [
+                                    { url_path: { path: { exact: '/a.B/C' } } },
+                                    { url_path: { path: { prefix: '/a.D/' } } },
+                                  ],
+                                },
+                              },
+                            ],
+                            principals: [
+                              {
+                                or_ids: {
+                                  ids: [
+                                    { authenticated: { principal_name: { exact: id('router') } } },
+                                    { authenticated: { principal_name: { exact: id('gateway') } } },
+                                  ],
+                                },
+                              },
+                            ],
                           },
                         },
                       },

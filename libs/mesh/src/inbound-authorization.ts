@@ -11,7 +11,8 @@ type Json = Record<string, unknown>;
 const HCM = 'type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager';
 const RBAC = 'type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC';
 
-const isObject = (value: unknown): value is Json => typeof value === 'object' && value !== null && !Array.isArray(value);
+const isObject = (value: unknown): value is Json =>
+  typeof value === 'object' && value !== null && !Array.isArray(value);
 
 /** One side of a rule: whether it matches, and how to say what it matches. */
 interface Matcher {
@@ -44,7 +45,8 @@ function callerName(id: string): string {
 function permission(value: unknown, at: string): Matcher {
   if (!isObject(value)) throw new Error(`${at}: expected a permission`);
   const [rule, ...more] = Object.keys(value);
-  if (rule === undefined || more.length > 0) throw new Error(`${at}: expected one rule, got ${rule === undefined ? 'none' : Object.keys(value).join(', ')}`);
+  if (rule === undefined || more.length > 0)
+    throw new Error(`${at}: expected one rule, got ${rule === undefined ? 'none' : Object.keys(value).join(', ')}`);
   const content = value[rule];
   switch (rule) {
     case 'any':
@@ -56,7 +58,10 @@ function permission(value: unknown, at: string): Matcher {
       const match = stringMatcher(content['path'], `${at}.url_path.path`);
       return 'exact' in match
         ? { matches: (path) => path === match.exact, words: [match.exact] }
-        : { matches: (path) => path !== undefined && path.startsWith(match.prefix), words: [`${match.prefix}${match.prefix.endsWith('/') ? '*' : '…'}`] };
+        : {
+            matches: (path) => path !== undefined && path.startsWith(match.prefix),
+            words: [`${match.prefix}${match.prefix.endsWith('/') ? '*' : '…'}`],
+          };
     }
     case 'or_rules':
       return anyOf(content, 'rules', permission, `${at}.or_rules`);
@@ -69,7 +74,10 @@ function permission(value: unknown, at: string): Matcher {
 function principal(value: unknown, at: string): Matcher {
   if (!isObject(value)) throw new Error(`${at}: expected a principal`);
   const [rule, ...more] = Object.keys(value);
-  if (rule === undefined || more.length > 0) throw new Error(`${at}: expected one identifier, got ${rule === undefined ? 'none' : Object.keys(value).join(', ')}`);
+  if (rule === undefined || more.length > 0)
+    throw new Error(
+      `${at}: expected one identifier, got ${rule === undefined ? 'none' : Object.keys(value).join(', ')}`,
+    );
   const content = value[rule];
   switch (rule) {
     case 'any':
@@ -78,7 +86,8 @@ function principal(value: unknown, at: string): Matcher {
     case 'authenticated': {
       if (!isObject(content)) throw new Error(`${at}.authenticated: expected an object`);
       onlyFields(content, ['principal_name'], `${at}.authenticated`);
-      if (content['principal_name'] === undefined) return { matches: (id) => id !== undefined, words: ['any caller with a certificate'] };
+      if (content['principal_name'] === undefined)
+        return { matches: (id) => id !== undefined, words: ['any caller with a certificate'] };
       const match = stringMatcher(content['principal_name'], `${at}.authenticated.principal_name`);
       if (!('exact' in match)) throw new Error(`${at}.authenticated.principal_name: only exact is supported`);
       return { matches: (id) => id === match.exact, words: [callerName(match.exact)] };
@@ -91,7 +100,12 @@ function principal(value: unknown, at: string): Matcher {
 }
 
 /** A Set of rules or ids: matches when one of them does. */
-function anyOf(value: unknown, field: 'rules' | 'ids', each: (item: unknown, at: string) => Matcher, at: string): Matcher {
+function anyOf(
+  value: unknown,
+  field: 'rules' | 'ids',
+  each: (item: unknown, at: string) => Matcher,
+  at: string,
+): Matcher {
   if (!isObject(value)) throw new Error(`${at}: expected an object`);
   onlyFields(value, [field], at);
   const items = value[field];
@@ -109,7 +123,8 @@ function methodWords(words: string[]): string {
     if (match === null) out.push(word);
     else byService.set(match[1]!, [...(byService.get(match[1]!) ?? []), match[2]!]);
   }
-  for (const [service, methods] of byService) out.push(methods.length === 1 ? `${service}${methods[0]}` : `${service}{${methods.join(',')}}`);
+  for (const [service, methods] of byService)
+    out.push(methods.length === 1 ? `${service}${methods[0]}` : `${service}{${methods.join(',')}}`);
   return out.join(', ');
 }
 
@@ -126,22 +141,31 @@ export function inboundAuthorizationOf(listener: unknown): InboundAuthorization 
   if (chains.length !== 1) throw new Error(`inbound listener: expected one filter chain, got ${chains.length}`);
   const filters = (chains[0]!['filters'] ?? []) as Json[];
   const hcm = filters[0]?.['typed_config'] as Json | undefined;
-  if (filters.length !== 1 || hcm?.['@type'] !== HCM) throw new Error('inbound listener: expected one HTTP connection manager');
+  if (filters.length !== 1 || hcm?.['@type'] !== HCM)
+    throw new Error('inbound listener: expected one HTTP connection manager');
   const httpFilters = (hcm['http_filters'] ?? []) as Json[];
-  const found = httpFilters.flatMap((filter, i) => ((filter['typed_config'] as Json | undefined)?.['@type'] === RBAC ? [[filter, i] as const] : []));
+  const found = httpFilters.flatMap((filter, i) =>
+    (filter['typed_config'] as Json | undefined)?.['@type'] === RBAC ? [[filter, i] as const] : [],
+  );
   if (found.length === 0) return undefined;
-  if (found.length > 1) throw new Error(`inbound listener: http_filters[${found[1]![1]}]: a second RBAC filter is not supported by a proxyless server`);
+  if (found.length > 1)
+    throw new Error(
+      `inbound listener: http_filters[${found[1]![1]}]: a second RBAC filter is not supported by a proxyless server`,
+    );
   const [filter, index] = found[0]!;
   const at = `inbound listener: http_filters[${index}].typed_config`;
   const config = filter['typed_config'] as Json;
   onlyFields(config, ['@type', 'rules', 'rules_stat_prefix'], at);
   const rules = config['rules'];
   // No rules: the filter allows every call (Envoy's RBAC without rules_specifier does nothing).
-  if (rules === undefined) throw new Error(`${at}.rules: required (a filter without rules is not supported by a proxyless server)`);
+  if (rules === undefined)
+    throw new Error(`${at}.rules: required (a filter without rules is not supported by a proxyless server)`);
   if (!isObject(rules)) throw new Error(`${at}.rules: expected an object`);
   onlyFields(rules, ['action', 'policies'], `${at}.rules`);
   if (rules['action'] !== undefined && rules['action'] !== 'ALLOW' && rules['action'] !== 0) {
-    throw new Error(`${at}.rules.action: only ALLOW is supported by a proxyless server, got ${JSON.stringify(rules['action'])}`);
+    throw new Error(
+      `${at}.rules.action: only ALLOW is supported by a proxyless server, got ${JSON.stringify(rules['action'])}`,
+    );
   }
   const rawPolicies = rules['policies'] ?? {};
   if (!isObject(rawPolicies)) throw new Error(`${at}.rules.policies: expected a map`);
@@ -164,10 +188,14 @@ export function inboundAuthorizationOf(listener: unknown): InboundAuthorization 
     policies.length === 0
       ? `${callee} is called by nobody`
       : `${callee} is called by ${policies
-          .map((p) => `${p.principals.flatMap((m) => m.words).join(', ')} (${methodWords(p.permissions.flatMap((m) => m.words))})`)
+          .map(
+            (p) =>
+              `${p.principals.flatMap((m) => m.words).join(', ')} (${methodWords(p.permissions.flatMap((m) => m.words))})`,
+          )
           .join('; ')}`;
   return {
-    allows: (identity, path) => policies.some((p) => p.principals.some((m) => m.matches(identity)) && p.permissions.some((m) => m.matches(path))),
+    allows: (identity, path) =>
+      policies.some((p) => p.principals.some((m) => m.matches(identity)) && p.permissions.some((m) => m.matches(path))),
     describe: () => text,
   };
 }

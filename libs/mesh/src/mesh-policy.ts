@@ -38,15 +38,24 @@ const duration = (options: { allowZero?: boolean } = {}) =>
   z.union([z.string(), z.number()]).transform((value, ctx) => {
     const ms = typeof value === 'string' ? parseDurationMs(value) : undefined;
     if (ms === undefined) {
-      ctx.addIssue({ code: 'custom', message: `expected a duration with its unit, such as 250ms, 10s or 2m (got ${JSON.stringify(value)})` });
+      ctx.addIssue({
+        code: 'custom',
+        message: `expected a duration with its unit, such as 250ms, 10s or 2m (got ${JSON.stringify(value)})`,
+      });
       return z.NEVER;
     }
     if (ms < 0 || (ms === 0 && options.allowZero !== true)) {
-      ctx.addIssue({ code: 'custom', message: `must be ${options.allowZero === true ? 'zero or more' : 'more than zero'} (got ${JSON.stringify(value)})` });
+      ctx.addIssue({
+        code: 'custom',
+        message: `must be ${options.allowZero === true ? 'zero or more' : 'more than zero'} (got ${JSON.stringify(value)})`,
+      });
       return z.NEVER;
     }
     if (!Number.isInteger(ms)) {
-      ctx.addIssue({ code: 'custom', message: `must be a whole number of milliseconds (got ${JSON.stringify(value)})` });
+      ctx.addIssue({
+        code: 'custom',
+        message: `must be a whole number of milliseconds (got ${JSON.stringify(value)})`,
+      });
       return z.NEVER;
     }
     return ms;
@@ -56,16 +65,37 @@ const percent = z.number().min(0).max(100);
 const count = z.number().int().min(0);
 const positiveCount = z.number().int().min(1);
 const service = z.enum(MESH_SERVICES);
-const name = z.string().regex(/^[a-z][a-z0-9-]{0,30}$/, 'expected a lower-case name: letters, digits and dashes, at most 31');
+const name = z
+  .string()
+  .regex(/^[a-z][a-z0-9-]{0,30}$/, 'expected a lower-case name: letters, digits and dashes, at most 31');
 
 /** gRPC status names a retry policy may retry on (Envoy's `retry_on` gRPC conditions). */
-export const RETRIABLE_GRPC_CODES = ['cancelled', 'deadline-exceeded', 'internal', 'resource-exhausted', 'unavailable'] as const;
+export const RETRIABLE_GRPC_CODES = [
+  'cancelled',
+  'deadline-exceeded',
+  'internal',
+  'resource-exhausted',
+  'unavailable',
+] as const;
 
 /** gRPC status codes by name, for fault injection. */
 export const GRPC_STATUS_CODES = {
-  CANCELLED: 1, UNKNOWN: 2, INVALID_ARGUMENT: 3, DEADLINE_EXCEEDED: 4, NOT_FOUND: 5, ALREADY_EXISTS: 6, PERMISSION_DENIED: 7,
-  RESOURCE_EXHAUSTED: 8, FAILED_PRECONDITION: 9, ABORTED: 10, OUT_OF_RANGE: 11, UNIMPLEMENTED: 12, INTERNAL: 13,
-  UNAVAILABLE: 14, DATA_LOSS: 15, UNAUTHENTICATED: 16,
+  CANCELLED: 1,
+  UNKNOWN: 2,
+  INVALID_ARGUMENT: 3,
+  DEADLINE_EXCEEDED: 4,
+  NOT_FOUND: 5,
+  ALREADY_EXISTS: 6,
+  PERMISSION_DENIED: 7,
+  RESOURCE_EXHAUSTED: 8,
+  FAILED_PRECONDITION: 9,
+  ABORTED: 10,
+  OUT_OF_RANGE: 11,
+  UNIMPLEMENTED: 12,
+  INTERNAL: 13,
+  UNAVAILABLE: 14,
+  DATA_LOSS: 15,
+  UNAUTHENTICATED: 16,
 } as const;
 
 const retrySchema = z
@@ -125,7 +155,12 @@ const loadBalancingSchema = z.discriminatedUnion('policy', [
    * Consistent hashing on a request header, so one key keeps its endpoint (cache locality). The ring
    * keeps its default size (1024 and up): grpc-js-xds refuses a ring size set in the policy.
    */
-  z.object({ policy: z.literal('ring_hash'), hashHeader: z.string().regex(/^[a-z0-9-]+$/, 'expected a lower-case header name') }).strict(),
+  z
+    .object({
+      policy: z.literal('ring_hash'),
+      hashHeader: z.string().regex(/^[a-z0-9-]+$/, 'expected a lower-case header name'),
+    })
+    .strict(),
 ]);
 
 const faultSchema = z
@@ -169,7 +204,10 @@ const identitySchema = z
     trustDomain: z
       .string()
       .max(255)
-      .regex(/^[a-z0-9.-]+$/, 'expected a SPIFFE trust domain: lower-case letters, digits, dots and dashes, such as infermesh.local')
+      .regex(
+        /^[a-z0-9.-]+$/,
+        'expected a SPIFFE trust domain: lower-case letters, digits, dots and dashes, such as infermesh.local',
+      )
       .default('infermesh.local'),
     /** cert.pem (its SPIFFE ID as a URI SAN), key.pem and ca.pem (the trust bundle), rotated in place. */
     certificateDir: absolutePath.default('/var/run/infermesh/identity'),
@@ -181,7 +219,16 @@ const authorizationRuleSchema = z
   .object({
     /** Services (checked after parsing, to say which names are known), or `anyone`. */
     from: z.union([z.string(), z.array(z.string()).min(1)]),
-    methods: z.array(z.string().regex(METHOD_PATTERN, 'expected a method path /package.Service/Method, or /package.Service/* for all of its methods')).min(1),
+    methods: z
+      .array(
+        z
+          .string()
+          .regex(
+            METHOD_PATTERN,
+            'expected a method path /package.Service/Method, or /package.Service/* for all of its methods',
+          ),
+      )
+      .min(1),
   })
   .strict();
 
@@ -210,12 +257,23 @@ const edgeSchema = z
     routes: z
       .array(
         z
-          .object({ match: z.object({ header: z.string().regex(/^[a-z0-9-]+$/, 'expected a lower-case header name'), exact: z.string().min(1) }).strict(), subset: name })
+          .object({
+            match: z
+              .object({
+                header: z.string().regex(/^[a-z0-9-]+$/, 'expected a lower-case header name'),
+                exact: z.string().min(1),
+              })
+              .strict(),
+            subset: name,
+          })
           .strict(),
       )
       .optional(),
     /** The rest is split between subsets by weight. */
-    split: z.array(z.object({ subset: name, weight: count }).strict()).min(1).optional(),
+    split: z
+      .array(z.object({ subset: name, weight: count }).strict())
+      .min(1)
+      .optional(),
     /** A share of the requests is also sent to a subset, whose answers are dropped. */
     mirror: z.object({ subset: name, percent }).strict().optional(),
     fault: faultSchema.optional(),
@@ -238,27 +296,29 @@ const policySchema = z
       })
       .strict(),
     /** Each service's own gRPC port, and its subsets: named groups of its instances, by pod label. */
-    services: z.object(
-      Object.fromEntries(
-        MESH_SERVICES.map((s) => [
-          s,
-          z
-            .object({
-              port: z.number().int().min(1).max(65535),
-              subsets: z.record(name, z.record(z.string().min(1), z.string().min(1))).optional(),
-              inboundFault: inboundFaultSchema.optional(),
-            })
-            .strict(),
-        ]),
-      ) as Record<
-        MeshService,
-        z.ZodObject<{
-          port: z.ZodNumber;
-          subsets: z.ZodOptional<z.ZodRecord<typeof name, z.ZodRecord<z.ZodString, z.ZodString>>>;
-          inboundFault: z.ZodOptional<typeof inboundFaultSchema>;
-        }>
-      >,
-    ).strict(),
+    services: z
+      .object(
+        Object.fromEntries(
+          MESH_SERVICES.map((s) => [
+            s,
+            z
+              .object({
+                port: z.number().int().min(1).max(65535),
+                subsets: z.record(name, z.record(z.string().min(1), z.string().min(1))).optional(),
+                inboundFault: inboundFaultSchema.optional(),
+              })
+              .strict(),
+          ]),
+        ) as Record<
+          MeshService,
+          z.ZodObject<{
+            port: z.ZodNumber;
+            subsets: z.ZodOptional<z.ZodRecord<typeof name, z.ZodRecord<z.ZodString, z.ZodString>>>;
+            inboundFault: z.ZodOptional<typeof inboundFaultSchema>;
+          }>
+        >,
+      )
+      .strict(),
     defaults: z.object(edgeSettingsShape).strict(),
     edges: z.array(edgeSchema).min(1),
     /** Mutual TLS between every service (the default); false: plaintext, and no authorization either. */
@@ -267,7 +327,10 @@ const policySchema = z
     /** Per callee service, who may call which of its methods; a service with no entry: nobody (but health checks). */
     authorization: z.record(z.string(), z.array(authorizationRuleSchema)),
     /** Where sidecars send traces (an OTLP/gRPC collector `host:port`); unset: no tracing. */
-    tracing: z.object({ collector: z.string().regex(/^[^\s:]+:\d{1,5}$/, 'expected host:port') }).strict().optional(),
+    tracing: z
+      .object({ collector: z.string().regex(/^[^\s:]+:\d{1,5}$/, 'expected host:port') })
+      .strict()
+      .optional(),
   })
   .strict();
 
@@ -314,7 +377,10 @@ export interface MeshIdentity {
 export interface MeshPolicy {
   kubernetes: ParsedPolicy['kubernetes'];
   sidecar: ParsedPolicy['sidecar'];
-  services: Record<MeshService, { port: number; subsets: Record<string, Record<string, string>>; inboundFault: InboundFault | undefined }>;
+  services: Record<
+    MeshService,
+    { port: number; subsets: Record<string, Record<string, string>>; inboundFault: InboundFault | undefined }
+  >;
   edges: MeshEdge[];
   tracing: ParsedPolicy['tracing'];
   /** Mutual TLS between the services, and the authorization enforced with it. */
@@ -338,10 +404,17 @@ export function methodPatternMatches(pattern: string, path: string): boolean {
  * Whether the policy lets `caller` (a service, or a caller with no identity: undefined) call the
  * method `path` of `callee`. Health checks are always allowed.
  */
-export function isCallAuthorized(policy: Pick<MeshPolicy, 'authorization'>, caller: MeshService | typeof OPERATOR | undefined, callee: MeshService, path: string): boolean {
+export function isCallAuthorized(
+  policy: Pick<MeshPolicy, 'authorization'>,
+  caller: MeshService | typeof OPERATOR | undefined,
+  callee: MeshService,
+  path: string,
+): boolean {
   if (methodPatternMatches(HEALTH_METHODS, path)) return true;
   return policy.authorization[callee].some(
-    (rule) => (rule.from.includes(ANYONE) || (caller !== undefined && rule.from.includes(caller))) && rule.methods.some((m) => methodPatternMatches(m, path)),
+    (rule) =>
+      (rule.from.includes(ANYONE) || (caller !== undefined && rule.from.includes(caller))) &&
+      rule.methods.some((m) => methodPatternMatches(m, path)),
   );
 }
 
@@ -366,13 +439,22 @@ export function parseMeshPolicy(text: string, source = 'mesh policy'): MeshPolic
   const policy = parsed.data;
   const problems: string[] = [];
   const services = Object.fromEntries(
-    MESH_SERVICES.map((s) => [s, { port: policy.services[s].port, subsets: policy.services[s].subsets ?? {}, inboundFault: policy.services[s].inboundFault }]),
+    MESH_SERVICES.map((s) => [
+      s,
+      {
+        port: policy.services[s].port,
+        subsets: policy.services[s].subsets ?? {},
+        inboundFault: policy.services[s].inboundFault,
+      },
+    ]),
   ) as MeshPolicy['services'];
   for (const s of MESH_SERVICES) {
     const subset = services[s].inboundFault?.subset;
     if (subset !== undefined && !(subset in services[s].subsets)) {
       const known = Object.keys(services[s].subsets);
-      problems.push(`services.${s}.inboundFault.subset: ${s} has no subset "${subset}" (${known.length === 0 ? `services.${s}.subsets is empty` : `known: ${known.join(', ')}`})`);
+      problems.push(
+        `services.${s}.inboundFault.subset: ${s} has no subset "${subset}" (${known.length === 0 ? `services.${s}.subsets is empty` : `known: ${known.join(', ')}`})`,
+      );
     }
   }
 
@@ -397,7 +479,9 @@ export function parseMeshPolicy(text: string, source = 'mesh policy'): MeshPolic
     const checkSubset = (subset: string, field: string) => {
       if (!(subset in subsets)) {
         const known = Object.keys(subsets);
-        problems.push(`${at}.${field}: ${edge.to} has no subset "${subset}" (${known.length === 0 ? `services.${edge.to}.subsets is empty` : `known: ${known.join(', ')}`})`);
+        problems.push(
+          `${at}.${field}: ${edge.to} has no subset "${subset}" (${known.length === 0 ? `services.${edge.to}.subsets is empty` : `known: ${known.join(', ')}`})`,
+        );
       }
     };
     edge.routes?.forEach((route, j) => checkSubset(route.subset, `routes[${j}].subset`));
@@ -407,7 +491,8 @@ export function parseMeshPolicy(text: string, source = 'mesh policy'): MeshPolic
       problems.push(`${at}.split: the weights add up to 0, so no request could be sent`);
     }
     const splitSubsets = edge.split?.map((part) => part.subset) ?? [];
-    if (new Set(splitSubsets).size !== splitSubsets.length) problems.push(`${at}.split: a subset is named more than once`);
+    if (new Set(splitSubsets).size !== splitSubsets.length)
+      problems.push(`${at}.split: a subset is named more than once`);
     const retry = { ...policy.defaults.retry, ...edge.retry };
     if (retry.backoff.base > retry.backoff.max) problems.push(`${at}.retry.backoff: base is longer than max`);
     const timeoutMs = edge.timeout ?? policy.defaults.timeout;
@@ -436,7 +521,10 @@ export function parseMeshPolicy(text: string, source = 'mesh policy'): MeshPolic
       });
     }
   });
-  const authorization = Object.fromEntries(MESH_SERVICES.map((s) => [s, [] as AuthorizationRule[]])) as Record<MeshService, AuthorizationRule[]>;
+  const authorization = Object.fromEntries(MESH_SERVICES.map((s) => [s, [] as AuthorizationRule[]])) as Record<
+    MeshService,
+    AuthorizationRule[]
+  >;
   for (const [callee, rules] of Object.entries(policy.authorization)) {
     if (!(MESH_SERVICES as readonly string[]).includes(callee)) {
       problems.push(`authorization.${callee}: not a service of the mesh (${MESH_SERVICES.join(', ')})`);
@@ -446,20 +534,30 @@ export function parseMeshPolicy(text: string, source = 'mesh policy'): MeshPolic
       const at = `authorization.${callee}[${i}]`;
       const from: MeshCaller[] = [];
       (Array.isArray(rule.from) ? rule.from : [rule.from]).forEach((name, j) => {
-        if ((MESH_SERVICES as readonly string[]).includes(name) || name === ANYONE || name === OPERATOR) from.push(name as MeshCaller);
-        else problems.push(`${at}.from${Array.isArray(rule.from) ? `[${j}]` : ''}: "${name}" is not a service of the mesh (${MESH_SERVICES.join(', ')}), nor ${OPERATOR} or ${ANYONE}`);
+        if ((MESH_SERVICES as readonly string[]).includes(name) || name === ANYONE || name === OPERATOR)
+          from.push(name as MeshCaller);
+        else
+          problems.push(
+            `${at}.from${Array.isArray(rule.from) ? `[${j}]` : ''}: "${name}" is not a service of the mesh (${MESH_SERVICES.join(', ')}), nor ${OPERATOR} or ${ANYONE}`,
+          );
       });
       const twice = (list: readonly string[]) => list.filter((item, j) => list.indexOf(item) !== j);
       for (const name of new Set(twice(from))) problems.push(`${at}.from: ${name} is named more than once`);
-      for (const method of new Set(twice(rule.methods))) problems.push(`${at}.methods: ${method} is named more than once`);
+      for (const method of new Set(twice(rule.methods)))
+        problems.push(`${at}.methods: ${method} is named more than once`);
       authorization[callee as MeshService].push({ from, methods: rule.methods });
     });
   }
   // A caller the policy routes to a callee must be allowed to call it, or every call on the edge is refused.
   policy.edges.forEach((edge, i) => {
     for (const from of Array.isArray(edge.from) ? edge.from : [edge.from]) {
-      if (from !== edge.to && !authorization[edge.to].some((rule) => rule.from.includes(from) || rule.from.includes(ANYONE))) {
-        problems.push(`edges[${i}]: ${from} calls ${edge.to}, but authorization.${edge.to} lets ${from} call none of its methods`);
+      if (
+        from !== edge.to &&
+        !authorization[edge.to].some((rule) => rule.from.includes(from) || rule.from.includes(ANYONE))
+      ) {
+        problems.push(
+          `edges[${i}]: ${from} calls ${edge.to}, but authorization.${edge.to} lets ${from} call none of its methods`,
+        );
       }
     }
   });

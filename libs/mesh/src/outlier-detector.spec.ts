@@ -6,7 +6,14 @@ const BASE = 30_000;
 
 /** Consecutive rules at 5 and 3, a 10 s interval, 30 s ejections, no cap; the rest from overrides. */
 function settings(overrides: Partial<OutlierDetection> = {}): OutlierDetection {
-  return { consecutiveFailures: 5, consecutiveGatewayFailures: 3, interval: INTERVAL, baseEjectionTime: BASE, maxEjectionPercent: 100, ...overrides };
+  return {
+    consecutiveFailures: 5,
+    consecutiveGatewayFailures: 3,
+    interval: INTERVAL,
+    baseEjectionTime: BASE,
+    maxEjectionPercent: 100,
+    ...overrides,
+  };
 }
 
 /** A detector on a fake clock that starts at 0, with endpoints a, b, c and d unless told. */
@@ -65,14 +72,23 @@ describe('OutlierDetector', () => {
       expect(sut.isEjected('a')).toBe(true);
       expect(sut.isEjected('b')).toBe(false);
       expect(sut.activeEjections).toBe(1);
-      expect(sut.ejections).toEqual({ consecutive_failures: 1, consecutive_gateway_failures: 0, failure_percentage: 0, success_rate: 0 });
+      expect(sut.ejections).toEqual({
+        consecutive_failures: 1,
+        consecutive_gateway_failures: 0,
+        failure_percentage: 0,
+        success_rate: 0,
+      });
     });
 
     it('counts gateway failures as failures too', () => {
       const { sut } = setup();
 
       // The plain failures break the gateway run, so only consecutiveFailures can be met.
-      expect(['gateway_failure', 'failure', 'gateway_failure', 'failure', 'gateway_failure'].map((o) => sut.record('a', o as CallOutcome))).toEqual([false, false, false, false, true]);
+      expect(
+        ['gateway_failure', 'failure', 'gateway_failure', 'failure', 'gateway_failure'].map((o) =>
+          sut.record('a', o as CallOutcome),
+        ),
+      ).toEqual([false, false, false, false, true]);
       expect(sut.ejections.consecutive_failures).toBe(1);
       expect(sut.ejections.consecutive_gateway_failures).toBe(0);
     });
@@ -120,13 +136,31 @@ describe('OutlierDetector', () => {
       const { sut } = setup({ consecutiveFailures: 0 });
 
       expect(recordN(sut, 'a', 'gateway_failure', 3)).toEqual([false, false, true]);
-      expect(sut.ejections).toEqual({ consecutive_failures: 0, consecutive_gateway_failures: 1, failure_percentage: 0, success_rate: 0 });
+      expect(sut.ejections).toEqual({
+        consecutive_failures: 0,
+        consecutive_gateway_failures: 1,
+        failure_percentage: 0,
+        success_rate: 0,
+      });
     });
 
     it('starts the run over on a success or a plain failure (as Envoy)', () => {
       const { sut } = setup({ consecutiveFailures: 0 });
 
-      expect(['gateway_failure', 'gateway_failure', 'success', 'gateway_failure', 'gateway_failure', 'failure', 'gateway_failure', 'gateway_failure'].map((o) => sut.record('a', o as CallOutcome)).some((e) => e)).toBe(false);
+      expect(
+        [
+          'gateway_failure',
+          'gateway_failure',
+          'success',
+          'gateway_failure',
+          'gateway_failure',
+          'failure',
+          'gateway_failure',
+          'gateway_failure',
+        ]
+          .map((o) => sut.record('a', o as CallOutcome))
+          .some((e) => e),
+      ).toBe(false);
       expect(sut.record('a', 'gateway_failure')).toBe(true);
     });
 
@@ -194,7 +228,11 @@ describe('OutlierDetector', () => {
     });
 
     it('caps the ejections of a sweep too, the worst endpoints first', () => {
-      const t = setup({ consecutiveFailures: 0, maxEjectionPercent: 50, failurePercentage: { threshold: 50, minimumHosts: 1, requestVolume: 10 } });
+      const t = setup({
+        consecutiveFailures: 0,
+        maxEjectionPercent: 50,
+        failurePercentage: { threshold: 50, minimumHosts: 1, requestVolume: 10 },
+      });
       calls(t.sut, 'a', 3, 7);
       calls(t.sut, 'b', 2, 8);
       calls(t.sut, 'c', 0, 10);
@@ -331,7 +369,12 @@ describe('OutlierDetector', () => {
       expect(t.sweepAt(INTERVAL)).toEqual(['a']);
       expect(t.sut.isEjected('a')).toBe(true);
       expect(t.sut.isEjected('b')).toBe(false);
-      expect(t.sut.ejections).toEqual({ consecutive_failures: 0, consecutive_gateway_failures: 0, failure_percentage: 1, success_rate: 0 });
+      expect(t.sut.ejections).toEqual({
+        consecutive_failures: 0,
+        consecutive_gateway_failures: 0,
+        failure_percentage: 1,
+        success_rate: 0,
+      });
     });
 
     it('counts gateway failures as failures', () => {
@@ -377,7 +420,10 @@ describe('OutlierDetector', () => {
     });
 
     it('leaves out endpoints already ejected, which count toward no minimum', () => {
-      for (const [endpoints, expected] of [[['a', 'b', 'c'], []], [['a', 'b', 'c', 'd'], ['b']]] as const) {
+      for (const [endpoints, expected] of [
+        [['a', 'b', 'c'], []],
+        [['a', 'b', 'c', 'd'], ['b']],
+      ] as const) {
         const t = setup({ consecutiveFailures: 5, consecutiveGatewayFailures: 0, failurePercentage }, [...endpoints]);
         calls(t.sut, 'a', 0, 10); // ejected on the 5th failure, the other 5 recorded anyway
         for (let i = 0; i < 3; i++) calls(t.sut, 'b', 1, 4); // 80 % failed, never 5 in a row
@@ -407,11 +453,19 @@ describe('OutlierDetector', () => {
       for (const key of ['b', 'c', 'd', 'e']) calls(t.sut, key, 10, 0);
 
       expect(t.sweepAt(INTERVAL)).toEqual(['a']);
-      expect(t.sut.ejections).toEqual({ consecutive_failures: 0, consecutive_gateway_failures: 0, failure_percentage: 0, success_rate: 1 });
+      expect(t.sut.ejections).toEqual({
+        consecutive_failures: 0,
+        consecutive_gateway_failures: 0,
+        failure_percentage: 0,
+        success_rate: 1,
+      });
     });
 
     it('reads stdevFactor in thousandths', () => {
-      const t = setup({ consecutiveFailures: 0, consecutiveGatewayFailures: 0, successRate: { ...successRate, stdevFactor: 2600 } }, five);
+      const t = setup(
+        { consecutiveFailures: 0, consecutiveGatewayFailures: 0, successRate: { ...successRate, stdevFactor: 2600 } },
+        five,
+      );
       calls(t.sut, 'a', 5, 5); // 90 − 20 × 2.6 = 38
       for (const key of ['b', 'c', 'd', 'e']) calls(t.sut, key, 10, 0);
 
@@ -420,7 +474,10 @@ describe('OutlierDetector', () => {
 
     it('ejects an endpoint one success under the threshold, not at one more', () => {
       const rates = { b: 10, c: 10, d: 9, e: 9 };
-      for (const [successes, expected] of [[6, ['a']], [7, []]] as const) {
+      for (const [successes, expected] of [
+        [6, ['a']],
+        [7, []],
+      ] as const) {
         const t = setup({ consecutiveFailures: 0, consecutiveGatewayFailures: 0, successRate }, five);
         calls(t.sut, 'a', successes, 10 - successes); // 60 % is under 60.08; 70 % is over 69.19
         for (const [key, ok] of Object.entries(rates)) calls(t.sut, key, ok, 10 - ok);
@@ -447,8 +504,19 @@ describe('OutlierDetector', () => {
 
     it('caps its ejections by the max ejection percent, the worst first', () => {
       const ten = ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j'];
-      for (const [maxEjectionPercent, expected] of [[10, ['c']], [100, ['c', 'b']]] as const) {
-        const t = setup({ consecutiveFailures: 0, consecutiveGatewayFailures: 0, maxEjectionPercent, successRate: { stdevFactor: 1000, minimumHosts: 10, requestVolume: 10 } }, ten);
+      for (const [maxEjectionPercent, expected] of [
+        [10, ['c']],
+        [100, ['c', 'b']],
+      ] as const) {
+        const t = setup(
+          {
+            consecutiveFailures: 0,
+            consecutiveGatewayFailures: 0,
+            maxEjectionPercent,
+            successRate: { stdevFactor: 1000, minimumHosts: 10, requestVolume: 10 },
+          },
+          ten,
+        );
         calls(t.sut, 'b', 2, 8);
         calls(t.sut, 'c', 0, 10); // mean 82, stdev 36.3: both under 45.7
         for (const key of ten.slice(3).concat('a')) calls(t.sut, key, 10, 0);
@@ -458,7 +526,15 @@ describe('OutlierDetector', () => {
     });
 
     it('runs before failure percentage, which does not eject the same endpoint again', () => {
-      const t = setup({ consecutiveFailures: 0, consecutiveGatewayFailures: 0, successRate, failurePercentage: { threshold: 40, minimumHosts: 5, requestVolume: 10 } }, five);
+      const t = setup(
+        {
+          consecutiveFailures: 0,
+          consecutiveGatewayFailures: 0,
+          successRate,
+          failurePercentage: { threshold: 40, minimumHosts: 5, requestVolume: 10 },
+        },
+        five,
+      );
       calls(t.sut, 'a', 5, 5);
       for (const key of ['b', 'c', 'd', 'e']) calls(t.sut, key, 10, 0);
 
@@ -483,7 +559,11 @@ describe('OutlierDetector', () => {
 
     it("starts an endpoint's runs over when it comes back, whatever was recorded while it was out", () => {
       const t = setup();
-      expect(['failure', 'failure', 'failure', 'gateway_failure', 'gateway_failure'].map((o) => t.sut.record('a', o as CallOutcome)).at(-1)).toBe(true);
+      expect(
+        ['failure', 'failure', 'failure', 'gateway_failure', 'gateway_failure']
+          .map((o) => t.sut.record('a', o as CallOutcome))
+          .at(-1),
+      ).toBe(true);
       recordN(t.sut, 'a', 'gateway_failure', 4); // the caller should not have, but they count: runs of 4 and 6
 
       t.sweepAt(BASE);
@@ -533,7 +613,13 @@ describe('OutlierDetector', () => {
       calls(t.sut, 'a', 0, 10);
       for (const key of ['b', 'c', 'd']) calls(t.sut, key, 10, 0);
 
-      t.sut.configure(settings({ consecutiveFailures: 0, consecutiveGatewayFailures: 0, failurePercentage: { threshold: 50, minimumHosts: 4, requestVolume: 10 } }));
+      t.sut.configure(
+        settings({
+          consecutiveFailures: 0,
+          consecutiveGatewayFailures: 0,
+          failurePercentage: { threshold: 50, minimumHosts: 4, requestVolume: 10 },
+        }),
+      );
       expect(t.sweepAt(INTERVAL)).toEqual(['a']);
     });
   });

@@ -20,7 +20,8 @@ export type CallOutcome =
   | 'gateway_failure';
 
 /** The rules that eject an endpoint (Envoy's `ejections_enforced_*` counters). */
-export type EjectionRule = 'consecutive_failures' | 'consecutive_gateway_failures' | 'failure_percentage' | 'success_rate';
+export type EjectionRule =
+  'consecutive_failures' | 'consecutive_gateway_failures' | 'failure_percentage' | 'success_rate';
 
 /** Envoy's default max_ejection_time: an ejection lasts at most this, or baseEjectionTime when that is longer. */
 export const DEFAULT_MAX_EJECTION_TIME_MS = 300_000;
@@ -134,7 +135,11 @@ export class OutlierDetector<K> {
     // percent let the ejection happen; an endpoint already ejected keeps its runs until it is back.
     const { consecutiveFailures, consecutiveGatewayFailures } = this.settings;
     let ejected = false;
-    if (consecutiveGatewayFailures > 0 && state.consecutiveGatewayFailures >= consecutiveGatewayFailures && state.ejectedAt === undefined) {
+    if (
+      consecutiveGatewayFailures > 0 &&
+      state.consecutiveGatewayFailures >= consecutiveGatewayFailures &&
+      state.ejectedAt === undefined
+    ) {
       ejected = this.eject(state, 'consecutive_gateway_failures', this.now());
       state.consecutiveGatewayFailures = 0;
     }
@@ -202,7 +207,9 @@ export class OutlierDetector<K> {
     if (failurePercentage !== undefined) {
       const eligible = samples.filter((s) => s.calls >= failurePercentage.requestVolume);
       if (eligible.length > 0 && eligible.length >= failurePercentage.minimumHosts) {
-        const failing = eligible.filter((s) => 100 - s.successRate >= failurePercentage.threshold && s.state.ejectedAt === undefined);
+        const failing = eligible.filter(
+          (s) => 100 - s.successRate >= failurePercentage.threshold && s.state.ejectedAt === undefined,
+        );
         for (const sample of worstFirst(failing)) {
           if (this.eject(sample.state, 'failure_percentage', now)) ejected.push(sample.key);
         }
@@ -210,7 +217,12 @@ export class OutlierDetector<K> {
     }
 
     for (const state of this.endpoints.values()) {
-      if (state.ejectedAt === undefined && state.multiplier > 0 && state.unejectedAt !== undefined && now - state.unejectedAt + SWEEP_SLACK_MS >= this.settings.interval) {
+      if (
+        state.ejectedAt === undefined &&
+        state.multiplier > 0 &&
+        state.unejectedAt !== undefined &&
+        now - state.unejectedAt + SWEEP_SLACK_MS >= this.settings.interval
+      ) {
         state.multiplier--;
       }
     }
@@ -245,7 +257,15 @@ export class OutlierDetector<K> {
 }
 
 function newEndpointState(): EndpointState {
-  return { consecutiveFailures: 0, consecutiveGatewayFailures: 0, calls: 0, successes: 0, ejectedAt: undefined, unejectedAt: undefined, multiplier: 0 };
+  return {
+    consecutiveFailures: 0,
+    consecutiveGatewayFailures: 0,
+    calls: 0,
+    successes: 0,
+    ejectedAt: undefined,
+    unejectedAt: undefined,
+    multiplier: 0,
+  };
 }
 
 /** The samples by success rate, the lowest first (a stable sort: ties keep the endpoints' order). */

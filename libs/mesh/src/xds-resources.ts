@@ -1,4 +1,12 @@
-import { clusterName, edgeApiListener, edgeClusters, edgeListener, inboundApiListener, sidecarEdges, subsetOf } from './envoy-bootstrap';
+import {
+  clusterName,
+  edgeApiListener,
+  edgeClusters,
+  edgeListener,
+  inboundApiListener,
+  sidecarEdges,
+  subsetOf,
+} from './envoy-bootstrap';
 import type { MeshPolicy, MeshService } from './mesh-policy';
 
 /** The four resource types the control plane serves over ADS, by type URL. */
@@ -39,9 +47,16 @@ export interface MeshInstance {
 export type XdsResources = Record<XdsTypeUrl, Map<string, unknown>>;
 
 /** The instances of a cluster: the service's, or those of one subset (every label of the subset matches). */
-function members(policy: MeshPolicy, service: MeshService, subset: string | undefined, instances: readonly MeshInstance[]): MeshInstance[] {
+function members(
+  policy: MeshPolicy,
+  service: MeshService,
+  subset: string | undefined,
+  instances: readonly MeshInstance[],
+): MeshInstance[] {
   const selector = subset === undefined ? {} : (policy.services[service].subsets[subset] ?? {});
-  return instances.filter((i) => i.service === service && Object.entries(selector).every(([k, v]) => i.labels[k] === v));
+  return instances.filter(
+    (i) => i.service === service && Object.entries(selector).every(([k, v]) => i.labels[k] === v),
+  );
 }
 
 /**
@@ -64,7 +79,10 @@ export function xdsResources(
   // A proxyless service reads its own inbound filters (the faults injected into its calls) from a
   // server listener; a sidecar has its inbound listener in its bootstrap.
   if (kind === 'grpc' && self !== undefined) {
-    resources[XDS_TYPES.listener].set('inbound', inboundApiListener(policy, caller, subsetOf(policy, caller, self.labels), self.address, self.port));
+    resources[XDS_TYPES.listener].set(
+      'inbound',
+      inboundApiListener(policy, caller, subsetOf(policy, caller, self.labels), self.address, self.port),
+    );
   }
   // The batcher picks workers itself, so its sidecar does not proxy that edge; proxyless, it still
   // takes the edge's endpoints, ejection and retry settings from these resources.
@@ -90,7 +108,14 @@ export function xdsResources(
                   locality: { zone: 'local' },
                   load_balancing_weight: 1,
                   lb_endpoints: endpoints.map((i) => ({
-                    endpoint: { address: { socket_address: { address: i.address, port_value: kind === 'envoy' ? policy.sidecar.inboundPort : i.port } } },
+                    endpoint: {
+                      address: {
+                        socket_address: {
+                          address: i.address,
+                          port_value: kind === 'envoy' ? policy.sidecar.inboundPort : i.port,
+                        },
+                      },
+                    },
                     health_status: i.healthy ? 'HEALTHY' : 'UNHEALTHY',
                     metadata: { filter_metadata: { infermesh: { instance: i.id } } },
                   })),

@@ -6,10 +6,26 @@ import { type BuiltModel, encodeModel, floatInitializer, type ProcessingInit, no
  * short binary fraction, so scores of such inputs are exact and can be checked by hand.
  */
 export const CLASSIFIER_WEIGHT: readonly number[] = [
-  1, 0, 0, 0, 0.5, //
-  0, 1, 0, 0, 0.5,
-  0, 0, 1, 0, -0.5,
-  0, 0, 0, 1, -0.5,
+  1,
+  0,
+  0,
+  0,
+  0.5, //
+  0,
+  1,
+  0,
+  0,
+  0.5,
+  0,
+  0,
+  1,
+  0,
+  -0.5,
+  0,
+  0,
+  0,
+  1,
+  -0.5,
 ];
 export const CLASSIFIER_BIAS: readonly number[] = [0, 0, 0, 0, 0.25];
 /** The label of each of the five classes, by index. */
@@ -31,7 +47,10 @@ export const CLASSIFIER_PROCESSING: ProcessingInit = {
  */
 export function buildClassifierModel(): BuiltModel {
   const built = encodeModel('classifier', {
-    nodes: [node('MatMul', ['input', 'weight'], ['matmul'], 'matmul'), node('Add', ['matmul', 'bias'], ['scores'], 'add')],
+    nodes: [
+      node('MatMul', ['input', 'weight'], ['matmul'], 'matmul'),
+      node('Add', ['matmul', 'bias'], ['scores'], 'add'),
+    ],
     initializers: [
       floatInitializer('weight', [4, 5], Float32Array.from(CLASSIFIER_WEIGHT)),
       floatInitializer('bias', [5], Float32Array.from(CLASSIFIER_BIAS)),

@@ -11,7 +11,15 @@ async function open(bytes: Uint8Array): Promise<ort.InferenceSession> {
 }
 
 /** A 3×3 convolution, stride 2, zero padding 1, plus bias, then Relu, of one image x [inC, h, w]. */
-function convRelu(x: Float64Array, inC: number, h: number, w: number, weight: Float32Array, bias: Float32Array, outC: number) {
+function convRelu(
+  x: Float64Array,
+  inC: number,
+  h: number,
+  w: number,
+  weight: Float32Array,
+  bias: Float32Array,
+  outC: number,
+) {
   const outH = Math.floor((h + 2 - 3) / 2) + 1;
   const outW = Math.floor((w + 2 - 3) / 2) + 1;
   const y = new Float64Array(outC * outH * outW);
@@ -42,9 +50,15 @@ function cnnScores(image: Float32Array, options: CnnOptions): Float64Array {
   const { convs, fc } = cnnLayers(options);
   let x = Float64Array.from(image);
   let [, h, w] = CNN_INPUT_SHAPE as [number, number, number];
-  for (const conv of convs) ({ y: x, h, w } = convRelu(x, conv.inChannels, h, w, conv.weight, conv.bias, conv.outChannels));
-  const pooled = Array.from({ length: fc.inFeatures }, (_, c) => x.subarray(c * h * w, (c + 1) * h * w).reduce((a, b) => a + b, 0) / (h * w));
-  return Float64Array.from({ length: fc.outFeatures }, (_, o) => pooled.reduce((sum, p, i) => sum + p * fc.weight[i * fc.outFeatures + o]!, fc.bias[o]!));
+  for (const conv of convs)
+    ({ y: x, h, w } = convRelu(x, conv.inChannels, h, w, conv.weight, conv.bias, conv.outChannels));
+  const pooled = Array.from(
+    { length: fc.inFeatures },
+    (_, c) => x.subarray(c * h * w, (c + 1) * h * w).reduce((a, b) => a + b, 0) / (h * w),
+  );
+  return Float64Array.from({ length: fc.outFeatures }, (_, o) =>
+    pooled.reduce((sum, p, i) => sum + p * fc.weight[i * fc.outFeatures + o]!, fc.bias[o]!),
+  );
 }
 
 const imageSize = CNN_INPUT_SHAPE.reduce((a, b) => a * b);
@@ -56,8 +70,12 @@ describe(buildCnnModel.name, () => {
     expect(sut.inputs).toEqual([{ name: 'input', datatype: 'FP32', shape: [-1, 3, 48, 192] }]);
     expect(sut.outputs).toEqual([{ name: 'scores', datatype: 'FP32', shape: [-1, 10] }]);
     const session = await open(sut.bytes);
-    expect(session.inputMetadata).toEqual([expect.objectContaining({ name: 'input', type: 'float32', shape: ['batch', 3, 48, 192] })]);
-    expect(session.outputMetadata).toEqual([expect.objectContaining({ name: 'scores', type: 'float32', shape: ['batch', 10] })]);
+    expect(session.inputMetadata).toEqual([
+      expect.objectContaining({ name: 'input', type: 'float32', shape: ['batch', 3, 48, 192] }),
+    ]);
+    expect(session.outputMetadata).toEqual([
+      expect.objectContaining({ name: 'scores', type: 'float32', shape: ['batch', 10] }),
+    ]);
     await session.release();
   });
 
@@ -65,19 +83,22 @@ describe(buildCnnModel.name, () => {
     [{}, 1],
     [{}, 3],
     [{ channels: [4, 6], classes: 5, seed: 3 }, 2],
-  ] as [CnnOptions, number][])('matches a plain JavaScript forward pass of the same weights (%j, batch %i)', async (options, batch) => {
-    const session = await open(buildCnnModel(options).bytes);
-    const x = new SeededRandom(10 + batch).uniformFloat32(batch * imageSize, -1, 1);
-    const { scores } = await session.run({ input: new ort.Tensor('float32', x, [batch, ...CNN_INPUT_SHAPE]) });
-    const classes = options.classes ?? 10;
-    expect(scores!.dims).toEqual([batch, classes]);
-    const actual = scores!.data as Float32Array;
-    for (let n = 0; n < batch; n += 1) {
-      const expected = cnnScores(x.subarray(n * imageSize, (n + 1) * imageSize), options);
-      expected.forEach((e, o) => expect(Math.abs(actual[n * classes + o]! - e)).toBeLessThan(1e-5));
-    }
-    await session.release();
-  });
+  ] as [CnnOptions, number][])(
+    'matches a plain JavaScript forward pass of the same weights (%j, batch %i)',
+    async (options, batch) => {
+      const session = await open(buildCnnModel(options).bytes);
+      const x = new SeededRandom(10 + batch).uniformFloat32(batch * imageSize, -1, 1);
+      const { scores } = await session.run({ input: new ort.Tensor('float32', x, [batch, ...CNN_INPUT_SHAPE]) });
+      const classes = options.classes ?? 10;
+      expect(scores!.dims).toEqual([batch, classes]);
+      const actual = scores!.data as Float32Array;
+      for (let n = 0; n < batch; n += 1) {
+        const expected = cnnScores(x.subarray(n * imageSize, (n + 1) * imageSize), options);
+        expected.forEach((e, o) => expect(Math.abs(actual[n * classes + o]! - e)).toBeLessThan(1e-5));
+      }
+      await session.release();
+    },
+  );
 
   it('scores different images differently, by far more than the tolerance above', async () => {
     const session = await open(buildCnnModel().bytes);
@@ -91,7 +112,16 @@ describe(buildCnnModel.name, () => {
 
   it('is a Conv and Relu per channel count, then GlobalAveragePool, Flatten, MatMul and Add', () => {
     const graph = onnx.ModelProto.decode(buildCnnModel({ channels: [8, 16] }).bytes).graph;
-    expect(graph?.node?.map((n) => n.opType)).toEqual(['Conv', 'Relu', 'Conv', 'Relu', 'GlobalAveragePool', 'Flatten', 'MatMul', 'Add']);
+    expect(graph?.node?.map((n) => n.opType)).toEqual([
+      'Conv',
+      'Relu',
+      'Conv',
+      'Relu',
+      'GlobalAveragePool',
+      'Flatten',
+      'MatMul',
+      'Add',
+    ]);
     expect(graph?.initializer?.map((t) => [t.name, (t.dims ?? []).map(Number)])).toEqual([
       ['conv0.weight', [8, 3, 3, 3]],
       ['conv0.bias', [8]],

@@ -1,6 +1,14 @@
 import type { onnx } from 'onnx-proto';
 import type { MlpLayer } from './mlp-model';
-import { type BuiltModel, encodeModel, floatInitializer, intAttribute, intsAttribute, type ModelTensorSpec, node } from './onnx-graph';
+import {
+  type BuiltModel,
+  encodeModel,
+  floatInitializer,
+  intAttribute,
+  intsAttribute,
+  type ModelTensorSpec,
+  node,
+} from './onnx-graph';
 import { SeededRandom } from './prng';
 
 export interface CnnOptions {
@@ -52,7 +60,8 @@ export function cnnLayers(options: CnnOptions = {}): CnnLayers {
   if (channels.length === 0 || channels.some((c) => !Number.isInteger(c) || c <= 0)) {
     throw new RangeError(`CNN channels must be one or more positive integers, got [${channels.join(',')}]`);
   }
-  if (!Number.isInteger(classes) || classes <= 0) throw new RangeError(`CNN classes must be a positive integer, got ${classes}`);
+  if (!Number.isInteger(classes) || classes <= 0)
+    throw new RangeError(`CNN classes must be a positive integer, got ${classes}`);
   const random = new SeededRandom(options.seed ?? DEFAULT_SEED);
   const convs: CnnConvLayer[] = [];
   let inChannels = CNN_INPUT_SHAPE[0]!;
@@ -89,9 +98,13 @@ export function buildCnnModel(options: CnnOptions = {}): BuiltModel {
   ];
   let current = 'input';
   convs.forEach((conv, i) => {
-    initializers.push(floatInitializer(`conv${i}.weight`, [conv.outChannels, conv.inChannels, CNN_KERNEL, CNN_KERNEL], conv.weight));
+    initializers.push(
+      floatInitializer(`conv${i}.weight`, [conv.outChannels, conv.inChannels, CNN_KERNEL, CNN_KERNEL], conv.weight),
+    );
     initializers.push(floatInitializer(`conv${i}.bias`, [conv.outChannels], conv.bias));
-    nodes.push(node('Conv', [current, `conv${i}.weight`, `conv${i}.bias`], [`conv${i}.conv`], `conv${i}_conv`, convAttributes));
+    nodes.push(
+      node('Conv', [current, `conv${i}.weight`, `conv${i}.bias`], [`conv${i}.conv`], `conv${i}_conv`, convAttributes),
+    );
     nodes.push(node('Relu', [`conv${i}.conv`], [`conv${i}.relu`], `conv${i}_relu`));
     current = `conv${i}.relu`;
   });

@@ -1,4 +1,11 @@
-import { ONNX_ELEM_TYPE, type BuiltModel, encodeModel, type ModelDatatype, type ModelTensorSpec, node } from './onnx-graph';
+import {
+  ONNX_ELEM_TYPE,
+  type BuiltModel,
+  encodeModel,
+  type ModelDatatype,
+  type ModelTensorSpec,
+  node,
+} from './onnx-graph';
 
 /** Every datatype an identity model can pass through, in KServe names. */
 export const IDENTITY_DATATYPES: readonly ModelDatatype[] = Object.keys(ONNX_ELEM_TYPE) as ModelDatatype[];
@@ -12,8 +19,16 @@ export function buildIdentityModel(
   datatypes: readonly ModelDatatype[] = IDENTITY_DATATYPES.filter((d) => d !== 'BF16'),
   name = 'identity',
 ): BuiltModel {
-  const inputs: ModelTensorSpec[] = datatypes.map((d) => ({ name: `${d.toLowerCase()}_in`, datatype: d, shape: [-1, -1] }));
-  const outputs: ModelTensorSpec[] = datatypes.map((d) => ({ name: `${d.toLowerCase()}_out`, datatype: d, shape: [-1, -1] }));
+  const inputs: ModelTensorSpec[] = datatypes.map((d) => ({
+    name: `${d.toLowerCase()}_in`,
+    datatype: d,
+    shape: [-1, -1],
+  }));
+  const outputs: ModelTensorSpec[] = datatypes.map((d) => ({
+    name: `${d.toLowerCase()}_out`,
+    datatype: d,
+    shape: [-1, -1],
+  }));
   return encodeModel(name, {
     nodes: datatypes.map((_, i) => node('Identity', [inputs[i]!.name], [outputs[i]!.name], `identity_${i}`)),
     initializers: [],

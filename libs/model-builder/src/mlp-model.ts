@@ -54,7 +54,9 @@ export function mlpLayers(options: MlpOptions = {}): MlpLayer[] {
 export function buildMlpModel(options: MlpOptions = {}): BuiltModel {
   const layers = mlpLayers(options);
   const inputs: ModelTensorSpec[] = [{ name: 'input', datatype: 'FP32', shape: [-1, layers[0]!.inFeatures] }];
-  const outputs: ModelTensorSpec[] = [{ name: 'output', datatype: 'FP32', shape: [-1, layers[layers.length - 1]!.outFeatures] }];
+  const outputs: ModelTensorSpec[] = [
+    { name: 'output', datatype: 'FP32', shape: [-1, layers[layers.length - 1]!.outFeatures] },
+  ];
   const nodes: onnx.INodeProto[] = [];
   const initializers: onnx.ITensorProto[] = [];
   let current = 'input';

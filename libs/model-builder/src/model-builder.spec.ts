@@ -4,7 +4,14 @@ import { DEMO_MODELS } from './demo-models';
 import { buildMlpModel, mlpLayers } from './mlp-model';
 import { buildIdentityModel } from './identity-model';
 import { buildMultiIoModel } from './multi-io-model';
-import { buildClassifierModel, CLASSIFIER_BIAS, CLASSIFIER_LABELS, CLASSIFIER_MEAN, CLASSIFIER_STD, CLASSIFIER_WEIGHT } from './classifier-model';
+import {
+  buildClassifierModel,
+  CLASSIFIER_BIAS,
+  CLASSIFIER_LABELS,
+  CLASSIFIER_MEAN,
+  CLASSIFIER_STD,
+  CLASSIFIER_WEIGHT,
+} from './classifier-model';
 import { buildTinyModel, TINY_BIAS, TINY_WEIGHT } from './tiny-model';
 import { SeededRandom } from './prng';
 
@@ -15,7 +22,15 @@ async function open(bytes: Uint8Array): Promise<ort.InferenceSession> {
 }
 
 /** y = x · W + b for a row-major x [rows, in] and W [in, out]. */
-function dense(x: Float32Array, rows: number, w: ArrayLike<number>, b: ArrayLike<number>, inF: number, outF: number, relu: boolean) {
+function dense(
+  x: Float32Array,
+  rows: number,
+  w: ArrayLike<number>,
+  b: ArrayLike<number>,
+  inF: number,
+  outF: number,
+  relu: boolean,
+) {
   const y = new Float32Array(rows * outF);
   for (let r = 0; r < rows; r += 1) {
     for (let o = 0; o < outF; o += 1) {
@@ -37,7 +52,9 @@ describe(buildTinyModel.name, () => {
     const { output } = await session.run({ input: new ort.Tensor('float32', x, [2, 4]) });
     expect(output!.dims).toEqual([2, 3]);
     // Row 0 by hand: [1 + 0 - 3 + 2, 0 + 2 + 6 - 4, 0.5 - 1 + 0.75 + 4] + b
-    expect(Array.from(output!.data as Float32Array).slice(0, 3)).toEqual([0, 4, 4.25].map((v, i) => Math.fround(v + TINY_BIAS[i]!)));
+    expect(Array.from(output!.data as Float32Array).slice(0, 3)).toEqual(
+      [0, 4, 4.25].map((v, i) => Math.fround(v + TINY_BIAS[i]!)),
+    );
     const expected = dense(x, 2, TINY_WEIGHT, TINY_BIAS, 4, 3, false);
     Array.from(output!.data as Float32Array).forEach((v, i) => expect(v).toBeCloseTo(expected[i]!, 5));
     await session.release();
@@ -108,7 +125,9 @@ describe(buildMlpModel.name, () => {
     expect(sut.bytes.byteLength).toBeLessThan(26_000_000);
     expect(sut.inputs).toEqual([{ name: 'input', datatype: 'FP32', shape: [-1, 512] }]);
     const session = await open(sut.bytes);
-    const { output } = await session.run({ input: new ort.Tensor('float32', new SeededRandom(1).uniformFloat32(2 * 512, -1, 1), [2, 512]) });
+    const { output } = await session.run({
+      input: new ort.Tensor('float32', new SeededRandom(1).uniformFloat32(2 * 512, -1, 1), [2, 512]),
+    });
     expect(output!.dims).toEqual([2, 512]);
     expect((output!.data as Float32Array).every((v) => Number.isFinite(v))).toBe(true);
     await session.release();
@@ -120,7 +139,21 @@ describe(buildIdentityModel.name, () => {
     const sut = buildIdentityModel();
     const session = await open(sut.bytes);
     expect([...session.inputNames].sort()).toEqual(
-      ['bool', 'bytes', 'fp16', 'fp32', 'fp64', 'int16', 'int32', 'int64', 'int8', 'uint16', 'uint32', 'uint64', 'uint8'].map((t) => `${t}_in`),
+      [
+        'bool',
+        'bytes',
+        'fp16',
+        'fp32',
+        'fp64',
+        'int16',
+        'int32',
+        'int64',
+        'int8',
+        'uint16',
+        'uint32',
+        'uint64',
+        'uint8',
+      ].map((t) => `${t}_in`),
     );
     expect(session.outputNames).toHaveLength(13);
     expect(session.inputMetadata.find((m) => m.name === 'fp16_in')).toMatchObject({ type: 'float16' });
@@ -138,7 +171,9 @@ describe(buildClassifierModel.name, () => {
     expect(scores!.dims).toEqual([2, 5]);
     // Row 0 by hand: the features, then (1 + 2 - 3 - 4) / 2 + 0.25.
     expect(Array.from(scores!.data as Float32Array)).toEqual([1, 2, 3, 4, -1.75, 0.5, -1, 2, 0, -1.0]);
-    expect(Array.from(dense(x, 2, CLASSIFIER_WEIGHT, CLASSIFIER_BIAS, 4, 5, false))).toEqual(Array.from(scores!.data as Float32Array));
+    expect(Array.from(dense(x, 2, CLASSIFIER_WEIGHT, CLASSIFIER_BIAS, 4, 5, false))).toEqual(
+      Array.from(scores!.data as Float32Array),
+    );
     await session.release();
   });
 

@@ -5,8 +5,20 @@ import { endianness } from 'node:os';
 
 /** KServe names of the datatypes generated models can declare. */
 export type ModelDatatype =
-  | 'BOOL' | 'UINT8' | 'UINT16' | 'UINT32' | 'UINT64' | 'INT8' | 'INT16' | 'INT32' | 'INT64'
-  | 'FP16' | 'FP32' | 'FP64' | 'BYTES' | 'BF16';
+  | 'BOOL'
+  | 'UINT8'
+  | 'UINT16'
+  | 'UINT32'
+  | 'UINT64'
+  | 'INT8'
+  | 'INT16'
+  | 'INT32'
+  | 'INT64'
+  | 'FP16'
+  | 'FP32'
+  | 'FP64'
+  | 'BYTES'
+  | 'BF16';
 
 /** A model input or output: name, KServe datatype and shape, -1 for the dynamic batch dimension. */
 export interface ModelTensorSpec {
@@ -43,8 +55,20 @@ const IR_VERSION = 8;
 
 /** ONNX TensorProto.DataType of each datatype. */
 export const ONNX_ELEM_TYPE: Readonly<Record<ModelDatatype, number>> = {
-  FP32: 1, UINT8: 2, INT8: 3, UINT16: 4, INT16: 5, INT32: 6, INT64: 7, BYTES: 8, BOOL: 9,
-  FP16: 10, FP64: 11, UINT32: 12, UINT64: 13, BF16: 16,
+  FP32: 1,
+  UINT8: 2,
+  INT8: 3,
+  UINT16: 4,
+  INT16: 5,
+  INT32: 6,
+  INT64: 7,
+  BYTES: 8,
+  BOOL: 9,
+  FP16: 10,
+  FP64: 11,
+  UINT32: 12,
+  UINT64: 13,
+  BF16: 16,
 };
 
 export function valueInfo(spec: ModelTensorSpec): onnx.IValueInfoProto {
@@ -53,7 +77,9 @@ export function valueInfo(spec: ModelTensorSpec): onnx.IValueInfoProto {
     type: {
       tensorType: {
         elemType: ONNX_ELEM_TYPE[spec.datatype],
-        shape: { dim: spec.shape.map((d, i) => (d < 0 ? { dimParam: spec.dimNames?.[i] ?? 'batch' } : { dimValue: d })) },
+        shape: {
+          dim: spec.shape.map((d, i) => (d < 0 ? { dimParam: spec.dimNames?.[i] ?? 'batch' } : { dimValue: d })),
+        },
       },
     },
   };
@@ -92,14 +118,25 @@ export function intsAttribute(name: string, values: readonly number[]): onnx.IAt
   return { name, type: onnx.AttributeProto.AttributeType.INTS, ints: [...values] };
 }
 
-export function node(opType: string, inputs: string[], outputs: string[], name: string, attribute?: onnx.IAttributeProto[]): onnx.INodeProto {
+export function node(
+  opType: string,
+  inputs: string[],
+  outputs: string[],
+  name: string,
+  attribute?: onnx.IAttributeProto[],
+): onnx.INodeProto {
   return { opType, input: inputs, output: outputs, name, ...(attribute !== undefined && { attribute }) };
 }
 
 /** Serializes a graph into an ONNX model; the same graph always gives the same bytes. */
 export function encodeModel(
   name: string,
-  graph: { nodes: onnx.INodeProto[]; initializers: onnx.ITensorProto[]; inputs: readonly ModelTensorSpec[]; outputs: readonly ModelTensorSpec[] },
+  graph: {
+    nodes: onnx.INodeProto[];
+    initializers: onnx.ITensorProto[];
+    inputs: readonly ModelTensorSpec[];
+    outputs: readonly ModelTensorSpec[];
+  },
 ): BuiltModel {
   const model = onnx.ModelProto.create({
     irVersion: IR_VERSION,

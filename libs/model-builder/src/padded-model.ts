@@ -14,7 +14,10 @@ export function buildPaddedModel(artifactBytes: number, seed = 1, name = `padded
   const random = new SeededRandom(seed);
   for (let i = 0; i < padding.length; i += 4096) padding[i] = Math.floor(random.next() * 256);
   return encodeModel(name, {
-    nodes: [node('MatMul', ['input', 'weight'], ['matmul'], 'matmul'), node('Add', ['matmul', 'bias'], ['output'], 'add')],
+    nodes: [
+      node('MatMul', ['input', 'weight'], ['matmul'], 'matmul'),
+      node('Add', ['matmul', 'bias'], ['output'], 'add'),
+    ],
     initializers: [
       floatInitializer('weight', [4, 3], Float32Array.from(TINY_WEIGHT)),
       floatInitializer('bias', [3], Float32Array.from(TINY_BIAS)),

@@ -3,7 +3,12 @@ import { onnx } from 'onnx-proto';
 import { createHash } from 'node:crypto';
 import { ONNX_ELEM_TYPE } from './onnx-graph';
 import { SeededRandom } from './prng';
-import { buildQuantizedFormModel, QUANTIZED_FORMS, type QuantizedForm, quantizedFormReference } from './quantized-forms';
+import {
+  buildQuantizedFormModel,
+  QUANTIZED_FORMS,
+  type QuantizedForm,
+  quantizedFormReference,
+} from './quantized-forms';
 
 const sha256 = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex');
 
@@ -45,13 +50,23 @@ describe(buildQuantizedFormModel.name, () => {
       const sut = buildQuantizedFormModel(form);
       expect(sut.name).toBe(`quantized-${form}`);
       expect(sut.inputs).toEqual([{ name: 'input', datatype: 'FP32', shape: [-1, ...sut.inputs[0]!.shape.slice(1)] }]);
-      expect(sut.outputs).toEqual([{ name: 'output', datatype: 'FP32', shape: [-1, ...sut.outputs[0]!.shape.slice(1)] }]);
+      expect(sut.outputs).toEqual([
+        { name: 'output', datatype: 'FP32', shape: [-1, ...sut.outputs[0]!.shape.slice(1)] },
+      ]);
       expect(sut.inputs[0]!.shape.slice(1).every((d) => d > 0)).toBe(true);
       const session = await open(sut.bytes);
       expect(session.inputNames).toEqual(['input']);
       expect(session.outputNames).toEqual(['output']);
-      expect(session.inputMetadata[0]).toMatchObject({ isTensor: true, type: 'float32', shape: ['batch', ...sut.inputs[0]!.shape.slice(1)] });
-      expect(session.outputMetadata[0]).toMatchObject({ isTensor: true, type: 'float32', shape: ['batch', ...sut.outputs[0]!.shape.slice(1)] });
+      expect(session.inputMetadata[0]).toMatchObject({
+        isTensor: true,
+        type: 'float32',
+        shape: ['batch', ...sut.inputs[0]!.shape.slice(1)],
+      });
+      expect(session.outputMetadata[0]).toMatchObject({
+        isTensor: true,
+        type: 'float32',
+        shape: ['batch', ...sut.outputs[0]!.shape.slice(1)],
+      });
       await session.release();
     });
 
@@ -59,7 +74,11 @@ describe(buildQuantizedFormModel.name, () => {
       const sut = buildQuantizedFormModel(form);
       const session = await open(sut.bytes);
       const inputShape = [batch, ...sut.inputs[0]!.shape.slice(1)];
-      const x = new SeededRandom(100 + batch).uniformFloat32(inputShape.reduce((a, b) => a * b), -1, 1);
+      const x = new SeededRandom(100 + batch).uniformFloat32(
+        inputShape.reduce((a, b) => a * b),
+        -1,
+        1,
+      );
       const { output } = await session.run({ input: new ort.Tensor('float32', x, inputShape) });
       expect(output!.type).toBe('float32');
       expect(output!.dims).toEqual([batch, ...sut.outputs[0]!.shape.slice(1)]);
@@ -86,7 +105,9 @@ describe(buildQuantizedFormModel.name, () => {
       const { weight } = quantizedFormReference(form);
       const initializers = onnx.ModelProto.decode(sut.bytes).graph?.initializer ?? [];
       // No float tensor bigger than a bias or a scale: the weights are there only quantized.
-      const floatElements = initializers.filter((t) => t.dataType === ONNX_ELEM_TYPE.FP32).map((t) => (t.dims ?? []).map(Number).reduce((a, b) => a * b, 1));
+      const floatElements = initializers
+        .filter((t) => t.dataType === ONNX_ELEM_TYPE.FP32)
+        .map((t) => (t.dims ?? []).map(Number).reduce((a, b) => a * b, 1));
       expect(Math.max(0, ...floatElements)).toBeLessThan(64);
       if (weight !== undefined) {
         const quantized = initializers.find((t) => t.name === 'weight.quantized');
@@ -99,9 +120,11 @@ describe(buildQuantizedFormModel.name, () => {
   it('quantizes the dynamic forms over the whole batch, so a row depends slightly on its batch-mates', async () => {
     const session = await open(buildQuantizedFormModel('dynamic-quantize-linear').bytes);
     const row = new SeededRandom(5).uniformFloat32(64, -0.5, 0.5);
-    const alone = (await session.run({ input: new ort.Tensor('float32', row, [1, 64]) }))['output']!.data as Float32Array;
+    const alone = (await session.run({ input: new ort.Tensor('float32', row, [1, 64]) }))['output']!
+      .data as Float32Array;
     const batched = Float32Array.of(...row, ...new Float32Array(64).fill(4));
-    const together = (await session.run({ input: new ort.Tensor('float32', batched, [2, 64]) }))['output']!.data as Float32Array;
+    const together = (await session.run({ input: new ort.Tensor('float32', batched, [2, 64]) }))['output']!
+      .data as Float32Array;
     expect(relativeL2(alone, row)).toBeLessThan(0.01);
     expect(Array.from(together.subarray(0, 64))).not.toEqual(Array.from(alone));
     expect(relativeL2(together.subarray(0, 64), row)).toBeLessThan(TOLERANCE);

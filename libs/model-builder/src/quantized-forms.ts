@@ -20,7 +20,8 @@ import { SeededRandom } from './prng';
  * (MatMulInteger, ConvInteger), the quantized-linear operators (QLinearMatMul, QLinearConv), and a
  * dynamically quantized activation alone (DynamicQuantizeLinear).
  */
-export type QuantizedForm = 'qdq' | 'matmul-integer' | 'qlinear-matmul' | 'qlinear-conv' | 'conv-integer' | 'dynamic-quantize-linear';
+export type QuantizedForm =
+  'qdq' | 'matmul-integer' | 'qlinear-matmul' | 'qlinear-conv' | 'conv-integer' | 'dynamic-quantize-linear';
 
 export const QUANTIZED_FORMS: readonly QuantizedForm[] = [
   'qdq',
@@ -137,8 +138,19 @@ function qdqGraph(): Graph {
   return {
     nodes: [
       node('QuantizeLinear', ['input', 'input.scale', 'input.zero_point'], ['input.quantized'], 'input_quantize'),
-      node('DequantizeLinear', ['input.quantized', 'input.scale', 'input.zero_point'], ['input.dequantized'], 'input_dequantize'),
-      node('DequantizeLinear', ['weight.quantized', 'weight.scale', 'weight.zero_point'], ['weight'], 'weight_dequantize', [intAttribute('axis', 1)]),
+      node(
+        'DequantizeLinear',
+        ['input.quantized', 'input.scale', 'input.zero_point'],
+        ['input.dequantized'],
+        'input_dequantize',
+      ),
+      node(
+        'DequantizeLinear',
+        ['weight.quantized', 'weight.scale', 'weight.zero_point'],
+        ['weight'],
+        'weight_dequantize',
+        [intAttribute('axis', 1)],
+      ),
       node('MatMul', ['input.dequantized', 'weight'], ['matmul'], 'matmul'),
       node('Add', ['matmul', 'bias'], ['output'], 'add'),
     ],
@@ -159,8 +171,18 @@ function matMulIntegerGraph(): Graph {
   const quantized = quantizeSymmetric(weight, DENSE_OUT, (i) => i % DENSE_OUT, INT8_WEIGHT_MAX);
   return {
     nodes: [
-      node('DynamicQuantizeLinear', ['input'], ['input.quantized', 'input.scale', 'input.zero_point'], 'input_quantize'),
-      node('MatMulInteger', ['input.quantized', 'weight.quantized', 'input.zero_point', 'weight.zero_point'], ['matmul.int32'], 'matmul_integer'),
+      node(
+        'DynamicQuantizeLinear',
+        ['input'],
+        ['input.quantized', 'input.scale', 'input.zero_point'],
+        'input_quantize',
+      ),
+      node(
+        'MatMulInteger',
+        ['input.quantized', 'weight.quantized', 'input.zero_point', 'weight.zero_point'],
+        ['matmul.int32'],
+        'matmul_integer',
+      ),
       ...rescaleNodes('matmul'),
       node('Add', ['matmul', 'bias'], ['output'], 'add'),
     ],
@@ -184,11 +206,25 @@ function qLinearMatMulGraph(): Graph {
       node('QuantizeLinear', ['input', 'input.scale', 'input.zero_point'], ['input.quantized'], 'input_quantize'),
       node(
         'QLinearMatMul',
-        ['input.quantized', 'input.scale', 'input.zero_point', 'weight.quantized', 'weight.scale', 'weight.zero_point', 'output.scale', 'output.zero_point'],
+        [
+          'input.quantized',
+          'input.scale',
+          'input.zero_point',
+          'weight.quantized',
+          'weight.scale',
+          'weight.zero_point',
+          'output.scale',
+          'output.zero_point',
+        ],
         ['output.quantized'],
         'qlinear_matmul',
       ),
-      node('DequantizeLinear', ['output.quantized', 'output.scale', 'output.zero_point'], ['output'], 'output_dequantize'),
+      node(
+        'DequantizeLinear',
+        ['output.quantized', 'output.scale', 'output.zero_point'],
+        ['output'],
+        'output_dequantize',
+      ),
     ],
     initializers: [
       ...staticInputInitializers(),
@@ -216,14 +252,26 @@ function qLinearConvGraph(): Graph {
       node(
         'QLinearConv',
         [
-          'input.quantized', 'input.scale', 'input.zero_point', 'weight.quantized', 'weight.scale', 'weight.zero_point',
-          'output.scale', 'output.zero_point', 'bias.quantized',
+          'input.quantized',
+          'input.scale',
+          'input.zero_point',
+          'weight.quantized',
+          'weight.scale',
+          'weight.zero_point',
+          'output.scale',
+          'output.zero_point',
+          'bias.quantized',
         ],
         ['output.quantized'],
         'qlinear_conv',
         CONV_ATTRIBUTES,
       ),
-      node('DequantizeLinear', ['output.quantized', 'output.scale', 'output.zero_point'], ['output'], 'output_dequantize'),
+      node(
+        'DequantizeLinear',
+        ['output.quantized', 'output.scale', 'output.zero_point'],
+        ['output'],
+        'output_dequantize',
+      ),
     ],
     initializers: [
       ...staticInputInitializers(),
@@ -243,16 +291,36 @@ function convIntegerGraph(): Graph {
   const { weight, bias } = convWeights();
   // onnxruntime's ConvInteger takes only a per-tensor weight zero point: uint8 weights around 128,
   // each output channel with its own scale, applied after the integer convolution.
-  const quantized = quantizeSymmetric(weight, CONV_OUT, (i) => Math.floor(i / (CONV_IN * KERNEL * KERNEL)), UINT8_WEIGHT_MAX);
+  const quantized = quantizeSymmetric(
+    weight,
+    CONV_OUT,
+    (i) => Math.floor(i / (CONV_IN * KERNEL * KERNEL)),
+    UINT8_WEIGHT_MAX,
+  );
   return {
     nodes: [
-      node('DynamicQuantizeLinear', ['input'], ['input.quantized', 'input.scale', 'input.zero_point'], 'input_quantize'),
-      node('ConvInteger', ['input.quantized', 'weight.quantized', 'input.zero_point', 'weight.zero_point'], ['conv.int32'], 'conv_integer', CONV_ATTRIBUTES),
+      node(
+        'DynamicQuantizeLinear',
+        ['input'],
+        ['input.quantized', 'input.scale', 'input.zero_point'],
+        'input_quantize',
+      ),
+      node(
+        'ConvInteger',
+        ['input.quantized', 'weight.quantized', 'input.zero_point', 'weight.zero_point'],
+        ['conv.int32'],
+        'conv_integer',
+        CONV_ATTRIBUTES,
+      ),
       ...rescaleNodes('conv'),
       node('Add', ['conv', 'bias'], ['output'], 'add'),
     ],
     initializers: [
-      uint8Initializer('weight.quantized', [CONV_OUT, CONV_IN, KERNEL, KERNEL], Uint8Array.from(quantized.values, (q) => q + 128)),
+      uint8Initializer(
+        'weight.quantized',
+        [CONV_OUT, CONV_IN, KERNEL, KERNEL],
+        Uint8Array.from(quantized.values, (q) => q + 128),
+      ),
       uint8Initializer('weight.zero_point', [], Uint8Array.of(128)),
       floatInitializer('weight.scale', [CONV_OUT, 1, 1], quantized.scales),
       floatInitializer('bias', [CONV_OUT, 1, 1], bias),
@@ -265,7 +333,12 @@ function convIntegerGraph(): Graph {
 function dynamicQuantizeLinearGraph(): Graph {
   return {
     nodes: [
-      node('DynamicQuantizeLinear', ['input'], ['input.quantized', 'input.scale', 'input.zero_point'], 'input_quantize'),
+      node(
+        'DynamicQuantizeLinear',
+        ['input'],
+        ['input.quantized', 'input.scale', 'input.zero_point'],
+        'input_quantize',
+      ),
       node('DequantizeLinear', ['input.quantized', 'input.scale', 'input.zero_point'], ['output'], 'input_dequantize'),
     ],
     initializers: [],
@@ -276,7 +349,10 @@ function dynamicQuantizeLinearGraph(): Graph {
 
 /** The static uint8 quantization of "input" in [-1, 1]. */
 function staticInputInitializers(): onnx.ITensorProto[] {
-  return [floatInitializer('input.scale', [], Float32Array.of(INPUT_SCALE)), uint8Initializer('input.zero_point', [], Uint8Array.of(INPUT_ZERO_POINT))];
+  return [
+    floatInitializer('input.scale', [], Float32Array.of(INPUT_SCALE)),
+    uint8Initializer('input.zero_point', [], Uint8Array.of(INPUT_ZERO_POINT)),
+  ];
 }
 
 /** `${prefix}.int32`, the integer operator's output, back to float: times input scale × weight scale, as `${prefix}`. */
@@ -292,7 +368,10 @@ function rescaleNodes(prefix: string): onnx.INodeProto[] {
 function denseWeights(): { weight: Float32Array; bias: Float32Array } {
   const random = new SeededRandom(SEED);
   const bound = 1 / Math.sqrt(DENSE_IN);
-  return { weight: random.uniformFloat32(DENSE_IN * DENSE_OUT, -bound, bound), bias: random.uniformFloat32(DENSE_OUT, -bound, bound) };
+  return {
+    weight: random.uniformFloat32(DENSE_IN * DENSE_OUT, -bound, bound),
+    bias: random.uniformFloat32(DENSE_OUT, -bound, bound),
+  };
 }
 
 /** The conv forms' float weights: row-major [8, 3, 3, 3] and [8], uniform in ±1/sqrt(fan_in). */
@@ -300,11 +379,19 @@ function convWeights(): { weight: Float32Array; bias: Float32Array } {
   const random = new SeededRandom(SEED);
   const fanIn = CONV_IN * KERNEL * KERNEL;
   const bound = 1 / Math.sqrt(fanIn);
-  return { weight: random.uniformFloat32(CONV_OUT * fanIn, -bound, bound), bias: random.uniformFloat32(CONV_OUT, -bound, bound) };
+  return {
+    weight: random.uniformFloat32(CONV_OUT * fanIn, -bound, bound),
+    bias: random.uniformFloat32(CONV_OUT, -bound, bound),
+  };
 }
 
 /** Symmetric per-channel quantization: value i becomes round(w / scale) in [-max, max], with scale = max |w| of its channel / max. */
-function quantizeSymmetric(weight: Float32Array, channels: number, channelOf: (i: number) => number, max: number): { values: number[]; scales: Float32Array } {
+function quantizeSymmetric(
+  weight: Float32Array,
+  channels: number,
+  channelOf: (i: number) => number,
+  max: number,
+): { values: number[]; scales: Float32Array } {
   const scales = new Float32Array(channels);
   weight.forEach((w, i) => {
     const c = channelOf(i);
@@ -333,7 +420,12 @@ function quantizeAsymmetric(weight: Float32Array): { values: Uint8Array; scale: 
  * The scale of a uint8 output with zero point 128 for inputs uniform in [-1, 1] (variance 1/3): it
  * covers |bias| plus 4 standard deviations of the widest channel, so saturation is rare.
  */
-function staticOutputScale(weight: Float32Array, bias: Float32Array | undefined, channels: number, channelOf: (i: number) => number): number {
+function staticOutputScale(
+  weight: Float32Array,
+  bias: Float32Array | undefined,
+  channels: number,
+  channelOf: (i: number) => number,
+): number {
   const squares = new Float64Array(channels);
   weight.forEach((w, i) => (squares[channelOf(i)]! += w * w));
   let bound = 0;
@@ -370,7 +462,9 @@ function conv3x3(x: Float32Array, batch: number, weight: Float32Array, bias: Flo
               for (let kc = 0; kc < KERNEL; kc += 1) {
                 const q = col + kc - 1;
                 if (q < 0 || q >= CONV_SIZE) continue;
-                sum += x[(n * CONV_IN + c) * plane + r * CONV_SIZE + q]! * weight[((o * CONV_IN + c) * KERNEL + kr) * KERNEL + kc]!;
+                sum +=
+                  x[(n * CONV_IN + c) * plane + r * CONV_SIZE + q]! *
+                  weight[((o * CONV_IN + c) * KERNEL + kr) * KERNEL + kc]!;
               }
             }
           }

@@ -6,7 +6,9 @@ async function open(bytes: Uint8Array): Promise<ort.InferenceSession> {
   return ort.InferenceSession.create(bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
 }
 
-const rows = (values: number[][]) => ({ input: new ort.Tensor('float32', Float32Array.from(values.flat()), [values.length, 4]) });
+const rows = (values: number[][]) => ({
+  input: new ort.Tensor('float32', Float32Array.from(values.flat()), [values.length, 4]),
+});
 
 describe(buildInputRangeModel.name, () => {
   it('answers as the tiny model does while every first feature is in range', async () => {
@@ -16,7 +18,9 @@ describe(buildInputRangeModel.name, () => {
       [-8, 0.5, -1, 2],
     ]);
     const { output } = await sut.run(input);
-    expect(Array.from(output!.data as Float32Array)).toEqual(Array.from((await tiny.run(input)).output!.data as Float32Array));
+    expect(Array.from(output!.data as Float32Array)).toEqual(
+      Array.from((await tiny.run(input)).output!.data as Float32Array),
+    );
     await Promise.all([sut.release(), tiny.release()]);
   });
 

@@ -17,8 +17,12 @@ export function buildInputRangeModel(rows = 8, name = 'input-range'): BuiltModel
     nodes: [
       node('MatMul', ['input', 'weight'], ['matmul'], 'matmul'),
       node('Add', ['matmul', 'bias'], ['tiny'], 'add'),
-      node('Gather', ['input', 'first_column'], ['first'], 'first', [{ name: 'axis', type: onnx.AttributeProto.AttributeType.INT, i: 1 }]),
-      node('Cast', ['first'], ['row'], 'row', [{ name: 'to', type: onnx.AttributeProto.AttributeType.INT, i: ONNX_ELEM_TYPE.INT64 }]),
+      node('Gather', ['input', 'first_column'], ['first'], 'first', [
+        { name: 'axis', type: onnx.AttributeProto.AttributeType.INT, i: 1 },
+      ]),
+      node('Cast', ['first'], ['row'], 'row', [
+        { name: 'to', type: onnx.AttributeProto.AttributeType.INT, i: ONNX_ELEM_TYPE.INT64 },
+      ]),
       node('Gather', ['table', 'row'], ['picked'], 'pick'),
       node('Add', ['tiny', 'picked'], ['output'], 'output'),
     ],

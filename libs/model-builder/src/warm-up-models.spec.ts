@@ -5,7 +5,8 @@ async function open(bytes: Uint8Array): Promise<ort.InferenceSession> {
   return ort.InferenceSession.create(bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
 }
 
-const audio = (values: number[], rows = 1) => new ort.Tensor('float32', Float32Array.from(values), [rows, values.length / rows]);
+const audio = (values: number[], rows = 1) =>
+  new ort.Tensor('float32', Float32Array.from(values), [rows, values.length / rows]);
 
 describe(buildReflectPadModel.name, () => {
   it('pads each row by one sample in reflect mode and sums the squares', async () => {
@@ -24,7 +25,9 @@ describe(buildReflectPadModel.name, () => {
   });
 
   it('declares a batch and a samples dimension, both dynamic', () => {
-    expect(buildReflectPadModel().inputs).toEqual([expect.objectContaining({ name: 'audio', datatype: 'FP32', shape: [-1, -1] })]);
+    expect(buildReflectPadModel().inputs).toEqual([
+      expect.objectContaining({ name: 'audio', datatype: 'FP32', shape: [-1, -1] }),
+    ]);
   });
 });
 
@@ -44,7 +47,9 @@ describe(buildSampleRateModel.name, () => {
 
   it.each([0, 44100])('fails at run time for the unsupported rate %i', async (rate) => {
     const sut = await open(buildSampleRateModel().bytes);
-    await expect(sut.run({ audio: audio([1, 2, 3]), sr: sr(rate) })).rejects.toThrow(/indices element out of data bounds/);
+    await expect(sut.run({ audio: audio([1, 2, 3]), sr: sr(rate) })).rejects.toThrow(
+      /indices element out of data bounds/,
+    );
     await sut.release();
   });
 });

@@ -1,5 +1,14 @@
 import { onnx } from 'onnx-proto';
-import { type BuiltModel, encodeModel, floatInitializer, int64Initializer, type ModelTensorSpec, node, ONNX_ELEM_TYPE, valueInfo } from './onnx-graph';
+import {
+  type BuiltModel,
+  encodeModel,
+  floatInitializer,
+  int64Initializer,
+  type ModelTensorSpec,
+  node,
+  ONNX_ELEM_TYPE,
+  valueInfo,
+} from './onnx-graph';
 
 /** The sample rates the sample-rate model accepts, as a voice-activity model does. */
 export const SAMPLE_RATES: readonly number[] = [8000, 16000];
@@ -19,7 +28,9 @@ const AUDIO: ModelTensorSpec = { name: 'audio', datatype: 'FP32', shape: [-1, -1
 export function buildReflectPadModel(name = 'reflect-pad'): BuiltModel {
   return encodeModel(name, {
     nodes: [
-      node('Pad', ['audio', 'pads'], ['padded'], 'pad', [{ name: 'mode', type: onnx.AttributeProto.AttributeType.STRING, s: Buffer.from('reflect') }]),
+      node('Pad', ['audio', 'pads'], ['padded'], 'pad', [
+        { name: 'mode', type: onnx.AttributeProto.AttributeType.STRING, s: Buffer.from('reflect') },
+      ]),
       node('ReduceSumSquare', ['padded'], ['energy'], 'energy', [
         { name: 'axes', type: onnx.AttributeProto.AttributeType.INTS, ints: [1] },
         { name: 'keepdims', type: onnx.AttributeProto.AttributeType.INT, i: 1 },
@@ -47,12 +58,15 @@ export function buildSampleRateModel(name = 'sample-rate'): BuiltModel {
     type: onnx.AttributeProto.AttributeType.GRAPH,
     g: graph,
   });
-  const branchOutput = (output: string) => valueInfo({ name: output, datatype: 'FP32', shape: [-1, -1], dimNames: ['batch', `${output}_samples`] });
+  const branchOutput = (output: string) =>
+    valueInfo({ name: output, datatype: 'FP32', shape: [-1, -1], dimNames: ['batch', `${output}_samples`] });
   // Both branches read the outer graph's values (audio, sr and the initializers) by name.
   const thenBranch: onnx.IGraphProto = {
     name: 'supported_rate',
     node: [
-      node('Cast', ['sr'], ['sr_float'], 'sr_float', [{ name: 'to', type: onnx.AttributeProto.AttributeType.INT, i: ONNX_ELEM_TYPE.FP32 }]),
+      node('Cast', ['sr'], ['sr_float'], 'sr_float', [
+        { name: 'to', type: onnx.AttributeProto.AttributeType.INT, i: ONNX_ELEM_TYPE.FP32 },
+      ]),
       node('Div', ['sr_float', 'reference_rate'], ['ratio'], 'ratio'),
       node('Mul', ['audio', 'ratio'], ['then_scaled'], 'scale'),
     ],
@@ -60,7 +74,11 @@ export function buildSampleRateModel(name = 'sample-rate'): BuiltModel {
   };
   const elseBranch: onnx.IGraphProto = {
     name: 'unsupported_rate',
-    node: [node('Gather', ['audio', 'out_of_range'], ['else_scaled'], 'fail', [{ name: 'axis', type: onnx.AttributeProto.AttributeType.INT, i: 1 }])],
+    node: [
+      node('Gather', ['audio', 'out_of_range'], ['else_scaled'], 'fail', [
+        { name: 'axis', type: onnx.AttributeProto.AttributeType.INT, i: 1 },
+      ]),
+    ],
     output: [branchOutput('else_scaled')],
   };
   return encodeModel(name, {
@@ -68,7 +86,10 @@ export function buildSampleRateModel(name = 'sample-rate'): BuiltModel {
       node('Equal', ['sr', 'rate_8k'], ['is_8k'], 'is_8k'),
       node('Equal', ['sr', 'rate_16k'], ['is_16k'], 'is_16k'),
       node('Or', ['is_8k', 'is_16k'], ['supported'], 'supported'),
-      node('If', ['supported'], ['scaled'], 'by_rate', [graphAttribute('then_branch', thenBranch), graphAttribute('else_branch', elseBranch)]),
+      node('If', ['supported'], ['scaled'], 'by_rate', [
+        graphAttribute('then_branch', thenBranch),
+        graphAttribute('else_branch', elseBranch),
+      ]),
     ],
     initializers: [
       int64Initializer('rate_8k', [1], BigInt64Array.of(BigInt(SAMPLE_RATES[0]!))),

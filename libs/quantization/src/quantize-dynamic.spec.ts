@@ -1,6 +1,13 @@
 import * as ort from 'onnxruntime-node';
 import { onnx } from 'onnx-proto';
-import { buildMlpModel, buildTinyModel, encodeModel, floatInitializer, node, SeededRandom } from '@infermesh/model-builder';
+import {
+  buildMlpModel,
+  buildTinyModel,
+  encodeModel,
+  floatInitializer,
+  node,
+  SeededRandom,
+} from '@infermesh/model-builder';
 import { relativeL2 } from '@infermesh/testing';
 import { QuantizationError, quantizeDynamic } from './quantize-dynamic';
 
@@ -27,7 +34,10 @@ function gemmModel(inF: number, outF: number, attrs: { transB?: boolean; alpha?:
   ];
   return encodeModel('gemm', {
     nodes: [node('Gemm', ['input', 'weight', 'bias'], ['output'], 'gemm', attribute)],
-    initializers: [floatInitializer('weight', weightDims, random.uniformFloat32(inF * outF, -0.2, 0.2)), floatInitializer('bias', [outF], random.uniformFloat32(outF, -1, 1))],
+    initializers: [
+      floatInitializer('weight', weightDims, random.uniformFloat32(inF * outF, -0.2, 0.2)),
+      floatInitializer('bias', [outF], random.uniformFloat32(outF, -1, 1)),
+    ],
     inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, inF] }],
     outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, outF] }],
   });
@@ -36,12 +46,21 @@ function gemmModel(inF: number, outF: number, attrs: { transB?: boolean; alpha?:
 /** input [-1, channels, 12, 12] -> Conv 3×3 (pads 1) with bias -> Relu -> Conv 3×3 -> output. */
 function convModel(channels: number, filters: number) {
   const random = new SeededRandom(5);
-  const ints = (name: string, values: number[]): onnx.IAttributeProto => ({ name, type: onnx.AttributeProto.AttributeType.INTS, ints: values });
-  const conv = (i: string, o: string, n: string, w: string, b: string) => node('Conv', [i, w, b], [o], n, [ints('kernel_shape', [3, 3]), ints('pads', [1, 1, 1, 1])]);
+  const ints = (name: string, values: number[]): onnx.IAttributeProto => ({
+    name,
+    type: onnx.AttributeProto.AttributeType.INTS,
+    ints: values,
+  });
+  const conv = (i: string, o: string, n: string, w: string, b: string) =>
+    node('Conv', [i, w, b], [o], n, [ints('kernel_shape', [3, 3]), ints('pads', [1, 1, 1, 1])]);
   const b1 = 1 / Math.sqrt(channels * 9);
   const b2 = 1 / Math.sqrt(filters * 9);
   return encodeModel('conv', {
-    nodes: [conv('input', 'c1', 'conv1', 'w1', 'b1'), node('Relu', ['c1'], ['r1'], 'relu1'), conv('r1', 'output', 'conv2', 'w2', 'b2')],
+    nodes: [
+      conv('input', 'c1', 'conv1', 'w1', 'b1'),
+      node('Relu', ['c1'], ['r1'], 'relu1'),
+      conv('r1', 'output', 'conv2', 'w2', 'b2'),
+    ],
     initializers: [
       floatInitializer('w1', [filters, channels, 3, 3], random.uniformFloat32(filters * channels * 9, -b1, b1)),
       floatInitializer('b1', [filters], random.uniformFloat32(filters, -b1, b1)),
@@ -81,12 +100,16 @@ describe(quantizeDynamic.name, () => {
   it('keeps the inputs and outputs, with their names, types and shapes', () => {
     const before = graphOf(mlp.bytes);
     const after = graphOf(quantizeDynamic(mlp.bytes).bytes);
-    expect(onnx.GraphProto.toObject(after, { longs: Number }).input).toEqual(onnx.GraphProto.toObject(before, { longs: Number }).input);
+    expect(onnx.GraphProto.toObject(after, { longs: Number }).input).toEqual(
+      onnx.GraphProto.toObject(before, { longs: Number }).input,
+    );
     expect(after.output).toEqual(before.output);
   });
 
   it('is deterministic: the same model gives the same bytes', () => {
-    expect(Buffer.from(quantizeDynamic(mlp.bytes).bytes).equals(Buffer.from(quantizeDynamic(mlp.bytes).bytes))).toBe(true);
+    expect(Buffer.from(quantizeDynamic(mlp.bytes).bytes).equals(Buffer.from(quantizeDynamic(mlp.bytes).bytes))).toBe(
+      true,
+    );
   });
 
   it('is closer per channel than per tensor when the columns of a weight have different ranges', async () => {
@@ -103,8 +126,14 @@ describe(quantizeDynamic.name, () => {
     const reference = await run(model.bytes, input, [4, rows]);
     // Errors of the small columns only: the large one dominates any overall norm.
     const smallColumns = (values: Float32Array) => values.filter((_, i) => i % columns !== 0);
-    const perChannel = relativeL2(smallColumns(reference), smallColumns(await run(quantizeDynamic(model.bytes).bytes, input, [4, rows])));
-    const perTensor = relativeL2(smallColumns(reference), smallColumns(await run(quantizeDynamic(model.bytes, { perChannel: false }).bytes, input, [4, rows])));
+    const perChannel = relativeL2(
+      smallColumns(reference),
+      smallColumns(await run(quantizeDynamic(model.bytes).bytes, input, [4, rows])),
+    );
+    const perTensor = relativeL2(
+      smallColumns(reference),
+      smallColumns(await run(quantizeDynamic(model.bytes, { perChannel: false }).bytes, input, [4, rows])),
+    );
     expect(perChannel).toBeLessThan(0.02);
     expect(perTensor).toBeGreaterThan(5 * perChannel);
   });
@@ -124,13 +153,19 @@ describe(quantizeDynamic.name, () => {
   it('keeps a Gemm that transposes its input in float, and says why', () => {
     const model = gemmModel(8, 4, {});
     const decoded = onnx.ModelProto.decode(model.bytes);
-    ((decoded.graph as onnx.GraphProto).node[0] as onnx.NodeProto).attribute.push(onnx.AttributeProto.create({ name: 'transA', type: onnx.AttributeProto.AttributeType.INT, i: 1 }));
-    expect(() => quantizeDynamic(onnx.ModelProto.encode(decoded).finish())).toThrow(/nothing to quantize.*Gemm "gemm": it transposes its first input \(transA\)/);
+    ((decoded.graph as onnx.GraphProto).node[0] as onnx.NodeProto).attribute.push(
+      onnx.AttributeProto.create({ name: 'transA', type: onnx.AttributeProto.AttributeType.INT, i: 1 }),
+    );
+    expect(() => quantizeDynamic(onnx.ModelProto.encode(decoded).finish())).toThrow(
+      /nothing to quantize.*Gemm "gemm": it transposes its first input \(transA\)/,
+    );
   });
 
   it('keeps Convs in float unless asked, saying why, and quantizes them to ConvInteger when asked', async () => {
     const model = convModel(3, 32);
-    expect(() => quantizeDynamic(model.bytes)).toThrow(/nothing to quantize.*Conv "conv1": Conv is not among the operators asked for \(MatMul, Gemm\)/);
+    expect(() => quantizeDynamic(model.bytes)).toThrow(
+      /nothing to quantize.*Conv "conv1": Conv is not among the operators asked for \(MatMul, Gemm\)/,
+    );
     const sut = quantizeDynamic(model.bytes, { ops: ['Conv'] });
     expect(sut.quantized.map((q) => [q.node, q.opType, q.elements])).toEqual([
       ['conv1', 'Conv', 32 * 3 * 9],
@@ -139,14 +174,23 @@ describe(quantizeDynamic.name, () => {
     expect(opTypes(sut.bytes)).not.toContain('Conv');
     expect(opTypes(sut.bytes).filter((op) => op === 'ConvInteger')).toHaveLength(2);
     const input = uniform(2 * 3 * 144);
-    expect(relativeL2(await run(model.bytes, input, [2, 3, 12, 12]), await run(sut.bytes, input, [2, 3, 12, 12]))).toBeLessThan(0.02);
+    expect(
+      relativeL2(await run(model.bytes, input, [2, 3, 12, 12]), await run(sut.bytes, input, [2, 3, 12, 12])),
+    ).toBeLessThan(0.02);
   });
 
   it('quantizes an activation once for every node that reads it', () => {
     const random = new SeededRandom(9);
     const model = encodeModel('fork', {
-      nodes: [node('MatMul', ['input', 'a'], ['left'], 'left'), node('MatMul', ['input', 'b'], ['right'], 'right'), node('Add', ['left', 'right'], ['output'], 'add')],
-      initializers: [floatInitializer('a', [8, 4], random.uniformFloat32(32, -1, 1)), floatInitializer('b', [8, 4], random.uniformFloat32(32, -1, 1))],
+      nodes: [
+        node('MatMul', ['input', 'a'], ['left'], 'left'),
+        node('MatMul', ['input', 'b'], ['right'], 'right'),
+        node('Add', ['left', 'right'], ['output'], 'add'),
+      ],
+      initializers: [
+        floatInitializer('a', [8, 4], random.uniformFloat32(32, -1, 1)),
+        floatInitializer('b', [8, 4], random.uniformFloat32(32, -1, 1)),
+      ],
       inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 8] }],
       outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 4] }],
     });
@@ -156,33 +200,55 @@ describe(quantizeDynamic.name, () => {
   it('stores a weight that several nodes read once: tied weights stay tied', async () => {
     const random = new SeededRandom(4);
     const model = encodeModel('tied', {
-      nodes: [node('MatMul', ['input', 'shared'], ['h'], 'first'), node('Relu', ['h'], ['r'], 'relu'), node('MatMul', ['r', 'shared'], ['output'], 'second')],
+      nodes: [
+        node('MatMul', ['input', 'shared'], ['h'], 'first'),
+        node('Relu', ['h'], ['r'], 'relu'),
+        node('MatMul', ['r', 'shared'], ['output'], 'second'),
+      ],
       initializers: [floatInitializer('shared', [8, 8], random.uniformFloat32(64, -1, 1))],
       inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 8] }],
       outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 8] }],
     });
     const sut = quantizeDynamic(model.bytes);
     expect(sut.quantized.map((q) => q.node)).toEqual(['first', 'second']);
-    expect(graphOf(sut.bytes).initializer.map((t) => t.name).sort()).toEqual(['shared_quantized', 'shared_scale', 'shared_zero_point']);
+    expect(
+      graphOf(sut.bytes)
+        .initializer.map((t) => t.name)
+        .sort(),
+    ).toEqual(['shared_quantized', 'shared_scale', 'shared_zero_point']);
     const input = uniform(3 * 8);
     expect(relativeL2(await run(model.bytes, input, [3, 8]), await run(sut.bytes, input, [3, 8]))).toBeLessThan(0.03);
   });
 
-  it('keeps in float a weight that is also a graph input (a caller may override it), and leaves the graph\'s inputs as they were', () => {
+  it("keeps in float a weight that is also a graph input (a caller may override it), and leaves the graph's inputs as they were", () => {
     const random = new SeededRandom(6);
     const model = encodeModel('overridable', {
       nodes: [node('MatMul', ['input', 'w'], ['h'], 'fixed'), node('MatMul', ['h', 'v'], ['output'], 'overridable')],
-      initializers: [floatInitializer('w', [4, 4], random.uniformFloat32(16, -1, 1)), floatInitializer('v', [4, 2], random.uniformFloat32(8, -1, 1))],
+      initializers: [
+        floatInitializer('w', [4, 4], random.uniformFloat32(16, -1, 1)),
+        floatInitializer('v', [4, 2], random.uniformFloat32(8, -1, 1)),
+      ],
       inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 4] }],
       outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 2] }],
     });
     const decoded = onnx.ModelProto.decode(model.bytes);
-    (decoded.graph as onnx.GraphProto).input.push(onnx.ValueInfoProto.create({ name: 'v', type: { tensorType: { elemType: 1, shape: { dim: [{ dimValue: 4 }, { dimValue: 2 }] } } } }));
+    (decoded.graph as onnx.GraphProto).input.push(
+      onnx.ValueInfoProto.create({
+        name: 'v',
+        type: { tensorType: { elemType: 1, shape: { dim: [{ dimValue: 4 }, { dimValue: 2 }] } } },
+      }),
+    );
 
     const sut = quantizeDynamic(onnx.ModelProto.encode(decoded).finish());
 
     expect(sut.quantized.map((q) => q.node)).toEqual(['fixed']);
-    expect(sut.keptFloat).toEqual([{ node: 'overridable', opType: 'MatMul', reason: 'its weight "v" is also a graph input, which a caller may override' }]);
+    expect(sut.keptFloat).toEqual([
+      {
+        node: 'overridable',
+        opType: 'MatMul',
+        reason: 'its weight "v" is also a graph input, which a caller may override',
+      },
+    ]);
     expect(graphOf(sut.bytes).input.map((v) => v.name)).toEqual(['input', 'v']);
   });
 
@@ -196,7 +262,9 @@ describe(quantizeDynamic.name, () => {
     });
     const decoded = onnx.ModelProto.decode(model.bytes);
     ((decoded.graph as onnx.GraphProto).node[0] as onnx.NodeProto).domain = 'com.example';
-    expect(() => quantizeDynamic(onnx.ModelProto.encode(decoded).finish())).toThrow(/^nothing to quantize: the model has no MatMul, Gemm node/);
+    expect(() => quantizeDynamic(onnx.ModelProto.encode(decoded).finish())).toThrow(
+      /^nothing to quantize: the model has no MatMul, Gemm node/,
+    );
   });
 
   it('keeps a weight that a subgraph also reads, and the model still loads', async () => {
@@ -205,7 +273,12 @@ describe(quantizeDynamic.name, () => {
       onnx.GraphProto.create({
         name,
         node: [{ opType: 'Identity', input: ['w'], output: [`${name}_out`], name: `${name}_identity` }],
-        output: [{ name: `${name}_out`, type: { tensorType: { elemType: 1, shape: { dim: [{ dimValue: 4 }, { dimValue: 4 }] } } } }],
+        output: [
+          {
+            name: `${name}_out`,
+            type: { tensorType: { elemType: 1, shape: { dim: [{ dimValue: 4 }, { dimValue: 4 }] } } },
+          },
+        ],
       });
     const model = encodeModel('branches', {
       nodes: [
@@ -231,7 +304,10 @@ describe(quantizeDynamic.name, () => {
     expect(sut.quantized.map((q) => q.node)).toEqual(['dense']);
     expect(graphOf(sut.bytes).initializer.map((t) => t.name)).toContain('w');
     const session = await ort.InferenceSession.create(sut.bytes, { executionProviders: ['cpu'], intraOpNumThreads: 1 });
-    const out = await session.run({ input: new ort.Tensor('float32', uniform(8), [2, 4]), flag: new ort.Tensor('bool', Uint8Array.of(1), []) });
+    const out = await session.run({
+      input: new ort.Tensor('float32', uniform(8), [2, 4]),
+      flag: new ort.Tensor('bool', Uint8Array.of(1), []),
+    });
     await session.release();
     expect(out['picked']!.dims).toEqual([4, 4]);
   });
@@ -241,7 +317,8 @@ describe(quantizeDynamic.name, () => {
     ['with a C computed at run time and beta 2', { bias: 'input', beta: 2 }],
   ])('quantizes a Gemm %s to the same values as the float one', async (_, how) => {
     const random = new SeededRandom(12);
-    const attribute: onnx.IAttributeProto[] = how.beta === undefined ? [] : [{ name: 'beta', type: onnx.AttributeProto.AttributeType.FLOAT, f: how.beta }];
+    const attribute: onnx.IAttributeProto[] =
+      how.beta === undefined ? [] : [{ name: 'beta', type: onnx.AttributeProto.AttributeType.FLOAT, f: how.beta }];
     const model = encodeModel('gemm', {
       nodes: [
         ...(how.bias === 'input' ? [node('Relu', ['input'], ['c'], 'relu')] : []),
@@ -260,12 +337,22 @@ describe(quantizeDynamic.name, () => {
 
   it('quantizes a Conv per tensor, and one whose bias is computed at run time', async () => {
     const random = new SeededRandom(13);
-    const ints = (name: string, values: number[]): onnx.IAttributeProto => ({ name, type: onnx.AttributeProto.AttributeType.INTS, ints: values });
+    const ints = (name: string, values: number[]): onnx.IAttributeProto => ({
+      name,
+      type: onnx.AttributeProto.AttributeType.INTS,
+      ints: values,
+    });
     const model = encodeModel('conv-bias', {
       nodes: [
-        node('ReduceMean', ['input'], ['bias_all'], 'mean', [ints('axes', [0, 2, 3]), { name: 'keepdims', type: onnx.AttributeProto.AttributeType.INT, i: 0 }]),
+        node('ReduceMean', ['input'], ['bias_all'], 'mean', [
+          ints('axes', [0, 2, 3]),
+          { name: 'keepdims', type: onnx.AttributeProto.AttributeType.INT, i: 0 },
+        ]),
         node('Tile', ['bias_all', 'repeats'], ['bias'], 'tile'),
-        node('Conv', ['input', 'w', 'bias'], ['output'], 'conv', [ints('kernel_shape', [3, 3]), ints('pads', [1, 1, 1, 1])]),
+        node('Conv', ['input', 'w', 'bias'], ['output'], 'conv', [
+          ints('kernel_shape', [3, 3]),
+          ints('pads', [1, 1, 1, 1]),
+        ]),
       ],
       initializers: [
         floatInitializer('w', [8, 8, 3, 3], random.uniformFloat32(8 * 8 * 9, -0.1, 0.1)),
@@ -279,7 +366,9 @@ describe(quantizeDynamic.name, () => {
     expect(opTypes(sut.bytes)).toContain('Reshape');
     expect(graphOf(sut.bytes).initializer.find((t) => t.name === 'w_scale')!.dims).toEqual([]);
     const input = uniform(2 * 8 * 36);
-    expect(relativeL2(await run(model.bytes, input, [2, 8, 6, 6]), await run(sut.bytes, input, [2, 8, 6, 6]))).toBeLessThan(0.03);
+    expect(
+      relativeL2(await run(model.bytes, input, [2, 8, 6, 6]), await run(sut.bytes, input, [2, 8, 6, 6])),
+    ).toBeLessThan(0.03);
   });
 
   it('keeps a MatMul of two activations in float, and quantizes the rest', () => {
@@ -295,14 +384,20 @@ describe(quantizeDynamic.name, () => {
     });
     const sut = quantizeDynamic(model.bytes);
     expect(sut.quantized.map((q) => q.node)).toEqual(['dense']);
-    expect(sut.keptFloat).toEqual([{ node: 'pairwise', opType: 'MatMul', reason: 'its weight "other" is computed, not a constant initializer' }]);
+    expect(sut.keptFloat).toEqual([
+      { node: 'pairwise', opType: 'MatMul', reason: 'its weight "other" is computed, not a constant initializer' },
+    ]);
   });
 
-  it('names added values so that none clashes with the graph\'s own', () => {
+  it("names added values so that none clashes with the graph's own", () => {
     const random = new SeededRandom(2);
     const model = encodeModel('clash', {
       // The graph already has a value named as the quantizer would name the activation's.
-      nodes: [node('Relu', ['input'], ['input_quantized'], 'relu'), node('MatMul', ['input', 'w'], ['m'], 'mm'), node('Add', ['m', 'input_quantized'], ['output'], 'add')],
+      nodes: [
+        node('Relu', ['input'], ['input_quantized'], 'relu'),
+        node('MatMul', ['input', 'w'], ['m'], 'mm'),
+        node('Add', ['m', 'input_quantized'], ['output'], 'add'),
+      ],
       initializers: [floatInitializer('w', [4, 4], random.uniformFloat32(16, -1, 1))],
       inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 4] }],
       outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 4] }],
@@ -319,14 +414,18 @@ describe(quantizeDynamic.name, () => {
     expect(() => quantizeDynamic(Uint8Array.of(1, 2, 3))).toThrow(QuantizationError);
     const old = onnx.ModelProto.decode(buildTinyModel().bytes);
     old.opsetImport = [onnx.OperatorSetIdProto.create({ domain: '', version: 10 })];
-    expect(() => quantizeDynamic(onnx.ModelProto.encode(old).finish())).toThrow('the model imports ONNX opset 10; dynamic quantization needs opset 11 or later');
+    expect(() => quantizeDynamic(onnx.ModelProto.encode(old).finish())).toThrow(
+      'the model imports ONNX opset 10; dynamic quantization needs opset 11 or later',
+    );
     const identity = encodeModel('relu', {
       nodes: [node('Relu', ['input'], ['output'], 'relu')],
       initializers: [],
       inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 4] }],
       outputs: [{ name: 'output', datatype: 'FP32', shape: [-1, 4] }],
     });
-    expect(() => quantizeDynamic(identity.bytes)).toThrow('nothing to quantize: the model has no MatMul, Gemm node with a constant FP32 weight that can be quantized');
+    expect(() => quantizeDynamic(identity.bytes)).toThrow(
+      'nothing to quantize: the model has no MatMul, Gemm node with a constant FP32 weight that can be quantized',
+    );
   });
 
   it('keeps weights within ±63 with reduceRange, at a larger but still small error', async () => {
@@ -335,7 +434,9 @@ describe(quantizeDynamic.name, () => {
     const levels = new Int8Array(weight.rawData!.buffer, weight.rawData!.byteOffset, weight.rawData!.length);
     expect(Math.max(...levels.map(Math.abs))).toBe(63);
     const full = graphOf(quantizeDynamic(mlp.bytes).bytes).initializer.find((t) => t.name === 'fc0.weight_quantized')!;
-    expect(Math.max(...new Int8Array(full.rawData!.buffer, full.rawData!.byteOffset, full.rawData!.length).map(Math.abs))).toBe(127);
+    expect(
+      Math.max(...new Int8Array(full.rawData!.buffer, full.rawData!.byteOffset, full.rawData!.length).map(Math.abs)),
+    ).toBe(127);
     const input = uniform(8 * 64);
     const reference = await run(mlp.bytes, input, [8, 64]);
     const reduced = relativeL2(reference, await run(sut.bytes, input, [8, 64]));

@@ -81,7 +81,9 @@ export function describeAccuracy(report: AccuracyReport): string {
   const figure = (value: number) => (value === 0 ? '0' : value.toPrecision(3));
   const parts = [`relative L2 ${figure(report.relativeL2)}`, `max abs diff ${figure(report.maxAbsDiff)}`];
   if (report.comparedItems > 0) {
-    parts.push(`top-1 agreement ${((100 * report.agreedItems) / report.comparedItems).toFixed(1)} % (${report.agreedItems} of ${report.comparedItems})`);
+    parts.push(
+      `top-1 agreement ${((100 * report.agreedItems) / report.comparedItems).toFixed(1)} % (${report.agreedItems} of ${report.comparedItems})`,
+    );
   }
   parts.push(`${report.samples} ${report.synthetic ? 'synthetic ' : ''}sample${report.samples === 1 ? '' : 's'}`);
   return parts.join(', ');
@@ -96,7 +98,11 @@ const INT8_MAX = 127;
 const INT7_MAX = 63;
 /** The zero point of the uint8 weights ConvInteger takes: symmetric around 128. */
 const UINT8_WEIGHT_ZERO_POINT = 128;
-const CAST_TO_FLOAT: onnx.IAttributeProto = { name: 'to', type: onnx.AttributeProto.AttributeType.INT, i: ONNX_TYPE.FP32 };
+const CAST_TO_FLOAT: onnx.IAttributeProto = {
+  name: 'to',
+  type: onnx.AttributeProto.AttributeType.INT,
+  i: ONNX_TYPE.FP32,
+};
 
 /**
  * Dynamic int8 quantization of an ONNX model, in the way of onnxruntime's quantize_dynamic: the
@@ -111,16 +117,25 @@ const CAST_TO_FLOAT: onnx.IAttributeProto = { name: 'to', type: onnx.AttributePr
  * Throws QuantizationError for bytes that are not an ONNX model, an opset below 11, or a model with
  * nothing to quantize.
  */
-export function quantizeDynamic(modelBytes: Uint8Array, options: DynamicQuantizationOptions = {}): DynamicQuantizationResult {
+export function quantizeDynamic(
+  modelBytes: Uint8Array,
+  options: DynamicQuantizationOptions = {},
+): DynamicQuantizationResult {
   const model = decodeModel(modelBytes);
   // Decoded messages are class instances: their repeated fields are arrays, their strings strings.
   const graph = model.graph as onnx.GraphProto;
   const opset = defaultOpset(model);
   if (opset < MIN_OPSET) {
-    throw new QuantizationError(`the model imports ONNX opset ${opset}; dynamic quantization needs opset ${MIN_OPSET} or later (DynamicQuantizeLinear)`);
+    throw new QuantizationError(
+      `the model imports ONNX opset ${opset}; dynamic quantization needs opset ${MIN_OPSET} or later (DynamicQuantizeLinear)`,
+    );
   }
   const ops = new Set(options.ops ?? DEFAULT_QUANTIZED_OPS);
-  const rewriter = new GraphRewriter(graph, options.perChannel ?? true, options.reduceRange === true ? INT7_MAX : INT8_MAX);
+  const rewriter = new GraphRewriter(
+    graph,
+    options.perChannel ?? true,
+    options.reduceRange === true ? INT7_MAX : INT8_MAX,
+  );
   const weightBytesBefore = initializerBytes(graph.initializer);
   const nodes: onnx.INodeProto[] = [];
   for (const original of graph.node as onnx.NodeProto[]) {
@@ -128,7 +143,8 @@ export function quantizeDynamic(modelBytes: Uint8Array, options: DynamicQuantiza
     const opType = original.domain === '' || original.domain === 'ai.onnx' ? (original.opType ?? '') : '';
     let replacement: onnx.INodeProto[] | undefined;
     if (ops.has(opType as QuantizableOp)) replacement = rewriter.quantize(original, opType as QuantizableOp);
-    else if (QUANTIZABLE_OPS.includes(opType as QuantizableOp)) rewriter.keep(original, opType, `${opType} is not among the operators asked for (${[...ops].join(', ')})`);
+    else if (QUANTIZABLE_OPS.includes(opType as QuantizableOp))
+      rewriter.keep(original, opType, `${opType} is not among the operators asked for (${[...ops].join(', ')})`);
     nodes.push(...(replacement ?? [original]));
   }
   if (rewriter.quantized.length === 0) {
@@ -196,8 +212,10 @@ class GraphRewriter {
     for (const value of graph.input as onnx.ValueInfoProto[]) this.graphInputs.add(value.name);
     // Every name of the graph and of its subgraphs (If, Loop, Scan bodies), which may read the outer graph's values.
     forEachGraph(graph, (g) => {
-      for (const value of [...(g.input ?? []), ...(g.output ?? []), ...(g.valueInfo ?? [])]) if (value.name) this.names.add(value.name);
-      for (const tensor of [...(g.initializer ?? []), ...(g.sparseInitializer ?? []).map((t) => t.values)]) if (tensor?.name) this.names.add(tensor.name);
+      for (const value of [...(g.input ?? []), ...(g.output ?? []), ...(g.valueInfo ?? [])])
+        if (value.name) this.names.add(value.name);
+      for (const tensor of [...(g.initializer ?? []), ...(g.sparseInitializer ?? []).map((t) => t.values)])
+        if (tensor?.name) this.names.add(tensor.name);
       for (const n of g.node ?? []) {
         for (const name of [...(n.input ?? []), ...(n.output ?? [])]) this.names.add(name);
         if (n.name) this.names.add(n.name);
@@ -216,18 +234,32 @@ class GraphRewriter {
     const nodeName = nameOf(original, opType);
     const keep = (reason: string) => this.keep(original, opType, reason);
     const [activation, weightName] = original.input ?? [];
-    if (activation === undefined || weightName === undefined || activation === '') return keep('it has fewer than two inputs');
+    if (activation === undefined || weightName === undefined || activation === '')
+      return keep('it has fewer than two inputs');
     if (this.initializers.has(activation)) return keep('its first input is a constant, not an activation');
     const weight = this.initializers.get(weightName);
     if (weight === undefined) return keep(`its weight "${weightName}" is computed, not a constant initializer`);
-    if (weight.dataType !== ONNX_TYPE.FP32) return keep(`its weight "${weightName}" is not FP32 (ONNX type ${weight.dataType})`);
-    if (weight.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL) return keep(`its weight "${weightName}" is stored outside the model file`);
-    if (this.graphInputs.has(weightName)) return keep(`its weight "${weightName}" is also a graph input, which a caller may override`);
+    if (weight.dataType !== ONNX_TYPE.FP32)
+      return keep(`its weight "${weightName}" is not FP32 (ONNX type ${weight.dataType})`);
+    if (weight.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL)
+      return keep(`its weight "${weightName}" is stored outside the model file`);
+    if (this.graphInputs.has(weightName))
+      return keep(`its weight "${weightName}" is also a graph input, which a caller may override`);
     const dims = weight.dims.map(toNumber);
     switch (opType) {
       case 'MatMul':
-        if (dims.length !== 2) return keep(`its weight "${weightName}" has rank ${dims.length}; only 2-D weights are quantized`);
-        return this.matMul(original, nodeName, activation, this.stored(`${weightName} as columns`, weightName, () => this.quantizeColumns(floatValues(weight), dims[0]!, dims[1]!)), 1, undefined);
+        if (dims.length !== 2)
+          return keep(`its weight "${weightName}" has rank ${dims.length}; only 2-D weights are quantized`);
+        return this.matMul(
+          original,
+          nodeName,
+          activation,
+          this.stored(`${weightName} as columns`, weightName, () =>
+            this.quantizeColumns(floatValues(weight), dims[0]!, dims[1]!),
+          ),
+          1,
+          undefined,
+        );
       case 'Gemm': {
         if (attributeInt(original, 'transA', 0) !== 0) return keep('it transposes its first input (transA)');
         if (dims.length !== 2) return keep(`its weight "${weightName}" has rank ${dims.length}`);
@@ -242,8 +274,14 @@ class GraphRewriter {
         });
       }
       case 'Conv': {
-        if (dims.length !== 4) return keep(`only 2-D convolutions are quantized; its weight "${weightName}" has rank ${dims.length}`);
-        return this.conv(original, nodeName, activation, this.stored(`${weightName} as filters`, weightName, () => this.quantizeFilters(floatValues(weight), dims)));
+        if (dims.length !== 4)
+          return keep(`only 2-D convolutions are quantized; its weight "${weightName}" has rank ${dims.length}`);
+        return this.conv(
+          original,
+          nodeName,
+          activation,
+          this.stored(`${weightName} as filters`, weightName, () => this.quantizeFilters(floatValues(weight), dims)),
+        );
       }
     }
   }
@@ -260,7 +298,12 @@ class GraphRewriter {
       stored = {
         weightName,
         weight,
-        values: this.addInitializer(`${weightName}_quantized`, uint8 ? ONNX_TYPE.UINT8 : ONNX_TYPE.INT8, weight.dims, weight.values),
+        values: this.addInitializer(
+          `${weightName}_quantized`,
+          uint8 ? ONNX_TYPE.UINT8 : ONNX_TYPE.INT8,
+          weight.dims,
+          weight.values,
+        ),
         zeroPoint: uint8
           ? this.addInitializer(`${weightName}_zero_point`, ONNX_TYPE.UINT8, [], Uint8Array.of(UINT8_WEIGHT_ZERO_POINT))
           : this.addInitializer(`${weightName}_zero_point`, ONNX_TYPE.INT8, [], new Int8Array(1)),
@@ -275,7 +318,11 @@ class GraphRewriter {
   private scalesOf(stored: StoredWeight, factor: number, dims: readonly number[]): string {
     let name = stored.scales.get(factor);
     if (name === undefined) {
-      name = this.addFloat(`${stored.weightName}_scale`, dims, stored.weight.scales.map((s) => s * factor));
+      name = this.addFloat(
+        `${stored.weightName}_scale`,
+        dims,
+        stored.weight.scales.map((s) => s * factor),
+      );
       stored.scales.set(factor, name);
     }
     return name;
@@ -308,13 +355,30 @@ class GraphRewriter {
     } else {
       const scaled = this.fresh(`${output}_product`);
       nodes.push(node('Mul', [float, scale], [scaled], this.fresh(`${nodeName}_rescale`)));
-      nodes.push(node('Add', [scaled, this.scaledBias(bias, gemm!.beta, nodeName, nodes)], [output], this.fresh(`${nodeName}_bias`)));
+      nodes.push(
+        node(
+          'Add',
+          [scaled, this.scaledBias(bias, gemm!.beta, nodeName, nodes)],
+          [output],
+          this.fresh(`${nodeName}_bias`),
+        ),
+      );
     }
-    this.quantized.push({ node: nodeName, opType: gemm === undefined ? 'MatMul' : 'Gemm', weight: weightName, elements: weight.values.length });
+    this.quantized.push({
+      node: nodeName,
+      opType: gemm === undefined ? 'MatMul' : 'Gemm',
+      weight: weightName,
+      elements: weight.values.length,
+    });
     return nodes;
   }
 
-  private conv(original: onnx.INodeProto, nodeName: string, activation: string, stored: StoredWeight): onnx.INodeProto[] {
+  private conv(
+    original: onnx.INodeProto,
+    nodeName: string,
+    activation: string,
+    stored: StoredWeight,
+  ): onnx.INodeProto[] {
     const nodes: onnx.INodeProto[] = [];
     const x = this.quantizedActivation(activation, nodes);
     const output = original.output![0]!;
@@ -324,9 +388,17 @@ class GraphRewriter {
     const integer = this.fresh(`${output}_int32`);
     const float = this.fresh(`${output}_unscaled`);
     const scale = this.fresh(`${output}_scale`);
-    const attributes = (original.attribute ?? []).filter((a) => ['auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'].includes(a.name ?? ''));
+    const attributes = (original.attribute ?? []).filter((a) =>
+      ['auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'].includes(a.name ?? ''),
+    );
     nodes.push(
-      node('ConvInteger', [x.value, w, x.zeroPoint, wZeroPoint], [integer], this.fresh(`${nodeName}_quant`), attributes),
+      node(
+        'ConvInteger',
+        [x.value, w, x.zeroPoint, wZeroPoint],
+        [integer],
+        this.fresh(`${nodeName}_quant`),
+        attributes,
+      ),
       node('Cast', [integer], [float], this.fresh(`${nodeName}_cast`), [CAST_TO_FLOAT]),
       node('Mul', [x.scale, wScale], [scale], this.fresh(`${nodeName}_scale`)),
     );
@@ -336,7 +408,14 @@ class GraphRewriter {
     } else {
       const scaled = this.fresh(`${output}_product`);
       nodes.push(node('Mul', [float, scale], [scaled], this.fresh(`${nodeName}_rescale`)));
-      nodes.push(node('Add', [scaled, this.channelBias(bias, filters, nodeName, nodes)], [output], this.fresh(`${nodeName}_bias`)));
+      nodes.push(
+        node(
+          'Add',
+          [scaled, this.channelBias(bias, filters, nodeName, nodes)],
+          [output],
+          this.fresh(`${nodeName}_bias`),
+        ),
+      );
     }
     this.quantized.push({ node: nodeName, opType: 'Conv', weight: weightName, elements: weight.values.length });
     return nodes;
@@ -346,8 +425,19 @@ class GraphRewriter {
   private quantizedActivation(activation: string, nodes: onnx.INodeProto[]) {
     let quantized = this.quantizedActivations.get(activation);
     if (quantized === undefined) {
-      quantized = { value: this.fresh(`${activation}_quantized`), scale: this.fresh(`${activation}_scale`), zeroPoint: this.fresh(`${activation}_zero_point`) };
-      nodes.push(node('DynamicQuantizeLinear', [activation], [quantized.value, quantized.scale, quantized.zeroPoint], this.fresh(`${activation}_dynamic_quantize`)));
+      quantized = {
+        value: this.fresh(`${activation}_quantized`),
+        scale: this.fresh(`${activation}_scale`),
+        zeroPoint: this.fresh(`${activation}_zero_point`),
+      };
+      nodes.push(
+        node(
+          'DynamicQuantizeLinear',
+          [activation],
+          [quantized.value, quantized.scale, quantized.zeroPoint],
+          this.fresh(`${activation}_dynamic_quantize`),
+        ),
+      );
       this.quantizedActivations.set(activation, quantized);
     }
     return quantized;
@@ -358,7 +448,11 @@ class GraphRewriter {
     if (beta === 1) return bias;
     const constant = this.initializers.get(bias);
     if (constant !== undefined && constant.dataType === ONNX_TYPE.FP32) {
-      return this.addFloat(`${bias}_beta`, constant.dims.map(toNumber), floatValues(constant).map((v) => v * beta));
+      return this.addFloat(
+        `${bias}_beta`,
+        constant.dims.map(toNumber),
+        floatValues(constant).map((v) => v * beta),
+      );
     }
     const betaName = this.addFloat(`${nodeName}_beta`, [], Float32Array.of(beta));
     const scaled = this.fresh(`${bias}_beta`);
@@ -369,8 +463,14 @@ class GraphRewriter {
   /** A Conv's bias [filters] as [filters, 1, 1], to add to its NCHW output. */
   private channelBias(bias: string, filters: number, nodeName: string, nodes: onnx.INodeProto[]): string {
     const constant = this.initializers.get(bias);
-    if (constant !== undefined && constant.dataType === ONNX_TYPE.FP32) return this.addFloat(`${bias}_channels`, [filters, 1, 1], floatValues(constant));
-    const shape = this.addInitializer(`${nodeName}_bias_shape`, ONNX_TYPE.INT64, [3], BigInt64Array.of(BigInt(filters), 1n, 1n));
+    if (constant !== undefined && constant.dataType === ONNX_TYPE.FP32)
+      return this.addFloat(`${bias}_channels`, [filters, 1, 1], floatValues(constant));
+    const shape = this.addInitializer(
+      `${nodeName}_bias_shape`,
+      ONNX_TYPE.INT64,
+      [3],
+      BigInt64Array.of(BigInt(filters), 1n, 1n),
+    );
     const reshaped = this.fresh(`${bias}_channels`);
     nodes.push(node('Reshape', [bias, shape], [reshaped], this.fresh(`${nodeName}_bias_reshape`)));
     return reshaped;
@@ -395,13 +495,18 @@ class GraphRewriter {
    * (`channelOf` an element's channel, of `channels`) when per channel, else one for all; a channel
    * of zeros gets scale 1.
    */
-  private symmetric(values: Float32Array, channels: number, channelOf: (index: number) => number): { levels: Int8Array; scales: Float32Array } {
+  private symmetric(
+    values: Float32Array,
+    channels: number,
+    channelOf: (index: number) => number,
+  ): { levels: Int8Array; scales: Float32Array } {
     const groupOf = this.perChannel ? channelOf : () => 0;
     const maxAbs = new Float32Array(this.perChannel ? channels : 1);
     for (let i = 0; i < values.length; i++) maxAbs[groupOf(i)] = Math.max(maxAbs[groupOf(i)]!, Math.abs(values[i]!));
     const scales = maxAbs.map((m) => (m > 0 ? m / this.maxLevel : 1));
     const levels = new Int8Array(values.length);
-    for (let i = 0; i < values.length; i++) levels[i] = clamp(Math.round(values[i]! / scales[groupOf(i)]!), -this.maxLevel, this.maxLevel);
+    for (let i = 0; i < values.length; i++)
+      levels[i] = clamp(Math.round(values[i]! / scales[groupOf(i)]!), -this.maxLevel, this.maxLevel);
     return { levels, scales };
   }
 
@@ -409,7 +514,12 @@ class GraphRewriter {
     return this.addInitializer(base, ONNX_TYPE.FP32, dims, values);
   }
 
-  private addInitializer(base: string, dataType: number, dims: readonly number[], values: Float32Array | Int8Array | Uint8Array | BigInt64Array): string {
+  private addInitializer(
+    base: string,
+    dataType: number,
+    dims: readonly number[],
+    values: Float32Array | Int8Array | Uint8Array | BigInt64Array,
+  ): string {
     const name = this.fresh(base);
     this.added.push({ name, dims: [...dims], dataType, rawData: littleEndian(values) });
     return name;
@@ -429,7 +539,13 @@ function nameOf(n: onnx.INodeProto, opType: string): string {
   return n.name || n.output?.[0] || opType;
 }
 
-function node(opType: string, input: string[], output: string[], name: string, attribute?: onnx.IAttributeProto[]): onnx.INodeProto {
+function node(
+  opType: string,
+  input: string[],
+  output: string[],
+  name: string,
+  attribute?: onnx.IAttributeProto[],
+): onnx.INodeProto {
   return { opType, input, output, name, ...(attribute !== undefined && attribute.length > 0 && { attribute }) };
 }
 
@@ -438,9 +554,12 @@ function decodeModel(bytes: Uint8Array): onnx.ModelProto {
   try {
     model = onnx.ModelProto.decode(bytes);
   } catch (error) {
-    throw new QuantizationError(`the artifact is not an ONNX model: ${error instanceof Error ? error.message : String(error)}`);
+    throw new QuantizationError(
+      `the artifact is not an ONNX model: ${error instanceof Error ? error.message : String(error)}`,
+    );
   }
-  if (model.graph === null || model.graph === undefined) throw new QuantizationError('the artifact is not an ONNX model: it has no graph');
+  if (model.graph === null || model.graph === undefined)
+    throw new QuantizationError('the artifact is not an ONNX model: it has no graph');
   return model;
 }
 
@@ -492,7 +611,10 @@ function initializerBytes(initializers: readonly onnx.ITensorProto[]): number {
   let total = 0;
   for (const t of initializers) {
     if (t.rawData !== null && t.rawData !== undefined && t.rawData.length > 0) total += t.rawData.length;
-    else total += 4 * ((t.floatData?.length ?? 0) + (t.int32Data?.length ?? 0)) + 8 * ((t.int64Data?.length ?? 0) + (t.doubleData?.length ?? 0));
+    else
+      total +=
+        4 * ((t.floatData?.length ?? 0) + (t.int32Data?.length ?? 0)) +
+        8 * ((t.int64Data?.length ?? 0) + (t.doubleData?.length ?? 0));
   }
   return total;
 }
@@ -516,7 +638,8 @@ function attributeFloat(n: onnx.INodeProto, name: string, fallback: number): num
 function littleEndian(values: Float32Array | Int8Array | Uint8Array | BigInt64Array): Uint8Array {
   const bytes = new Uint8Array(values.buffer.slice(values.byteOffset, values.byteOffset + values.byteLength));
   const width = values.BYTES_PER_ELEMENT;
-  if (width > 1 && endianness() === 'BE') for (let i = 0; i < bytes.length; i += width) bytes.subarray(i, i + width).reverse();
+  if (width > 1 && endianness() === 'BE')
+    for (let i = 0; i < bytes.length; i += width) bytes.subarray(i, i + width).reverse();
   return bytes;
 }
 

@@ -27,7 +27,10 @@ export class MemoryRateLimiter extends RateLimiter {
     buckets.forEach((bucket, i) => {
       const state = states[i]!;
       this.states.delete(keys[i]!); // re-inserted last: the map's order is least recently used first
-      this.states.set(keys[i]!, { ...state, fullAtMs: nowMs + ((bucket.burst - state.tokens) * 1000) / bucket.ratePerS });
+      this.states.set(keys[i]!, {
+        ...state,
+        fullAtMs: nowMs + ((bucket.burst - state.tokens) * 1000) / bucket.ratePerS,
+      });
     });
     if (this.states.size > this.maxBuckets) this.shrink(nowMs);
     return decision;

@@ -66,7 +66,11 @@ export class RedisRateLimiter extends RateLimiter {
     if (buckets.length === 0) return { allowed: true, retryAfterMs: 0 };
     const keys = buckets.map((b) => `${this.prefix}{${scope}}:${b.key}`);
     const args = buckets.flatMap((b) => [String(b.ratePerS / 1000), String(b.burst)]);
-    const [allowed, retryAfterMs, limited] = (await (this.redis as unknown as ScriptCommands).takeTokens(keys.length, ...keys, ...args)) as [number, number, number];
+    const [allowed, retryAfterMs, limited] = (await (this.redis as unknown as ScriptCommands).takeTokens(
+      keys.length,
+      ...keys,
+      ...args,
+    )) as [number, number, number];
     if (allowed === 1) return { allowed: true, retryAfterMs: 0 };
     return { allowed: false, retryAfterMs, limitedBy: buckets[limited - 1]?.key ?? '' };
   }

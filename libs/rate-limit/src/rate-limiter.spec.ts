@@ -35,12 +35,21 @@ afterAll(async () => {
 });
 
 describe.each([
-  ['MemoryRateLimiter', async (): Promise<RateLimiter[]> => { const shared = new MemoryRateLimiter(); return [shared, shared]; }],
-  ['RedisRateLimiter', async (): Promise<RateLimiter[]> => {
-    const prefix = `rl-${Math.random().toString(36).slice(2)}:`;
-    // Two clients: two gateway replicas sharing one Redis.
-    return [new RedisRateLimiter(await redisClient(), prefix), new RedisRateLimiter(await redisClient(), prefix)];
-  }],
+  [
+    'MemoryRateLimiter',
+    async (): Promise<RateLimiter[]> => {
+      const shared = new MemoryRateLimiter();
+      return [shared, shared];
+    },
+  ],
+  [
+    'RedisRateLimiter',
+    async (): Promise<RateLimiter[]> => {
+      const prefix = `rl-${Math.random().toString(36).slice(2)}:`;
+      // Two clients: two gateway replicas sharing one Redis.
+      return [new RedisRateLimiter(await redisClient(), prefix), new RedisRateLimiter(await redisClient(), prefix)];
+    },
+  ],
 ])('%s (the contract both stores keep)', (_name, make) => {
   let sut: RateLimiter;
   let replica: RateLimiter;
@@ -135,7 +144,9 @@ describe(FallbackRateLimiter.name, () => {
 
   it('limits with the local buckets while the shared store is down, and counts each fallback', async () => {
     const counted: unknown[] = [];
-    const sut = new FallbackRateLimiter(down, new MemoryRateLimiter(), 'local', { inc: (labels: unknown) => counted.push(labels) });
+    const sut = new FallbackRateLimiter(down, new MemoryRateLimiter(), 'local', {
+      inc: (labels: unknown) => counted.push(labels),
+    });
 
     expect(await admitted(sut, 'tenant-a', [{ key: 'all', ratePerS: 0.001, burst: 3 }], 5)).toBe(3);
     expect(counted).toHaveLength(5);
@@ -156,7 +167,9 @@ describe(FallbackRateLimiter.name, () => {
     const client = createRedisClient(own.url, logger, 'rate-limit-fallback-test');
     await waitForRedis(client, 5_000);
     let fallbacks = 0;
-    const sut = new FallbackRateLimiter(new RedisRateLimiter(client, 'rl:'), new MemoryRateLimiter(), 'local', { inc: () => (fallbacks += 1) });
+    const sut = new FallbackRateLimiter(new RedisRateLimiter(client, 'rl:'), new MemoryRateLimiter(), 'local', {
+      inc: () => (fallbacks += 1),
+    });
     const bucket = { key: 'all', ratePerS: 0.001, burst: 100 };
     try {
       expect((await sut.take('t', [bucket])).allowed).toBe(true);

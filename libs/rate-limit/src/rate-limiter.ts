@@ -27,8 +27,12 @@ export abstract class RateLimiter {
 
 /** Checks a bucket's settings once, where they are configured. */
 export function checkBucket(bucket: Bucket): void {
-  if (!(Number.isFinite(bucket.ratePerS) && bucket.ratePerS > 0)) throw new RangeError(`rate of bucket ${bucket.key} must be a positive number of requests per second, got ${bucket.ratePerS}`);
-  if (!(Number.isFinite(bucket.burst) && bucket.burst >= 1)) throw new RangeError(`burst of bucket ${bucket.key} must be at least 1, got ${bucket.burst}`);
+  if (!(Number.isFinite(bucket.ratePerS) && bucket.ratePerS > 0))
+    throw new RangeError(
+      `rate of bucket ${bucket.key} must be a positive number of requests per second, got ${bucket.ratePerS}`,
+    );
+  if (!(Number.isFinite(bucket.burst) && bucket.burst >= 1))
+    throw new RangeError(`burst of bucket ${bucket.key} must be at least 1, got ${bucket.burst}`);
 }
 
 export interface BucketState {
@@ -41,7 +45,11 @@ export interface BucketState {
  * refills each bucket for the time since it was last updated, then takes one token from each when
  * all have one. Mutates `states` (one per bucket, created full when undefined).
  */
-export function takeTokens(buckets: readonly Bucket[], states: (BucketState | undefined)[], nowMs: number): { decision: Decision; states: BucketState[] } {
+export function takeTokens(
+  buckets: readonly Bucket[],
+  states: (BucketState | undefined)[],
+  nowMs: number,
+): { decision: Decision; states: BucketState[] } {
   const refilled = buckets.map((bucket, i) => {
     const state = states[i] ?? { tokens: bucket.burst, updatedMs: nowMs };
     const elapsedMs = Math.max(0, nowMs - state.updatedMs);

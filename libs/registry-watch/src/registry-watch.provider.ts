@@ -41,4 +41,3 @@ export function registryWatchProvider(address: string): FactoryProvider<Registry
     },
   };
 }
-

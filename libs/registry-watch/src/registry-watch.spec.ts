@@ -60,19 +60,30 @@ describe(RegistryWatch.name, () => {
 
     await sut.ready();
 
-    expect(sut.models().map((m) => m.name).sort()).toEqual(['models/mlp', 'models/tiny']);
+    expect(
+      sut
+        .models()
+        .map((m) => m.name)
+        .sort(),
+    ).toEqual(['models/mlp', 'models/tiny']);
     expect(sut.model('mlp')?.versions[0]?.state).toBe(VersionState.READY);
     expect(sut.model('missing')).toBeUndefined();
     // What it holds is what the service may name in metric labels.
-    expect([sut.hasModel('mlp'), sut.hasModel('missing'), sut.hasVersion('mlp', '1'), sut.hasVersion('mlp', '9'), sut.hasVersion('missing', '1')]).toEqual([
-      true,
-      false,
-      true,
-      false,
-      false,
-    ]);
+    expect([
+      sut.hasModel('mlp'),
+      sut.hasModel('missing'),
+      sut.hasVersion('mlp', '1'),
+      sut.hasVersion('mlp', '9'),
+      sut.hasVersion('missing', '1'),
+    ]).toEqual([true, false, true, false, false]);
     expect(sut.revision).toBe(2n);
-    expect(sut.status()).toMatchObject({ connected: true, synced: true, revision: 2n, lastError: undefined, disconnectedSince: undefined });
+    expect(sut.status()).toMatchObject({
+      connected: true,
+      synced: true,
+      revision: 2n,
+      lastError: undefined,
+      disconnectedSince: undefined,
+    });
     expect(changes).toEqual([['mlp', 'tiny']]);
     expect(registry.watchCalls).toEqual([0n]);
     expect(await metric('registry_watch_connected')).toBe(1);
@@ -249,7 +260,10 @@ describe(registryWatchProvider.name, () => {
       ROUTER_SHUTDOWN_GRACE_MS: 100,
       ROUTER_MAX_MESSAGE_BYTES: 1 << 20,
     });
-    @Module({ imports: [RuntimeModule.forRoot('router', settings)], providers: [registryWatchProvider(`127.0.0.1:${registry.port}`)] })
+    @Module({
+      imports: [RuntimeModule.forRoot('router', settings)],
+      providers: [registryWatchProvider(`127.0.0.1:${registry.port}`)],
+    })
     class AppModule {}
     const app = await NestFactory.createApplicationContext(AppModule, { logger: false });
     const sut = app.get(RegistryWatch);
@@ -257,7 +271,12 @@ describe(registryWatchProvider.name, () => {
 
     expect(sut.model('mlp')?.name).toBe('models/mlp');
     expect(registry.open).toBe(1);
-    expect(app.get(HealthDetails).report()['registry']).toMatchObject({ address: `127.0.0.1:${registry.port}`, connected: true, revision: 1, models: 1 });
+    expect(app.get(HealthDetails).report()['registry']).toMatchObject({
+      address: `127.0.0.1:${registry.port}`,
+      connected: true,
+      revision: 1,
+      models: 1,
+    });
 
     const details = app.get(HealthDetails);
     await app.close();

@@ -1,6 +1,11 @@
 import { equals } from '@bufbuild/protobuf';
 import type { ServiceClient } from '@infermesh/grpc';
-import { type Model, ModelSchema, type RegistryService, type WatchModelsResponse } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  ModelSchema,
+  type RegistryService,
+  type WatchModelsResponse,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { modelIdOf, versionIdOf } from '@infermesh/rollout';
 import type { JsonLogger, KnownModels, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
@@ -70,22 +75,32 @@ export class RegistryWatch implements KnownModels {
     this.backoff = options.backoff ?? DEFAULT_BACKOFF;
     this.random = options.random ?? Math.random;
     const { metrics } = options;
-    metrics.gauge('registry_watch_connected', 'Whether the registry watch stream is open (1) or not (0): while 0 the last configuration serves.', [], (gauge) =>
-      gauge.set(this.connected ? 1 : 0),
+    metrics.gauge(
+      'registry_watch_connected',
+      'Whether the registry watch stream is open (1) or not (0): while 0 the last configuration serves.',
+      [],
+      (gauge) => gauge.set(this.connected ? 1 : 0),
     );
-    metrics.gauge('registry_watch_revision', 'The registry revision of the models this service holds.', [], (gauge) => gauge.set(Number(this.currentRevision)));
+    metrics.gauge('registry_watch_revision', 'The registry revision of the models this service holds.', [], (gauge) =>
+      gauge.set(Number(this.currentRevision)),
+    );
     metrics.gauge(
       'registry_watch_config_age_seconds',
       'How long the models held may have been out of date: 0 while the watch is connected, else the time since it was.',
       [],
       (gauge) => gauge.set(this.disconnectedSince === undefined ? 0 : (Date.now() - this.disconnectedSince) / 1000),
     );
-    this.reconnects = metrics.counter('registry_watch_reconnects_total', 'Times the registry watch stream was opened again after it failed.');
+    this.reconnects = metrics.counter(
+      'registry_watch_reconnects_total',
+      'Times the registry watch stream was opened again after it failed.',
+    );
   }
 
   /** Opens the stream and keeps it open until close(); calling it again does nothing. */
   start(): void {
-    this.started ??= this.run().catch((error: unknown) => this.options.logger.error('registry watch stopped', { err: errorMessage(error) }));
+    this.started ??= this.run().catch((error: unknown) =>
+      this.options.logger.error('registry watch stopped', { err: errorMessage(error) }),
+    );
   }
 
   /** Cancels the stream and stops reconnecting; the models stay readable. */
@@ -171,7 +186,10 @@ export class RegistryWatch implements KnownModels {
     while (!this.closed) {
       let failure: unknown;
       try {
-        const stream = this.options.client.watchModels({ fromRevision: this.currentRevision }, { signal: this.abort.signal });
+        const stream = this.options.client.watchModels(
+          { fromRevision: this.currentRevision },
+          { signal: this.abort.signal },
+        );
         for await (const message of stream) {
           if (!this.connected) {
             attempt = 0;
@@ -190,7 +208,10 @@ export class RegistryWatch implements KnownModels {
         reported = true;
       } else {
         this.lastError = errorMessage(failure);
-        this.options.logger.debug('registry watch: reconnect failed', { registry: this.options.address, err: this.lastError });
+        this.options.logger.debug('registry watch: reconnect failed', {
+          registry: this.options.address,
+          err: this.lastError,
+        });
       }
       await this.sleep(this.delayMs(attempt++));
       if (!this.closed) this.reconnects.inc();
@@ -217,7 +238,9 @@ export class RegistryWatch implements KnownModels {
     this.lastError = errorMessage(failure);
     if (wasConnected) this.disconnectedSince = Date.now();
     this.options.logger.warn(
-      this.synced ? 'registry watch lost; serving the last configuration it saw and reconnecting' : 'registry watch cannot reach the registry; retrying',
+      this.synced
+        ? 'registry watch lost; serving the last configuration it saw and reconnecting'
+        : 'registry watch cannot reach the registry; retrying',
       { registry: this.options.address, revision: this.currentRevision.toString(), err: this.lastError },
     );
   }

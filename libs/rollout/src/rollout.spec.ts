@@ -1,13 +1,24 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
-import { type Model, ModelSchema, type RolloutPolicySchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  ModelSchema,
+  type RolloutPolicySchema,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { versionIdOf } from './resource-names';
 import { latestReady, route, stableVersion, stickyBucket } from './rollout';
 
 /** Model "m" with versions 1..4 in the given states (READY by default). */
-function model(rollout?: MessageInitShape<typeof RolloutPolicySchema>, states: Record<string, VersionState> = {}): Model {
+function model(
+  rollout?: MessageInitShape<typeof RolloutPolicySchema>,
+  states: Record<string, VersionState> = {},
+): Model {
   return create(ModelSchema, {
     name: 'models/m',
-    versions: ['1', '2', '3', '4'].map((id) => ({ name: `models/m/versions/${id}`, state: states[id] ?? VersionState.READY })),
+    versions: ['1', '2', '3', '4'].map((id) => ({
+      name: `models/m/versions/${id}`,
+      state: states[id] ?? VersionState.READY,
+    })),
     ...(rollout !== undefined && { rollout }),
   });
 }
@@ -29,7 +40,14 @@ describe('route', () => {
   it('sends every request to the latest READY version without a policy', () => {
     const m = model(undefined, { '4': VersionState.LOADING });
     expect(route(m, 'k', seeded(1))).toMatchObject({ kind: 'stable', version: { name: 'models/m/versions/3' } });
-    expect(latestReady(model({}, { '1': VersionState.FAILED, '2': VersionState.FAILED, '3': VersionState.FAILED, '4': VersionState.FAILED }))).toBeUndefined();
+    expect(
+      latestReady(
+        model(
+          {},
+          { '1': VersionState.FAILED, '2': VersionState.FAILED, '3': VersionState.FAILED, '4': VersionState.FAILED },
+        ),
+      ),
+    ).toBeUndefined();
   });
 
   it('sends the stable version what the canary leaves: a random share of requests', () => {
@@ -63,7 +81,10 @@ describe('route', () => {
   });
 
   it('passes a request on when the chosen version is not READY', () => {
-    const m = model({ stableVersion: '1', canary: { version: '3', percent: 100 } }, { '3': VersionState.LOADING, '1': VersionState.DRAINING });
+    const m = model(
+      { stableVersion: '1', canary: { version: '3', percent: 100 } },
+      { '3': VersionState.LOADING, '1': VersionState.DRAINING },
+    );
     expect(route(m, '', seeded(1))).toMatchObject({ kind: 'stable', version: { name: 'models/m/versions/4' } });
     expect(stableVersion(m)!.name).toBe('models/m/versions/4');
   });

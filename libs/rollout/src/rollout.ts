@@ -19,7 +19,8 @@ export function latestReady(model: Model): ModelVersion | undefined {
   let latest: ModelVersion | undefined;
   for (const version of model.versions) {
     if (version.state !== VersionState.READY) continue;
-    if (latest === undefined || compareVersionIds(versionIdOf(version.name), versionIdOf(latest.name)) > 0) latest = version;
+    if (latest === undefined || compareVersionIds(versionIdOf(version.name), versionIdOf(latest.name)) > 0)
+      latest = version;
   }
   return latest;
 }
@@ -80,7 +81,11 @@ export function route(model: Model, routingKey: string, random: () => number = M
  * The version that mirrors a request the policy routed to `served`: its shadow, for a random share of
  * requests, when it is READY and is not the version that served.
  */
-export function shadowOf(model: Model, served: ModelVersion, random: () => number = Math.random): ModelVersion | undefined {
+export function shadowOf(
+  model: Model,
+  served: ModelVersion,
+  random: () => number = Math.random,
+): ModelVersion | undefined {
   const shadow = model.rollout?.shadow;
   if (shadow === undefined || !(shadow.percent > 0) || random() * 100 >= shadow.percent) return undefined;
   const version = readyVersion(model, shadow.version);

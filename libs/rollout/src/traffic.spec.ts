@@ -19,14 +19,21 @@ describe(latencyQuantileMs.name, () => {
 });
 
 describe(countersSince.name, () => {
-  const at = (requests: number, latency: number[]) => create(TrafficCountersSchema, { requests: BigInt(requests), latencyCounts: latency.map(BigInt) });
+  const at = (requests: number, latency: number[]) =>
+    create(TrafficCountersSchema, { requests: BigInt(requests), latencyCounts: latency.map(BigInt) });
 
   it('is what was counted after the baseline', () => {
-    expect(countersSince(at(30, [5, 20, 0, 0]), at(10, [5, 0, 0, 0]))).toMatchObject({ requests: 20n, latencyCounts: [0n, 20n, 0n, 0n] });
+    expect(countersSince(at(30, [5, 20, 0, 0]), at(10, [5, 0, 0, 0]))).toMatchObject({
+      requests: 20n,
+      latencyCounts: [0n, 20n, 0n, 0n],
+    });
   });
 
   it('is everything counted when the counts restarted below the baseline', () => {
-    expect(countersSince(at(3, [3, 0, 0, 0]), at(10, [10, 0, 0, 0]))).toMatchObject({ requests: 3n, latencyCounts: [3n, 0n, 0n, 0n] });
+    expect(countersSince(at(3, [3, 0, 0, 0]), at(10, [10, 0, 0, 0]))).toMatchObject({
+      requests: 3n,
+      latencyCounts: [3n, 0n, 0n, 0n],
+    });
   });
 });
 

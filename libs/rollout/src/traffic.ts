@@ -38,7 +38,8 @@ export function addCounters(into: TrafficCounters, more: TrafficCounters): Traff
   into.failures += more.failures;
   into.shadowItems += more.shadowItems;
   into.shadowAgreed += more.shadowAgreed;
-  for (let i = 0; i < more.latencyCounts.length; i += 1) into.latencyCounts[i] = (into.latencyCounts[i] ?? 0n) + more.latencyCounts[i]!;
+  for (let i = 0; i < more.latencyCounts.length; i += 1)
+    into.latencyCounts[i] = (into.latencyCounts[i] ?? 0n) + more.latencyCounts[i]!;
   return into;
 }
 

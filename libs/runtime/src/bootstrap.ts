@@ -3,7 +3,15 @@ import type { DescService } from '@bufbuild/protobuf';
 import type * as grpc from '@grpc/grpc-js';
 import type { INestApplication, INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import { GrpcServer, HealthService, type InboundAuthorization, type InboundFaults, type RpcError, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
+import {
+  GrpcServer,
+  HealthService,
+  type InboundAuthorization,
+  type InboundFaults,
+  type RpcError,
+  type ServiceImpl,
+  ServingStatus,
+} from '@infermesh/grpc';
 import { exitOnUnsupportedNode } from '@infermesh/config';
 import { JsonLogger, Metrics, stopTracing } from '@infermesh/telemetry';
 import type { Server } from 'node:http';
@@ -32,7 +40,9 @@ export interface BootstrapOptions {
   /** The gRPC services to host, built from the application context. */
   grpc: (app: INestApplicationContext) => GrpcBinding[];
   /** Services whose messages are not generated from proto/ (the registry's xDS), hosted as they are. */
-  untypedGrpc?: (app: INestApplicationContext) => { definition: grpc.ServiceDefinition; implementation: grpc.UntypedServiceImplementation }[];
+  untypedGrpc?: (
+    app: INestApplicationContext,
+  ) => { definition: grpc.ServiceDefinition; implementation: grpc.UntypedServiceImplementation }[];
   /** When set, the service also serves HTTP through Nest (the gateway's REST API). */
   /** `configure` runs before the application initialises, so global middleware, filters and guards apply. */
   http?: { host: string; port: number; configure?: (app: INestApplication) => void };
@@ -69,7 +79,10 @@ const ANY_MESH_CALLER: InboundAuthorization = {
 };
 
 /** The inbound filters a listener says: the faults to inject, and who may call what (undefined: no listener yet). */
-function inboundFilters(listener: unknown): { faults: InboundFaults | undefined; authorization: InboundAuthorization | undefined } {
+function inboundFilters(listener: unknown): {
+  faults: InboundFaults | undefined;
+  authorization: InboundAuthorization | undefined;
+} {
   if (listener === undefined) return { faults: undefined, authorization: undefined };
   return { faults: inboundFaultsOf(listener), authorization: inboundAuthorizationOf(listener) ?? ANY_MESH_CALLER };
 }
@@ -128,11 +141,17 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
       try {
         applyInbound(inboundFilters(listener));
       } catch (error) {
-        logger.error('the inbound listener cannot be applied; the last one stays', error instanceof Error ? error : new Error(String(error)));
+        logger.error(
+          'the inbound listener cannot be applied; the last one stays',
+          error instanceof Error ? error : new Error(String(error)),
+        );
       }
     });
   } else if (followsInbound) {
-    xds.client?.watch(XDS_TYPES.listener, ['inbound'], { parse: (resources) => inboundFilters(resources.get('inbound')), apply: applyInbound });
+    xds.client?.watch(XDS_TYPES.listener, ['inbound'], {
+      parse: (resources) => inboundFilters(resources.get('inbound')),
+      apply: applyInbound,
+    });
   }
   grpcServer.add(Health, health);
   health.set('', ServingStatus.NOT_SERVING);
@@ -141,7 +160,8 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
     grpcServer.add(service, impl as never);
     health.set(service.typeName, ServingStatus.NOT_SERVING);
   }
-  for (const { definition, implementation } of options.untypedGrpc?.(app) ?? []) grpcServer.addUntyped(definition, implementation);
+  for (const { definition, implementation } of options.untypedGrpc?.(app) ?? [])
+    grpcServer.addUntyped(definition, implementation);
   if (options.shed !== undefined) grpcServer.shedWith(options.shed(app));
   if (options.http) options.http.configure?.(app as INestApplication);
   await app.init();
@@ -168,12 +188,21 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   const announcer =
     settings.mesh === undefined
       ? undefined
-      : new MeshAnnouncer(identity.name, settings.mesh, { host: settings.grpc.host, port: grpcPort }, () => health.get() === ServingStatus.SERVING && !grpcServer.isDraining, logger);
+      : new MeshAnnouncer(
+          identity.name,
+          settings.mesh,
+          { host: settings.grpc.host, port: grpcPort },
+          () => health.get() === ServingStatus.SERVING && !grpcServer.isDraining,
+          logger,
+        );
   announcer?.start();
   xds.start();
   let stopping: Promise<void> | undefined;
   if (gated) {
-    const waiting = setInterval(() => logger.warn('not serving yet: the authorization policy has not arrived from the mesh control plane'), 10_000);
+    const waiting = setInterval(
+      () => logger.warn('not serving yet: the authorization policy has not arrived from the mesh control plane'),
+      10_000,
+    );
     waiting.unref();
     void authorized.then(() => {
       clearInterval(waiting);
@@ -202,7 +231,9 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
       await app.close();
       await metricsServer.close();
       // The last spans (those of the calls just drained) are exported before the process ends.
-      await stopTracing().catch((error: unknown) => logger.warn('the last spans could not be exported', { err: String(error) }));
+      await stopTracing().catch((error: unknown) =>
+        logger.warn('the last spans could not be exported', { err: String(error) }),
+      );
       logger.info(`${identity.name} stopped`);
     })());
 
@@ -230,7 +261,9 @@ export function lastResortGuard(what: string, options: LastResortOptions): (erro
   return (error: unknown) => {
     const fatal = !options.started();
     const msg = fatal ? `${what}: the service stops` : `${what}; the service goes on`;
-    write(`${JSON.stringify({ time: new Date().toISOString(), level: fatal ? 'fatal' : 'error', service: options.service, msg, err: String(error instanceof Error ? error.stack : error) })}\n`);
+    write(
+      `${JSON.stringify({ time: new Date().toISOString(), level: fatal ? 'fatal' : 'error', service: options.service, msg, err: String(error instanceof Error ? error.stack : error) })}\n`,
+    );
     if (fatal) exit(1);
   };
 }
@@ -245,7 +278,10 @@ export function runMain(name: string, start: () => Promise<RunningService>): voi
   let started = false;
   const fatal = lastResortGuard('failure', { service: name, started: () => false });
   process.on('uncaughtException', lastResortGuard('uncaught exception', { service: name, started: () => started }));
-  process.on('unhandledRejection', lastResortGuard('unhandled promise rejection', { service: name, started: () => started }));
+  process.on(
+    'unhandledRejection',
+    lastResortGuard('unhandled promise rejection', { service: name, started: () => started }),
+  );
   // A log reader that went away (a closed pipe) must not take the service down with it.
   for (const stream of [process.stdout, process.stderr]) {
     stream.on('error', (error: NodeJS.ErrnoException) => {

@@ -18,7 +18,8 @@ export class HealthDetails {
 
   /** Adds a named section; a name is registered once. */
   register(name: string, section: HealthSection): void {
-    if (name === 'service' || name === 'status') throw new Error(`"${name}" is not a health section name: it is a field of the report`);
+    if (name === 'service' || name === 'status')
+      throw new Error(`"${name}" is not a health section name: it is a field of the report`);
     if (this.sections.has(name)) throw new Error(`the health section "${name}" is registered already`);
     this.sections.set(name, section);
   }

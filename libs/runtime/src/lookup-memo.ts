@@ -49,7 +49,8 @@ export class LookupMemo<V> {
     const call = requestContext
       .run({ requestId: requestContext.newRequestId() }, () => this.lookup(key))
       .then((value) => {
-        if (this.options.ttlMs > 0 || this.options.keepStale) this.answers.set(key, { value, expiresAt: Date.now() + this.options.ttlMs });
+        if (this.options.ttlMs > 0 || this.options.keepStale)
+          this.answers.set(key, { value, expiresAt: Date.now() + this.options.ttlMs });
         return value;
       })
       .finally(() => this.pending.delete(key));

@@ -15,7 +15,11 @@ class FakeControlPlane {
   port = 0;
 
   async start(): Promise<this> {
-    this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error', () => undefined), metrics: new Metrics('fake_control_plane'), maxMessageBytes: 1 << 20 });
+    this.server = new GrpcServer({
+      logger: new JsonLogger('registry', 'error', () => undefined),
+      metrics: new Metrics('fake_control_plane'),
+      maxMessageBytes: 1 << 20,
+    });
     this.server.add(InstanceService, {
       listInstances: async () => ({ instances: [] }),
       announce: async (requests) => {
@@ -47,11 +51,24 @@ describe(MeshAnnouncer.name, () => {
   });
 
   function settings(sidecarPort: number | undefined): MeshSettings {
-    return { controlPlane: `127.0.0.1:${controlPlane.port}`, instanceId: 'worker-0', address: '10.0.0.7', labels: { zone: 'a' }, heartbeatMs: 60_000, sidecarPort };
+    return {
+      controlPlane: `127.0.0.1:${controlPlane.port}`,
+      instanceId: 'worker-0',
+      address: '10.0.0.7',
+      labels: { zone: 'a' },
+      heartbeatMs: 60_000,
+      sidecarPort,
+    };
   }
 
   async function announced(sidecarPort: number | undefined): Promise<Instance> {
-    sut = new MeshAnnouncer('worker', settings(sidecarPort), { host: '0.0.0.0', port: 50055 }, () => true, new JsonLogger('worker', 'error', () => undefined));
+    sut = new MeshAnnouncer(
+      'worker',
+      settings(sidecarPort),
+      { host: '0.0.0.0', port: 50055 },
+      () => true,
+      new JsonLogger('worker', 'error', () => undefined),
+    );
     sut.start();
     await eventually(() => controlPlane.announced.length > 0);
     return controlPlane.announced[0]!;
@@ -60,7 +77,13 @@ describe(MeshAnnouncer.name, () => {
   it('announces its gRPC port without a sidecar', async () => {
     const instance = await announced(undefined);
 
-    expect({ service: instance.service, id: instance.id, address: instance.address, port: instance.port, labels: instance.labels }).toEqual({
+    expect({
+      service: instance.service,
+      id: instance.id,
+      address: instance.address,
+      port: instance.port,
+      labels: instance.labels,
+    }).toEqual({
       service: 'worker',
       id: 'worker-0',
       address: '10.0.0.7',

@@ -66,7 +66,11 @@ export class MeshAnnouncer {
       try {
         await this.client!.announce(this.messages(), {});
       } catch (error) {
-        if (!this.stopped) this.logger.warn('announcement to the mesh control plane broke; announcing again', { control_plane: this.settings.controlPlane, err: String(error) });
+        if (!this.stopped)
+          this.logger.warn('announcement to the mesh control plane broke; announcing again', {
+            control_plane: this.settings.controlPlane,
+            err: String(error),
+          });
       }
       if (this.stopped) return;
       backoffMs = Date.now() - started > 10_000 ? 100 : Math.min(5_000, backoffMs * 2);
@@ -75,11 +79,18 @@ export class MeshAnnouncer {
   }
 
   private async *messages(): AsyncGenerator<AnnounceRequest> {
-    const address = this.settings.address ?? (this.grpc.host === '0.0.0.0' || this.grpc.host === '::' ? hostname() : this.grpc.host);
+    const address =
+      this.settings.address ?? (this.grpc.host === '0.0.0.0' || this.grpc.host === '::' ? hostname() : this.grpc.host);
     yield {
       // Behind a sidecar, the others reach the instance at the sidecar's inbound port, which forwards
       // to the gRPC port.
-      instance: { service: this.service, id: this.instanceId, address, port: this.settings.sidecarPort ?? this.grpc.port, labels: this.settings.labels },
+      instance: {
+        service: this.service,
+        id: this.instanceId,
+        address,
+        port: this.settings.sidecarPort ?? this.grpc.port,
+        labels: this.settings.labels,
+      },
       serving: this.serving(),
     };
     while (!this.stopped) {

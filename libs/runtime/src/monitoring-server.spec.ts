@@ -5,7 +5,12 @@ import { request } from 'node:http';
 import { HealthDetails } from './health-details';
 import { MonitoringServer } from './monitoring-server';
 
-function get(port: number, path: string, method = 'GET', headers: Record<string, string> = {}): Promise<{ status: number; type: string; body: string }> {
+function get(
+  port: number,
+  path: string,
+  method = 'GET',
+  headers: Record<string, string> = {},
+): Promise<{ status: number; type: string; body: string }> {
   return new Promise((resolve, reject) => {
     const req = request({ host: '127.0.0.1', port, path, method, headers }, (res) => {
       let body = '';
@@ -43,7 +48,9 @@ describe(MonitoringServer.name, () => {
     const guardedPort = await guarded.listen('127.0.0.1', 0);
     try {
       expect((await get(guardedPort, '/metrics')).status).toBe(401);
-      expect((await get(guardedPort, '/metrics', 'GET', { authorization: 'Bearer a-wrong-token-of-sixteen' })).status).toBe(401);
+      expect(
+        (await get(guardedPort, '/metrics', 'GET', { authorization: 'Bearer a-wrong-token-of-sixteen' })).status,
+      ).toBe(401);
       const allowed = await get(guardedPort, '/metrics', 'GET', { authorization: 'Bearer a-token-of-sixteen-chars' });
       expect(allowed.status).toBe(200);
       expect(allowed.body).toContain('infermesh_router_requests_total 3');
@@ -65,7 +72,10 @@ describe(MonitoringServer.name, () => {
   });
 
   it.each([
-    ['Prometheus 2', 'application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1'],
+    [
+      'Prometheus 2',
+      'application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1',
+    ],
     [
       'Prometheus 3',
       'application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2',
@@ -73,7 +83,11 @@ describe(MonitoringServer.name, () => {
     ['a bare media type', 'application/openmetrics-text'],
   ])('serves OpenMetrics, with the exemplars, to a client that asks for it first (%s)', async (_client, accept) => {
     const latency = metrics.histogram('latency_seconds', 'Latency.', [], [0.1, 1], { exemplars: true });
-    const span = trace.wrapSpanContext({ traceId: '4bf92f3577b34da6a3ce929d0e0e4736', spanId: '00f067aa0ba902b7', traceFlags: TraceFlags.SAMPLED });
+    const span = trace.wrapSpanContext({
+      traceId: '4bf92f3577b34da6a3ce929d0e0e4736',
+      spanId: '00f067aa0ba902b7',
+      traceFlags: TraceFlags.SAMPLED,
+    });
     requestContext.run({ requestId: 'r', span }, () => metrics.observe(latency, {}, 0.05));
 
     const response = await get(port, '/metrics', 'GET', { accept });
@@ -82,7 +96,9 @@ describe(MonitoringServer.name, () => {
     expect(response.type).toBe(METRICS_CONTENT_TYPES.openmetrics);
     expect(response.body).toContain('# TYPE infermesh_router_requests counter\n');
     expect(response.body).toContain('\ninfermesh_router_requests_total 3\n');
-    expect(response.body).toMatch(/^infermesh_router_latency_seconds_bucket\{le="0\.1"\} 1 # \{trace_id="4bf92f3577b34da6a3ce929d0e0e4736",span_id="00f067aa0ba902b7"\} 0\.05 /m);
+    expect(response.body).toMatch(
+      /^infermesh_router_latency_seconds_bucket\{le="0\.1"\} 1 # \{trace_id="4bf92f3577b34da6a3ce929d0e0e4736",span_id="00f067aa0ba902b7"\} 0\.05 /m,
+    );
     expect(response.body.endsWith('\n# EOF\n')).toBe(true);
   });
 
@@ -94,7 +110,11 @@ describe(MonitoringServer.name, () => {
     ['OpenMetrics refused', 'application/openmetrics-text;q=0,*/*'],
   ])('serves the Prometheus text format, without exemplars, to a client that sends %s', async (_client, accept) => {
     const latency = metrics.histogram('latency_seconds', 'Latency.', [], [0.1, 1], { exemplars: true });
-    const span = trace.wrapSpanContext({ traceId: '4bf92f3577b34da6a3ce929d0e0e4736', spanId: '00f067aa0ba902b7', traceFlags: TraceFlags.SAMPLED });
+    const span = trace.wrapSpanContext({
+      traceId: '4bf92f3577b34da6a3ce929d0e0e4736',
+      spanId: '00f067aa0ba902b7',
+      traceFlags: TraceFlags.SAMPLED,
+    });
     requestContext.run({ requestId: 'r', span }, () => metrics.observe(latency, {}, 0.05));
 
     const response = await get(port, '/metrics', 'GET', accept === undefined ? {} : { accept });
@@ -115,7 +135,10 @@ describe(MonitoringServer.name, () => {
       const refused = await get(guardedPort, '/metrics', 'GET', { accept });
       expect(refused.status).toBe(401);
       expect(refused.body).not.toContain('infermesh_router');
-      const allowed = await get(guardedPort, '/metrics', 'GET', { accept, authorization: 'Bearer a-token-of-sixteen-chars' });
+      const allowed = await get(guardedPort, '/metrics', 'GET', {
+        accept,
+        authorization: 'Bearer a-token-of-sixteen-chars',
+      });
       expect(allowed.status).toBe(200);
       expect(allowed.type).toBe(METRICS_CONTENT_TYPES.openmetrics);
     } finally {
@@ -139,7 +162,9 @@ describe(MonitoringServer.name, () => {
     });
 
     connected = true;
-    expect(JSON.parse((await get(port, '/health')).body)).toMatchObject({ registry: { connected: true, serving_last_config: false } });
+    expect(JSON.parse((await get(port, '/health')).body)).toMatchObject({
+      registry: { connected: true, serving_last_config: false },
+    });
   });
 
   it('answers 503 with the status while the service is not SERVING', async () => {

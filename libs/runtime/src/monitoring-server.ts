@@ -59,7 +59,9 @@ export class MonitoringServer {
     if (req.method === 'GET' && path === '/health') {
       const report = this.details.report();
       res.writeHead(report['status'] === 'SERVING' ? 200 : 503, { 'content-type': 'application/json' });
-      res.end(`${JSON.stringify(report, (_key, value: unknown) => (typeof value === 'bigint' ? Number(value) : value))}\n`);
+      res.end(
+        `${JSON.stringify(report, (_key, value: unknown) => (typeof value === 'bigint' ? Number(value) : value))}\n`,
+      );
       return;
     }
     res.writeHead(404, { 'content-type': 'text/plain' });

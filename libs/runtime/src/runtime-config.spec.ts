@@ -1,5 +1,11 @@
 import { ConfigError, type Env, parseEnv } from '@infermesh/config';
-import { ownInboundFilters, processTransportSecurity, type RuntimeSettings, runtimeSettings, runtimeShape } from './runtime-config';
+import {
+  ownInboundFilters,
+  processTransportSecurity,
+  type RuntimeSettings,
+  runtimeSettings,
+  runtimeShape,
+} from './runtime-config';
 import { thrownBy } from '@infermesh/testing';
 
 const shape = runtimeShape('SVC', { grpc: 50055, metrics: 9105 });
@@ -82,12 +88,24 @@ describe(ownInboundFilters.name, () => {
 
   it('injects faults in the mesh, and authorizes with mutual TLS but not on a public port', () => {
     expect(ownInboundFilters(load(MESH), false)).toEqual({ faultInjection: true, authorization: false });
-    expect(ownInboundFilters(load({ ...MESH, ...IDENTITY }), false)).toEqual({ faultInjection: true, authorization: true });
-    expect(ownInboundFilters(load({ ...MESH, ...IDENTITY }), true)).toEqual({ faultInjection: true, authorization: false });
+    expect(ownInboundFilters(load({ ...MESH, ...IDENTITY }), false)).toEqual({
+      faultInjection: true,
+      authorization: true,
+    });
+    expect(ownInboundFilters(load({ ...MESH, ...IDENTITY }), true)).toEqual({
+      faultInjection: true,
+      authorization: false,
+    });
   });
 
   it('does neither behind a sidecar, whose inbound listener does both', () => {
-    expect(ownInboundFilters(load({ ...MESH, ...SIDECAR }), false)).toEqual({ faultInjection: false, authorization: false });
-    expect(ownInboundFilters(load({ ...MESH, ...IDENTITY, ...SIDECAR }), false)).toEqual({ faultInjection: false, authorization: false });
+    expect(ownInboundFilters(load({ ...MESH, ...SIDECAR }), false)).toEqual({
+      faultInjection: false,
+      authorization: false,
+    });
+    expect(ownInboundFilters(load({ ...MESH, ...IDENTITY, ...SIDECAR }), false)).toEqual({
+      faultInjection: false,
+      authorization: false,
+    });
   });
 });

@@ -1,4 +1,13 @@
-import { ConfigError, host, logLevel, optionalPort, port, positiveInt, tracingSettings, tracingShape } from '@infermesh/config';
+import {
+  ConfigError,
+  host,
+  logLevel,
+  optionalPort,
+  port,
+  positiveInt,
+  tracingSettings,
+  tracingShape,
+} from '@infermesh/config';
 import type { TransportSecurity } from '@infermesh/grpc';
 import { join } from 'node:path';
 import { z } from 'zod';
@@ -52,10 +61,16 @@ const labelList = () =>
     .optional()
     .transform((value, ctx) => {
       const labels: Record<string, string> = {};
-      for (const part of (value ?? '').split(',').map((p) => p.trim()).filter((p) => p !== '')) {
+      for (const part of (value ?? '')
+        .split(',')
+        .map((p) => p.trim())
+        .filter((p) => p !== '')) {
         const match = /^([A-Za-z0-9][A-Za-z0-9._-]{0,62})=([A-Za-z0-9._-]{1,63})$/.exec(part);
         if (match === null) {
-          ctx.addIssue({ code: 'custom', message: `expected key=value pairs separated by commas (letters, digits, . _ -), got "${part}"` });
+          ctx.addIssue({
+            code: 'custom',
+            message: `expected key=value pairs separated by commas (letters, digits, . _ -), got "${part}"`,
+          });
           return z.NEVER;
         }
         labels[match[1]!] = match[2]!;
@@ -65,8 +80,14 @@ const labelList = () =>
 
 /** The mesh settings every service shares (not prefixed: one mesh per machine or pod). */
 export const meshShape = {
-  INFERMESH_MESH_CONTROL_PLANE: z.string().regex(/^(?:[^\s:]+|\[[0-9a-fA-F:]+\]):\d{1,5}$/, 'expected host:port').optional(),
-  INFERMESH_INSTANCE_ID: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$/, 'expected letters, digits, dots, dashes or underscores').optional(),
+  INFERMESH_MESH_CONTROL_PLANE: z
+    .string()
+    .regex(/^(?:[^\s:]+|\[[0-9a-fA-F:]+\]):\d{1,5}$/, 'expected host:port')
+    .optional(),
+  INFERMESH_INSTANCE_ID: z
+    .string()
+    .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$/, 'expected letters, digits, dots, dashes or underscores')
+    .optional(),
   INFERMESH_INSTANCE_ADDRESS: z.string().min(1).max(253).optional(),
   INFERMESH_INSTANCE_LABELS: labelList(),
   INFERMESH_HEARTBEAT_MS: positiveInt(5_000),
@@ -79,7 +100,10 @@ export const meshShape = {
  */
 export const tlsShape = {
   INFERMESH_TLS_DIR: z.string().min(1).optional(),
-  INFERMESH_TRUST_DOMAIN: z.string().regex(/^[a-z0-9.-]+$/, 'expected a trust domain such as infermesh.local').default('infermesh.local'),
+  INFERMESH_TRUST_DOMAIN: z
+    .string()
+    .regex(/^[a-z0-9.-]+$/, 'expected a trust domain such as infermesh.local')
+    .default('infermesh.local'),
   INFERMESH_TLS_REFRESH_MS: positiveInt(30_000),
   /** When set, GET /metrics on every service's monitoring port needs `Authorization: Bearer <it>`. */
   INFERMESH_METRICS_TOKEN: z.string().min(16, 'expected a token of at least 16 characters').optional(),
@@ -101,7 +125,10 @@ export function runtimeShape<P extends string>(prefix: P, ports: { grpc: number;
     ...meshShape,
     ...tlsShape,
     ...tracingShape,
-  } as typeof meshShape & typeof tlsShape & typeof tracingShape & Record<`${P}_${'GRPC_HOST' | 'METRICS_HOST'}`, ReturnType<typeof host>> &
+  } as typeof meshShape &
+    typeof tlsShape &
+    typeof tracingShape &
+    Record<`${P}_${'GRPC_HOST' | 'METRICS_HOST'}`, ReturnType<typeof host>> &
     Record<`${P}_${'GRPC_PORT' | 'METRICS_PORT'}`, ReturnType<typeof port>> &
     Record<`${P}_LOG_LEVEL`, ReturnType<typeof logLevel>> &
     Record<`${P}_${'SHUTDOWN_GRACE_MS' | 'MAX_MESSAGE_BYTES'}`, ReturnType<typeof positiveInt>>;
@@ -115,15 +142,21 @@ export function runtimeSettings(prefix: string, env: Record<string, unknown>): R
   const problems: string[] = [];
   if (env['INFERMESH_TLS_DIR'] !== undefined && !inMesh) {
     // Who may call what is the mesh policy's to say, and it comes from the control plane.
-    problems.push('INFERMESH_TLS_DIR: mutual TLS needs the mesh (INFERMESH_MESH_CONTROL_PLANE), whose policy says which service may call which');
+    problems.push(
+      'INFERMESH_TLS_DIR: mutual TLS needs the mesh (INFERMESH_MESH_CONTROL_PLANE), whose policy says which service may call which',
+    );
   }
   if (sidecarPort !== undefined && !inMesh) {
     // The sidecar's listeners, clusters and policy come over xDS from the control plane, which learns
     // where this instance is from its announcement: without it, no one routes to the sidecar.
-    problems.push('INFERMESH_SIDECAR_PORT: the sidecar takes its configuration from the mesh control plane the service announces itself to: set INFERMESH_MESH_CONTROL_PLANE too');
+    problems.push(
+      'INFERMESH_SIDECAR_PORT: the sidecar takes its configuration from the mesh control plane the service announces itself to: set INFERMESH_MESH_CONTROL_PLANE too',
+    );
   }
   if (sidecarPort !== undefined && sidecarPort === get<number>('GRPC_PORT')) {
-    problems.push(`INFERMESH_SIDECAR_PORT: ${sidecarPort} is also ${prefix}_GRPC_PORT: the sidecar and the service it forwards to cannot both listen on one port`);
+    problems.push(
+      `INFERMESH_SIDECAR_PORT: ${sidecarPort} is also ${prefix}_GRPC_PORT: the sidecar and the service it forwards to cannot both listen on one port`,
+    );
   }
   if (problems.length > 0) throw new ConfigError(problems);
   return {
@@ -182,7 +215,10 @@ export function processTransportSecurity(settings: RuntimeSettings): TransportSe
  * have no mesh identity). Behind a sidecar, neither: the sidecar's inbound listener does both, and
  * doing them again here would inject the faults twice and refuse the sidecar's plaintext calls.
  */
-export function ownInboundFilters(settings: RuntimeSettings, publicGrpc: boolean): { faultInjection: boolean; authorization: boolean } {
+export function ownInboundFilters(
+  settings: RuntimeSettings,
+  publicGrpc: boolean,
+): { faultInjection: boolean; authorization: boolean } {
   if (behindSidecar(settings)) return { faultInjection: false, authorization: false };
   return { faultInjection: settings.mesh !== undefined, authorization: settings.tls !== undefined && !publicGrpc };
 }

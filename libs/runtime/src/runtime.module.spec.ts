@@ -3,7 +3,8 @@ import { parseEnv } from '@infermesh/config';
 import { RuntimeModule } from './runtime.module';
 import { runtimeSettings, runtimeShape } from './runtime-config';
 
-const load = (env: Record<string, string>) => runtimeSettings('SVC', parseEnv(runtimeShape('SVC', { grpc: 50055, metrics: 9105 }), env));
+const load = (env: Record<string, string>) =>
+  runtimeSettings('SVC', parseEnv(runtimeShape('SVC', { grpc: 50055, metrics: 9105 }), env));
 const IN_MESH = { INFERMESH_MESH_CONTROL_PLANE: '127.0.0.1:50051', INFERMESH_TLS_DIR: '/var/run/infermesh/identity' };
 
 describe('RuntimeModule.forRoot', () => {

@@ -34,9 +34,17 @@ export class RuntimeModule {
         { provide: ServiceIdentity, useValue: new ServiceIdentity(name, settings) },
         { provide: JsonLogger, useValue: logger },
         { provide: Metrics, useValue: new Metrics(name) },
-        { provide: MeshXds, inject: [JsonLogger, Metrics], useFactory: (log: JsonLogger, metrics: Metrics) => new MeshXds(name, settings.mesh, log, metrics) },
+        {
+          provide: MeshXds,
+          inject: [JsonLogger, Metrics],
+          useFactory: (log: JsonLogger, metrics: Metrics) => new MeshXds(name, settings.mesh, log, metrics),
+        },
         { provide: HealthService, useValue: new HealthService() },
-        { provide: HealthDetails, inject: [HealthService], useFactory: (health: HealthService) => new HealthDetails(name, health) },
+        {
+          provide: HealthDetails,
+          inject: [HealthService],
+          useFactory: (health: HealthService) => new HealthDetails(name, health),
+        },
       ],
       exports: [ServiceIdentity, JsonLogger, Metrics, HealthService, HealthDetails, MeshXds],
     };

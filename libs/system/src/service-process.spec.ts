@@ -231,7 +231,12 @@ describe(ServiceProcess.name, () => {
         kind: 'restarting',
         delayMs: 40,
         quickExits: 1,
-        exit: { code: null, signal: 'SIGKILL', ranMs: expect.any(Number), lastLine: expect.stringMatching(/^(ready|a line on stderr)$/) },
+        exit: {
+          code: null,
+          signal: 'SIGKILL',
+          ranMs: expect.any(Number),
+          lastLine: expect.stringMatching(/^(ready|a line on stderr)$/),
+        },
       });
       expect(events[1]).toEqual({ kind: 'restarted', pid: sut.pid, restarts: 1 });
     });

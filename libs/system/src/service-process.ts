@@ -62,7 +62,9 @@ export type SupervisionEvent =
 export function describeSupervisionEvent(name: string, event: SupervisionEvent): string {
   const why = (exit: UnexpectedExit) =>
     `${exit.signal !== null ? `killed by ${exit.signal}` : `exit code ${exit.code}`} after ${(exit.ranMs / 1000).toFixed(1)} s` +
-    (exit.lastLine === '' ? '' : `; its last line: ${exit.lastLine.length > 300 ? `${exit.lastLine.slice(0, 300)}…` : exit.lastLine}`);
+    (exit.lastLine === ''
+      ? ''
+      : `; its last line: ${exit.lastLine.length > 300 ? `${exit.lastLine.slice(0, 300)}…` : exit.lastLine}`);
   switch (event.kind) {
     case 'restarting':
       return `${name} exited unexpectedly (${why(event.exit)}); restarting in ${(event.delayMs / 1000).toFixed(1)} s (quick exits in a row: ${event.quickExits})`;
@@ -102,7 +104,11 @@ export class ServiceProcess {
     private readonly entry: string,
     private readonly env: NodeJS.ProcessEnv,
     private readonly sink: LogSink,
-    private readonly onUnexpectedExit: (name: ServiceName, code: number | null, signal: NodeJS.Signals | null) => void = () => undefined,
+    private readonly onUnexpectedExit: (
+      name: ServiceName,
+      code: number | null,
+      signal: NodeJS.Signals | null,
+    ) => void = () => undefined,
     private readonly options: ServiceProcessOptions = {},
   ) {}
 
@@ -154,7 +160,9 @@ export class ServiceProcess {
         if (!this.exitExpected) {
           this.onUnexpectedExit(this.name, code, signal);
           // The last lines may still be in the pipes: read them before saying why it ended.
-          setImmediate(() => this.superviseExit({ code, signal, ranMs: Date.now() - this.startedAt, lastLine: this.lastLine }));
+          setImmediate(() =>
+            this.superviseExit({ code, signal, ranMs: Date.now() - this.startedAt, lastLine: this.lastLine }),
+          );
         }
         resolve(code);
       }),

@@ -55,7 +55,11 @@ describe(System.name, () => {
 
     expect(sut.workerProcesses).toHaveLength(1);
     expect(sut.workerProcess(0)).toBe(sut.process('worker'));
-    expect(sut.envFor('worker')).toMatchObject({ WORKER_GRPC_PORT: '50055', WORKER_METRICS_PORT: '9105', WORKER_ARTIFACT_DIR: '/data/worker-artifacts' });
+    expect(sut.envFor('worker')).toMatchObject({
+      WORKER_GRPC_PORT: '50055',
+      WORKER_METRICS_PORT: '9105',
+      WORKER_ARTIFACT_DIR: '/data/worker-artifacts',
+    });
     expect(sut.envFor('worker')['WORKER_MODELS']).toBeUndefined();
     expect(sut.envFor('batcher')['BATCHER_WORKER_ADDRESSES']).toBe('127.0.0.1:50055');
     expect(() => sut!.workerProcess(1)).toThrow(/no worker 1: the system runs 1/);
@@ -86,7 +90,9 @@ describe(System.name, () => {
   });
 
   it('refuses more workers than SystemPorts has ports for', () => {
-    expect(() => new System(options({ workers: [{}, {}] }))).toThrow(/2 workers need the ports of 1 more in SystemPorts.moreWorkers; it has 0/);
+    expect(() => new System(options({ workers: [{}, {}] }))).toThrow(
+      /2 workers need the ports of 1 more in SystemPorts.moreWorkers; it has 0/,
+    );
     expect(() => new System(options({ workers: [] }))).toThrow(/at least one worker/);
   });
 
@@ -109,23 +115,35 @@ describe(System.name, () => {
 });
 
 describe('WORKER_MALLOC_ENV', () => {
-  it('is in every worker\'s environment unless the environment sets it, and in no other service\'s', () => {
+  it("is in every worker's environment unless the environment sets it, and in no other service's", () => {
     const system = (env?: Record<string, string>) =>
-      new System({ distDir: '/dist', dataDir: '/data', apiKey: 'key', ports: DEFAULT_PORTS, sink: () => undefined, models: [], ...(env !== undefined && { env }) });
+      new System({
+        distDir: '/dist',
+        dataDir: '/data',
+        apiKey: 'key',
+        ports: DEFAULT_PORTS,
+        sink: () => undefined,
+        models: [],
+        ...(env !== undefined && { env }),
+      });
     const sut = system();
     expect(sut.envForWorker(0)).toMatchObject(WORKER_MALLOC_ENV);
     for (const name of ['registry', 'cache', 'batcher', 'router', 'gateway'] as const) {
-      for (const variable of Object.keys(WORKER_MALLOC_ENV)) expect(sut.envFor(name)[variable]).toBe(process.env[variable]);
+      for (const variable of Object.keys(WORKER_MALLOC_ENV))
+        expect(sut.envFor(name)[variable]).toBe(process.env[variable]);
     }
 
     expect(system({ MALLOC_MMAP_THRESHOLD_: '65536' }).envForWorker(0)['MALLOC_MMAP_THRESHOLD_']).toBe('65536');
   });
 
-  it('is what the worker\'s Deployment and the GPU image set', () => {
+  it("is what the worker's Deployment and the GPU image set", () => {
     const root = join(__dirname, '..', '..', '..');
     const dockerfile = readFileSync(join(root, 'Dockerfile'), 'utf8').replace(/\\\n\s*/g, ' '); // continuation lines joined
     const gpuStage = dockerfile.split(/^FROM /m).find((stage) => / AS worker-gpu$/m.test(stage.split('\n')[0]!))!;
-    const imageEnv = gpuStage.split('\n').filter((line) => line.startsWith('ENV ')).flatMap((line) => line.slice(4).trim().split(/\s+/));
+    const imageEnv = gpuStage
+      .split('\n')
+      .filter((line) => line.startsWith('ENV '))
+      .flatMap((line) => line.slice(4).trim().split(/\s+/));
     const deployment = readFileSync(join(root, 'k8s', 'base', 'worker.yaml'), 'utf8');
     for (const [name, value] of Object.entries(WORKER_MALLOC_ENV)) {
       expect(imageEnv).toContain(`${name}=${value}`);
@@ -139,7 +157,10 @@ describe('defaultPorts', () => {
     expect(defaultPorts(1)).toBe(DEFAULT_PORTS);
     const sut = defaultPorts(3);
 
-    expect(sut.moreWorkers).toEqual([{ grpc: 50065, metrics: 9115 }, { grpc: 50075, metrics: 9125 }]);
+    expect(sut.moreWorkers).toEqual([
+      { grpc: 50065, metrics: 9115 },
+      { grpc: 50075, metrics: 9125 },
+    ]);
     const all = [...Object.values(DEFAULT_PORTS), ...sut.moreWorkers!.flatMap((w) => [w.grpc, w.metrics])];
     expect(new Set(all).size).toBe(all.length);
   });

@@ -3,7 +3,11 @@ import { createClient, type TransportSecurity } from '@infermesh/grpc';
 import { DEFAULT_TRUST_DOMAIN, IdentityIssuer, LocalCa } from '@infermesh/identity';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
-import { type BatchingSchema, type ProcessingSchema, RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type BatchingSchema,
+  type ProcessingSchema,
+  RegistryService,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { registerModel, waitForVersionsReady } from './model-registration';
@@ -22,7 +26,13 @@ const DEFAULT_TLS_REFRESH_MS = 30_000;
 
 /** The mutual TLS settings of an identity folder (cert.pem, key.pem, ca.pem). */
 function tlsOfDir(dir: string, refreshMs: number): TransportSecurity {
-  return { certFile: join(dir, 'cert.pem'), keyFile: join(dir, 'key.pem'), caFile: join(dir, 'ca.pem'), trustDomain: DEFAULT_TRUST_DOMAIN, refreshMs };
+  return {
+    certFile: join(dir, 'cert.pem'),
+    keyFile: join(dir, 'key.pem'),
+    caFile: join(dir, 'ca.pem'),
+    trustDomain: DEFAULT_TRUST_DOMAIN,
+    refreshMs,
+  };
 }
 
 /** The ports of one worker. */
@@ -76,7 +86,10 @@ export interface SystemPorts {
  * workers: the other services hold no models, and up to 32 MiB more free memory kept per heap would
  * only count against their own memory budgets.
  */
-export const WORKER_MALLOC_ENV: Readonly<Record<string, string>> = { MALLOC_MMAP_THRESHOLD_: String(4 << 20), MALLOC_TRIM_THRESHOLD_: String(32 << 20) };
+export const WORKER_MALLOC_ENV: Readonly<Record<string, string>> = {
+  MALLOC_MMAP_THRESHOLD_: String(4 << 20),
+  MALLOC_TRIM_THRESHOLD_: String(32 << 20),
+};
 
 export const REPLICATED_SERVICES = ['router', 'batcher', 'cache'] as const;
 export type ReplicatedService = (typeof REPLICATED_SERVICES)[number];
@@ -112,9 +125,15 @@ export const DEFAULT_PORTS: SystemPorts = {
  */
 export function defaultPorts(workers: number, replicas: Partial<Record<ReplicatedService, number>> = {}): SystemPorts {
   const more = (grpc: number, metrics: number, count: number) =>
-    Array.from({ length: Math.max(0, count - 1) }, (_, i) => ({ grpc: grpc + 10 * (i + 1), metrics: metrics + 10 * (i + 1) }));
+    Array.from({ length: Math.max(0, count - 1) }, (_, i) => ({
+      grpc: grpc + 10 * (i + 1),
+      metrics: metrics + 10 * (i + 1),
+    }));
   const moreReplicas = Object.fromEntries(
-    REPLICATED_SERVICES.filter((s) => (replicas[s] ?? 1) > 1).map((s) => [s, more(DEFAULT_PORTS[s], DEFAULT_PORTS[`${s}Metrics`], replicas[s]!)]),
+    REPLICATED_SERVICES.filter((s) => (replicas[s] ?? 1) > 1).map((s) => [
+      s,
+      more(DEFAULT_PORTS[s], DEFAULT_PORTS[`${s}Metrics`], replicas[s]!),
+    ]),
   );
   if (workers <= 1 && Object.keys(moreReplicas).length === 0) return DEFAULT_PORTS;
   return {
@@ -221,25 +240,44 @@ export class System {
     if (this.workers.length === 0) throw new Error('a system needs at least one worker');
     const extraPorts = options.ports.moreWorkers?.length ?? 0;
     if (extraPorts < this.workers.length - 1) {
-      throw new Error(`${this.workers.length} workers need the ports of ${this.workers.length - 1} more in SystemPorts.moreWorkers; it has ${extraPorts}`);
+      throw new Error(
+        `${this.workers.length} workers need the ports of ${this.workers.length - 1} more in SystemPorts.moreWorkers; it has ${extraPorts}`,
+      );
     }
     const several = this.workers.length > 1;
     this.workerProcesses = this.workers.map((_, i) => {
       const sink: LogSink = several ? (service, line) => options.sink(service, line, i) : options.sink;
-      return new ServiceProcess('worker', serviceEntry(options.distDir, 'worker'), this.envForWorker(i), sink, options.onUnexpectedExit, {
-        restart: options.restartPolicy,
-        onSupervision: (name, event) => options.onSupervision?.(name, event, several ? i : undefined),
-      });
+      return new ServiceProcess(
+        'worker',
+        serviceEntry(options.distDir, 'worker'),
+        this.envForWorker(i),
+        sink,
+        options.onUnexpectedExit,
+        {
+          restart: options.restartPolicy,
+          onSupervision: (name, event) => options.onSupervision?.(name, event, several ? i : undefined),
+        },
+      );
     });
     for (const service of REPLICATED_SERVICES) {
       const count = options.replicas?.[service]?.length ?? 1;
-      if (count > 1 && options.mesh === undefined) throw new Error(`${count} ${service} instances need the mesh (SystemOptions.mesh): their callers reach them through xds:///${service}`);
+      if (count > 1 && options.mesh === undefined)
+        throw new Error(
+          `${count} ${service} instances need the mesh (SystemOptions.mesh): their callers reach them through xds:///${service}`,
+        );
       const extra = options.ports.moreReplicas?.[service]?.length ?? 0;
-      if (extra < count - 1) throw new Error(`${count} ${service} instances need the ports of ${count - 1} more in SystemPorts.moreReplicas.${service}; it has ${extra}`);
+      if (extra < count - 1)
+        throw new Error(
+          `${count} ${service} instances need the ports of ${count - 1} more in SystemPorts.moreReplicas.${service}; it has ${extra}`,
+        );
     }
     if (options.mtls !== undefined) {
-      if (options.mesh === undefined) throw new Error('mutual TLS needs the mesh (SystemOptions.mesh): its policy says which service may call which');
-      if (options.ports.registryXds === undefined) throw new Error('mutual TLS needs SystemPorts.registryXds: the services\' xDS clients reach the control plane there');
+      if (options.mesh === undefined)
+        throw new Error('mutual TLS needs the mesh (SystemOptions.mesh): its policy says which service may call which');
+      if (options.ports.registryXds === undefined)
+        throw new Error(
+          "mutual TLS needs SystemPorts.registryXds: the services' xDS clients reach the control plane there",
+        );
     }
     const replicas = new Map<ReplicatedService, ServiceProcess[]>();
     for (const service of REPLICATED_SERVICES) {
@@ -248,10 +286,17 @@ export class System {
         service,
         Array.from({ length: count }, (_, i) => {
           const sink: LogSink = count > 1 ? (name, line) => options.sink(name, line, i) : options.sink;
-          return new ServiceProcess(service, serviceEntry(options.distDir, service), this.envFor(service, i), sink, options.onUnexpectedExit, {
-            restart: options.restartPolicy,
-            onSupervision: (name, event) => options.onSupervision?.(name, event, count > 1 ? i : undefined),
-          });
+          return new ServiceProcess(
+            service,
+            serviceEntry(options.distDir, service),
+            this.envFor(service, i),
+            sink,
+            options.onUnexpectedExit,
+            {
+              restart: options.restartPolicy,
+              onSupervision: (name, event) => options.onSupervision?.(name, event, count > 1 ? i : undefined),
+            },
+          );
         }),
       );
     }
@@ -264,10 +309,17 @@ export class System {
           ? this.workerProcesses[0]!
           : isReplicated(name)
             ? replicas.get(name)![0]!
-            : new ServiceProcess(name, serviceEntry(options.distDir, name), this.envFor(name), options.sink, options.onUnexpectedExit, {
-                restart: options.restartPolicy,
-                onSupervision: options.onSupervision,
-              }),
+            : new ServiceProcess(
+                name,
+                serviceEntry(options.distDir, name),
+                this.envFor(name),
+                options.sink,
+                options.onUnexpectedExit,
+                {
+                  restart: options.restartPolicy,
+                  onSupervision: options.onSupervision,
+                },
+              ),
       );
     }
     this.processes = map;
@@ -275,13 +327,20 @@ export class System {
 
   /** Every process of the system, each instance of each service. */
   get allProcesses(): ServiceProcess[] {
-    return SERVICE_NAMES.flatMap((name) => (name === 'worker' ? [...this.workerProcesses] : isReplicated(name) ? [...this.replicaProcesses.get(name)!] : [this.process(name)]));
+    return SERVICE_NAMES.flatMap((name) =>
+      name === 'worker'
+        ? [...this.workerProcesses]
+        : isReplicated(name)
+          ? [...this.replicaProcesses.get(name)!]
+          : [this.process(name)],
+    );
   }
 
   /** Instance `index` of a replicated service (0 the first, the same as process(name)). */
   instance(service: ReplicatedService, index: number): ServiceProcess {
     const found = this.replicaProcesses.get(service)![index];
-    if (found === undefined) throw new RangeError(`no ${service} ${index}: the system runs ${this.replicaProcesses.get(service)!.length}`);
+    if (found === undefined)
+      throw new RangeError(`no ${service} ${index}: the system runs ${this.replicaProcesses.get(service)!.length}`);
     return found;
   }
 
@@ -321,11 +380,21 @@ export class System {
       const timeoutMs = options.readyTimeoutMs ?? 60_000;
       const deadline = Date.now() + timeoutMs;
       await this.waitForHealth('registry', deadline);
-      const registry = createClient(RegistryService, `${this.host}:${options.ports.registry}`, { peer: 'registry', transport: this.operatorTls ?? null });
+      const registry = createClient(RegistryService, `${this.host}:${options.ports.registry}`, {
+        peer: 'registry',
+        transport: this.operatorTls ?? null,
+      });
       try {
         const names: string[] = [];
         for (const model of options.models) {
-          const version = await registerModel(registry, model.name, model.version, model.bytes, model.processing, model.batching);
+          const version = await registerModel(
+            registry,
+            model.name,
+            model.version,
+            model.bytes,
+            model.processing,
+            model.batching,
+          );
           names.push(version.name);
         }
         await waitForVersionsReady(registry, names, Math.max(1, deadline - Date.now()));
@@ -368,7 +437,8 @@ export class System {
   /** Worker `index` (0 the first, the same as process('worker')). */
   workerProcess(index: number): ServiceProcess {
     const worker = this.workerProcesses[index];
-    if (worker === undefined) throw new RangeError(`no worker ${index}: the system runs ${this.workerProcesses.length}`);
+    if (worker === undefined)
+      throw new RangeError(`no worker ${index}: the system runs ${this.workerProcesses.length}`);
     return worker;
   }
 
@@ -387,7 +457,8 @@ export class System {
     this.stopping = true;
     for (const name of [...SERVICE_NAMES].reverse()) {
       if (name === 'worker') await Promise.all(this.workerProcesses.map((worker) => worker.stop()));
-      else if (isReplicated(name)) await Promise.all(this.replicaProcesses.get(name)!.map((instance) => instance.stop()));
+      else if (isReplicated(name))
+        await Promise.all(this.replicaProcesses.get(name)!.map((instance) => instance.stop()));
       else await this.process(name).stop();
     }
     this.issuer?.stop();
@@ -406,7 +477,12 @@ export class System {
   /** Every instance's name in the mesh, with its service. */
   private instanceNames(): { service: ServiceName; instance: string }[] {
     return SERVICE_NAMES.flatMap((service) => {
-      const count = service === 'worker' ? this.workerProcesses.length : isReplicated(service) ? this.replicaProcesses.get(service)!.length : 1;
+      const count =
+        service === 'worker'
+          ? this.workerProcesses.length
+          : isReplicated(service)
+            ? this.replicaProcesses.get(service)!.length
+            : 1;
       return Array.from({ length: count }, (_, i) => ({ service, instance: `${service}-${i}` }));
     });
   }
@@ -423,10 +499,15 @@ export class System {
       rootDir: join(this.options.dataDir, 'identity'),
       ...(mtls.lifetimeMs !== undefined && { lifetimeMs: mtls.lifetimeMs }),
       onIssued: (event) => this.options.onIdentity?.({ instance: event.identity.instance, notAfter: event.notAfter }),
-      onError: (event) => this.options.onIdentity?.({ instance: event.identity.instance, error: event.error instanceof Error ? event.error : new Error(String(event.error)) }),
+      onError: (event) =>
+        this.options.onIdentity?.({
+          instance: event.identity.instance,
+          error: event.error instanceof Error ? event.error : new Error(String(event.error)),
+        }),
     });
     this.issuer = issuer;
-    for (const { service, instance } of [...this.instanceNames(), { service: 'operator', instance: 'operator' }]) await issuer.ensure({ service, instance });
+    for (const { service, instance } of [...this.instanceNames(), { service: 'operator', instance: 'operator' }])
+      await issuer.ensure({ service, instance });
     this.operatorTls = tlsOfDir(this.identityDir('operator'), mtls.refreshMs ?? DEFAULT_TLS_REFRESH_MS);
   }
 
@@ -439,7 +520,12 @@ export class System {
   /** Starts worker `index` again and waits until its health check says SERVING. */
   async restartWorker(index: number, timeoutMs = 30_000): Promise<void> {
     this.workerProcess(index).start();
-    await this.waitForServing(this.workerProcess(index), `worker ${index}`, this.workerPorts(index).grpc, Date.now() + timeoutMs);
+    await this.waitForServing(
+      this.workerProcess(index),
+      `worker ${index}`,
+      this.workerPorts(index).grpc,
+      Date.now() + timeoutMs,
+    );
   }
 
   async waitForHealth(name: ServiceName, deadline: number): Promise<void> {
@@ -447,9 +533,17 @@ export class System {
     await this.waitForServing(this.process(name), name, port, deadline, name === 'gateway');
   }
 
-  private async waitForServing(service: ServiceProcess, name: string, port: number, deadline: number, publicPort = false): Promise<void> {
+  private async waitForServing(
+    service: ServiceProcess,
+    name: string,
+    port: number,
+    deadline: number,
+    publicPort = false,
+  ): Promise<void> {
     // The gateway's gRPC port is public (plaintext); the others take the operator's identity with mutual TLS.
-    const health = createClient(Health, `${this.host}:${port}`, { transport: publicPort ? null : (this.operatorTls ?? null) });
+    const health = createClient(Health, `${this.host}:${port}`, {
+      transport: publicPort ? null : (this.operatorTls ?? null),
+    });
     try {
       for (;;) {
         if (!service.running) throw new Error(`${name} exited during start-up (see its log lines)`);
@@ -469,7 +563,10 @@ export class System {
 
   /** Waits until the registry has `count` instances announced and serving. */
   private async waitForAnnounced(count: number, deadline: number): Promise<void> {
-    const instances = createClient(InstanceService, `${this.host}:${this.options.ports.registry}`, { peer: 'registry', transport: this.operatorTls ?? null });
+    const instances = createClient(InstanceService, `${this.host}:${this.options.ports.registry}`, {
+      peer: 'registry',
+      transport: this.operatorTls ?? null,
+    });
     try {
       for (;;) {
         const serving = await instances
@@ -477,7 +574,8 @@ export class System {
           .then((r) => r.instances.filter((i) => i.serving).length)
           .catch(() => 0);
         if (serving >= count) return;
-        if (Date.now() > deadline) throw new Error(`${serving} of ${count} services announced themselves to the mesh's control plane in time`);
+        if (Date.now() > deadline)
+          throw new Error(`${serving} of ${count} services announced themselves to the mesh's control plane in time`);
         await new Promise((r) => setTimeout(r, 100));
       }
     } finally {
@@ -494,7 +592,8 @@ export class System {
       } catch {
         // not listening yet
       }
-      if (Date.now() > deadline) throw new Error(`the gateway was not ready at ${this.gatewayUrl}/v2/health/ready in time`);
+      if (Date.now() > deadline)
+        throw new Error(`the gateway was not ready at ${this.gatewayUrl}/v2/health/ready in time`);
       await new Promise((r) => setTimeout(r, 100));
     }
   }
@@ -506,7 +605,8 @@ export class System {
     const h = this.host;
     const env: NodeJS.ProcessEnv = { ...process.env, ...this.options.env };
     delete env['REDIS_URL'];
-    if (redisUrl !== undefined && (name === 'registry' || name === 'cache' || name === 'gateway')) env['REDIS_URL'] = redisUrl;
+    if (redisUrl !== undefined && (name === 'registry' || name === 'cache' || name === 'gateway'))
+      env['REDIS_URL'] = redisUrl;
     const prefix = name.toUpperCase();
     Object.assign(env, this.meshEnv(name, `${name}-${index}`));
     env[`${prefix}_GRPC_HOST`] = h;
@@ -524,7 +624,10 @@ export class System {
       case 'batcher':
         env['BATCHER_GRPC_PORT'] = String(ports.batcher);
         // In the mesh the batcher finds the workers through the control plane, as they come and go.
-        env['BATCHER_WORKER_ADDRESSES'] = this.options.mesh === undefined ? this.workers.map((_, i) => `${h}:${this.workerPorts(i).grpc}`).join(',') : 'mesh';
+        env['BATCHER_WORKER_ADDRESSES'] =
+          this.options.mesh === undefined
+            ? this.workers.map((_, i) => `${h}:${this.workerPorts(i).grpc}`).join(',')
+            : 'mesh';
         env['BATCHER_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
         break;
       case 'router':
@@ -597,7 +700,8 @@ export class System {
   private workerPorts(index: number): WorkerPorts {
     if (index === 0) return { grpc: this.options.ports.worker, metrics: this.options.ports.workerMetrics };
     const ports = this.options.ports.moreWorkers?.[index - 1];
-    if (ports === undefined || index >= this.workers.length) throw new RangeError(`no worker ${index}: the system runs ${this.workers.length}`);
+    if (ports === undefined || index >= this.workers.length)
+      throw new RangeError(`no worker ${index}: the system runs ${this.workers.length}`);
     return ports;
   }
 }

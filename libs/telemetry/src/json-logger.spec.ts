@@ -5,7 +5,12 @@ import { requestContext } from './request-context';
 function capture(level: LogLevel = 'debug') {
   const chunks: string[] = [];
   const sut = new JsonLogger('router', level, (line) => chunks.push(line));
-  const entries = () => chunks.join('').split('\n').filter((line) => line !== '').map((line) => JSON.parse(line) as Record<string, unknown>);
+  const entries = () =>
+    chunks
+      .join('')
+      .split('\n')
+      .filter((line) => line !== '')
+      .map((line) => JSON.parse(line) as Record<string, unknown>);
   return { sut, chunks, entries };
 }
 
@@ -72,7 +77,9 @@ describe(JsonLogger.name, () => {
 
     sut.info('outside');
     requestContext.run({ requestId: 'r' }, () => sut.info('no span'));
-    requestContext.run({ requestId: 'r', span: trace.wrapSpanContext(INVALID_SPAN_CONTEXT) }, () => sut.info('invalid span'));
+    requestContext.run({ requestId: 'r', span: trace.wrapSpanContext(INVALID_SPAN_CONTEXT) }, () =>
+      sut.info('invalid span'),
+    );
 
     expect(entries()).toHaveLength(3);
     for (const entry of entries()) {
@@ -149,16 +156,24 @@ describe(JsonLogger.name, () => {
 
     sut.info('artifact stored', { sha256: 'ab12', sizeBytes: 2n ** 64n, chunks: 3 });
 
-    expect(entries()[0]).toMatchObject({ msg: 'artifact stored', sha256: 'ab12', sizeBytes: '18446744073709551616', chunks: 3 });
+    expect(entries()[0]).toMatchObject({
+      msg: 'artifact stored',
+      sha256: 'ab12',
+      sizeBytes: '18446744073709551616',
+      chunks: 3,
+    });
   });
 
-  it('writes nested bigints as decimal strings too, leaving the caller\'s fields as they were', () => {
+  it("writes nested bigints as decimal strings too, leaving the caller's fields as they were", () => {
     const { sut, chunks } = capture();
     const fields = { model: { name: 'resnet', revisions: [1n, 2n] }, at: new Date(0) };
 
     sut.info('nested', fields);
 
-    expect(JSON.parse(chunks[0]!)).toMatchObject({ model: { name: 'resnet', revisions: ['1', '2'] }, at: '1970-01-01T00:00:00.000Z' });
+    expect(JSON.parse(chunks[0]!)).toMatchObject({
+      model: { name: 'resnet', revisions: ['1', '2'] },
+      at: '1970-01-01T00:00:00.000Z',
+    });
     expect(fields.model.revisions).toEqual([1n, 2n]);
   });
 
@@ -186,7 +201,11 @@ describe(JsonLogger.name, () => {
       new JsonLogger('cache').info('hello');
 
       expect(write).toHaveBeenCalledTimes(1);
-      expect(JSON.parse(String(write.mock.calls[0]![0]))).toMatchObject({ service: 'cache', msg: 'hello', level: 'info' });
+      expect(JSON.parse(String(write.mock.calls[0]![0]))).toMatchObject({
+        service: 'cache',
+        msg: 'hello',
+        level: 'info',
+      });
     } finally {
       write.mockRestore();
     }

@@ -76,7 +76,8 @@ export class JsonLogger implements LoggerService {
     }
     for (const item of rest) {
       if (item instanceof Error) entry['err'] = { message: item.message, stack: item.stack };
-      else if (typeof item === 'string') entry['context'] = item; // Nest passes its context name last
+      else if (typeof item === 'string')
+        entry['context'] = item; // Nest passes its context name last
       else if (item !== null && typeof item === 'object') Object.assign(entry, withBigintsAsStrings(item));
     }
     this.pino[level](entry, text);
@@ -104,7 +105,8 @@ function withBigintsAsStrings(value: object, ancestors?: Set<object>): object {
   for (const [key, item] of Object.entries(value as Record<string, unknown>)) {
     let converted: unknown = item;
     if (typeof item === 'bigint') converted = item.toString();
-    else if (item !== null && typeof item === 'object' && !hasToJson(item)) converted = withBigintsAsStrings(item, ancestors);
+    else if (item !== null && typeof item === 'object' && !hasToJson(item))
+      converted = withBigintsAsStrings(item, ancestors);
     if (converted !== item) {
       copy ??= (Array.isArray(value) ? [...(value as unknown[])] : { ...value }) as Record<string, unknown>;
       copy[key] = converted;

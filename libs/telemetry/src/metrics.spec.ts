@@ -4,7 +4,11 @@ import { LATENCY_BUCKETS_SECONDS, Metrics } from './metrics';
 import { requestContext } from './request-context';
 
 const TRACE_ID = '4bf92f3577b34da6a3ce929d0e0e4736';
-const sampled = trace.wrapSpanContext({ traceId: TRACE_ID, spanId: '00f067aa0ba902b7', traceFlags: TraceFlags.SAMPLED });
+const sampled = trace.wrapSpanContext({
+  traceId: TRACE_ID,
+  spanId: '00f067aa0ba902b7',
+  traceFlags: TraceFlags.SAMPLED,
+});
 const unsampled = trace.wrapSpanContext({ traceId: TRACE_ID, spanId: '53995c3f42cd8ad8', traceFlags: TraceFlags.NONE });
 
 /** The lines of a histogram's buckets that carry an exemplar. */
@@ -28,7 +32,8 @@ function openMetricsViolations(text: string): string[] {
       family = { name: type[1]!, type: type[2]! };
       if (families.has(family.name)) violations.push(`family ${family.name} twice`);
       families.set(family.name, family.type);
-      if (family.type === 'counter' && family.name.endsWith('_total')) violations.push(`counter family ${family.name} named with _total`);
+      if (family.type === 'counter' && family.name.endsWith('_total'))
+        violations.push(`counter family ${family.name} named with _total`);
       continue;
     }
     if (/^# HELP \S+ .*$/.test(line)) continue;
@@ -38,9 +43,17 @@ function openMetricsViolations(text: string): string[] {
       continue;
     }
     const [, name, , value, exemplar] = sample;
-    const suffixes = { counter: ['_total'], gauge: [''], histogram: ['_bucket', '_sum', '_count'], summary: ['', '_sum', '_count'], unknown: [''] }[family.type]!;
-    if (!suffixes.some((suffix) => name === family!.name + suffix)) violations.push(`${name} in the ${family.type} family ${family.name}`);
-    if (Number.isNaN(Number(value)) && !/^(NaN|Nan|[+-]Inf)$/.test(value!)) violations.push(`${name} has the value ${value}`);
+    const suffixes = {
+      counter: ['_total'],
+      gauge: [''],
+      histogram: ['_bucket', '_sum', '_count'],
+      summary: ['', '_sum', '_count'],
+      unknown: [''],
+    }[family.type]!;
+    if (!suffixes.some((suffix) => name === family!.name + suffix))
+      violations.push(`${name} in the ${family.type} family ${family.name}`);
+    if (Number.isNaN(Number(value)) && !/^(NaN|Nan|[+-]Inf)$/.test(value!))
+      violations.push(`${name} has the value ${value}`);
     if (exemplar !== undefined && !name!.endsWith('_bucket')) violations.push(`exemplar on ${name}`);
   }
   return violations;
@@ -59,7 +72,9 @@ describe(Metrics.name, () => {
     expect(text).toContain('infermesh_router_inflight 2');
     expect(text).toContain('infermesh_router_latency_seconds_count 1');
     const samples = expectStandardMetricsOf('router', text);
-    expect(samples.filter((line) => !/^(process|nodejs)_/.test(line) && !line.startsWith('infermesh_router_'))).toEqual([]);
+    expect(samples.filter((line) => !/^(process|nodejs)_/.test(line) && !line.startsWith('infermesh_router_'))).toEqual(
+      [],
+    );
   });
 
   it('uses latency buckets from 100 µs to 10 s unless told otherwise', async () => {
@@ -69,7 +84,8 @@ describe(Metrics.name, () => {
 
     const text = await sut.render();
 
-    for (const bucket of LATENCY_BUCKETS_SECONDS) expect(text).toContain(`infermesh_worker_default_seconds_bucket{le="${bucket}"} 1`);
+    for (const bucket of LATENCY_BUCKETS_SECONDS)
+      expect(text).toContain(`infermesh_worker_default_seconds_bucket{le="${bucket}"} 1`);
     expect(text).toContain('infermesh_worker_custom_seconds_bucket{le="1"} 0');
     expect(text).toContain('infermesh_worker_custom_seconds_bucket{le="2"} 1');
     expect(text).not.toContain('infermesh_worker_custom_seconds_bucket{le="0.0001"}');
@@ -97,7 +113,9 @@ describe(Metrics.name, () => {
     const text = await sut.render('openmetrics');
 
     expect(openMetricsViolations(text)).toEqual([]);
-    expect(text).toContain('# TYPE infermesh_router_requests counter\ninfermesh_router_requests_total{outcome="hit"} 3\n');
+    expect(text).toContain(
+      '# TYPE infermesh_router_requests counter\ninfermesh_router_requests_total{outcome="hit"} 3\n',
+    );
     expect(text).toContain('infermesh_router_collected{kind="a\\"b\\\\c"} 7\n');
     expect(text).toContain('infermesh_router_latency_seconds_count{model="m"} 1\n');
     expect(text).toContain('# TYPE process_cpu_user_seconds counter\n');
@@ -108,7 +126,11 @@ describe(Metrics.name, () => {
     const sut = new Metrics('router');
     sut.counter('requests_total', 'Requests.').inc(3);
 
-    const [openMetrics, prometheus] = await Promise.all([sut.render('openmetrics'), sut.render('prometheus'), sut.render('openmetrics')]);
+    const [openMetrics, prometheus] = await Promise.all([
+      sut.render('openmetrics'),
+      sut.render('prometheus'),
+      sut.render('openmetrics'),
+    ]);
     const after = await sut.render();
 
     expect(openMetrics).toContain('\ninfermesh_router_requests_total 3\n');
@@ -129,7 +151,9 @@ describe(Metrics.name, () => {
 
   it('keeps, per bucket, the trace of the last sampled observation as its exemplar, in OpenMetrics only', async () => {
     const sut = new Metrics('gateway');
-    const latency = sut.histogram('request_duration_seconds', 'Duration.', ['code'], [0.01, 0.1, 1], { exemplars: true });
+    const latency = sut.histogram('request_duration_seconds', 'Duration.', ['code'], [0.01, 0.1, 1], {
+      exemplars: true,
+    });
 
     await requestContext.run({ requestId: 'r', span: sampled }, async () => {
       await new Promise((resolve) => setTimeout(resolve, 1));
@@ -141,8 +165,12 @@ describe(Metrics.name, () => {
     const prometheus = await sut.render('prometheus');
 
     expect(exemplarLines(openMetrics, 'infermesh_gateway_request_duration_seconds')).toEqual([
-      expect.stringMatching(/^infermesh_gateway_request_duration_seconds_bucket\{le="0\.1",code="OK"\} 1 # \{trace_id="4bf92f3577b34da6a3ce929d0e0e4736",span_id="00f067aa0ba902b7"\} 0\.05 \d+(\.\d+)?$/),
-      expect.stringMatching(/^infermesh_gateway_request_duration_seconds_bucket\{le="\+Inf",code="OK"\} 2 # \{trace_id="4bf92f3577b34da6a3ce929d0e0e4736",span_id="00f067aa0ba902b7"\} 3 /),
+      expect.stringMatching(
+        /^infermesh_gateway_request_duration_seconds_bucket\{le="0\.1",code="OK"\} 1 # \{trace_id="4bf92f3577b34da6a3ce929d0e0e4736",span_id="00f067aa0ba902b7"\} 0\.05 \d+(\.\d+)?$/,
+      ),
+      expect.stringMatching(
+        /^infermesh_gateway_request_duration_seconds_bucket\{le="\+Inf",code="OK"\} 2 # \{trace_id="4bf92f3577b34da6a3ce929d0e0e4736",span_id="00f067aa0ba902b7"\} 3 /,
+      ),
     ]);
     expect(prometheus).toContain('infermesh_gateway_request_duration_seconds_bucket{le="0.1",code="OK"} 1\n');
     expect(prometheus).toContain('infermesh_gateway_request_duration_seconds_count{code="OK"} 2\n');
@@ -163,7 +191,9 @@ describe(Metrics.name, () => {
     const text = await sut.render('openmetrics');
 
     expect(text).toContain('infermesh_gateway_request_duration_seconds_count 5\n');
-    expect(exemplarLines(text, 'infermesh_gateway_request_duration_seconds')).toEqual([expect.stringContaining('span_id="00f067aa0ba902b7"} 0.08 ')]);
+    expect(exemplarLines(text, 'infermesh_gateway_request_duration_seconds')).toEqual([
+      expect.stringContaining('span_id="00f067aa0ba902b7"} 0.08 '),
+    ]);
   });
 
   it('observes a histogram made without exemplars as before, never with one', async () => {

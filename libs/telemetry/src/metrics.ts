@@ -52,7 +52,12 @@ export class Metrics {
   }
 
   /** A gauge; `collect`, when given, sets its values each time the metrics are scraped. */
-  gauge<L extends string>(name: string, help: string, labelNames: readonly L[] = [], collect?: (gauge: prom.Gauge<L>) => void): prom.Gauge<L> {
+  gauge<L extends string>(
+    name: string,
+    help: string,
+    labelNames: readonly L[] = [],
+    collect?: (gauge: prom.Gauge<L>) => void,
+  ): prom.Gauge<L> {
     return new prom.Gauge({
       name: this.prefix + name,
       help,
@@ -120,7 +125,8 @@ export class Metrics {
     // scrapes in either format share no state but the metrics' values.
     const openMetrics = new prom.Registry<prom.OpenMetricsContentType>();
     openMetrics.setContentType(prom.Registry.OPENMETRICS_CONTENT_TYPE);
-    for (const metric of this.registry.getMetricsAsArray()) openMetrics.registerMetric(openMetricsView(metric as unknown as RenderedMetric));
+    for (const metric of this.registry.getMetricsAsArray())
+      openMetrics.registerMetric(openMetricsView(metric as unknown as RenderedMetric));
     return openMetrics.metrics();
   }
 }

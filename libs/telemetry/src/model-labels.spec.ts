@@ -27,7 +27,9 @@ describe(ServedModels.name, () => {
   it('knows the model versions it was told were served, and nothing else', () => {
     const sut = new ServedModels();
     sut.remember('mlp', '1');
-    expect([sut.hasModel('mlp'), sut.hasVersion('mlp', '1'), sut.hasVersion('mlp', '2'), sut.hasModel('tiny')]).toEqual([true, true, false, false]);
+    expect([sut.hasModel('mlp'), sut.hasVersion('mlp', '1'), sut.hasVersion('mlp', '2'), sut.hasModel('tiny')]).toEqual(
+      [true, true, false, false],
+    );
   });
 
   it('forgets the least recently served model beyond its capacity', () => {

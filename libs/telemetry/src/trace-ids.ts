@@ -13,5 +13,9 @@ export function traceIdsOf(span: Span | undefined = requestContext.current()?.sp
   if (span === undefined) return undefined;
   const context = span.spanContext();
   if (!isSpanContextValid(context)) return undefined;
-  return { traceId: context.traceId, spanId: context.spanId, sampled: (context.traceFlags & 1) === 1 /* TraceFlags.SAMPLED */ };
+  return {
+    traceId: context.traceId,
+    spanId: context.spanId,
+    sampled: (context.traceFlags & 1) === 1 /* TraceFlags.SAMPLED */,
+  };
 }

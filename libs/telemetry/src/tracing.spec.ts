@@ -32,8 +32,16 @@ describe('spans with tracing on', () => {
   }
 
   it("continues the caller's trace, passes it on, and makes a step of the work a child", async () => {
-    const server = spans.server('pkg.Service/Method', { traceparent: `00-${TRACE}-${PARENT}-01`, tracestate: 'vendor=1' }, rpcAttributes('/pkg.Service/Method'), false)!;
-    expect(spans.propagate(server)).toEqual({ traceparent: `00-${TRACE}-${server.spanContext().spanId}-01`, tracestate: 'vendor=1' });
+    const server = spans.server(
+      'pkg.Service/Method',
+      { traceparent: `00-${TRACE}-${PARENT}-01`, tracestate: 'vendor=1' },
+      rpcAttributes('/pkg.Service/Method'),
+      false,
+    )!;
+    expect(spans.propagate(server)).toEqual({
+      traceparent: `00-${TRACE}-${server.spanContext().spanId}-01`,
+      tracestate: 'vendor=1',
+    });
     const step = spans.child('step', server, { a: 1 })!;
     spans.end(step, new Error('the step failed'));
     spans.endCall(server, 0);
@@ -41,7 +49,12 @@ describe('spans with tracing on', () => {
     expect(serverSpan!.spanContext().traceId).toBe(TRACE);
     expect(serverSpan!.parentSpanContext?.spanId).toBe(PARENT);
     expect(serverSpan!.kind).toBe(SpanKind.SERVER);
-    expect(serverSpan!.attributes).toEqual({ 'rpc.system': 'grpc', 'rpc.service': 'pkg.Service', 'rpc.method': 'Method', 'rpc.grpc.status_code': 0 });
+    expect(serverSpan!.attributes).toEqual({
+      'rpc.system': 'grpc',
+      'rpc.service': 'pkg.Service',
+      'rpc.method': 'Method',
+      'rpc.grpc.status_code': 0,
+    });
     expect(stepSpan!.kind).toBe(SpanKind.INTERNAL);
     expect(stepSpan!.parentSpanContext?.spanId).toBe(serverSpan!.spanContext().spanId);
     expect(stepSpan!.status).toEqual({ code: SpanStatusCode.ERROR, message: 'the step failed' });
@@ -59,18 +72,20 @@ describe('spans with tracing on', () => {
   it("counts as a server's failure only the codes that are its own", async () => {
     for (const code of [3, 5, 7, 13, 14]) spans.endCall(spans.server(`s${code}`, {}, {}, true), code);
     const byName = Object.fromEntries((await exported()).map((s) => [s.name, s.status.code]));
-    expect(byName).toEqual({ s3: SpanStatusCode.UNSET, s5: SpanStatusCode.UNSET, s7: SpanStatusCode.UNSET, s13: SpanStatusCode.ERROR, s14: SpanStatusCode.ERROR });
+    expect(byName).toEqual({
+      s3: SpanStatusCode.UNSET,
+      s5: SpanStatusCode.UNSET,
+      s7: SpanStatusCode.UNSET,
+      s13: SpanStatusCode.ERROR,
+      s14: SpanStatusCode.ERROR,
+    });
   });
 
-  it("follows a caller that does not sample: no span, at the edge or inside", async () => {
+  it('follows a caller that does not sample: no span, at the edge or inside', async () => {
     expect(spans.server('inner', { traceparent: `00-${TRACE}-${PARENT}-00` }, {}, false)).toBeUndefined();
     expect(spans.server('edge', { traceparent: `00-${TRACE}-${PARENT}-00` }, {}, true)).toBeUndefined();
     expect(await exported()).toEqual([]);
   });
-
-
-
-
 });
 
 describe('spans with a ratio', () => {
@@ -85,11 +100,14 @@ describe('spans with a ratio', () => {
   }
 
   it('keeps the configured share of new traces, deciding before any span is made', async () => {
-    const made = Array.from({ length: 4000 }, () => spans.server('edge', {}, {}, true)).filter((span) => span !== undefined);
+    const made = Array.from({ length: 4000 }, () => spans.server('edge', {}, {}, true)).filter(
+      (span) => span !== undefined,
+    );
     for (const span of made) spans.end(span);
     expect(made.length).toBeGreaterThan(800);
     expect(made.length).toBeLessThan(1200);
     expect((await exported()).length).toBe(made.length);
     // A sampled caller's trace is followed whatever the ratio.
     expect(spans.server('inner', { traceparent: `00-${TRACE}-${PARENT}-01` }, {}, false)?.isRecording()).toBe(true);
-  });});
+  });
+});

@@ -42,20 +42,33 @@ export interface TraceHeaders {
  * ours (libs/grpc's server and client, the gateway's REST edge, the batcher's batches, the worker's
  * runs). With tracing off nothing of the SDK is loaded, no span is made and no header is sent.
  */
-export function startTracing(service: string, instanceId: string, settings: TracingSettings, exporter?: SpanExporter): void {
+export function startTracing(
+  service: string,
+  instanceId: string,
+  settings: TracingSettings,
+  exporter?: SpanExporter,
+): void {
   if (tracer !== undefined) return;
   // Loaded only when tracing is on: with it off the SDK costs nothing, not even its loading.
   /* eslint-disable @typescript-eslint/no-require-imports */
   const { NodeSDK } = require('@opentelemetry/sdk-node') as typeof import('@opentelemetry/sdk-node');
-  const { OTLPTraceExporter } = require('@opentelemetry/exporter-trace-otlp-proto') as typeof import('@opentelemetry/exporter-trace-otlp-proto');
-  const { AlwaysOnSampler, ParentBasedSampler, TraceIdRatioBasedSampler } = require('@opentelemetry/sdk-trace') as typeof import('@opentelemetry/sdk-trace');
+  const { OTLPTraceExporter } =
+    require('@opentelemetry/exporter-trace-otlp-proto') as typeof import('@opentelemetry/exporter-trace-otlp-proto');
+  const { AlwaysOnSampler, ParentBasedSampler, TraceIdRatioBasedSampler } =
+    require('@opentelemetry/sdk-trace') as typeof import('@opentelemetry/sdk-trace');
   const { resourceFromAttributes } = require('@opentelemetry/resources') as typeof import('@opentelemetry/resources');
   /* eslint-enable @typescript-eslint/no-require-imports */
   // Parent-based, a new trace's decision is taken before any span is made (see spans.server), so
   // that an unsampled request costs no span at all; the SDK samples what it is given.
-  const sampler = settings.parentBased ? new ParentBasedSampler({ root: new AlwaysOnSampler() }) : new TraceIdRatioBasedSampler(settings.ratio);
+  const sampler = settings.parentBased
+    ? new ParentBasedSampler({ root: new AlwaysOnSampler() })
+    : new TraceIdRatioBasedSampler(settings.ratio);
   const sdk = new NodeSDK({
-    resource: resourceFromAttributes({ 'service.name': service, 'service.namespace': 'infermesh', 'service.instance.id': instanceId }),
+    resource: resourceFromAttributes({
+      'service.name': service,
+      'service.namespace': 'infermesh',
+      'service.instance.id': instanceId,
+    }),
     sampler,
     // The given exporter is a test's; it is batched all the same.
     traceExporter: exporter ?? new OTLPTraceExporter({ url: settings.tracesUrl }),
@@ -111,7 +124,8 @@ export const spans = {
    */
   server(name: string, headers: TraceHeaders, attributes: Attributes, root: boolean): Span | undefined {
     if (tracer === undefined) return undefined;
-    const parent = headers.traceparent === undefined ? undefined : propagator.extract(ROOT_CONTEXT, headers, defaultTextMapGetter);
+    const parent =
+      headers.traceparent === undefined ? undefined : propagator.extract(ROOT_CONTEXT, headers, defaultTextMapGetter);
     const parentContext = parent === undefined ? undefined : trace.getSpanContext(parent);
     if (parentContext === undefined) {
       // A new trace (a malformed traceparent counts as none), kept as the ratio says.
@@ -130,7 +144,11 @@ export const spans = {
   child(name: string, parent: Span | undefined, attributes: Attributes, links?: Link[]): Span | undefined {
     if (tracer === undefined || parent === undefined) return undefined;
     if (followParent && !sampled(parent.spanContext().traceFlags)) return undefined;
-    return tracer.startSpan(name, { kind: SpanKind.INTERNAL, attributes, ...(links !== undefined && { links }) }, trace.setSpan(ROOT_CONTEXT, parent));
+    return tracer.startSpan(
+      name,
+      { kind: SpanKind.INTERNAL, attributes, ...(links !== undefined && { links }) },
+      trace.setSpan(ROOT_CONTEXT, parent),
+    );
   },
 
   /**
@@ -152,14 +170,19 @@ export const spans = {
   endCall(span: Span | undefined, code: number, message?: string): void {
     if (span === undefined) return;
     span.setAttribute('rpc.grpc.status_code', code);
-    if (SERVER_ERRORS.has(code)) span.setStatus({ code: SpanStatusCode.ERROR, ...(message !== undefined && { message }) });
+    if (SERVER_ERRORS.has(code))
+      span.setStatus({ code: SpanStatusCode.ERROR, ...(message !== undefined && { message }) });
     span.end();
   },
 
   /** Ends a span of the service's own work, an error when it failed. */
   end(span: Span | undefined, error?: unknown): void {
     if (span === undefined) return;
-    if (error !== undefined) span.setStatus({ code: SpanStatusCode.ERROR, message: error instanceof Error ? error.message : typeof error === 'string' ? error : 'failed' });
+    if (error !== undefined)
+      span.setStatus({
+        code: SpanStatusCode.ERROR,
+        message: error instanceof Error ? error.message : typeof error === 'string' ? error : 'failed',
+      });
     span.end();
   },
 };
@@ -173,4 +196,3 @@ export function rpcAttributes(path: string): Attributes {
   const slash = path.lastIndexOf('/');
   return { 'rpc.system': 'grpc', 'rpc.service': path.slice(1, slash), 'rpc.method': path.slice(slash + 1) };
 }
-

@@ -2,7 +2,9 @@ import { unservableBytesElement } from './bytes-elements';
 
 describe(unservableBytesElement.name, () => {
   it('passes UTF-8 text, empty and multi-byte elements included', () => {
-    expect(unservableBytesElement(['hello', '', 'héllo ✓', '🙂', '日本語'].map((s) => Buffer.from(s, 'utf8')))).toBeUndefined();
+    expect(
+      unservableBytesElement(['hello', '', 'héllo ✓', '🙂', '日本語'].map((s) => Buffer.from(s, 'utf8'))),
+    ).toBeUndefined();
   });
 
   it('names the first element with a NUL byte, which onnxruntime-node would cut short', () => {
@@ -17,6 +19,9 @@ describe(unservableBytesElement.name, () => {
     ['a truncated sequence', [0xe6, 0x97]],
     ['an encoded surrogate', [0xed, 0xa0, 0x80]],
   ])('names an element that is not UTF-8: %s', (_label, bytes) => {
-    expect(unservableBytesElement([Buffer.from('ok'), Buffer.from(bytes)])).toEqual({ index: 1, problem: 'is not valid UTF-8' });
+    expect(unservableBytesElement([Buffer.from('ok'), Buffer.from(bytes)])).toEqual({
+      index: 1,
+      problem: 'is not valid UTF-8',
+    });
   });
 });

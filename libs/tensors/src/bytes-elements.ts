@@ -38,7 +38,9 @@ export function decodeBytesElements(data: Uint8Array): Buffer[] | undefined {
  * undefined when every element is fine. Its string tensors are NUL-terminated UTF-8 text: an element
  * with a NUL byte would be cut short there, and one that is not UTF-8 would have its bytes replaced.
  */
-export function unservableBytesElement(elements: readonly Uint8Array[]): { index: number; problem: string } | undefined {
+export function unservableBytesElement(
+  elements: readonly Uint8Array[],
+): { index: number; problem: string } | undefined {
   for (let index = 0; index < elements.length; index++) {
     const element = elements[index]!;
     if (element.includes(0)) return { index, problem: 'contains a NUL byte' };

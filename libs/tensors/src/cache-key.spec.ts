@@ -82,7 +82,13 @@ describe('cacheKey', () => {
     ['no requested outputs', { ...base, outputNames: [] }],
     ['a repeated output', { ...base, outputNames: ['y', 'z', 'z'] }],
     ['class count asked of an output', { ...base, outputClassCounts: { y: 3 } }],
-    ['an extra input', { ...base, inputs: [...base.inputs, { name: 'c', datatype: DataType.BOOL, shape: [1n], data: Uint8Array.of(1) }] }],
+    [
+      'an extra input',
+      {
+        ...base,
+        inputs: [...base.inputs, { name: 'c', datatype: DataType.BOOL, shape: [1n], data: Uint8Array.of(1) }],
+      },
+    ],
   ])('changes with the %s', (_label, changed) => {
     expect(key(changed)).not.toBe(key(base));
   });
@@ -95,7 +101,9 @@ describe('cacheKey', () => {
   });
 
   it('does not depend on the order in which class counts were given', () => {
-    expect(key({ ...base, outputClassCounts: { y: 3, z: 1 } })).toBe(key({ ...base, outputClassCounts: { z: 1, y: 3 } }));
+    expect(key({ ...base, outputClassCounts: { y: 3, z: 1 } })).toBe(
+      key({ ...base, outputClassCounts: { z: 1, y: 3 } }),
+    );
   });
 
   it('cannot collide by moving digits between an output name and its class count', () => {
@@ -107,12 +115,20 @@ describe('cacheKey', () => {
   });
 
   it('cannot collide by moving bytes between model and version', () => {
-    expect(key({ ...base, modelName: 'mlp3', modelVersion: '' })).not.toBe(key({ ...base, modelName: 'mlp', modelVersion: '3' }));
+    expect(key({ ...base, modelName: 'mlp3', modelVersion: '' })).not.toBe(
+      key({ ...base, modelName: 'mlp', modelVersion: '3' }),
+    );
   });
 
   it('cannot collide by moving bytes between an input name and its data', () => {
-    const one: RequestInit = { modelName: 'm', inputs: [{ name: 'ab', datatype: DataType.UINT8, shape: [1n], data: Uint8Array.of(1) }] };
-    const other: RequestInit = { modelName: 'm', inputs: [{ name: 'a', datatype: DataType.UINT8, shape: [1n], data: Uint8Array.of(0x62, 1) }] };
+    const one: RequestInit = {
+      modelName: 'm',
+      inputs: [{ name: 'ab', datatype: DataType.UINT8, shape: [1n], data: Uint8Array.of(1) }],
+    };
+    const other: RequestInit = {
+      modelName: 'm',
+      inputs: [{ name: 'a', datatype: DataType.UINT8, shape: [1n], data: Uint8Array.of(0x62, 1) }],
+    };
 
     expect(key(one)).not.toBe(key(other));
   });

@@ -1,4 +1,12 @@
-import { fromBfloat16Bits, fromHalfBits, shortestBfloat16, shortestFloat32, shortestHalf, toBfloat16Bits, toHalfBits } from './half-float';
+import {
+  fromBfloat16Bits,
+  fromHalfBits,
+  shortestBfloat16,
+  shortestFloat32,
+  shortestHalf,
+  toBfloat16Bits,
+  toHalfBits,
+} from './half-float';
 
 /** Deterministic doubles of every magnitude from 2^-30 to 2^20, both signs, with full 53-bit mantissas. */
 function* randomDoubles(count: number): Generator<number> {
@@ -84,7 +92,8 @@ describe('toHalfBits', () => {
   it('agrees with exact rounding to nearest even on random doubles and on doubles a hair off every tie', () => {
     for (const value of [...randomDoubles(20_000), ...nearTies(0x7bff, fromHalfBits)]) {
       const expected = (value < 0 ? 0x8000 : 0) | nearest(Math.abs(value), 0x7bff, fromHalfBits, 0x7c00);
-      if (toHalfBits(value) !== expected) throw new Error(`${value}: 0x${toHalfBits(value).toString(16)}, expected 0x${expected.toString(16)}`);
+      if (toHalfBits(value) !== expected)
+        throw new Error(`${value}: 0x${toHalfBits(value).toString(16)}, expected 0x${expected.toString(16)}`);
     }
   });
 
@@ -135,7 +144,8 @@ describe('fromHalfBits', () => {
     for (let bits = 0; bits <= 0xffff; bits++) {
       if ((bits & 0x7c00) === 0x7c00) continue;
       const value = fromHalfBits(bits);
-      if (toHalfBits(value) !== bits) throw new Error(`0x${bits.toString(16)} -> ${value} -> 0x${toHalfBits(value).toString(16)}`);
+      if (toHalfBits(value) !== bits)
+        throw new Error(`0x${bits.toString(16)} -> ${value} -> 0x${toHalfBits(value).toString(16)}`);
     }
   });
 });
@@ -167,7 +177,8 @@ describe('toBfloat16Bits', () => {
   it('agrees with exact rounding to nearest even on random doubles and on doubles a hair off every tie', () => {
     for (const value of [...randomDoubles(20_000), ...nearTies(0x7f7f, fromBfloat16Bits)]) {
       const expected = (value < 0 ? 0x8000 : 0) | nearest(Math.abs(value), 0x7f7f, fromBfloat16Bits, 0x7f80);
-      if (toBfloat16Bits(value) !== expected) throw new Error(`${value}: 0x${toBfloat16Bits(value).toString(16)}, expected 0x${expected.toString(16)}`);
+      if (toBfloat16Bits(value) !== expected)
+        throw new Error(`${value}: 0x${toBfloat16Bits(value).toString(16)}, expected 0x${expected.toString(16)}`);
     }
   });
 
@@ -180,7 +191,8 @@ describe('toBfloat16Bits', () => {
     for (let bits = 0; bits <= 0xffff; bits++) {
       if ((bits & 0x7f80) === 0x7f80) continue;
       const value = fromBfloat16Bits(bits);
-      if (toBfloat16Bits(value) !== bits) throw new Error(`0x${bits.toString(16)} -> ${value} -> 0x${toBfloat16Bits(value).toString(16)}`);
+      if (toBfloat16Bits(value) !== bits)
+        throw new Error(`0x${bits.toString(16)} -> ${value} -> 0x${toBfloat16Bits(value).toString(16)}`);
     }
   });
 });

@@ -26,7 +26,12 @@ describe('jsonToRaw', () => {
       ['INT8', DataType.INT8, [-128, 0, 127], 1],
       ['INT16', DataType.INT16, [-32768, -1, 32767], 2],
       ['INT32', DataType.INT32, [-2_147_483_648, -1, 2_147_483_647], 4],
-      ['INT64', DataType.INT64, [-(2 ** 53 - 1), 0, 2 ** 53 - 1, '9007199254740993', '-9223372036854775808', '9223372036854775807'], 8],
+      [
+        'INT64',
+        DataType.INT64,
+        [-(2 ** 53 - 1), 0, 2 ** 53 - 1, '9007199254740993', '-9223372036854775808', '9223372036854775807'],
+        8,
+      ],
       ['FP16', DataType.FP16, [0, 1, -2, 0.5, 65504, 2 ** -24], 2],
       ['BF16', DataType.BF16, [0, 1, -2, 3.140625, 2 ** 100], 2],
       ['FP32', DataType.FP32, [0, 1.5, -2.25, 3.4028234663852886e38, 2 ** -149], 4],
@@ -79,7 +84,11 @@ describe('jsonToRaw', () => {
       ];
 
       expect(rawToJson(DataType.INT32, jsonToRaw('x', DataType.INT32, nested, 8))).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
-      expect(rawToJson(DataType.BYTES, jsonToRaw('x', DataType.BYTES, [['a', 'b'], ['c']], 3))).toEqual(['a', 'b', 'c']);
+      expect(rawToJson(DataType.BYTES, jsonToRaw('x', DataType.BYTES, [['a', 'b'], ['c']], 3))).toEqual([
+        'a',
+        'b',
+        'c',
+      ]);
     });
 
     it('accepts a scalar as one element', () => {
@@ -131,7 +140,9 @@ describe('jsonToRaw', () => {
     ])('refuses %s, naming the tensor, the element and the rule', (_label, type, value, rule) => {
       const error = refusal(() => jsonToRaw('features', type, [value], 1));
 
-      expect(error.message).toBe(`input "features": element 0 (${typeof value === 'number' ? String(value) : JSON.stringify(value)}) is not ${rule}`);
+      expect(error.message).toBe(
+        `input "features": element 0 (${typeof value === 'number' ? String(value) : JSON.stringify(value)}) is not ${rule}`,
+      );
     });
 
     it.each([
@@ -148,7 +159,9 @@ describe('jsonToRaw', () => {
     it('refuses a number JSON parsed as Infinity, showing it as Infinity rather than null', () => {
       const data = JSON.parse('[1, 1e999]') as unknown[];
 
-      expect(refusal(() => jsonToRaw('x', DataType.FP64, data, 2)).message).toBe('input "x": element 1 (Infinity) is not a finite number');
+      expect(refusal(() => jsonToRaw('x', DataType.FP64, data, 2)).message).toBe(
+        'input "x": element 1 (Infinity) is not a finite number',
+      );
     });
 
     it('accepts the largest value of each float type as printed by float32 and float64 formatters', () => {

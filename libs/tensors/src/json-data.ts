@@ -65,10 +65,13 @@ function bigIntOf(value: unknown, min: bigint, max: bigint): bigint | undefined 
 export function jsonToRaw(tensor: string, type: DataType, data: unknown, expectedCount: number): Buffer {
   const values = flattenJsonData(data);
   if (values.length !== expectedCount) {
-    throw new TensorDataError(`input ${quoted(tensor)}: data has ${values.length} elements but its shape needs ${expectedCount}`);
+    throw new TensorDataError(
+      `input ${quoted(tensor)}: data has ${values.length} elements but its shape needs ${expectedCount}`,
+    );
   }
   const shown = (v: unknown) => (typeof v === 'number' ? String(v) : (JSON.stringify(v) ?? String(v))); // NaN and ±Infinity are not "null"
-  const bad = (i: number, what: string) => new TensorDataError(`input ${quoted(tensor)}: element ${i} (${shown(values[i])}) is not ${what}`);
+  const bad = (i: number, what: string) =>
+    new TensorDataError(`input ${quoted(tensor)}: element ${i} (${shown(values[i])}) is not ${what}`);
   const info = datatypeInfo(type);
   if (type === DataType.BYTES) {
     return encodeBytesElements(
@@ -182,7 +185,8 @@ export function rawToJson(type: DataType, data: Uint8Array): unknown[] {
         break;
       case DataType.INT64: {
         const b = buf.readBigInt64LE(i * 8);
-        out[i] = b >= BigInt(Number.MIN_SAFE_INTEGER) && b <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(b) : b.toString();
+        out[i] =
+          b >= BigInt(Number.MIN_SAFE_INTEGER) && b <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(b) : b.toString();
         break;
       }
       case DataType.UINT64: {

@@ -26,7 +26,17 @@ export interface Comparison {
  * same. Any other output agrees or not as a whole, bit for bit, counted as one item.
  */
 export function compareOutputs(served: readonly Tensor[], shadow: readonly Tensor[]): Comparison {
-  const result: Comparison = { items: 0, agreed: 0, topRows: 0, topAgreed: 0, maxAbsDiff: 0, relativeL2: 0, mismatched: 0, diffSquares: 0, servedSquares: 0 };
+  const result: Comparison = {
+    items: 0,
+    agreed: 0,
+    topRows: 0,
+    topAgreed: 0,
+    maxAbsDiff: 0,
+    relativeL2: 0,
+    mismatched: 0,
+    diffSquares: 0,
+    servedSquares: 0,
+  };
   for (const a of served) {
     const b = shadow.find((t) => t.name === a.name);
     if (b === undefined || b.datatype !== a.datatype || b.shape.join(',') !== a.shape.join(',')) {

@@ -3,7 +3,8 @@ import { DataType, TensorSchema, TensorSpecSchema } from '@infermesh/proto/gen/i
 import { encodeBytesElements } from './bytes-elements';
 import { checkData, checkInputs } from './signature-check';
 
-const spec = (name: string, datatype: DataType, shape: number[]) => create(TensorSpecSchema, { name, datatype, shape: shape.map(BigInt) });
+const spec = (name: string, datatype: DataType, shape: number[]) =>
+  create(TensorSpecSchema, { name, datatype, shape: shape.map(BigInt) });
 
 function tensor(init: { name: string; datatype: DataType; shape: number[]; data: Uint8Array }) {
   return create(TensorSchema, { ...init, shape: init.shape.map(BigInt) });
@@ -29,7 +30,9 @@ describe('checkInputs', () => {
   });
 
   it('names a missing input and the model', () => {
-    expect(checkInputs('resnet', declared, [fp32('image', [1, 3, 2])])).toBe('input "scale" of model "resnet" is missing');
+    expect(checkInputs('resnet', declared, [fp32('image', [1, 3, 2])])).toBe(
+      'input "scale" of model "resnet" is missing',
+    );
   });
 
   it('names an unknown input and lists the inputs the model has', () => {
@@ -65,7 +68,9 @@ describe('checkInputs', () => {
   it('refuses a negative dimension even where the model declares -1', () => {
     const negative = tensor({ name: 'image', datatype: DataType.FP32, shape: [-1, 3, 2], data: new Uint8Array(0) });
 
-    expect(checkInputs('resnet', declared, [negative, fp32('scale', [1])])).toBe('input "image" has a negative dimension in shape [-1,3,2]');
+    expect(checkInputs('resnet', declared, [negative, fp32('scale', [1])])).toBe(
+      'input "image" has a negative dimension in shape [-1,3,2]',
+    );
   });
 
   it('refuses a batch over the maximum, naming both, and allows the maximum itself', () => {
@@ -89,15 +94,20 @@ describe('checkInputs', () => {
 
   it('checks BYTES inputs by element count and length prefixes', () => {
     const model = [spec('text', DataType.BYTES, [-1])];
-    const bytes = (shape: number[], data: Uint8Array) => tensor({ name: 'text', datatype: DataType.BYTES, shape, data });
+    const bytes = (shape: number[], data: Uint8Array) =>
+      tensor({ name: 'text', datatype: DataType.BYTES, shape, data });
     const two = encodeBytesElements([Buffer.from('hi'), Buffer.from('there')]);
 
     expect(checkInputs('bert', model, [bytes([2], two)])).toBeUndefined();
-    expect(checkInputs('bert', model, [bytes([3], two)])).toBe('input "text" has 2 BYTES elements but shape [3] needs 3');
+    expect(checkInputs('bert', model, [bytes([3], two)])).toBe(
+      'input "text" has 2 BYTES elements but shape [3] needs 3',
+    );
     expect(checkInputs('bert', model, [bytes([2], two.subarray(0, two.length - 1))])).toBe(
       'input "text": BYTES data has a broken 4-byte length prefix',
     );
-    expect(checkInputs('bert', model, [bytes([1], Buffer.from([1, 0]))])).toBe('input "text": BYTES data has a broken 4-byte length prefix');
+    expect(checkInputs('bert', model, [bytes([1], Buffer.from([1, 0]))])).toBe(
+      'input "text": BYTES data has a broken 4-byte length prefix',
+    );
   });
 
   it('accepts a model without inputs called without inputs', () => {
@@ -107,12 +117,18 @@ describe('checkInputs', () => {
 
 describe('checkData', () => {
   it('accepts a scalar of one element and an empty tensor of no bytes', () => {
-    expect(checkData(tensor({ name: 's', datatype: DataType.FP64, shape: [], data: new Uint8Array(8) }))).toBeUndefined();
-    expect(checkData(tensor({ name: 'e', datatype: DataType.INT64, shape: [0, 4], data: new Uint8Array(0) }))).toBeUndefined();
+    expect(
+      checkData(tensor({ name: 's', datatype: DataType.FP64, shape: [], data: new Uint8Array(8) })),
+    ).toBeUndefined();
+    expect(
+      checkData(tensor({ name: 'e', datatype: DataType.INT64, shape: [0, 4], data: new Uint8Array(0) })),
+    ).toBeUndefined();
   });
 
   it('counts bytes by datatype width', () => {
-    expect(checkData(tensor({ name: 'h', datatype: DataType.FP16, shape: [3], data: new Uint8Array(6) }))).toBeUndefined();
+    expect(
+      checkData(tensor({ name: 'h', datatype: DataType.FP16, shape: [3], data: new Uint8Array(6) })),
+    ).toBeUndefined();
     expect(checkData(tensor({ name: 'h', datatype: DataType.FP16, shape: [3], data: new Uint8Array(12) }))).toBe(
       'input "h" has 12 bytes of data but shape [3] of FP16 needs 6',
     );

@@ -28,7 +28,8 @@ export function checkInputs(
     if (input.datatype !== spec.datatype) {
       return `input ${quoted(input.name)} has datatype ${datatypeName(input.datatype)} but model ${quoted(model)} expects ${datatypeName(spec.datatype)}`;
     }
-    if (input.shape.some((d) => d < 0n)) return `input ${quoted(input.name)} has a negative dimension in shape ${formatShape(input.shape)}`;
+    if (input.shape.some((d) => d < 0n))
+      return `input ${quoted(input.name)} has a negative dimension in shape ${formatShape(input.shape)}`;
     if (!shapeMatches(spec.shape, input.shape)) {
       return `input ${quoted(input.name)} has shape ${formatShape(input.shape)} but model ${quoted(model)} expects ${formatShape(spec.shape)}`;
     }

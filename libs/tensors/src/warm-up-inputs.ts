@@ -39,7 +39,13 @@ export function warmUpPlan(
 ): WarmUpPlan {
   const batchSizes = warmUpBatchSizes(configuredBatchSizes, maxBatchSize);
   if (warmUp === undefined || warmUp.samples.length === 0) {
-    return { given: false, runs: batchSizes.map((batch) => ({ label: `synthetic warm-up at batch ${batch}`, inputs: () => warmUpInputs(specs, batch) })) };
+    return {
+      given: false,
+      runs: batchSizes.map((batch) => ({
+        label: `synthetic warm-up at batch ${batch}`,
+        inputs: () => warmUpInputs(specs, batch),
+      })),
+    };
   }
   const runs: WarmUpRun[] = [];
   warmUp.samples.forEach((sample, index) => {
@@ -64,7 +70,8 @@ export function warmUpPlan(
  */
 export function sampleInputs(sample: WarmUpSample, index: number, specs: readonly TensorSpec[]): Tensor[] {
   const datatypes = new Map(specs.map((spec) => [spec.name, spec.datatype]));
-  const datatypeOf = (input: WarmUpInput) => (input.datatype !== DataType.UNSPECIFIED ? input.datatype : (datatypes.get(input.name) ?? DataType.UNSPECIFIED));
+  const datatypeOf = (input: WarmUpInput) =>
+    input.datatype !== DataType.UNSPECIFIED ? input.datatype : (datatypes.get(input.name) ?? DataType.UNSPECIFIED);
   return sample.inputs.map((input, i) => sampleTensor(input, datatypeOf(input), (index + 1) * 1_000 + i));
 }
 
@@ -75,7 +82,12 @@ export function sampleInputs(sample: WarmUpSample, index: number, specs: readonl
 export function warmUpInputs(specs: readonly TensorSpec[], batch = 1): Tensor[] {
   return specs.map((spec) => {
     const shape = spec.shape.map((d, i) => (d >= 0n ? d : i === 0 ? BigInt(batch) : 1n));
-    return create(TensorSchema, { name: spec.name, datatype: spec.datatype, shape, data: zeros(spec.datatype, elementCount(shape)) });
+    return create(TensorSchema, {
+      name: spec.name,
+      datatype: spec.datatype,
+      shape,
+      data: zeros(spec.datatype, elementCount(shape)),
+    });
   });
 }
 
@@ -93,7 +105,12 @@ export function warmUpBatchSizes(configured: readonly (number | 'max')[], maxBat
 function sampleTensor(input: WarmUpInput, datatype: DataType, seed: number): Tensor {
   const count = elementCount(input.shape);
   const { contents } = input;
-  const data = contents.case === 'data' ? contents.value : contents.case === 'randomData' ? randomData(input.name, datatype, count, seed) : zeros(datatype, count);
+  const data =
+    contents.case === 'data'
+      ? contents.value
+      : contents.case === 'randomData'
+        ? randomData(input.name, datatype, count, seed)
+        : zeros(datatype, count);
   return create(TensorSchema, { name: input.name, datatype, shape: input.shape, data });
 }
 
@@ -116,7 +133,8 @@ function randomData(name: string, datatype: DataType, count: number, seed: numbe
   const values: unknown[] = new Array(count);
   for (let i = 0; i < count; i++) {
     if (datatype === DataType.BOOL) values[i] = next() < 0.5;
-    else if (datatype === DataType.BYTES) values[i] = Array.from({ length: 8 }, () => LETTERS[Math.floor(next() * LETTERS.length)]).join('');
+    else if (datatype === DataType.BYTES)
+      values[i] = Array.from({ length: 8 }, () => LETTERS[Math.floor(next() * LETTERS.length)]).join('');
     else if (FLOATING.has(datatype)) values[i] = next();
     else values[i] = Math.floor(next() * 128);
   }
@@ -144,11 +162,17 @@ function repeatItems(tensor: Tensor, batch: number): Tensor {
   if (tensor.datatype === DataType.BYTES) {
     const elements = decodeBytesElements(tensor.data) ?? [];
     const perItem = elements.length / items;
-    data = encodeBytesElements(Array.from({ length: batch * perItem }, (_, i) => elements[(Math.floor(i / perItem) % items) * perItem + (i % perItem)]!));
+    data = encodeBytesElements(
+      Array.from(
+        { length: batch * perItem },
+        (_, i) => elements[(Math.floor(i / perItem) % items) * perItem + (i % perItem)]!,
+      ),
+    );
   } else {
     const itemBytes = tensor.data.byteLength / items;
     data = new Uint8Array(batch * itemBytes);
-    for (let i = 0; i < batch; i++) data.set(tensor.data.subarray((i % items) * itemBytes, ((i % items) + 1) * itemBytes), i * itemBytes);
+    for (let i = 0; i < batch; i++)
+      data.set(tensor.data.subarray((i % items) * itemBytes, ((i % items) + 1) * itemBytes), i * itemBytes);
   }
   return create(TensorSchema, { ...tensor, shape, data });
 }

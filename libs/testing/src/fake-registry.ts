@@ -22,7 +22,8 @@ export interface FakeRegistryOptions {
 
 /** A handler for every method of RegistryService that refuses the call with UNIMPLEMENTED. */
 function unimplemented(): RegistryImpl {
-  const refuse = (method: string) => new RpcError(status.UNIMPLEMENTED, `${method} is not served by this fake registry`);
+  const refuse = (method: string) =>
+    new RpcError(status.UNIMPLEMENTED, `${method} is not served by this fake registry`);
   return Object.fromEntries(
     RegistryService.methods.map((method) => [
       method.localName,
@@ -86,7 +87,11 @@ export class FakeRegistry {
       ...this.options.handlers,
       watchModels: (request, ctx) => this.watch(request.fromRevision, ctx.signal),
     };
-    this.server = new GrpcServer({ logger: new JsonLogger('registry', 'error', () => undefined), metrics: new Metrics('fake_registry'), maxMessageBytes: 1 << 20 });
+    this.server = new GrpcServer({
+      logger: new JsonLogger('registry', 'error', () => undefined),
+      metrics: new Metrics('fake_registry'),
+      maxMessageBytes: 1 << 20,
+    });
     this.server.add(RegistryService, impl);
     this.port = await this.server.listen('127.0.0.1', port);
     return this;
@@ -99,7 +104,8 @@ export class FakeRegistry {
   }
 
   private async *watch(fromRevision: bigint, signal: AbortSignal): AsyncGenerator<WatchModelsResponse> {
-    if (this.options.watchOnlyOnceChanged === true && this.revision === 0n) throw new RpcError(status.UNIMPLEMENTED, 'no watch in this test');
+    if (this.options.watchOnlyOnceChanged === true && this.revision === 0n)
+      throw new RpcError(status.UNIMPLEMENTED, 'no watch in this test');
     this.watchCalls.push(fromRevision);
     this.open += 1;
     // Listening before the first message: no change falls between the snapshot and the stream.
@@ -107,7 +113,11 @@ export class FakeRegistry {
     try {
       yield fromRevision !== 0n && fromRevision === this.revision
         ? create(WatchModelsResponseSchema, { revision: this.revision })
-        : create(WatchModelsResponseSchema, { revision: this.revision, models: [...this.models.values()], snapshot: true });
+        : create(WatchModelsResponseSchema, {
+            revision: this.revision,
+            models: [...this.models.values()],
+            snapshot: true,
+          });
       for await (const [change] of changes) yield change as WatchModelsResponse;
     } catch (error) {
       if (!signal.aborted) throw error;

@@ -43,11 +43,19 @@ export interface XdsProbeOptions {
 
 export function startXdsProbe(options: XdsProbeOptions): XdsProbe {
   const bootstrap = {
-    xds_servers: [{ server_uri: options.controlPlane, channel_creds: [{ type: 'insecure' }], server_features: ['xds_v3'] }],
+    xds_servers: [
+      { server_uri: options.controlPlane, channel_creds: [{ type: 'insecure' }], server_features: ['xds_v3'] },
+    ],
     node: { id: `${options.caller}-probe-${process.pid}`, cluster: options.caller, locality: {} },
   };
   const child: ChildProcessWithoutNullStreams = spawn(process.execPath, ['-e', PROBE], {
-    env: { ...process.env, XDS_BOOTSTRAP: JSON.stringify(bootstrap), XDS_TARGET: options.target, XDS_METHOD: options.method, XDS_FORMAT: options.format },
+    env: {
+      ...process.env,
+      XDS_BOOTSTRAP: JSON.stringify(bootstrap),
+      XDS_TARGET: options.target,
+      XDS_METHOD: options.method,
+      XDS_FORMAT: options.format,
+    },
   });
   child.stderr.on('data', (chunk: Buffer) => process.stderr.write(chunk));
   const lines = createInterface({ input: child.stdout })[Symbol.asyncIterator]();

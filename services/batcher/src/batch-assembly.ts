@@ -50,7 +50,11 @@ export function batchKey(request: InferenceRequest): string {
  * request order: tensors are row-major with the batch dimension first, and BYTES elements are
  * self-delimiting, so joining the bytes joins the items.
  */
-export function concatRequests(requests: readonly InferenceRequest[], items: readonly number[], id: string): InferenceRequest {
+export function concatRequests(
+  requests: readonly InferenceRequest[],
+  items: readonly number[],
+  id: string,
+): InferenceRequest {
   const first = requests[0]!;
   if (requests.length === 1) return first;
   const total = items.reduce((a, b) => a + b, 0);
@@ -79,7 +83,11 @@ export function concatRequests(requests: readonly InferenceRequest[], items: rea
  * not follow the batch dimension cannot be batched, and its requests fail instead of receiving
  * someone else's values.
  */
-export function splitResponse(response: InferenceResponse, requests: readonly InferenceRequest[], items: readonly number[]): InferenceResponse[] {
+export function splitResponse(
+  response: InferenceResponse,
+  requests: readonly InferenceRequest[],
+  items: readonly number[],
+): InferenceResponse[] {
   if (requests.length === 1) return [{ ...response, id: requests[0]!.id }];
   const total = items.reduce((a, b) => a + b, 0);
   const perRequest: Tensor[][] = requests.map(() => []);
@@ -123,12 +131,17 @@ export function splitResponse(response: InferenceResponse, requests: readonly In
 function itemOffsets(output: Tensor, total: number, response: InferenceResponse): number[] {
   const offsets = new Array<number>(total + 1);
   const bad = (what: string) =>
-    new RpcError(status.INTERNAL, `model "${response.modelName}" version ${response.modelVersion} returned output "${output.name}" with ${what}`, {
-      reason: 'BATCH_SPLIT_MISMATCH',
-    });
+    new RpcError(
+      status.INTERNAL,
+      `model "${response.modelName}" version ${response.modelVersion} returned output "${output.name}" with ${what}`,
+      {
+        reason: 'BATCH_SPLIT_MISMATCH',
+      },
+    );
   if (output.datatype !== DataType.BYTES) {
     const itemBytes = elementCount(output.shape.slice(1)) * datatypeInfo(output.datatype).byteSize;
-    if (itemBytes * total !== output.data.byteLength) throw bad(`${output.data.byteLength} bytes, not ${itemBytes * total}`);
+    if (itemBytes * total !== output.data.byteLength)
+      throw bad(`${output.data.byteLength} bytes, not ${itemBytes * total}`);
     for (let i = 0; i <= total; i++) offsets[i] = i * itemBytes;
     return offsets;
   }

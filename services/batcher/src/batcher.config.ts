@@ -12,7 +12,9 @@ const shape = {
   BATCHER_REGISTRY_ADDRESS: address('127.0.0.1:50051'),
   BATCHER_SETTINGS_TTL_MS: positiveInt(5_000),
   BATCHER_MAX_BATCHES_PER_WORKER: positiveInt(2),
-  BATCHER_REPLICA_CHOICE: z.enum(REPLICA_CHOICES, { error: `expected ${REPLICA_CHOICES.join(' or ')}` }).default('least_outstanding'),
+  BATCHER_REPLICA_CHOICE: z
+    .enum(REPLICA_CHOICES, { error: `expected ${REPLICA_CHOICES.join(' or ')}` })
+    .default('least_outstanding'),
   BATCHER_DEFAULT_MAX_QUEUE_DELAY_US: z.coerce.number().int().nonnegative().max(10_000_000).default(1_000),
   BATCHER_DEFAULT_MAX_QUEUE_SIZE: positiveInt(1_000),
 };
@@ -23,7 +25,9 @@ export function loadBatcherConfig(env: Env) {
   const runtime = runtimeSettings('BATCHER', e);
   const fromMesh = e.BATCHER_WORKER_ADDRESSES === 'mesh';
   if (fromMesh && runtime.mesh === undefined) {
-    throw new ConfigError(['BATCHER_WORKER_ADDRESSES: "mesh" takes the workers from the mesh\'s control plane: set INFERMESH_MESH_CONTROL_PLANE too']);
+    throw new ConfigError([
+      'BATCHER_WORKER_ADDRESSES: "mesh" takes the workers from the mesh\'s control plane: set INFERMESH_MESH_CONTROL_PLANE too',
+    ]);
   }
   return {
     runtime,

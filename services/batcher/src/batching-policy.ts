@@ -33,7 +33,10 @@ export function batchingPolicy(version: ModelVersion, defaults: BatchingDefaults
   return {
     maxBatchSize,
     maxQueueDelayMs: delayUs / 1000,
-    preferredBatchSizes: maxBatchSize > 0 ? [...new Set(b?.preferredBatchSizes ?? [])].filter((s) => s <= maxBatchSize).sort((x, y) => x - y) : [],
+    preferredBatchSizes:
+      maxBatchSize > 0
+        ? [...new Set(b?.preferredBatchSizes ?? [])].filter((s) => s <= maxBatchSize).sort((x, y) => x - y)
+        : [],
     preserveOrdering: b?.preserveOrdering ?? false,
     priorityLevels,
     defaultPriorityLevel: b?.defaultPriorityLevel ? Math.min(b.defaultPriorityLevel, priorityLevels) : priorityLevels,

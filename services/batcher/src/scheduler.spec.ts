@@ -12,7 +12,11 @@ import {
   type InferenceResponse,
   TensorSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type BatchingSchema, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type BatchingSchema,
+  ModelVersionSchema,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { encodeBytesElements, decodeBytesElements } from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
@@ -56,7 +60,11 @@ class FakeWorker {
     const impl: ServiceImpl<typeof WorkerService> = {
       listModels: async () => {
         this.listCalls += 1;
-        return { workerId: this.id, models: [...this.models].map(([name, state]) => ({ name, state })), placedModels: this.placement };
+        return {
+          workerId: this.id,
+          models: [...this.models].map(([name, state]) => ({ name, state })),
+          placedModels: this.placement,
+        };
       },
       infer: async ({ request }) => {
         const req = request!;
@@ -77,7 +85,11 @@ class FakeWorker {
       loadModel: () => Promise.reject(RpcError.invalidArgument('the batcher never loads models explicitly')),
       unloadModel: () => Promise.reject(RpcError.invalidArgument('the batcher never unloads models')),
     };
-    this.server = new GrpcServer({ logger: new JsonLogger(this.id, 'error'), metrics: new Metrics('fake_worker'), maxMessageBytes: 1 << 20 });
+    this.server = new GrpcServer({
+      logger: new JsonLogger(this.id, 'error'),
+      metrics: new Metrics('fake_worker'),
+      maxMessageBytes: 1 << 20,
+    });
     this.server.add(WorkerService, impl);
     this.address = `127.0.0.1:${await this.server.listen('127.0.0.1', 0)}`;
     return this;
@@ -123,14 +135,22 @@ class BatchingRegistry extends FakeRegistry {
 }
 
 /** A request of `rows` items of [rows, width] FP32, each element holding its row's tag. */
-function rowsRequest(id: string, rows: number, tag: number, init: MessageInitShape<typeof InferenceRequestSchema> = {}, width = 2): InferenceRequest {
+function rowsRequest(
+  id: string,
+  rows: number,
+  tag: number,
+  init: MessageInitShape<typeof InferenceRequestSchema> = {},
+  width = 2,
+): InferenceRequest {
   const data = new Float32Array(rows * width);
   for (let r = 0; r < rows; r++) data.fill(tag + r, r * width, (r + 1) * width);
   return create(InferenceRequestSchema, {
     modelName: 'mlp',
     modelVersion: '1',
     id,
-    inputs: [{ name: 'x', datatype: DataType.FP32, shape: [BigInt(rows), BigInt(width)], data: new Uint8Array(data.buffer) }],
+    inputs: [
+      { name: 'x', datatype: DataType.FP32, shape: [BigInt(rows), BigInt(width)], data: new Uint8Array(data.buffer) },
+    ],
     ...init,
   });
 }
@@ -142,7 +162,9 @@ const rowsOf = (response: InferenceResponse) => {
   return Array.from({ length: Number(y.shape[0]) }, (_, r) => values[r * width]);
 };
 
-const priority = (level: number) => ({ priority: create(InferParameterSchema, { parameterChoice: { case: 'int64Param', value: BigInt(level) } }) });
+const priority = (level: number) => ({
+  priority: create(InferParameterSchema, { parameterChoice: { case: 'int64Param', value: BigInt(level) } }),
+});
 
 /** What a gRPC call gives the scheduler: no deadline unless given, a live signal unless given. */
 const call = (options: { deadlineMs?: number; signal?: AbortSignal } = {}) => ({
@@ -152,7 +174,11 @@ const call = (options: { deadlineMs?: number; signal?: AbortSignal } = {}) => ({
 });
 
 /** Holds the worker on a first request ("blocker") until release(), so that what follows queues behind it. */
-async function occupy(sut: Scheduler, worker: FakeWorker, tag = 0): Promise<{ blocker: Promise<InferenceResponse>; release: () => void }> {
+async function occupy(
+  sut: Scheduler,
+  worker: FakeWorker,
+  tag = 0,
+): Promise<{ blocker: Promise<InferenceResponse>; release: () => void }> {
   const held = gate();
   worker.hold = held.promise;
   const blocker = sut.infer(rowsRequest('blocker', 1, tag), call());
@@ -187,7 +213,10 @@ describe(Scheduler.name, () => {
       BATCHER_REGISTRY_ADDRESS: registry.address,
       ...env,
     });
-    app = await NestFactory.createApplicationContext(BatcherModule.forRoot(config), { logger: false, abortOnError: false });
+    app = await NestFactory.createApplicationContext(BatcherModule.forRoot(config), {
+      logger: false,
+      abortOnError: false,
+    });
     return app.get(Scheduler);
   }
 
@@ -232,24 +261,27 @@ describe(Scheduler.name, () => {
       expect(w2.received.map((r) => r.id)).toEqual(['a', 'b', 'c']);
     });
 
-    it.each(['least_outstanding', 'power_of_two'])('sends a batch to the worker with the fewest outstanding batches (%s: of two, both are compared)', async (choice) => {
-      for (const w of workers) w.models.set(v('mlp', '1'), ModelState.READY);
-      const [w1, w2] = workers as [FakeWorker, FakeWorker];
-      const sut = await start({ BATCHER_REPLICA_CHOICE: choice });
-      const held = gate();
-      w1.hold = held.promise;
-      w2.hold = held.promise;
+    it.each(['least_outstanding', 'power_of_two'])(
+      'sends a batch to the worker with the fewest outstanding batches (%s: of two, both are compared)',
+      async (choice) => {
+        for (const w of workers) w.models.set(v('mlp', '1'), ModelState.READY);
+        const [w1, w2] = workers as [FakeWorker, FakeWorker];
+        const sut = await start({ BATCHER_REPLICA_CHOICE: choice });
+        const held = gate();
+        w1.hold = held.promise;
+        w2.hold = held.promise;
 
-      // Both idle: the first batch may go to either; the second goes to the other, which has none.
-      const first = sut.infer(rowsRequest('first', 1, 0), call());
-      await eventually(() => w1.received.length + w2.received.length === 1);
-      const second = sut.infer(rowsRequest('second', 1, 0), call());
-      await eventually(() => w1.received.length + w2.received.length === 2);
-      held.open();
-      await expect(Promise.all([first, second])).resolves.toMatchObject([{ id: 'first' }, { id: 'second' }]);
+        // Both idle: the first batch may go to either; the second goes to the other, which has none.
+        const first = sut.infer(rowsRequest('first', 1, 0), call());
+        await eventually(() => w1.received.length + w2.received.length === 1);
+        const second = sut.infer(rowsRequest('second', 1, 0), call());
+        await eventually(() => w1.received.length + w2.received.length === 2);
+        held.open();
+        await expect(Promise.all([first, second])).resolves.toMatchObject([{ id: 'first' }, { id: 'second' }]);
 
-      expect([w1.received.length, w2.received.length]).toEqual([1, 1]);
-    });
+        expect([w1.received.length, w2.received.length]).toEqual([1, 1]);
+      },
+    );
 
     it('keeps at most BATCHER_MAX_BATCHES_PER_WORKER batches on a worker; the queue waits for one to finish', async () => {
       const [w1] = workers as [FakeWorker, FakeWorker];
@@ -299,13 +331,19 @@ describe(Scheduler.name, () => {
       expect(w1.received.map((r) => r.id)).toEqual(['a', 'b']);
     });
 
-    it('ejects a worker that fails as the edge\'s outlier detection says, and sends it nothing until the ejection ends', async () => {
+    it("ejects a worker that fails as the edge's outlier detection says, and sends it nothing until the ejection ends", async () => {
       for (const w of workers) w.models.set(v('mlp', '1'), ModelState.READY);
       const [w1, w2] = workers as [FakeWorker, FakeWorker];
       const sut = await start();
       app!.get(WorkerPool).configureEdge({
         retry: { on: ['unavailable'], attempts: 1, backoff: { baseMs: 0, maxMs: 0 }, perTryTimeoutMs: undefined },
-        outlierDetection: { consecutiveFailures: 2, consecutiveGatewayFailures: 0, interval: 200, baseEjectionTime: 600, maxEjectionPercent: 50 },
+        outlierDetection: {
+          consecutiveFailures: 2,
+          consecutiveGatewayFailures: 0,
+          interval: 200,
+          baseEjectionTime: 600,
+          maxEjectionPercent: 50,
+        },
       });
       w1.failWith = new RpcError(status.INTERNAL, 'the session failed');
       w2.failWith = new RpcError(status.INTERNAL, 'the session failed');
@@ -316,7 +354,12 @@ describe(Scheduler.name, () => {
       expect(await metric('workers_ejected')).toBe(1);
       w1.failWith = undefined;
       w2.failWith = undefined;
-      const ejected = w1.received.length === 2 && w2.received.length === 2 ? undefined : w1.received.length > w2.received.length ? w1 : w2;
+      const ejected =
+        w1.received.length === 2 && w2.received.length === 2
+          ? undefined
+          : w1.received.length > w2.received.length
+            ? w1
+            : w2;
       const [out, kept] = ejected === w2 ? [w2, w1] : [w1, w2];
       const outBefore = out.received.length;
       for (const id of ['e', 'f', 'g']) await sut.infer(rowsRequest(id, 1, 0), call());
@@ -335,7 +378,13 @@ describe(Scheduler.name, () => {
       const sut = await start();
       app!.get(WorkerPool).configureEdge({
         retry: { on: ['unavailable'], attempts: 1, backoff: { baseMs: 0, maxMs: 0 }, perTryTimeoutMs: undefined },
-        outlierDetection: { consecutiveFailures: 2, consecutiveGatewayFailures: 0, interval: 60_000, baseEjectionTime: 60_000, maxEjectionPercent: 100 },
+        outlierDetection: {
+          consecutiveFailures: 2,
+          consecutiveGatewayFailures: 0,
+          interval: 60_000,
+          baseEjectionTime: 60_000,
+          maxEjectionPercent: 100,
+        },
       });
       w1.failWith = new RpcError(status.INTERNAL, 'the session failed');
       for (const id of ['a', 'b']) await rpcRejection(sut.infer(rowsRequest(id, 1, 0), call()));
@@ -346,11 +395,13 @@ describe(Scheduler.name, () => {
       expect(w1.received.map((r) => r.id)).toEqual(['a', 'b', 'c']);
     });
 
-    it('retries a batch as many times as the edge\'s policy says, on another worker each time', async () => {
+    it("retries a batch as many times as the edge's policy says, on another worker each time", async () => {
       for (const w of workers) w.models.set(v('mlp', '1'), ModelState.READY);
       const [w1, w2] = workers as [FakeWorker, FakeWorker];
       const sut = await start();
-      app!.get(WorkerPool).configureEdge({ retry: { on: ['internal'], attempts: 3, backoff: { baseMs: 1, maxMs: 2 }, perTryTimeoutMs: undefined } });
+      app!.get(WorkerPool).configureEdge({
+        retry: { on: ['internal'], attempts: 3, backoff: { baseMs: 1, maxMs: 2 }, perTryTimeoutMs: undefined },
+      });
       w1.failWith = new RpcError(status.INTERNAL, 'the session failed');
       w2.failWith = new RpcError(status.INTERNAL, 'the session failed');
 
@@ -392,8 +443,12 @@ describe(Scheduler.name, () => {
       workers[1]!.models.set(v('mlp', '3'), ModelState.LOADING);
       const sut = await start();
 
-      await expect(sut.infer(rowsRequest('evicted', 1, 0, { modelVersion: '2' }), call())).resolves.toMatchObject({ id: 'evicted' });
-      await expect(sut.infer(rowsRequest('loading', 1, 0, { modelVersion: '3' }), call())).resolves.toMatchObject({ id: 'loading' });
+      await expect(sut.infer(rowsRequest('evicted', 1, 0, { modelVersion: '2' }), call())).resolves.toMatchObject({
+        id: 'evicted',
+      });
+      await expect(sut.infer(rowsRequest('loading', 1, 0, { modelVersion: '3' }), call())).resolves.toMatchObject({
+        id: 'loading',
+      });
       expect(workers[1]!.received.map((r) => r.id)).toEqual(['evicted', 'loading']);
       expect(workers[0]!.received).toHaveLength(0);
     });
@@ -404,7 +459,10 @@ describe(Scheduler.name, () => {
       const pollsAtStart = w2.listCalls;
       w2.models.set(v('mlp', '5'), ModelState.READY);
 
-      await expect(sut.infer(rowsRequest('new', 1, 0, { modelVersion: '5' }), call())).resolves.toMatchObject({ modelVersion: '5', id: 'new' });
+      await expect(sut.infer(rowsRequest('new', 1, 0, { modelVersion: '5' }), call())).resolves.toMatchObject({
+        modelVersion: '5',
+        id: 'new',
+      });
 
       expect(w2.listCalls).toBe(pollsAtStart + 1);
       expect(w1.received).toHaveLength(0);
@@ -418,7 +476,11 @@ describe(Scheduler.name, () => {
 
       const error = await rpcRejection(sut.infer(rowsRequest('bad', 1, 0), call()));
 
-      expect([error.code, error.reason, error.message]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR', 'input "x" has shape [3] but model "mlp" expects [4]']);
+      expect([error.code, error.reason, error.message]).toEqual([
+        status.INVALID_ARGUMENT,
+        'INVALID_TENSOR',
+        'input "x" has shape [3] but model "mlp" expects [4]',
+      ]);
       expect(w2.received).toHaveLength(0);
       expect(await metric('retries_total')).toBe(0);
     });
@@ -446,7 +508,9 @@ describe(Scheduler.name, () => {
 
   describe('placement', () => {
     const notPlaced = (worker: string) =>
-      new RpcError(status.FAILED_PRECONDITION, `model "mlp" is not placed on worker ${worker}`, { reason: 'MODEL_NOT_PLACED' });
+      new RpcError(status.FAILED_PRECONDITION, `model "mlp" is not placed on worker ${worker}`, {
+        reason: 'MODEL_NOT_PLACED',
+      });
 
     it('sends a version only to workers whose placement includes its model, READY or to load on demand, whatever the others list', async () => {
       const [w1, w2] = workers as [FakeWorker, FakeWorker];
@@ -461,10 +525,16 @@ describe(Scheduler.name, () => {
       w2.models.set(v('mlp', '2'), ModelState.UNLOADED);
       const sut = await start();
 
-      await expect(sut.infer(rowsRequest('ready-elsewhere', 1, 0), call())).resolves.toMatchObject({ id: 'ready-elsewhere' });
-      await expect(sut.infer(rowsRequest('on-demand', 1, 0, { modelVersion: '2' }), call())).resolves.toMatchObject({ id: 'on-demand' });
+      await expect(sut.infer(rowsRequest('ready-elsewhere', 1, 0), call())).resolves.toMatchObject({
+        id: 'ready-elsewhere',
+      });
+      await expect(sut.infer(rowsRequest('on-demand', 1, 0, { modelVersion: '2' }), call())).resolves.toMatchObject({
+        id: 'on-demand',
+      });
       const error = await rpcRejection(sut.infer(rowsRequest('nowhere', 1, 0, { modelVersion: '3' }), call()));
-      await expect(sut.infer(rowsRequest('other', 1, 0, { modelName: 'other' }), call())).resolves.toMatchObject({ id: 'other' });
+      await expect(sut.infer(rowsRequest('other', 1, 0, { modelName: 'other' }), call())).resolves.toMatchObject({
+        id: 'other',
+      });
 
       expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
       expect(w1.received.map((r) => r.id)).toEqual(['other']);
@@ -498,7 +568,10 @@ describe(Scheduler.name, () => {
       expect(w2.received).toHaveLength(0);
       const later = await rpcRejection(sut.infer(rowsRequest('later', 1, 0), call()));
       expect([later.code, later.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
-      await expect(sut.infer(rowsRequest('b', 1, 0, { modelName: 'backup' }), call())).resolves.toMatchObject({ id: 'b', modelName: 'backup' });
+      await expect(sut.infer(rowsRequest('b', 1, 0, { modelName: 'backup' }), call())).resolves.toMatchObject({
+        id: 'b',
+        modelName: 'backup',
+      });
     });
 
     it('sends a batch a worker refuses as not placed (FAILED_PRECONDITION, MODEL_NOT_PLACED) to another, then stops sending the model to it', async () => {
@@ -551,7 +624,10 @@ describe(Scheduler.name, () => {
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '1' });
       const { blocker, release } = await occupy(sut, w1);
 
-      const words = [['a', 'bb'], ['ccc', '', 'dddd', 'e']];
+      const words = [
+        ['a', 'bb'],
+        ['ccc', '', 'dddd', 'e'],
+      ];
       const bytesRequest = (id: string, elements: string[]) =>
         create(InferenceRequestSchema, {
           modelName: 'mlp',
@@ -612,7 +688,9 @@ describe(Scheduler.name, () => {
         if (y.shape[0]! > 1n) y.shape = [1n, y.shape[0]! * y.shape[1]!];
       };
 
-      const answers = [sut.infer(rowsRequest('a', 1, 0), call()), sut.infer(rowsRequest('b', 1, 1), call())].map((p) => rpcRejection(p));
+      const answers = [sut.infer(rowsRequest('a', 1, 0), call()), sut.infer(rowsRequest('b', 1, 1), call())].map((p) =>
+        rpcRejection(p),
+      );
       release();
       const errors = await Promise.all(answers);
       await blocker;
@@ -680,7 +758,10 @@ describe(Scheduler.name, () => {
       const sut = await start({ BATCHER_MAX_BATCHES_PER_WORKER: '2' });
       const { blocker, release } = await occupy(sut, w1);
 
-      const answers = Promise.all([sut.infer(rowsRequest('a', 3, 1), call()), sut.infer(rowsRequest('b', 1, 2), call())]);
+      const answers = Promise.all([
+        sut.infer(rowsRequest('a', 3, 1), call()),
+        sut.infer(rowsRequest('b', 1, 2), call()),
+      ]);
       await eventually(() => w1.received.length === 2, 2_000);
       release();
       await Promise.all([blocker, answers]);
@@ -729,8 +810,13 @@ describe(Scheduler.name, () => {
       await answers;
       await blocker;
 
-      const order = w1.received.slice(1).map((batch) => rowsOf({ outputs: [{ ...batch.inputs[0]!, name: 'y' }] } as InferenceResponse));
-      expect(order).toEqual([[3, 2], [4, 1]]);
+      const order = w1.received
+        .slice(1)
+        .map((batch) => rowsOf({ outputs: [{ ...batch.inputs[0]!, name: 'y' }] } as InferenceResponse));
+      expect(order).toEqual([
+        [3, 2],
+        [4, 1],
+      ]);
 
       const error = await rpcRejection(sut.infer(rowsRequest('bad', 1, 0, { parameters: priority(4) }), call()));
       expect(error.code).toBe(status.INVALID_ARGUMENT);
@@ -795,7 +881,9 @@ describe(Scheduler.name, () => {
       expect(error.message).toMatch(/batch time of about \d/);
       expect(w1.received.map((r) => r.id)).toEqual(['observed']);
       // A deadline that leaves room is served.
-      await expect(sut.infer(rowsRequest('relaxed', 1, 2), call({ deadlineMs: Date.now() + 5_000 }))).resolves.toMatchObject({ id: 'relaxed' });
+      await expect(
+        sut.infer(rowsRequest('relaxed', 1, 2), call({ deadlineMs: Date.now() + 5_000 })),
+      ).resolves.toMatchObject({ id: 'relaxed' });
     });
 
     it('takes a cancelled request out of the queue: it never reaches a worker', async () => {
@@ -826,7 +914,9 @@ describe(Scheduler.name, () => {
       // The server's own deadline timer cancels the call; it may fire before the batcher's.
       const cancel = new AbortController();
       const deadlineMs = Date.now() + 60;
-      const expired = rpcRejection(sut.infer(rowsRequest('expired', 1, 1), call({ deadlineMs, signal: cancel.signal })));
+      const expired = rpcRejection(
+        sut.infer(rowsRequest('expired', 1, 1), call({ deadlineMs, signal: cancel.signal })),
+      );
       await new Promise((r) => setTimeout(r, 20)); // queued
       // Past the deadline with the event loop held: the batcher's timer cannot have fired when the cancellation comes.
       while (Date.now() <= deadlineMs) {
@@ -850,8 +940,12 @@ describe(Scheduler.name, () => {
       const upstream = new AbortController();
       const early = new AbortController();
       const deadlineMs = Date.now() + 2_000;
-      const expired = rpcRejection(sut.infer(rowsRequest('expired', 1, 1), call({ deadlineMs, signal: upstream.signal })));
-      const cancelled = rpcRejection(sut.infer(rowsRequest('cancelled', 1, 2), call({ deadlineMs: Date.now() + 60_000, signal: early.signal })));
+      const expired = rpcRejection(
+        sut.infer(rowsRequest('expired', 1, 1), call({ deadlineMs, signal: upstream.signal })),
+      );
+      const cancelled = rpcRejection(
+        sut.infer(rowsRequest('cancelled', 1, 2), call({ deadlineMs: Date.now() + 60_000, signal: early.signal })),
+      );
       await new Promise((r) => setTimeout(r, 20)); // both queued
       early.abort(); // a minute before its deadline: the caller gave up
       // 50 ms before its deadline (within the skew the batcher allows): the deadline, seen first upstream.
@@ -906,10 +1000,19 @@ describe(Scheduler.name, () => {
   });
 
   describe('following the registry watch', () => {
-    const mlp = (batching: MessageInitShape<typeof BatchingSchema>, states: VersionState[] = [VersionState.READY], unloaded = false) => ({
+    const mlp = (
+      batching: MessageInitShape<typeof BatchingSchema>,
+      states: VersionState[] = [VersionState.READY],
+      unloaded = false,
+    ) => ({
       name: 'models/mlp',
       unloaded,
-      versions: states.map((state, i) => ({ name: v('mlp', String(i + 1)), state, signature: { maxBatchSize: 8 }, batching })),
+      versions: states.map((state, i) => ({
+        name: v('mlp', String(i + 1)),
+        state,
+        signature: { maxBatchSize: 8 },
+        batching,
+      })),
     });
 
     /** Starts the batcher and waits until its watch holds what the registry holds. */
@@ -951,14 +1054,26 @@ describe(Scheduler.name, () => {
 
       await expect(sut.infer(rowsRequest('late', 1, 0), call())).resolves.toMatchObject({ id: 'late' });
       const loading = await rpcRejection(sut.infer(rowsRequest('early', 1, 0, { modelVersion: '2' }), call()));
-      expect([loading.code, loading.reason, loading.message]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY', 'version 2 of model "mlp" is LOADING, not READY']);
+      expect([loading.code, loading.reason, loading.message]).toEqual([
+        status.UNAVAILABLE,
+        'MODEL_NOT_READY',
+        'version 2 of model "mlp" is LOADING, not READY',
+      ]);
       const unknown = await rpcRejection(sut.infer(rowsRequest('unknown', 1, 0, { modelVersion: '9' }), call()));
-      expect([unknown.code, unknown.reason, unknown.message]).toEqual([status.NOT_FOUND, 'VERSION_NOT_FOUND', 'model "mlp" has no version 9']);
+      expect([unknown.code, unknown.reason, unknown.message]).toEqual([
+        status.NOT_FOUND,
+        'VERSION_NOT_FOUND',
+        'model "mlp" has no version 9',
+      ]);
 
       registry.put(mlp({}, [VersionState.DRAINING, VersionState.READY], true));
       await applied(2n);
       const unloaded = await rpcRejection(sut.infer(rowsRequest('unloaded', 1, 0), call()));
-      expect([unloaded.code, unloaded.reason, unloaded.message]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY', 'model "mlp" is unloaded']);
+      expect([unloaded.code, unloaded.reason, unloaded.message]).toEqual([
+        status.UNAVAILABLE,
+        'MODEL_NOT_READY',
+        'model "mlp" is unloaded',
+      ]);
       expect(w1.received.map((r) => r.id)).toEqual(['late']);
       expect(registry.resolveCalls).toBe(0);
     });
@@ -980,7 +1095,11 @@ describe(Scheduler.name, () => {
       // Batching off, as the watch last said: each request went on its own.
       expect(batchSizes(w1)).toEqual([1, 1, 2]);
       expect(registry.resolveCalls).toBe(0);
-      expect(app!.get(HealthDetails).report()['registry']).toMatchObject({ connected: false, serving_last_config: true, revision: 1 });
+      expect(app!.get(HealthDetails).report()['registry']).toMatchObject({
+        connected: false,
+        serving_last_config: true,
+        revision: 1,
+      });
     });
   });
 });

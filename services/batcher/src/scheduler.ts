@@ -5,7 +5,15 @@ import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/i
 import { retries, retryBackoffMs } from '@infermesh/mesh';
 import { integerParameter } from '@infermesh/tensors';
 import { RegistryWatch } from '@infermesh/registry-watch';
-import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics, ModelLabels, requestContext, spans, traceIdsOf } from '@infermesh/telemetry';
+import {
+  JsonLogger,
+  LATENCY_BUCKETS_SECONDS,
+  Metrics,
+  ModelLabels,
+  requestContext,
+  spans,
+  traceIdsOf,
+} from '@infermesh/telemetry';
 import type { Span } from '@opentelemetry/api';
 import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
@@ -28,7 +36,8 @@ const WORKER_FAULTS: ReadonlySet<status> = new Set([status.INTERNAL, status.UNKN
  */
 export const CALLER_DEADLINE_SKEW_MS = 100;
 
-type Rejection = 'QUEUE_FULL' | 'DEADLINE_INFEASIBLE' | 'DEADLINE_EXCEEDED' | 'CANCELLED' | 'MODEL_NOT_READY' | 'INVALID_PRIORITY';
+type Rejection =
+  'QUEUE_FULL' | 'DEADLINE_INFEASIBLE' | 'DEADLINE_EXCEEDED' | 'CANCELLED' | 'MODEL_NOT_READY' | 'INVALID_PRIORITY';
 
 /** A request in a version's queue, then in a batch, until it is answered. */
 interface Waiting {
@@ -212,25 +221,31 @@ export class Scheduler implements OnApplicationShutdown {
     // queue exists only then): only those names become label values, any other is "(unknown)".
     this.labels = new ModelLabels({
       hasModel: (model) => watch.hasModel(model) || this.queuedModels.has(model),
-      hasVersion: (model, version) => watch.hasVersion(model, version) || this.queues.has(`models/${model}/versions/${version}`),
+      hasVersion: (model, version) =>
+        watch.hasVersion(model, version) || this.queues.has(`models/${model}/versions/${version}`),
     });
     // Queues whose version the registry no longer has share the "(unknown)" labels: depths add up, ages take the oldest.
-    const perQueue = (value: (queue: VersionQueue) => number, combine: (a: number, b: number) => number) => (gauge: Gauge<'model' | 'version'>) => {
-      gauge.reset();
-      const values = new Map<string, { labels: { model: string; version: string }; value: number }>();
-      for (const queue of this.queues.values()) {
-        const labels = this.labels.of(queue.model, queue.version);
-        const key = `${labels.model}\u0000${labels.version}`;
-        const known = values.get(key);
-        values.set(key, { labels, value: known === undefined ? value(queue) : combine(known.value, value(queue)) });
-      }
-      for (const { labels, value: v } of values.values()) gauge.set(labels, v);
-    };
+    const perQueue =
+      (value: (queue: VersionQueue) => number, combine: (a: number, b: number) => number) =>
+      (gauge: Gauge<'model' | 'version'>) => {
+        gauge.reset();
+        const values = new Map<string, { labels: { model: string; version: string }; value: number }>();
+        for (const queue of this.queues.values()) {
+          const labels = this.labels.of(queue.model, queue.version);
+          const key = `${labels.model}\u0000${labels.version}`;
+          const known = values.get(key);
+          values.set(key, { labels, value: known === undefined ? value(queue) : combine(known.value, value(queue)) });
+        }
+        for (const { labels, value: v } of values.values()) gauge.set(labels, v);
+      };
     metrics.gauge(
       'queue_depth',
       'Requests waiting in the queue of each model version.',
       ['model', 'version'],
-      perQueue((q) => q.length, (a, b) => a + b),
+      perQueue(
+        (q) => q.length,
+        (a, b) => a + b,
+      ),
     );
     metrics.gauge(
       'queue_oldest_age_seconds',
@@ -241,21 +256,39 @@ export class Scheduler implements OnApplicationShutdown {
         return oldest === undefined ? 0 : (performance.now() - oldest.arrivedAt) / 1000;
       }, Math.max),
     );
-    this.rejections = metrics.counter('rejections_total', 'Requests answered without reaching a worker, by model and reason.', ['model', 'reason']);
-    this.dispatched = metrics.counter('dispatched_total', 'Requests answered after a worker ran them, by model, version and outcome.', [
-      'model',
-      'version',
-      'outcome',
-    ]);
-    this.retries = metrics.counter('retries_total', 'Batches sent again to another worker after their worker was unavailable.', ['model']);
-    this.queueTime = metrics.histogram('queue_time_seconds', 'Time from arrival until a request leaves the queue in a batch.', ['model', 'version']);
+    this.rejections = metrics.counter(
+      'rejections_total',
+      'Requests answered without reaching a worker, by model and reason.',
+      ['model', 'reason'],
+    );
+    this.dispatched = metrics.counter(
+      'dispatched_total',
+      'Requests answered after a worker ran them, by model, version and outcome.',
+      ['model', 'version', 'outcome'],
+    );
+    this.retries = metrics.counter(
+      'retries_total',
+      'Batches sent again to another worker after their worker was unavailable.',
+      ['model'],
+    );
+    this.queueTime = metrics.histogram(
+      'queue_time_seconds',
+      'Time from arrival until a request leaves the queue in a batch.',
+      ['model', 'version'],
+    );
     this.batchSize = metrics.histogram(
       'batch_size',
       'Items per batch sent to workers.',
       ['model', 'version'],
       [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
     );
-    this.duration = metrics.histogram('dispatch_duration_seconds', 'Time from arrival to a worker answer.', ['model', 'version'], LATENCY_BUCKETS_SECONDS, { exemplars: true });
+    this.duration = metrics.histogram(
+      'dispatch_duration_seconds',
+      'Time from arrival to a worker answer.',
+      ['model', 'version'],
+      LATENCY_BUCKETS_SECONDS,
+      { exemplars: true },
+    );
     pool.onPolled(() => this.pumpAll());
     // A version's new batching settings apply to the batches formed from now on, also those of the
     // requests already waiting; a version that no longer takes requests keeps its queue until it drains.
@@ -275,9 +308,13 @@ export class Scheduler implements OnApplicationShutdown {
     });
   }
 
-  async infer(request: InferenceRequest, ctx: Pick<CallContext, 'deadlineMs' | 'signal' | 'requestId'>): Promise<InferenceResponse> {
+  async infer(
+    request: InferenceRequest,
+    ctx: Pick<CallContext, 'deadlineMs' | 'signal' | 'requestId'>,
+  ): Promise<InferenceResponse> {
     const { modelName: model, modelVersion: version } = request;
-    if (model === '' || version === '') throw RpcError.invalidArgument('the batcher needs a model name and a resolved version');
+    if (model === '' || version === '')
+      throw RpcError.invalidArgument('the batcher needs a model name and a resolved version');
     const name = `models/${model}/versions/${version}`;
     const arrivedAt = performance.now();
     const [policy, workers] = await Promise.all([this.settings.policy(name), this.pool.candidates(name)]);
@@ -292,7 +329,8 @@ export class Scheduler implements OnApplicationShutdown {
     const deadlineMs = ctx.deadlineMs;
     const infeasible = this.infeasible(queue, level, items ?? 1, deadlineMs);
     if (infeasible !== undefined) throw this.refuse(queue, 'DEADLINE_INFEASIBLE', infeasible);
-    if (ctx.signal.aborted) throw this.refuse(queue, 'CANCELLED', new RpcError(status.CANCELLED, 'the call was cancelled'));
+    if (ctx.signal.aborted)
+      throw this.refuse(queue, 'CANCELLED', new RpcError(status.CANCELLED, 'the call was cancelled'));
 
     return new Promise<InferenceResponse>((resolve, reject) => {
       const entry: Waiting = {
@@ -329,7 +367,9 @@ export class Scheduler implements OnApplicationShutdown {
       clearTimeout(queue.timer);
       for (const entry of [...queue.inOrder()]) {
         queue.remove(entry);
-        this.settle(entry, { error: new RpcError(status.UNAVAILABLE, 'the batcher is shutting down', { reason: 'SHUTTING_DOWN' }) });
+        this.settle(entry, {
+          error: new RpcError(status.UNAVAILABLE, 'the batcher is shutting down', { reason: 'SHUTTING_DOWN' }),
+        });
       }
     }
   }
@@ -364,7 +404,12 @@ export class Scheduler implements OnApplicationShutdown {
   }
 
   /** Why a request with this deadline cannot be served in time, or undefined when it may be. */
-  private infeasible(queue: VersionQueue, level: number, items: number, deadlineMs: number | undefined): RpcError | undefined {
+  private infeasible(
+    queue: VersionQueue,
+    level: number,
+    items: number,
+    deadlineMs: number | undefined,
+  ): RpcError | undefined {
     if (deadlineMs === undefined || queue.batchMs === undefined) return undefined;
     const estimateMs = this.estimateMs(queue, queue.itemsAhead(level) + items);
     const leftMs = deadlineMs - Date.now();
@@ -385,7 +430,10 @@ export class Scheduler implements OnApplicationShutdown {
   }
 
   private queueFull(queue: VersionQueue): RpcError {
-    const retryDelayMs = queue.batchMs === undefined ? 1_000 : Math.max(100, this.estimateMs(queue, queue.itemsAhead(queue.policy.priorityLevels)));
+    const retryDelayMs =
+      queue.batchMs === undefined
+        ? 1_000
+        : Math.max(100, this.estimateMs(queue, queue.itemsAhead(queue.policy.priorityLevels)));
     return new RpcError(
       status.RESOURCE_EXHAUSTED,
       `the queue of model "${queue.model}" version ${queue.version} is full (${queue.policy.maxQueueSize} requests); retry later`,
@@ -414,7 +462,11 @@ export class Scheduler implements OnApplicationShutdown {
       this.pump(queue);
     } else {
       this.settle(entry, {
-        error: new RpcError(status.DEADLINE_EXCEEDED, `the request's deadline passed after ${waitedMs} ms, while its batch ran`, { reason: 'DEADLINE_EXCEEDED' }),
+        error: new RpcError(
+          status.DEADLINE_EXCEEDED,
+          `the request's deadline passed after ${waitedMs} ms, while its batch ran`,
+          { reason: 'DEADLINE_EXCEEDED' },
+        ),
       });
     }
   }
@@ -529,7 +581,12 @@ export class Scheduler implements OnApplicationShutdown {
       for (const entry of [...queue.inOrder()]) {
         queue.remove(entry);
         this.rejections.inc({ model: this.labels.model(queue.model), reason: 'MODEL_NOT_READY' });
-        this.settle(entry, { error: RpcError.unavailable(`no worker has model "${queue.model}" version ${queue.version} ready`, 'MODEL_NOT_READY') });
+        this.settle(entry, {
+          error: RpcError.unavailable(
+            `no worker has model "${queue.model}" version ${queue.version} ready`,
+            'MODEL_NOT_READY',
+          ),
+        });
       }
     });
   }
@@ -541,12 +598,18 @@ export class Scheduler implements OnApplicationShutdown {
     for (const entry of entries) {
       queue.remove(entry);
       this.queueTime.observe(labels, (now - entry.arrivedAt) / 1000);
-      entry.span?.setAttributes({ 'infermesh.batch.id': batchId, 'infermesh.batch.size': items, 'infermesh.batch.requests': entries.length, 'infermesh.queue.wait_ms': now - entry.arrivedAt });
+      entry.span?.setAttributes({
+        'infermesh.batch.id': batchId,
+        'infermesh.batch.size': items,
+        'infermesh.batch.requests': entries.length,
+        'infermesh.queue.wait_ms': now - entry.arrivedAt,
+      });
     }
     this.batchSize.observe(labels, items);
     const span = batchSpan(queue, entries, batchId, items);
     const outcome = this.execute(queue, entries, worker, span);
-    if (span !== undefined) void outcome.then((result) => spans.end(span, 'error' in result ? result.error : undefined));
+    if (span !== undefined)
+      void outcome.then((result) => spans.end(span, 'error' in result ? result.error : undefined));
     const deliver = (result: Outcome) => {
       entries.forEach((entry, i) => {
         if (entry.settled) return;
@@ -574,30 +637,50 @@ export class Scheduler implements OnApplicationShutdown {
    * the policy's batcher → worker edge; without, once more on UNAVAILABLE). Each answer tells the
    * edge's outlier detection how the worker did.
    */
-  private async execute(queue: VersionQueue, entries: Waiting[], first: WorkerHandle, span: Span | undefined): Promise<Outcome> {
+  private async execute(
+    queue: VersionQueue,
+    entries: Waiting[],
+    first: WorkerHandle,
+    span: Span | undefined,
+  ): Promise<Outcome> {
     const requests = entries.map((e) => e.request);
     const items = entries.map((e) => e.items);
-    const batchRequest = concatRequests(requests, items, entries.length === 1 ? entries[0]!.request.id : `batch-${entries[0]!.id}`);
+    const batchRequest = concatRequests(
+      requests,
+      items,
+      entries.length === 1 ? entries[0]!.request.id : `batch-${entries[0]!.id}`,
+    );
     let worker = first;
     for (let attempt = 0; ; attempt++) {
       const live = entries.filter((e) => !e.settled);
-      if (live.length === 0) return { error: new RpcError(status.CANCELLED, 'no request of the batch waits for it any more') };
+      if (live.length === 0)
+        return { error: new RpcError(status.CANCELLED, 'no request of the batch waits for it any more') };
       const abort = new AbortController();
       const batch: Batch = { entries, abort, ended: false };
       for (const entry of entries) entry.batch = batch;
       // The batch runs under its own context: the latest deadline of its requests (none if one has
       // none), its own cancellation, and the request id of its first request.
-      const deadlineMs = live.some((e) => e.deadlineMs === undefined) ? undefined : Math.max(...live.map((e) => e.deadlineMs!));
+      const deadlineMs = live.some((e) => e.deadlineMs === undefined)
+        ? undefined
+        : Math.max(...live.map((e) => e.deadlineMs!));
       const retry = this.pool.retry;
       const perTry = retry.perTryTimeoutMs === undefined ? undefined : Date.now() + retry.perTryTimeoutMs;
-      const attemptDeadlineMs = perTry === undefined ? deadlineMs : deadlineMs === undefined ? perTry : Math.min(deadlineMs, perTry);
+      const attemptDeadlineMs =
+        perTry === undefined ? deadlineMs : deadlineMs === undefined ? perTry : Math.min(deadlineMs, perTry);
       const started = performance.now();
       span?.setAttribute('infermesh.worker', worker.address);
       try {
-        const response = await requestContext.run(
-          { requestId: entries[0]!.requestId, ...(attemptDeadlineMs !== undefined && { deadlineMs: attemptDeadlineMs }), signal: abort.signal, ...(span !== undefined && { span }) },
-          () => worker.infer(batchRequest),
-        ).finally(() => (batch.ended = true));
+        const response = await requestContext
+          .run(
+            {
+              requestId: entries[0]!.requestId,
+              ...(attemptDeadlineMs !== undefined && { deadlineMs: attemptDeadlineMs }),
+              signal: abort.signal,
+              ...(span !== undefined && { span }),
+            },
+            () => worker.infer(batchRequest),
+          )
+          .finally(() => (batch.ended = true));
         const ms = performance.now() - started;
         queue.batchMs = queue.batchMs === undefined ? ms : 0.8 * queue.batchMs + 0.2 * ms;
         this.pool.recordOutcome(worker, 'success');
@@ -619,18 +702,38 @@ export class Scheduler implements OnApplicationShutdown {
         const other = retriable && attemptsLeft ? this.otherWorker(queue, worker) : undefined;
         if (other === undefined) {
           if (unreachable) {
-            return { error: RpcError.unavailable(`the worker for model "${queue.model}" version ${queue.version} is unreachable: ${rpcError.message}`) };
+            return {
+              error: RpcError.unavailable(
+                `the worker for model "${queue.model}" version ${queue.version} is unreachable: ${rpcError.message}`,
+              ),
+            };
           }
           if (notPlaced) {
             this.rejections.inc({ model: this.labels.model(queue.model), reason: 'MODEL_NOT_READY' });
-            return { error: RpcError.unavailable(`no reachable worker serves model "${queue.model}" version ${queue.version}: ${rpcError.message}`, 'MODEL_NOT_READY') };
+            return {
+              error: RpcError.unavailable(
+                `no reachable worker serves model "${queue.model}" version ${queue.version}: ${rpcError.message}`,
+                'MODEL_NOT_READY',
+              ),
+            };
           }
           return { error: rpcError };
         }
         this.retries.inc({ model: this.labels.model(queue.model) });
-        span?.addEvent('retry', { 'infermesh.retry.attempt': attempt + 1, 'infermesh.worker': worker.address, 'infermesh.retry.to': other.address, 'exception.message': rpcError.message });
+        span?.addEvent('retry', {
+          'infermesh.retry.attempt': attempt + 1,
+          'infermesh.worker': worker.address,
+          'infermesh.retry.to': other.address,
+          'exception.message': rpcError.message,
+        });
         span?.setAttribute('infermesh.retry.attempts', attempt + 1);
-        this.logger.info('batch retried on another worker', { model: queue.model, version: queue.version, from: worker.address, to: other.address, err: rpcError.message });
+        this.logger.info('batch retried on another worker', {
+          model: queue.model,
+          version: queue.version,
+          from: worker.address,
+          to: other.address,
+          err: rpcError.message,
+        });
         const waitMs = retryBackoffMs(retry, attempt);
         if (waitMs >= 1) await new Promise((resolve) => setTimeout(resolve, waitMs));
         worker = other;
@@ -656,7 +759,13 @@ function batchSpan(queue: VersionQueue, entries: readonly Waiting[], batchId: st
   return spans.child(
     `batch ${queue.model}`,
     parent.span,
-    { 'infermesh.model': queue.model, 'infermesh.model.version': queue.version, 'infermesh.batch.id': batchId, 'infermesh.batch.size': items, 'infermesh.batch.requests': entries.length },
+    {
+      'infermesh.model': queue.model,
+      'infermesh.model.version': queue.version,
+      'infermesh.batch.id': batchId,
+      'infermesh.batch.size': items,
+      'infermesh.batch.requests': entries.length,
+    },
     traced.map((e) => ({ context: e.span!.spanContext() })),
   );
 }

@@ -2,7 +2,13 @@ import { equals } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
 import { createClient, RpcError, toRpcError } from '@infermesh/grpc';
-import { BatchingSchema, type Model, type ModelVersion, RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  BatchingSchema,
+  type Model,
+  type ModelVersion,
+  RegistryService,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { versionIdOf } from '@infermesh/rollout';
 import { LookupMemo } from '@infermesh/runtime';
@@ -37,13 +43,18 @@ export class VersionSettings implements OnApplicationShutdown {
       async (name) => {
         const [, model, , versionId] = name.split('/') as [string, string, string, string];
         try {
-          const { version } = await this.client.resolveModelVersion({ model: `models/${model}`, versionId }, { timeoutMs: LOOKUP_TIMEOUT_MS });
+          const { version } = await this.client.resolveModelVersion(
+            { model: `models/${model}`, versionId },
+            { timeoutMs: LOOKUP_TIMEOUT_MS },
+          );
           if (version === undefined) throw new Error('the registry answered without a version');
           return batchingPolicy(version, config.defaults);
         } catch (error) {
           const rpcError = toRpcError(error);
           if (rpcError.reason !== undefined) throw rpcError; // e.g. VERSION_NOT_FOUND, as the registry said it
-          throw RpcError.unavailable(`the batching settings of model "${model}" version ${versionId} cannot be read from the registry: ${rpcError.message}`);
+          throw RpcError.unavailable(
+            `the batching settings of model "${model}" version ${versionId} cannot be read from the registry: ${rpcError.message}`,
+          );
         }
       },
       { ttlMs: config.settingsTtlMs, keepStale: true },
@@ -76,17 +87,24 @@ export class VersionSettings implements OnApplicationShutdown {
   private forgetGone(modelId: string): void {
     const model = this.watch.model(modelId);
     for (const name of this.watched.keys()) {
-      if (name.startsWith(`models/${modelId}/versions/`) && !model?.versions.some((v) => v.name === name)) this.watched.delete(name);
+      if (name.startsWith(`models/${modelId}/versions/`) && !model?.versions.some((v) => v.name === name))
+        this.watched.delete(name);
     }
   }
 
   private watchedPolicy(versionName: string, modelId: string, versionId: string, model: Model): BatchingPolicy {
     if (model.unloaded) {
-      throw new RpcError(status.UNAVAILABLE, `model "${modelId}" is unloaded`, { reason: 'MODEL_NOT_READY', metadata: { model: modelId } });
+      throw new RpcError(status.UNAVAILABLE, `model "${modelId}" is unloaded`, {
+        reason: 'MODEL_NOT_READY',
+        metadata: { model: modelId },
+      });
     }
     const version = model.versions.find((v) => versionIdOf(v.name) === versionId);
     if (version === undefined) {
-      throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', { model: modelId, version: versionId });
+      throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', {
+        model: modelId,
+        version: versionId,
+      });
     }
     if (!ACCEPTED.has(version.state)) {
       const state = (VersionState[version.state] ?? String(version.state)).replace(/^VERSION_STATE_/, '');

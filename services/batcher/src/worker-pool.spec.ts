@@ -23,7 +23,9 @@ describe(workerClientOptions.name, () => {
   });
 
   it("behind a sidecar, presents the instance's identity and requires a worker's: the workers' sidecars speak mutual TLS", () => {
-    expect(workerClientOptions(runtimeOf({ ...MESH, INFERMESH_SIDECAR_PORT: '15006', INFERMESH_TLS_DIR: IDENTITY_DIR }))).toStrictEqual({
+    expect(
+      workerClientOptions(runtimeOf({ ...MESH, INFERMESH_SIDECAR_PORT: '15006', INFERMESH_TLS_DIR: IDENTITY_DIR })),
+    ).toStrictEqual({
       peer: 'worker',
       transport: {
         certFile: `${IDENTITY_DIR}/cert.pem`,
@@ -36,7 +38,10 @@ describe(workerClientOptions.name, () => {
   });
 
   it('behind a sidecar without an identity (a mesh without mutual TLS), dials the workers in plaintext, not with the process default', () => {
-    expect(workerClientOptions(runtimeOf({ ...MESH, INFERMESH_SIDECAR_PORT: '15006' }))).toStrictEqual({ peer: 'worker', transport: null });
+    expect(workerClientOptions(runtimeOf({ ...MESH, INFERMESH_SIDECAR_PORT: '15006' }))).toStrictEqual({
+      peer: 'worker',
+      transport: null,
+    });
   });
 });
 
@@ -91,7 +96,11 @@ describe('WorkerPool behind a sidecar', () => {
     root = mkdtempSync(join(tmpdir(), 'worker-pool-'));
     const ca = await LocalCa.open(join(root, 'ca'));
     batcherDir = join(root, 'batcher');
-    await writeIdentityFiles(batcherDir, await ca.issue({ service: 'batcher', instance: 'batcher-0' }, 3_600_000), ca.bundlePem);
+    await writeIdentityFiles(
+      batcherDir,
+      await ca.issue({ service: 'batcher', instance: 'batcher-0' }, 3_600_000),
+      ca.bundlePem,
+    );
     workerPort = await workerSidecar(ca, 'worker');
     impostorPort = await workerSidecar(ca, 'router');
     const directory = new GrpcServer({ logger, metrics: new Metrics('fake_control_plane'), maxMessageBytes: 1 << 20 });
@@ -115,8 +124,18 @@ describe('WorkerPool behind a sidecar', () => {
 
   /** Whether the worker the control plane lists at `port` answered the pool's poll. */
   async function reachable(port: number, env: Env): Promise<boolean> {
-    listed = [{ instance: { service: 'worker', id: 'worker-0', address: '127.0.0.1', port, labels: {} }, serving: true } as AnnouncedInstance];
-    const config = loadBatcherConfig({ ...env, BATCHER_WORKER_ADDRESSES: 'mesh', INFERMESH_MESH_CONTROL_PLANE: controlPlane, INFERMESH_SIDECAR_PORT: '15006' });
+    listed = [
+      {
+        instance: { service: 'worker', id: 'worker-0', address: '127.0.0.1', port, labels: {} },
+        serving: true,
+      } as AnnouncedInstance,
+    ];
+    const config = loadBatcherConfig({
+      ...env,
+      BATCHER_WORKER_ADDRESSES: 'mesh',
+      INFERMESH_MESH_CONTROL_PLANE: controlPlane,
+      INFERMESH_SIDECAR_PORT: '15006',
+    });
     const metrics = new Metrics('batcher');
     pool = new WorkerPool(config, logger, metrics, new MeshXds('batcher', undefined, logger, metrics));
     await pool.refresh();

@@ -4,7 +4,15 @@ import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/i
 import { InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { splitVersionName } from '@infermesh/rollout';
-import { type CallOutcome, type EdgeRetry, edgeRetryOf, type OutlierDetection, OutlierDetector, outlierDetectionOf, XDS_TYPES } from '@infermesh/mesh';
+import {
+  type CallOutcome,
+  type EdgeRetry,
+  edgeRetryOf,
+  type OutlierDetection,
+  OutlierDetector,
+  outlierDetectionOf,
+  XDS_TYPES,
+} from '@infermesh/mesh';
 import { behindSidecar, MeshXds, type RuntimeSettings } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter, Gauge } from 'prom-client';
@@ -74,8 +82,19 @@ export function workerClientOptions(runtime: RuntimeSettings): ClientOptions {
  * The batcher → worker edge without a mesh: a failed batch goes once more to another worker, and no
  * worker is ejected (one that does not answer holds nothing until it answers a poll again).
  */
-export const STATIC_WORKER_RETRY: EdgeRetry = { on: ['unavailable'], attempts: 2, backoff: { baseMs: 0, maxMs: 0 }, perTryTimeoutMs: undefined };
-const NO_EJECTION: OutlierDetection = { consecutiveFailures: 0, consecutiveGatewayFailures: 0, interval: 10_000, baseEjectionTime: 30_000, maxEjectionPercent: 0 };
+export const STATIC_WORKER_RETRY: EdgeRetry = {
+  on: ['unavailable'],
+  attempts: 2,
+  backoff: { baseMs: 0, maxMs: 0 },
+  perTryTimeoutMs: undefined,
+};
+const NO_EJECTION: OutlierDetection = {
+  consecutiveFailures: 0,
+  consecutiveGatewayFailures: 0,
+  interval: 10_000,
+  baseEjectionTime: 30_000,
+  maxEjectionPercent: 0,
+};
 
 @Injectable()
 export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown {
@@ -101,12 +120,24 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     xds: MeshXds,
   ) {
     this.workerClient = workerClientOptions(config.runtime);
-    this.workers = config.workerAddresses === 'mesh' ? [] : config.workerAddresses.map((a) => new WorkerHandle(a, this.workerClient));
-    this.directory = config.workerAddresses === 'mesh' ? createClient(InstanceService, config.runtime.mesh!.controlPlane) : undefined;
+    this.workers =
+      config.workerAddresses === 'mesh'
+        ? []
+        : config.workerAddresses.map((a) => new WorkerHandle(a, this.workerClient));
+    this.directory =
+      config.workerAddresses === 'mesh' ? createClient(InstanceService, config.runtime.mesh!.controlPlane) : undefined;
     this.outliers.setEndpoints(this.workers.map((w) => w.address));
     this.reachableGauge = metrics.gauge('workers_reachable', 'Workers that answered the last poll.');
-    metrics.gauge('workers_ejected', 'Workers ejected now by the outlier detection of the batcher → worker edge.', [], (gauge) => gauge.set(this.outliers.activeEjections));
-    this.ejectionsCounter = metrics.counter('worker_ejections_total', 'Ejections of workers by the outlier detection of the batcher → worker edge.');
+    metrics.gauge(
+      'workers_ejected',
+      'Workers ejected now by the outlier detection of the batcher → worker edge.',
+      [],
+      (gauge) => gauge.set(this.outliers.activeEjections),
+    );
+    this.ejectionsCounter = metrics.counter(
+      'worker_ejections_total',
+      'Ejections of workers by the outlier detection of the batcher → worker edge.',
+    );
     // In the mesh, the edge's retry and ejection settings are the policy's, pushed as it changes.
     xds.client?.watch(XDS_TYPES.listener, ['worker'], {
       parse: (resources) => (resources.has('worker') ? edgeRetryOf(resources.get('worker')) : STATIC_WORKER_RETRY),
@@ -137,7 +168,9 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
   private ejected(addresses: readonly string[]): void {
     for (const address of addresses) {
       this.ejectionsCounter.inc();
-      this.logger.warn(`worker ${address} ejected: it failed too often`, { ejected_now: this.outliers.activeEjections });
+      this.logger.warn(`worker ${address} ejected: it failed too often`, {
+        ejected_now: this.outliers.activeEjections,
+      });
     }
   }
 
@@ -171,7 +204,9 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
    */
   available(versionName: string): WorkerHandle[] {
     const ready = this.holding(versionName);
-    return ready.length > 0 ? ready : this.notEjected(this.placed(versionName).filter((w) => w.loadable.has(versionName)));
+    return ready.length > 0
+      ? ready
+      : this.notEjected(this.placed(versionName).filter((w) => w.loadable.has(versionName)));
   }
 
   /** Asks every worker again what it holds (one poll shared by concurrent callers). */
@@ -231,9 +266,13 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     let addresses: string[];
     try {
       const { instances } = await this.directory.listInstances({}, { timeoutMs: this.config.workerTimeoutMs });
-      addresses = instances.filter((i) => i.serving && i.instance?.service === 'worker').map((i) => `${i.instance!.address}:${i.instance!.port}`);
+      addresses = instances
+        .filter((i) => i.serving && i.instance?.service === 'worker')
+        .map((i) => `${i.instance!.address}:${i.instance!.port}`);
     } catch (error) {
-      this.logger.warn('the mesh control plane did not list the workers; keeping the last list', { err: toRpcError(error).message });
+      this.logger.warn('the mesh control plane did not list the workers; keeping the last list', {
+        err: toRpcError(error).message,
+      });
       return;
     }
     const known = new Map(this.workers.map((w) => [w.address, w]));
@@ -252,23 +291,29 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     this.polling ??= this.discover()
       .then(() => Promise.all(this.workers.map((w) => this.pollOne(w))))
       .then(() => {
-      this.polling = undefined;
-      this.reachableGauge.set(this.workers.filter((w) => w.reachable).length);
-      for (const listener of this.listeners) listener();
-    });
+        this.polling = undefined;
+        this.reachableGauge.set(this.workers.filter((w) => w.reachable).length);
+        for (const listener of this.listeners) listener();
+      });
     return this.polling;
   }
 
   private async pollOne(worker: WorkerHandle): Promise<void> {
     try {
       const { models, placedModels } = await worker.client.listModels({}, { timeoutMs: this.config.workerTimeoutMs });
-      if (!worker.reachable) this.logger.info(`worker ${worker.address} is reachable`, { placement: placedModels.length === 0 ? '(every model)' : placedModels.join(',') });
+      if (!worker.reachable)
+        this.logger.info(`worker ${worker.address} is reachable`, {
+          placement: placedModels.length === 0 ? '(every model)' : placedModels.join(','),
+        });
       worker.reachable = true;
       worker.placement = new Set(placedModels);
       worker.ready = new Set(models.filter((m) => m.state === ModelState.READY).map((m) => m.name));
-      worker.loadable = new Set(models.filter((m) => m.state === ModelState.UNLOADED || m.state === ModelState.LOADING).map((m) => m.name));
+      worker.loadable = new Set(
+        models.filter((m) => m.state === ModelState.UNLOADED || m.state === ModelState.LOADING).map((m) => m.name),
+      );
     } catch (error) {
-      if (worker.reachable) this.logger.warn(`worker ${worker.address} is unreachable`, { err: toRpcError(error).message });
+      if (worker.reachable)
+        this.logger.warn(`worker ${worker.address} is unreachable`, { err: toRpcError(error).message });
       this.markUnreachable(worker);
     }
   }

@@ -16,7 +16,8 @@ export class CacheGrpcController implements ServiceImpl<typeof CacheService> {
    */
   async lookup(request: LookupRequest) {
     for (const store of request.stores) checkStore(store);
-    for (const store of request.stores) void this.cache.store(store.key, store.response!, Number(store.ttlMs)).catch(() => undefined);
+    for (const store of request.stores)
+      void this.cache.store(store.key, store.response!, Number(store.ttlMs)).catch(() => undefined);
     const response = await this.cache.lookup(request.key);
     return response === undefined ? { found: false } : { found: true, response };
   }

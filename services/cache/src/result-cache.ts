@@ -30,12 +30,22 @@ export class ResultCache implements OnApplicationShutdown {
   ) {
     this.lookups = metrics.counter('lookups_total', 'Cache lookups by outcome (hit, miss, error).', ['outcome']);
     this.stores = metrics.counter('stores_total', 'Cache stores by outcome (stored, too_large, error).', ['outcome']);
-    this.lookupSeconds = metrics.histogram('lookup_duration_seconds', 'Time to look up a cache entry, by outcome.', ['outcome']);
+    this.lookupSeconds = metrics.histogram('lookup_duration_seconds', 'Time to look up a cache entry, by outcome.', [
+      'outcome',
+    ]);
     if (results.heldBytes !== undefined) {
-      metrics.gauge('store_bytes', 'Bytes charged to the results held in this process (values, keys and per-entry overhead), within CACHE_MAX_BYTES.', [], (gauge) =>
-        gauge.set(results.heldBytes ?? 0),
+      metrics.gauge(
+        'store_bytes',
+        'Bytes charged to the results held in this process (values, keys and per-entry overhead), within CACHE_MAX_BYTES.',
+        [],
+        (gauge) => gauge.set(results.heldBytes ?? 0),
       );
-      metrics.gauge('store_budget_bytes', 'CACHE_MAX_BYTES: the most the results held in this process may be charged.', [], (gauge) => gauge.set(config.maxBytes));
+      metrics.gauge(
+        'store_budget_bytes',
+        'CACHE_MAX_BYTES: the most the results held in this process may be charged.',
+        [],
+        (gauge) => gauge.set(config.maxBytes),
+      );
     }
   }
 
@@ -50,7 +60,9 @@ export class ResultCache implements OnApplicationShutdown {
       return fromBinary(InferenceResponseSchema, value);
     } catch (error) {
       outcome = 'error';
-      this.logger.warn('cache lookup failed; answering miss', { err: error instanceof Error ? error.message : String(error) });
+      this.logger.warn('cache lookup failed; answering miss', {
+        err: error instanceof Error ? error.message : String(error),
+      });
       return undefined;
     } finally {
       this.lookups.inc({ outcome });
@@ -85,5 +97,6 @@ export class ResultCache implements OnApplicationShutdown {
 
 /** Refuses a key that is not a SHA-256 (INVALID_ARGUMENT). */
 export function checkKey(key: Uint8Array): void {
-  if (key.byteLength !== 32) throw RpcError.invalidArgument(`cache key must be 32 bytes (a SHA-256), got ${key.byteLength}`);
+  if (key.byteLength !== 32)
+    throw RpcError.invalidArgument(`cache key must be 32 bytes (a SHA-256), got ${key.byteLength}`);
 }

@@ -62,8 +62,6 @@ export class EmbeddedResultStore extends ResultStore {
   }
 }
 
-
-
 /** The value itself when it is the whole of its buffer, else a copy in a buffer of its own (never one from the shared pool). */
 function owned(value: Buffer): Buffer {
   if (value.byteOffset === 0 && value.byteLength === value.buffer.byteLength) return value;

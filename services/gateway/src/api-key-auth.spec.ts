@@ -1,6 +1,11 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { type ApiKeyRecord, ApiKeySchema, RateLimitSchema, Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
+import {
+  type ApiKeyRecord,
+  ApiKeySchema,
+  RateLimitSchema,
+  Scope,
+} from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
 import { JsonLogger } from '@infermesh/telemetry';
 import { rpcRejection } from '@infermesh/testing';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -57,9 +62,12 @@ describe(ApiKeyAuth.name, () => {
   });
 
   describe('configured keys (GATEWAY_API_KEYS)', () => {
-    it.each(['Bearer first-key', 'Bearer second-key', 'bearer first-key', 'Bearer  first-key '])('accepts %j', async (header) => {
-      expect([...(await sut.verify(header)).scopes]).toEqual([Scope.INFER, Scope.ADMIN]);
-    });
+    it.each(['Bearer first-key', 'Bearer second-key', 'bearer first-key', 'Bearer  first-key '])(
+      'accepts %j',
+      async (header) => {
+        expect([...(await sut.verify(header)).scopes]).toEqual([Scope.INFER, Scope.ADMIN]);
+      },
+    );
 
     it('returns the principal of the key presented: its scopes, an id by position, every model, the default limits', async () => {
       expect(await sut.verify('Bearer infer-only-key')).toEqual({
@@ -93,17 +101,28 @@ describe(ApiKeyAuth.name, () => {
       ['a key with extra characters', 'Bearer first-key2', /invalid API key/],
     ])('refuses %s with UNAUTHENTICATED, never echoing the key', async (_label, header, message) => {
       const error = await rpcRejection(sut.authorize(header, Scope.INFER));
-      expect(error).toMatchObject({ code: status.UNAUTHENTICATED, reason: 'UNAUTHENTICATED', message: expect.stringMatching(message) });
+      expect(error).toMatchObject({
+        code: status.UNAUTHENTICATED,
+        reason: 'UNAUTHENTICATED',
+        message: expect.stringMatching(message),
+      });
       expect(error.message).not.toContain('first-key');
     });
 
     it.each([
       ['infer-only-key', Scope.ADMIN, 'admin'],
       ['admin-only-key', Scope.INFER, 'infer'],
-    ] as const)('refuses %s a route that needs scope %i with PERMISSION_DENIED, naming the scope and never the key', async (key, scope, name) => {
-      const error = await rpcRejection(sut.authorize(`Bearer ${key}`, scope));
-      expect(error).toMatchObject({ code: status.PERMISSION_DENIED, reason: 'PERMISSION_DENIED', message: `this API key lacks the ${name} scope` });
-    });
+    ] as const)(
+      'refuses %s a route that needs scope %i with PERMISSION_DENIED, naming the scope and never the key',
+      async (key, scope, name) => {
+        const error = await rpcRejection(sut.authorize(`Bearer ${key}`, scope));
+        expect(error).toMatchObject({
+          code: status.PERMISSION_DENIED,
+          reason: 'PERMISSION_DENIED',
+          message: `this API key lacks the ${name} scope`,
+        });
+      },
+    );
 
     it("accepts the launcher's generated key as a configured key, though it starts as stored keys do", async () => {
       expect(await sut.authorize(`Bearer ${LAUNCHER_KEY}`, Scope.ADMIN)).toMatchObject({ keyId: 'config:5' });
@@ -117,9 +136,11 @@ describe(ApiKeyAuth.name, () => {
   });
 
   describe('stored keys', () => {
-    it("accepts a stored key as its own principal: its id, scopes, tenant, models and limits", async () => {
+    it('accepts a stored key as its own principal: its id, scopes, tenant, models and limits', async () => {
       const limit = { requestsPerSecond: 2, burst: 4 };
-      const { key, secret } = await keys.create(create(ApiKeySchema, { scopes: [Scope.INFER], tenant: 'team-a', models: ['mlp'], rateLimit: limit }));
+      const { key, secret } = await keys.create(
+        create(ApiKeySchema, { scopes: [Scope.INFER], tenant: 'team-a', models: ['mlp'], rateLimit: limit }),
+      );
       const principal = await sut.authorize(`Bearer ${secret}`, Scope.INFER);
       expect(principal).toEqual({
         keyId: key.name.slice('apiKeys/'.length),
@@ -133,7 +154,11 @@ describe(ApiKeyAuth.name, () => {
     it('gives a stored key without limits of its own the default limits, and its id as tenant', async () => {
       const { key, secret } = await keys.create(create(ApiKeySchema, { scopes: [Scope.INFER] }));
       const id = key.name.slice('apiKeys/'.length);
-      expect(await sut.verify(`Bearer ${secret}`)).toMatchObject({ keyId: id, tenant: `key:${id}`, rateLimit: DEFAULT_LIMIT });
+      expect(await sut.verify(`Bearer ${secret}`)).toMatchObject({
+        keyId: id,
+        tenant: `key:${id}`,
+        rateLimit: DEFAULT_LIMIT,
+      });
     });
 
     it('refuses a wrong secret, an unknown id and a revoked key with UNAUTHENTICATED, saying which', async () => {
@@ -141,21 +166,34 @@ describe(ApiKeyAuth.name, () => {
       const wrong = `${secret.slice(0, -1)}${secret.endsWith('A') ? 'B' : 'A'}`;
       const unknown = `im_000000000000_${'a'.repeat(43)}`;
       for (const token of [wrong, unknown]) {
-        expect(await rpcRejection(sut.verify(`Bearer ${token}`))).toMatchObject({ code: status.UNAUTHENTICATED, message: 'invalid API key' });
+        expect(await rpcRejection(sut.verify(`Bearer ${token}`))).toMatchObject({
+          code: status.UNAUTHENTICATED,
+          message: 'invalid API key',
+        });
       }
       await keys.revoke(key.name);
       const revoked = await rpcRejection(sut.verify(`Bearer ${secret}`));
-      expect(revoked).toMatchObject({ code: status.UNAUTHENTICATED, reason: 'UNAUTHENTICATED', message: 'this API key was revoked' });
+      expect(revoked).toMatchObject({
+        code: status.UNAUTHENTICATED,
+        reason: 'UNAUTHENTICATED',
+        message: 'this API key was revoked',
+      });
     });
 
     it('checks the scopes of a stored key', async () => {
       const { secret: inferOnly } = await keys.create(create(ApiKeySchema, { scopes: [Scope.INFER] }));
       const { secret: adminOnly } = await keys.create(create(ApiKeySchema, { scopes: [Scope.ADMIN] }));
-      expect(await rpcRejection(sut.authorize(`Bearer ${inferOnly}`, Scope.ADMIN))).toMatchObject({ code: status.PERMISSION_DENIED, message: 'this API key lacks the admin scope' });
-      expect(await rpcRejection(sut.authorize(`Bearer ${adminOnly}`, Scope.INFER))).toMatchObject({ code: status.PERMISSION_DENIED, message: 'this API key lacks the infer scope' });
+      expect(await rpcRejection(sut.authorize(`Bearer ${inferOnly}`, Scope.ADMIN))).toMatchObject({
+        code: status.PERMISSION_DENIED,
+        message: 'this API key lacks the admin scope',
+      });
+      expect(await rpcRejection(sut.authorize(`Bearer ${adminOnly}`, Scope.INFER))).toMatchObject({
+        code: status.PERMISSION_DENIED,
+        message: 'this API key lacks the infer scope',
+      });
     });
 
-    it('answers UNAVAILABLE, without the store\'s address, while the key store cannot be reached; configured keys still pass', async () => {
+    it("answers UNAVAILABLE, without the store's address, while the key store cannot be reached; configured keys still pass", async () => {
       const down = new ApiKeyAuth(CONFIG, new ApiKeys(new UnreachableStore(), { cacheMs: 0 }), logger);
       const error = await rpcRejection(down.verify(`Bearer im_0123456789ab_${'a'.repeat(43)}`));
       expect(error).toMatchObject({ code: status.UNAVAILABLE, message: expect.stringContaining('API key store') });
@@ -166,12 +204,22 @@ describe(ApiKeyAuth.name, () => {
 });
 
 describe(checkModelAccess.name, () => {
-  const principal = (models: string[]): Principal => ({ keyId: 'k', scopes: new Set([Scope.INFER]), tenant: 't', models: new Set(models), rateLimit: undefined });
+  const principal = (models: string[]): Principal => ({
+    keyId: 'k',
+    scopes: new Set([Scope.INFER]),
+    tenant: 't',
+    models: new Set(models),
+    rateLimit: undefined,
+  });
 
   it('lets a key without a model list use every model, and one with a list only those', async () => {
     expect(() => checkModelAccess(principal([]), 'anything')).not.toThrow();
     expect(() => checkModelAccess(principal(['mlp', 'tiny']), 'tiny')).not.toThrow();
     const error = await rpcRejection(Promise.resolve().then(() => checkModelAccess(principal(['mlp']), 'tiny')));
-    expect(error).toMatchObject({ code: status.PERMISSION_DENIED, reason: 'PERMISSION_DENIED', message: 'this API key may not use model "tiny"' });
+    expect(error).toMatchObject({
+      code: status.PERMISSION_DENIED,
+      reason: 'PERMISSION_DENIED',
+      message: 'this API key may not use model "tiny"',
+    });
   });
 });

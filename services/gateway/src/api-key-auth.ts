@@ -40,7 +40,13 @@ export class ApiKeyAuth implements OnApplicationShutdown {
     this.defaultRateLimit = config.defaultRateLimit;
     this.keys = config.apiKeys.map(({ key, scopes }, i) => ({
       digest: sha256(key),
-      principal: { keyId: configKeyId(i + 1), scopes: new Set(scopes), tenant: configTenant(key), models: new Set(), rateLimit: config.defaultRateLimit },
+      principal: {
+        keyId: configKeyId(i + 1),
+        scopes: new Set(scopes),
+        tenant: configTenant(key),
+        models: new Set(),
+        rateLimit: config.defaultRateLimit,
+      },
     }));
   }
 
@@ -72,7 +78,9 @@ export class ApiKeyAuth implements OnApplicationShutdown {
   async authorize(authorization: string | undefined, scope: Scope): Promise<Principal> {
     const principal = await this.verify(authorization);
     if (!principal.scopes.has(scope)) {
-      throw new RpcError(status.PERMISSION_DENIED, `this API key lacks the ${scopeName(scope)} scope`, { reason: 'PERMISSION_DENIED' });
+      throw new RpcError(status.PERMISSION_DENIED, `this API key lacks the ${scopeName(scope)} scope`, {
+        reason: 'PERMISSION_DENIED',
+      });
     }
     return principal;
   }
@@ -104,7 +112,9 @@ export function allowsModel(principal: Principal, model: string): boolean {
 /** PERMISSION_DENIED naming the model unless the principal may use it. */
 export function checkModelAccess(principal: Principal, model: string): void {
   if (!allowsModel(principal, model)) {
-    throw new RpcError(status.PERMISSION_DENIED, `this API key may not use model "${model.slice(0, 100)}"`, { reason: 'PERMISSION_DENIED' });
+    throw new RpcError(status.PERMISSION_DENIED, `this API key may not use model "${model.slice(0, 100)}"`, {
+      reason: 'PERMISSION_DENIED',
+    });
   }
 }
 

@@ -19,7 +19,8 @@ const principals = new WeakMap<Request, Principal>();
 /** Who sent a REST request, as ApiKeyGuard authenticated it; only on routes not marked @Public(). */
 export function principalOf(req: Request): Principal {
   const principal = principals.get(req);
-  if (principal === undefined) throw new Error(`no principal on ${req.method} ${req.path}: the route is public or the guard did not run`);
+  if (principal === undefined)
+    throw new Error(`no principal on ${req.method} ${req.path}: the route is public or the guard did not run`);
   return principal;
 }
 

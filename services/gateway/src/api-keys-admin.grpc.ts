@@ -34,7 +34,9 @@ export class ApiKeysAdminGrpcController implements ServiceImpl<typeof ApiKeyServ
   }
 
   revokeApiKey(request: RevokeApiKeyRequest, ctx: CallContext) {
-    return this.handle('RevokeApiKey', ctx, async (principal) => ({ key: await this.admin.revoke(request.name, principal) }));
+    return this.handle('RevokeApiKey', ctx, async (principal) => ({
+      key: await this.admin.revoke(request.name, principal),
+    }));
   }
 
   /** Authorizes an admin, runs the call, and records its duration. */

@@ -42,14 +42,20 @@ export class ApiKeysAdminHttpController {
   @Header('cache-control', 'no-store')
   async create(@Req() req: Request, @Res({ passthrough: true }) res: Response) {
     const body = await readJsonBody(req, res, this.bodyLimits);
-    if (body === undefined) throw RpcError.invalidArgument('the request needs a JSON body: an ApiKey, e.g. {"displayName": "checkout", "scopes": ["SCOPE_INFER"]}');
+    if (body === undefined)
+      throw RpcError.invalidArgument(
+        'the request needs a JSON body: an ApiKey, e.g. {"displayName": "checkout", "scopes": ["SCOPE_INFER"]}',
+      );
     const created = await this.admin.create(messageFromJson(ApiKeySchema, body), principalOf(req));
     return messageToJson(CreateApiKeyResponseSchema, create(CreateApiKeyResponseSchema, created));
   }
 
   @Get()
   async list() {
-    return messageToJson(ListApiKeysResponseSchema, create(ListApiKeysResponseSchema, { keys: await this.admin.list() }));
+    return messageToJson(
+      ListApiKeysResponseSchema,
+      create(ListApiKeysResponseSchema, { keys: await this.admin.list() }),
+    );
   }
 
   @Post(':id/revoke')

@@ -8,7 +8,8 @@ import {
 import { checkAnalysis, checkVersionId } from '@infermesh/rollout';
 import { jsonObject, messageFromJson } from './registry-json';
 
-const EXAMPLE = '{"version": "3", "analysis": {"steps": [5, 10, 25, 50, 100], "intervalMs": "60000", "minRequests": "200", "maxErrorRateIncrease": 0.005, "maxP99Ratio": 1.2}}';
+const EXAMPLE =
+  '{"version": "3", "analysis": {"steps": [5, 10, 25, 50, 100], "intervalMs": "60000", "minRequests": "200", "maxErrorRateIncrease": 0.005, "maxP99Ratio": 1.2}}';
 
 /**
  * The StartAutoRollout of `model` that a REST body asks for: `{"version": "<id>", "analysis":
@@ -19,11 +20,18 @@ const EXAMPLE = '{"version": "3", "analysis": {"steps": [5, 10, 25, 50, 100], "i
 export function startAutoRolloutFromJson(body: unknown, model: string): StartAutoRolloutRequest {
   const { version, analysis, ...rest } = jsonObject(body, EXAMPLE);
   const unknown = Object.keys(rest);
-  if (unknown.length > 0) throw RpcError.invalidArgument(`unknown field "${unknown[0]}" in the request body: expected "version" and "analysis"`);
-  if (version === undefined) throw RpcError.invalidArgument(`"version" is missing: the version to roll out, e.g. ${EXAMPLE}`);
-  if (typeof version !== 'string') throw RpcError.invalidArgument('"version" must be a version id as a string, e.g. "3"');
-  if (analysis === undefined || analysis === null) throw RpcError.invalidArgument(`"analysis" is missing: how the rollout proceeds, e.g. ${EXAMPLE}`);
-  if (typeof analysis !== 'object' || Array.isArray(analysis)) throw RpcError.invalidArgument(`"analysis" must be a JSON object (an AutoRolloutAnalysis), e.g. ${EXAMPLE}`);
+  if (unknown.length > 0)
+    throw RpcError.invalidArgument(
+      `unknown field "${unknown[0]}" in the request body: expected "version" and "analysis"`,
+    );
+  if (version === undefined)
+    throw RpcError.invalidArgument(`"version" is missing: the version to roll out, e.g. ${EXAMPLE}`);
+  if (typeof version !== 'string')
+    throw RpcError.invalidArgument('"version" must be a version id as a string, e.g. "3"');
+  if (analysis === undefined || analysis === null)
+    throw RpcError.invalidArgument(`"analysis" is missing: how the rollout proceeds, e.g. ${EXAMPLE}`);
+  if (typeof analysis !== 'object' || Array.isArray(analysis))
+    throw RpcError.invalidArgument(`"analysis" must be a JSON object (an AutoRolloutAnalysis), e.g. ${EXAMPLE}`);
   const parsed = checkAnalysis(messageFromJson(AutoRolloutAnalysisSchema, analysis));
   return create(StartAutoRolloutRequestSchema, { model, version: checkVersionId(version), analysis: parsed });
 }

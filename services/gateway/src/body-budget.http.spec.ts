@@ -12,11 +12,21 @@ const KEY = 'budget-spec-key-0123456789';
 const AUTH = { authorization: `Bearer ${KEY}` };
 const INFER = '/v2/models/mlp/infer';
 // Room for two bodies of 4,000 bytes, not three.
-const LIMITS = { GATEWAY_MAX_BODY_BYTES: '5000', GATEWAY_MAX_MESSAGE_BYTES: '9000', GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '9000' };
+const LIMITS = {
+  GATEWAY_MAX_BODY_BYTES: '5000',
+  GATEWAY_MAX_MESSAGE_BYTES: '9000',
+  GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '9000',
+};
 
 /** A REST upload that announces `bytes` and sends only its headers until `finish` is called. */
 function heldUpload(port: number, bytes: number) {
-  const req = httpRequest({ host: '127.0.0.1', port, method: 'POST', path: INFER, headers: { ...AUTH, 'content-length': String(bytes) } });
+  const req = httpRequest({
+    host: '127.0.0.1',
+    port,
+    method: 'POST',
+    path: INFER,
+    headers: { ...AUTH, 'content-length': String(bytes) },
+  });
   const answered = new Promise<number>((resolve) => {
     req.on('response', (res) => {
       res.resume();
@@ -36,7 +46,10 @@ describe(`${BodyBudget.name} in the gateway`, () => {
 
   beforeAll(async () => {
     upstreams = await startFakeUpstreams();
-    gateway = await startTestGateway(upstreams.router.address, upstreams.registry.address, { GATEWAY_API_KEYS: KEY, ...LIMITS });
+    gateway = await startTestGateway(upstreams.router.address, upstreams.registry.address, {
+      GATEWAY_API_KEYS: KEY,
+      ...LIMITS,
+    });
     port = gateway.httpPort!;
     client = createClient(GRPCInferenceService, `127.0.0.1:${gateway.grpcPort}`);
   });

@@ -32,10 +32,16 @@ export class BodyBudget {
     @Inject(GATEWAY_CONFIG) private readonly config: Pick<GatewayConfig, 'maxBodyBytesInFlight'>,
     metrics: Metrics,
   ) {
-    metrics.gauge('request_body_bytes_in_flight', 'Request body bytes the gateway holds at once (limit: GATEWAY_MAX_BODY_BYTES_IN_FLIGHT).', [], (gauge) =>
-      gauge.set(this.inFlight),
+    metrics.gauge(
+      'request_body_bytes_in_flight',
+      'Request body bytes the gateway holds at once (limit: GATEWAY_MAX_BODY_BYTES_IN_FLIGHT).',
+      [],
+      (gauge) => gauge.set(this.inFlight),
     );
-    this.refusals = metrics.counter('request_body_budget_refusals_total', 'Requests refused because their body did not fit GATEWAY_MAX_BODY_BYTES_IN_FLIGHT.');
+    this.refusals = metrics.counter(
+      'request_body_budget_refusals_total',
+      'Requests refused because their body did not fit GATEWAY_MAX_BODY_BYTES_IN_FLIGHT.',
+    );
   }
 
   /** Bytes held now. */

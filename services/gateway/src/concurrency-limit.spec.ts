@@ -110,7 +110,7 @@ describe(ConcurrencyLimit.name, () => {
     expect(result.answered).toBeGreaterThan(0);
   });
 
-  it('under sustained overload comes down to the upstream\'s knee and stays there: no drift towards max', () => {
+  it("under sustained overload comes down to the upstream's knee and stays there: no drift towards max", () => {
     const limit = adaptive({ max: 2_048 });
     const upstream = new Upstream(limit, clock);
     // The knee is at 100 in flight (100 ms each, 1,000/s); 3,000/s are offered for a minute.

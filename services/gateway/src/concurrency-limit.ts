@@ -74,7 +74,10 @@ export class ConcurrencyLimit {
   private lastProbe = Number.NEGATIVE_INFINITY;
 
   constructor(private readonly options: ConcurrencyLimitOptions) {
-    if (!(options.min >= 1 && options.max >= options.min)) throw new RangeError(`concurrency limit bounds must be 1 <= min <= max, got min ${options.min}, max ${options.max}`);
+    if (!(options.min >= 1 && options.max >= options.min))
+      throw new RangeError(
+        `concurrency limit bounds must be 1 <= min <= max, got min ${options.min}, max ${options.max}`,
+      );
     this.now = options.now ?? performance.now.bind(performance);
     this.tolerance = options.tolerance ?? DEFAULTS.tolerance;
     this.windowMs = options.windowMs ?? DEFAULTS.windowMs;
@@ -95,14 +98,21 @@ export class ConcurrencyLimit {
   }
 
   snapshot(): ConcurrencySnapshot {
-    return { limit: this.limit, inFlight: this.inFlightNow, recentMs: this.recent, baselineMs: this.baseline, probing: this.probing };
+    return {
+      limit: this.limit,
+      inFlight: this.inFlightNow,
+      recentMs: this.recent,
+      baselineMs: this.baseline,
+      probing: this.probing,
+    };
   }
 
   /** Whether a request arriving now is to be refused: no place is free. Counts as a refusal. */
   refuses(): boolean {
     if (this.inFlightNow < this.limit) return false;
     this.windowRefused = true;
-    if (this.options.adaptive && !this.probing && this.now() - this.lastProbe >= this.probeIntervalMs) this.startProbe();
+    if (this.options.adaptive && !this.probing && this.now() - this.lastProbe >= this.probeIntervalMs)
+      this.startProbe();
     return true;
   }
 
@@ -154,11 +164,16 @@ export class ConcurrencyLimit {
     }
     // A limit the requests did not come near tells nothing about a higher one: it does not grow.
     if (used < this.current / 2) return;
-    const gradient = Number.isNaN(this.baseline) ? 1 : Math.min(1, Math.max(0.5, (this.tolerance * this.baseline) / recent));
+    const gradient = Number.isNaN(this.baseline)
+      ? 1
+      : Math.min(1, Math.max(0.5, (this.tolerance * this.baseline) / recent));
     // Only refusals bring it down: below the limit, slower answers are the upstream's, not a queue the limit let build.
     if (gradient < 1 && !refused) return;
     const next = this.current * gradient + Math.sqrt(this.current);
     const smoothing = next < this.current ? SMOOTHING.down : SMOOTHING.up;
-    this.current = Math.min(this.options.max, Math.max(this.options.min, this.current * (1 - smoothing) + next * smoothing));
+    this.current = Math.min(
+      this.options.max,
+      Math.max(this.options.min, this.current * (1 - smoothing) + next * smoothing),
+    );
   }
 }

@@ -12,7 +12,8 @@ function exemplarSpanIds(text: string): string[] {
 }
 
 describe(GatewayMetrics.name, () => {
-  const span = (spanId: string) => trace.wrapSpanContext({ traceId: '4bf92f3577b34da6a3ce929d0e0e4736', spanId, traceFlags: TraceFlags.SAMPLED });
+  const span = (spanId: string) =>
+    trace.wrapSpanContext({ traceId: '4bf92f3577b34da6a3ce929d0e0e4736', spanId, traceFlags: TraceFlags.SAMPLED });
 
   it('records a request duration with the span of the request it runs in as exemplar', async () => {
     const metrics = new Metrics('gateway');
@@ -33,12 +34,20 @@ describe(GatewayMetrics.name, () => {
     const metrics = new Metrics('gateway');
     const sut = new GatewayMetrics(metrics);
 
-    sut.observeRequest('rest', 'POST /v2/models/:model/infer', '200', process.hrtime.bigint(), span('53995c3f42cd8ad8'));
+    sut.observeRequest(
+      'rest',
+      'POST /v2/models/:model/infer',
+      '200',
+      process.hrtime.bigint(),
+      span('53995c3f42cd8ad8'),
+    );
     sut.observeRequest('rest', 'unmatched', '404', process.hrtime.bigint());
 
     const text = await metrics.render('openmetrics');
     expect(text).toContain(`${HISTOGRAM}_count{protocol="rest",endpoint="unmatched",code="404"} 1\n`);
     expect(exemplarSpanIds(text)).toEqual(['53995c3f42cd8ad8']);
-    expect(await metrics.render('prometheus')).toContain(`${HISTOGRAM}_count{protocol="rest",endpoint="POST /v2/models/:model/infer",code="200"} 1\n`);
+    expect(await metrics.render('prometheus')).toContain(
+      `${HISTOGRAM}_count{protocol="rest",endpoint="POST /v2/models/:model/infer",code="200"} 1\n`,
+    );
   });
 });

@@ -56,8 +56,19 @@ export class GatewayMetrics {
    * exemplar. `span` is the current one by default: a caller that records after the request's
    * context has gone (a response's `close` event) passes the request's span.
    */
-  observeRequest(protocol: Protocol, endpoint: string, code: string, startNs: bigint, span: Span | undefined = requestContext.current()?.span): void {
-    this.metrics.observe(this.requestSeconds, { protocol, endpoint, code }, Number(process.hrtime.bigint() - startNs) / 1e9, span);
+  observeRequest(
+    protocol: Protocol,
+    endpoint: string,
+    code: string,
+    startNs: bigint,
+    span: Span | undefined = requestContext.current()?.span,
+  ): void {
+    this.metrics.observe(
+      this.requestSeconds,
+      { protocol, endpoint, code },
+      Number(process.hrtime.bigint() - startNs) / 1e9,
+      span,
+    );
   }
 
   /**
@@ -67,7 +78,10 @@ export class GatewayMetrics {
    */
   countInference(model: string, version: string, outcome: string): void {
     if (SERVED_OUTCOMES.has(outcome)) this.served.remember(model, version);
-    this.inferences.inc({ ...(model === NOT_ROUTED ? { model, version } : this.modelLabels.of(model, version)), outcome });
+    this.inferences.inc({
+      ...(model === NOT_ROUTED ? { model, version } : this.modelLabels.of(model, version)),
+      outcome,
+    });
   }
 
   countRateLimited(bucket: 'key' | 'model'): void {

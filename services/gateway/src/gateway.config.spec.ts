@@ -25,7 +25,10 @@ describe(loadGatewayConfig.name, () => {
   });
 
   it('reads the scopes of KEY:SCOPE[+SCOPE] entries', () => {
-    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'reader:infer, ops:admin ,both:admin+infer,all, spaced: infer + admin' }).apiKeys).toEqual([
+    expect(
+      loadGatewayConfig({ GATEWAY_API_KEYS: 'reader:infer, ops:admin ,both:admin+infer,all, spaced: infer + admin' })
+        .apiKeys,
+    ).toEqual([
       { key: 'reader', scopes: [Scope.INFER] },
       { key: 'ops', scopes: [Scope.ADMIN] },
       { key: 'both', scopes: [Scope.INFER, Scope.ADMIN] },
@@ -74,7 +77,9 @@ describe(loadGatewayConfig.name, () => {
   });
 
   it('refuses a bad upstream address, naming the variable', () => {
-    expect(() => loadGatewayConfig({ GATEWAY_API_KEYS: 'k', GATEWAY_ROUTER_ADDRESS: 'router' })).toThrow(/GATEWAY_ROUTER_ADDRESS/);
+    expect(() => loadGatewayConfig({ GATEWAY_API_KEYS: 'k', GATEWAY_ROUTER_ADDRESS: 'router' })).toThrow(
+      /GATEWAY_ROUTER_ADDRESS/,
+    );
   });
 
   it('keeps stored keys in a file under GATEWAY_DATA_DIR and limits nothing by default', () => {
@@ -115,17 +120,40 @@ describe(loadGatewayConfig.name, () => {
     ['a URL that is not Redis', { REDIS_URL: 'http://cache:6379' }, /REDIS_URL/],
     ['a negative rate', { GATEWAY_RATE_LIMIT_RPS: '-1' }, /GATEWAY_RATE_LIMIT_RPS/],
     ['a rate that is not a number', { GATEWAY_RATE_LIMIT_PER_MODEL_RPS: 'fast' }, /GATEWAY_RATE_LIMIT_PER_MODEL_RPS/],
-    ['a fractional burst', { GATEWAY_RATE_LIMIT_RPS: '1', GATEWAY_RATE_LIMIT_BURST: '1.5' }, /GATEWAY_RATE_LIMIT_BURST/],
-    ['a burst without a rate', { GATEWAY_RATE_LIMIT_BURST: '5' }, /GATEWAY_RATE_LIMIT_BURST: set GATEWAY_RATE_LIMIT_RPS too/],
-    ['a model burst without a rate', { GATEWAY_RATE_LIMIT_PER_MODEL_BURST: '5' }, /GATEWAY_RATE_LIMIT_PER_MODEL_BURST: set GATEWAY_RATE_LIMIT_PER_MODEL_RPS too/],
+    [
+      'a fractional burst',
+      { GATEWAY_RATE_LIMIT_RPS: '1', GATEWAY_RATE_LIMIT_BURST: '1.5' },
+      /GATEWAY_RATE_LIMIT_BURST/,
+    ],
+    [
+      'a burst without a rate',
+      { GATEWAY_RATE_LIMIT_BURST: '5' },
+      /GATEWAY_RATE_LIMIT_BURST: set GATEWAY_RATE_LIMIT_RPS too/,
+    ],
+    [
+      'a model burst without a rate',
+      { GATEWAY_RATE_LIMIT_PER_MODEL_BURST: '5' },
+      /GATEWAY_RATE_LIMIT_PER_MODEL_BURST: set GATEWAY_RATE_LIMIT_PER_MODEL_RPS too/,
+    ],
     ['an unknown Redis-down policy', { GATEWAY_RATE_LIMIT_REDIS_DOWN: 'ignore' }, /GATEWAY_RATE_LIMIT_REDIS_DOWN/],
   ])('refuses %s, naming the variable', (_label, env, message) => {
     expect(() => loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', ...env })).toThrow(message);
   });
 
   it('limits inputs, elements per tensor and batch size generously by default, and reads each limit', () => {
-    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' }).tensorLimits).toEqual({ maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096, maxNameBytes: 1_024 });
-    const sut = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_INPUTS: '3', GATEWAY_MAX_TENSOR_ELEMENTS: '1000', GATEWAY_MAX_BATCH_SIZE: '16', GATEWAY_MAX_NAME_BYTES: '80' });
+    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' }).tensorLimits).toEqual({
+      maxInputs: 64,
+      maxTensorElements: 16_777_216,
+      maxBatchSize: 4_096,
+      maxNameBytes: 1_024,
+    });
+    const sut = loadGatewayConfig({
+      GATEWAY_API_KEYS: 'k1',
+      GATEWAY_MAX_INPUTS: '3',
+      GATEWAY_MAX_TENSOR_ELEMENTS: '1000',
+      GATEWAY_MAX_BATCH_SIZE: '16',
+      GATEWAY_MAX_NAME_BYTES: '80',
+    });
     expect(sut.tensorLimits).toEqual({ maxInputs: 3, maxTensorElements: 1000, maxBatchSize: 16, maxNameBytes: 80 });
   });
 
@@ -152,31 +180,58 @@ describe(loadGatewayConfig.name, () => {
   });
 
   it('reports the version in package.json', () => {
-    const pkg = JSON.parse(readFileSync(join(__dirname, '..', '..', '..', 'package.json'), 'utf8')) as { version: string };
+    const pkg = JSON.parse(readFileSync(join(__dirname, '..', '..', '..', 'package.json'), 'utf8')) as {
+      version: string;
+    };
     expect(SERVER_VERSION).toBe(pkg.version);
   });
 
   it('bounds deadlines, names and the bodies in flight by default, and reads each setting', () => {
     const defaults = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' });
-    expect([defaults.maxTimeoutMs, defaults.maxBodyBytesInFlight, defaults.tensorLimits.maxNameBytes]).toEqual([600_000, 256 * 2 ** 20, 1_024]);
-    const sut = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_REQUEST_TIMEOUT_MS: '60000', GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '1GiB', GATEWAY_MAX_NAME_BYTES: '64' });
+    expect([defaults.maxTimeoutMs, defaults.maxBodyBytesInFlight, defaults.tensorLimits.maxNameBytes]).toEqual([
+      600_000,
+      256 * 2 ** 20,
+      1_024,
+    ]);
+    const sut = loadGatewayConfig({
+      GATEWAY_API_KEYS: 'k1',
+      GATEWAY_MAX_REQUEST_TIMEOUT_MS: '60000',
+      GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '1GiB',
+      GATEWAY_MAX_NAME_BYTES: '64',
+    });
     expect([sut.maxTimeoutMs, sut.maxBodyBytesInFlight, sut.tensorLimits.maxNameBytes]).toEqual([60_000, 2 ** 30, 64]);
   });
 
   it('limits inference in flight adaptively between 16 and 1024 by default; the floor never above the ceiling; fixed on request', () => {
     expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' }).concurrency).toEqual({ adaptive: true, min: 16, max: 1_024 });
-    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_IN_FLIGHT: '8' }).concurrency).toEqual({ adaptive: true, min: 8, max: 8 });
-    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_CONCURRENCY_LIMIT: 'fixed', GATEWAY_MIN_IN_FLIGHT: '4' }).concurrency).toEqual({ adaptive: false, min: 4, max: 1_024 });
+    expect(loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_MAX_IN_FLIGHT: '8' }).concurrency).toEqual({
+      adaptive: true,
+      min: 8,
+      max: 8,
+    });
+    expect(
+      loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', GATEWAY_CONCURRENCY_LIMIT: 'fixed', GATEWAY_MIN_IN_FLIGHT: '4' })
+        .concurrency,
+    ).toEqual({ adaptive: false, min: 4, max: 1_024 });
   });
 
   it.each([
     [{ GATEWAY_CONCURRENCY_LIMIT: 'gradient' }, /GATEWAY_CONCURRENCY_LIMIT/],
     [{ GATEWAY_MIN_IN_FLIGHT: '0' }, /GATEWAY_MIN_IN_FLIGHT/],
     [{ GATEWAY_MAX_REQUEST_TIMEOUT_MS: '3000000000' }, /GATEWAY_MAX_REQUEST_TIMEOUT_MS: at most 2073600000/],
-    [{ GATEWAY_MAX_REQUEST_TIMEOUT_MS: '10000' }, /GATEWAY_REQUEST_TIMEOUT_MS: the default deadline \(30000\) is longer than GATEWAY_MAX_REQUEST_TIMEOUT_MS/],
-    [{ GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '1MiB' }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 1048576 bytes cannot hold one body of GATEWAY_MAX_BODY_BYTES/],
+    [
+      { GATEWAY_MAX_REQUEST_TIMEOUT_MS: '10000' },
+      /GATEWAY_REQUEST_TIMEOUT_MS: the default deadline \(30000\) is longer than GATEWAY_MAX_REQUEST_TIMEOUT_MS/,
+    ],
+    [
+      { GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: '1MiB' },
+      /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 1048576 bytes cannot hold one body of GATEWAY_MAX_BODY_BYTES/,
+    ],
     [{ GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 'lots' }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: expected a positive size/],
-    [{ GATEWAY_MAX_MESSAGE_BYTES: String(512 * 2 ** 20) }, /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 268435456 bytes cannot hold one gRPC message of GATEWAY_MAX_MESSAGE_BYTES/],
+    [
+      { GATEWAY_MAX_MESSAGE_BYTES: String(512 * 2 ** 20) },
+      /GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: 268435456 bytes cannot hold one gRPC message of GATEWAY_MAX_MESSAGE_BYTES/,
+    ],
     [{ GATEWAY_MAX_NAME_BYTES: '0' }, /GATEWAY_MAX_NAME_BYTES/],
   ])('refuses %j at start-up, naming the variable', (env, message) => {
     expect(() => loadGatewayConfig({ GATEWAY_API_KEYS: 'k1', ...env })).toThrow(message);

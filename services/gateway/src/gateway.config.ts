@@ -1,5 +1,17 @@
 import { create } from '@bufbuild/protobuf';
-import { address, byteSize, ConfigError, type Env, host, nonNegativeInt, parseEnv, port, positiveInt, redisUrl, serviceAddress } from '@infermesh/config';
+import {
+  address,
+  byteSize,
+  ConfigError,
+  type Env,
+  host,
+  nonNegativeInt,
+  parseEnv,
+  port,
+  positiveInt,
+  redisUrl,
+  serviceAddress,
+} from '@infermesh/config';
 import { MAX_DEADLINE_MS } from '@infermesh/grpc';
 import { type RateLimit, RateLimitSchema, Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
 import type { StoreDownPolicy } from '@infermesh/rate-limit';
@@ -29,7 +41,8 @@ export interface ConfiguredApiKey {
 /** The largest rate a limit may name, as for stored keys. */
 const MAX_RATE = 1_000_000;
 
-const API_KEYS_SYNTAX = 'a comma-separated list of KEY (every scope) or KEY:SCOPE[+SCOPE] entries, the scopes being infer and admin';
+const API_KEYS_SYNTAX =
+  'a comma-separated list of KEY (every scope) or KEY:SCOPE[+SCOPE] entries, the scopes being infer and admin';
 
 const shape = {
   ...runtimeShape('GATEWAY', { grpc: 8001, metrics: 8002 }),
@@ -86,13 +99,21 @@ function parseApiKeys(entries: string[]): ConfiguredApiKey[] {
     const position = index + 1;
     const colon = entry.indexOf(':');
     const key = (colon < 0 ? entry : entry.slice(0, colon)).trim();
-    const named = colon < 0 ? [...SCOPE_NAMES.keys()] : entry.slice(colon + 1).split('+').map((s) => s.trim());
+    const named =
+      colon < 0
+        ? [...SCOPE_NAMES.keys()]
+        : entry
+            .slice(colon + 1)
+            .split('+')
+            .map((s) => s.trim());
     if (key === '') {
       problems.push(`GATEWAY_API_KEYS: entry ${position} has no key before its scopes; expected ${API_KEYS_SYNTAX}`);
       continue;
     }
     if (parseKey(key) !== undefined) {
-      problems.push(`GATEWAY_API_KEYS: entry ${position} has the format of a stored key (im_<id>_<secret>); create such keys with the admin API, or configure another key`);
+      problems.push(
+        `GATEWAY_API_KEYS: entry ${position} has the format of a stored key (im_<id>_<secret>); create such keys with the admin API, or configure another key`,
+      );
       continue;
     }
     if (named.some((s) => !SCOPE_NAMES.has(s))) {
@@ -101,14 +122,17 @@ function parseApiKeys(entries: string[]): ConfiguredApiKey[] {
     }
     const earlier = positions.get(key);
     if (earlier !== undefined) {
-      problems.push(`GATEWAY_API_KEYS: entry ${position} repeats the key of entry ${earlier}; give each key once with all its scopes`);
+      problems.push(
+        `GATEWAY_API_KEYS: entry ${position} repeats the key of entry ${earlier}; give each key once with all its scopes`,
+      );
       continue;
     }
     positions.set(key, position);
     keys.push({ key, scopes: [...SCOPE_NAMES].filter(([name]) => named.includes(name)).map(([, scope]) => scope) });
   }
   if (problems.length > 0) throw new ConfigError(problems);
-  if (keys.length === 0) throw new ConfigError([`GATEWAY_API_KEYS: required: ${API_KEYS_SYNTAX} (got only separators)`]);
+  if (keys.length === 0)
+    throw new ConfigError([`GATEWAY_API_KEYS: required: ${API_KEYS_SYNTAX} (got only separators)`]);
   return keys;
 }
 
@@ -116,13 +140,17 @@ function parseApiKeys(entries: string[]): ConfiguredApiKey[] {
  * The limits of GATEWAY_RATE_LIMIT_*: those of the configured keys, and of stored keys created
  * without limits of their own. A burst without its rate would limit nothing and is refused.
  */
-function defaultRateLimit(e: { [K in `GATEWAY_RATE_LIMIT_${'RPS' | 'BURST' | 'PER_MODEL_RPS' | 'PER_MODEL_BURST'}`]: number }): RateLimit {
+function defaultRateLimit(e: {
+  [K in `GATEWAY_RATE_LIMIT_${'RPS' | 'BURST' | 'PER_MODEL_RPS' | 'PER_MODEL_BURST'}`]: number;
+}): RateLimit {
   const problems: string[] = [];
   if (e.GATEWAY_RATE_LIMIT_BURST > 0 && e.GATEWAY_RATE_LIMIT_RPS === 0) {
     problems.push('GATEWAY_RATE_LIMIT_BURST: set GATEWAY_RATE_LIMIT_RPS too: without a rate there is no limit per key');
   }
   if (e.GATEWAY_RATE_LIMIT_PER_MODEL_BURST > 0 && e.GATEWAY_RATE_LIMIT_PER_MODEL_RPS === 0) {
-    problems.push('GATEWAY_RATE_LIMIT_PER_MODEL_BURST: set GATEWAY_RATE_LIMIT_PER_MODEL_RPS too: without a rate there is no limit per model');
+    problems.push(
+      'GATEWAY_RATE_LIMIT_PER_MODEL_BURST: set GATEWAY_RATE_LIMIT_PER_MODEL_RPS too: without a rate there is no limit per model',
+    );
   }
   if (problems.length > 0) throw new ConfigError(problems);
   return create(RateLimitSchema, {
@@ -143,13 +171,19 @@ function checkBounds(e: {
 }): void {
   const problems: string[] = [];
   if (e.GATEWAY_REQUEST_TIMEOUT_MS > e.GATEWAY_MAX_REQUEST_TIMEOUT_MS) {
-    problems.push(`GATEWAY_REQUEST_TIMEOUT_MS: the default deadline (${e.GATEWAY_REQUEST_TIMEOUT_MS}) is longer than GATEWAY_MAX_REQUEST_TIMEOUT_MS (${e.GATEWAY_MAX_REQUEST_TIMEOUT_MS})`);
+    problems.push(
+      `GATEWAY_REQUEST_TIMEOUT_MS: the default deadline (${e.GATEWAY_REQUEST_TIMEOUT_MS}) is longer than GATEWAY_MAX_REQUEST_TIMEOUT_MS (${e.GATEWAY_MAX_REQUEST_TIMEOUT_MS})`,
+    );
   }
   if (e.GATEWAY_MAX_BODY_BYTES > e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT) {
-    problems.push(`GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: ${e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT} bytes cannot hold one body of GATEWAY_MAX_BODY_BYTES (${e.GATEWAY_MAX_BODY_BYTES})`);
+    problems.push(
+      `GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: ${e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT} bytes cannot hold one body of GATEWAY_MAX_BODY_BYTES (${e.GATEWAY_MAX_BODY_BYTES})`,
+    );
   }
   if (e.GATEWAY_MAX_MESSAGE_BYTES > e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT) {
-    problems.push(`GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: ${e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT} bytes cannot hold one gRPC message of GATEWAY_MAX_MESSAGE_BYTES (${e.GATEWAY_MAX_MESSAGE_BYTES})`);
+    problems.push(
+      `GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: ${e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT} bytes cannot hold one gRPC message of GATEWAY_MAX_MESSAGE_BYTES (${e.GATEWAY_MAX_MESSAGE_BYTES})`,
+    );
   }
   if (problems.length > 0) throw new ConfigError(problems);
 }
@@ -178,7 +212,11 @@ export function loadGatewayConfig(env: Env) {
      * Adaptive: the limit follows the latency the router answers in, between min (at most max) and max;
      * fixed: max.
      */
-    concurrency: { adaptive: e.GATEWAY_CONCURRENCY_LIMIT === 'adaptive', min: Math.min(e.GATEWAY_MIN_IN_FLIGHT, e.GATEWAY_MAX_IN_FLIGHT), max: e.GATEWAY_MAX_IN_FLIGHT },
+    concurrency: {
+      adaptive: e.GATEWAY_CONCURRENCY_LIMIT === 'adaptive',
+      min: Math.min(e.GATEWAY_MIN_IN_FLIGHT, e.GATEWAY_MAX_IN_FLIGHT),
+      max: e.GATEWAY_MAX_IN_FLIGHT,
+    },
     /** What one inference request may hold: inputs, elements per tensor, batch size, name lengths (400 beyond). */
     tensorLimits: {
       maxInputs: e.GATEWAY_MAX_INPUTS,

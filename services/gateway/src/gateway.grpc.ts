@@ -56,7 +56,9 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
   }
 
   modelReady(request: ModelReadyRequest, ctx: CallContext) {
-    return this.handle('ModelReady', ctx, { model: request.name, version: request.version }, async () => ({ ready: await this.catalog.ready(request.name, request.version) }));
+    return this.handle('ModelReady', ctx, { model: request.name, version: request.version }, async () => ({
+      ready: await this.catalog.ready(request.name, request.version),
+    }));
   }
 
   serverMetadata(_request: unknown, ctx: CallContext) {
@@ -84,10 +86,23 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
   }
 
   modelInfer(request: ModelInferRequest, ctx: CallContext) {
-    const options = { model: request.modelName, version: request.modelVersion, inference: true, bodyBytes: ctx.requestBytes ?? 0, timeout: () => edgeParameters(request.parameters).timeoutMs };
+    const options = {
+      model: request.modelName,
+      version: request.modelVersion,
+      inference: true,
+      bodyBytes: ctx.requestBytes ?? 0,
+      timeout: () => edgeParameters(request.parameters).timeoutMs,
+    };
     return this.handle('ModelInfer', ctx, options, async (principal, admission) =>
       inferResponseToGrpc(
-        await this.inference.infer(admission!, { ...inferRequestFromGrpc(request, this.config.tensorLimits), ...callerOf(ctx.metadata[ROUTING_KEY_HEADER], principal!) }, ctx.signal),
+        await this.inference.infer(
+          admission!,
+          {
+            ...inferRequestFromGrpc(request, this.config.tensorLimits),
+            ...callerOf(ctx.metadata[ROUTING_KEY_HEADER], principal!),
+          },
+          ctx.signal,
+        ),
       ),
     );
   }
@@ -103,7 +118,14 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
   private async handle<T>(
     rpc: string,
     ctx: CallContext,
-    options: { open?: boolean; model?: string; version?: string; inference?: boolean; bodyBytes?: number; timeout?: () => number | undefined },
+    options: {
+      open?: boolean;
+      model?: string;
+      version?: string;
+      inference?: boolean;
+      bodyBytes?: number;
+      timeout?: () => number | undefined;
+    },
     fn: (principal: Principal | undefined, admission: Admission | undefined) => Promise<T>,
   ): Promise<T> {
     const start = process.hrtime.bigint();
@@ -113,7 +135,8 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
     try {
       if (options.model !== undefined) checkName('model name', options.model, this.config.tensorLimits);
       if (options.version !== undefined) checkName('model version', options.version, this.config.tensorLimits);
-      const principal = options.open === true ? undefined : await this.auth.authorize(ctx.metadata['authorization'], Scope.INFER);
+      const principal =
+        options.open === true ? undefined : await this.auth.authorize(ctx.metadata['authorization'], Scope.INFER);
       if (principal !== undefined && options.model !== undefined) {
         checkModelAccess(principal, options.model);
         if (options.inference === true) {
@@ -128,7 +151,10 @@ export class GatewayGrpcController implements ServiceImpl<typeof GRPCInferenceSe
         { defaultMs: this.config.defaultTimeoutMs, maxMs: this.config.maxTimeoutMs },
       );
       const span = requestContext.current()?.span;
-      return await requestContext.run({ requestId: ctx.requestId, deadlineMs, ...(span !== undefined && { span }) }, () => fn(principal, admission));
+      return await requestContext.run(
+        { requestId: ctx.requestId, deadlineMs, ...(span !== undefined && { span }) },
+        () => fn(principal, admission),
+      );
     } catch (error) {
       code = toRpcError(error).code;
       throw error;

@@ -58,12 +58,17 @@ export class GatewayHttpController {
   @Get('health/ready')
   async ready(@Req() req: Request, @Res({ passthrough: true }) res: Response): Promise<{ ready: boolean }> {
     const ready = await this.within(req, res, undefined, () => this.server.ready());
-    if (!ready) throw RpcError.unavailable('the server is not ready: it is starting or stopping, or the router is not serving');
+    if (!ready)
+      throw RpcError.unavailable('the server is not ready: it is starting or stopping, or the router is not serving');
     return { ready };
   }
 
   @Get('models/:model')
-  modelMetadata(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string): Promise<ModelMetadata> {
+  modelMetadata(
+    @Req() req: Request,
+    @Res({ passthrough: true }) res: Response,
+    @Param('model') model: string,
+  ): Promise<ModelMetadata> {
     this.checkNames(model);
     checkModelAccess(principalOf(req), model);
     return this.within(req, res, undefined, () => this.catalog.metadata(model, ''));
@@ -121,9 +126,12 @@ export class GatewayHttpController {
       throw RpcError.invalidArgument('the request body must be a JSON object, e.g. {"ready": true}');
     }
     const readyOnly = (body as { ready?: unknown } | undefined)?.ready;
-    if (readyOnly !== undefined && typeof readyOnly !== 'boolean') throw RpcError.invalidArgument('"ready" must be a boolean');
+    if (readyOnly !== undefined && typeof readyOnly !== 'boolean')
+      throw RpcError.invalidArgument('"ready" must be a boolean');
     const principal = principalOf(req);
-    return this.within(req, res, undefined, () => this.catalog.repositoryIndex(readyOnly === true, (model) => allowsModel(principal, model)));
+    return this.within(req, res, undefined, () =>
+      this.catalog.repositoryIndex(readyOnly === true, (model) => allowsModel(principal, model)),
+    );
   }
 
   private async modelReadiness(req: Request, res: Response, model: string, version: string) {
@@ -140,7 +148,12 @@ export class GatewayHttpController {
    * limits before the body is read: a refusal costs little. The body is JSON or, with Inference-Header-Content-Length, Triton's binary tensor
    * data extension; outputs asked for as binary data come back as raw bytes after a JSON header.
    */
-  private async infer(req: Request, res: Response, model: string, version: string): Promise<JsonInferResponse | StreamableFile> {
+  private async infer(
+    req: Request,
+    res: Response,
+    model: string,
+    version: string,
+  ): Promise<JsonInferResponse | StreamableFile> {
     const principal = principalOf(req);
     this.checkNames(model, version);
     checkModelAccess(principal, model);
@@ -148,7 +161,10 @@ export class GatewayHttpController {
     try {
       await this.rateLimits.admit(principal, model);
       const body = await readInferBody(req, res, this.bodyLimits);
-      const decoded = restInferRequest(model, version, body.json, { limits: this.config.tensorLimits, binaryData: body.binaryData });
+      const decoded = restInferRequest(model, version, body.json, {
+        limits: this.config.tensorLimits,
+        binaryData: body.binaryData,
+      });
       const request = { ...decoded.request, ...callerOf(req.header(ROUTING_KEY_HEADER), principal) };
       const signal = clientGone(res);
       return await this.within(req, res, edgeParameters(request.parameters).timeoutMs, async () => {
@@ -156,7 +172,10 @@ export class GatewayHttpController {
         const binary = inferResponseToBinary(response, decoded.binaryOutputs);
         if (binary === undefined) return inferResponseToJson(response);
         res.setHeader(INFERENCE_HEADER_LENGTH, String(binary.headerLength));
-        return new StreamableFile(Readable.from(binary.chunks), { type: 'application/octet-stream', length: binary.byteLength });
+        return new StreamableFile(Readable.from(binary.chunks), {
+          type: 'application/octet-stream',
+          length: binary.byteLength,
+        });
       });
     } finally {
       admission.release();
@@ -164,7 +183,17 @@ export class GatewayHttpController {
   }
 
   /** Runs a use case inside the request's context: its id and its deadline, the configured default unless the request names one. */
-  private within<T>(req: Request, res: Response, parameterTimeoutMs: number | undefined, fn: () => Promise<T>): Promise<T> {
-    return withinRequest(req, res, { parameterTimeoutMs, defaultTimeoutMs: this.config.defaultTimeoutMs, maxTimeoutMs: this.config.maxTimeoutMs }, fn);
+  private within<T>(
+    req: Request,
+    res: Response,
+    parameterTimeoutMs: number | undefined,
+    fn: () => Promise<T>,
+  ): Promise<T> {
+    return withinRequest(
+      req,
+      res,
+      { parameterTimeoutMs, defaultTimeoutMs: this.config.defaultTimeoutMs, maxTimeoutMs: this.config.maxTimeoutMs },
+      fn,
+    );
   }
 }

@@ -62,7 +62,8 @@ export class GatewayModule implements NestModule {
         {
           provide: ApiKeys,
           inject: [JsonLogger],
-          useFactory: async (logger: JsonLogger) => new ApiKeys(await openApiKeyStore(config, logger), { cacheMs: config.apiKeyCacheMs }),
+          useFactory: async (logger: JsonLogger) =>
+            new ApiKeys(await openApiKeyStore(config, logger), { cacheMs: config.apiKeyCacheMs }),
         },
         {
           provide: RateLimiter,
@@ -100,7 +101,9 @@ async function openApiKeyStore(config: GatewayConfig, logger: JsonLogger): Promi
   if (config.redisUrl === undefined) return new EmbeddedApiKeyStore(config.apiKeysFile);
   const client = createRedisClient(config.redisUrl, logger, 'gateway-api-keys');
   await waitForRedis(client, 5_000).catch((error: unknown) =>
-    logger.warn('redis not ready at start-up; stored API keys are refused as UNAVAILABLE until it is', { err: String(error) }),
+    logger.warn('redis not ready at start-up; stored API keys are refused as UNAVAILABLE until it is', {
+      err: String(error),
+    }),
   );
   return new RedisApiKeyStore(client, config.redisKeyPrefix);
 }

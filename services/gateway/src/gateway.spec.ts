@@ -27,7 +27,11 @@ const KEY = 'gateway-spec-key-0123456789';
 const AUTH = { authorization: `Bearer ${KEY}` };
 const MAX_BODY_BYTES = 4096;
 
-async function startTestGateway(routerAddress: string, registryAddress: string, env: Record<string, string> = {}): Promise<RunningService> {
+async function startTestGateway(
+  routerAddress: string,
+  registryAddress: string,
+  env: Record<string, string> = {},
+): Promise<RunningService> {
   return startHarnessGateway(routerAddress, registryAddress, {
     GATEWAY_API_KEYS: `other-key-abcdefghijkl, ${KEY}`,
     GATEWAY_MAX_BODY_BYTES: String(MAX_BODY_BYTES),
@@ -35,7 +39,8 @@ async function startTestGateway(routerAddress: string, registryAddress: string, 
   });
 }
 
-const postJson = (port: number, path: string, body: unknown, headers: Record<string, string> = AUTH) => postJsonAs(port, path, body, headers);
+const postJson = (port: number, path: string, body: unknown, headers: Record<string, string> = AUTH) =>
+  postJsonAs(port, path, body, headers);
 
 const f32 = (values: number[]) => Buffer.from(Float32Array.from(values).buffer);
 
@@ -48,8 +53,14 @@ describe('gateway', () => {
   let grpcClient: ServiceClient<typeof GRPCInferenceService>;
 
   beforeAll(async () => {
-    router = await startUpstream((s) => s.add(RouterService, fakeRouter(routerState)), 'infermesh.router.v1.RouterService');
-    registry = await startUpstream((s) => s.add(RegistryService, fakeRegistry()), 'infermesh.registry.v1.RegistryService');
+    router = await startUpstream(
+      (s) => s.add(RouterService, fakeRouter(routerState)),
+      'infermesh.router.v1.RouterService',
+    );
+    registry = await startUpstream(
+      (s) => s.add(RegistryService, fakeRegistry()),
+      'infermesh.registry.v1.RegistryService',
+    );
     gateway = await startTestGateway(router.address, registry.address);
     port = gateway.httpPort!;
     grpcClient = createClient(GRPCInferenceService, `127.0.0.1:${gateway.grpcPort}`);
@@ -66,7 +77,12 @@ describe('gateway', () => {
     it('answers health without a key and everything else only with one', async () => {
       expect((await http(port, 'GET', '/v2/health/live')).status).toBe(200);
       expect((await http(port, 'GET', '/v2/health/ready')).json).toEqual({ ready: true });
-      for (const headers of [{} as Record<string, string>, { authorization: 'Bearer wrong-key' }, { authorization: `Basic ${KEY}` }, { authorization: KEY }]) {
+      for (const headers of [
+        {} as Record<string, string>,
+        { authorization: 'Bearer wrong-key' },
+        { authorization: `Basic ${KEY}` },
+        { authorization: KEY },
+      ]) {
         const reply = await http(port, 'GET', '/v2/models/mlp', { headers });
         expect(reply.status).toBe(401);
         expect(reply.json).toEqual({ error: expect.any(String) });
@@ -75,8 +91,13 @@ describe('gateway', () => {
       }
       const unauthorizedInfer = await postJson(port, '/v2/models/mlp/infer', { inputs: [] }, {});
       expect(unauthorizedInfer.status).toBe(401);
-      expect((await http(port, 'GET', '/v2/models/mlp', { headers: { authorization: `bearer ${KEY}` } })).status).toBe(200);
-      expect((await http(port, 'GET', '/v2/models/mlp', { headers: { authorization: 'Bearer other-key-abcdefghijkl' } })).status).toBe(200);
+      expect((await http(port, 'GET', '/v2/models/mlp', { headers: { authorization: `bearer ${KEY}` } })).status).toBe(
+        200,
+      );
+      expect(
+        (await http(port, 'GET', '/v2/models/mlp', { headers: { authorization: 'Bearer other-key-abcdefghijkl' } }))
+          .status,
+      ).toBe(200);
     });
 
     it('is ready only while its router reports SERVING, whatever the registry says', async () => {
@@ -95,7 +116,11 @@ describe('gateway', () => {
     it('describes the server', async () => {
       const reply = await http(port, 'GET', '/v2', { headers: AUTH });
       expect(reply.status).toBe(200);
-      expect(reply.json).toEqual({ name: 'infermesh', version: expect.any(String), extensions: expect.arrayContaining(['model_repository']) });
+      expect(reply.json).toEqual({
+        name: 'infermesh',
+        version: expect.any(String),
+        extensions: expect.arrayContaining(['model_repository']),
+      });
     });
 
     it('describes a model by its latest READY version and a version by itself', async () => {
@@ -145,16 +170,29 @@ describe('gateway', () => {
 
     it('round-trips JSON tensors through the router as raw bytes', async () => {
       routerState.requests.length = 0;
-      const reply = await postJson(port, '/v2/models/mlp/infer', {
-        id: 'r-1',
-        parameters: { priority: 2, note: 'x' },
-        inputs: [
-          { name: 'input', shape: [2, 2], datatype: 'FP32', data: [[1.5, -2], [0.25, 8]] },
-          { name: 'ids', shape: [3], datatype: 'INT64', data: [1, '-9007199254740993', 3] },
-          { name: 'text', shape: [2], datatype: 'BYTES', data: ['héllo', ''] },
-          { name: 'flags', shape: [1, 2], datatype: 'BOOL', data: [true, false] },
-        ],
-      }, { ...AUTH, 'x-request-id': 'client-id-42' });
+      const reply = await postJson(
+        port,
+        '/v2/models/mlp/infer',
+        {
+          id: 'r-1',
+          parameters: { priority: 2, note: 'x' },
+          inputs: [
+            {
+              name: 'input',
+              shape: [2, 2],
+              datatype: 'FP32',
+              data: [
+                [1.5, -2],
+                [0.25, 8],
+              ],
+            },
+            { name: 'ids', shape: [3], datatype: 'INT64', data: [1, '-9007199254740993', 3] },
+            { name: 'text', shape: [2], datatype: 'BYTES', data: ['héllo', ''] },
+            { name: 'flags', shape: [1, 2], datatype: 'BOOL', data: [true, false] },
+          ],
+        },
+        { ...AUTH, 'x-request-id': 'client-id-42' },
+      );
       expect(reply.status).toBe(200);
       expect(reply.headers['x-request-id']).toBe('client-id-42');
       expect(reply.json).toEqual({
@@ -193,35 +231,62 @@ describe('gateway', () => {
     it('asks the router for the top classes of an output with class_count, and answers 400 to a bad one', async () => {
       routerState.requests.length = 0;
       const inputs = [{ name: 'scores', shape: [1, 3], datatype: 'FP32', data: [0.5, 2, 1] }];
-      const reply = await postJson(port, '/v2/models/mlp/infer', { inputs, outputs: [{ name: 'scores', parameters: { class_count: 2 } }] });
+      const reply = await postJson(port, '/v2/models/mlp/infer', {
+        inputs,
+        outputs: [{ name: 'scores', parameters: { class_count: 2 } }],
+      });
       expect(reply.status).toBe(200);
-      expect(routerState.requests[0]!.request).toMatchObject({ outputNames: ['scores'], outputClassCounts: { scores: 2 } });
+      expect(routerState.requests[0]!.request).toMatchObject({
+        outputNames: ['scores'],
+        outputClassCounts: { scores: 2 },
+      });
       for (const classCount of [0, -1, 1.5, '2']) {
-        const bad = await postJson(port, '/v2/models/mlp/infer', { inputs, outputs: [{ name: 'scores', parameters: { class_count: classCount } }] });
+        const bad = await postJson(port, '/v2/models/mlp/infer', {
+          inputs,
+          outputs: [{ name: 'scores', parameters: { class_count: classCount } }],
+        });
         expect([bad.status, classCount]).toEqual([400, classCount]);
-        expect(bad.json).toEqual({ error: expect.stringContaining('output "scores": parameter "class_count" must be a positive integer') });
+        expect(bad.json).toEqual({
+          error: expect.stringContaining('output "scores": parameter "class_count" must be a positive integer'),
+        });
       }
       expect(routerState.requests).toHaveLength(1);
     });
 
     it('reports cached and degraded responses in the parameters', async () => {
       const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
-      expect((await postJson(port, '/v2/models/cached/infer', { inputs: [input] })).json).toMatchObject({ parameters: { cached: true, degraded: false } });
-      expect((await postJson(port, '/v2/models/degraded/infer', { inputs: [input] })).json).toMatchObject({ parameters: { cached: false, degraded: true } });
+      expect((await postJson(port, '/v2/models/cached/infer', { inputs: [input] })).json).toMatchObject({
+        parameters: { cached: true, degraded: false },
+      });
+      expect((await postJson(port, '/v2/models/degraded/infer', { inputs: [input] })).json).toMatchObject({
+        parameters: { cached: false, degraded: true },
+      });
     });
 
     it('takes the deadline from x-request-timeout-ms or the Triton timeout parameter, the earliest winning', async () => {
       routerState.requests.length = 0;
       const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
       await postJson(port, '/v2/models/mlp/infer', { inputs: [input] }, { ...AUTH, 'x-request-timeout-ms': '2000' });
-      await postJson(port, '/v2/models/mlp/infer', { inputs: [input], parameters: { timeout: 1_000_000 } }, { ...AUTH, 'x-request-timeout-ms': '5000' });
+      await postJson(
+        port,
+        '/v2/models/mlp/infer',
+        { inputs: [input], parameters: { timeout: 1_000_000 } },
+        { ...AUTH, 'x-request-timeout-ms': '5000' },
+      );
       const [byHeader, byParameter] = routerState.requests.map((r) => r.deadlineMs! - Date.now());
       expect(byHeader).toBeLessThanOrEqual(2000);
       expect(byHeader).toBeGreaterThan(1000);
       expect(byParameter).toBeLessThanOrEqual(1000);
-      const bad = await postJson(port, '/v2/models/mlp/infer', { inputs: [input] }, { ...AUTH, 'x-request-timeout-ms': 'soon' });
+      const bad = await postJson(
+        port,
+        '/v2/models/mlp/infer',
+        { inputs: [input] },
+        { ...AUTH, 'x-request-timeout-ms': 'soon' },
+      );
       expect(bad.status).toBe(400);
-      expect((await postJson(port, '/v2/models/mlp/infer', { inputs: [input], parameters: { timeout: -5 } })).status).toBe(400);
+      expect(
+        (await postJson(port, '/v2/models/mlp/infer', { inputs: [input], parameters: { timeout: -5 } })).status,
+      ).toBe(400);
     });
 
     it.each([
@@ -232,7 +297,11 @@ describe('gateway', () => {
       ['a negative dimension', { name: 'x', shape: [-1], datatype: 'FP32', data: [] }, /input "x".*dimension -1/],
       ['no data', { name: 'x', shape: [1], datatype: 'FP32' }, /input "x" has no "data"/],
       ['no datatype', { name: 'x', shape: [1], data: [1] }, /input "x" has no datatype/],
-      ['binary data', { name: 'x', shape: [1], datatype: 'FP32', data: [1], parameters: { binary_data_size: 4 } }, /input "x".*binary/],
+      [
+        'binary data',
+        { name: 'x', shape: [1], datatype: 'FP32', data: [1], parameters: { binary_data_size: 4 } },
+        /input "x".*binary/,
+      ],
     ])('answers 400 naming the tensor for %s', async (_label, input, message) => {
       const reply = await postJson(port, '/v2/models/mlp/infer', { inputs: [input] });
       expect(reply.status).toBe(400);
@@ -240,7 +309,20 @@ describe('gateway', () => {
     });
 
     it('never answers 500 to odd bodies', async () => {
-      const bodies = ['null', '[]', '{}', '"text"', '{"inputs": {}}', '{"inputs": [null]}', '{"inputs": [{"name": 1}]}', '{"inputs": [{"name": "x", "shape": "x"}]}', '{"inputs":[{"name":"x","shape":[1e300,1e300],"datatype":"FP32","data":[]}]}', '{"id": 5, "inputs": []}', '{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"parameters":{"p":{}}}', '{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"outputs":"y"}'];
+      const bodies = [
+        'null',
+        '[]',
+        '{}',
+        '"text"',
+        '{"inputs": {}}',
+        '{"inputs": [null]}',
+        '{"inputs": [{"name": 1}]}',
+        '{"inputs": [{"name": "x", "shape": "x"}]}',
+        '{"inputs":[{"name":"x","shape":[1e300,1e300],"datatype":"FP32","data":[]}]}',
+        '{"id": 5, "inputs": []}',
+        '{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"parameters":{"p":{}}}',
+        '{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"outputs":"y"}',
+      ];
       for (const body of bodies) {
         const reply = await postJson(port, '/v2/models/mlp/infer', body);
         expect([reply.status, body]).toEqual([400, body]);
@@ -256,10 +338,16 @@ describe('gateway', () => {
 
     it('answers 413 to a body over the limit, announced or streamed', async () => {
       const big = Buffer.alloc(MAX_BODY_BYTES + 1, 0x20);
-      const announced = await http(port, 'POST', '/v2/models/mlp/infer', { headers: { ...AUTH, 'content-length': String(big.length) }, body: big });
+      const announced = await http(port, 'POST', '/v2/models/mlp/infer', {
+        headers: { ...AUTH, 'content-length': String(big.length) },
+        body: big,
+      });
       expect(announced.status).toBe(413);
       expect(announced.json).toEqual({ error: expect.stringContaining(String(MAX_BODY_BYTES)) });
-      const streamed = await http(port, 'POST', '/v2/models/mlp/infer', { headers: AUTH, chunks: [big.subarray(0, 3000), big.subarray(3000)] });
+      const streamed = await http(port, 'POST', '/v2/models/mlp/infer', {
+        headers: AUTH,
+        chunks: [big.subarray(0, 3000), big.subarray(3000)],
+      });
       expect(streamed.status).toBe(413);
     });
 
@@ -269,7 +357,12 @@ describe('gateway', () => {
       expect([missing.status, missing.json]).toEqual([404, { error: 'model "missing" not found' }]);
       const strict = await postJson(port, '/v2/models/strict/infer', { inputs: [input] });
       expect([strict.status, strict.json]).toEqual([400, { error: expect.stringContaining('input "x"') }]);
-      const slow = await postJson(port, '/v2/models/slow/infer', { inputs: [input] }, { ...AUTH, 'x-request-timeout-ms': '100' });
+      const slow = await postJson(
+        port,
+        '/v2/models/slow/infer',
+        { inputs: [input] },
+        { ...AUTH, 'x-request-timeout-ms': '100' },
+      );
       expect([slow.status, slow.json]).toEqual([504, { error: expect.stringContaining('deadline') }]);
       const busy = await postJson(port, '/v2/models/busy/infer', { inputs: [input] });
       expect(busy.status).toBe(429);
@@ -288,10 +381,14 @@ describe('gateway', () => {
     it('records request durations by route template, not by raw path', async () => {
       await http(port, 'GET', '/v2/models/some-model-name', { headers: AUTH });
       const metrics = await (await fetch(`http://127.0.0.1:${gateway.metricsPort}/metrics`)).text();
-      expect(metrics).toMatch(/infermesh_gateway_request_duration_seconds_count\{protocol="rest",endpoint="GET \/v2\/models\/:model",code="404"\} \d+/);
+      expect(metrics).toMatch(
+        /infermesh_gateway_request_duration_seconds_count\{protocol="rest",endpoint="GET \/v2\/models\/:model",code="404"\} \d+/,
+      );
       expect(metrics).not.toContain('some-model-name');
       expect(metrics).toMatch(/infermesh_gateway_inference_requests_total\{model="mlp",version="3",outcome="ok"\} \d+/);
-      expect(metrics).toMatch(/infermesh_gateway_inference_requests_total\{model="\(unknown\)",version="",outcome="not_found"\} \d+/);
+      expect(metrics).toMatch(
+        /infermesh_gateway_inference_requests_total\{model="\(unknown\)",version="",outcome="not_found"\} \d+/,
+      );
     });
   });
 
@@ -302,7 +399,10 @@ describe('gateway', () => {
 
     it('passes the routing key on: x-routing-key over REST and gRPC, else the tenant (a digest of the API key, never the key)', async () => {
       const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
-      const grpcInput = { modelName: 'tiny', inputs: [{ name: 'x', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } }] };
+      const grpcInput = {
+        modelName: 'tiny',
+        inputs: [{ name: 'x', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } }],
+      };
       const keyOf = () => routerState.requests.at(-1)!.request.routingKey;
 
       await postJson(port, '/v2/models/tiny/infer', { inputs: [input] }, { ...AUTH, 'x-routing-key': 'user-42' });
@@ -317,11 +417,21 @@ describe('gateway', () => {
       expect(keyOf()).toBe(fromKey);
       expect(fromKey).toMatch(/^key:[0-9a-f]{32}$/);
       expect(fromKey).not.toContain(KEY);
-      const other = await postJson(port, '/v2/models/tiny/infer', { inputs: [input] }, { authorization: 'Bearer other-key-abcdefghijkl' });
+      const other = await postJson(
+        port,
+        '/v2/models/tiny/infer',
+        { inputs: [input] },
+        { authorization: 'Bearer other-key-abcdefghijkl' },
+      );
       expect(other.status).toBe(200);
       expect(keyOf()).not.toBe(fromKey);
 
-      const bad = await postJson(port, '/v2/models/tiny/infer', { inputs: [input] }, { ...AUTH, 'x-routing-key': 'has space' });
+      const bad = await postJson(
+        port,
+        '/v2/models/tiny/infer',
+        { inputs: [input] },
+        { ...AUTH, 'x-routing-key': 'has space' },
+      );
       expect([bad.status, bad.json]).toEqual([400, { error: expect.stringContaining('x-routing-key') }]);
     });
 
@@ -329,18 +439,29 @@ describe('gateway', () => {
       expect(await grpcClient.serverLive({})).toMatchObject({ live: true });
       expect(await grpcClient.serverReady({})).toMatchObject({ ready: true });
       await expect(grpcClient.serverMetadata({})).rejects.toMatchObject({ code: status.UNAUTHENTICATED });
-      await expect(grpcClient.modelInfer({ modelName: 'mlp' }, { metadata: { authorization: 'Bearer nope' } })).rejects.toMatchObject({
+      await expect(
+        grpcClient.modelInfer({ modelName: 'mlp' }, { metadata: { authorization: 'Bearer nope' } }),
+      ).rejects.toMatchObject({
         code: status.UNAUTHENTICATED,
       });
-      expect(await grpcClient.serverMetadata({}, { metadata })).toMatchObject({ name: 'infermesh', extensions: expect.arrayContaining(['model_repository']) });
+      expect(await grpcClient.serverMetadata({}, { metadata })).toMatchObject({
+        name: 'infermesh',
+        extensions: expect.arrayContaining(['model_repository']),
+      });
     });
 
     it('answers ModelMetadata and ModelReady from the registry', async () => {
       const meta = await grpcClient.modelMetadata({ name: 'mlp' }, { metadata });
-      expect(meta).toMatchObject({ name: 'mlp', versions: ['2', '3'], inputs: [{ name: 'input', datatype: 'FP32', shape: [-1n, 4n] }] });
+      expect(meta).toMatchObject({
+        name: 'mlp',
+        versions: ['2', '3'],
+        inputs: [{ name: 'input', datatype: 'FP32', shape: [-1n, 4n] }],
+      });
       expect(await grpcClient.modelReady({ name: 'mlp' }, { metadata })).toMatchObject({ ready: true });
       expect(await grpcClient.modelReady({ name: 'mlp', version: '3' }, { metadata })).toMatchObject({ ready: false });
-      await expect(grpcClient.modelReady({ name: 'nope' }, { metadata })).rejects.toMatchObject({ code: status.NOT_FOUND });
+      await expect(grpcClient.modelReady({ name: 'nope' }, { metadata })).rejects.toMatchObject({
+        code: status.NOT_FOUND,
+      });
     });
 
     it('round-trips raw inputs to raw outputs with the served version and flags', async () => {
@@ -397,7 +518,9 @@ describe('gateway', () => {
       const classCount = (value: bigint) => ({
         modelName: 'mlp',
         inputs: [{ name: 'x', datatype: 'FP32', shape: [1n] }],
-        outputs: [{ name: 'x', parameters: { class_count: { parameterChoice: { case: 'int64Param' as const, value } } } }],
+        outputs: [
+          { name: 'x', parameters: { class_count: { parameterChoice: { case: 'int64Param' as const, value } } } },
+        ],
         rawInputContents: [f32([1])],
       });
       await grpcClient.modelInfer(inferRequest(classCount(1n)), { metadata });
@@ -410,8 +533,15 @@ describe('gateway', () => {
     });
 
     it('passes upstream codes through', async () => {
-      const req = inferRequest({ modelName: 'busy', inputs: [{ name: 'x', datatype: 'FP32', shape: [1n] }], rawInputContents: [f32([1])] });
-      await expect(grpcClient.modelInfer(req, { metadata })).rejects.toMatchObject({ code: status.RESOURCE_EXHAUSTED, retryDelayMs: 1500 });
+      const req = inferRequest({
+        modelName: 'busy',
+        inputs: [{ name: 'x', datatype: 'FP32', shape: [1n] }],
+        rawInputContents: [f32([1])],
+      });
+      await expect(grpcClient.modelInfer(req, { metadata })).rejects.toMatchObject({
+        code: status.RESOURCE_EXHAUSTED,
+        retryDelayMs: 1500,
+      });
     });
   });
 });
@@ -421,7 +551,10 @@ describe('gateway with its upstreams down', () => {
   let registry: Upstream;
 
   beforeAll(async () => {
-    registry = await startUpstream((s) => s.add(RegistryService, fakeRegistry()), 'infermesh.registry.v1.RegistryService');
+    registry = await startUpstream(
+      (s) => s.add(RegistryService, fakeRegistry()),
+      'infermesh.registry.v1.RegistryService',
+    );
     // Nothing listens on the router's port.
     gateway = await startTestGateway(`127.0.0.1:${await freePort()}`, registry.address);
   });
@@ -433,7 +566,9 @@ describe('gateway with its upstreams down', () => {
 
   it('answers 503 to inference and to readiness while the router cannot be reached', async () => {
     const port = gateway.httpPort!;
-    const infer = await postJson(port, '/v2/models/mlp/infer', { inputs: [{ name: 'x', shape: [1], datatype: 'FP32', data: [1] }] });
+    const infer = await postJson(port, '/v2/models/mlp/infer', {
+      inputs: [{ name: 'x', shape: [1], datatype: 'FP32', data: [1] }],
+    });
     expect(infer.status).toBe(503);
     expect(infer.json).toEqual({ error: expect.stringContaining('router') });
     expect(infer.text).not.toContain('127.0.0.1');
@@ -448,22 +583,37 @@ describe('gateway with its upstreams down', () => {
 describe('gateway at its limit of requests in flight', () => {
   it('refuses inference beyond GATEWAY_MAX_IN_FLIGHT at once: 429 with Retry-After on REST, RESOURCE_EXHAUSTED (OVERLOADED) on gRPC', async () => {
     const routerState: FakeRouter = { requests: [] };
-    const router = await startUpstream((s) => s.add(RouterService, fakeRouter(routerState)), 'infermesh.router.v1.RouterService');
-    const registry = await startUpstream((s) => s.add(RegistryService, fakeRegistry()), 'infermesh.registry.v1.RegistryService');
+    const router = await startUpstream(
+      (s) => s.add(RouterService, fakeRouter(routerState)),
+      'infermesh.router.v1.RouterService',
+    );
+    const registry = await startUpstream(
+      (s) => s.add(RegistryService, fakeRegistry()),
+      'infermesh.registry.v1.RegistryService',
+    );
     const gateway = await startTestGateway(router.address, registry.address, { GATEWAY_MAX_IN_FLIGHT: '2' });
     const grpcClient = createClient(GRPCInferenceService, `127.0.0.1:${gateway.grpcPort}`);
     try {
       const input = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
       // Two requests the router holds for a second fill the gateway.
-      const held = [postJson(gateway.httpPort!, '/v2/models/slow/infer', { inputs: [input] }), postJson(gateway.httpPort!, '/v2/models/slow/infer', { inputs: [input] })];
+      const held = [
+        postJson(gateway.httpPort!, '/v2/models/slow/infer', { inputs: [input] }),
+        postJson(gateway.httpPort!, '/v2/models/slow/infer', { inputs: [input] }),
+      ];
       for (let i = 0; i < 100 && routerState.requests.length < 2; i++) await new Promise((r) => setTimeout(r, 5));
 
       const started = Date.now();
       const refused = await postJson(gateway.httpPort!, '/v2/models/tiny/infer', { inputs: [input] });
       const grpcError = await rpcRejection(
-        grpcClient.modelInfer(create(ModelInferRequestSchema, { modelName: 'tiny', inputs: [{ name: 'x', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } }] }), {
-          metadata: AUTH,
-        }),
+        grpcClient.modelInfer(
+          create(ModelInferRequestSchema, {
+            modelName: 'tiny',
+            inputs: [{ name: 'x', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } }],
+          }),
+          {
+            metadata: AUTH,
+          },
+        ),
       );
 
       expect(Date.now() - started).toBeLessThan(900);

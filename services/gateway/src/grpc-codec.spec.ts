@@ -62,23 +62,110 @@ describe('gRPC ModelInfer <-> internal tensors', () => {
 
   it.each<[string, Init, RegExp]>([
     ['no model name', { modelName: '', inputs: [{ name: 'a', datatype: 'FP32', shape: [0n] }] }, /model_name/],
-    ['raw contents for only some inputs', { inputs: [{ name: 'a', datatype: 'FP32', shape: [0n] }, { name: 'b', datatype: 'FP32', shape: [0n] }], rawInputContents: [new Uint8Array()] }, /raw_input_contents has 1 entries.*2 inputs/],
-    ['raw contents of the wrong length', { inputs: [{ name: 'a', datatype: 'FP32', shape: [2n] }], rawInputContents: [new Uint8Array(4)] }, /input "a" has 4 bytes.*needs 8/],
-    ['broken BYTES raw contents', { inputs: [{ name: 'a', datatype: 'BYTES', shape: [1n] }], rawInputContents: [new Uint8Array([9, 0, 0, 0, 1])] }, /input "a".*length prefix/],
-    ['typed and raw contents mixed', { inputs: [{ name: 'a', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } }], rawInputContents: [new Uint8Array(4)] }, /input "a".*every input must be raw/],
-    ['the wrong contents field', { inputs: [{ name: 'a', datatype: 'FP32', shape: [1n], contents: { fp64Contents: [1] } }] }, /input "a".*fp32_contents.*fp64_contents/],
-    ['too few typed elements', { inputs: [{ name: 'a', datatype: 'INT32', shape: [2n, 2n], contents: { intContents: [1, 2, 3] } }] }, /input "a": int_contents has 3 elements.*needs 4/],
-    ['an INT8 out of range', { inputs: [{ name: 'a', datatype: 'INT8', shape: [1n], contents: { intContents: [200] } }] }, /input "a".*INT8 range/],
-    ['a UINT16 out of range', { inputs: [{ name: 'a', datatype: 'UINT16', shape: [1n], contents: { uintContents: [70000] } }] }, /input "a".*UINT16 range/],
-    ['typed FP16 without contents', { inputs: [{ name: 'a', datatype: 'FP16', shape: [1n], contents: {} }] }, /input "a": FP16 has no typed contents field.*raw_input_contents/],
-    ['typed FP16 in fp32_contents', { inputs: [{ name: 'a', datatype: 'FP16', shape: [1n], contents: { fp32Contents: [0.5] } }] }, /input "a": FP16 has no typed contents field.*raw_input_contents/],
-    ['an empty FP16 with typed contents', { inputs: [{ name: 'a', datatype: 'FP16', shape: [0n], contents: { fp32Contents: [0.5] } }] }, /input "a": FP16 has no typed contents field/],
-    ['an unknown datatype', { inputs: [{ name: 'a', datatype: 'COMPLEX64', shape: [1n] }] }, /input "a".*unknown datatype/],
-    ['raw BYTES that are not UTF-8', { inputs: [{ name: 'a', datatype: 'BYTES', shape: [2n] }], rawInputContents: [new Uint8Array([1, 0, 0, 0, 0x61, 1, 0, 0, 0, 0xff])] }, /input "a": BYTES element 1 is not valid UTF-8/],
-    ['typed BYTES with a NUL byte', { inputs: [{ name: 'a', datatype: 'BYTES', shape: [1n], contents: { bytesContents: [Buffer.from('a\u0000b')] } }] }, /input "a": BYTES element 0 contains a NUL byte/],
-    ['a negative dimension', { inputs: [{ name: 'a', datatype: 'FP32', shape: [-1n], contents: {} }] }, /input "a".*dimension -1/],
-    ['no data for a non-empty shape', { inputs: [{ name: 'a', datatype: 'FP32', shape: [3n] }] }, /input "a": fp32_contents has 0 elements.*needs 3/],
-    ['a duplicate input', { inputs: [{ name: 'a', datatype: 'FP32', shape: [0n] }, { name: 'a', datatype: 'FP32', shape: [0n] }] }, /input "a".*more than once/],
+    [
+      'raw contents for only some inputs',
+      {
+        inputs: [
+          { name: 'a', datatype: 'FP32', shape: [0n] },
+          { name: 'b', datatype: 'FP32', shape: [0n] },
+        ],
+        rawInputContents: [new Uint8Array()],
+      },
+      /raw_input_contents has 1 entries.*2 inputs/,
+    ],
+    [
+      'raw contents of the wrong length',
+      { inputs: [{ name: 'a', datatype: 'FP32', shape: [2n] }], rawInputContents: [new Uint8Array(4)] },
+      /input "a" has 4 bytes.*needs 8/,
+    ],
+    [
+      'broken BYTES raw contents',
+      { inputs: [{ name: 'a', datatype: 'BYTES', shape: [1n] }], rawInputContents: [new Uint8Array([9, 0, 0, 0, 1])] },
+      /input "a".*length prefix/,
+    ],
+    [
+      'typed and raw contents mixed',
+      {
+        inputs: [{ name: 'a', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } }],
+        rawInputContents: [new Uint8Array(4)],
+      },
+      /input "a".*every input must be raw/,
+    ],
+    [
+      'the wrong contents field',
+      { inputs: [{ name: 'a', datatype: 'FP32', shape: [1n], contents: { fp64Contents: [1] } }] },
+      /input "a".*fp32_contents.*fp64_contents/,
+    ],
+    [
+      'too few typed elements',
+      { inputs: [{ name: 'a', datatype: 'INT32', shape: [2n, 2n], contents: { intContents: [1, 2, 3] } }] },
+      /input "a": int_contents has 3 elements.*needs 4/,
+    ],
+    [
+      'an INT8 out of range',
+      { inputs: [{ name: 'a', datatype: 'INT8', shape: [1n], contents: { intContents: [200] } }] },
+      /input "a".*INT8 range/,
+    ],
+    [
+      'a UINT16 out of range',
+      { inputs: [{ name: 'a', datatype: 'UINT16', shape: [1n], contents: { uintContents: [70000] } }] },
+      /input "a".*UINT16 range/,
+    ],
+    [
+      'typed FP16 without contents',
+      { inputs: [{ name: 'a', datatype: 'FP16', shape: [1n], contents: {} }] },
+      /input "a": FP16 has no typed contents field.*raw_input_contents/,
+    ],
+    [
+      'typed FP16 in fp32_contents',
+      { inputs: [{ name: 'a', datatype: 'FP16', shape: [1n], contents: { fp32Contents: [0.5] } }] },
+      /input "a": FP16 has no typed contents field.*raw_input_contents/,
+    ],
+    [
+      'an empty FP16 with typed contents',
+      { inputs: [{ name: 'a', datatype: 'FP16', shape: [0n], contents: { fp32Contents: [0.5] } }] },
+      /input "a": FP16 has no typed contents field/,
+    ],
+    [
+      'an unknown datatype',
+      { inputs: [{ name: 'a', datatype: 'COMPLEX64', shape: [1n] }] },
+      /input "a".*unknown datatype/,
+    ],
+    [
+      'raw BYTES that are not UTF-8',
+      {
+        inputs: [{ name: 'a', datatype: 'BYTES', shape: [2n] }],
+        rawInputContents: [new Uint8Array([1, 0, 0, 0, 0x61, 1, 0, 0, 0, 0xff])],
+      },
+      /input "a": BYTES element 1 is not valid UTF-8/,
+    ],
+    [
+      'typed BYTES with a NUL byte',
+      {
+        inputs: [{ name: 'a', datatype: 'BYTES', shape: [1n], contents: { bytesContents: [Buffer.from('a\u0000b')] } }],
+      },
+      /input "a": BYTES element 0 contains a NUL byte/,
+    ],
+    [
+      'a negative dimension',
+      { inputs: [{ name: 'a', datatype: 'FP32', shape: [-1n], contents: {} }] },
+      /input "a".*dimension -1/,
+    ],
+    [
+      'no data for a non-empty shape',
+      { inputs: [{ name: 'a', datatype: 'FP32', shape: [3n] }] },
+      /input "a": fp32_contents has 0 elements.*needs 3/,
+    ],
+    [
+      'a duplicate input',
+      {
+        inputs: [
+          { name: 'a', datatype: 'FP32', shape: [0n] },
+          { name: 'a', datatype: 'FP32', shape: [0n] },
+        ],
+      },
+      /input "a".*more than once/,
+    ],
   ])('refuses %s with INVALID_ARGUMENT naming the tensor', (_label, init, message) => {
     const error = refusal(init);
     expect(error).toBeInstanceOf(RpcError);
@@ -102,7 +189,10 @@ describe('gRPC ModelInfer <-> internal tensors', () => {
   });
 
   it.each<[string, Init]>([
-    ['raw', { inputs: [{ name: 'b', datatype: 'BF16', shape: [1n] }], rawInputContents: [new Uint8Array([0x80, 0x3f])] }],
+    [
+      'raw',
+      { inputs: [{ name: 'b', datatype: 'BF16', shape: [1n] }], rawInputContents: [new Uint8Array([0x80, 0x3f])] },
+    ],
     ['typed', { inputs: [{ name: 'b', datatype: 'BF16', shape: [1n], contents: { fp32Contents: [1] } }] }],
   ])('refuses a %s BF16 input with UNIMPLEMENTED naming the tensor and the datatype', (_label, init) => {
     const error = refusal(init);
@@ -122,7 +212,12 @@ describe('gRPC ModelInfer <-> internal tensors', () => {
         outputs: [{ name: 'y', datatype: DataType.INT64, shape: [1n], data: new Uint8Array(8) }],
       }),
     );
-    expect(sut).toMatchObject({ modelName: 'm', modelVersion: '5', id: 'i', outputs: [{ name: 'y', datatype: 'INT64', shape: [1n] }] });
+    expect(sut).toMatchObject({
+      modelName: 'm',
+      modelVersion: '5',
+      id: 'i',
+      outputs: [{ name: 'y', datatype: 'INT64', shape: [1n] }],
+    });
     expect(sut.rawOutputContents).toEqual([new Uint8Array(8)]);
     expect(sut.parameters?.['degraded']?.parameterChoice).toEqual({ case: 'boolParam', value: true });
     expect(sut.parameters?.['cached']?.parameterChoice).toEqual({ case: 'boolParam', value: false });

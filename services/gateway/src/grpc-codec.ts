@@ -17,7 +17,14 @@ import {
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { checkData, datatypeName, encodeBytesElements, quoted } from '@infermesh/tensors';
 import { boolParameter, outputClassCounts } from './infer-parameters';
-import { checkInputCount, checkName, checkParameterKeys, checkTensorSize, DEFAULT_TENSOR_LIMITS, type TensorLimits } from './tensor-limits';
+import {
+  checkInputCount,
+  checkName,
+  checkParameterKeys,
+  checkTensorSize,
+  DEFAULT_TENSOR_LIMITS,
+  type TensorLimits,
+} from './tensor-limits';
 import { checkBytesElements, tensorDatatype, tensorElementCount } from './tensor-shape';
 
 type ContentsField = Exclude<keyof InferTensorContents, '$typeName' | '$unknown'>;
@@ -64,21 +71,27 @@ const invalid = (message: string) => RpcError.invalidArgument(message, 'INVALID_
  * as raw little-endian bytes whose length agrees with the shape. `limits` bound the inputs and each
  * tensor's size before any is converted.
  */
-export function inferRequestFromGrpc(request: ModelInferRequest, limits: TensorLimits = DEFAULT_TENSOR_LIMITS): InferenceRequest {
+export function inferRequestFromGrpc(
+  request: ModelInferRequest,
+  limits: TensorLimits = DEFAULT_TENSOR_LIMITS,
+): InferenceRequest {
   if (request.modelName === '') throw RpcError.invalidArgument('model_name is required');
   if (request.inputs.length === 0) throw RpcError.invalidArgument('the request has no inputs');
   checkInputCount(request.inputs.length, limits);
   checkGrpcNames(request, limits);
   const raw = request.rawInputContents;
   if (raw.length > 0 && raw.length !== request.inputs.length) {
-    throw invalid(`raw_input_contents has ${raw.length} entries but the request has ${request.inputs.length} inputs; give one per input, in order`);
+    throw invalid(
+      `raw_input_contents has ${raw.length} entries but the request has ${request.inputs.length} inputs; give one per input, in order`,
+    );
   }
   const seen = new Set<string>();
   const inputs = request.inputs.map((input, i) => {
     if (input.name === '') throw invalid(`inputs[${i}] has no name`);
     if (seen.has(input.name)) throw invalid(`input "${input.name}" is given more than once`);
     seen.add(input.name);
-    if ('shared_memory_region' in input.parameters) throw invalid(`input "${input.name}": shared memory is not supported`);
+    if ('shared_memory_region' in input.parameters)
+      throw invalid(`input "${input.name}": shared memory is not supported`);
     return raw.length > 0 ? rawInput(input, raw[i]!, limits) : typedInput(input, limits);
   });
   return create(InferenceRequestSchema, {
@@ -112,7 +125,9 @@ function rawInput(input: ModelInferRequest_InferInputTensor, data: Uint8Array, l
   const datatype = tensorDatatype(input.name, input.datatype);
   checkTensorSize(input.name, input.shape, tensorElementCount(input.name, input.shape), limits);
   if (input.contents !== undefined && usedFields(input.contents).length > 0) {
-    throw invalid(`input "${input.name}" has typed contents, but raw_input_contents is used: then every input must be raw`);
+    throw invalid(
+      `input "${input.name}" has typed contents, but raw_input_contents is used: then every input must be raw`,
+    );
   }
   const tensor = create(TensorSchema, { name: input.name, datatype, shape: input.shape, data });
   const problem = checkData(tensor);
@@ -138,13 +153,22 @@ function typedInput(input: ModelInferRequest_InferInputTensor, limits: TensorLim
   }
   const wrong = used.find((f) => f !== field);
   if (wrong !== undefined) {
-    throw invalid(`input "${name}" has datatype ${datatypeName(datatype)}, whose data goes in ${FIELD_NAME[field]}, but ${FIELD_NAME[wrong]} is set`);
+    throw invalid(
+      `input "${name}" has datatype ${datatypeName(datatype)}, whose data goes in ${FIELD_NAME[field]}, but ${FIELD_NAME[wrong]} is set`,
+    );
   }
   const values: readonly unknown[] = contents[field];
   if (values.length !== count) {
-    throw invalid(`input "${name}": ${FIELD_NAME[field]} has ${values.length} elements but shape [${input.shape.join(',')}] needs ${count}`);
+    throw invalid(
+      `input "${name}": ${FIELD_NAME[field]} has ${values.length} elements but shape [${input.shape.join(',')}] needs ${count}`,
+    );
   }
-  const tensor = create(TensorSchema, { name, datatype, shape: input.shape, data: typedToRaw(name, datatype, contents) });
+  const tensor = create(TensorSchema, {
+    name,
+    datatype,
+    shape: input.shape,
+    data: typedToRaw(name, datatype, contents),
+  });
   checkBytesElements(tensor);
   return tensor;
 }
@@ -160,7 +184,10 @@ function typedToRaw(name: string, datatype: DataType, contents: InferTensorConte
     const range = INT_RANGES[datatype];
     if (range !== undefined) {
       const i = values.findIndex((v) => v < range[0] || v > range[1]);
-      if (i >= 0) throw invalid(`input "${name}": element ${i} (${values[i]}) is not in the ${datatypeName(datatype)} range [${range[0]}, ${range[1]}]`);
+      if (i >= 0)
+        throw invalid(
+          `input "${name}": element ${i} (${values[i]}) is not in the ${datatypeName(datatype)} range [${range[0]}, ${range[1]}]`,
+        );
     }
     return values;
   };
@@ -203,8 +230,16 @@ export function inferResponseToGrpc(response: InferenceResponse): MessageInitSha
     modelName: response.modelName,
     modelVersion: response.modelVersion,
     id: response.id,
-    parameters: { ...response.parameters, cached: boolParameter(response.cached), degraded: boolParameter(response.degraded) },
-    outputs: response.outputs.map((tensor) => ({ name: tensor.name, datatype: datatypeName(tensor.datatype), shape: tensor.shape })),
+    parameters: {
+      ...response.parameters,
+      cached: boolParameter(response.cached),
+      degraded: boolParameter(response.degraded),
+    },
+    outputs: response.outputs.map((tensor) => ({
+      name: tensor.name,
+      datatype: datatypeName(tensor.datatype),
+      shape: tensor.shape,
+    })),
     rawOutputContents: response.outputs.map((tensor) => tensor.data),
   };
 }

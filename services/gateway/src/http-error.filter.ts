@@ -69,7 +69,11 @@ export class HttpErrorFilter implements ExceptionFilter {
           : typeof (response as { message?: unknown }).message === 'string'
             ? (response as { message: string }).message
             : exception.message;
-      return { status: exception.getStatus(), body: { error: boundedText(message, MAX_ERROR_MESSAGE_CHARS) }, headers: {} };
+      return {
+        status: exception.getStatus(),
+        body: { error: boundedText(message, MAX_ERROR_MESSAGE_CHARS) },
+        headers: {},
+      };
     }
     this.logger.error('unexpected error', exception instanceof Error ? exception : new Error(String(exception)));
     return { status: 500, body: { error: 'internal error' }, headers: {} };

@@ -58,7 +58,9 @@ export function boolParameter(value: boolean): InferParameter {
 }
 
 function safeNumber(value: bigint): number | string {
-  return value >= BigInt(Number.MIN_SAFE_INTEGER) && value <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(value) : value.toString();
+  return value >= BigInt(Number.MIN_SAFE_INTEGER) && value <= BigInt(Number.MAX_SAFE_INTEGER)
+    ? Number(value)
+    : value.toString();
 }
 
 /** What a request's own parameters say at the edge: its timeout, checked like its priority. */
@@ -76,12 +78,17 @@ export interface EdgeParameters {
 export function edgeParameters(parameters: Readonly<Record<string, InferParameter>>): EdgeParameters {
   const priority = parameters['priority'];
   if (priority !== undefined && !(integerParameter(priority) >= 0)) {
-    throw RpcError.invalidArgument(`parameter "priority" must be a non-negative integer (0 for the model's default level), got ${shownParameter(priority)}`);
+    throw RpcError.invalidArgument(
+      `parameter "priority" must be a non-negative integer (0 for the model's default level), got ${shownParameter(priority)}`,
+    );
   }
   const timeout = parameters['timeout'];
   if (timeout === undefined) return { timeoutMs: undefined };
   const us = integerParameter(timeout);
-  if (!(us > 0)) throw RpcError.invalidArgument(`parameter "timeout" must be a positive integer of microseconds, got ${shownParameter(timeout)}`);
+  if (!(us > 0))
+    throw RpcError.invalidArgument(
+      `parameter "timeout" must be a positive integer of microseconds, got ${shownParameter(timeout)}`,
+    );
   return { timeoutMs: Math.max(1, Math.ceil(us / 1000)) };
 }
 
@@ -110,7 +117,10 @@ export function outputClassCounts(
   for (const { name, parameters } of outputs) {
     const count = classCountParameter(name, parameters);
     if (given.has(name) && given.get(name) !== count) {
-      throw RpcError.invalidArgument(`output ${quoted(name)} is requested more than once with different class_count parameters`, 'INVALID_TENSOR');
+      throw RpcError.invalidArgument(
+        `output ${quoted(name)} is requested more than once with different class_count parameters`,
+        'INVALID_TENSOR',
+      );
     }
     given.set(name, count);
     if (count !== undefined) counts[name] = count;

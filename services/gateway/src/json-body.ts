@@ -20,7 +20,9 @@ export interface BodyLimits {
  */
 export async function readJsonBody(req: Request, res: Response, limits: BodyLimits): Promise<unknown> {
   if (req.headers[INFERENCE_HEADER_LENGTH] !== undefined) {
-    throw new BadRequestException('Inference-Header-Content-Length (binary tensor data) is for inference requests only; send this body as JSON');
+    throw new BadRequestException(
+      'Inference-Header-Content-Length (binary tensor data) is for inference requests only; send this body as JSON',
+    );
   }
   return parseJson((await readBody(req, res, limits)).toString('utf8'), 'body');
 }
@@ -43,14 +45,21 @@ export async function readInferBody(req: Request, res: Response, limits: BodyLim
   const text = (Array.isArray(header) ? header.join(',') : header).trim();
   const headerLength = /^\d{1,15}$/.test(text) ? Number(text) : NaN;
   if (!Number.isSafeInteger(headerLength)) {
-    throw new BadRequestException(`Inference-Header-Content-Length must be a non-negative integer of bytes, got ${JSON.stringify(text.slice(0, 40))}`);
+    throw new BadRequestException(
+      `Inference-Header-Content-Length must be a non-negative integer of bytes, got ${JSON.stringify(text.slice(0, 40))}`,
+    );
   }
   const body = await readBody(req, res, limits);
   if (headerLength > body.length) {
-    throw new BadRequestException(`Inference-Header-Content-Length is ${headerLength} but the body has only ${body.length} bytes`);
+    throw new BadRequestException(
+      `Inference-Header-Content-Length is ${headerLength} but the body has only ${body.length} bytes`,
+    );
   }
   const json = parseJson(body.toString('utf8', 0, headerLength), 'inference header');
-  if (json === undefined) throw new BadRequestException(`the inference header (the first ${headerLength} bytes of the body) is empty; it must be a JSON object`);
+  if (json === undefined)
+    throw new BadRequestException(
+      `the inference header (the first ${headerLength} bytes of the body) is empty; it must be a JSON object`,
+    );
   return { json, binaryData: body.subarray(headerLength) };
 }
 
@@ -71,17 +80,23 @@ function parseJson(text: string, what: string): unknown {
 async function readBody(req: Request, res: Response, { maxBytes, budget }: BodyLimits): Promise<Buffer> {
   const encoding = req.headers['content-encoding'];
   if (encoding !== undefined && encoding.toLowerCase() !== 'identity') {
-    throw new HttpException(`Content-Encoding "${encoding}" is not supported; send the body uncompressed`, HttpStatus.UNSUPPORTED_MEDIA_TYPE);
+    throw new HttpException(
+      `Content-Encoding "${encoding}" is not supported; send the body uncompressed`,
+      HttpStatus.UNSUPPORTED_MEDIA_TYPE,
+    );
   }
   const tooLarge = () => {
     res.setHeader('connection', 'close');
-    return new PayloadTooLargeException(`the request body is larger than the ${maxBytes}-byte limit (GATEWAY_MAX_BODY_BYTES)`);
+    return new PayloadTooLargeException(
+      `the request body is larger than the ${maxBytes}-byte limit (GATEWAY_MAX_BODY_BYTES)`,
+    );
   };
   const announced = Number(req.headers['content-length']);
   if (Number.isFinite(announced) && announced > maxBytes) throw tooLarge();
   let reserved = Number.isSafeInteger(announced) && announced > 0 ? announced : 0;
   const reservation = budget.reserve(reserved);
-  if (res.closed) reservation.release(); // the client is gone already; reading fails below
+  if (res.closed)
+    reservation.release(); // the client is gone already; reading fails below
   else res.once('close', () => reservation.release());
   return new Promise<Buffer>((resolve, reject) => {
     // A body of announced size is copied into one buffer as it arrives: it is never held twice.
@@ -120,7 +135,11 @@ async function readBody(req: Request, res: Response, { maxBytes, budget }: BodyL
     };
     const onEnd = () => {
       cleanup();
-      resolve(whole !== undefined && chunks.length === 0 ? whole.subarray(0, received) : Buffer.concat(whole === undefined ? chunks : [whole, ...chunks], received));
+      resolve(
+        whole !== undefined && chunks.length === 0
+          ? whole.subarray(0, received)
+          : Buffer.concat(whole === undefined ? chunks : [whole, ...chunks], received),
+      );
     };
     const onError = (error: Error) => {
       cleanup();

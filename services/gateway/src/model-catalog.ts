@@ -70,7 +70,10 @@ export class ModelCatalog {
     if (version !== '') {
       chosen = found.versions.find((v) => versionIdOf(v.name) === version);
       if (chosen === undefined) {
-        throw RpcError.notFound(`model "${model}" has no version "${version}"`, 'VERSION_NOT_FOUND', { model, version });
+        throw RpcError.notFound(`model "${model}" has no version "${version}"`, 'VERSION_NOT_FOUND', {
+          model,
+          version,
+        });
       }
     } else {
       chosen = live.findLast((v) => v.state === VersionState.READY) ?? live.at(-1) ?? found.versions.at(-1);
@@ -90,13 +93,17 @@ export class ModelCatalog {
       const resolved = await this.registry.resolveVersion(model, version);
       return resolved?.state === VersionState.READY;
     } catch (error) {
-      if (error instanceof RpcError && error.code === status.UNAVAILABLE && error.reason === 'MODEL_NOT_READY') return false;
+      if (error instanceof RpcError && error.code === status.UNAVAILABLE && error.reason === 'MODEL_NOT_READY')
+        return false;
       throw error;
     }
   }
 
   /** Every version of every model (those `listed` accepts) with its state; only READY ones when `readyOnly`. */
-  async repositoryIndex(readyOnly: boolean, listed: (model: string) => boolean = () => true): Promise<RepositoryEntry[]> {
+  async repositoryIndex(
+    readyOnly: boolean,
+    listed: (model: string) => boolean = () => true,
+  ): Promise<RepositoryEntry[]> {
     const models = await this.registry.listModels();
     const entries: RepositoryEntry[] = [];
     for (const model of models) {

@@ -49,7 +49,9 @@ export class ModelInference {
     registry: Metrics,
   ) {
     this.limit = new ConcurrencyLimit(config.concurrency);
-    registry.gauge('inference_in_flight', 'Inference requests the gateway works on now.', [], (gauge) => gauge.set(this.limit.inFlight));
+    registry.gauge('inference_in_flight', 'Inference requests the gateway works on now.', [], (gauge) =>
+      gauge.set(this.limit.inFlight),
+    );
     registry.gauge(
       'concurrency_limit',
       'Inference requests the gateway lets in flight at once: adaptive (GATEWAY_CONCURRENCY_LIMIT) between GATEWAY_MIN_IN_FLIGHT and GATEWAY_MAX_IN_FLIGHT, or fixed at the latter.',
@@ -79,11 +81,17 @@ export class ModelInference {
     const limit = this.limit.limit;
     // One error per limit value: under overload thousands of refusals a second share it.
     if (this.refusalError?.limit !== limit) {
-      const setting = this.config.concurrency.adaptive ? 'adaptive: GATEWAY_CONCURRENCY_LIMIT, between GATEWAY_MIN_IN_FLIGHT and GATEWAY_MAX_IN_FLIGHT' : 'fixed: GATEWAY_MAX_IN_FLIGHT';
-      const error = new RpcError(status.RESOURCE_EXHAUSTED, `the gateway is at its limit of ${limit} inference requests in flight (${setting}); retry later`, {
-        reason: 'OVERLOADED',
-        retryDelayMs: RETRY_AFTER_MS,
-      });
+      const setting = this.config.concurrency.adaptive
+        ? 'adaptive: GATEWAY_CONCURRENCY_LIMIT, between GATEWAY_MIN_IN_FLIGHT and GATEWAY_MAX_IN_FLIGHT'
+        : 'fixed: GATEWAY_MAX_IN_FLIGHT';
+      const error = new RpcError(
+        status.RESOURCE_EXHAUSTED,
+        `the gateway is at its limit of ${limit} inference requests in flight (${setting}); retry later`,
+        {
+          reason: 'OVERLOADED',
+          retryDelayMs: RETRY_AFTER_MS,
+        },
+      );
       this.refusalError = { limit, error };
     }
     return this.refusalError.error;
@@ -96,13 +104,21 @@ export class ModelInference {
   async infer(admission: Admission, request: InferenceRequest, signal?: AbortSignal): Promise<InferenceResponse> {
     // The request's span says what was asked and by which tenant (never the key), then what answered.
     const span = requestContext.current()?.span;
-    span?.setAttributes({ 'infermesh.model': request.modelName, 'infermesh.tenant': request.tenant, 'infermesh.request_id': requestContext.current()!.requestId });
+    span?.setAttributes({
+      'infermesh.model': request.modelName,
+      'infermesh.tenant': request.tenant,
+      'infermesh.request_id': requestContext.current()!.requestId,
+    });
     const started = performance.now();
     try {
       const response = await this.router.infer(request, signal);
       admission.answeredInMs = performance.now() - started;
       const outcome = response.degraded ? 'degraded' : response.cached ? 'cached' : 'ok';
-      span?.setAttributes({ 'infermesh.model.version': response.modelVersion, 'infermesh.cached': response.cached, 'infermesh.degraded': response.degraded });
+      span?.setAttributes({
+        'infermesh.model.version': response.modelVersion,
+        'infermesh.cached': response.cached,
+        'infermesh.degraded': response.degraded,
+      });
       this.metrics.countInference(response.modelName, response.modelVersion, outcome);
       return response;
     } catch (error) {

@@ -10,34 +10,60 @@ import { type RedisServer, rpcRejection, startRedisServer } from '@infermesh/tes
 import type { Principal } from './api-keys/api-keys';
 import { GatewayMetrics } from './gateway-metrics';
 import { bucketsOf, RateLimits } from './rate-limits';
-import { type FakeUpstreams, metricsOf, postJson, type Reply, startFakeUpstreams, startTestGateway } from './testing/gateway-harness';
+import {
+  type FakeUpstreams,
+  metricsOf,
+  postJson,
+  type Reply,
+  startFakeUpstreams,
+  startTestGateway,
+} from './testing/gateway-harness';
 
 const ADMIN_KEY = 'limits-spec-admin-key-0123456789';
 const OTHER_KEY = 'limits-spec-other-key-0123456789';
 const bearer = (key: string) => ({ authorization: `Bearer ${key}` });
 const INPUT = { name: 'x', shape: [1], datatype: 'FP32', data: [1] };
 const grpcInfer = (modelName: string) =>
-  create(ModelInferRequestSchema, { modelName, inputs: [{ name: 'x', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } }] });
+  create(ModelInferRequestSchema, {
+    modelName,
+    inputs: [{ name: 'x', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } }],
+  });
 
-const infer = (gateway: RunningService, key: string, model = 'mlp') => postJson(gateway.httpPort!, `/v2/models/${model}/infer`, { inputs: [INPUT] }, bearer(key));
+const infer = (gateway: RunningService, key: string, model = 'mlp') =>
+  postJson(gateway.httpPort!, `/v2/models/${model}/infer`, { inputs: [INPUT] }, bearer(key));
 
 /** The statuses of `count` inference requests in a row. */
-async function statuses(gateway: RunningService | (() => RunningService), key: string, count: number, model = 'mlp'): Promise<number[]> {
+async function statuses(
+  gateway: RunningService | (() => RunningService),
+  key: string,
+  count: number,
+  model = 'mlp',
+): Promise<number[]> {
   const codes: number[] = [];
-  for (let i = 0; i < count; i++) codes.push((await infer(typeof gateway === 'function' ? gateway() : gateway, key, model)).status);
+  for (let i = 0; i < count; i++)
+    codes.push((await infer(typeof gateway === 'function' ? gateway() : gateway, key, model)).status);
   return codes;
 }
 
 /** Creates a stored key through the gateway's REST admin API; its secret and id. */
-async function createKey(gateway: RunningService, init: Record<string, unknown>): Promise<{ secret: string; id: string }> {
-  const reply = await postJson(gateway.httpPort!, '/admin/v1/api-keys', { scopes: ['SCOPE_INFER'], ...init }, bearer(ADMIN_KEY));
+async function createKey(
+  gateway: RunningService,
+  init: Record<string, unknown>,
+): Promise<{ secret: string; id: string }> {
+  const reply = await postJson(
+    gateway.httpPort!,
+    '/admin/v1/api-keys',
+    { scopes: ['SCOPE_INFER'], ...init },
+    bearer(ADMIN_KEY),
+  );
   expect(reply.status).toBe(200);
   const { key, secret } = reply.json as { key: { name: string }; secret: string };
   return { secret, id: key.name.slice('apiKeys/'.length) };
 }
 
 /** The value of a counter sample, 0 when absent. */
-const sample = (metrics: string, series: string) => Number(new RegExp(`^${series.replace(/[{}()[\].+*?^$|\\]/g, '\\$&')} (\\S+)$`, 'm').exec(metrics)?.[1] ?? 0);
+const sample = (metrics: string, series: string) =>
+  Number(new RegExp(`^${series.replace(/[{}()[\].+*?^$|\\]/g, '\\$&')} (\\S+)$`, 'm').exec(metrics)?.[1] ?? 0);
 
 let upstreams: FakeUpstreams;
 
@@ -50,13 +76,21 @@ afterAll(async () => {
 });
 
 const start = (env: Record<string, string> = {}) =>
-  startTestGateway(upstreams.router.address, upstreams.registry.address, { GATEWAY_API_KEYS: `${ADMIN_KEY}, ${OTHER_KEY}`, ...env });
+  startTestGateway(upstreams.router.address, upstreams.registry.address, {
+    GATEWAY_API_KEYS: `${ADMIN_KEY}, ${OTHER_KEY}`,
+    ...env,
+  });
 
 describe(bucketsOf.name, () => {
   it('draws from no bucket without rates, from a key bucket and a bucket per model with them', () => {
     expect(bucketsOf(undefined, 'mlp')).toEqual([]);
     expect(bucketsOf(create(RateLimitSchema, { burst: 5, perModelBurst: 5 }), 'mlp')).toEqual([]);
-    expect(bucketsOf(create(RateLimitSchema, { requestsPerSecond: 5, burst: 10, perModelRequestsPerSecond: 2, perModelBurst: 3 }), 'mlp')).toEqual([
+    expect(
+      bucketsOf(
+        create(RateLimitSchema, { requestsPerSecond: 5, burst: 10, perModelRequestsPerSecond: 2, perModelBurst: 3 }),
+        'mlp',
+      ),
+    ).toEqual([
       { key: 'all', ratePerS: 5, burst: 10 },
       { key: 'model:mlp', ratePerS: 2, burst: 3 },
     ]);
@@ -79,7 +113,13 @@ describe(RateLimits.name, () => {
       return super.take(scope, buckets);
     }
   }
-  const principal = (rateLimit: Principal['rateLimit']): Principal => ({ keyId: '0123456789ab', scopes: new Set([Scope.INFER]), tenant: 't', models: new Set(), rateLimit });
+  const principal = (rateLimit: Principal['rateLimit']): Principal => ({
+    keyId: '0123456789ab',
+    scopes: new Set([Scope.INFER]),
+    tenant: 't',
+    models: new Set(),
+    rateLimit,
+  });
 
   it('never asks the limiter about a principal without limits', async () => {
     const limiter = new CountingLimiter();
@@ -94,8 +134,12 @@ describe(RateLimits.name, () => {
   });
 
   it('refuses a model name that no model can have when a limit per model applies', async () => {
-    const sut = new RateLimits(new MemoryRateLimiter(), new GatewayMetrics(new Metrics('gateway')), { rateLimitRedisDown: 'local' });
-    const error = await rpcRejection(sut.admit(principal(create(RateLimitSchema, { perModelRequestsPerSecond: 1 })), 'x'.repeat(1000)));
+    const sut = new RateLimits(new MemoryRateLimiter(), new GatewayMetrics(new Metrics('gateway')), {
+      rateLimitRedisDown: 'local',
+    });
+    const error = await rpcRejection(
+      sut.admit(principal(create(RateLimitSchema, { perModelRequestsPerSecond: 1 })), 'x'.repeat(1000)),
+    );
     expect(error.code).toBe(status.INVALID_ARGUMENT);
   });
 });
@@ -122,22 +166,34 @@ describe('gateway rate limits', () => {
     const refused = await infer(gateway, secret, 'tiny');
     expect(refused.status).toBe(429);
     expect(Number(refused.headers['retry-after'])).toBeGreaterThanOrEqual(999);
-    expect(refused.json).toEqual({ error: expect.stringMatching(new RegExp(`^rate limit of key apiKeys/${id}: 0\\.001 requests/s per key \\(burst 3\\); retry in \\d+ s$`)) });
+    expect(refused.json).toEqual({
+      error: expect.stringMatching(
+        new RegExp(`^rate limit of key apiKeys/${id}: 0\\.001 requests/s per key \\(burst 3\\); retry in \\d+ s$`),
+      ),
+    });
     const grpcRefused = await rpcRejection(grpc.modelInfer(grpcInfer('mlp'), { metadata: bearer(secret) }));
     expect([grpcRefused.code, grpcRefused.reason]).toEqual([status.RESOURCE_EXHAUSTED, 'RATE_LIMITED']);
     expect(grpcRefused.retryDelayMs).toBeGreaterThan(990_000);
     expect(upstreams.routerState.requests.length - routed).toBe(3);
-    expect(sample(await metricsOf(gateway), 'infermesh_gateway_rate_limited_total{bucket="key"}')).toBeGreaterThanOrEqual(2);
+    expect(
+      sample(await metricsOf(gateway), 'infermesh_gateway_rate_limited_total{bucket="key"}'),
+    ).toBeGreaterThanOrEqual(2);
   });
 
   it('limits each model of a key apart with a limit per model', async () => {
-    const { secret, id } = await createKey(gateway, { rateLimit: { perModelRequestsPerSecond: 0.001, perModelBurst: 2 } });
+    const { secret, id } = await createKey(gateway, {
+      rateLimit: { perModelRequestsPerSecond: 0.001, perModelBurst: 2 },
+    });
     const before = sample(await metricsOf(gateway), 'infermesh_gateway_rate_limited_total{bucket="model"}');
 
     expect(await statuses(gateway, secret, 3, 'mlp')).toEqual([200, 200, 429]);
     expect(await statuses(gateway, secret, 3, 'tiny')).toEqual([200, 200, 429]);
     const refused = await infer(gateway, secret, 'mlp');
-    expect(refused.json).toEqual({ error: expect.stringContaining(`rate limit of key apiKeys/${id} for model "mlp": 0.001 requests/s per model (burst 2)`) });
+    expect(refused.json).toEqual({
+      error: expect.stringContaining(
+        `rate limit of key apiKeys/${id} for model "mlp": 0.001 requests/s per model (burst 2)`,
+      ),
+    });
     expect(sample(await metricsOf(gateway), 'infermesh_gateway_rate_limited_total{bucket="model"}') - before).toBe(3);
   });
 
@@ -164,7 +220,11 @@ describe('gateway rate limits of GATEWAY_RATE_LIMIT_*', () => {
   it('limits each configured key on its own, naming the limit and never the key', async () => {
     expect(await statuses(gateway, ADMIN_KEY, 3)).toEqual([200, 200, 429]);
     const refused = await infer(gateway, ADMIN_KEY);
-    expect(refused.json).toEqual({ error: expect.stringMatching(/^rate limit of this API key: 0\.001 requests\/s per key \(burst 2, GATEWAY_RATE_LIMIT_RPS\); retry in \d+ s$/) });
+    expect(refused.json).toEqual({
+      error: expect.stringMatching(
+        /^rate limit of this API key: 0\.001 requests\/s per key \(burst 2, GATEWAY_RATE_LIMIT_RPS\); retry in \d+ s$/,
+      ),
+    });
     expect(refused.text).not.toContain(ADMIN_KEY);
     expect(await statuses(gateway, OTHER_KEY, 3)).toEqual([200, 200, 429]);
   });
@@ -214,19 +274,28 @@ describe('gateway rate limits in Redis', () => {
       'closed',
       (replies) => {
         expect(replies.map((r) => r.status)).toEqual([503, 503, 503]);
-        expect(replies[0]!.json).toEqual({ error: expect.stringContaining('the rate-limit store (Redis) cannot be reached') });
+        expect(replies[0]!.json).toEqual({
+          error: expect.stringContaining('the rate-limit store (Redis) cannot be reached'),
+        });
         expect(replies[0]!.headers['retry-after']).toBe('1');
       },
     ],
   ])('follows GATEWAY_RATE_LIMIT_REDIS_DOWN=%s while Redis is down, counting each fallback', async (policy, check) => {
     const own = await startRedisServer();
-    const gateway = await start({ REDIS_URL: own.url, GATEWAY_RATE_LIMIT_REDIS_DOWN: policy, GATEWAY_RATE_LIMIT_RPS: '0.001', GATEWAY_RATE_LIMIT_BURST: '2' });
+    const gateway = await start({
+      REDIS_URL: own.url,
+      GATEWAY_RATE_LIMIT_REDIS_DOWN: policy,
+      GATEWAY_RATE_LIMIT_RPS: '0.001',
+      GATEWAY_RATE_LIMIT_BURST: '2',
+    });
     try {
       await own.stop();
       const replies: Reply[] = [];
       for (let i = 0; i < 3; i++) replies.push(await infer(gateway, ADMIN_KEY));
       check(replies);
-      expect(sample(await metricsOf(gateway), `infermesh_gateway_rate_limit_fallbacks_total{policy="${policy}"}`)).toBe(3);
+      expect(sample(await metricsOf(gateway), `infermesh_gateway_rate_limit_fallbacks_total{policy="${policy}"}`)).toBe(
+        3,
+      );
     } finally {
       await gateway.stop();
     }

@@ -30,7 +30,11 @@ export function bucketsOf(limit: RateLimit | undefined, model: string): Bucket[]
   const buckets: Bucket[] = [];
   if (limit === undefined) return buckets;
   if (limit.requestsPerSecond > 0) {
-    buckets.push({ key: KEY_BUCKET, ratePerS: limit.requestsPerSecond, burst: limit.burst > 0 ? limit.burst : Math.max(1, limit.requestsPerSecond) });
+    buckets.push({
+      key: KEY_BUCKET,
+      ratePerS: limit.requestsPerSecond,
+      burst: limit.burst > 0 ? limit.burst : Math.max(1, limit.requestsPerSecond),
+    });
   }
   if (limit.perModelRequestsPerSecond > 0) {
     buckets.push({
@@ -78,11 +82,15 @@ export class RateLimits implements OnApplicationShutdown {
     const bucket = buckets.find((b) => b.key === decision.limitedBy) ?? buckets[0]!;
     const perModel = bucket.key !== KEY_BUCKET;
     this.metrics.countRateLimited(perModel ? 'model' : 'key');
-    throw new RpcError(status.RESOURCE_EXHAUSTED, refusal(principal, bucket, perModel ? model : undefined, decision.retryAfterMs), {
-      reason: 'RATE_LIMITED',
-      retryDelayMs: decision.retryAfterMs,
-      metadata: { bucket: perModel ? 'model' : 'key' },
-    });
+    throw new RpcError(
+      status.RESOURCE_EXHAUSTED,
+      refusal(principal, bucket, perModel ? model : undefined, decision.retryAfterMs),
+      {
+        reason: 'RATE_LIMITED',
+        retryDelayMs: decision.retryAfterMs,
+        metadata: { bucket: perModel ? 'model' : 'key' },
+      },
+    );
   }
 
   async onApplicationShutdown(): Promise<void> {
@@ -95,9 +103,15 @@ function refusal(principal: Principal, bucket: Bucket, model: string | undefined
   const configured = principal.keyId.startsWith('config:');
   const whose = configured ? 'this API key' : `key apiKeys/${principal.keyId}`;
   const retry = `retry in ${Math.max(1, Math.ceil(retryAfterMs / 1000))} s`;
-  const source = configured ? (model === undefined ? ', GATEWAY_RATE_LIMIT_RPS' : ', GATEWAY_RATE_LIMIT_PER_MODEL_RPS') : '';
+  const source = configured
+    ? model === undefined
+      ? ', GATEWAY_RATE_LIMIT_RPS'
+      : ', GATEWAY_RATE_LIMIT_PER_MODEL_RPS'
+    : '';
   const limit = `${rate(bucket.ratePerS)} requests/s per ${model === undefined ? 'key' : 'model'} (burst ${rate(bucket.burst)}${source})`;
-  return model === undefined ? `rate limit of ${whose}: ${limit}; ${retry}` : `rate limit of ${whose} for model "${model}": ${limit}; ${retry}`;
+  return model === undefined
+    ? `rate limit of ${whose}: ${limit}; ${retry}`
+    : `rate limit of ${whose} for model "${model}": ${limit}; ${retry}`;
 }
 
 /**
@@ -113,9 +127,12 @@ export async function createRateLimiter(
   if (config.redisUrl === undefined) return new MemoryRateLimiter();
   const client = createRedisClient(config.redisUrl, logger, 'gateway-rate-limit');
   await waitForRedis(client, 5_000).catch((error: unknown) =>
-    logger.warn(`redis not ready at start-up; rate limits follow GATEWAY_RATE_LIMIT_REDIS_DOWN=${config.rateLimitRedisDown} until it is`, {
-      err: String(error),
-    }),
+    logger.warn(
+      `redis not ready at start-up; rate limits follow GATEWAY_RATE_LIMIT_REDIS_DOWN=${config.rateLimitRedisDown} until it is`,
+      {
+        err: String(error),
+      },
+    ),
   );
   const outage = new StoreOutage(logger, config.rateLimitRedisDown);
   return new FallbackRateLimiter(
@@ -139,9 +156,12 @@ class StoreOutage {
   failed(error: unknown): void {
     if (this.down) return;
     this.down = true;
-    this.logger.warn(`rate-limit store (Redis) unreachable: GATEWAY_RATE_LIMIT_REDIS_DOWN=${this.policy} applies until it is back`, {
-      err: error instanceof Error ? error.message : String(error),
-    });
+    this.logger.warn(
+      `rate-limit store (Redis) unreachable: GATEWAY_RATE_LIMIT_REDIS_DOWN=${this.policy} applies until it is back`,
+      {
+        err: error instanceof Error ? error.message : String(error),
+      },
+    );
   }
 
   answered(): void {

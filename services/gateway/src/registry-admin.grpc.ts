@@ -73,9 +73,13 @@ export class RegistryAdminGrpcController implements ServiceImpl<typeof RegistryS
 
   reportVersionState(_request: unknown, ctx: CallContext) {
     return this.unary('ReportVersionState', ctx, {}, async (): Promise<never> => {
-      throw new RpcError(status.PERMISSION_DENIED, 'ReportVersionState is reported by workers only, straight to the registry; the gateway does not forward it', {
-        reason: 'PERMISSION_DENIED',
-      });
+      throw new RpcError(
+        status.PERMISSION_DENIED,
+        'ReportVersionState is reported by workers only, straight to the registry; the gateway does not forward it',
+        {
+          reason: 'PERMISSION_DENIED',
+        },
+      );
     });
   }
 
@@ -99,7 +103,10 @@ export class RegistryAdminGrpcController implements ServiceImpl<typeof RegistryS
    */
   async reportTraffic(_request: unknown, _ctx: CallContext): Promise<never> {
     this.metrics.observeRequest('grpc', 'ReportTraffic', 'UNIMPLEMENTED', process.hrtime.bigint());
-    throw new RpcError(status.UNIMPLEMENTED, 'ReportTraffic is reported by routers only, straight to the registry; the gateway does not serve it');
+    throw new RpcError(
+      status.UNIMPLEMENTED,
+      'ReportTraffic is reported by routers only, straight to the registry; the gateway does not serve it',
+    );
   }
 
   setCachePolicy(request: SetCachePolicyRequest, ctx: CallContext) {
@@ -127,15 +134,24 @@ export class RegistryAdminGrpcController implements ServiceImpl<typeof RegistryS
   }
 
   /** Authorizes, then forwards a call with one answer inside the call's context, and records its duration. */
-  private async unary<T>(rpc: string, ctx: CallContext, options: { streaming?: boolean }, call: (registry: Registry) => Promise<T>): Promise<T> {
+  private async unary<T>(
+    rpc: string,
+    ctx: CallContext,
+    options: { streaming?: boolean },
+    call: (registry: Registry) => Promise<T>,
+  ): Promise<T> {
     const start = process.hrtime.bigint();
     let code = status.OK;
     try {
       await this.auth.authorize(ctx.metadata['authorization'], Scope.ADMIN);
-      const deadlineMs = ctx.deadlineMs ?? (options.streaming === true ? undefined : Date.now() + this.config.defaultTimeoutMs);
+      const deadlineMs =
+        ctx.deadlineMs ?? (options.streaming === true ? undefined : Date.now() + this.config.defaultTimeoutMs);
       // The call's span goes with it: the registry's span of the control call is its child.
       const span = requestContext.current()?.span;
-      return await requestContext.run({ requestId: ctx.requestId, deadlineMs, signal: ctx.signal, ...(span !== undefined && { span }) }, () => this.registry.forward(call));
+      return await requestContext.run(
+        { requestId: ctx.requestId, deadlineMs, signal: ctx.signal, ...(span !== undefined && { span }) },
+        () => this.registry.forward(call),
+      );
     } catch (error) {
       code = toRpcError(error).code;
       throw error;
@@ -145,7 +161,11 @@ export class RegistryAdminGrpcController implements ServiceImpl<typeof RegistryS
   }
 
   /** Authorizes, then passes on the messages of a server-streaming call as they come, and records its duration. */
-  private async *serverStream<T>(rpc: string, ctx: CallContext, call: (registry: Registry) => AsyncIterable<T>): AsyncGenerator<T> {
+  private async *serverStream<T>(
+    rpc: string,
+    ctx: CallContext,
+    call: (registry: Registry) => AsyncIterable<T>,
+  ): AsyncGenerator<T> {
     const start = process.hrtime.bigint();
     let code = status.OK;
     try {

@@ -93,13 +93,21 @@ export class RegistryAdminHttpController {
 
   @Post('v2/repository/models/:model/load')
   @HttpCode(200)
-  async load(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string): Promise<object> {
+  async load(
+    @Req() req: Request,
+    @Res({ passthrough: true }) res: Response,
+    @Param('model') model: string,
+  ): Promise<object> {
     return this.setUnloaded(req, res, model, false);
   }
 
   @Post('v2/repository/models/:model/unload')
   @HttpCode(200)
-  async unload(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string): Promise<object> {
+  async unload(
+    @Req() req: Request,
+    @Res({ passthrough: true }) res: Response,
+    @Param('model') model: string,
+  ): Promise<object> {
     return this.setUnloaded(req, res, model, true);
   }
 
@@ -128,14 +136,22 @@ export class RegistryAdminHttpController {
       .map((key) => ModelSchema.fields.find((f) => f.jsonName === key || f.name === key)!.name)
       .filter((path) => path !== 'name');
     if (paths.length === 0) {
-      throw RpcError.invalidArgument('the request body names no field to change: give one or more of "labels", "pinned", "versionPolicy", "unloaded"');
+      throw RpcError.invalidArgument(
+        'the request body names no field to change: give one or more of "labels", "pinned", "versionPolicy", "unloaded"',
+      );
     }
-    const { model: updated } = await this.call(req, res, (r) => r.updateModel({ model: changes, updateMask: { paths } }));
+    const { model: updated } = await this.call(req, res, (r) =>
+      r.updateModel({ model: changes, updateMask: { paths } }),
+    );
     return messageToJson(ModelSchema, required(updated, 'model'));
   }
 
   @Delete('admin/v1/models/:model')
-  async deleteModel(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string): Promise<object> {
+  async deleteModel(
+    @Req() req: Request,
+    @Res({ passthrough: true }) res: Response,
+    @Param('model') model: string,
+  ): Promise<object> {
     const name = modelResource(model);
     await this.call(req, res, (r) => r.deleteModel({ name }));
     return {};
@@ -158,7 +174,10 @@ export class RegistryAdminHttpController {
     }
     const encoding = req.headers['content-encoding'];
     if (encoding !== undefined && encoding.toLowerCase() !== 'identity') {
-      throw new HttpException(`Content-Encoding "${encoding}" is not supported; send the artifact uncompressed`, HttpStatus.UNSUPPORTED_MEDIA_TYPE);
+      throw new HttpException(
+        `Content-Encoding "${encoding}" is not supported; send the artifact uncompressed`,
+        HttpStatus.UNSUPPORTED_MEDIA_TYPE,
+      );
     }
     const expectedSha256 = req.header(ARTIFACT_SHA256_HEADER)?.trim() ?? '';
     try {
@@ -172,17 +191,24 @@ export class RegistryAdminHttpController {
       return messageToJson(ArtifactSchema, required(artifact, 'artifact'));
     } catch (error) {
       // The registry's size refusal carries its limit in the ErrorInfo metadata (maxBytes).
-      const tooLarge = error instanceof RpcError && (error.metadata['maxBytes'] !== undefined || error.code === status.RESOURCE_EXHAUSTED);
+      const tooLarge =
+        error instanceof RpcError &&
+        (error.metadata['maxBytes'] !== undefined || error.code === status.RESOURCE_EXHAUSTED);
       throw tooLarge ? new PayloadTooLargeException(error.message) : error;
     }
   }
 
   @Post('admin/v1/models/:model/versions')
   @HttpCode(200)
-  async createModelVersion(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string) {
+  async createModelVersion(
+    @Req() req: Request,
+    @Res({ passthrough: true }) res: Response,
+    @Param('model') model: string,
+  ) {
     const parent = modelResource(model);
     const request = messageFromJson(CreateModelVersionRequestSchema, await this.body(req, res));
-    if (request.parent !== '') throw RpcError.invalidArgument(`leave "parent" out of the request body: the path names the model ("${parent}")`);
+    if (request.parent !== '')
+      throw RpcError.invalidArgument(`leave "parent" out of the request body: the path names the model ("${parent}")`);
     request.parent = parent;
     const { version } = await this.call(req, res, (r) => r.createModelVersion(request));
     return messageToJson(ModelVersionSchema, required(version, 'version'));
@@ -212,15 +238,25 @@ export class RegistryAdminHttpController {
   ) {
     const source = versionResource(model, version);
     // No body: every default (the next version of the same model, synthetic calibration, the default gate).
-    const request = messageFromJson(QuantizeModelVersionRequestSchema, (await readJsonBody(req, res, this.bodyLimits)) ?? {});
-    if (request.source !== '') throw RpcError.invalidArgument(`leave "source" out of the request body: the path names the version ("${source}")`);
+    const request = messageFromJson(
+      QuantizeModelVersionRequestSchema,
+      (await readJsonBody(req, res, this.bodyLimits)) ?? {},
+    );
+    if (request.source !== '')
+      throw RpcError.invalidArgument(
+        `leave "source" out of the request body: the path names the version ("${source}")`,
+      );
     request.source = source;
     const { version: derived } = await this.call(req, res, (r) => r.quantizeModelVersion(request));
     return messageToJson(ModelVersionSchema, required(derived, 'version'));
   }
 
   @Put('admin/v1/models/:model/rollout')
-  async setRolloutPolicy(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string) {
+  async setRolloutPolicy(
+    @Req() req: Request,
+    @Res({ passthrough: true }) res: Response,
+    @Param('model') model: string,
+  ) {
     const name = modelResource(model);
     const policy = messageFromJson(RolloutPolicySchema, await this.body(req, res));
     const { model: updated } = await this.call(req, res, (r) => r.setRolloutPolicy({ model: name, policy }));
@@ -236,9 +272,11 @@ export class RegistryAdminHttpController {
     if (body !== undefined) {
       const { version: given, ...rest } = jsonObject(body, '{"version": "<id>"}, or no body to promote the canary');
       const unknown = Object.keys(rest);
-      if (unknown.length > 0) throw RpcError.invalidArgument(`unknown field "${unknown[0]}" in the request body: expected only "version"`);
+      if (unknown.length > 0)
+        throw RpcError.invalidArgument(`unknown field "${unknown[0]}" in the request body: expected only "version"`);
       if (given !== undefined) {
-        if (typeof given !== 'string') throw RpcError.invalidArgument('"version" must be a version id as a string, e.g. "2"');
+        if (typeof given !== 'string')
+          throw RpcError.invalidArgument('"version" must be a version id as a string, e.g. "2"');
         version = checkVersionId(given);
       }
     }
@@ -264,7 +302,11 @@ export class RegistryAdminHttpController {
   /** Starts an automatic rollout: the body's version becomes the canary and moves through the analysis's steps. */
   @Post('admin/v1/models/:model/rollout/auto')
   @HttpCode(200)
-  async startAutoRollout(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string) {
+  async startAutoRollout(
+    @Req() req: Request,
+    @Res({ passthrough: true }) res: Response,
+    @Param('model') model: string,
+  ) {
     const request = startAutoRolloutFromJson(await this.body(req, res), modelResource(model));
     const { model: updated } = await this.call(req, res, (r) => r.startAutoRollout(request));
     return messageToJson(ModelSchema, required(updated, 'model'));
@@ -273,7 +315,11 @@ export class RegistryAdminHttpController {
   /** Resumes the model's paused automatic rollout at its step. */
   @Post('admin/v1/models/:model/rollout/auto/resume')
   @HttpCode(200)
-  async resumeAutoRollout(@Req() req: Request, @Res({ passthrough: true }) res: Response, @Param('model') model: string) {
+  async resumeAutoRollout(
+    @Req() req: Request,
+    @Res({ passthrough: true }) res: Response,
+    @Param('model') model: string,
+  ) {
     const name = modelResource(model);
     await this.noBody(req, res);
     const { model: updated } = await this.call(req, res, (r) => r.startAutoRollout({ model: name, resume: true }));
@@ -312,7 +358,8 @@ export class RegistryAdminHttpController {
     if (body !== undefined) {
       const { parameters, ...rest } = jsonObject(body, '{} or {"parameters": {...}}');
       const unknown = Object.keys(rest);
-      if (unknown.length > 0) throw RpcError.invalidArgument(`unknown field "${unknown[0]}" in the request body: expected only "parameters"`);
+      if (unknown.length > 0)
+        throw RpcError.invalidArgument(`unknown field "${unknown[0]}" in the request body: expected only "parameters"`);
       if (parameters !== undefined) {
         if (typeof parameters !== 'object' || parameters === null || Array.isArray(parameters)) {
           throw RpcError.invalidArgument('"parameters" must be a JSON object');
@@ -342,7 +389,13 @@ export class RegistryAdminHttpController {
 
   /** Forwards one call to the registry with the request's id and deadline, cancelled when the client goes away. */
   private call<T>(req: Request, res: Response, call: (registry: Registry) => Promise<T>): Promise<T> {
-    return withinRequest(req, res, { defaultTimeoutMs: this.config.defaultTimeoutMs, maxTimeoutMs: this.config.maxTimeoutMs }, () => this.registry.forward(call), clientGone(res));
+    return withinRequest(
+      req,
+      res,
+      { defaultTimeoutMs: this.config.defaultTimeoutMs, maxTimeoutMs: this.config.maxTimeoutMs },
+      () => this.registry.forward(call),
+      clientGone(res),
+    );
   }
 }
 
@@ -351,7 +404,10 @@ export class RegistryAdminHttpController {
  * first. The body's stream is not destroyed when the upload stops early, so the refusal can still be
  * answered on it.
  */
-async function* uploadRequests(req: Request, expectedSha256: string): AsyncGenerator<MessageInitShape<typeof UploadArtifactRequestSchema>> {
+async function* uploadRequests(
+  req: Request,
+  expectedSha256: string,
+): AsyncGenerator<MessageInitShape<typeof UploadArtifactRequestSchema>> {
   let first = true;
   try {
     for await (const chunk of req.iterator({ destroyOnReturn: false }) as AsyncIterable<Buffer>) {
@@ -359,13 +415,17 @@ async function* uploadRequests(req: Request, expectedSha256: string): AsyncGener
       first = false;
     }
   } catch {
-    throw new RpcError(status.CANCELLED, 'the upload was cancelled: the client closed the connection before the whole artifact arrived');
+    throw new RpcError(
+      status.CANCELLED,
+      'the upload was cancelled: the client closed the connection before the whole artifact arrived',
+    );
   }
   if (first && expectedSha256 !== '') yield { expectedSha256 };
 }
 
 /** A message field the registry always sets; INTERNAL when it did not. */
 function required<T>(value: T | undefined, what: string): T {
-  if (value === undefined) throw new RpcError(status.INTERNAL, `the registry answered without a ${what}`, { reason: 'INTERNAL' });
+  if (value === undefined)
+    throw new RpcError(status.INTERNAL, `the registry answered without a ${what}`, { reason: 'INTERNAL' });
   return value;
 }

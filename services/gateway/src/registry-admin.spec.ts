@@ -1,6 +1,13 @@
 import { create, type DescMessage, type JsonValue, toJson } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { type CallContext, createClient, GrpcServer, RpcError, type ServiceClient, type ServiceImpl } from '@infermesh/grpc';
+import {
+  type CallContext,
+  createClient,
+  GrpcServer,
+  RpcError,
+  type ServiceClient,
+  type ServiceImpl,
+} from '@infermesh/grpc';
 import { GRPCInferenceService } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import {
   ArtifactSchema,
@@ -62,7 +69,14 @@ const DERIVED = create(ModelVersionSchema, {
     settings: { perChannel: false, quantizeConv: true },
     quantizedNodes: [{ node: 'fc1', opType: 'MatMul', weight: 'fc1.weight', elements: 4096n }],
     floatNodes: [{ node: 'proj', opType: 'MatMul', reason: 'its weight is computed' }],
-    accuracy: { samples: 1, maxAbsDiff: 0.003, relativeL2: 0.011, comparedItems: 8, agreedItems: 8, maxRelativeL2: 0.05 },
+    accuracy: {
+      samples: 1,
+      maxAbsDiff: 0.003,
+      relativeL2: 0.011,
+      comparedItems: 8,
+      agreedItems: 8,
+      maxRelativeL2: 0.05,
+    },
   },
 });
 
@@ -104,11 +118,17 @@ function deferred(): Deferred {
   return { promise, resolve };
 }
 
-const inputOf = (method: string) => (RegistryService.method as unknown as Record<string, { input: DescMessage }>)[method]!.input;
+const inputOf = (method: string) =>
+  (RegistryService.method as unknown as Record<string, { input: DescMessage }>)[method]!.input;
 
 function fakeRegistry(state: FakeState): ServiceImpl<typeof RegistryService> {
   const record = (method: string, request: unknown, ctx: CallContext) =>
-    state.seen.push({ method, request: toJson(inputOf(method), request as never), requestId: ctx.requestId, deadlineMs: ctx.deadlineMs });
+    state.seen.push({
+      method,
+      request: toJson(inputOf(method), request as never),
+      requestId: ctx.requestId,
+      deadlineMs: ctx.deadlineMs,
+    });
   const unary =
     (method: string, answer: () => unknown) =>
     async (request: unknown, ctx: CallContext): Promise<never> => {
@@ -156,13 +176,17 @@ function fakeRegistry(state: FakeState): ServiceImpl<typeof RegistryService> {
       const sha256 = createHash('sha256').update(Buffer.concat(upload.chunks)).digest('hex');
       const expected = upload.expectedSha256[0];
       if (expected !== undefined && expected !== sha256) {
-        throw RpcError.invalidArgument(`the uploaded bytes hash to ${sha256}, not the expected_sha256 ${expected}; nothing was stored`, 'INVALID_ARTIFACT');
+        throw RpcError.invalidArgument(
+          `the uploaded bytes hash to ${sha256}, not the expected_sha256 ${expected}; nothing was stored`,
+          'INVALID_ARTIFACT',
+        );
       }
       return { artifact: { sha256, sizeBytes: BigInt(size), format: 'onnx' } };
     },
     async *downloadArtifact(request, ctx) {
       record('downloadArtifact', request, ctx);
-      if (request.sha256 === 'missing') throw RpcError.notFound('artifact "missing" not found', 'ARTIFACT_NOT_FOUND', { sha256: 'missing' });
+      if (request.sha256 === 'missing')
+        throw RpcError.notFound('artifact "missing" not found', 'ARTIFACT_NOT_FOUND', { sha256: 'missing' });
       for (let i = 0; i <= state.downloadGates.length; i++) {
         yield { chunk: Buffer.alloc(1000, i + 1) };
         await state.downloadGates[i]?.promise;
@@ -188,7 +212,12 @@ interface Reply {
   json: unknown;
 }
 
-function send(port: number, method: string, path: string, headers: Record<string, string>): { req: ClientRequest; reply: Promise<Reply> } {
+function send(
+  port: number,
+  method: string,
+  path: string,
+  headers: Record<string, string>,
+): { req: ClientRequest; reply: Promise<Reply> } {
   let req!: ClientRequest;
   const reply = new Promise<Reply>((resolve, reject) => {
     req = httpRequest({ host: '127.0.0.1', port, method, path, headers }, (res) => {
@@ -210,14 +239,22 @@ function send(port: number, method: string, path: string, headers: Record<string
   return { req, reply };
 }
 
-function http(port: number, method: string, path: string, options: { headers?: Record<string, string>; body?: string | Buffer } = {}): Promise<Reply> {
+function http(
+  port: number,
+  method: string,
+  path: string,
+  options: { headers?: Record<string, string>; body?: string | Buffer } = {},
+): Promise<Reply> {
   const { req, reply } = send(port, method, path, options.headers ?? ADMIN);
   req.end(options.body);
   return reply;
 }
 
 const json = (port: number, method: string, path: string, body: unknown, headers: Record<string, string> = ADMIN) =>
-  http(port, method, path, { headers: { ...headers, 'content-type': 'application/json' }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+  http(port, method, path, {
+    headers: { ...headers, 'content-type': 'application/json' },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
 
 const octets = { ...ADMIN, 'content-type': 'application/octet-stream' };
 
@@ -240,7 +277,14 @@ const bytes = (n: number, seed: number) => Buffer.from(Array.from({ length: n },
 const sha256Of = (data: Buffer) => createHash('sha256').update(data).digest('hex');
 
 describe('gateway admin API', () => {
-  const state: FakeState = { seen: [], script: {}, uploads: [], holdUploads: false, downloadGates: [], watchCancelled: deferred() };
+  const state: FakeState = {
+    seen: [],
+    script: {},
+    uploads: [],
+    holdUploads: false,
+    downloadGates: [],
+    watchCancelled: deferred(),
+  };
   let registryServer: GrpcServer;
   let gateway: RunningService;
   let port: number;
@@ -248,7 +292,11 @@ describe('gateway admin API', () => {
   let inference: ServiceClient<typeof GRPCInferenceService>;
 
   beforeAll(async () => {
-    registryServer = new GrpcServer({ logger: new JsonLogger('fake', 'error'), metrics: new Metrics('fake'), maxMessageBytes: 4 << 20 });
+    registryServer = new GrpcServer({
+      logger: new JsonLogger('fake', 'error'),
+      metrics: new Metrics('fake'),
+      maxMessageBytes: 4 << 20,
+    });
     registryServer.add(RegistryService, fakeRegistry(state));
     const registryPort = await registryServer.listen('127.0.0.1', 0);
     const [grpc, metrics, httpPort, router] = await freePortList(4);
@@ -298,9 +346,18 @@ describe('gateway admin API', () => {
         await http(port, 'GET', '/admin/v1/models', { headers }),
         await http(port, 'POST', '/v2/repository/models/mlp/unload', { headers }),
         await json(port, 'PATCH', '/admin/v1/models/mlp', { pinned: true }, headers),
-        await json(port, 'POST', '/admin/v1/models/mlp/rollout/auto', { version: '3', analysis: { steps: [100], intervalMs: '1000', minRequests: '10' } }, headers),
+        await json(
+          port,
+          'POST',
+          '/admin/v1/models/mlp/rollout/auto',
+          { version: '3', analysis: { steps: [100], intervalMs: '1000', minRequests: '10' } },
+          headers,
+        ),
         await http(port, 'POST', '/admin/v1/models/mlp/rollout/pause', { headers }),
-        await http(port, 'POST', '/admin/v1/artifacts', { headers: { ...headers, 'content-type': 'application/octet-stream' }, body: bytes(20_000, 1) }),
+        await http(port, 'POST', '/admin/v1/artifacts', {
+          headers: { ...headers, 'content-type': 'application/octet-stream' },
+          body: bytes(20_000, 1),
+        }),
       ];
       for (const reply of replies) {
         expect([reply.status, reply.json]).toEqual([code, { error: expect.stringMatching(message) }]);
@@ -323,7 +380,14 @@ describe('gateway admin API', () => {
     });
 
     it.each<[string, string, string | undefined, string, JsonValue, unknown]>([
-      ['POST', '/v2/repository/models/mlp/load', undefined, 'updateModel', { model: { name: 'models/mlp' }, updateMask: 'unloaded' }, {}],
+      [
+        'POST',
+        '/v2/repository/models/mlp/load',
+        undefined,
+        'updateModel',
+        { model: { name: 'models/mlp' }, updateMask: 'unloaded' },
+        {},
+      ],
       [
         'POST',
         '/v2/repository/models/mlp/unload',
@@ -339,17 +403,33 @@ describe('gateway admin API', () => {
         '/admin/v1/models/mlp',
         '{"labels": {"team": "ads"}, "version_policy": {"specific": {"versions": ["2"]}}, "pinned": false}',
         'updateModel',
-        { model: { name: 'models/mlp', labels: { team: 'ads' }, versionPolicy: { specific: { versions: ['2'] } } }, updateMask: 'labels,versionPolicy,pinned' },
+        {
+          model: { name: 'models/mlp', labels: { team: 'ads' }, versionPolicy: { specific: { versions: ['2'] } } },
+          updateMask: 'labels,versionPolicy,pinned',
+        },
         MODEL_JSON,
       ],
-      ['PATCH', '/admin/v1/models/mlp', '{"name": "models/mlp", "versionPolicy": null}', 'updateModel', { model: { name: 'models/mlp' }, updateMask: 'versionPolicy' }, MODEL_JSON],
+      [
+        'PATCH',
+        '/admin/v1/models/mlp',
+        '{"name": "models/mlp", "versionPolicy": null}',
+        'updateModel',
+        { model: { name: 'models/mlp' }, updateMask: 'versionPolicy' },
+        MODEL_JSON,
+      ],
       ['DELETE', '/admin/v1/models/mlp', undefined, 'deleteModel', { name: 'models/mlp' }, {}],
       [
         'POST',
         '/admin/v1/models/mlp/versions',
         `{"versionId": "3", "artifact_sha256": "${'cd'.repeat(32)}", "maxBatchSize": 8, "batching": {"maxQueueDelayUs": "500"}}`,
         'createModelVersion',
-        { parent: 'models/mlp', versionId: '3', artifactSha256: 'cd'.repeat(32), maxBatchSize: 8, batching: { maxQueueDelayUs: '500' } },
+        {
+          parent: 'models/mlp',
+          versionId: '3',
+          artifactSha256: 'cd'.repeat(32),
+          maxBatchSize: 8,
+          batching: { maxQueueDelayUs: '500' },
+        },
         toJson(ModelVersionSchema, VERSION),
       ],
       [
@@ -376,21 +456,73 @@ describe('gateway admin API', () => {
         },
         toJson(ModelVersionSchema, DERIVED),
       ],
-      ['POST', '/admin/v1/models/mlp/versions/2/quantize', '{}', 'quantizeModelVersion', { source: 'models/mlp/versions/2' }, toJson(ModelVersionSchema, DERIVED)],
-      ['POST', '/admin/v1/models/mlp/versions/2/quantize', undefined, 'quantizeModelVersion', { source: 'models/mlp/versions/2' }, toJson(ModelVersionSchema, DERIVED)],
+      [
+        'POST',
+        '/admin/v1/models/mlp/versions/2/quantize',
+        '{}',
+        'quantizeModelVersion',
+        { source: 'models/mlp/versions/2' },
+        toJson(ModelVersionSchema, DERIVED),
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/versions/2/quantize',
+        undefined,
+        'quantizeModelVersion',
+        { source: 'models/mlp/versions/2' },
+        toJson(ModelVersionSchema, DERIVED),
+      ],
       [
         'PUT',
         '/admin/v1/models/mlp/rollout',
         '{"stableVersion": "2", "canary": {"version": "3", "percent": 10}, "fallbackModel": "tiny"}',
         'setRolloutPolicy',
-        { model: 'models/mlp', policy: { stableVersion: '2', canary: { version: '3', percent: 10 }, fallbackModel: 'tiny' } },
+        {
+          model: 'models/mlp',
+          policy: { stableVersion: '2', canary: { version: '3', percent: 10 }, fallbackModel: 'tiny' },
+        },
         MODEL_JSON,
       ],
-      ['POST', '/admin/v1/models/mlp/rollout/promote', '{"version": "3"}', 'updateRollout', { model: 'models/mlp', promote: '3' }, MODEL_JSON],
-      ['POST', '/admin/v1/models/mlp/rollout/promote', undefined, 'updateRollout', { model: 'models/mlp', promote: '' }, MODEL_JSON],
-      ['POST', '/admin/v1/models/mlp/rollout/rollback', undefined, 'updateRollout', { model: 'models/mlp', rollback: true }, MODEL_JSON],
-      ['POST', '/admin/v1/models/mlp/rollout/weights', '{"percents": {"3": 25, "4": 5}}', 'updateRollout', { model: 'models/mlp', setWeights: { percents: { '3': 25, '4': 5 } } }, MODEL_JSON],
-      ['PUT', '/admin/v1/models/mlp/cache', '{"enabled": false, "ttlMs": "60000"}', 'setCachePolicy', { model: 'models/mlp', policy: { enabled: false, ttlMs: '60000' } }, MODEL_JSON],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/promote',
+        '{"version": "3"}',
+        'updateRollout',
+        { model: 'models/mlp', promote: '3' },
+        MODEL_JSON,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/promote',
+        undefined,
+        'updateRollout',
+        { model: 'models/mlp', promote: '' },
+        MODEL_JSON,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/rollback',
+        undefined,
+        'updateRollout',
+        { model: 'models/mlp', rollback: true },
+        MODEL_JSON,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/weights',
+        '{"percents": {"3": 25, "4": 5}}',
+        'updateRollout',
+        { model: 'models/mlp', setWeights: { percents: { '3': 25, '4': 5 } } },
+        MODEL_JSON,
+      ],
+      [
+        'PUT',
+        '/admin/v1/models/mlp/cache',
+        '{"enabled": false, "ttlMs": "60000"}',
+        'setCachePolicy',
+        { model: 'models/mlp', policy: { enabled: false, ttlMs: '60000' } },
+        MODEL_JSON,
+      ],
       [
         'POST',
         '/admin/v1/models/mlp/rollout/auto',
@@ -400,17 +532,52 @@ describe('gateway admin API', () => {
         {
           model: 'models/mlp',
           version: '3',
-          analysis: { steps: [5, 10, 25, 50, 100], intervalMs: '60000', minRequests: '200', maxErrorRateIncrease: 0.005, maxP99Ratio: 1.2, minAgreement: 0.99, maxBurnRate: 2, objective: 99.5 },
+          analysis: {
+            steps: [5, 10, 25, 50, 100],
+            intervalMs: '60000',
+            minRequests: '200',
+            maxErrorRateIncrease: 0.005,
+            maxP99Ratio: 1.2,
+            minAgreement: 0.99,
+            maxBurnRate: 2,
+            objective: 99.5,
+          },
         },
         MODEL_JSON,
       ],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}', 'startAutoRollout', { model: 'models/mlp', version: '3', analysis: { steps: [100], intervalMs: '1000', minRequests: '10' } }, MODEL_JSON],
-      ['POST', '/admin/v1/models/mlp/rollout/auto/resume', undefined, 'startAutoRollout', { model: 'models/mlp', resume: true }, MODEL_JSON],
-      ['POST', '/admin/v1/models/mlp/rollout/pause', '{}', 'updateRollout', { model: 'models/mlp', pause: true }, MODEL_JSON],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}',
+        'startAutoRollout',
+        { model: 'models/mlp', version: '3', analysis: { steps: [100], intervalMs: '1000', minRequests: '10' } },
+        MODEL_JSON,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto/resume',
+        undefined,
+        'startAutoRollout',
+        { model: 'models/mlp', resume: true },
+        MODEL_JSON,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/pause',
+        '{}',
+        'updateRollout',
+        { model: 'models/mlp', pause: true },
+        MODEL_JSON,
+      ],
     ])('forwards %s %s %s to %s and answers its message as JSON', async (method, path, body, rpc, expected, answer) => {
-      const reply = await http(port, method, path, { headers: { ...ADMIN, 'content-type': 'application/json', 'x-request-id': 'admin-rest-1' }, ...(body !== undefined && { body }) });
+      const reply = await http(port, method, path, {
+        headers: { ...ADMIN, 'content-type': 'application/json', 'x-request-id': 'admin-rest-1' },
+        ...(body !== undefined && { body }),
+      });
       expect([reply.status, reply.json]).toEqual([200, answer]);
-      expect(state.seen).toEqual([{ method: rpc, request: expected, requestId: 'admin-rest-1', deadlineMs: expect.any(Number) }]);
+      expect(state.seen).toEqual([
+        { method: rpc, request: expected, requestId: 'admin-rest-1', deadlineMs: expect.any(Number) },
+      ]);
     });
 
     it('gives each call the request deadline: x-request-timeout-ms, else the configured default', async () => {
@@ -441,51 +608,176 @@ describe('gateway admin API', () => {
       ['POST', '/admin/v1/models/mlp/rollout/promote', '{"versoin": "2"}', /unknown field "versoin"/],
       ['POST', '/admin/v1/models/mlp/rollout/promote', '{"version": "02"}', /invalid version id "02"/],
       ['POST', '/admin/v1/models/mlp/rollout/rollback', '{"to": "1"}', /takes no body/],
-      ['POST', '/v2/repository/models/mlp/load', '{"parameters": {"config": "{}"}}', /parameter "config" is not supported/],
+      [
+        'POST',
+        '/v2/repository/models/mlp/load',
+        '{"parameters": {"config": "{}"}}',
+        /parameter "config" is not supported/,
+      ],
       ['POST', '/v2/repository/models/mlp/load', '{"parameters": 3}', /"parameters" must be a JSON object/],
       ['GET', '/admin/v1/models/bad%20name', '', /invalid model name "bad name"/],
       ['POST', '/admin/v1/models/a%2Fversions%2F1/versions/1/retire', '', /invalid model name "a\/versions\/1"/],
       ['POST', '/admin/v1/models/mlp/versions/x1/retire', '', /invalid version id "x1"/],
-      ['POST', '/admin/v1/models/mlp/versions/2/quantize', '{"source": "models/other/versions/1"}', /^leave "source" out of the request body: the path names the version \("models\/mlp\/versions\/2"\)$/],
-      ['POST', '/admin/v1/models/mlp/versions/2/quantize', '{"maxRelativeL2": "lots"}', /maxRelativeL2|max_relative_l2/],
+      [
+        'POST',
+        '/admin/v1/models/mlp/versions/2/quantize',
+        '{"source": "models/other/versions/1"}',
+        /^leave "source" out of the request body: the path names the version \("models\/mlp\/versions\/2"\)$/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/versions/2/quantize',
+        '{"maxRelativeL2": "lots"}',
+        /maxRelativeL2|max_relative_l2/,
+      ],
       ['POST', '/admin/v1/models/mlp/versions/x1/quantize', '{}', /invalid version id "x1"/],
       ['POST', '/admin/v1/models/mlp/rollout/auto', '', /needs a JSON body/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}', /^"version" is missing/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": 3, "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}', /^"version" must be a version id as a string/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "03", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}', /invalid version id "03"/],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}',
+        /^"version" is missing/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": 3, "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}',
+        /^"version" must be a version id as a string/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "03", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}}',
+        /invalid version id "03"/,
+      ],
       ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3"}', /^"analysis" is missing/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": [5, 100]}', /^"analysis" must be a JSON object/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}, "resume": true}', /^unknown field "resume" in the request body: expected "version" and "analysis"$/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "intervall": 5}}', /"intervall" is unknown/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": "5,100"}}', /AutoRolloutAnalysis\.steps/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"intervalMs": "60000"}}', /^auto rollout: steps has 0 percents/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [0, 100]}}', /^auto rollout: steps\[0\] is 0; each step is a percent above 0, at most 100$/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [10, 5, 100]}}', /^auto rollout: steps must increase: steps\[1\] is 5 after 10$/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [10, 50]}}', /^auto rollout: the last step is 50; it must be 100/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "intervalMs": "-1"}}', /^auto rollout: interval_ms is -1/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxErrorRateIncrease": 5}}', /^auto rollout: max_error_rate_increase is 5; it must be from 0 to 1$/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxP99Ratio": "NaN"}}', /^auto rollout: max_p99_ratio is NaN/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "minAgreement": 1.5}}', /^auto rollout: min_agreement is 1\.5/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxBurnRate": 2}}', /^auto rollout: objective is 0; max_burn_rate needs the availability objective it burns/],
-      ['POST', '/admin/v1/models/mlp/rollout/auto', '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxBurnRate": 2, "objective": 100}}', /^auto rollout: objective is 100/],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": [5, 100]}',
+        /^"analysis" must be a JSON object/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10"}, "resume": true}',
+        /^unknown field "resume" in the request body: expected "version" and "analysis"$/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "intervall": 5}}',
+        /"intervall" is unknown/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": "5,100"}}',
+        /AutoRolloutAnalysis\.steps/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"intervalMs": "60000"}}',
+        /^auto rollout: steps has 0 percents/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [0, 100]}}',
+        /^auto rollout: steps\[0\] is 0; each step is a percent above 0, at most 100$/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [10, 5, 100]}}',
+        /^auto rollout: steps must increase: steps\[1\] is 5 after 10$/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [10, 50]}}',
+        /^auto rollout: the last step is 50; it must be 100/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "intervalMs": "-1"}}',
+        /^auto rollout: interval_ms is -1/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxErrorRateIncrease": 5}}',
+        /^auto rollout: max_error_rate_increase is 5; it must be from 0 to 1$/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxP99Ratio": "NaN"}}',
+        /^auto rollout: max_p99_ratio is NaN/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "minAgreement": 1.5}}',
+        /^auto rollout: min_agreement is 1\.5/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxBurnRate": 2}}',
+        /^auto rollout: objective is 0; max_burn_rate needs the availability objective it burns/,
+      ],
+      [
+        'POST',
+        '/admin/v1/models/mlp/rollout/auto',
+        '{"version": "3", "analysis": {"steps": [100], "intervalMs": "1000", "minRequests": "10", "maxBurnRate": 2, "objective": 100}}',
+        /^auto rollout: objective is 100/,
+      ],
       ['POST', '/admin/v1/models/mlp/rollout/auto/resume', '{"version": "3"}', /takes no body/],
       ['POST', '/admin/v1/models/mlp/rollout/pause', '{"now": true}', /takes no body/],
       ['POST', '/admin/v1/models/bad%20name/rollout/pause', '', /invalid model name "bad name"/],
-    ])('answers %s %s %j with 400 naming the problem, never asking the registry', async (method, path, body, message) => {
-      const reply = await http(port, method, path, { headers: { ...ADMIN, 'content-type': 'application/json' }, body });
-      expect([reply.status, reply.json]).toEqual([400, { error: expect.stringMatching(message) }]);
-      expect(state.seen).toEqual([]);
-    });
+    ])(
+      'answers %s %s %j with 400 naming the problem, never asking the registry',
+      async (method, path, body, message) => {
+        const reply = await http(port, method, path, {
+          headers: { ...ADMIN, 'content-type': 'application/json' },
+          body,
+        });
+        expect([reply.status, reply.json]).toEqual([400, { error: expect.stringMatching(message) }]);
+        expect(state.seen).toEqual([]);
+      },
+    );
 
     it.each([
-      ['FAILED_PRECONDITION', 409, new RpcError(status.FAILED_PRECONDITION, 'version "2" of model "mlp" still serves traffic; change the policies first')],
-      ['ALREADY_EXISTS', 409, new RpcError(status.ALREADY_EXISTS, 'version "2" of model "mlp" already exists', { reason: 'ALREADY_EXISTS' })],
+      [
+        'FAILED_PRECONDITION',
+        409,
+        new RpcError(
+          status.FAILED_PRECONDITION,
+          'version "2" of model "mlp" still serves traffic; change the policies first',
+        ),
+      ],
+      [
+        'ALREADY_EXISTS',
+        409,
+        new RpcError(status.ALREADY_EXISTS, 'version "2" of model "mlp" already exists', { reason: 'ALREADY_EXISTS' }),
+      ],
       ['NOT_FOUND', 404, RpcError.notFound('model "mlp" not found', 'MODEL_NOT_FOUND')],
-      ['INVALID_ARGUMENT', 400, RpcError.invalidArgument('update_mask names "versions", which UpdateModel does not change')],
+      [
+        'INVALID_ARGUMENT',
+        400,
+        RpcError.invalidArgument('update_mask names "versions", which UpdateModel does not change'),
+      ],
       ['PERMISSION_DENIED', 403, new RpcError(status.PERMISSION_DENIED, 'not yours', { reason: 'PERMISSION_DENIED' })],
       ['UNAVAILABLE', 503, RpcError.unavailable('the model store is unavailable; retry later')],
-      ['DEADLINE_EXCEEDED', 504, new RpcError(status.DEADLINE_EXCEEDED, 'the request deadline passed', { reason: 'DEADLINE_EXCEEDED' })],
-    ])('answers a registry %s with HTTP %i and the registry\'s message', async (_code, httpStatus, error) => {
+      [
+        'DEADLINE_EXCEEDED',
+        504,
+        new RpcError(status.DEADLINE_EXCEEDED, 'the request deadline passed', { reason: 'DEADLINE_EXCEEDED' }),
+      ],
+    ])("answers a registry %s with HTTP %i and the registry's message", async (_code, httpStatus, error) => {
       state.script['retireModelVersion'] = async () => {
         throw error;
       };
@@ -493,8 +785,9 @@ describe('gateway admin API', () => {
       expect([reply.status, reply.json]).toEqual([httpStatus, { error: error.message }]);
     });
 
-    it('answers the registry\'s refusal of a variant by its accuracy gate with 409 and the registry\'s message', async () => {
-      const refusal = 'the int8 variant of models/mlp/versions/2 is off by relative L2 0.0712, above the gate 0.02; nothing was registered';
+    it("answers the registry's refusal of a variant by its accuracy gate with 409 and the registry's message", async () => {
+      const refusal =
+        'the int8 variant of models/mlp/versions/2 is off by relative L2 0.0712, above the gate 0.02; nothing was registered';
       state.script['quantizeModelVersion'] = async () => {
         throw new RpcError(status.FAILED_PRECONDITION, refusal, { reason: 'ACCURACY_GATE' });
       };
@@ -502,21 +795,32 @@ describe('gateway admin API', () => {
       expect([reply.status, reply.json]).toEqual([409, { error: refusal }]);
     });
 
-    it('answers the registry\'s refusal of an automatic rollout with 409 and the registry\'s message', async () => {
-      const refusal = 'version 3 of model "mlp" is LOADING, not READY: an automatic rollout starts from a READY version';
+    it("answers the registry's refusal of an automatic rollout with 409 and the registry's message", async () => {
+      const refusal =
+        'version 3 of model "mlp" is LOADING, not READY: an automatic rollout starts from a READY version';
       state.script['startAutoRollout'] = async () => {
         throw new RpcError(status.FAILED_PRECONDITION, refusal, { reason: 'MODEL_NOT_READY' });
       };
-      const reply = await json(port, 'POST', '/admin/v1/models/mlp/rollout/auto', { version: '3', analysis: { steps: [50, 100], intervalMs: '1000', minRequests: '10' } });
+      const reply = await json(port, 'POST', '/admin/v1/models/mlp/rollout/auto', {
+        version: '3',
+        analysis: { steps: [50, 100], intervalMs: '1000', minRequests: '10' },
+      });
       expect([reply.status, reply.json]).toEqual([409, { error: refusal }]);
     });
 
     it('answers a registry RESOURCE_EXHAUSTED with 429 and Retry-After', async () => {
       state.script['setRolloutPolicy'] = async () => {
-        throw new RpcError(status.RESOURCE_EXHAUSTED, 'too many policy changes', { reason: 'OVERLOADED', retryDelayMs: 2000 });
+        throw new RpcError(status.RESOURCE_EXHAUSTED, 'too many policy changes', {
+          reason: 'OVERLOADED',
+          retryDelayMs: 2000,
+        });
       };
       const reply = await json(port, 'PUT', '/admin/v1/models/mlp/rollout', { stableVersion: '2' });
-      expect([reply.status, reply.headers['retry-after'], reply.json]).toEqual([429, '2', { error: 'too many policy changes' }]);
+      expect([reply.status, reply.headers['retry-after'], reply.json]).toEqual([
+        429,
+        '2',
+        { error: 'too many policy changes' },
+      ]);
     });
 
     it('answers 405 with Allow to an admin path asked with the wrong method', async () => {
@@ -525,7 +829,11 @@ describe('gateway admin API', () => {
       const model = await http(port, 'POST', '/admin/v1/models/mlp');
       expect([model.status, model.headers['allow']]).toEqual([405, 'GET, PATCH, DELETE, HEAD']);
       expect((await http(port, 'GET', '/v2/repository/models/mlp/load')).status).toBe(405);
-      for (const path of ['/admin/v1/models/mlp/rollout/auto', '/admin/v1/models/mlp/rollout/auto/resume', '/admin/v1/models/mlp/rollout/pause']) {
+      for (const path of [
+        '/admin/v1/models/mlp/rollout/auto',
+        '/admin/v1/models/mlp/rollout/auto/resume',
+        '/admin/v1/models/mlp/rollout/pause',
+      ]) {
         const reply = await http(port, 'GET', path);
         expect([reply.status, reply.headers['allow']]).toEqual([405, 'POST']);
       }
@@ -535,33 +843,57 @@ describe('gateway admin API', () => {
     describe('POST /admin/v1/artifacts', () => {
       it('streams the body into UploadArtifact as it arrives, past the JSON body limit, and answers the Artifact', async () => {
         const artifact = bytes(600_000, 3);
-        const { req, reply } = send(port, 'POST', '/admin/v1/artifacts', { ...octets, 'x-artifact-sha256': sha256Of(artifact) });
+        const { req, reply } = send(port, 'POST', '/admin/v1/artifacts', {
+          ...octets,
+          'x-artifact-sha256': sha256Of(artifact),
+        });
         req.write(artifact.subarray(0, 200_000));
         // The registry has bytes while the client still holds most of the artifact: nothing waits for the whole body.
-        await until(() => state.uploads[0]?.chunks.length !== undefined && state.uploads[0].chunks.length > 0, 'the registry got a first chunk');
+        await until(
+          () => state.uploads[0]?.chunks.length !== undefined && state.uploads[0].chunks.length > 0,
+          'the registry got a first chunk',
+        );
         expect(state.uploads[0]!.chunks.reduce((n, c) => n + c.length, 0)).toBeLessThanOrEqual(200_000);
         req.end(artifact.subarray(200_000));
         const { status: code, json: body } = await reply;
 
-        expect([code, body]).toEqual([200, { sha256: sha256Of(artifact), sizeBytes: String(artifact.length), format: 'onnx' }]);
+        expect([code, body]).toEqual([
+          200,
+          { sha256: sha256Of(artifact), sizeBytes: String(artifact.length), format: 'onnx' },
+        ]);
         const [upload] = state.uploads;
         expect(Buffer.concat(upload!.chunks).equals(artifact)).toBe(true);
         expect(upload!.chunks.length).toBeGreaterThan(1);
         expect(upload!.expectedSha256).toEqual([sha256Of(artifact)]);
       });
 
-      it('passes the registry\'s refusal of a wrong x-artifact-sha256 on as a 400', async () => {
-        const reply = await http(port, 'POST', '/admin/v1/artifacts', { headers: { ...octets, 'x-artifact-sha256': '0'.repeat(64) }, body: bytes(5000, 4) });
-        expect([reply.status, reply.json]).toEqual([400, { error: expect.stringContaining(`not the expected_sha256 ${'0'.repeat(64)}`) }]);
+      it("passes the registry's refusal of a wrong x-artifact-sha256 on as a 400", async () => {
+        const reply = await http(port, 'POST', '/admin/v1/artifacts', {
+          headers: { ...octets, 'x-artifact-sha256': '0'.repeat(64) },
+          body: bytes(5000, 4),
+        });
+        expect([reply.status, reply.json]).toEqual([
+          400,
+          { error: expect.stringContaining(`not the expected_sha256 ${'0'.repeat(64)}`) },
+        ]);
       });
 
-      it('answers 413 with the registry\'s message to an artifact over the registry\'s limit', async () => {
-        const reply = await http(port, 'POST', '/admin/v1/artifacts', { headers: octets, body: bytes(MAX_ARTIFACT_BYTES + 70_000, 5) });
-        expect([reply.status, reply.json]).toEqual([413, { error: expect.stringContaining(`limit of ${MAX_ARTIFACT_BYTES} bytes`) }]);
+      it("answers 413 with the registry's message to an artifact over the registry's limit", async () => {
+        const reply = await http(port, 'POST', '/admin/v1/artifacts', {
+          headers: octets,
+          body: bytes(MAX_ARTIFACT_BYTES + 70_000, 5),
+        });
+        expect([reply.status, reply.json]).toEqual([
+          413,
+          { error: expect.stringContaining(`limit of ${MAX_ARTIFACT_BYTES} bytes`) },
+        ]);
       });
 
       it('refuses an upload without a key at once, without reading its body, and closes the connection', async () => {
-        const { req, reply } = send(port, 'POST', '/admin/v1/artifacts', { 'content-type': 'application/octet-stream', 'content-length': String(64 << 20) });
+        const { req, reply } = send(port, 'POST', '/admin/v1/artifacts', {
+          'content-type': 'application/octet-stream',
+          'content-length': String(64 << 20),
+        });
         req.write(bytes(1000, 7));
         const refused = await reply;
         req.destroy();
@@ -570,8 +902,14 @@ describe('gateway admin API', () => {
       });
 
       it('answers 415 to a body that is not application/octet-stream', async () => {
-        const reply = await http(port, 'POST', '/admin/v1/artifacts', { headers: { ...ADMIN, 'content-type': 'application/json' }, body: '{}' });
-        expect([reply.status, reply.json]).toEqual([415, { error: expect.stringContaining('application/octet-stream') }]);
+        const reply = await http(port, 'POST', '/admin/v1/artifacts', {
+          headers: { ...ADMIN, 'content-type': 'application/json' },
+          body: '{}',
+        });
+        expect([reply.status, reply.json]).toEqual([
+          415,
+          { error: expect.stringContaining('application/octet-stream') },
+        ]);
         expect(state.uploads).toEqual([]);
       });
 
@@ -592,7 +930,13 @@ describe('gateway admin API', () => {
     it.each([
       ['no key', {}, status.UNAUTHENTICATED, 'UNAUTHENTICATED', /missing API key/],
       ['a wrong key', bearer('not-a-key-at-all-0123'), status.UNAUTHENTICATED, 'UNAUTHENTICATED', /invalid API key/],
-      ['an infer-only key', bearer(INFER_KEY), status.PERMISSION_DENIED, 'PERMISSION_DENIED', /^this API key lacks the admin scope$/],
+      [
+        'an infer-only key',
+        bearer(INFER_KEY),
+        status.PERMISSION_DENIED,
+        'PERMISSION_DENIED',
+        /^this API key lacks the admin scope$/,
+      ],
     ])('refuses %s before the registry hears of it', async (_label, metadata, code, reason, message) => {
       const unary = await rpcRejection(admin.listModels({}, { metadata }));
       async function* oneChunk() {
@@ -600,53 +944,118 @@ describe('gateway admin API', () => {
       }
       const upload = await rpcRejection(admin.uploadArtifact(oneChunk(), { metadata }));
       const watch = await rpcRejection(firstOf(admin.watchModels({}, { metadata })));
-      for (const error of [unary, upload, watch]) expect(error).toMatchObject({ code, reason, message: expect.stringMatching(message) });
+      for (const error of [unary, upload, watch])
+        expect(error).toMatchObject({ code, reason, message: expect.stringMatching(message) });
       expect(state.seen).toEqual([]);
       expect(state.uploads).toEqual([]);
     });
 
     it('lets keys with the admin scope in, and keeps an admin-only key out of inference', async () => {
-      expect(await admin.listModels({}, { metadata: bearer(ADMIN_KEY) })).toMatchObject({ models: [{ name: 'models/mlp' }] });
-      expect(await admin.listModels({}, { metadata: bearer(FULL_KEY) })).toMatchObject({ models: [{ name: 'models/mlp' }] });
+      expect(await admin.listModels({}, { metadata: bearer(ADMIN_KEY) })).toMatchObject({
+        models: [{ name: 'models/mlp' }],
+      });
+      expect(await admin.listModels({}, { metadata: bearer(FULL_KEY) })).toMatchObject({
+        models: [{ name: 'models/mlp' }],
+      });
       const refused = await rpcRejection(inference.modelMetadata({ name: 'mlp' }, { metadata: bearer(ADMIN_KEY) }));
-      expect(refused).toMatchObject({ code: status.PERMISSION_DENIED, reason: 'PERMISSION_DENIED', message: 'this API key lacks the infer scope' });
+      expect(refused).toMatchObject({
+        code: status.PERMISSION_DENIED,
+        reason: 'PERMISSION_DENIED',
+        message: 'this API key lacks the infer scope',
+      });
     });
 
     const retired = { version: { ...VERSION, state: VersionState.RETIRED } };
     it.each<[string, (client: typeof admin, metadata: Record<string, string>) => Promise<unknown>, JsonValue, object]>([
-      ['getModel', (c, metadata) => c.getModel({ name: 'models/mlp' }, { metadata }), { name: 'models/mlp' }, { model: MODEL }],
+      [
+        'getModel',
+        (c, metadata) => c.getModel({ name: 'models/mlp' }, { metadata }),
+        { name: 'models/mlp' },
+        { model: MODEL },
+      ],
       ['listModels', (c, metadata) => c.listModels({}, { metadata }), {}, { models: [MODEL] }],
-      ['resolveModelVersion', (c, metadata) => c.resolveModelVersion({ model: 'models/mlp', versionId: '2' }, { metadata }), { model: 'models/mlp', versionId: '2' }, { version: VERSION }],
+      [
+        'resolveModelVersion',
+        (c, metadata) => c.resolveModelVersion({ model: 'models/mlp', versionId: '2' }, { metadata }),
+        { model: 'models/mlp', versionId: '2' },
+        { version: VERSION },
+      ],
       [
         'createModelVersion',
-        (c, metadata) => c.createModelVersion({ parent: 'models/mlp', versionId: '3', artifactSha256: 'ab'.repeat(32), maxBatchSize: 4 }, { metadata }),
+        (c, metadata) =>
+          c.createModelVersion(
+            { parent: 'models/mlp', versionId: '3', artifactSha256: 'ab'.repeat(32), maxBatchSize: 4 },
+            { metadata },
+          ),
         { parent: 'models/mlp', versionId: '3', artifactSha256: 'ab'.repeat(32), maxBatchSize: 4 },
         { version: VERSION },
       ],
       [
         'setRolloutPolicy',
-        (c, metadata) => c.setRolloutPolicy({ model: 'models/mlp', policy: { canary: { version: '3', percent: 5 } } }, { metadata }),
+        (c, metadata) =>
+          c.setRolloutPolicy({ model: 'models/mlp', policy: { canary: { version: '3', percent: 5 } } }, { metadata }),
         { model: 'models/mlp', policy: { canary: { version: '3', percent: 5 } } },
         { model: MODEL },
       ],
-      ['updateRollout', (c, metadata) => c.updateRollout({ model: 'models/mlp', action: { case: 'rollback', value: true } }, { metadata }), { model: 'models/mlp', rollback: true }, { model: MODEL }],
-      ['updateRollout', (c, metadata) => c.updateRollout({ model: 'models/mlp', action: { case: 'pause', value: true } }, { metadata }), { model: 'models/mlp', pause: true }, { model: MODEL }],
+      [
+        'updateRollout',
+        (c, metadata) =>
+          c.updateRollout({ model: 'models/mlp', action: { case: 'rollback', value: true } }, { metadata }),
+        { model: 'models/mlp', rollback: true },
+        { model: MODEL },
+      ],
+      [
+        'updateRollout',
+        (c, metadata) => c.updateRollout({ model: 'models/mlp', action: { case: 'pause', value: true } }, { metadata }),
+        { model: 'models/mlp', pause: true },
+        { model: MODEL },
+      ],
       [
         'startAutoRollout',
         (c, metadata) =>
-          c.startAutoRollout({ model: 'models/mlp', version: '3', analysis: { steps: [10, 100], intervalMs: 30_000n, minRequests: 50n, maxP99Ratio: 1.5 } }, { metadata }),
-        { model: 'models/mlp', version: '3', analysis: { steps: [10, 100], intervalMs: '30000', minRequests: '50', maxP99Ratio: 1.5 } },
+          c.startAutoRollout(
+            {
+              model: 'models/mlp',
+              version: '3',
+              analysis: { steps: [10, 100], intervalMs: 30_000n, minRequests: 50n, maxP99Ratio: 1.5 },
+            },
+            { metadata },
+          ),
+        {
+          model: 'models/mlp',
+          version: '3',
+          analysis: { steps: [10, 100], intervalMs: '30000', minRequests: '50', maxP99Ratio: 1.5 },
+        },
         { model: MODEL },
       ],
-      ['startAutoRollout', (c, metadata) => c.startAutoRollout({ model: 'models/mlp', resume: true }, { metadata }), { model: 'models/mlp', resume: true }, { model: MODEL }],
-      ['setCachePolicy', (c, metadata) => c.setCachePolicy({ model: 'models/mlp', policy: { ttlMs: 1000n } }, { metadata }), { model: 'models/mlp', policy: { ttlMs: '1000' } }, { model: MODEL }],
+      [
+        'startAutoRollout',
+        (c, metadata) => c.startAutoRollout({ model: 'models/mlp', resume: true }, { metadata }),
+        { model: 'models/mlp', resume: true },
+        { model: MODEL },
+      ],
+      [
+        'setCachePolicy',
+        (c, metadata) => c.setCachePolicy({ model: 'models/mlp', policy: { ttlMs: 1000n } }, { metadata }),
+        { model: 'models/mlp', policy: { ttlMs: '1000' } },
+        { model: MODEL },
+      ],
       [
         'updateModel',
-        (c, metadata) => c.updateModel({ model: { name: 'models/mlp', pinned: true }, updateMask: { paths: ['pinned'] } }, { metadata }),
+        (c, metadata) =>
+          c.updateModel(
+            { model: { name: 'models/mlp', pinned: true }, updateMask: { paths: ['pinned'] } },
+            { metadata },
+          ),
         { model: { name: 'models/mlp', pinned: true }, updateMask: 'pinned' },
         { model: MODEL },
       ],
-      ['retireModelVersion', (c, metadata) => c.retireModelVersion({ name: 'models/mlp/versions/2' }, { metadata }), { name: 'models/mlp/versions/2' }, retired],
+      [
+        'retireModelVersion',
+        (c, metadata) => c.retireModelVersion({ name: 'models/mlp/versions/2' }, { metadata }),
+        { name: 'models/mlp/versions/2' },
+        retired,
+      ],
       ['deleteModel', (c, metadata) => c.deleteModel({ name: 'models/mlp' }, { metadata }), { name: 'models/mlp' }, {}],
       [
         'quantizeModelVersion',
@@ -672,51 +1081,87 @@ describe('gateway admin API', () => {
         },
         { version: DERIVED },
       ],
-    ])('forwards %s with the caller\'s request id and a deadline, and answers the registry\'s response', async (rpc, call, expected, answer) => {
-      const before = Date.now();
-      const response = await call(admin, { ...ADMIN, 'x-request-id': 'admin-grpc-1' });
-      expect(state.seen).toEqual([{ method: rpc, request: expected, requestId: 'admin-grpc-1', deadlineMs: expect.any(Number) }]);
-      // No deadline was given: the configured default applies.
-      expect(state.seen[0]!.deadlineMs! - before).toBeGreaterThan(1_000);
-      expect(response).toMatchObject(answer);
-    });
+    ])(
+      "forwards %s with the caller's request id and a deadline, and answers the registry's response",
+      async (rpc, call, expected, answer) => {
+        const before = Date.now();
+        const response = await call(admin, { ...ADMIN, 'x-request-id': 'admin-grpc-1' });
+        expect(state.seen).toEqual([
+          { method: rpc, request: expected, requestId: 'admin-grpc-1', deadlineMs: expect.any(Number) },
+        ]);
+        // No deadline was given: the configured default applies.
+        expect(state.seen[0]!.deadlineMs! - before).toBeGreaterThan(1_000);
+        expect(response).toMatchObject(answer);
+      },
+    );
 
-    it('keeps the caller\'s deadline', async () => {
+    it("keeps the caller's deadline", async () => {
       const before = Date.now();
       await admin.getModel({ name: 'models/mlp' }, { metadata: ADMIN, timeoutMs: 1500 });
       expect(state.seen[0]!.deadlineMs! - before).toBeLessThanOrEqual(1500 + (Date.now() - before));
     });
 
     it('refuses ReportVersionState, which only workers send and only to the registry', async () => {
-      const error = await rpcRejection(admin.reportVersionState({ name: 'models/mlp/versions/2', state: VersionState.READY }, { metadata: bearer(FULL_KEY) }));
-      expect(error).toMatchObject({ code: status.PERMISSION_DENIED, reason: 'PERMISSION_DENIED', message: expect.stringContaining('reported by workers only') });
+      const error = await rpcRejection(
+        admin.reportVersionState(
+          { name: 'models/mlp/versions/2', state: VersionState.READY },
+          { metadata: bearer(FULL_KEY) },
+        ),
+      );
+      expect(error).toMatchObject({
+        code: status.PERMISSION_DENIED,
+        reason: 'PERMISSION_DENIED',
+        message: expect.stringContaining('reported by workers only'),
+      });
       expect(state.seen).toEqual([]);
     });
 
     it.each([
       ['no key', {}],
       ['an admin key', ADMIN],
-    ])('answers ReportTraffic, which routers send straight to the registry, with UNIMPLEMENTED given %s, never forwarding it', async (_label, metadata) => {
-      const error = await rpcRejection(admin.reportTraffic({ reporter: 'router-1', versions: [{ name: 'models/mlp/versions/2', counters: { requests: 5n } }] }, { metadata }));
-      expect(error).toMatchObject({ code: status.UNIMPLEMENTED, message: expect.stringContaining('reported by routers only') });
-      expect(state.seen).toEqual([]);
-    });
+    ])(
+      'answers ReportTraffic, which routers send straight to the registry, with UNIMPLEMENTED given %s, never forwarding it',
+      async (_label, metadata) => {
+        const error = await rpcRejection(
+          admin.reportTraffic(
+            { reporter: 'router-1', versions: [{ name: 'models/mlp/versions/2', counters: { requests: 5n } }] },
+            { metadata },
+          ),
+        );
+        expect(error).toMatchObject({
+          code: status.UNIMPLEMENTED,
+          message: expect.stringContaining('reported by routers only'),
+        });
+        expect(state.seen).toEqual([]);
+      },
+    );
 
     it('refuses StartAutoRollout to a key without the admin scope, as UpdateRollout', async () => {
       for (const call of [
         admin.startAutoRollout({ model: 'models/mlp', resume: true }, { metadata: bearer(INFER_KEY) }),
-        admin.updateRollout({ model: 'models/mlp', action: { case: 'pause', value: true } }, { metadata: bearer(INFER_KEY) }),
+        admin.updateRollout(
+          { model: 'models/mlp', action: { case: 'pause', value: true } },
+          { metadata: bearer(INFER_KEY) },
+        ),
       ]) {
-        expect(await rpcRejection(call)).toMatchObject({ code: status.PERMISSION_DENIED, message: 'this API key lacks the admin scope' });
+        expect(await rpcRejection(call)).toMatchObject({
+          code: status.PERMISSION_DENIED,
+          message: 'this API key lacks the admin scope',
+        });
       }
       expect(state.seen).toEqual([]);
     });
 
-    it('passes the registry\'s errors on with their code, message and ErrorInfo', async () => {
+    it("passes the registry's errors on with their code, message and ErrorInfo", async () => {
       state.script['retireModelVersion'] = async () => {
-        throw new RpcError(status.FAILED_PRECONDITION, 'version "2" of model "mlp" still serves traffic', { reason: 'VERSION_SERVING', metadata: { model: 'mlp', version: '2' } });
+        throw new RpcError(status.FAILED_PRECONDITION, 'version "2" of model "mlp" still serves traffic', {
+          reason: 'VERSION_SERVING',
+          metadata: { model: 'mlp', version: '2' },
+        });
       };
-      const error = await rpcRejection(admin.retireModelVersion({ name: 'models/mlp/versions/2' }, { metadata: ADMIN }));
+      const error = await rpcRejection(
+        admin.retireModelVersion({ name: 'models/mlp/versions/2' }, { metadata: ADMIN }),
+      );
       expect(error).toMatchObject({
         code: status.FAILED_PRECONDITION,
         message: 'version "2" of model "mlp" still serves traffic',
@@ -724,7 +1169,11 @@ describe('gateway admin API', () => {
         metadata: { model: 'mlp', version: '2' },
       });
       const streamed = await rpcRejection(firstOf(admin.downloadArtifact({ sha256: 'missing' }, { metadata: ADMIN })));
-      expect(streamed).toMatchObject({ code: status.NOT_FOUND, reason: 'ARTIFACT_NOT_FOUND', metadata: { sha256: 'missing' } });
+      expect(streamed).toMatchObject({
+        code: status.NOT_FOUND,
+        reason: 'ARTIFACT_NOT_FOUND',
+        metadata: { sha256: 'missing' },
+      });
     });
 
     it('forwards UploadArtifact chunk by chunk as the chunks come', async () => {
@@ -739,7 +1188,9 @@ describe('gateway admin API', () => {
         yield { chunk: chunks[2]! };
       }
       const response = await admin.uploadArtifact(requests(), { metadata: ADMIN });
-      expect(response.artifact).toEqual(create(ArtifactSchema, { sha256: sha256Of(Buffer.concat(chunks)), sizeBytes: 120_003n, format: 'onnx' }));
+      expect(response.artifact).toEqual(
+        create(ArtifactSchema, { sha256: sha256Of(Buffer.concat(chunks)), sizeBytes: 120_003n, format: 'onnx' }),
+      );
       expect(state.uploads[0]!.chunks).toEqual(chunks);
       expect(state.uploads[0]!.expectedSha256).toEqual([sha256Of(Buffer.concat(chunks))]);
     });
@@ -753,24 +1204,33 @@ describe('gateway admin API', () => {
         state.downloadGates[received.length - 1]?.resolve();
       }
       expect(received).toEqual([Buffer.alloc(1000, 1), Buffer.alloc(1000, 2), Buffer.alloc(1000, 3)]);
-      expect(state.seen).toEqual([{ method: 'downloadArtifact', request: { sha256: 'ab'.repeat(32) }, requestId: expect.any(String), deadlineMs: undefined }]);
+      expect(state.seen).toEqual([
+        {
+          method: 'downloadArtifact',
+          request: { sha256: 'ab'.repeat(32) },
+          requestId: expect.any(String),
+          deadlineMs: undefined,
+        },
+      ]);
     });
 
-    it('follows WatchModels without a deadline, and cancels the registry\'s stream when the caller cancels', async () => {
+    it("follows WatchModels without a deadline, and cancels the registry's stream when the caller cancels", async () => {
       const messages = [];
       for await (const message of admin.watchModels({ fromRevision: 3n }, { metadata: ADMIN })) {
         messages.push(message);
         break;
       }
       expect(messages).toMatchObject([{ revision: 7n, snapshot: true, models: [{ name: 'models/mlp' }] }]);
-      expect(state.seen).toEqual([{ method: 'watchModels', request: { fromRevision: '3' }, requestId: expect.any(String), deadlineMs: undefined }]);
+      expect(state.seen).toEqual([
+        { method: 'watchModels', request: { fromRevision: '3' }, requestId: expect.any(String), deadlineMs: undefined },
+      ]);
       await state.watchCancelled.promise;
     });
   });
 });
 
 describe('gateway admin API with the registry down', () => {
-  it('answers 503 over REST and UNAVAILABLE over gRPC without naming the registry\'s address', async () => {
+  it("answers 503 over REST and UNAVAILABLE over gRPC without naming the registry's address", async () => {
     const [grpc, metrics, httpPort, router, registry] = await freePortList(5);
     const gateway = await startGateway(
       loadGatewayConfig({

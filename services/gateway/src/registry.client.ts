@@ -55,7 +55,9 @@ export class RegistryClient {
   }
 
   /** Forwards one server-streaming admin call message by message, as `forward` does a unary one. */
-  async *forwardStream<T>(call: (registry: ServiceClient<typeof RegistryService>) => AsyncIterable<T>): AsyncGenerator<T> {
+  async *forwardStream<T>(
+    call: (registry: ServiceClient<typeof RegistryService>) => AsyncIterable<T>,
+  ): AsyncGenerator<T> {
     try {
       yield* call(this.client);
     } catch (error) {

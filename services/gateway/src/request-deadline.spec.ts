@@ -6,7 +6,9 @@ describe(requestDeadline.name, () => {
   const now = 1_000_000;
 
   it('takes the earliest deadline the request names', () => {
-    expect(requestDeadline({ grpcDeadlineMs: now + 5_000, headerTimeoutMs: 2_000, parameterTimeoutMs: 9_000 }, limits, now)).toBe(now + 2_000);
+    expect(
+      requestDeadline({ grpcDeadlineMs: now + 5_000, headerTimeoutMs: 2_000, parameterTimeoutMs: 9_000 }, limits, now),
+    ).toBe(now + 2_000);
     expect(requestDeadline({ parameterTimeoutMs: 9_000 }, limits, now)).toBe(now + 9_000);
   });
 

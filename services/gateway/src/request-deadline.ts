@@ -17,7 +17,11 @@ export interface DeadlineSources {
  * A request's deadline, epoch milliseconds: the earliest it names (gRPC deadline, header, `timeout`
  * parameter), else `defaultMs` from now; never more than `maxMs` from now (GATEWAY_MAX_REQUEST_TIMEOUT_MS).
  */
-export function requestDeadline(sources: DeadlineSources, limits: { defaultMs: number; maxMs: number }, now = Date.now()): number {
+export function requestDeadline(
+  sources: DeadlineSources,
+  limits: { defaultMs: number; maxMs: number },
+  now = Date.now(),
+): number {
   const given = [
     sources.grpcDeadlineMs,
     sources.headerTimeoutMs === undefined ? undefined : now + sources.headerTimeoutMs,
@@ -35,7 +39,9 @@ export function headerTimeoutMs(value: string | undefined): number | undefined {
   if (value === undefined) return undefined;
   const text = value.trim();
   if (!/^\d{1,30}$/.test(text) || Number(text) <= 0) {
-    throw RpcError.invalidArgument(`${TIMEOUT_HEADER} must be a positive integer of milliseconds, got ${JSON.stringify(text.slice(0, 40))}`);
+    throw RpcError.invalidArgument(
+      `${TIMEOUT_HEADER} must be a positive integer of milliseconds, got ${JSON.stringify(text.slice(0, 40))}`,
+    );
   }
   return Number(text);
 }

@@ -46,7 +46,14 @@ export class RequestTracking implements NestMiddleware {
       if (span !== undefined) {
         if (typeof route === 'string') span.updateName(endpoint).setAttribute('http.route', route);
         span.setAttribute('http.response.status_code', res.statusCode);
-        spans.end(span, res.statusCode >= 500 ? `HTTP ${res.statusCode}` : !res.writableFinished ? 'the client went away before the response was complete' : undefined);
+        spans.end(
+          span,
+          res.statusCode >= 500
+            ? `HTTP ${res.statusCode}`
+            : !res.writableFinished
+              ? 'the client went away before the response was complete'
+              : undefined,
+        );
       }
     });
     next();

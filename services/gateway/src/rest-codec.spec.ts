@@ -1,7 +1,11 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
-import { DataType, InferenceResponseSchema, type InferenceRequest } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  DataType,
+  InferenceResponseSchema,
+  type InferenceRequest,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { ALL_DATATYPES, datatypeName, UNSERVED_DATATYPES } from '@infermesh/tensors';
 import { inferRequestFromJson, inferResponseToJson } from './rest-codec';
 
@@ -20,11 +24,17 @@ const SAMPLES: Record<string, { data: unknown[]; bytes: number[] }> = {
   UINT8: { data: [0, 255], bytes: [0, 255] },
   UINT16: { data: [1, 65535], bytes: [1, 0, 255, 255] },
   UINT32: { data: [1, 4294967295], bytes: [1, 0, 0, 0, 255, 255, 255, 255] },
-  UINT64: { data: [1, '18446744073709551615'], bytes: [1, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255] },
+  UINT64: {
+    data: [1, '18446744073709551615'],
+    bytes: [1, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255],
+  },
   INT8: { data: [-128, 127], bytes: [128, 127] },
   INT16: { data: [-2, 32767], bytes: [254, 255, 255, 127] },
   INT32: { data: [-1, 2147483647], bytes: [255, 255, 255, 255, 255, 255, 255, 127] },
-  INT64: { data: [-1, '9223372036854775807'], bytes: [255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 127] },
+  INT64: {
+    data: [-1, '9223372036854775807'],
+    bytes: [255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 127],
+  },
   FP16: { data: [1, -2], bytes: [0x00, 0x3c, 0x00, 0xc0] },
   FP32: { data: [1.5, -0.25], bytes: [...Buffer.from(Float32Array.from([1.5, -0.25]).buffer)] },
   FP64: { data: [0.1, -1e300], bytes: [...Buffer.from(Float64Array.from([0.1, -1e300]).buffer)] },
@@ -68,7 +78,23 @@ describe('REST JSON <-> internal tensors', () => {
 
   it('flattens nested data row-major', () => {
     const sut = inferRequestFromJson('m', '', {
-      inputs: [{ name: 't', shape: [2, 2, 2], datatype: 'INT32', data: [[[1, 2], [3, 4]], [[5, 6], [7, 8]]] }],
+      inputs: [
+        {
+          name: 't',
+          shape: [2, 2, 2],
+          datatype: 'INT32',
+          data: [
+            [
+              [1, 2],
+              [3, 4],
+            ],
+            [
+              [5, 6],
+              [7, 8],
+            ],
+          ],
+        },
+      ],
     });
     expect(Array.from(new Int32Array(sut.inputs[0]!.data.slice().buffer))).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
     expect(sut.inputs[0]!.shape).toEqual([2n, 2n, 2n]);
@@ -97,7 +123,9 @@ describe('REST JSON <-> internal tensors', () => {
       id: 'r',
       cached: true,
       parameters: { big: { parameterChoice: { case: 'uint64Param', value: 2n ** 60n } } },
-      outputs: [{ name: 'y', datatype: DataType.FP32, shape: [1n, 1n], data: Buffer.from(Float32Array.from([2]).buffer) }],
+      outputs: [
+        { name: 'y', datatype: DataType.FP32, shape: [1n, 1n], data: Buffer.from(Float32Array.from([2]).buffer) },
+      ],
     });
     expect(inferResponseToJson(response)).toEqual({
       model_name: 'm',
@@ -112,25 +140,93 @@ describe('REST JSON <-> internal tensors', () => {
     ['a body that is not an object', [], /JSON object/],
     ['no inputs', {}, /"inputs"/],
     ['an input without a name', { inputs: [{ shape: [1], datatype: 'FP32', data: [1] }] }, /inputs\[0\].*"name"/],
-    ['an unknown datatype', { inputs: [{ name: 'a', shape: [1], datatype: 'fp32', data: [1] }] }, /input "a".*unknown datatype "fp32"/],
-    ['a shape that is not an array', { inputs: [{ name: 'a', shape: 4, datatype: 'FP32', data: [1] }] }, /input "a".*"shape"/],
-    ['a fractional dimension', { inputs: [{ name: 'a', shape: [1.5], datatype: 'FP32', data: [1] }] }, /input "a".*dimension 1.5/],
-    ['a shape too large to count', { inputs: [{ name: 'a', shape: [2 ** 40, 2 ** 40], datatype: 'FP32', data: [] }] }, /input "a".*too many elements/],
-    ['more elements than the shape', { inputs: [{ name: 'a', shape: [1], datatype: 'FP32', data: [1, 2] }] }, /input "a".*2 elements.*needs 1/],
-    ['a NaN string', { inputs: [{ name: 'a', shape: [1], datatype: 'FP64', data: ['NaN'] }] }, /input "a".*finite number/],
-    ['an INT8 out of range', { inputs: [{ name: 'a', shape: [1], datatype: 'INT8', data: [128] }] }, /input "a".*INT8 range/],
-    ['an INT64 out of range', { inputs: [{ name: 'a', shape: [1], datatype: 'INT64', data: ['9223372036854775808'] }] }, /input "a".*INT64 range/],
-    ['an unsafe INT64 number', { inputs: [{ name: 'a', shape: [1], datatype: 'INT64', data: [2 ** 60] }] }, /input "a".*INT64 range/],
-    ['a negative UINT32', { inputs: [{ name: 'a', shape: [1], datatype: 'UINT32', data: [-1] }] }, /input "a".*UINT32 range/],
+    [
+      'an unknown datatype',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'fp32', data: [1] }] },
+      /input "a".*unknown datatype "fp32"/,
+    ],
+    [
+      'a shape that is not an array',
+      { inputs: [{ name: 'a', shape: 4, datatype: 'FP32', data: [1] }] },
+      /input "a".*"shape"/,
+    ],
+    [
+      'a fractional dimension',
+      { inputs: [{ name: 'a', shape: [1.5], datatype: 'FP32', data: [1] }] },
+      /input "a".*dimension 1.5/,
+    ],
+    [
+      'a shape too large to count',
+      { inputs: [{ name: 'a', shape: [2 ** 40, 2 ** 40], datatype: 'FP32', data: [] }] },
+      /input "a".*too many elements/,
+    ],
+    [
+      'more elements than the shape',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'FP32', data: [1, 2] }] },
+      /input "a".*2 elements.*needs 1/,
+    ],
+    [
+      'a NaN string',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'FP64', data: ['NaN'] }] },
+      /input "a".*finite number/,
+    ],
+    [
+      'an INT8 out of range',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'INT8', data: [128] }] },
+      /input "a".*INT8 range/,
+    ],
+    [
+      'an INT64 out of range',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'INT64', data: ['9223372036854775808'] }] },
+      /input "a".*INT64 range/,
+    ],
+    [
+      'an unsafe INT64 number',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'INT64', data: [2 ** 60] }] },
+      /input "a".*INT64 range/,
+    ],
+    [
+      'a negative UINT32',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'UINT32', data: [-1] }] },
+      /input "a".*UINT32 range/,
+    ],
     ['a number for BOOL', { inputs: [{ name: 'a', shape: [1], datatype: 'BOOL', data: [1] }] }, /input "a".*boolean/],
     ['a number for BYTES', { inputs: [{ name: 'a', shape: [1], datatype: 'BYTES', data: [1] }] }, /input "a".*string/],
-    ['a BYTES string with a NUL', { inputs: [{ name: 'a', shape: [2], datatype: 'BYTES', data: ['ok', 'a\u0000b'] }] }, /input "a": BYTES element 1 contains a NUL byte/],
-    ['a BYTES string with a lone surrogate', { inputs: [{ name: 'a', shape: [1], datatype: 'BYTES', data: ['\ud83d'] }] }, /input "a": element 0.*lone surrogate/],
-    ['an FP16 out of range', { inputs: [{ name: 'a', shape: [1], datatype: 'FP16', data: [70000] }] }, /input "a".*FP16 range/],
-    ['a duplicate input', { inputs: [1, 2].map(() => ({ name: 'a', shape: [1], datatype: 'FP32', data: [1] })) }, /input "a".*more than once/],
-    ['shared memory', { inputs: [{ name: 'a', shape: [1], datatype: 'FP32', parameters: { shared_memory_region: 'r' } }] }, /input "a".*shared memory/],
-    ['an object parameter', { inputs: [{ name: 'a', shape: [1], datatype: 'FP32', data: [1] }], parameters: { p: [1] } }, /parameter "p"/],
-    ['an output without a name', { inputs: [{ name: 'a', shape: [1], datatype: 'FP32', data: [1] }], outputs: [{}] }, /outputs\[0\]/],
+    [
+      'a BYTES string with a NUL',
+      { inputs: [{ name: 'a', shape: [2], datatype: 'BYTES', data: ['ok', 'a\u0000b'] }] },
+      /input "a": BYTES element 1 contains a NUL byte/,
+    ],
+    [
+      'a BYTES string with a lone surrogate',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'BYTES', data: ['\ud83d'] }] },
+      /input "a": element 0.*lone surrogate/,
+    ],
+    [
+      'an FP16 out of range',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'FP16', data: [70000] }] },
+      /input "a".*FP16 range/,
+    ],
+    [
+      'a duplicate input',
+      { inputs: [1, 2].map(() => ({ name: 'a', shape: [1], datatype: 'FP32', data: [1] })) },
+      /input "a".*more than once/,
+    ],
+    [
+      'shared memory',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'FP32', parameters: { shared_memory_region: 'r' } }] },
+      /input "a".*shared memory/,
+    ],
+    [
+      'an object parameter',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'FP32', data: [1] }], parameters: { p: [1] } },
+      /parameter "p"/,
+    ],
+    [
+      'an output without a name',
+      { inputs: [{ name: 'a', shape: [1], datatype: 'FP32', data: [1] }], outputs: [{}] },
+      /outputs\[0\]/,
+    ],
   ])('refuses %s with INVALID_ARGUMENT and a message naming it', (_label, body, message) => {
     const error = refusal(body);
     expect(error).toBeInstanceOf(RpcError);

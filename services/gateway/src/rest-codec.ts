@@ -9,9 +9,26 @@ import {
   TensorSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import type { InferParameter } from '@infermesh/proto/gen/inference/grpc_service_pb';
-import { checkData, DataType, datatypeInfo, datatypeName, formatShape, jsonToRaw, quoted, rawToJson, TensorDataError } from '@infermesh/tensors';
+import {
+  checkData,
+  DataType,
+  datatypeInfo,
+  datatypeName,
+  formatShape,
+  jsonToRaw,
+  quoted,
+  rawToJson,
+  TensorDataError,
+} from '@infermesh/tensors';
 import { type JsonParameter, outputClassCounts, parametersFromJson, parametersToJson } from './infer-parameters';
-import { checkInputCount, checkName, checkParameterKeys, checkTensorSize, DEFAULT_TENSOR_LIMITS, type TensorLimits } from './tensor-limits';
+import {
+  checkInputCount,
+  checkName,
+  checkParameterKeys,
+  checkTensorSize,
+  DEFAULT_TENSOR_LIMITS,
+  type TensorLimits,
+} from './tensor-limits';
 import { checkBytesElements, tensorDatatype, tensorElementCount } from './tensor-shape';
 
 /** A KServe v2 REST inference response. */
@@ -67,10 +84,16 @@ interface BinaryReader {
  * the binary tensor data extension, an input with a `binary_data_size` parameter takes that many of
  * the bytes after the JSON header instead, as they are: they are already the raw layout.
  */
-export function restInferRequest(model: string, version: string, body: unknown, options: RestDecodeOptions = {}): RestInferRequest {
+export function restInferRequest(
+  model: string,
+  version: string,
+  body: unknown,
+  options: RestDecodeOptions = {},
+): RestInferRequest {
   const limits = options.limits ?? DEFAULT_TENSOR_LIMITS;
   if (!isObject(body)) throw RpcError.invalidArgument('the request body must be a JSON object with "inputs"');
-  if (body['id'] !== undefined && typeof body['id'] !== 'string') throw RpcError.invalidArgument('"id" must be a string');
+  if (body['id'] !== undefined && typeof body['id'] !== 'string')
+    throw RpcError.invalidArgument('"id" must be a string');
   checkName('model name', model, limits);
   checkName('model version', version, limits);
   checkName('the request id', body['id'] ?? '', limits);
@@ -80,7 +103,8 @@ export function restInferRequest(model: string, version: string, body: unknown, 
     throw RpcError.invalidArgument('"inputs" must be a non-empty array of tensors');
   }
   checkInputCount(rawInputs.length, limits);
-  const binary: BinaryReader | undefined = options.binaryData === undefined ? undefined : { data: options.binaryData, offset: 0, inputs: [] };
+  const binary: BinaryReader | undefined =
+    options.binaryData === undefined ? undefined : { data: options.binaryData, offset: 0, inputs: [] };
   const seen = new Set<string>();
   const inputs = rawInputs.map((input: unknown, i) => {
     const tensor = inputFromJson(input, i, limits, binary);
@@ -89,8 +113,13 @@ export function restInferRequest(model: string, version: string, body: unknown, 
     return tensor;
   });
   if (binary !== undefined && binary.offset !== binary.data.byteLength) {
-    const which = binary.inputs.length === 0 ? 'no input has a binary_data_size parameter' : `the binary_data_size parameters of ${binary.inputs.map((n) => `input "${n}"`).join(', ')} add up to ${binary.offset}`;
-    throw invalidTensor(`the body has ${binary.data.byteLength} bytes of binary tensor data after its JSON header, but ${which}`);
+    const which =
+      binary.inputs.length === 0
+        ? 'no input has a binary_data_size parameter'
+        : `the binary_data_size parameters of ${binary.inputs.map((n) => `input "${n}"`).join(', ')} add up to ${binary.offset}`;
+    throw invalidTensor(
+      `the body has ${binary.data.byteLength} bytes of binary tensor data after its JSON header, but ${which}`,
+    );
   }
   const parameters = parametersFromJson('the request', body['parameters']);
   const outputs = requestedOutputsFromJson(body['outputs'], limits);
@@ -104,12 +133,20 @@ export function restInferRequest(model: string, version: string, body: unknown, 
       outputClassCounts: outputs.outputClassCounts,
       parameters,
     }),
-    binaryOutputs: { all: booleanParameter('the request', 'binary_data_output', parameters) ?? false, byName: outputs.binary },
+    binaryOutputs: {
+      all: booleanParameter('the request', 'binary_data_output', parameters) ?? false,
+      byName: outputs.binary,
+    },
   };
 }
 
 /** The internal request of a REST body (restInferRequest without the choice of binary outputs). */
-export function inferRequestFromJson(model: string, version: string, body: unknown, options: RestDecodeOptions = {}): InferenceRequest {
+export function inferRequestFromJson(
+  model: string,
+  version: string,
+  body: unknown,
+  options: RestDecodeOptions = {},
+): InferenceRequest {
   return restInferRequest(model, version, body, options).request;
 }
 
@@ -133,7 +170,8 @@ function inputFromJson(input: unknown, index: number, limits: TensorLimits, bina
   const datatype = tensorDatatype(name, input['datatype']);
   checkTensorSize(name, shape as number[], count, limits);
   const binaryDataSize = parameters['binary_data_size'];
-  if (binaryDataSize !== undefined) return binaryInput(name, datatype, shape as number[], binaryDataSize, input['data'], binary);
+  if (binaryDataSize !== undefined)
+    return binaryInput(name, datatype, shape as number[], binaryDataSize, input['data'], binary);
   if (input['data'] === undefined) throw invalidTensor(`input "${name}" has no "data"`);
   let data: Buffer;
   try {
@@ -148,16 +186,29 @@ function inputFromJson(input: unknown, index: number, limits: TensorLimits, bina
 }
 
 /** An input whose data is the next `binary_data_size` bytes of the binary data, checked against its shape and datatype. */
-function binaryInput(name: string, datatype: DataType, shape: number[], size: InferParameter, data: unknown, binary: BinaryReader | undefined): Tensor {
-  if (data !== undefined) throw invalidTensor(`input "${name}" has both "data" and a binary_data_size parameter; give one of them`);
+function binaryInput(
+  name: string,
+  datatype: DataType,
+  shape: number[],
+  size: InferParameter,
+  data: unknown,
+  binary: BinaryReader | undefined,
+): Tensor {
+  if (data !== undefined)
+    throw invalidTensor(`input "${name}" has both "data" and a binary_data_size parameter; give one of them`);
   if (binary === undefined) {
-    throw invalidTensor(`input "${name}" has a binary_data_size parameter, but the request has no Inference-Header-Content-Length header to say where its JSON ends`);
+    throw invalidTensor(
+      `input "${name}" has a binary_data_size parameter, but the request has no Inference-Header-Content-Length header to say where its JSON ends`,
+    );
   }
   const byteLength = size.parameterChoice.case === 'int64Param' ? Number(size.parameterChoice.value) : NaN;
-  if (!(byteLength >= 0)) throw invalidTensor(`input "${name}": parameter "binary_data_size" must be a non-negative integer of bytes`);
+  if (!(byteLength >= 0))
+    throw invalidTensor(`input "${name}": parameter "binary_data_size" must be a non-negative integer of bytes`);
   const left = binary.data.byteLength - binary.offset;
   if (byteLength > left) {
-    throw invalidTensor(`input "${name}": binary_data_size is ${byteLength} but only ${left} bytes of binary data are left in the body for it`);
+    throw invalidTensor(
+      `input "${name}": binary_data_size is ${byteLength} but only ${left} bytes of binary data are left in the body for it`,
+    );
   }
   const bytes = binary.data.subarray(binary.offset, binary.offset + byteLength);
   binary.offset += byteLength;
@@ -167,14 +218,19 @@ function binaryInput(name: string, datatype: DataType, shape: number[], size: In
   if (problem !== undefined) {
     if (datatype === DataType.BYTES) throw invalidTensor(`${problem} (binary_data_size ${byteLength})`);
     const needed = tensorElementCount(name, shape) * datatypeInfo(datatype).byteSize;
-    throw invalidTensor(`input "${name}": binary_data_size is ${byteLength} but shape ${formatShape(shape)} of ${datatypeName(datatype)} needs ${needed} bytes`);
+    throw invalidTensor(
+      `input "${name}": binary_data_size is ${byteLength} but shape ${formatShape(shape)} of ${datatypeName(datatype)} needs ${needed} bytes`,
+    );
   }
   checkBytesElements(tensor);
   return tensor;
 }
 
 /** The requested outputs' names, the class counts asked of them ({"parameters": {"class_count": N}}) and which want binary data. */
-function requestedOutputsFromJson(outputs: unknown, limits: TensorLimits): { outputNames: string[]; outputClassCounts: Record<string, number>; binary: Map<string, boolean> } {
+function requestedOutputsFromJson(
+  outputs: unknown,
+  limits: TensorLimits,
+): { outputNames: string[]; outputClassCounts: Record<string, number>; binary: Map<string, boolean> } {
   const binary = new Map<string, boolean>();
   if (outputs === undefined || outputs === null) return { outputNames: [], outputClassCounts: {}, binary };
   if (!Array.isArray(outputs)) throw RpcError.invalidArgument('"outputs" must be an array of {"name": ...}');
@@ -190,14 +246,23 @@ function requestedOutputsFromJson(outputs: unknown, limits: TensorLimits): { out
     if (binaryData !== undefined) binary.set(name, binaryData);
     return { name, parameters };
   });
-  return { outputNames: requested.map((output) => output.name), outputClassCounts: outputClassCounts(requested), binary };
+  return {
+    outputNames: requested.map((output) => output.name),
+    outputClassCounts: outputClassCounts(requested),
+    binary,
+  };
 }
 
 /** A boolean parameter's value, undefined when absent; INVALID_ARGUMENT naming it when it is not a boolean. */
-function booleanParameter(where: string, key: string, parameters: Readonly<Record<string, InferParameter>>): boolean | undefined {
+function booleanParameter(
+  where: string,
+  key: string,
+  parameters: Readonly<Record<string, InferParameter>>,
+): boolean | undefined {
   const parameter = parameters[key];
   if (parameter === undefined) return undefined;
-  if (parameter.parameterChoice.case !== 'boolParam') throw RpcError.invalidArgument(`${where}: parameter "${key}" must be a boolean`);
+  if (parameter.parameterChoice.case !== 'boolParam')
+    throw RpcError.invalidArgument(`${where}: parameter "${key}" must be a boolean`);
   return parameter.parameterChoice.value;
 }
 
@@ -220,14 +285,21 @@ export interface BinaryInferResponse {
  * (`"parameters": {"binary_data_size": n}` in place of `data`); undefined when it names none, so that
  * the response is plain JSON.
  */
-export function inferResponseToBinary(response: InferenceResponse, binaryOutputs: BinaryOutputs): BinaryInferResponse | undefined {
+export function inferResponseToBinary(
+  response: InferenceResponse,
+  binaryOutputs: BinaryOutputs,
+): BinaryInferResponse | undefined {
   if (!binaryOutputs.all && binaryOutputs.byName.size === 0) return undefined; // the JSON path, at no cost
   const isBinary = (name: string) => binaryOutputs.byName.get(name) ?? binaryOutputs.all;
   const binary = response.outputs.filter((tensor) => isBinary(tensor.name));
   if (binary.length === 0) return undefined;
   const header = Buffer.from(JSON.stringify(jsonResponse(response, isBinary)), 'utf8');
   const chunks: Uint8Array[] = [header, ...binary.map((tensor) => tensor.data)];
-  return { headerLength: header.byteLength, chunks, byteLength: chunks.reduce((sum, chunk) => sum + chunk.byteLength, 0) };
+  return {
+    headerLength: header.byteLength,
+    chunks,
+    byteLength: chunks.reduce((sum, chunk) => sum + chunk.byteLength, 0),
+  };
 }
 
 function jsonResponse(response: InferenceResponse, isBinary: (name: string) => boolean): JsonInferResponse {
@@ -242,9 +314,13 @@ function jsonResponse(response: InferenceResponse, isBinary: (name: string) => b
       try {
         data = rawToJson(tensor.datatype, tensor.data);
       } catch (error) {
-        throw new RpcError(status.INTERNAL, `output "${tensor.name}" could not be converted to JSON: ${error instanceof Error ? error.message : String(error)}`, {
-          reason: 'INTERNAL',
-        });
+        throw new RpcError(
+          status.INTERNAL,
+          `output "${tensor.name}" could not be converted to JSON: ${error instanceof Error ? error.message : String(error)}`,
+          {
+            reason: 'INTERNAL',
+          },
+        );
       }
       return { ...metadata, data };
     }),

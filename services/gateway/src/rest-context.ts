@@ -28,12 +28,24 @@ export interface RestDeadline {
  * `x-request-timeout-ms` header and the request's own timeout, else the default, at most the
  * maximum) and, when given, a signal that cancels it. Upstream calls made inside carry all three.
  */
-export function withinRequest<T>(req: Request, res: Response, deadline: RestDeadline, fn: () => Promise<T>, signal?: AbortSignal): Promise<T> {
-  const sources = { headerTimeoutMs: headerTimeoutMs(req.header(TIMEOUT_HEADER)), parameterTimeoutMs: deadline.parameterTimeoutMs };
+export function withinRequest<T>(
+  req: Request,
+  res: Response,
+  deadline: RestDeadline,
+  fn: () => Promise<T>,
+  signal?: AbortSignal,
+): Promise<T> {
+  const sources = {
+    headerTimeoutMs: headerTimeoutMs(req.header(TIMEOUT_HEADER)),
+    parameterTimeoutMs: deadline.parameterTimeoutMs,
+  };
   const named = sources.headerTimeoutMs !== undefined || sources.parameterTimeoutMs !== undefined;
   const deadlineMs =
     named || deadline.defaultTimeoutMs !== undefined
-      ? requestDeadline(sources, { defaultMs: deadline.defaultTimeoutMs ?? deadline.maxTimeoutMs, maxMs: deadline.maxTimeoutMs })
+      ? requestDeadline(sources, {
+          defaultMs: deadline.defaultTimeoutMs ?? deadline.maxTimeoutMs,
+          maxMs: deadline.maxTimeoutMs,
+        })
       : undefined;
   const span = restSpan(res);
   return requestContext.run(

@@ -13,7 +13,10 @@ const ROUTES: readonly { pattern: RegExp; methods: readonly string[] }[] = [
   { pattern: /^\/admin\/v1\/models\/[^/]+\/versions\/?$/, methods: ['POST'] },
   { pattern: /^\/admin\/v1\/models\/[^/]+\/versions\/[^/]+\/retire\/?$/, methods: ['POST'] },
   { pattern: /^\/admin\/v1\/models\/[^/]+\/(rollout|cache)\/?$/, methods: ['PUT'] },
-  { pattern: /^\/admin\/v1\/models\/[^/]+\/rollout\/(promote|rollback|weights|pause|auto|auto\/resume)\/?$/, methods: ['POST'] },
+  {
+    pattern: /^\/admin\/v1\/models\/[^/]+\/rollout\/(promote|rollback|weights|pause|auto|auto\/resume)\/?$/,
+    methods: ['POST'],
+  },
   { pattern: /^\/admin\/v1\/api-keys\/?$/, methods: ['GET', 'POST'] },
   { pattern: /^\/admin\/v1\/api-keys\/[^/]+\/revoke\/?$/, methods: ['POST'] },
 ];

@@ -11,7 +11,8 @@ const PRINTABLE = /^[\x21-\x7e]{1,256}$/;
  */
 function routingKeyOf(explicit: string | undefined, tenant: string): string {
   if (explicit === undefined) return tenant;
-  if (!PRINTABLE.test(explicit)) throw RpcError.invalidArgument(`${ROUTING_KEY_HEADER} must be 1 to 256 printable ASCII characters without spaces`);
+  if (!PRINTABLE.test(explicit))
+    throw RpcError.invalidArgument(`${ROUTING_KEY_HEADER} must be 1 to 256 printable ASCII characters without spaces`);
   return explicit;
 }
 
@@ -19,6 +20,9 @@ function routingKeyOf(explicit: string | undefined, tenant: string): string {
  * The caller's identity on a request: its tenant (its API key's, never the key itself: see
  * ApiKeyAuth) and its routing key.
  */
-export function callerOf(explicitRoutingKey: string | undefined, principal: { tenant: string }): { tenant: string; routingKey: string } {
+export function callerOf(
+  explicitRoutingKey: string | undefined,
+  principal: { tenant: string },
+): { tenant: string; routingKey: string } {
   return { tenant: principal.tenant, routingKey: routingKeyOf(explicitRoutingKey, principal.tenant) };
 }

@@ -1,4 +1,11 @@
-import { create, type DescFile, type DescService, fromBinary, type MessageInitShape, toBinary } from '@bufbuild/protobuf';
+import {
+  create,
+  type DescFile,
+  type DescService,
+  fromBinary,
+  type MessageInitShape,
+  toBinary,
+} from '@bufbuild/protobuf';
 import { nestedTypes } from '@bufbuild/protobuf/reflect';
 import { FileDescriptorProtoSchema } from '@bufbuild/protobuf/wkt';
 import { status } from '@grpc/grpc-js';
@@ -63,20 +70,34 @@ export class ServerReflectionGrpcController {
     const query = request.messageRequest;
     switch (query.case) {
       case 'listServices':
-        return { ...base, messageResponse: { case: 'listServicesResponse', value: { service: this.serviceNames.map((name) => ({ name })) } } };
+        return {
+          ...base,
+          messageResponse: {
+            case: 'listServicesResponse',
+            value: { service: this.serviceNames.map((name) => ({ name })) },
+          },
+        };
       case 'fileByFilename': {
         const file = this.files.get(query.value);
-        return file ? { ...base, ...this.withDependencies(file) } : error(base, status.NOT_FOUND, `file "${query.value}" not found`);
+        return file
+          ? { ...base, ...this.withDependencies(file) }
+          : error(base, status.NOT_FOUND, `file "${query.value}" not found`);
       }
       case 'fileContainingSymbol': {
         const file = this.symbols.get(query.value.replace(/^\./, ''));
-        return file ? { ...base, ...this.withDependencies(file) } : error(base, status.NOT_FOUND, `symbol "${query.value}" not found`);
+        return file
+          ? { ...base, ...this.withDependencies(file) }
+          : error(base, status.NOT_FOUND, `symbol "${query.value}" not found`);
       }
       case 'fileContainingExtension':
       case 'allExtensionNumbersOfType':
         return error(base, status.UNIMPLEMENTED, 'extensions are not reflected: no served contract declares one');
       case undefined:
-        return error(base, status.INVALID_ARGUMENT, 'the request sets none of file_by_filename, file_containing_symbol, file_containing_extension, all_extension_numbers_of_type, list_services');
+        return error(
+          base,
+          status.INVALID_ARGUMENT,
+          'the request sets none of file_by_filename, file_containing_symbol, file_containing_extension, all_extension_numbers_of_type, list_services',
+        );
     }
   }
 
@@ -84,10 +105,17 @@ export class ServerReflectionGrpcController {
     for await (const request of requests) yield this.answer(request);
   }
 
-  private async *answerEachV1alpha(requests: AsyncIterable<v1alpha.ServerReflectionRequest>): AsyncGenerator<v1alpha.ServerReflectionResponse> {
+  private async *answerEachV1alpha(
+    requests: AsyncIterable<v1alpha.ServerReflectionRequest>,
+  ): AsyncGenerator<v1alpha.ServerReflectionResponse> {
     for await (const request of requests) {
-      const answer = this.answer(fromBinary(v1.ServerReflectionRequestSchema, toBinary(v1alpha.ServerReflectionRequestSchema, request)));
-      yield fromBinary(v1alpha.ServerReflectionResponseSchema, toBinary(v1.ServerReflectionResponseSchema, create(v1.ServerReflectionResponseSchema, answer)));
+      const answer = this.answer(
+        fromBinary(v1.ServerReflectionRequestSchema, toBinary(v1alpha.ServerReflectionRequestSchema, request)),
+      );
+      yield fromBinary(
+        v1alpha.ServerReflectionResponseSchema,
+        toBinary(v1.ServerReflectionResponseSchema, create(v1.ServerReflectionResponseSchema, answer)),
+      );
     }
   }
 
@@ -100,7 +128,12 @@ export class ServerReflectionGrpcController {
       f.dependencies.forEach(visit);
     };
     visit(file);
-    return { messageResponse: { case: 'fileDescriptorResponse', value: { fileDescriptorProto: order.map((f) => this.encode(f)) } } };
+    return {
+      messageResponse: {
+        case: 'fileDescriptorResponse',
+        value: { fileDescriptorProto: order.map((f) => this.encode(f)) },
+      },
+    };
   }
 
   private encode(file: DescFile): Uint8Array {

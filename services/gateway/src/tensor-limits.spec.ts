@@ -1,7 +1,11 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { createClient, type ServiceClient } from '@infermesh/grpc';
-import { GRPCInferenceService, type ModelInferRequest, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import {
+  GRPCInferenceService,
+  type ModelInferRequest,
+  ModelInferRequestSchema,
+} from '@infermesh/proto/gen/inference/grpc_service_pb';
 import type { RunningService } from '@infermesh/runtime';
 import { rpcRejection } from '@infermesh/testing';
 import { inferRequestFromGrpc } from './grpc-codec';
@@ -16,7 +20,12 @@ const INFER = '/v2/models/mlp/infer';
 // A gateway with small limits: 3 inputs, 64 elements per tensor, a batch of 8.
 const LIMITS = { GATEWAY_MAX_INPUTS: '3', GATEWAY_MAX_TENSOR_ELEMENTS: '64', GATEWAY_MAX_BATCH_SIZE: '8' };
 
-const jsonInput = (name: string, shape: number[]) => ({ name, shape, datatype: 'FP32', data: new Array<number>(shape.reduce((a, b) => a * b, 1)).fill(1) });
+const jsonInput = (name: string, shape: number[]) => ({
+  name,
+  shape,
+  datatype: 'FP32',
+  data: new Array<number>(shape.reduce((a, b) => a * b, 1)).fill(1),
+});
 const elements = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
 
 describe('tensor limits', () => {
@@ -27,7 +36,10 @@ describe('tensor limits', () => {
 
   beforeAll(async () => {
     upstreams = await startFakeUpstreams();
-    gateway = await startTestGateway(upstreams.router.address, upstreams.registry.address, { GATEWAY_API_KEYS: KEY, ...LIMITS });
+    gateway = await startTestGateway(upstreams.router.address, upstreams.registry.address, {
+      GATEWAY_API_KEYS: KEY,
+      ...LIMITS,
+    });
     port = gateway.httpPort!;
     client = createClient(GRPCInferenceService, `127.0.0.1:${gateway.grpcPort}`);
   });
@@ -42,13 +54,24 @@ describe('tensor limits', () => {
     upstreams.routerState.requests.length = 0;
   });
 
-  const restJson = (shapes: number[][]) => postJson(port, INFER, { inputs: shapes.map((shape, i) => jsonInput(`t${i}`, shape)) }, AUTH);
+  const restJson = (shapes: number[][]) =>
+    postJson(port, INFER, { inputs: shapes.map((shape, i) => jsonInput(`t${i}`, shape)) }, AUTH);
   const restBinary = (shapes: number[][]) => {
     const header = Buffer.from(
-      JSON.stringify({ inputs: shapes.map((shape, i) => ({ name: `t${i}`, shape, datatype: 'FP32', parameters: { binary_data_size: elements(shape) * 4 } })) }),
+      JSON.stringify({
+        inputs: shapes.map((shape, i) => ({
+          name: `t${i}`,
+          shape,
+          datatype: 'FP32',
+          parameters: { binary_data_size: elements(shape) * 4 },
+        })),
+      }),
     );
     const body = Buffer.concat([header, ...shapes.map((shape) => Buffer.alloc(elements(shape) * 4))]);
-    return http(port, 'POST', INFER, { headers: { ...AUTH, 'inference-header-content-length': String(header.length) }, body });
+    return http(port, 'POST', INFER, {
+      headers: { ...AUTH, 'inference-header-content-length': String(header.length) },
+      body,
+    });
   };
   const grpcRequest = (shapes: number[][], raw: boolean): ModelInferRequest =>
     create(ModelInferRequestSchema, {
@@ -63,10 +86,17 @@ describe('tensor limits', () => {
     });
 
   /** Sends FP32 tensors of these shapes in each of the four forms a request can take: whether each was served, and its status and error when not. */
-  async function everyWay(shapes: number[][], served: boolean): Promise<{ way: string; ok: boolean; message: string }[]> {
+  async function everyWay(
+    shapes: number[][],
+    served: boolean,
+  ): Promise<{ way: string; ok: boolean; message: string }[]> {
     const rest = async (way: string, send: () => ReturnType<typeof http>) => {
       const reply = await send();
-      return { way, ok: reply.status === 200, message: reply.status === 200 ? '' : `${reply.status} ${(reply.json as { error: string }).error}` };
+      return {
+        way,
+        ok: reply.status === 200,
+        message: reply.status === 200 ? '' : `${reply.status} ${(reply.json as { error: string }).error}`,
+      };
     };
     const grpc = async (way: string, raw: boolean) => {
       const call = client.modelInfer(grpcRequest(shapes, raw), { metadata: AUTH });
@@ -86,28 +116,63 @@ describe('tensor limits', () => {
   }
 
   it('serves requests at every limit', async () => {
-    for (const result of await everyWay([[8, 8], [1, 64], [1, 1, 8]], true)) expect(result).toEqual({ way: result.way, ok: true, message: '' });
+    for (const result of await everyWay(
+      [
+        [8, 8],
+        [1, 64],
+        [1, 1, 8],
+      ],
+      true,
+    ))
+      expect(result).toEqual({ way: result.way, ok: true, message: '' });
     expect(upstreams.routerState.requests).toHaveLength(4);
   });
 
   it.each([
-    ['more inputs than GATEWAY_MAX_INPUTS', [[1], [1], [1], [1]], /^(400|INVALID_ARGUMENT) the request has 4 inputs, over the gateway's limit of 3 inputs per request \(GATEWAY_MAX_INPUTS\)$/],
-    ['more elements than GATEWAY_MAX_TENSOR_ELEMENTS', [[1], [2, 5, 7]], /^(400|INVALID_ARGUMENT) input "t1" has 70 elements, over the gateway's limit of 64 elements per tensor \(GATEWAY_MAX_TENSOR_ELEMENTS\)$/],
-    ['a batch over GATEWAY_MAX_BATCH_SIZE', [[9, 1]], /^(400|INVALID_ARGUMENT) input "t0" has a batch size \(first dimension\) of 9, over the gateway's limit of 8 \(GATEWAY_MAX_BATCH_SIZE\)$/],
-  ])('refuses %s over REST (JSON and binary) and gRPC (raw and typed), naming the tensor and the limit', async (_label, shapes, message) => {
-    for (const result of await everyWay(shapes, false)) {
-      expect(result.ok).toBe(false);
-      expect([result.way, result.message]).toEqual([result.way, expect.stringMatching(message)]);
-    }
-    expect(upstreams.routerState.requests).toEqual([]);
-  });
+    [
+      'more inputs than GATEWAY_MAX_INPUTS',
+      [[1], [1], [1], [1]],
+      /^(400|INVALID_ARGUMENT) the request has 4 inputs, over the gateway's limit of 3 inputs per request \(GATEWAY_MAX_INPUTS\)$/,
+    ],
+    [
+      'more elements than GATEWAY_MAX_TENSOR_ELEMENTS',
+      [[1], [2, 5, 7]],
+      /^(400|INVALID_ARGUMENT) input "t1" has 70 elements, over the gateway's limit of 64 elements per tensor \(GATEWAY_MAX_TENSOR_ELEMENTS\)$/,
+    ],
+    [
+      'a batch over GATEWAY_MAX_BATCH_SIZE',
+      [[9, 1]],
+      /^(400|INVALID_ARGUMENT) input "t0" has a batch size \(first dimension\) of 9, over the gateway's limit of 8 \(GATEWAY_MAX_BATCH_SIZE\)$/,
+    ],
+  ])(
+    'refuses %s over REST (JSON and binary) and gRPC (raw and typed), naming the tensor and the limit',
+    async (_label, shapes, message) => {
+      for (const result of await everyWay(shapes, false)) {
+        expect(result.ok).toBe(false);
+        expect([result.way, result.message]).toEqual([result.way, expect.stringMatching(message)]);
+      }
+      expect(upstreams.routerState.requests).toEqual([]);
+    },
+  );
 
   it('refuses a huge shape before allocating anything for it', () => {
     const body = { inputs: [{ name: 'x', shape: [1, 1_000_000_000], datatype: 'FP32', data: [] }] };
-    expect(() => inferRequestFromJson('m', '', body)).toThrow(/input "x" has 1000000000 elements, over the gateway's limit of 16777216/);
-    const grpc = create(ModelInferRequestSchema, { modelName: 'm', inputs: [{ name: 'x', datatype: 'FP32', shape: [5000n, 1n], contents: { fp32Contents: [] } }] });
-    expect(() => inferRequestFromGrpc(grpc)).toThrow(/input "x" has a batch size \(first dimension\) of 5000, over the gateway's limit of 4096/);
-    expect(DEFAULT_TENSOR_LIMITS).toEqual({ maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096, maxNameBytes: 1_024 });
+    expect(() => inferRequestFromJson('m', '', body)).toThrow(
+      /input "x" has 1000000000 elements, over the gateway's limit of 16777216/,
+    );
+    const grpc = create(ModelInferRequestSchema, {
+      modelName: 'm',
+      inputs: [{ name: 'x', datatype: 'FP32', shape: [5000n, 1n], contents: { fp32Contents: [] } }],
+    });
+    expect(() => inferRequestFromGrpc(grpc)).toThrow(
+      /input "x" has a batch size \(first dimension\) of 5000, over the gateway's limit of 4096/,
+    );
+    expect(DEFAULT_TENSOR_LIMITS).toEqual({
+      maxInputs: 64,
+      maxTensorElements: 16_777_216,
+      maxBatchSize: 4_096,
+      maxNameBytes: 1_024,
+    });
   });
 });
 
@@ -120,7 +185,9 @@ describe(checkName.name, () => {
   });
 
   it('refuses a longer one with a short message naming what, its size and the limit', () => {
-    expect(() => checkName('input name', 'é'.repeat(9), limits)).toThrow(/^input name "é+" is 18 bytes, over the gateway's limit of 16 bytes per name \(GATEWAY_MAX_NAME_BYTES\)$/);
+    expect(() => checkName('input name', 'é'.repeat(9), limits)).toThrow(
+      /^input name "é+" is 18 bytes, over the gateway's limit of 16 bytes per name \(GATEWAY_MAX_NAME_BYTES\)$/,
+    );
     let message = '';
     try {
       checkName('output name', 'n'.repeat(600_000), limits);
@@ -143,7 +210,13 @@ describe(checkName.name, () => {
       () => inferRequestFromJson('m', '', { inputs: [{ ...input, name: long }] }, { limits: small }),
       () => inferRequestFromJson('m', '', { inputs: [{ ...input, parameters: { [long]: 1 } }] }, { limits: small }),
       () => inferRequestFromJson('m', '', { inputs: [input], outputs: [{ name: long }] }, { limits: small }),
-      () => inferRequestFromJson('m', '', { inputs: [input], outputs: [{ name: 'y', parameters: { [long]: true } }] }, { limits: small }),
+      () =>
+        inferRequestFromJson(
+          'm',
+          '',
+          { inputs: [input], outputs: [{ name: 'y', parameters: { [long]: true } }] },
+          { limits: small },
+        ),
       () => inferRequestFromJson('m', '', { inputs: [input], parameters: { [long]: 'v' } }, { limits: small }),
     ];
     const grpcInput = { name: 'x', datatype: 'FP32', shape: [1n], contents: { fp32Contents: [1] } };

@@ -18,7 +18,12 @@ export interface TensorLimits {
 }
 
 /** The defaults of GATEWAY_MAX_INPUTS, GATEWAY_MAX_TENSOR_ELEMENTS, GATEWAY_MAX_BATCH_SIZE and GATEWAY_MAX_NAME_BYTES. */
-export const DEFAULT_TENSOR_LIMITS: TensorLimits = { maxInputs: 64, maxTensorElements: 16_777_216, maxBatchSize: 4_096, maxNameBytes: 1_024 };
+export const DEFAULT_TENSOR_LIMITS: TensorLimits = {
+  maxInputs: 64,
+  maxTensorElements: 16_777_216,
+  maxBatchSize: 4_096,
+  maxNameBytes: 1_024,
+};
 
 /**
  * Refuses a name longer than GATEWAY_MAX_NAME_BYTES, before it is used or quoted anywhere: `what`
@@ -36,7 +41,11 @@ export function checkName(what: string, name: string, limits: Pick<TensorLimits,
 }
 
 /** Refuses parameters (a JSON object or a map of InferParameters) with a key longer than GATEWAY_MAX_NAME_BYTES; `where` says whose they are. */
-export function checkParameterKeys(where: string, parameters: unknown, limits: Pick<TensorLimits, 'maxNameBytes'>): void {
+export function checkParameterKeys(
+  where: string,
+  parameters: unknown,
+  limits: Pick<TensorLimits, 'maxNameBytes'>,
+): void {
   if (typeof parameters !== 'object' || parameters === null) return;
   for (const key of Object.keys(parameters)) checkName(`${where}: parameter name`, key, limits);
 }
@@ -53,7 +62,12 @@ export function checkInputCount(count: number, limits: TensorLimits): void {
 }
 
 /** Refuses a tensor over the element or batch-size limit, naming it and the limit; `count` is its element count. */
-export function checkTensorSize(tensor: string, shape: readonly (number | bigint)[], count: number, limits: TensorLimits): void {
+export function checkTensorSize(
+  tensor: string,
+  shape: readonly (number | bigint)[],
+  count: number,
+  limits: TensorLimits,
+): void {
   if (count > limits.maxTensorElements) {
     throw RpcError.invalidArgument(
       `input ${quoted(tensor)} has ${count} elements, over the gateway's limit of ${limits.maxTensorElements} elements per tensor (GATEWAY_MAX_TENSOR_ELEMENTS)`,

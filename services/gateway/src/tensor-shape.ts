@@ -51,7 +51,10 @@ export function tensorElementCount(tensor: string, shape: readonly (number | big
   for (const dim of shape) {
     const n = Number(dim);
     if (!Number.isSafeInteger(n) || n < 0) {
-      throw RpcError.invalidArgument(`input "${tensor}" has an invalid dimension ${String(dim)} in its shape`, 'INVALID_TENSOR');
+      throw RpcError.invalidArgument(
+        `input "${tensor}" has an invalid dimension ${String(dim)} in its shape`,
+        'INVALID_TENSOR',
+      );
     }
     count *= n;
   }

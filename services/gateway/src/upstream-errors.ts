@@ -14,7 +14,9 @@ export function upstreamError(upstream: string, error: unknown, logger: JsonLogg
   switch (rpcError.code) {
     case status.UNAVAILABLE:
       logger.warn(`${upstream} unavailable`, { err: rpcError.message });
-      return new RpcError(status.UNAVAILABLE, `the ${upstream} is unavailable; retry later`, { reason: 'UPSTREAM_UNAVAILABLE' });
+      return new RpcError(status.UNAVAILABLE, `the ${upstream} is unavailable; retry later`, {
+        reason: 'UPSTREAM_UNAVAILABLE',
+      });
     case status.DEADLINE_EXCEEDED:
       return new RpcError(status.DEADLINE_EXCEEDED, `the request deadline passed while waiting for the ${upstream}`, {
         reason: 'DEADLINE_EXCEEDED',

@@ -1,5 +1,8 @@
 import { type Clock, systemClock } from '@infermesh/clock';
-import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
+import {
+  Health,
+  HealthCheckResponse_ServingStatus as ServingStatus,
+} from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { createClient, type ServiceClient } from '@infermesh/grpc';
 import { requestContext } from '@infermesh/telemetry';
 
@@ -56,9 +59,11 @@ export class UpstreamHealth {
     const cached = this.cached;
     if (cached !== undefined && this.clock.now() - cached.at < this.options.cacheMs) return cached.states;
     // Its own context: a shared probe must not be cut short by the deadline of whichever request started it.
-    this.inflight ??= requestContext.run({ requestId: 'readiness-probe' }, () => this.probe()).finally(() => {
-      this.inflight = undefined;
-    });
+    this.inflight ??= requestContext
+      .run({ requestId: 'readiness-probe' }, () => this.probe())
+      .finally(() => {
+        this.inflight = undefined;
+      });
     return this.inflight;
   }
 

@@ -43,7 +43,8 @@ export class FilesystemArtifactStore extends ArtifactStore {
       handle = undefined;
       const sha256 = hash.digest('hex');
       const expected = options.expectedSha256?.()?.toLowerCase();
-      if (expected !== undefined && expected !== '' && expected !== sha256) throw new ArtifactDigestMismatchError(expected, sha256);
+      if (expected !== undefined && expected !== '' && expected !== sha256)
+        throw new ArtifactDigestMismatchError(expected, sha256);
       options.signal?.throwIfAborted();
       if (options.check !== undefined) {
         await options.check(await readFile(temp));

@@ -72,7 +72,9 @@ describe(FilesystemArtifactStore.name, () => {
   it('refuses bytes that do not hash to the expected SHA-256 and leaves nothing behind', async () => {
     const bytes = randomBytes(2048);
     const wrong = sha256(Buffer.from('something else'));
-    const error = await sut.write(chunksOf(bytes, 512), { maxBytes: MiB, expectedSha256: () => wrong }).catch((e: unknown) => e);
+    const error = await sut
+      .write(chunksOf(bytes, 512), { maxBytes: MiB, expectedSha256: () => wrong })
+      .catch((e: unknown) => e);
     expect(error).toBeInstanceOf(ArtifactDigestMismatchError);
     expect((error as ArtifactDigestMismatchError).actualSha256).toBe(sha256(bytes));
     expect(storedFiles()).toEqual([]);
@@ -82,7 +84,10 @@ describe(FilesystemArtifactStore.name, () => {
 
   it('accepts bytes that match the expected SHA-256, in upper or lower case', async () => {
     const bytes = randomBytes(2048);
-    const stored = await sut.write(chunksOf(bytes, 512), { maxBytes: MiB, expectedSha256: () => sha256(bytes).toUpperCase() });
+    const stored = await sut.write(chunksOf(bytes, 512), {
+      maxBytes: MiB,
+      expectedSha256: () => sha256(bytes).toUpperCase(),
+    });
     expect(stored.sha256).toBe(sha256(bytes));
   });
 
@@ -102,7 +107,9 @@ describe(FilesystemArtifactStore.name, () => {
       yield Buffer.alloc(100);
       controller.abort(new Error('cancelled by the client'));
     }
-    await expect(sut.write(cancelledAtTheEnd(), { maxBytes: MiB, signal: controller.signal })).rejects.toThrow('cancelled by the client');
+    await expect(sut.write(cancelledAtTheEnd(), { maxBytes: MiB, signal: controller.signal })).rejects.toThrow(
+      'cancelled by the client',
+    );
     expect(storedFiles()).toEqual([]);
     expect(incomingFiles()).toEqual([]);
   });
@@ -135,10 +142,16 @@ describe(FilesystemArtifactStore.name, () => {
     const check = async () => {
       checks += 1;
     };
-    await expect(sut.write(chunksOf(randomBytes(5000), 1000), { maxBytes: 4000, check })).rejects.toThrow(ArtifactTooLargeError);
-    await expect(sut.write(chunksOf(randomBytes(500), 100), { maxBytes: MiB, check, expectedSha256: () => sha256(Buffer.from('x')) })).rejects.toThrow(
-      ArtifactDigestMismatchError,
+    await expect(sut.write(chunksOf(randomBytes(5000), 1000), { maxBytes: 4000, check })).rejects.toThrow(
+      ArtifactTooLargeError,
     );
+    await expect(
+      sut.write(chunksOf(randomBytes(500), 100), {
+        maxBytes: MiB,
+        check,
+        expectedSha256: () => sha256(Buffer.from('x')),
+      }),
+    ).rejects.toThrow(ArtifactDigestMismatchError);
     expect(checks).toBe(0);
     expect(incomingFiles()).toEqual([]);
   });
@@ -146,7 +159,9 @@ describe(FilesystemArtifactStore.name, () => {
   it('commits nothing when the upload is cancelled while its bytes are checked', async () => {
     const controller = new AbortController();
     const check = async () => controller.abort(new Error('cancelled during the check'));
-    await expect(sut.write(chunksOf(randomBytes(500), 100), { maxBytes: MiB, signal: controller.signal, check })).rejects.toThrow('cancelled during the check');
+    await expect(
+      sut.write(chunksOf(randomBytes(500), 100), { maxBytes: MiB, signal: controller.signal, check }),
+    ).rejects.toThrow('cancelled during the check');
     expect(storedFiles()).toEqual([]);
     expect(incomingFiles()).toEqual([]);
   });

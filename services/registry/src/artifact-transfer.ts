@@ -2,7 +2,11 @@ import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { Inject, Injectable } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
-import { type Artifact, ArtifactSchema, type UploadArtifactRequest } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Artifact,
+  ArtifactSchema,
+  type UploadArtifactRequest,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import { ArtifactDigestMismatchError, ArtifactStore, ArtifactTooLargeError, SHA256_HEX } from './artifact-store';
@@ -25,8 +29,15 @@ export class ArtifactTransfer {
     private readonly logger: JsonLogger,
     metrics: Metrics,
   ) {
-    this.uploads = metrics.counter('artifact_uploads_total', 'Artifact uploads by outcome (stored, deduplicated, too_large, digest_mismatch, invalid, cancelled, error).', ['outcome']);
-    this.storedBytes = metrics.counter('artifact_stored_bytes_total', 'Bytes of new artifacts written to the artifact store (deduplicated uploads excluded).');
+    this.uploads = metrics.counter(
+      'artifact_uploads_total',
+      'Artifact uploads by outcome (stored, deduplicated, too_large, digest_mismatch, invalid, cancelled, error).',
+      ['outcome'],
+    );
+    this.storedBytes = metrics.counter(
+      'artifact_stored_bytes_total',
+      'Bytes of new artifacts written to the artifact store (deduplicated uploads excluded).',
+    );
   }
 
   /**
@@ -42,7 +53,9 @@ export class ArtifactTransfer {
         if (request.expectedSha256 !== '') {
           const given = request.expectedSha256.toLowerCase();
           if (!SHA256_HEX.test(given)) {
-            throw RpcError.invalidArgument(`expected_sha256 must be 64 hexadecimal digits, got "${request.expectedSha256}"`);
+            throw RpcError.invalidArgument(
+              `expected_sha256 must be 64 hexadecimal digits, got "${request.expectedSha256}"`,
+            );
           }
           if (expected !== undefined && expected !== given) {
             throw RpcError.invalidArgument(`expected_sha256 changed during the upload, from ${expected} to ${given}`);
@@ -103,16 +116,21 @@ export class ArtifactTransfer {
       await this.onnx.load(bytes);
     } catch (error) {
       const reason = (error instanceof Error ? error.message : String(error)).trim();
-      throw RpcError.invalidArgument(`onnxruntime cannot load the artifact: ${reason}; nothing was stored`, 'INVALID_ARTIFACT');
+      throw RpcError.invalidArgument(
+        `onnxruntime cannot load the artifact: ${reason}; nothing was stored`,
+        'INVALID_ARTIFACT',
+      );
     }
   }
 
   /** The artifact's bytes in chunks no larger than the download chunk size. */
   async *download(sha256: string): AsyncGenerator<Uint8Array> {
     const address = sha256.toLowerCase();
-    if (!SHA256_HEX.test(address)) throw RpcError.invalidArgument(`sha256 must be 64 hexadecimal digits, got "${sha256}"`);
+    if (!SHA256_HEX.test(address))
+      throw RpcError.invalidArgument(`sha256 must be 64 hexadecimal digits, got "${sha256}"`);
     const chunks = await this.artifacts.read(address, this.config.downloadChunkBytes);
-    if (chunks === undefined) throw RpcError.notFound(`artifact ${address} not found`, 'ARTIFACT_NOT_FOUND', { sha256: address });
+    if (chunks === undefined)
+      throw RpcError.notFound(`artifact ${address} not found`, 'ARTIFACT_NOT_FOUND', { sha256: address });
     yield* chunks;
   }
 }

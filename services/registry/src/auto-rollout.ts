@@ -29,7 +29,6 @@ import { checkRollout } from './rollout-check';
 /** The decisions a model keeps in rollout_history: the oldest go first. */
 export const MAX_ROLLOUT_EVENTS = 100;
 
-
 /** Whether an automatic rollout still runs or may run again (a paused one resumes). */
 export function isActive(rollout: AutoRollout | undefined): rollout is AutoRollout {
   return rollout?.phase === AutoRolloutPhase.PROGRESSING || rollout?.phase === AutoRolloutPhase.PAUSED;
@@ -67,19 +66,37 @@ export type StepVerdict =
  * rolls back at once), then the interval. The stable version's figures are its own over the step,
  * or the reference from the last step where it served min_requests when it served fewer.
  */
-export function judgeStep(rollout: AutoRollout, canary: VersionFigures, stable: VersionFigures, now: Date): { figures: StepFigures; verdict: StepVerdict } {
+export function judgeStep(
+  rollout: AutoRollout,
+  canary: VersionFigures,
+  stable: VersionFigures,
+  now: Date,
+): { figures: StepFigures; verdict: StepVerdict } {
   const analysis = rollout.analysis!;
   const elapsedMs = now.getTime() - timestampDate(rollout.stepStartTime!).getTime();
-  const reference = stable.requests >= analysis.minRequests || rollout.stableReference === undefined ? stable : rollout.stableReference;
-  const gates = canary.requests >= analysis.minRequests ? checkGates(analysis, canary, reference, reference !== stable) : [];
+  const reference =
+    stable.requests >= analysis.minRequests || rollout.stableReference === undefined ? stable : rollout.stableReference;
+  const gates =
+    canary.requests >= analysis.minRequests ? checkGates(analysis, canary, reference, reference !== stable) : [];
   const figures = create(StepFiguresSchema, { canary, stable, gates, elapsedMs: BigInt(Math.max(0, elapsedMs)) });
   const failed = gates.find((g) => g.checked && !g.passed);
-  if (failed !== undefined) return { figures, verdict: { kind: 'roll_back', reason: `${failed.gate} gate failed: ${failed.note}` } };
+  if (failed !== undefined)
+    return { figures, verdict: { kind: 'roll_back', reason: `${failed.gate} gate failed: ${failed.note}` } };
   if (canary.requests < analysis.minRequests) {
-    return { figures, verdict: { kind: 'wait', reason: `waiting for requests: the canary served ${canary.requests} of ${analysis.minRequests} in this step` } };
+    return {
+      figures,
+      verdict: {
+        kind: 'wait',
+        reason: `waiting for requests: the canary served ${canary.requests} of ${analysis.minRequests} in this step`,
+      },
+    };
   }
   const leftMs = Number(analysis.intervalMs) - elapsedMs;
-  if (leftMs > 0) return { figures, verdict: { kind: 'wait', reason: `gates hold; the step lasts ${Math.ceil(leftMs / 1000)} s more` } };
+  if (leftMs > 0)
+    return {
+      figures,
+      verdict: { kind: 'wait', reason: `gates hold; the step lasts ${Math.ceil(leftMs / 1000)} s more` },
+    };
   const last = rollout.step + 1 >= analysis.steps.length;
   return {
     figures,
@@ -89,7 +106,12 @@ export function judgeStep(rollout: AutoRollout, canary: VersionFigures, stable: 
   };
 }
 
-function checkGates(analysis: AutoRolloutAnalysis, canary: VersionFigures, stable: VersionFigures, fromEarlierStep: boolean): GateResult[] {
+function checkGates(
+  analysis: AutoRolloutAnalysis,
+  canary: VersionFigures,
+  stable: VersionFigures,
+  fromEarlierStep: boolean,
+): GateResult[] {
   const gates: GateResult[] = [];
   const stableName = `stable version ${stable.version}${fromEarlierStep ? ' (its last full step)' : ''}`;
   const pct = (rate: number) => `${(rate * 100).toFixed(2)} %`;
@@ -109,7 +131,14 @@ function checkGates(analysis: AutoRolloutAnalysis, canary: VersionFigures, stabl
   if (analysis.maxP99Ratio !== undefined) {
     if (canary.p99Ms === 0 || stable.p99Ms === 0) {
       const whose = canary.p99Ms === 0 ? 'the canary' : `the ${stableName}`;
-      gates.push(create(GateResultSchema, { gate: 'p99_ratio', checked: false, threshold: analysis.maxP99Ratio, note: `no successful request of ${whose} to time` }));
+      gates.push(
+        create(GateResultSchema, {
+          gate: 'p99_ratio',
+          checked: false,
+          threshold: analysis.maxP99Ratio,
+          note: `no successful request of ${whose} to time`,
+        }),
+      );
     } else {
       const ratio = canary.p99Ms / stable.p99Ms;
       gates.push(
@@ -127,7 +156,12 @@ function checkGates(analysis: AutoRolloutAnalysis, canary: VersionFigures, stabl
   if (analysis.minAgreement !== undefined) {
     gates.push(
       canary.shadowItems === 0n
-        ? create(GateResultSchema, { gate: 'agreement', checked: false, threshold: analysis.minAgreement, note: 'no shadow comparison of the canary in this step' })
+        ? create(GateResultSchema, {
+            gate: 'agreement',
+            checked: false,
+            threshold: analysis.minAgreement,
+            note: 'no shadow comparison of the canary in this step',
+          })
         : create(GateResultSchema, {
             gate: 'agreement',
             checked: true,
@@ -166,7 +200,14 @@ export interface StepMarks {
  * percent, the rest of the policy kept. A paused rollout it replaces is aborted. Refused while
  * another one is in progress, for a version that is not READY, or for the stable version itself.
  */
-export function startAutoRollout(model: Model, versionId: string, analysis: AutoRolloutAnalysis, id: string, marks: StepMarks, now: Date): Model {
+export function startAutoRollout(
+  model: Model,
+  versionId: string,
+  analysis: AutoRolloutAnalysis,
+  id: string,
+  marks: StepMarks,
+  now: Date,
+): Model {
   const modelId = model.name.slice('models/'.length);
   if (model.autoRollout?.phase === AutoRolloutPhase.PROGRESSING) {
     const current = model.autoRollout;
@@ -177,21 +218,34 @@ export function startAutoRollout(model: Model, versionId: string, analysis: Auto
     );
   }
   const version = model.versions.find((v) => versionIdOf(v.name) === versionId);
-  if (version === undefined) throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', { model: modelId, version: versionId });
-  if (version.state !== VersionState.READY) {
-    throw new RpcError(status.FAILED_PRECONDITION, `auto rollout: version ${versionId} of model "${modelId}" is ${VersionState[version.state]}; it must be READY (loaded and warmed up) to take traffic`, {
-      reason: 'VERSION_NOT_READY',
-      metadata: { model: modelId, version: versionId },
+  if (version === undefined)
+    throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', {
+      model: modelId,
+      version: versionId,
     });
+  if (version.state !== VersionState.READY) {
+    throw new RpcError(
+      status.FAILED_PRECONDITION,
+      `auto rollout: version ${versionId} of model "${modelId}" is ${VersionState[version.state]}; it must be READY (loaded and warmed up) to take traffic`,
+      {
+        reason: 'VERSION_NOT_READY',
+        metadata: { model: modelId, version: versionId },
+      },
+    );
   }
   const stable = stableVersionOutside(model, versionId);
   if (stable === undefined) {
-    throw new RpcError(status.FAILED_PRECONDITION, `auto rollout: model "${modelId}" has no READY stable version besides ${versionId} to compare the canary with; pin the serving version (rollout stable) before registering the next one, so that it keeps serving`, {
-      reason: 'NO_STABLE_VERSION',
-      metadata: { model: modelId, version: versionId },
-    });
+    throw new RpcError(
+      status.FAILED_PRECONDITION,
+      `auto rollout: model "${modelId}" has no READY stable version besides ${versionId} to compare the canary with; pin the serving version (rollout stable) before registering the next one, so that it keeps serving`,
+      {
+        reason: 'NO_STABLE_VERSION',
+        metadata: { model: modelId, version: versionId },
+      },
+    );
   }
-  if (model.autoRollout?.phase === AutoRolloutPhase.PAUSED) abortAutoRollout(model, model.autoRollout.id, `replaced by an automatic rollout of version ${versionId}`, now);
+  if (model.autoRollout?.phase === AutoRolloutPhase.PAUSED)
+    abortAutoRollout(model, model.autoRollout.id, `replaced by an automatic rollout of version ${versionId}`, now);
   const current = model.rollout ?? create(RolloutPolicySchema);
   model.rollout = checkRollout(
     create(RolloutPolicySchema, {
@@ -217,14 +271,22 @@ export function startAutoRollout(model: Model, versionId: string, analysis: Auto
     ...(marks.stable !== undefined && { stableBaseline: marks.stable }),
   });
   version.rollbackReason = '';
-  record(model, RolloutDecision.STARTED, `version ${versionId} against stable version ${stable}, steps ${analysis.steps.join(', ')} %`, now);
+  record(
+    model,
+    RolloutDecision.STARTED,
+    `version ${versionId} against stable version ${stable}, steps ${analysis.steps.join(', ')} %`,
+    now,
+  );
   return model;
 }
 
 /** The version the canary is compared with: the policy's stable version, else the latest READY one, never the canary. */
 export function stableVersionOutside(model: Model, canary: string): string | undefined {
   const pinned = model.rollout?.stableVersion ?? '';
-  if (pinned !== '' && pinned !== canary) return model.versions.some((v) => versionIdOf(v.name) === pinned && v.state === VersionState.READY) ? pinned : undefined;
+  if (pinned !== '' && pinned !== canary)
+    return model.versions.some((v) => versionIdOf(v.name) === pinned && v.state === VersionState.READY)
+      ? pinned
+      : undefined;
   const latest = stableVersion(model);
   if (latest !== undefined && versionIdOf(latest.name) !== canary) return versionIdOf(latest.name);
   const others = model.versions.filter((v) => v.state === VersionState.READY && versionIdOf(v.name) !== canary);
@@ -236,10 +298,14 @@ export function resumeAutoRollout(model: Model, marks: StepMarks, now: Date): Mo
   const modelId = model.name.slice('models/'.length);
   const rollout = model.autoRollout;
   if (rollout?.phase !== AutoRolloutPhase.PAUSED) {
-    throw new RpcError(status.FAILED_PRECONDITION, `auto rollout: model "${modelId}" has no paused automatic rollout to resume${rollout === undefined ? '' : ` (it is ${phaseName(rollout.phase)})`}`, {
-      reason: 'NO_PAUSED_ROLLOUT',
-      metadata: { model: modelId },
-    });
+    throw new RpcError(
+      status.FAILED_PRECONDITION,
+      `auto rollout: model "${modelId}" has no paused automatic rollout to resume${rollout === undefined ? '' : ` (it is ${phaseName(rollout.phase)})`}`,
+      {
+        reason: 'NO_PAUSED_ROLLOUT',
+        metadata: { model: modelId },
+      },
+    );
   }
   if (model.rollout?.canary?.version !== rollout.canaryVersion) {
     throw new RpcError(
@@ -284,7 +350,13 @@ export function applyVerdict(
   now: Date,
 ): boolean {
   const rollout = model.autoRollout;
-  if (rollout === undefined || rollout.id !== expected.id || rollout.step !== expected.step || rollout.phase !== AutoRolloutPhase.PROGRESSING) return false;
+  if (
+    rollout === undefined ||
+    rollout.id !== expected.id ||
+    rollout.step !== expected.step ||
+    rollout.phase !== AutoRolloutPhase.PROGRESSING
+  )
+    return false;
   rollout.figures = figures;
   rollout.reason = verdict.reason;
   rollout.updateTime = timestampFromDate(now);
@@ -292,7 +364,8 @@ export function applyVerdict(
     case 'wait':
       return true;
     case 'advance': {
-      if (figures.stable !== undefined && figures.stable.requests >= rollout.analysis!.minRequests) rollout.stableReference = figures.stable;
+      if (figures.stable !== undefined && figures.stable.requests >= rollout.analysis!.minRequests)
+        rollout.stableReference = figures.stable;
       const next = rollout.step + 1;
       model.rollout = checkRollout(withCanaryPercent(model, rollout.analysis!.steps[next]!), model);
       startStep(rollout, next, marks, now);
@@ -307,7 +380,8 @@ export function applyVerdict(
     case 'roll_back':
       model.rollout = checkRollout(applyRolloutAction(model, { case: 'rollback', value: true }), model);
       rollout.phase = AutoRolloutPhase.ROLLED_BACK;
-      for (const version of model.versions) if (versionIdOf(version.name) === rollout.canaryVersion) version.rollbackReason = verdict.reason;
+      for (const version of model.versions)
+        if (versionIdOf(version.name) === rollout.canaryVersion) version.rollbackReason = verdict.reason;
       record(model, RolloutDecision.ROLLED_BACK, verdict.reason, now, figures);
       return true;
   }
@@ -331,16 +405,22 @@ export function abortAutoRollout(model: Model, id: string, why: string, now: Dat
 export function whyNotJudgeable(model: Model, rollout: AutoRollout): string | undefined {
   const state = (versionId: string) => model.versions.find((v) => versionIdOf(v.name) === versionId)?.state;
   const canary = state(rollout.canaryVersion);
-  if (canary !== VersionState.READY) return `the canary, version ${rollout.canaryVersion}, is ${canary === undefined ? 'gone' : VersionState[canary]}`;
+  if (canary !== VersionState.READY)
+    return `the canary, version ${rollout.canaryVersion}, is ${canary === undefined ? 'gone' : VersionState[canary]}`;
   const stable = state(rollout.stableVersion);
-  if (stable !== VersionState.READY) return `the stable version ${rollout.stableVersion} is ${stable === undefined ? 'gone' : VersionState[stable]}`;
-  if (model.rollout?.canary?.version !== rollout.canaryVersion) return `version ${rollout.canaryVersion} is no longer the canary`;
+  if (stable !== VersionState.READY)
+    return `the stable version ${rollout.stableVersion} is ${stable === undefined ? 'gone' : VersionState[stable]}`;
+  if (model.rollout?.canary?.version !== rollout.canaryVersion)
+    return `version ${rollout.canaryVersion} is no longer the canary`;
   return undefined;
 }
 
 function withCanaryPercent(model: Model, percent: number) {
   const policy = model.rollout ?? create(RolloutPolicySchema);
-  return create(RolloutPolicySchema, { ...policy, canary: create(WeightedVersionSchema, { version: policy.canary!.version, percent }) });
+  return create(RolloutPolicySchema, {
+    ...policy,
+    canary: create(WeightedVersionSchema, { version: policy.canary!.version, percent }),
+  });
 }
 
 function startStep(rollout: AutoRollout, step: number, marks: StepMarks, now: Date): void {
@@ -361,12 +441,18 @@ function record(model: Model, decision: RolloutDecision, reason: string, now: Da
       version: rollout.canaryVersion,
       decision,
       step: rollout.step,
-      percent: model.rollout?.canary?.version === rollout.canaryVersion ? model.rollout.canary.percent : decision === RolloutDecision.PROMOTED ? 100 : 0,
+      percent:
+        model.rollout?.canary?.version === rollout.canaryVersion
+          ? model.rollout.canary.percent
+          : decision === RolloutDecision.PROMOTED
+            ? 100
+            : 0,
       reason,
       ...(figures !== undefined && { figures }),
     }),
   );
-  if (model.rolloutHistory.length > MAX_ROLLOUT_EVENTS) model.rolloutHistory.splice(0, model.rolloutHistory.length - MAX_ROLLOUT_EVENTS);
+  if (model.rolloutHistory.length > MAX_ROLLOUT_EVENTS)
+    model.rolloutHistory.splice(0, model.rolloutHistory.length - MAX_ROLLOUT_EVENTS);
 }
 
 export function decisionName(decision: RolloutDecision): string {

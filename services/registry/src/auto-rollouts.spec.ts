@@ -48,13 +48,30 @@ describe(AutoRollouts.name, () => {
     clock = new ManualClock();
     const store = new EmbeddedModelStore(config.metadataFile);
     const artifacts = new FilesystemArtifactStore(config.artifactDir);
-    const sha256 = (await artifacts.write((async function* () { yield buildTinyModel().bytes; })(), { maxBytes: 1 << 20 })).sha256;
-    catalog = new ModelCatalog(store, artifacts, clock, config, logger, new ModelWatch(store, config, logger, metrics), metrics);
+    const sha256 = (
+      await artifacts.write(
+        (async function* () {
+          yield buildTinyModel().bytes;
+        })(),
+        { maxBytes: 1 << 20 },
+      )
+    ).sha256;
+    catalog = new ModelCatalog(
+      store,
+      artifacts,
+      clock,
+      config,
+      logger,
+      new ModelWatch(store, config, logger, metrics),
+      metrics,
+    );
     ledger = new EmbeddedTrafficLedger();
     sut = new AutoRollouts(catalog, new LedgerRolloutTraffic(ledger), clock, config, logger, metrics);
     // Version 1 serves; the stable version is pinned before version 2 arrives (so 1 keeps serving).
     const register = async (versionId: string) => {
-      await catalog.createVersion(create(CreateModelVersionRequestSchema, { parent: 'models/tiny', versionId, artifactSha256: sha256 }));
+      await catalog.createVersion(
+        create(CreateModelVersionRequestSchema, { parent: 'models/tiny', versionId, artifactSha256: sha256 }),
+      );
       await catalog.reportState(`models/tiny/versions/${versionId}`, VersionState.READY, '', 'worker-1');
     };
     await register('1');
@@ -73,7 +90,14 @@ describe(AutoRollouts.name, () => {
       create(StartAutoRolloutRequestSchema, {
         model: 'models/tiny',
         version: '2',
-        analysis: { steps: [10, 50, 100], intervalMs: BigInt(INTERVAL_MS), minRequests: 100n, maxErrorRateIncrease: 0.01, maxP99Ratio: 1.5, ...analysis },
+        analysis: {
+          steps: [10, 50, 100],
+          intervalMs: BigInt(INTERVAL_MS),
+          minRequests: 100n,
+          maxErrorRateIncrease: 0.01,
+          maxP99Ratio: 1.5,
+          ...analysis,
+        },
       }),
     );
 
@@ -81,10 +105,22 @@ describe(AutoRollouts.name, () => {
   const serve = (versionId: string, requests: number, errors = 0, latencyMs = 4) => {
     const counters = emptyCounters(LATENCY_BUCKETS_SECONDS);
     counters.latencyCounts[latencyIndex(latencyMs / 1000, LATENCY_BUCKETS_SECONDS)] = BigInt(requests - errors);
-    return ledger.add([{ modelId: 'tiny', versionId, counters: create(TrafficCountersSchema, { ...counters, requests: BigInt(requests), errors: BigInt(errors), failures: BigInt(errors) }) }]);
+    return ledger.add([
+      {
+        modelId: 'tiny',
+        versionId,
+        counters: create(TrafficCountersSchema, {
+          ...counters,
+          requests: BigInt(requests),
+          errors: BigInt(errors),
+          failures: BigInt(errors),
+        }),
+      },
+    ]);
   };
   const model = (): Promise<Model> => catalog.getModel('models/tiny');
-  const decisions = async () => (await model()).rolloutHistory.map((e) => `${RolloutDecision[e.decision]} ${e.percent}`);
+  const decisions = async () =>
+    (await model()).rolloutHistory.map((e) => `${RolloutDecision[e.decision]} ${e.percent}`);
   const phase = async () => AutoRolloutPhase[(await model()).autoRollout?.phase ?? AutoRolloutPhase.UNSPECIFIED];
   const canaryPercent = async () => (await model()).rollout?.canary?.percent;
 
@@ -93,7 +129,12 @@ describe(AutoRollouts.name, () => {
 
     expect(started.rollout?.stableVersion).toBe('1');
     expect(started.rollout?.canary).toMatchObject({ version: '2', percent: 10 });
-    expect(started.autoRollout).toMatchObject({ canaryVersion: '2', stableVersion: '1', phase: AutoRolloutPhase.PROGRESSING, step: 0 });
+    expect(started.autoRollout).toMatchObject({
+      canaryVersion: '2',
+      stableVersion: '1',
+      phase: AutoRolloutPhase.PROGRESSING,
+      step: 0,
+    });
     expect(await decisions()).toEqual(['STARTED 10']);
   });
 
@@ -111,7 +152,10 @@ describe(AutoRollouts.name, () => {
     expect(promoted.autoRollout?.phase).toBe(AutoRolloutPhase.PROMOTED);
     expect(promoted.rollout?.stableVersion).toBe('2');
     expect(promoted.rollout?.canary).toBeUndefined();
-    expect(promoted.versions.find((v) => v.name.endsWith('/1'))).toMatchObject({ state: VersionState.DRAINING, stateReason: RETIRING_REASON });
+    expect(promoted.versions.find((v) => v.name.endsWith('/1'))).toMatchObject({
+      state: VersionState.DRAINING,
+      stateReason: RETIRING_REASON,
+    });
     expect(await decisions()).toEqual(['STARTED 10', 'ADVANCED 50', 'ADVANCED 100', 'PROMOTED 100']);
     // At the last step the stable version served nothing: the canary was compared with its last full step.
     const last = promoted.rolloutHistory.at(-1)!.figures!;
@@ -160,7 +204,9 @@ describe(AutoRollouts.name, () => {
     expect(rolledBack.rollout?.canary).toBeUndefined();
     expect(rolledBack.rollout?.stableVersion).toBe('1');
     const reason = rolledBack.versions.find((v) => v.name.endsWith('/2'))!.rollbackReason;
-    expect(reason).toMatch(/^error_rate_increase gate failed: canary error rate 8\.00 % \(8 of 100\) against 0\.11 % of the stable version 1/);
+    expect(reason).toMatch(
+      /^error_rate_increase gate failed: canary error rate 8\.00 % \(8 of 100\) against 0\.11 % of the stable version 1/,
+    );
     expect(await decisions()).toEqual(['STARTED 10', 'ROLLED_BACK 0']);
     // Nothing more happens once it ended.
     await serve('2', 1_000);
@@ -186,12 +232,23 @@ describe(AutoRollouts.name, () => {
     await serve('2', 100);
     await serve('1', 900);
     await sut.tick();
-    expect((await model()).autoRollout!.figures!.gates.find((g) => g.gate === 'agreement')).toMatchObject({ checked: false, note: 'no shadow comparison of the canary in this step' });
+    expect((await model()).autoRollout!.figures!.gates.find((g) => g.gate === 'agreement')).toMatchObject({
+      checked: false,
+      note: 'no shadow comparison of the canary in this step',
+    });
 
-    await ledger.add([{ modelId: 'tiny', versionId: '2', counters: create(TrafficCountersSchema, { shadowItems: 100n, shadowAgreed: 90n }) }]);
+    await ledger.add([
+      {
+        modelId: 'tiny',
+        versionId: '2',
+        counters: create(TrafficCountersSchema, { shadowItems: 100n, shadowAgreed: 90n }),
+      },
+    ]);
     await sut.tick();
     expect(await phase()).toBe('ROLLED_BACK');
-    expect((await model()).versions.find((v) => v.name.endsWith('/2'))!.rollbackReason).toContain('the canary agreed on 90.00 % of 100 shadow-compared items');
+    expect((await model()).versions.find((v) => v.name.endsWith('/2'))!.rollbackReason).toContain(
+      'the canary agreed on 90.00 % of 100 shadow-compared items',
+    );
   });
 
   it('rolls back on the burn rate of the canary against the objective', async () => {
@@ -204,7 +261,10 @@ describe(AutoRollouts.name, () => {
 
   it('is paused by a manual rollout change, and resumes its step from the start', async () => {
     await start();
-    await catalog.updateRollout('models/tiny', { case: 'setWeights', value: create(SetWeightsSchema, { percents: { '2': 30 } }) });
+    await catalog.updateRollout('models/tiny', {
+      case: 'setWeights',
+      value: create(SetWeightsSchema, { percents: { '2': 30 } }),
+    });
     expect(await phase()).toBe('PAUSED');
     await serve('2', 500);
     clock.advance(INTERVAL_MS);
@@ -221,7 +281,10 @@ describe(AutoRollouts.name, () => {
   });
 
   it('pauses on the pause action, which needs a rollout in progress', async () => {
-    expect(await rpcRejection(catalog.updateRollout('models/tiny', { case: 'pause', value: true }))).toMatchObject({ code: status.FAILED_PRECONDITION, reason: 'NO_ROLLOUT_IN_PROGRESS' });
+    expect(await rpcRejection(catalog.updateRollout('models/tiny', { case: 'pause', value: true }))).toMatchObject({
+      code: status.FAILED_PRECONDITION,
+      reason: 'NO_ROLLOUT_IN_PROGRESS',
+    });
     await start();
     const paused = await catalog.updateRollout('models/tiny', { case: 'pause', value: true });
     expect(paused.autoRollout?.reason).toBe('paused');
@@ -233,7 +296,10 @@ describe(AutoRollouts.name, () => {
     await catalog.reportState('models/tiny/versions/2', VersionState.FAILED, 'out of memory', 'worker-1');
     await sut.tick();
 
-    expect((await model()).autoRollout).toMatchObject({ phase: AutoRolloutPhase.ABORTED, reason: 'the canary, version 2, is FAILED' });
+    expect((await model()).autoRollout).toMatchObject({
+      phase: AutoRolloutPhase.ABORTED,
+      reason: 'the canary, version 2, is FAILED',
+    });
   });
 
   it('measures a step from its start, and from zero when the counts restarted below it', async () => {
@@ -244,8 +310,26 @@ describe(AutoRollouts.name, () => {
 
     // An embedded ledger restarts with the registry: counts below the step's baseline are all new.
     const restarted = new EmbeddedTrafficLedger();
-    const after = new AutoRollouts(catalog, new LedgerRolloutTraffic(restarted), clock, loadRegistryConfig({ REGISTRY_DATA_DIR: dir }), new JsonLogger('test', 'error'), new Metrics('test'));
-    await restarted.add([{ modelId: 'tiny', versionId: '2', counters: create(TrafficCountersSchema, { ...emptyCounters(LATENCY_BUCKETS_SECONDS), requests: 100n, errors: 50n, failures: 50n }) }]);
+    const after = new AutoRollouts(
+      catalog,
+      new LedgerRolloutTraffic(restarted),
+      clock,
+      loadRegistryConfig({ REGISTRY_DATA_DIR: dir }),
+      new JsonLogger('test', 'error'),
+      new Metrics('test'),
+    );
+    await restarted.add([
+      {
+        modelId: 'tiny',
+        versionId: '2',
+        counters: create(TrafficCountersSchema, {
+          ...emptyCounters(LATENCY_BUCKETS_SECONDS),
+          requests: 100n,
+          errors: 50n,
+          failures: 50n,
+        }),
+      },
+    ]);
     await after.tick();
     expect(await phase()).toBe('ROLLED_BACK');
   });
@@ -266,12 +350,25 @@ describe(AutoRollouts.name, () => {
   });
 
   it('refuses a second rollout while one is in progress, replaces a paused one, and refuses a version the model lacks', async () => {
-    expect(await rpcRejection(sut.start(create(StartAutoRolloutRequestSchema, { model: 'models/tiny', version: '9', analysis: { steps: [100], intervalMs: 1n, minRequests: 1n } })))).toMatchObject({
+    expect(
+      await rpcRejection(
+        sut.start(
+          create(StartAutoRolloutRequestSchema, {
+            model: 'models/tiny',
+            version: '9',
+            analysis: { steps: [100], intervalMs: 1n, minRequests: 1n },
+          }),
+        ),
+      ),
+    ).toMatchObject({
       code: status.NOT_FOUND,
       reason: 'VERSION_NOT_FOUND',
     });
     await start();
-    expect(await rpcRejection(start())).toMatchObject({ code: status.FAILED_PRECONDITION, reason: 'ROLLOUT_IN_PROGRESS' });
+    expect(await rpcRejection(start())).toMatchObject({
+      code: status.FAILED_PRECONDITION,
+      reason: 'ROLLOUT_IN_PROGRESS',
+    });
     // A paused one is replaced, and ends aborted.
     await catalog.updateRollout('models/tiny', { case: 'rollback', value: true });
     expect(await phase()).toBe('PAUSED');
@@ -282,7 +379,10 @@ describe(AutoRollouts.name, () => {
 
   it('refuses to resume what is not paused, and a paused rollout whose canary was replaced', async () => {
     const resume = () => sut.start(create(StartAutoRolloutRequestSchema, { model: 'models/tiny', resume: true }));
-    expect(await rpcRejection(resume())).toMatchObject({ code: status.FAILED_PRECONDITION, reason: 'NO_PAUSED_ROLLOUT' });
+    expect(await rpcRejection(resume())).toMatchObject({
+      code: status.FAILED_PRECONDITION,
+      reason: 'NO_PAUSED_ROLLOUT',
+    });
     await start();
     await catalog.updateRollout('models/tiny', { case: 'rollback', value: true });
     expect(await rpcRejection(resume())).toMatchObject({ code: status.FAILED_PRECONDITION, reason: 'CANARY_REPLACED' });

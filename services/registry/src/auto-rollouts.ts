@@ -2,7 +2,11 @@ import { timestampDate } from '@bufbuild/protobuf/wkt';
 import { randomUUID } from 'node:crypto';
 import { Inject, Injectable, type BeforeApplicationShutdown, type OnApplicationBootstrap } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
-import { AutoRolloutPhase, type Model, type StartAutoRolloutRequest } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  AutoRolloutPhase,
+  type Model,
+  type StartAutoRolloutRequest,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { checkAnalysis } from '@infermesh/rollout';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
@@ -50,10 +54,11 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
     private readonly logger: JsonLogger,
     metrics: Metrics,
   ) {
-    this.decisions = metrics.counter('rollout_decisions_total', 'Decisions of automatic rollouts, by model and decision (started, advanced, promoted, rolled_back, paused, resumed, aborted).', [
-      'model',
-      'decision',
-    ]);
+    this.decisions = metrics.counter(
+      'rollout_decisions_total',
+      'Decisions of automatic rollouts, by model and decision (started, advanced, promoted, rolled_back, paused, resumed, aborted).',
+      ['model', 'decision'],
+    );
   }
 
   onApplicationBootstrap(): void {
@@ -71,21 +76,32 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
   async start(request: StartAutoRolloutRequest): Promise<Model> {
     const modelId = parseModelName(request.model, 'model');
     if (request.resume) {
-      if (request.version !== '' || request.analysis !== undefined) throw RpcError.invalidArgument('auto rollout: resume takes neither a version nor an analysis: it goes on with those of the paused rollout');
+      if (request.version !== '' || request.analysis !== undefined)
+        throw RpcError.invalidArgument(
+          'auto rollout: resume takes neither a version nor an analysis: it goes on with those of the paused rollout',
+        );
       const model = await this.catalog.getModel(request.model);
       const paused = model.autoRollout;
-      const marks = paused === undefined ? { canary: undefined, stable: undefined } : await this.marks(modelId, paused.canaryVersion, paused.stableVersion);
-      const stored = await this.catalog.changeModel(modelId, (current) => (current === undefined ? undefined : resumeAutoRollout(current, marks, this.clock.date())));
+      const marks =
+        paused === undefined
+          ? { canary: undefined, stable: undefined }
+          : await this.marks(modelId, paused.canaryVersion, paused.stableVersion);
+      const stored = await this.catalog.changeModel(modelId, (current) =>
+        current === undefined ? undefined : resumeAutoRollout(current, marks, this.clock.date()),
+      );
       return this.decided(stored!);
     }
-    if (request.version === '') throw RpcError.invalidArgument('auto rollout: the request names no version to roll out');
+    if (request.version === '')
+      throw RpcError.invalidArgument('auto rollout: the request names no version to roll out');
     const analysis = checkAnalysis(request.analysis);
     const model = await this.catalog.getModel(request.model);
     const stable = stableVersionOutside(model, request.version) ?? '';
     const marks = await this.marks(modelId, request.version, stable);
     const id = randomUUID();
     const stored = await this.catalog.changeModel(modelId, (current) =>
-      current === undefined ? undefined : startAutoRollout(current, request.version, analysis, id, marks, this.clock.date()),
+      current === undefined
+        ? undefined
+        : startAutoRollout(current, request.version, analysis, id, marks, this.clock.date()),
     );
     return this.decided(stored!);
   }
@@ -94,7 +110,11 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
   tick(): Promise<void> {
     if (this.running !== undefined) return this.running;
     this.running = this.judgeAll()
-      .catch((error: unknown) => this.logger.warn('automatic rollouts: judging failed; trying again', { err: error instanceof Error ? error.message : String(error) }))
+      .catch((error: unknown) =>
+        this.logger.warn('automatic rollouts: judging failed; trying again', {
+          err: error instanceof Error ? error.message : String(error),
+        }),
+      )
       .finally(() => (this.running = undefined));
     return this.running;
   }
@@ -104,7 +124,10 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
     for (const model of models) {
       if (model.autoRollout?.phase !== AutoRolloutPhase.PROGRESSING) continue;
       await this.judge(model).catch((error: unknown) =>
-        this.logger.warn('automatic rollout: cannot judge the step; trying again', { model: model.name, err: error instanceof Error ? error.message : String(error) }),
+        this.logger.warn('automatic rollout: cannot judge the step; trying again', {
+          model: model.name,
+          err: error instanceof Error ? error.message : String(error),
+        }),
       );
     }
     const live = new Set(models.map((m) => `${m.autoRollout?.id}/${m.autoRollout?.step}`));
@@ -117,8 +140,11 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
     const now = this.clock.date();
     const why = whyNotJudgeable(model, rollout);
     if (why !== undefined) {
-      const stored = await this.catalog.changeModel(modelId, (current) => (current !== undefined && abortAutoRollout(current, rollout.id, why, now) ? current : undefined));
-      if (stored?.autoRollout?.phase === AutoRolloutPhase.ABORTED && stored.autoRollout.id === rollout.id) this.decided(stored);
+      const stored = await this.catalog.changeModel(modelId, (current) =>
+        current !== undefined && abortAutoRollout(current, rollout.id, why, now) ? current : undefined,
+      );
+      if (stored?.autoRollout?.phase === AutoRolloutPhase.ABORTED && stored.autoRollout.id === rollout.id)
+        this.decided(stored);
       return;
     }
     const stepStart = timestampDate(rollout.stepStartTime!);
@@ -126,17 +152,27 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
       this.traffic.since(modelId, rollout.canaryVersion, rollout.canaryBaseline, stepStart, now),
       this.traffic.since(modelId, rollout.stableVersion, rollout.stableBaseline, stepStart, now),
     ]);
-    const { figures, verdict } = judgeStep(rollout, figuresOf(rollout.canaryVersion, canary), figuresOf(rollout.stableVersion, stable), now);
+    const { figures, verdict } = judgeStep(
+      rollout,
+      figuresOf(rollout.canaryVersion, canary),
+      figuresOf(rollout.stableVersion, stable),
+      now,
+    );
     const key = `${rollout.id}/${rollout.step}`;
     if (verdict.kind === 'wait') {
       const last = this.written.get(key);
       if (last !== undefined && now.getTime() - last < FIGURES_REFRESH_MS) return;
       this.written.set(key, now.getTime());
     }
-    const marks = verdict.kind === 'advance' ? await this.marks(modelId, rollout.canaryVersion, rollout.stableVersion) : { canary: undefined, stable: undefined };
+    const marks =
+      verdict.kind === 'advance'
+        ? await this.marks(modelId, rollout.canaryVersion, rollout.stableVersion)
+        : { canary: undefined, stable: undefined };
     let applied = false;
     const stored = await this.catalog.changeModel(modelId, (current) => {
-      applied = current !== undefined && applyVerdict(current, { id: rollout.id, step: rollout.step }, figures, verdict, marks, now);
+      applied =
+        current !== undefined &&
+        applyVerdict(current, { id: rollout.id, step: rollout.step }, figures, verdict, marks, now);
       return applied ? current : undefined;
     });
     if (!applied || stored === undefined || verdict.kind === 'wait') return;
@@ -149,12 +185,19 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
     try {
       await this.catalog.retireVersion(`models/${modelId}/versions/${versionId}`);
     } catch (error) {
-      this.logger.info('automatic rollout: the old stable version stays', { model: modelId, version: versionId, why: error instanceof Error ? error.message : String(error) });
+      this.logger.info('automatic rollout: the old stable version stays', {
+        model: modelId,
+        version: versionId,
+        why: error instanceof Error ? error.message : String(error),
+      });
     }
   }
 
   private async marks(modelId: string, canary: string, stable: string): Promise<StepMarks> {
-    const [c, s] = await Promise.all([this.traffic.mark(modelId, canary), stable === '' ? undefined : this.traffic.mark(modelId, stable)]);
+    const [c, s] = await Promise.all([
+      this.traffic.mark(modelId, canary),
+      stable === '' ? undefined : this.traffic.mark(modelId, stable),
+    ]);
     return { canary: c, stable: s };
   }
 

@@ -28,11 +28,14 @@ export function checkBatching(batching: Batching | undefined, signature: Signatu
   const maxSource = batching.maxBatchSize === undefined ? "the signature's max_batch_size" : 'max_batch_size';
   checkPreferredBatchSizes(batching.preferredBatchSizes, maxBatchSize, maxSource);
   const { priorityLevels, defaultPriorityLevel } = batching;
-  if (priorityLevels > MAX_PRIORITY_LEVELS) throw invalid(`priority_levels is ${priorityLevels}, above the limit of ${MAX_PRIORITY_LEVELS}`);
+  if (priorityLevels > MAX_PRIORITY_LEVELS)
+    throw invalid(`priority_levels is ${priorityLevels}, above the limit of ${MAX_PRIORITY_LEVELS}`);
   const levels = Math.max(priorityLevels, 1);
   if (defaultPriorityLevel > levels) {
     const declared = priorityLevels === 0 ? 'priority_levels 0 is one level' : `priority_levels ${priorityLevels}`;
-    throw invalid(`default_priority_level is ${defaultPriorityLevel}, above the ${levels} priority level${levels === 1 ? '' : 's'} (${declared}); give 0 to ${levels}`);
+    throw invalid(
+      `default_priority_level is ${defaultPriorityLevel}, above the ${levels} priority level${levels === 1 ? '' : 's'} (${declared}); give 0 to ${levels}`,
+    );
   }
   return canonical(batching);
 }
@@ -44,7 +47,10 @@ export function sameBatching(a: Batching | undefined, b: Batching | undefined): 
 
 /** The batching with its preferred batch sizes in ascending order, as it is stored. */
 function canonical(batching: Batching): Batching {
-  return create(BatchingSchema, { ...batching, preferredBatchSizes: [...batching.preferredBatchSizes].sort((x, y) => x - y) });
+  return create(BatchingSchema, {
+    ...batching,
+    preferredBatchSizes: [...batching.preferredBatchSizes].sort((x, y) => x - y),
+  });
 }
 
 function isEmptyBatching(batching: Batching): boolean {
@@ -64,9 +70,12 @@ function checkMaxBatchSize(declared: number | undefined, signatureMax: number): 
   if (declared === undefined) return signatureMax;
   if (declared < 0) throw invalid(`max_batch_size is ${declared}; it cannot be negative (0 turns batching off)`);
   if (signatureMax === 0 && declared > 0) {
-    throw invalid(`max_batch_size is ${declared} but the model does not batch (its signature's max_batch_size is 0); give 0 or leave it unset`);
+    throw invalid(
+      `max_batch_size is ${declared} but the model does not batch (its signature's max_batch_size is 0); give 0 or leave it unset`,
+    );
   }
-  if (declared > signatureMax) throw invalid(`max_batch_size is ${declared}, above the signature's max_batch_size ${signatureMax}`);
+  if (declared > signatureMax)
+    throw invalid(`max_batch_size is ${declared}, above the signature's max_batch_size ${signatureMax}`);
   return declared;
 }
 
@@ -79,7 +88,8 @@ function checkPreferredBatchSizes(sizes: readonly number[], maxBatchSize: number
   const seen = new Set<number>();
   for (const size of sizes) {
     if (size < 1) throw invalid(`preferred batch size ${size} is below 1`);
-    if (size > maxBatchSize) throw invalid(`preferred batch size ${size} is above the max batch size ${maxBatchSize} (${maxSource})`);
+    if (size > maxBatchSize)
+      throw invalid(`preferred batch size ${size} is above the max batch size ${maxBatchSize} (${maxSource})`);
     if (seen.has(size)) throw invalid(`preferred batch size ${size} is given more than once`);
     seen.add(size);
   }

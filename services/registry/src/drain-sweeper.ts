@@ -37,7 +37,10 @@ export class DrainSweeper implements OnApplicationBootstrap, BeforeApplicationSh
       .sweep()
       .then(
         () => undefined,
-        (error: unknown) => this.logger.debug('drain sweep failed; trying again', { err: error instanceof Error ? error.message : String(error) }),
+        (error: unknown) =>
+          this.logger.debug('drain sweep failed; trying again', {
+            err: error instanceof Error ? error.message : String(error),
+          }),
       )
       .finally(() => (this.running = undefined));
   }

@@ -13,7 +13,10 @@ runMain('registry', async () => {
   const config = loadOrExit('registry', () => loadRegistryConfig(process.env));
   return bootstrap({
     module: RegistryModule.forRoot(config),
-    grpc: (app) => [bind(RegistryService, app.get(RegistryGrpcController)), bind(InstanceService, app.get(InstancesGrpcController))],
+    grpc: (app) => [
+      bind(RegistryService, app.get(RegistryGrpcController)),
+      bind(InstanceService, app.get(InstancesGrpcController)),
+    ],
     // The mesh's xDS (ADS), in Envoy's own messages, when a policy file is configured.
     untypedGrpc: (app) => app.get(MeshControlPlane).xdsService(),
     // Its own authorization comes from the policy it serves, not over xDS from itself.

@@ -31,34 +31,71 @@ export class MeshControlPlane implements OnModuleDestroy {
   /** With Redis: the instances shared with the other replicas of the registry. */
   private readonly mirror: { mirror: RedisInstanceMirror; client: Redis } | undefined;
 
-  constructor(@Inject(REGISTRY_CONFIG) private readonly config: RegistryConfig, logger: JsonLogger, metrics: Metrics) {
+  constructor(
+    @Inject(REGISTRY_CONFIG) private readonly config: RegistryConfig,
+    logger: JsonLogger,
+    metrics: Metrics,
+  ) {
     this.instances = new MeshInstances(config.mesh.instanceTimeoutMs);
-    metrics.gauge('mesh_instances', 'Instances announced to the control plane, by service and whether they serve.', ['service', 'serving'], (gauge) => {
-      gauge.reset();
-      for (const i of this.instances.list()) gauge.inc({ service: i.service, serving: String(i.healthy) });
-    });
-    this.sweeper = setInterval(() => this.instances.sweep(), Math.max(100, Math.floor(config.mesh.instanceTimeoutMs / 3)));
+    metrics.gauge(
+      'mesh_instances',
+      'Instances announced to the control plane, by service and whether they serve.',
+      ['service', 'serving'],
+      (gauge) => {
+        gauge.reset();
+        for (const i of this.instances.list()) gauge.inc({ service: i.service, serving: String(i.healthy) });
+      },
+    );
+    this.sweeper = setInterval(
+      () => this.instances.sweep(),
+      Math.max(100, Math.floor(config.mesh.instanceTimeoutMs / 3)),
+    );
     this.sweeper.unref();
     if (config.redisUrl !== undefined) {
       // Several replicas of the registry each serve every instance, whichever it announced itself to.
       const client = createRedisClient(config.redisUrl, logger, 'registry-mesh');
       const holder = meshInstanceId('registry', config.runtime.mesh);
-      this.mirror = { mirror: new RedisInstanceMirror(this.instances, client, config.redisKeyPrefix, holder, config.mesh.instanceTimeoutMs, SHARE_POLL_MS, logger), client };
+      this.mirror = {
+        mirror: new RedisInstanceMirror(
+          this.instances,
+          client,
+          config.redisKeyPrefix,
+          holder,
+          config.mesh.instanceTimeoutMs,
+          SHARE_POLL_MS,
+          logger,
+        ),
+        client,
+      };
       this.mirror.mirror.start();
     }
     if (config.mesh.policyPath === undefined) return;
 
     const policyFile = new MeshPolicyFile(config.mesh.policyPath, config.mesh.policyPollMs);
     this.policyFile = policyFile;
-    const changes = metrics.counter('mesh_policy_changes_total', 'Changes of the mesh policy file, by outcome: applied, or refused (the running policy stays).', ['outcome']);
-    const events = metrics.counter('xds_events_total', 'xDS stream events: responses sent, ACKs, NACKs (the client kept its last version), resources refused.', ['event', 'type']);
+    const changes = metrics.counter(
+      'mesh_policy_changes_total',
+      'Changes of the mesh policy file, by outcome: applied, or refused (the running policy stays).',
+      ['outcome'],
+    );
+    const events = metrics.counter(
+      'xds_events_total',
+      'xDS stream events: responses sent, ACKs, NACKs (the client kept its last version), resources refused.',
+      ['event', 'type'],
+    );
     const ads = new AdsServer(
       EnvoyApi.load(),
       (node) => {
         if (!MeshInstances.isService(node.cluster)) return undefined;
         const instances = this.instances.list();
         const self = instances.find((i) => i.id === node.id && i.service === node.cluster);
-        return xdsResources(policyFile.policy, node.cluster, node.userAgentName === 'envoy' ? 'envoy' : 'grpc', instances, self);
+        return xdsResources(
+          policyFile.policy,
+          node.cluster,
+          node.userAgentName === 'envoy' ? 'envoy' : 'grpc',
+          instances,
+          self,
+        );
       },
       (event) => {
         switch (event.kind) {
@@ -68,11 +105,19 @@ export class MeshControlPlane implements OnModuleDestroy {
             break;
           case 'nack':
             events.inc({ event: 'nack', type: event.typeUrl.split('.').at(-1)! });
-            logger.warn('xDS client refused a resource update; it keeps its last version', { node: event.node.id, type: event.typeUrl, version: event.version, error: event.error });
+            logger.warn('xDS client refused a resource update; it keeps its last version', {
+              node: event.node.id,
+              type: event.typeUrl,
+              version: event.version,
+              error: event.error,
+            });
             break;
           case 'refused':
             events.inc({ event: 'refused', type: event.typeUrl.split('.').at(-1)! });
-            logger.error('xDS resource fails the check against Envoy\'s API; not served', new Error(event.problems.join('; ')));
+            logger.error(
+              "xDS resource fails the check against Envoy's API; not served",
+              new Error(event.problems.join('; ')),
+            );
             break;
           case 'connected':
           case 'disconnected':
@@ -81,7 +126,9 @@ export class MeshControlPlane implements OnModuleDestroy {
       },
     );
     this.ads = ads;
-    metrics.gauge('xds_clients', 'xDS clients connected to this control plane.', [], (gauge) => gauge.set(ads.connectedNodes().length));
+    metrics.gauge('xds_clients', 'xDS clients connected to this control plane.', [], (gauge) =>
+      gauge.set(ads.connectedNodes().length),
+    );
     this.instances.onChange(() => ads.refresh());
     policyFile.watch((change) => {
       if (change.kind === 'applied') {
@@ -91,10 +138,16 @@ export class MeshControlPlane implements OnModuleDestroy {
         for (const apply of this.ownInbound) apply(this.ownInboundListener());
       } else {
         changes.inc({ outcome: 'refused' });
-        logger.warn('mesh policy change refused; the running policy stays', { path: policyFile.path, problems: change.problems });
+        logger.warn('mesh policy change refused; the running policy stays', {
+          path: policyFile.path,
+          problems: change.problems,
+        });
       }
     });
-    logger.info('serving xDS (ADS) for the mesh policy', { path: policyFile.path, edges: policyFile.policy.edges.length });
+    logger.info('serving xDS (ADS) for the mesh policy', {
+      path: policyFile.path,
+      edges: policyFile.policy.edges.length,
+    });
     const plaintextPort = config.mesh.plaintextXdsPort;
     if (plaintextPort !== undefined) {
       const server = new grpc.Server();
@@ -102,7 +155,8 @@ export class MeshControlPlane implements OnModuleDestroy {
       this.plaintextServer = server;
       // Loopback only: it carries the topology, not the registry's RPCs, to clients on this machine.
       server.bindAsync(`127.0.0.1:${plaintextPort}`, grpc.ServerCredentials.createInsecure(), (error, bound) => {
-        if (error !== null) logger.error('cannot serve plaintext xDS on loopback; proxyless clients will not get the mesh', error);
+        if (error !== null)
+          logger.error('cannot serve plaintext xDS on loopback; proxyless clients will not get the mesh', error);
         else logger.info('serving xDS (ADS only) in plaintext on loopback, for grpc-js-xds clients', { port: bound });
       });
     }
@@ -126,7 +180,13 @@ export class MeshControlPlane implements OnModuleDestroy {
     if (this.policyFile === undefined) return undefined;
     const { policy } = this.policyFile;
     const { grpc: address, mesh } = this.config.runtime;
-    return inboundApiListener(policy, 'registry', subsetOf(policy, 'registry', mesh?.labels ?? {}), mesh?.address ?? address.host, address.port);
+    return inboundApiListener(
+      policy,
+      'registry',
+      subsetOf(policy, 'registry', mesh?.labels ?? {}),
+      mesh?.address ?? address.host,
+      address.port,
+    );
   }
 
   /** The ADS service for the registry's gRPC server; none without a policy file. */

@@ -6,7 +6,14 @@ import { eventually, type RedisServer, startRedisServer, ManualClock } from '@in
 import { MeshInstances } from './mesh-instances';
 import { RedisInstanceMirror } from './mesh-instances.redis';
 
-const worker = (id: string, address = '10.0.0.1'): MeshInstance => ({ service: 'worker', id, address, port: 15006, labels: {}, healthy: true });
+const worker = (id: string, address = '10.0.0.1'): MeshInstance => ({
+  service: 'worker',
+  id,
+  address,
+  port: 15006,
+  labels: {},
+  healthy: true,
+});
 const ids = (instances: MeshInstances) => instances.list().map((i) => i.id);
 
 /** Two replicas of the registry, each with its own instances and its own Redis connection, against a real redis-server. */
@@ -29,12 +36,25 @@ describe(RedisInstanceMirror.name, () => {
     for (const client of clients.splice(0)) client.disconnect();
   });
 
-  async function replica(name: string, ttlMs = 5_000, clock?: Clock): Promise<{ instances: MeshInstances; mirror: RedisInstanceMirror; client: Redis }> {
+  async function replica(
+    name: string,
+    ttlMs = 5_000,
+    clock?: Clock,
+  ): Promise<{ instances: MeshInstances; mirror: RedisInstanceMirror; client: Redis }> {
     const client = createRedisClient(redis.url, logger, name);
     await waitForRedis(client, 5_000);
     clients.push(client);
     const instances = new MeshInstances(ttlMs, clock);
-    const mirror = new RedisInstanceMirror(instances, client, `test-${expect.getState().currentTestName?.replace(/\W+/g, '-')}:`, name, ttlMs, 50, logger, clock);
+    const mirror = new RedisInstanceMirror(
+      instances,
+      client,
+      `test-${expect.getState().currentTestName?.replace(/\W+/g, '-')}:`,
+      name,
+      ttlMs,
+      50,
+      logger,
+      clock,
+    );
     mirrors.push(mirror);
     mirror.start();
     return { instances, mirror, client };
@@ -49,7 +69,9 @@ describe(RedisInstanceMirror.name, () => {
     const token = a.instances.announce(worker('worker-0'));
     b.instances.announce(worker('worker-1', '10.0.0.2'));
 
-    await eventually(() => ids(b.instances).join() === 'worker-0,worker-1' && ids(a.instances).join() === 'worker-0,worker-1');
+    await eventually(
+      () => ids(b.instances).join() === 'worker-0,worker-1' && ids(a.instances).join() === 'worker-0,worker-1',
+    );
     expect(b.instances.list().find((i) => i.id === 'worker-0')).toEqual(worker('worker-0'));
     expect(bChanges).toBeGreaterThanOrEqual(2);
     a.instances.withdraw('worker-0', token);
@@ -78,9 +100,24 @@ describe(RedisInstanceMirror.name, () => {
 
     // While the old announcement on A lasts, A's refreshes do not overwrite the newer one: every
     // replica, A included, lists the instance where it announced itself last.
-    await eventually(() => [a, b, c].every((r) => r.instances.list().map((i) => `${i.id}@${i.address}`).join() === 'worker-0@10.0.0.9'));
+    await eventually(() =>
+      [a, b, c].every(
+        (r) =>
+          r.instances
+            .list()
+            .map((i) => `${i.id}@${i.address}`)
+            .join() === 'worker-0@10.0.0.9',
+      ),
+    );
     await new Promise((r) => setTimeout(r, 300));
-    expect([a, b, c].map((r) => r.instances.list().map((i) => i.address).join())).toEqual(['10.0.0.9', '10.0.0.9', '10.0.0.9']);
+    expect(
+      [a, b, c].map((r) =>
+        r.instances
+          .list()
+          .map((i) => i.address)
+          .join(),
+      ),
+    ).toEqual(['10.0.0.9', '10.0.0.9', '10.0.0.9']);
     a.instances.withdraw('worker-0', old);
 
     // A's withdrawal removes only its own entry: the newer announcement, on B, is still listed.

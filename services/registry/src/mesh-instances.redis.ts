@@ -35,7 +35,13 @@ const DELETE_IF_UNCHANGED = `if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] 
 function parseEntry(text: string): SharedEntry | undefined {
   try {
     const entry = JSON.parse(text) as Partial<SharedEntry>;
-    if (typeof entry.holder !== 'string' || typeof entry.expiresAtMs !== 'number' || typeof entry.announcedAtMs !== 'number' || typeof entry.instance?.id !== 'string') return undefined;
+    if (
+      typeof entry.holder !== 'string' ||
+      typeof entry.expiresAtMs !== 'number' ||
+      typeof entry.announcedAtMs !== 'number' ||
+      typeof entry.instance?.id !== 'string'
+    )
+      return undefined;
     return entry as SharedEntry;
   } catch {
     return undefined;
@@ -92,7 +98,11 @@ export class RedisInstanceMirror {
     clearInterval(this.timer);
     this.unsubscribe();
     await this.running;
-    await Promise.all([...this.written].map(([id, value]) => this.redis.eval(DELETE_IF_UNCHANGED, 1, this.key, id, value).catch(() => undefined)));
+    await Promise.all(
+      [...this.written].map(([id, value]) =>
+        this.redis.eval(DELETE_IF_UNCHANGED, 1, this.key, id, value).catch(() => undefined),
+      ),
+    );
     this.written.clear();
   }
 
@@ -104,7 +114,10 @@ export class RedisInstanceMirror {
     }
     this.running = this.sync()
       .catch((error: unknown) => {
-        if (!this.failing) this.logger.warn('cannot share the mesh instances through Redis; going on with those last read', { err: String(error) });
+        if (!this.failing)
+          this.logger.warn('cannot share the mesh instances through Redis; going on with those last read', {
+            err: String(error),
+          });
         this.failing = true;
       })
       .finally(() => {
@@ -122,7 +135,12 @@ export class RedisInstanceMirror {
     const mine = new Map<string, string>();
     const args: string[] = [];
     for (const { instance, announcedAtMs, lastSeenMs } of this.instances.local()) {
-      const value = JSON.stringify({ instance, holder: this.holder, announcedAtMs, expiresAtMs: lastSeenMs + this.ttlMs } satisfies SharedEntry);
+      const value = JSON.stringify({
+        instance,
+        holder: this.holder,
+        announcedAtMs,
+        expiresAtMs: lastSeenMs + this.ttlMs,
+      } satisfies SharedEntry);
       mine.set(instance.id, value);
       args.push(instance.id, value, String(announcedAtMs));
     }
@@ -140,7 +158,8 @@ export class RedisInstanceMirror {
         await this.redis.eval(DELETE_IF_UNCHANGED, 1, this.key, id, text);
         continue;
       }
-      if (entry.holder !== this.holder) remote.push({ instance: entry.instance, announcedAtMs: entry.announcedAtMs, expiresAtMs: entry.expiresAtMs });
+      if (entry.holder !== this.holder)
+        remote.push({ instance: entry.instance, announcedAtMs: entry.announcedAtMs, expiresAtMs: entry.expiresAtMs });
     }
     if (this.failing) this.logger.info('sharing the mesh instances through Redis again');
     this.failing = false;

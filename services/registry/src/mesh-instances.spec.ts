@@ -2,7 +2,14 @@ import { ManualClock } from '@infermesh/testing';
 import type { MeshInstance } from '@infermesh/mesh';
 import { MeshInstances } from './mesh-instances';
 
-const router = (id: string, port = 50052): MeshInstance => ({ service: 'router', id, address: '127.0.0.1', port, labels: {}, healthy: true });
+const router = (id: string, port = 50052): MeshInstance => ({
+  service: 'router',
+  id,
+  address: '127.0.0.1',
+  port,
+  labels: {},
+  healthy: true,
+});
 
 describe(MeshInstances.name, () => {
   let clock: ManualClock;

@@ -102,7 +102,11 @@ export class MeshInstances {
 
   /** Only the instances announced to this replica, with when each announcement began and was last heard from. */
   local(): { instance: MeshInstance; announcedAtMs: number; lastSeenMs: number }[] {
-    return [...this.byId.values()].map(({ instance, announcedAtMs, lastSeenMs }) => ({ instance, announcedAtMs, lastSeenMs }));
+    return [...this.byId.values()].map(({ instance, announcedAtMs, lastSeenMs }) => ({
+      instance,
+      announcedAtMs,
+      lastSeenMs,
+    }));
   }
 
   /**

@@ -35,7 +35,10 @@ describe(MeshPolicyFile.name, () => {
     writeFileSync(path, SHIPPED.replace('subset: next\n', 'subset: nxt\n'));
     const change = sut.reload();
 
-    expect(change).toEqual({ kind: 'refused', problems: [expect.stringContaining('router has no subset "nxt"') as unknown] });
+    expect(change).toEqual({
+      kind: 'refused',
+      problems: [expect.stringContaining('router has no subset "nxt"') as unknown],
+    });
     expect(sut.policy).toBe(running);
   });
 
@@ -43,7 +46,10 @@ describe(MeshPolicyFile.name, () => {
     const sut = new MeshPolicyFile(path, 1_000);
     rmSync(path);
 
-    expect(sut.reload()).toEqual({ kind: 'refused', problems: [expect.stringMatching(/^cannot read .*mesh\.yaml: ENOENT/) as unknown] });
+    expect(sut.reload()).toEqual({
+      kind: 'refused',
+      problems: [expect.stringMatching(/^cannot read .*mesh\.yaml: ENOENT/) as unknown],
+    });
     expect(sut.policy.edges.length).toBeGreaterThan(0);
   });
 });

@@ -1,7 +1,13 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { buildTinyModel } from '@infermesh/model-builder';
-import { CreateModelVersionRequestSchema, type Model, ModelSchema, RolloutPolicySchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  CreateModelVersionRequestSchema,
+  type Model,
+  ModelSchema,
+  RolloutPolicySchema,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { rpcRejection } from '@infermesh/testing';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -32,20 +38,47 @@ describe(ModelCatalog.name, () => {
     clock = new ManualClock();
     store = new EmbeddedModelStore(config.metadataFile);
     const artifacts = new FilesystemArtifactStore(config.artifactDir);
-    sha256 = (await artifacts.write((async function* () { yield buildTinyModel().bytes; })(), { maxBytes: 1 << 20 })).sha256;
-    sut = new ModelCatalog(store, artifacts, clock, config, logger, new ModelWatch(store, config, logger, metrics), metrics);
+    sha256 = (
+      await artifacts.write(
+        (async function* () {
+          yield buildTinyModel().bytes;
+        })(),
+        { maxBytes: 1 << 20 },
+      )
+    ).sha256;
+    sut = new ModelCatalog(
+      store,
+      artifacts,
+      clock,
+      config,
+      logger,
+      new ModelWatch(store, config, logger, metrics),
+      metrics,
+    );
   });
   afterEach(async () => {
     await sut.onApplicationShutdown();
     rmSync(dir, { recursive: true, force: true });
   });
 
-  const register = (versionId: string, model = 'mlp') => sut.createVersion(create(CreateModelVersionRequestSchema, { parent: `models/${model}`, versionId, artifactSha256: sha256 }));
-  const report = (versionId: string, state: VersionState, reason = '', model = 'mlp') => sut.reportState(`models/${model}/versions/${versionId}`, state, reason, 'worker-1');
+  const register = (versionId: string, model = 'mlp') =>
+    sut.createVersion(
+      create(CreateModelVersionRequestSchema, { parent: `models/${model}`, versionId, artifactSha256: sha256 }),
+    );
+  const report = (versionId: string, state: VersionState, reason = '', model = 'mlp') =>
+    sut.reportState(`models/${model}/versions/${versionId}`, state, reason, 'worker-1');
   const ready = (versionId: string, model = 'mlp') => report(versionId, VersionState.READY, '', model);
-  const states = async (model = 'mlp') => Object.fromEntries((await sut.getModel(`models/${model}`)).versions.map((v) => [v.name.slice(v.name.lastIndexOf('/') + 1), VersionState[v.state]]));
-  const update = (init: MessageInitShape<typeof ModelSchema>, paths: string[]) => sut.updateModel(create(ModelSchema, { name: 'models/mlp', ...init }), paths);
-  const setRollout = (policy: MessageInitShape<typeof RolloutPolicySchema>) => sut.setRollout('models/mlp', create(RolloutPolicySchema, policy));
+  const states = async (model = 'mlp') =>
+    Object.fromEntries(
+      (await sut.getModel(`models/${model}`)).versions.map((v) => [
+        v.name.slice(v.name.lastIndexOf('/') + 1),
+        VersionState[v.state],
+      ]),
+    );
+  const update = (init: MessageInitShape<typeof ModelSchema>, paths: string[]) =>
+    sut.updateModel(create(ModelSchema, { name: 'models/mlp', ...init }), paths);
+  const setRollout = (policy: MessageInitShape<typeof RolloutPolicySchema>) =>
+    sut.setRollout('models/mlp', create(RolloutPolicySchema, policy));
 
   describe('version lifecycle', () => {
     it('loads a new version while the old one serves, drains the old one once the new one is READY, and retires it after the grace period', async () => {
@@ -70,7 +103,8 @@ describe(ModelCatalog.name, () => {
     });
 
     it('keeps a version READY while another worker serves it: a second worker loading it, or failing to, does not take it away', async () => {
-      const from = (worker: string, state: VersionState, reason = '') => sut.reportState('models/mlp/versions/1', state, reason, worker);
+      const from = (worker: string, state: VersionState, reason = '') =>
+        sut.reportState('models/mlp/versions/1', state, reason, worker);
       await register('1');
       await from('worker-a', VersionState.LOADING);
       await from('worker-a', VersionState.READY);
@@ -151,7 +185,9 @@ describe(ModelCatalog.name, () => {
       // back while it drains pins it as stable again.
       await setRollout({ canary: { version: '2', percent: 10 } });
       expect(await states()).toEqual({ '1': 'DRAINING', '2': 'READY' });
-      expect((await sut.updateRollout('models/mlp', { case: 'rollback', value: true })).rollout?.stableVersion).toBe('1');
+      expect((await sut.updateRollout('models/mlp', { case: 'rollback', value: true })).rollout?.stableVersion).toBe(
+        '1',
+      );
       expect(await states()).toEqual({ '1': 'READY', '2': 'READY' });
     });
 
@@ -162,7 +198,9 @@ describe(ModelCatalog.name, () => {
       }
       await update({ versionPolicy: { policy: { case: 'all', value: {} } } }, ['version_policy']);
       expect(await states()).toEqual({ '1': 'READY', '2': 'READY', '3': 'READY' });
-      await update({ versionPolicy: { policy: { case: 'specific', value: { versions: ['1', '3'] } } } }, ['version_policy']);
+      await update({ versionPolicy: { policy: { case: 'specific', value: { versions: ['1', '3'] } } } }, [
+        'version_policy',
+      ]);
       expect(await states()).toEqual({ '1': 'READY', '2': 'DRAINING', '3': 'READY' });
       await update({ versionPolicy: { policy: { case: 'latest', value: 2 } } }, ['version_policy']);
       expect(await states()).toEqual({ '1': 'DRAINING', '2': 'READY', '3': 'READY' });
@@ -178,7 +216,12 @@ describe(ModelCatalog.name, () => {
       await register('1');
       await setRollout({ stableVersion: '1' });
       const changed = await update({ labels: { team: 'vision' }, pinned: true, unloaded: true }, ['labels', 'pinned']);
-      expect([changed.labels, changed.pinned, changed.unloaded, changed.rollout?.stableVersion]).toEqual([{ team: 'vision' }, true, false, '1']);
+      expect([changed.labels, changed.pinned, changed.unloaded, changed.rollout?.stableVersion]).toEqual([
+        { team: 'vision' },
+        true,
+        false,
+        '1',
+      ]);
       expect(changed.revision).toBe(BigInt(await store.revision()));
       const replaced = await update({ labels: { owner: 'ml' } }, ['labels']);
       expect([replaced.labels, replaced.pinned]).toEqual([{ owner: 'ml' }, true]);
@@ -190,16 +233,25 @@ describe(ModelCatalog.name, () => {
       const before = await sut.getModel('models/mlp');
       const cases: [() => Promise<unknown>, string][] = [
         [() => update({ labels: { a: 'b' } }, []), 'update_mask names no field'],
-        [() => update({ rollout: {} }, ['labels', 'rollout']), 'update_mask: "rollout" cannot be changed with UpdateModel'],
+        [
+          () => update({ rollout: {} }, ['labels', 'rollout']),
+          'update_mask: "rollout" cannot be changed with UpdateModel',
+        ],
         [() => update({ labels: { Bad: 'x' } }, ['labels']), 'labels: key "Bad" must be'],
-        [() => update({ versionPolicy: { policy: { case: 'specific', value: { versions: ['4'] } } } }, ['version_policy']), 'version_policy: model "mlp" has no version 4'],
+        [
+          () =>
+            update({ versionPolicy: { policy: { case: 'specific', value: { versions: ['4'] } } } }, ['version_policy']),
+          'version_policy: model "mlp" has no version 4',
+        ],
         [() => sut.updateModel(undefined, ['pinned']), 'model.name must be "models/{model}", got ""'],
       ];
       for (const [call, message] of cases) {
         const error = await rpcRejection(call());
         expect([error.code, error.message]).toEqual([status.INVALID_ARGUMENT, expect.stringContaining(message)]);
       }
-      const missing = await rpcRejection(sut.updateModel(create(ModelSchema, { name: 'models/none', pinned: true }), ['pinned']));
+      const missing = await rpcRejection(
+        sut.updateModel(create(ModelSchema, { name: 'models/none', pinned: true }), ['pinned']),
+      );
       expect([missing.code, missing.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
       expect(await sut.getModel('models/mlp')).toEqual(before);
     });
@@ -270,7 +322,9 @@ describe(ModelCatalog.name, () => {
       await update({ versionPolicy: { policy: { case: 'all', value: {} } } }, ['version_policy']);
       expect(await states()).toEqual({ '1': 'DRAINING', '2': 'READY' });
       const named = await rpcRejection(setRollout({ stableVersion: '1' }));
-      expect(named.message).toBe('rollout: the stable version is version 1, which was retired (it is DRAINING) and will never serve again');
+      expect(named.message).toBe(
+        'rollout: the stable version is version 1, which was retired (it is DRAINING) and will never serve again',
+      );
       expect((await ready('1')).state).toBe(VersionState.DRAINING);
 
       // It keeps the time it started to drain.
@@ -316,7 +370,9 @@ describe(ModelCatalog.name, () => {
         'model "mlp" is still loaded (version 1 is READY); unload it first: `infermesh models unload mlp` or POST /v2/repository/models/mlp/unload, and wait for it to drain',
       ]);
       await update({ unloaded: true }, ['unloaded']);
-      expect((await rpcRejection(sut.deleteModel('models/mlp'))).message).toMatch(/^model "mlp" is still loaded \(version 1 is DRAINING\)/);
+      expect((await rpcRejection(sut.deleteModel('models/mlp'))).message).toMatch(
+        /^model "mlp" is still loaded \(version 1 is DRAINING\)/,
+      );
 
       // Past the grace period it is deletable, sweep or not.
       clock.advance(GRACE_MS);

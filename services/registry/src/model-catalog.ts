@@ -18,7 +18,14 @@ import {
   type UpdateRolloutRequest,
   VersionState,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { checkVersionId, compareVersionIds, modelName, stableVersion, versionIdOf, versionName } from '@infermesh/rollout';
+import {
+  checkVersionId,
+  compareVersionIds,
+  modelName,
+  stableVersion,
+  versionIdOf,
+  versionName,
+} from '@infermesh/rollout';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { Gauge } from 'prom-client';
 import { ArtifactStore, SHA256_HEX } from './artifact-store';
@@ -35,7 +42,16 @@ import { parseModelName, parseVersionName } from './resource-names';
 import { applyRolloutAction } from './rollout-actions';
 import { checkRollout } from './rollout-check';
 import { checkWarmUp, sameWarmUp } from './warm-up-check';
-import { applyLifecycle, describeVersionPolicy, hasEnded, RETIRING_REASON, servingSet, stateName, type Transition, whyServing } from './version-lifecycle';
+import {
+  applyLifecycle,
+  describeVersionPolicy,
+  hasEnded,
+  RETIRING_REASON,
+  servingSet,
+  stateName,
+  type Transition,
+  whyServing,
+} from './version-lifecycle';
 
 export const ONNX_PLATFORM = 'onnxruntime_onnx';
 
@@ -90,9 +106,13 @@ export class ModelCatalog implements OnApplicationShutdown {
 
     const bytes = await this.artifacts.readAll(sha256);
     if (bytes === undefined) {
-      throw RpcError.notFound(`artifact ${sha256} is not in the registry; upload it with UploadArtifact first`, 'ARTIFACT_NOT_FOUND', {
-        sha256,
-      });
+      throw RpcError.notFound(
+        `artifact ${sha256} is not in the registry; upload it with UploadArtifact first`,
+        'ARTIFACT_NOT_FOUND',
+        {
+          sha256,
+        },
+      );
     }
     const signature = readOnnxSignature(bytes);
     const now = timestampFromDate(this.clock.date());
@@ -127,7 +147,11 @@ export class ModelCatalog implements OnApplicationShutdown {
       return model;
     });
     if (created) {
-      this.logger.info('model version registered', { version: name, artifact: sha256, max_batch_size: version.signature?.maxBatchSize });
+      this.logger.info('model version registered', {
+        version: name,
+        artifact: sha256,
+        max_batch_size: version.signature?.maxBatchSize,
+      });
     }
     return findVersion(stored, versionId)!;
   }
@@ -162,13 +186,20 @@ export class ModelCatalog implements OnApplicationShutdown {
     if (versionId !== '') {
       const version = findVersion(found, versionId);
       if (version === undefined) {
-        throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', { model: modelId, version: versionId });
+        throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', {
+          model: modelId,
+          version: versionId,
+        });
       }
       if (version.state !== VersionState.READY) {
-        throw new RpcError(status.UNAVAILABLE, `version ${versionId} of model "${modelId}" is ${stateName(version.state)}, not READY`, {
-          reason: 'MODEL_NOT_READY',
-          metadata: { model: modelId, version: versionId, state: stateName(version.state) },
-        });
+        throw new RpcError(
+          status.UNAVAILABLE,
+          `version ${versionId} of model "${modelId}" is ${stateName(version.state)}, not READY`,
+          {
+            reason: 'MODEL_NOT_READY',
+            metadata: { model: modelId, version: versionId, state: stateName(version.state) },
+          },
+        );
       }
       return version;
     }
@@ -189,13 +220,25 @@ export class ModelCatalog implements OnApplicationShutdown {
     const stored = await this.mutate(modelId, (current) => {
       const model = existing(current, modelId);
       model.rollout = checkRollout(applyRolloutAction(model, action), model);
-      const paused = pauseAutoRollout(model, action.case === 'pause' ? 'paused' : `paused by a manual rollout change (${action.case ?? 'none'})`, now);
+      const paused = pauseAutoRollout(
+        model,
+        action.case === 'pause' ? 'paused' : `paused by a manual rollout change (${action.case ?? 'none'})`,
+        now,
+      );
       if (action.case === 'pause' && !paused) {
-        throw new RpcError(status.FAILED_PRECONDITION, `rollout: model "${modelId}" has no automatic rollout in progress to pause`, { reason: 'NO_ROLLOUT_IN_PROGRESS', metadata: { model: modelId } });
+        throw new RpcError(
+          status.FAILED_PRECONDITION,
+          `rollout: model "${modelId}" has no automatic rollout in progress to pause`,
+          { reason: 'NO_ROLLOUT_IN_PROGRESS', metadata: { model: modelId } },
+        );
       }
       return model;
     });
-    this.logger.info('rollout updated', { model: modelId, action: action.case ?? 'none', rollout: stored?.rollout === undefined ? 'none' : toJsonString(RolloutPolicySchema, stored.rollout) });
+    this.logger.info('rollout updated', {
+      model: modelId,
+      action: action.case ?? 'none',
+      rollout: stored?.rollout === undefined ? 'none' : toJsonString(RolloutPolicySchema, stored.rollout),
+    });
     return stored!;
   }
 
@@ -204,9 +247,12 @@ export class ModelCatalog implements OnApplicationShutdown {
     const modelId = parseModelName(model, 'model');
     if (policy !== undefined) {
       if (policy.ttlMs < 0n || policy.ttlMs > MAX_CACHE_TTL_MS) {
-        throw RpcError.invalidArgument(`cache: ttl_ms is ${policy.ttlMs}; it must be from 0 (the router's default) to ${MAX_CACHE_TTL_MS} (7 days)`);
+        throw RpcError.invalidArgument(
+          `cache: ttl_ms is ${policy.ttlMs}; it must be from 0 (the router's default) to ${MAX_CACHE_TTL_MS} (7 days)`,
+        );
       }
-      if (policy.maxEntryBytes < 0n) throw RpcError.invalidArgument(`cache: max_entry_bytes is ${policy.maxEntryBytes}; it cannot be negative`);
+      if (policy.maxEntryBytes < 0n)
+        throw RpcError.invalidArgument(`cache: max_entry_bytes is ${policy.maxEntryBytes}; it cannot be negative`);
     }
     const empty = policy === undefined || equals(CachePolicySchema, policy, create(CachePolicySchema));
     const stored = await this.mutate(modelId, (current) => {
@@ -214,7 +260,10 @@ export class ModelCatalog implements OnApplicationShutdown {
       model.cache = empty ? undefined : policy;
       return model;
     });
-    this.logger.info('cache policy set', { model: modelId, cache: stored?.cache === undefined ? 'defaults' : toJsonString(CachePolicySchema, stored.cache) });
+    this.logger.info('cache policy set', {
+      model: modelId,
+      cache: stored?.cache === undefined ? 'defaults' : toJsonString(CachePolicySchema, stored.cache),
+    });
     return stored!;
   }
 
@@ -233,7 +282,10 @@ export class ModelCatalog implements OnApplicationShutdown {
       pauseAutoRollout(model, 'paused by a manual rollout change (a new policy)', now);
       return model;
     });
-    this.logger.info('rollout policy set', { model: modelId, rollout: stored?.rollout === undefined ? 'none' : toJsonString(RolloutPolicySchema, stored.rollout) });
+    this.logger.info('rollout policy set', {
+      model: modelId,
+      rollout: stored?.rollout === undefined ? 'none' : toJsonString(RolloutPolicySchema, stored.rollout),
+    });
     return stored!;
   }
 
@@ -245,7 +297,13 @@ export class ModelCatalog implements OnApplicationShutdown {
    * (`warmUpError` empty) or serves it without, and why: the last READY report says. The version is
    * returned as stored.
    */
-  async reportState(name: string, state: VersionState, reason: string, workerId: string, warmUpError = ''): Promise<ModelVersion> {
+  async reportState(
+    name: string,
+    state: VersionState,
+    reason: string,
+    workerId: string,
+    warmUpError = '',
+  ): Promise<ModelVersion> {
     const { modelId, versionId } = parseVersionName(name, 'name');
     if (!REPORTABLE_STATES.has(state)) {
       throw RpcError.invalidArgument(`a worker may report LOADING, READY or FAILED, not ${stateName(state)}`);
@@ -261,7 +319,8 @@ export class ModelCatalog implements OnApplicationShutdown {
       const readyWorkers = new Set(version.readyWorkerIds);
       if (state === VersionState.READY) readyWorkers.add(workerId);
       else readyWorkers.delete(workerId);
-      const sameWorkers = readyWorkers.size === version.readyWorkerIds.length && version.readyWorkerIds.every((w) => readyWorkers.has(w));
+      const sameWorkers =
+        readyWorkers.size === version.readyWorkerIds.length && version.readyWorkerIds.every((w) => readyWorkers.has(w));
       const sameWarmUp = state !== VersionState.READY || version.warmUpError === coldReason;
       if (version.state === state && version.stateReason === stateReason && sameWorkers && sameWarmUp) return undefined;
       const outside = state !== VersionState.FAILED && !servingSet(model).has(versionId);
@@ -346,10 +405,14 @@ export class ModelCatalog implements OnApplicationShutdown {
       if (hasEnded(version)) return undefined;
       const why = whyServing(model, versionId);
       if (why !== undefined) {
-        throw new RpcError(status.FAILED_PRECONDITION, `version ${versionId} of model ${modelId} still serves traffic: ${why}`, {
-          reason: 'VERSION_IN_USE',
-          metadata: { model: modelId, version: versionId },
-        });
+        throw new RpcError(
+          status.FAILED_PRECONDITION,
+          `version ${versionId} of model ${modelId} still serves traffic: ${why}`,
+          {
+            reason: 'VERSION_IN_USE',
+            metadata: { model: modelId, version: versionId },
+          },
+        );
       }
       if (version.state === VersionState.READY || version.state === VersionState.DRAINING) {
         // Loaded: it drains first. A DRAINING version keeps the time it started to.
@@ -429,7 +492,8 @@ export class ModelCatalog implements OnApplicationShutdown {
 
   private async existingModel(modelId: string): Promise<Model> {
     const model = await this.store(() => this.models.get(modelId));
-    if (model === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
+    if (model === undefined)
+      throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
     return model;
   }
 
@@ -464,7 +528,12 @@ export class ModelCatalog implements OnApplicationShutdown {
       }),
     );
     for (const t of transitions) {
-      this.logger.info('model version state changed', { version: t.version, from: stateName(t.from), to: stateName(t.to), reason: t.reason });
+      this.logger.info('model version state changed', {
+        version: t.version,
+        from: stateName(t.from),
+        to: stateName(t.to),
+        reason: t.reason,
+      });
     }
     if (wrote) void this.watch.notify();
     return stored;
@@ -477,7 +546,9 @@ export class ModelCatalog implements OnApplicationShutdown {
     } catch (error) {
       if (error instanceof RpcError) throw error;
       this.logger.warn('model store operation failed', { err: error instanceof Error ? error.message : String(error) });
-      throw RpcError.unavailable(`the registry's model store is unavailable: ${error instanceof Error ? error.message : String(error)}`);
+      throw RpcError.unavailable(
+        `the registry's model store is unavailable: ${error instanceof Error ? error.message : String(error)}`,
+      );
     }
   }
 }
@@ -487,14 +558,18 @@ function findVersion(model: Model | undefined, versionId: string): ModelVersion 
 }
 
 function existing(model: Model | undefined, modelId: string): Model {
-  if (model === undefined) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
+  if (model === undefined)
+    throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
   return model;
 }
 
 function existingVersion(model: Model, modelId: string, versionId: string): ModelVersion {
   const version = findVersion(model, versionId);
   if (version === undefined) {
-    throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', { model: modelId, version: versionId });
+    throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', {
+      model: modelId,
+      version: versionId,
+    });
   }
   return version;
 }
@@ -509,35 +584,55 @@ function checkSameVersion(existing: ModelVersion, sha256: string, request: Creat
   const { maxBatchSize } = request;
   const existingSha = existing.artifact?.sha256 ?? '';
   if (existingSha !== sha256) {
-    throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with artifact ${existingSha}; register the new artifact as a new version`, {
-      reason: 'ALREADY_EXISTS',
-      metadata: { version: existing.name, sha256: existingSha },
-    });
+    throw new RpcError(
+      status.ALREADY_EXISTS,
+      `${existing.name} already exists with artifact ${existingSha}; register the new artifact as a new version`,
+      {
+        reason: 'ALREADY_EXISTS',
+        metadata: { version: existing.name, sha256: existingSha },
+      },
+    );
   }
   const existingBatch = existing.signature?.maxBatchSize ?? 0;
   if (maxBatchSize !== undefined && maxBatchSize !== existingBatch) {
-    throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with max_batch_size ${existingBatch}, not ${maxBatchSize}`, {
-      reason: 'ALREADY_EXISTS',
-      metadata: { version: existing.name },
-    });
+    throw new RpcError(
+      status.ALREADY_EXISTS,
+      `${existing.name} already exists with max_batch_size ${existingBatch}, not ${maxBatchSize}`,
+      {
+        reason: 'ALREADY_EXISTS',
+        metadata: { version: existing.name },
+      },
+    );
   }
   if (!sameProcessing(existing.processing, request.processing)) {
-    throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with a different processing; register the new processing as a new version`, {
-      reason: 'ALREADY_EXISTS',
-      metadata: { version: existing.name },
-    });
+    throw new RpcError(
+      status.ALREADY_EXISTS,
+      `${existing.name} already exists with a different processing; register the new processing as a new version`,
+      {
+        reason: 'ALREADY_EXISTS',
+        metadata: { version: existing.name },
+      },
+    );
   }
   if (!sameBatching(existing.batching, request.batching)) {
-    throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with a different batching; register the new batching as a new version`, {
-      reason: 'ALREADY_EXISTS',
-      metadata: { version: existing.name },
-    });
+    throw new RpcError(
+      status.ALREADY_EXISTS,
+      `${existing.name} already exists with a different batching; register the new batching as a new version`,
+      {
+        reason: 'ALREADY_EXISTS',
+        metadata: { version: existing.name },
+      },
+    );
   }
   if (!sameWarmUp(existing.warmUp, request.warmUp, existing.signature!)) {
-    throw new RpcError(status.ALREADY_EXISTS, `${existing.name} already exists with a different warm_up; register the new warm-up as a new version`, {
-      reason: 'ALREADY_EXISTS',
-      metadata: { version: existing.name },
-    });
+    throw new RpcError(
+      status.ALREADY_EXISTS,
+      `${existing.name} already exists with a different warm_up; register the new warm-up as a new version`,
+      {
+        reason: 'ALREADY_EXISTS',
+        metadata: { version: existing.name },
+      },
+    );
   }
   return existing;
 }
@@ -556,7 +651,9 @@ function registerGauges(metrics: Metrics, store: ModelStore, logger: JsonLogger)
         models: store.list().then(
           (models) => (last = models),
           (error: unknown) => {
-            logger.warn('model gauges: store unavailable, reporting the last values', { err: error instanceof Error ? error.message : String(error) });
+            logger.warn('model gauges: store unavailable, reporting the last values', {
+              err: error instanceof Error ? error.message : String(error),
+            });
             return last;
           },
         ),
@@ -583,14 +680,15 @@ function registerGauges(metrics: Metrics, store: ModelStore, logger: JsonLogger)
         if (typeof state === 'number' && state !== VersionState.UNSPECIFIED) counts.set(stateName(state), 0);
       }
       for (const model of await snapshot()) {
-        for (const version of model.versions) counts.set(stateName(version.state), (counts.get(stateName(version.state)) ?? 0) + 1);
+        for (const version of model.versions)
+          counts.set(stateName(version.state), (counts.get(stateName(version.state)) ?? 0) + 1);
       }
       for (const [state, count] of counts) this.set({ state }, count);
     },
   });
   new Gauge({
     name: `${metrics.prefix}rollout_phase`,
-    help: 'The phase of each model\'s automatic rollout (its last one): 1 for the current phase (progressing, paused, promoted, rolled_back, aborted), 0 for the others.',
+    help: "The phase of each model's automatic rollout (its last one): 1 for the current phase (progressing, paused, promoted, rolled_back, aborted), 0 for the others.",
     labelNames: ['model', 'phase'],
     registers: [metrics.registry],
     async collect() {
@@ -599,19 +697,23 @@ function registerGauges(metrics: Metrics, store: ModelStore, logger: JsonLogger)
         if (model.autoRollout === undefined) continue;
         for (const phase of Object.values(AutoRolloutPhase)) {
           if (typeof phase !== 'number' || phase === AutoRolloutPhase.UNSPECIFIED) continue;
-          this.set({ model: model.name.slice('models/'.length), phase: phaseName(phase) }, phase === model.autoRollout.phase ? 1 : 0);
+          this.set(
+            { model: model.name.slice('models/'.length), phase: phaseName(phase) },
+            phase === model.autoRollout.phase ? 1 : 0,
+          );
         }
       }
     },
   });
   new Gauge({
     name: `${metrics.prefix}rollout_canary_percent`,
-    help: 'The share of requests each model\'s canary takes, in percent (0 without a canary).',
+    help: "The share of requests each model's canary takes, in percent (0 without a canary).",
     labelNames: ['model'],
     registers: [metrics.registry],
     async collect() {
       this.reset();
-      for (const model of await snapshot()) this.set({ model: model.name.slice('models/'.length) }, model.rollout?.canary?.percent ?? 0);
+      for (const model of await snapshot())
+        this.set({ model: model.name.slice('models/'.length) }, model.rollout?.canary?.percent ?? 0);
     },
   });
 }

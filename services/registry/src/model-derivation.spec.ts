@@ -31,7 +31,12 @@ import { chunksOf } from './artifact-store';
 import { FilesystemArtifactStore } from './artifact-store.filesystem';
 import { systemClock } from '@infermesh/clock';
 import { ModelCatalog } from './model-catalog';
-import { DEFAULT_MAX_RELATIVE_L2, MAX_CALIBRATION_ELEMENTS, ModelDerivation, QUANTIZATION_METHOD } from './model-derivation';
+import {
+  DEFAULT_MAX_RELATIVE_L2,
+  MAX_CALIBRATION_ELEMENTS,
+  ModelDerivation,
+  QUANTIZATION_METHOD,
+} from './model-derivation';
 import { EmbeddedModelStore } from './model-store.embedded';
 import { ModelWatch } from './model-watch';
 import { OnnxRuntime } from './onnx-runtime.adapter';
@@ -57,8 +62,17 @@ const fp32 = (values: readonly number[]) => new Uint8Array(Float32Array.from(val
 /** input [-1, 4] · W, then the column that "index" (INT64 [1]) picks: an index out of range fails the run. */
 function pickerModel(): BuiltModel {
   return encodeModel('picker', {
-    nodes: [node('MatMul', ['input', 'w'], ['h'], 'dense'), node('Gather', ['h', 'index'], ['output'], 'pick', [{ name: 'axis', type: 2, i: 1 }])],
-    initializers: [floatInitializer('w', [4, 4], Float32Array.from({ length: 16 }, (_, i) => Math.sin(i)))],
+    nodes: [
+      node('MatMul', ['input', 'w'], ['h'], 'dense'),
+      node('Gather', ['h', 'index'], ['output'], 'pick', [{ name: 'axis', type: 2, i: 1 }]),
+    ],
+    initializers: [
+      floatInitializer(
+        'w',
+        [4, 4],
+        Float32Array.from({ length: 16 }, (_, i) => Math.sin(i)),
+      ),
+    ],
     inputs: [
       { name: 'input', datatype: 'FP32', shape: [-1, 4] },
       { name: 'index', datatype: 'INT64', shape: [1] },
@@ -79,7 +93,15 @@ describe(ModelDerivation.name, () => {
   /** A catalog over the metadata file as the registry keeps it, with its own store (and metrics, as a registry started again). */
   function openCatalog(on: Metrics = metrics): ModelCatalog {
     const store = new EmbeddedModelStore(config.metadataFile);
-    return new ModelCatalog(store, artifacts, systemClock, config, logger, new ModelWatch(store, config, logger, on), on);
+    return new ModelCatalog(
+      store,
+      artifacts,
+      systemClock,
+      config,
+      logger,
+      new ModelWatch(store, config, logger, on),
+      on,
+    );
   }
 
   beforeEach(() => {
@@ -100,13 +122,20 @@ describe(ModelDerivation.name, () => {
   async function register(model: string, versionId: string, built: BuiltModel = mlp, init: CreateInit = {}) {
     const { sha256 } = await artifacts.write(chunksOf(built.bytes), { maxBytes: config.maxArtifactBytes });
     return catalog.createVersion(
-      create(CreateModelVersionRequestSchema, { parent: `models/${model}`, versionId, artifactSha256: sha256, ...(built.processing && { processing: built.processing }), ...init }),
+      create(CreateModelVersionRequestSchema, {
+        parent: `models/${model}`,
+        versionId,
+        artifactSha256: sha256,
+        ...(built.processing && { processing: built.processing }),
+        ...init,
+      }),
     );
   }
   const quantize = (init: QuantizeInit) => sut.quantize(create(QuantizeModelVersionRequestSchema, init));
   /** The artifacts in the store's directory, by SHA-256. */
   const storedArtifacts = () => readdirSync(config.artifactDir).filter((f) => !f.startsWith('.'));
-  const versionIds = async (model: string) => (await catalog.getModel(`models/${model}`)).versions.map((v) => v.name.slice(v.name.lastIndexOf('/') + 1));
+  const versionIds = async (model: string) =>
+    (await catalog.getModel(`models/${model}`)).versions.map((v) => v.name.slice(v.name.lastIndexOf('/') + 1));
 
   /** version_derivations_total{method="dynamic_int8", outcome} as the registry's metrics registry holds it. */
   async function derivations(outcome: string): Promise<number> {
@@ -138,7 +167,12 @@ describe(ModelDerivation.name, () => {
       ]);
       // 4 synthetic samples at batch min(8, max batch size 4): 16 rows of 32 classes compared.
       const accuracy = lineage.accuracy!;
-      expect(accuracy).toMatchObject({ samples: 4, synthetic: true, maxRelativeL2: DEFAULT_MAX_RELATIVE_L2, comparedItems: 16 });
+      expect(accuracy).toMatchObject({
+        samples: 4,
+        synthetic: true,
+        maxRelativeL2: DEFAULT_MAX_RELATIVE_L2,
+        comparedItems: 16,
+      });
       expect(accuracy.relativeL2).toBeGreaterThan(0);
       expect(accuracy.relativeL2).toBeLessThanOrEqual(0.02);
       expect(accuracy.maxAbsDiff).toBeGreaterThan(0);
@@ -168,7 +202,20 @@ describe(ModelDerivation.name, () => {
 
     it('keeps the processing, batching, warm-up and max batch size of its source', async () => {
       const batching = { maxBatchSize: 6, maxQueueDelayUs: 500n, preferredBatchSizes: [2, 4], maxQueueSize: 40 };
-      const warmUp = { samples: [{ name: 'ones', inputs: [{ name: 'input', shape: [2n, 4n], contents: { case: 'data' as const, value: fp32([1, 1, 1, 1, 2, 2, 2, 2]) } }] }] };
+      const warmUp = {
+        samples: [
+          {
+            name: 'ones',
+            inputs: [
+              {
+                name: 'input',
+                shape: [2n, 4n],
+                contents: { case: 'data' as const, value: fp32([1, 1, 1, 1, 2, 2, 2, 2]) },
+              },
+            ],
+          },
+        ],
+      };
       const source = await register('classifier', '3', buildClassifierModel(), { maxBatchSize: 12, batching, warmUp });
       expect(source.processing).toEqual(create(ProcessingSchema, CLASSIFIER_PROCESSING));
 
@@ -195,7 +242,11 @@ describe(ModelDerivation.name, () => {
         ['conv1_conv', 'Conv', 'Conv is not among the operators asked for (MatMul, Gemm)'],
       ]);
 
-      const withConv = await quantize({ source: 'models/cnn/versions/1', settings: { quantizeConv: true, perChannel: false }, maxRelativeL2: 0.1 });
+      const withConv = await quantize({
+        source: 'models/cnn/versions/1',
+        settings: { quantizeConv: true, perChannel: false },
+        maxRelativeL2: 0.1,
+      });
       expect(withConv.name).toBe('models/cnn/versions/3');
       const lineage = withConv.lineage!;
       expect(lineage.settings).toMatchObject({ perChannel: false, quantizeConv: true });
@@ -223,7 +274,10 @@ describe(ModelDerivation.name, () => {
       await register('m', '1');
       await catalog.reportState('models/m/versions/1', VersionState.READY, '', 'worker-1');
       await register('m', '2', buildMlpModel({ sizes: [64, 128, 32], seed: 7 }));
-      expect((await catalog.getModel('models/m')).versions.map((v) => VersionState[v.state])).toEqual(['READY', 'REGISTERED']);
+      expect((await catalog.getModel('models/m')).versions.map((v) => VersionState[v.state])).toEqual([
+        'READY',
+        'REGISTERED',
+      ]);
 
       const derived = await quantize({ source: 'models/m' });
 
@@ -249,11 +303,19 @@ describe(ModelDerivation.name, () => {
       await register('m', '1');
 
       const model = await rpcRejection(quantize({ source: 'models/none/versions/1' }));
-      expect([model.code, model.reason, model.message]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND', 'model "none" not found']);
+      expect([model.code, model.reason, model.message]).toEqual([
+        status.NOT_FOUND,
+        'MODEL_NOT_FOUND',
+        'model "none" not found',
+      ]);
       const byModel = await rpcRejection(quantize({ source: 'models/none' }));
       expect([byModel.code, byModel.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
       const version = await rpcRejection(quantize({ source: 'models/m/versions/9' }));
-      expect([version.code, version.reason, version.message]).toEqual([status.NOT_FOUND, 'VERSION_NOT_FOUND', 'models/m has no version 9']);
+      expect([version.code, version.reason, version.message]).toEqual([
+        status.NOT_FOUND,
+        'VERSION_NOT_FOUND',
+        'models/m has no version 9',
+      ]);
       expect(await versionIds('m')).toEqual(['1']);
     });
 
@@ -289,7 +351,9 @@ describe(ModelDerivation.name, () => {
       await register('m', '1');
 
       expect((await quantize({ source: 'models/m/versions/1', versionId: '7' })).name).toBe('models/m/versions/7');
-      expect((await quantize({ source: 'models/m/versions/1', targetModel: 'models/m-int8', versionId: '5' })).name).toBe('models/m-int8/versions/5');
+      expect(
+        (await quantize({ source: 'models/m/versions/1', targetModel: 'models/m-int8', versionId: '5' })).name,
+      ).toBe('models/m-int8/versions/5');
       expect(await versionIds('m')).toEqual(['1', '7']);
       expect(await versionIds('m-int8')).toEqual(['5']);
       // Next after the highest id, not after the count of versions.
@@ -300,9 +364,15 @@ describe(ModelDerivation.name, () => {
       await register('m', '1');
 
       const version = await rpcRejection(quantize({ source: 'models/m/versions/1', versionId: 'v2' }));
-      expect([version.code, version.message]).toEqual([status.INVALID_ARGUMENT, 'invalid version id "v2": expected a positive integer such as "1"']);
+      expect([version.code, version.message]).toEqual([
+        status.INVALID_ARGUMENT,
+        'invalid version id "v2": expected a positive integer such as "1"',
+      ]);
       const target = await rpcRejection(quantize({ source: 'models/m/versions/1', targetModel: 'm-int8' }));
-      expect([target.code, target.message]).toEqual([status.INVALID_ARGUMENT, 'target_model must be "models/{model}", got "m-int8"']);
+      expect([target.code, target.message]).toEqual([
+        status.INVALID_ARGUMENT,
+        'target_model must be "models/{model}", got "m-int8"',
+      ]);
       expect(await versionIds('m')).toEqual(['1']);
       expect(storedArtifacts()).toEqual([sha256Of(mlp.bytes)]);
     });
@@ -313,31 +383,58 @@ describe(ModelDerivation.name, () => {
       await register('m', '1');
       const rows = (n: number) => Array.from({ length: n * 64 }, (_, i) => Math.sin(i) * 2);
       const calibration = [
-        { name: 'given', inputs: [{ name: 'input', shape: [2n, 64n], contents: { case: 'data' as const, value: fp32(rows(2)) } }] },
-        { inputs: [{ name: 'input', datatype: DataType.FP32, shape: [3n, 64n], contents: { case: 'randomData' as const, value: true } }] },
+        {
+          name: 'given',
+          inputs: [{ name: 'input', shape: [2n, 64n], contents: { case: 'data' as const, value: fp32(rows(2)) } }],
+        },
+        {
+          inputs: [
+            {
+              name: 'input',
+              datatype: DataType.FP32,
+              shape: [3n, 64n],
+              contents: { case: 'randomData' as const, value: true },
+            },
+          ],
+        },
       ];
 
       const accuracy = (await quantize({ source: 'models/m/versions/1', calibration })).lineage!.accuracy!;
 
       // 2 + 3 rows of 32 classes, not the 4 × 8 of synthetic calibration.
-      expect(accuracy).toMatchObject({ samples: 2, synthetic: false, comparedItems: 5, maxRelativeL2: DEFAULT_MAX_RELATIVE_L2 });
+      expect(accuracy).toMatchObject({
+        samples: 2,
+        synthetic: false,
+        comparedItems: 5,
+        maxRelativeL2: DEFAULT_MAX_RELATIVE_L2,
+      });
       expect(accuracy.relativeL2).toBeGreaterThan(0);
       expect(accuracy.relativeL2).toBeLessThanOrEqual(0.02);
     });
 
     it('refuses a sample naming an input the model does not have with INVALID_ARGUMENT, checked as a warm-up is but named calibration', async () => {
       await register('m', '1');
-      const calibration = [{ name: 'bad', inputs: [{ name: 'pixels', shape: [1n, 64n], contents: { case: 'zeroData' as const, value: true } }] }];
+      const calibration = [
+        {
+          name: 'bad',
+          inputs: [{ name: 'pixels', shape: [1n, 64n], contents: { case: 'zeroData' as const, value: true } }],
+        },
+      ];
 
       const error = await rpcRejection(quantize({ source: 'models/m/versions/1', calibration }));
 
-      expect([error.code, error.message]).toEqual([status.INVALID_ARGUMENT, 'calibration: samples[0] ("bad"): the model has no input "pixels"; its inputs are "input"']);
+      expect([error.code, error.message]).toEqual([
+        status.INVALID_ARGUMENT,
+        'calibration: samples[0] ("bad"): the model has no input "pixels"; its inputs are "input"',
+      ]);
       expect(await versionIds('m')).toEqual(['1']);
     });
 
     it('is refused with INVALID_ARGUMENT when a sample does not fit the signature', async () => {
       await register('m', '1');
-      const calibration = [{ inputs: [{ name: 'input', shape: [1n, 63n], contents: { case: 'randomData' as const, value: true } }] }];
+      const calibration = [
+        { inputs: [{ name: 'input', shape: [1n, 63n], contents: { case: 'randomData' as const, value: true } }] },
+      ];
 
       const error = await rpcRejection(quantize({ source: 'models/m/versions/1', calibration }));
 
@@ -351,7 +448,9 @@ describe(ModelDerivation.name, () => {
       // (16 samples, 16,777,216 elements each); together they are not.
       await register('m', '1', mlp, { maxBatchSize: 0 });
       const rows = Math.floor(MAX_CALIBRATION_ELEMENTS / 64 / 4) + 1;
-      const calibration = Array.from({ length: 4 }, () => ({ inputs: [{ name: 'input', shape: [BigInt(rows), 64n], contents: { case: 'randomData' as const, value: true } }] }));
+      const calibration = Array.from({ length: 4 }, () => ({
+        inputs: [{ name: 'input', shape: [BigInt(rows), 64n], contents: { case: 'randomData' as const, value: true } }],
+      }));
 
       const error = await rpcRejection(quantize({ source: 'models/m/versions/1', calibration }));
 
@@ -370,11 +469,17 @@ describe(ModelDerivation.name, () => {
         name,
         inputs: [
           { name: 'input', shape: [2n, 4n], contents: { case: 'randomData' as const, value: true } },
-          { name: 'index', shape: [1n], contents: { case: 'data' as const, value: new Uint8Array(BigInt64Array.of(index).buffer) } },
+          {
+            name: 'index',
+            shape: [1n],
+            contents: { case: 'data' as const, value: new Uint8Array(BigInt64Array.of(index).buffer) },
+          },
         ],
       });
 
-      const error = await rpcRejection(quantize({ source: 'models/m/versions/1', calibration: [sample('fine', 2n), sample('out of range', 7n)] }));
+      const error = await rpcRejection(
+        quantize({ source: 'models/m/versions/1', calibration: [sample('fine', 2n), sample('out of range', 7n)] }),
+      );
 
       expect(error.code).toBe(status.INVALID_ARGUMENT);
       expect(error.message).toMatch(/^the source cannot run on calibration samples\[1\] \("out of range"\): .*indices/);
@@ -386,7 +491,9 @@ describe(ModelDerivation.name, () => {
     it('refuses a variant above it with FAILED_PRECONDITION (ACCURACY_GATE), giving the figures, and registers and stores nothing', async () => {
       await register('m', '1');
 
-      const error = await rpcRejection(quantize({ source: 'models/m/versions/1', targetModel: 'models/m-int8', maxRelativeL2: 1e-6 }));
+      const error = await rpcRejection(
+        quantize({ source: 'models/m/versions/1', targetModel: 'models/m-int8', maxRelativeL2: 1e-6 }),
+      );
 
       expect([error.code, error.reason]).toEqual([status.FAILED_PRECONDITION, 'ACCURACY_GATE']);
       expect(error.metadata).toMatchObject({ source: 'models/m/versions/1', max_relative_l2: '0.000001' });
@@ -408,7 +515,11 @@ describe(ModelDerivation.name, () => {
       expect(await versionIds('m')).toEqual(['1']);
       expect(storedArtifacts()).toEqual([sha256Of(mlp.bytes)]);
       // The same variant (the synthetic inputs are the same on every run) passes a gate of exactly its error: the gate is inclusive.
-      const passed = await quantize({ source: 'models/m/versions/1', targetModel: 'models/m-int8', maxRelativeL2: relativeL2 });
+      const passed = await quantize({
+        source: 'models/m/versions/1',
+        targetModel: 'models/m-int8',
+        maxRelativeL2: relativeL2,
+      });
       expect(passed.lineage!.accuracy).toMatchObject({ relativeL2, maxRelativeL2: relativeL2 });
       expect(storedArtifacts().sort()).toEqual([sha256Of(mlp.bytes), passed.artifact!.sha256].sort());
     });
@@ -418,7 +529,11 @@ describe(ModelDerivation.name, () => {
 
       const error = await rpcRejection(quantize({ source: 'models/t/versions/1', maxRelativeL2: 0 }));
 
-      expect([error.code, error.reason, error.metadata.max_relative_l2]).toEqual([status.FAILED_PRECONDITION, 'ACCURACY_GATE', '0']);
+      expect([error.code, error.reason, error.metadata.max_relative_l2]).toEqual([
+        status.FAILED_PRECONDITION,
+        'ACCURACY_GATE',
+        '0',
+      ]);
       expect(await versionIds('t')).toEqual(['1']);
       expect(storedArtifacts()).toEqual([sha256Of(buildTinyModel().bytes)]);
     });
@@ -428,7 +543,10 @@ describe(ModelDerivation.name, () => {
 
       for (const maxRelativeL2 of [-0.5, Number.NaN, Number.POSITIVE_INFINITY]) {
         const error = await rpcRejection(quantize({ source: 'models/m/versions/1', maxRelativeL2 }));
-        expect([error.code, error.message]).toEqual([status.INVALID_ARGUMENT, `max_relative_l2 must be a number 0 or more, got ${maxRelativeL2}`]);
+        expect([error.code, error.message]).toEqual([
+          status.INVALID_ARGUMENT,
+          `max_relative_l2 must be a number 0 or more, got ${maxRelativeL2}`,
+        ]);
       }
       expect(await versionIds('m')).toEqual(['1']);
     });
@@ -438,7 +556,10 @@ describe(ModelDerivation.name, () => {
     it('runs derivations one at a time: two at once of the same source become its next two versions', async () => {
       await register('m', '1');
 
-      const [first, second] = await Promise.all([quantize({ source: 'models/m/versions/1' }), quantize({ source: 'models/m/versions/1' })]);
+      const [first, second] = await Promise.all([
+        quantize({ source: 'models/m/versions/1' }),
+        quantize({ source: 'models/m/versions/1' }),
+      ]);
 
       expect([first.name, second.name]).toEqual(['models/m/versions/2', 'models/m/versions/3']);
     });
@@ -464,7 +585,9 @@ describe(ModelDerivation.name, () => {
       const caller = new AbortController();
       caller.abort();
 
-      const error = await rpcRejection(sut.quantize(create(QuantizeModelVersionRequestSchema, { source: 'models/m/versions/1' }), caller.signal));
+      const error = await rpcRejection(
+        sut.quantize(create(QuantizeModelVersionRequestSchema, { source: 'models/m/versions/1' }), caller.signal),
+      );
 
       expect(error.code).toBe(status.CANCELLED);
       expect(await versionIds('m')).toEqual(['1']);
@@ -477,13 +600,18 @@ describe(ModelDerivation.name, () => {
       const before = storedArtifacts();
 
       const exists = await rpcRejection(quantize({ source: 'models/m/versions/1', versionId: '2' }));
-      expect([exists.code, exists.message]).toEqual([status.ALREADY_EXISTS, 'models/m/versions/2 already exists; name another version or model']);
+      expect([exists.code, exists.message]).toEqual([
+        status.ALREADY_EXISTS,
+        'models/m/versions/2 already exists; name another version or model',
+      ]);
 
       config = loadRegistryConfig({ REGISTRY_DATA_DIR: dir, REGISTRY_MAX_DERIVATION_BYTES: '1KiB' });
       sut = new ModelDerivation(catalog, artifacts, new OnnxRuntime(), config, logger, new Metrics('registry'));
       const large = await rpcRejection(quantize({ source: 'models/m/versions/1' }));
       expect([large.code, large.reason]).toEqual([status.FAILED_PRECONDITION, 'NOT_QUANTIZABLE']);
-      expect(large.message).toMatch(/^models\/m\/versions\/1 is \d+ bytes, above the 1024 the registry derives from \(REGISTRY_MAX_DERIVATION_BYTES/);
+      expect(large.message).toMatch(
+        /^models\/m\/versions\/1 is \d+ bytes, above the 1024 the registry derives from \(REGISTRY_MAX_DERIVATION_BYTES/,
+      );
       expect(storedArtifacts()).toEqual(before);
     });
 
@@ -495,7 +623,9 @@ describe(ModelDerivation.name, () => {
       const error = await rpcRejection(quantize({ source: 'models/m/versions/1' }));
 
       expect([error.code, error.reason]).toEqual([status.FAILED_PRECONDITION, 'NOT_QUANTIZABLE']);
-      expect(error.message).toMatch(/^the source cannot run on calibration samples\[\d\] \("synthetic \d"\): .*; give calibration samples the model takes$/);
+      expect(error.message).toMatch(
+        /^the source cannot run on calibration samples\[\d\] \("synthetic \d"\): .*; give calibration samples the model takes$/,
+      );
     });
   });
 

@@ -2,8 +2,18 @@ import { create, equals } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { Inject, Injectable } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
-import { DEFAULT_QUANTIZED_OPS, describeAccuracy, type DynamicQuantizationResult, QuantizationError, quantizeDynamic } from '@infermesh/quantization';
-import { type Tensor, type TensorSpec, TensorSpecSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  DEFAULT_QUANTIZED_OPS,
+  describeAccuracy,
+  type DynamicQuantizationResult,
+  QuantizationError,
+  quantizeDynamic,
+} from '@infermesh/quantization';
+import {
+  type Tensor,
+  type TensorSpec,
+  TensorSpecSchema,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   AccuracyReportSchema,
   type Lineage,
@@ -17,7 +27,14 @@ import {
   WarmUpSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { checkVersionId, nextVersionId, splitVersionName, stableVersion, versionIdOf } from '@infermesh/rollout';
-import { addComparisons, type Comparison, compareOutputs, DataType, elementCount, sampleInputs } from '@infermesh/tensors';
+import {
+  addComparisons,
+  type Comparison,
+  compareOutputs,
+  DataType,
+  elementCount,
+  sampleInputs,
+} from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import { ArtifactStore, chunksOf } from './artifact-store';
@@ -43,14 +60,16 @@ export const MAX_LINEAGE_NODES = 64;
  */
 export const MAX_CALIBRATION_ELEMENTS = 16_777_216;
 
-type DerivationOutcome = 'registered' | 'refused_accuracy' | 'refused_busy' | 'not_quantizable' | 'invalid' | 'cancelled' | 'error';
+type DerivationOutcome =
+  'registered' | 'refused_accuracy' | 'refused_busy' | 'not_quantizable' | 'invalid' | 'cancelled' | 'error';
 
 /** How a refused derivation is counted: by its reason, else by its code. */
 function outcomeOf(error: RpcError): DerivationOutcome {
   if (error.reason === 'ACCURACY_GATE') return 'refused_accuracy';
   if (error.reason === 'NOT_QUANTIZABLE') return 'not_quantizable';
   if (error.code === status.CANCELLED) return 'cancelled';
-  if (error.code === status.INTERNAL || error.code === status.UNKNOWN || error.code === status.UNAVAILABLE) return 'error';
+  if (error.code === status.INTERNAL || error.code === status.UNKNOWN || error.code === status.UNAVAILABLE)
+    return 'error';
   return 'invalid';
 }
 
@@ -94,10 +113,14 @@ export class ModelDerivation {
   async quantize(request: QuantizeModelVersionRequest, signal?: AbortSignal): Promise<ModelVersion> {
     if (this.waiting >= this.config.maxQueuedDerivations + 1) {
       this.derivations.inc({ method: QUANTIZATION_METHOD, outcome: 'refused_busy' });
-      throw new RpcError(status.RESOURCE_EXHAUSTED, `the registry already runs a derivation and has ${this.config.maxQueuedDerivations} waiting (REGISTRY_MAX_QUEUED_DERIVATIONS); try again later`, {
-        reason: 'OVERLOADED',
-        retryDelayMs: 5_000,
-      });
+      throw new RpcError(
+        status.RESOURCE_EXHAUSTED,
+        `the registry already runs a derivation and has ${this.config.maxQueuedDerivations} waiting (REGISTRY_MAX_QUEUED_DERIVATIONS); try again later`,
+        {
+          reason: 'OVERLOADED',
+          retryDelayMs: 5_000,
+        },
+      );
     }
     this.waiting += 1;
     const turn = this.previous.then(() => this.quantizeNow(request, signal));
@@ -109,11 +132,15 @@ export class ModelDerivation {
     }
   }
 
-  private async quantizeNow(request: QuantizeModelVersionRequest, signal: AbortSignal | undefined): Promise<ModelVersion> {
+  private async quantizeNow(
+    request: QuantizeModelVersionRequest,
+    signal: AbortSignal | undefined,
+  ): Promise<ModelVersion> {
     let outcome: DerivationOutcome = 'error';
     try {
       const version = await this.derive(request, () => {
-        if (signal?.aborted === true) throw new RpcError(status.CANCELLED, 'the caller went away; nothing was registered');
+        if (signal?.aborted === true)
+          throw new RpcError(status.CANCELLED, 'the caller went away; nothing was registered');
       });
       outcome = 'registered';
       return version;
@@ -138,16 +165,21 @@ export class ModelDerivation {
     const source = await this.source(request.source);
     const signature = source.signature!;
     const sourceModelId = splitVersionName(source.name)!.modelId;
-    const targetModelId = request.targetModel === '' ? sourceModelId : parseModelName(request.targetModel, 'target_model');
+    const targetModelId =
+      request.targetModel === '' ? sourceModelId : parseModelName(request.targetModel, 'target_model');
     const calibration = this.calibration(request.calibration, signature);
     const target = await this.modelIfAny(targetModelId);
     const versionId = request.versionId !== '' ? checkVersionId(request.versionId) : nextVersionId(target);
     // Refused before any work.
     if (target?.versions.some((v) => versionIdOf(v.name) === versionId) === true) {
-      throw new RpcError(status.ALREADY_EXISTS, `models/${targetModelId}/versions/${versionId} already exists; name another version or model`, {
-        reason: 'ALREADY_EXISTS',
-        metadata: { version: `models/${targetModelId}/versions/${versionId}` },
-      });
+      throw new RpcError(
+        status.ALREADY_EXISTS,
+        `models/${targetModelId}/versions/${versionId} already exists; name another version or model`,
+        {
+          reason: 'ALREADY_EXISTS',
+          metadata: { version: `models/${targetModelId}/versions/${versionId}` },
+        },
+      );
     }
     const sourceBytes = Number(source.artifact!.sizeBytes);
     if (sourceBytes > this.config.maxDerivationBytes) {
@@ -161,13 +193,23 @@ export class ModelDerivation {
 
     const sourceSha256 = source.artifact!.sha256;
     const bytes = await this.artifacts.readAll(sourceSha256);
-    if (bytes === undefined) throw RpcError.notFound(`the artifact ${sourceSha256} of ${source.name} is missing from the store`, 'ARTIFACT_NOT_FOUND');
+    if (bytes === undefined)
+      throw RpcError.notFound(
+        `the artifact ${sourceSha256} of ${source.name} is missing from the store`,
+        'ARTIFACT_NOT_FOUND',
+      );
     let variant: DynamicQuantizationResult;
     try {
-      variant = quantizeDynamic(bytes, { perChannel, reduceRange, ops: quantizeConv ? [...DEFAULT_QUANTIZED_OPS, 'Conv'] : DEFAULT_QUANTIZED_OPS });
+      variant = quantizeDynamic(bytes, {
+        perChannel,
+        reduceRange,
+        ops: quantizeConv ? [...DEFAULT_QUANTIZED_OPS, 'Conv'] : DEFAULT_QUANTIZED_OPS,
+      });
     } catch (error) {
       if (!(error instanceof QuantizationError)) throw error;
-      throw new RpcError(status.FAILED_PRECONDITION, `${source.name} cannot be quantized: ${error.message}`, { reason: 'NOT_QUANTIZABLE' });
+      throw new RpcError(status.FAILED_PRECONDITION, `${source.name} cannot be quantized: ${error.message}`, {
+        reason: 'NOT_QUANTIZABLE',
+      });
     }
     await this.checkLoads(variant.bytes, source, signature);
     stillWanted();
@@ -206,8 +248,12 @@ export class ModelDerivation {
       sourceSha256,
       method: QUANTIZATION_METHOD,
       settings: { perChannel, quantizeConv, reduceRange },
-      quantizedNodes: variant.quantized.slice(0, MAX_LINEAGE_NODES).map((q) => ({ node: q.node, opType: q.opType, weight: q.weight, elements: BigInt(q.elements) })),
-      floatNodes: variant.keptFloat.slice(0, MAX_LINEAGE_NODES).map((f) => ({ node: f.node, opType: f.opType, reason: f.reason })),
+      quantizedNodes: variant.quantized
+        .slice(0, MAX_LINEAGE_NODES)
+        .map((q) => ({ node: q.node, opType: q.opType, weight: q.weight, elements: BigInt(q.elements) })),
+      floatNodes: variant.keptFloat
+        .slice(0, MAX_LINEAGE_NODES)
+        .map((f) => ({ node: f.node, opType: f.opType, reason: f.reason })),
       quantizedNodeCount: variant.quantized.length,
       floatNodeCount: variant.keptFloat.length,
       accuracy: report,
@@ -242,19 +288,28 @@ export class ModelDerivation {
   /** The source version: named, or the model's stable version, else its latest READY one. */
   private async source(name: string): Promise<ModelVersion> {
     const ids = splitVersionName(name);
-    const model = await this.catalog.getModel(ids === undefined ? `models/${parseModelName(name, 'source')}` : `models/${ids.modelId}`);
+    const model = await this.catalog.getModel(
+      ids === undefined ? `models/${parseModelName(name, 'source')}` : `models/${ids.modelId}`,
+    );
     if (ids !== undefined) {
       const version = model.versions.find((v) => versionIdOf(v.name) === ids.versionId);
       if (version === undefined) {
-        throw RpcError.notFound(`${model.name} has no version ${ids.versionId}`, 'VERSION_NOT_FOUND', { model: model.name, version: ids.versionId });
+        throw RpcError.notFound(`${model.name} has no version ${ids.versionId}`, 'VERSION_NOT_FOUND', {
+          model: model.name,
+          version: ids.versionId,
+        });
       }
       return version;
     }
     const serving = stableVersion(model);
     if (serving === undefined) {
-      throw new RpcError(status.FAILED_PRECONDITION, `${model.name} has no READY version to derive from; name one (models/{model}/versions/{version})`, {
-        reason: 'MODEL_NOT_READY',
-      });
+      throw new RpcError(
+        status.FAILED_PRECONDITION,
+        `${model.name} has no READY version to derive from; name one (models/{model}/versions/{version})`,
+        {
+          reason: 'MODEL_NOT_READY',
+        },
+      );
     }
     return serving;
   }
@@ -270,15 +325,25 @@ export class ModelDerivation {
   }
 
   /** The given samples, checked like a warm-up; else random inputs from the signature. */
-  private calibration(given: readonly WarmUpSample[], signature: Signature): { samples: WarmUpSample[]; synthetic: boolean } {
+  private calibration(
+    given: readonly WarmUpSample[],
+    signature: Signature,
+  ): { samples: WarmUpSample[]; synthetic: boolean } {
     for (const spec of signature.inputs) {
       if (spec.datatype === DataType.BYTES) {
-        throw new RpcError(status.FAILED_PRECONDITION, `input "${spec.name}" is BYTES: the registry compares models on numeric inputs only`, { reason: 'NOT_QUANTIZABLE' });
+        throw new RpcError(
+          status.FAILED_PRECONDITION,
+          `input "${spec.name}" is BYTES: the registry compares models on numeric inputs only`,
+          { reason: 'NOT_QUANTIZABLE' },
+        );
       }
     }
     if (given.length > 0) {
       const checked = checkWarmUp(create(WarmUpSchema, { samples: [...given] }), signature, 'calibration')!;
-      const elements = checked.samples.reduce((sum, sample) => sum + sample.inputs.reduce((n, input) => n + elementCount(input.shape), 0), 0);
+      const elements = checked.samples.reduce(
+        (sum, sample) => sum + sample.inputs.reduce((n, input) => n + elementCount(input.shape), 0),
+        0,
+      );
       if (elements > MAX_CALIBRATION_ELEMENTS) {
         throw RpcError.invalidArgument(
           `calibration: the samples have ${elements} input elements in all, above the limit of ${MAX_CALIBRATION_ELEMENTS} (MAX_CALIBRATION_ELEMENTS); give fewer or smaller samples`,
@@ -288,7 +353,10 @@ export class ModelDerivation {
     }
     // One item: every dynamic dimension but the batch is 1. The batch shrinks so that the samples
     // stay within MAX_CALIBRATION_ELEMENTS.
-    const item = signature.inputs.reduce((n, spec) => n + elementCount(spec.shape.slice(1).map((d) => (d >= 0n ? d : 1n))), 0);
+    const item = signature.inputs.reduce(
+      (n, spec) => n + elementCount(spec.shape.slice(1).map((d) => (d >= 0n ? d : 1n))),
+      0,
+    );
     const fits = Math.floor(MAX_CALIBRATION_ELEMENTS / SYNTHETIC_CALIBRATION_SAMPLES / Math.max(item, 1));
     const batch = signature.maxBatchSize > 0 ? Math.min(SYNTHETIC_CALIBRATION_BATCH, signature.maxBatchSize, fits) : 1;
     if (batch < 1 || (signature.maxBatchSize <= 0 && fits < 1)) {
@@ -318,14 +386,22 @@ export class ModelDerivation {
     const same = (a: readonly TensorSpec[], b: readonly TensorSpec[]) =>
       a.length === b.length && a.every((spec, i) => equals(TensorSpecSchema, spec, b[i]!));
     if (!same(read.inputs, signature.inputs) || !same(read.outputs, signature.outputs)) {
-      throw new RpcError(status.INTERNAL, `the int8 variant of ${source.name} does not keep its inputs and outputs; nothing was registered`, { reason: 'INTERNAL' });
+      throw new RpcError(
+        status.INTERNAL,
+        `the int8 variant of ${source.name} does not keep its inputs and outputs; nothing was registered`,
+        { reason: 'INTERNAL' },
+      );
     }
     try {
       await this.onnx.load(variant);
     } catch (error) {
-      throw new RpcError(status.FAILED_PRECONDITION, `onnxruntime cannot load the int8 variant of ${source.name}: ${error instanceof Error ? error.message : String(error)}`, {
-        reason: 'NOT_QUANTIZABLE',
-      });
+      throw new RpcError(
+        status.FAILED_PRECONDITION,
+        `onnxruntime cannot load the int8 variant of ${source.name}: ${error instanceof Error ? error.message : String(error)}`,
+        {
+          reason: 'NOT_QUANTIZABLE',
+        },
+      );
     }
   }
 
@@ -358,7 +434,10 @@ export class ModelDerivation {
         } catch (error) {
           const why = `the source cannot run on calibration ${sampleLabel(sample, i)}: ${error instanceof Error ? error.message : String(error)}`;
           // Synthetic inputs the model does not take are not the caller's mistake: it can give its own.
-          if (calibration.synthetic) throw new RpcError(status.FAILED_PRECONDITION, `${why}; give calibration samples the model takes`, { reason: 'NOT_QUANTIZABLE' });
+          if (calibration.synthetic)
+            throw new RpcError(status.FAILED_PRECONDITION, `${why}; give calibration samples the model takes`, {
+              reason: 'NOT_QUANTIZABLE',
+            });
           throw RpcError.invalidArgument(why);
         }
         let actual: Tensor[];

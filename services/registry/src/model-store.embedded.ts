@@ -26,7 +26,10 @@ export class EmbeddedModelStore extends ModelStore {
     mkdirSync(dirname(file), { recursive: true });
     const stored = readJsonFileSync(file, 'registry metadata file', (json) => {
       const parsed = json as StoreFile;
-      return { revision: parsed.revision, models: new Map(Object.entries(parsed.models).map(([id, model]) => [id, fromJson(ModelSchema, model)])) };
+      return {
+        revision: parsed.revision,
+        models: new Map(Object.entries(parsed.models).map(([id, model]) => [id, fromJson(ModelSchema, model)])),
+      };
     });
     if (stored === undefined) return;
     this.rev = stored.revision;

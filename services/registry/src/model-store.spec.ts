@@ -1,6 +1,13 @@
 import { create } from '@bufbuild/protobuf';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { BatchingSchema, type Model, ModelSchema, ProcessingSchema, VersionState, WarmUpSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  BatchingSchema,
+  type Model,
+  ModelSchema,
+  ProcessingSchema,
+  VersionState,
+  WarmUpSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger } from '@infermesh/telemetry';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -61,7 +68,10 @@ function contract(name: string, makeBacking: () => Backing) {
     it('hands the mutation the current model and bumps the revision on each change', async () => {
       await sut.update('mlp', (current) => withVersion(current, 'mlp', '1'));
       await sut.update('mlp', (current) => withVersion(current, 'mlp', '2'));
-      expect((await sut.get('mlp'))?.versions.map((v) => v.name)).toEqual(['models/mlp/versions/1', 'models/mlp/versions/2']);
+      expect((await sut.get('mlp'))?.versions.map((v) => v.name)).toEqual([
+        'models/mlp/versions/1',
+        'models/mlp/versions/2',
+      ]);
       expect(await sut.revision()).toBe(2);
     });
 
@@ -98,13 +108,17 @@ function contract(name: string, makeBacking: () => Backing) {
     it('loses no concurrent update to the same model', async () => {
       const writers = await backing.writers(sut);
       const versionIds = Array.from({ length: 30 }, (_, i) => String(i + 1));
-      await Promise.all(versionIds.map((v, i) => writers[i % writers.length]!.update('mlp', (current) => withVersion(current, 'mlp', v))));
+      await Promise.all(
+        versionIds.map((v, i) =>
+          writers[i % writers.length]!.update('mlp', (current) => withVersion(current, 'mlp', v)),
+        ),
+      );
       const names = (await sut.get('mlp'))!.versions.map((v) => v.name).sort();
       expect(names).toEqual(versionIds.map((v) => `models/mlp/versions/${v}`).sort());
       expect(await sut.revision()).toBe(30);
     });
 
-    it('keeps a version\'s processing, also across a restart', async () => {
+    it("keeps a version's processing, also across a restart", async () => {
       const processing = {
         inputNormalizations: [{ input: 'input', mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225] }],
         outputLabels: [{ output: 'scores', labels: ['cat', 'dog', 'über-bird'] }],
@@ -118,7 +132,7 @@ function contract(name: string, makeBacking: () => Backing) {
       expect((await sut.list())[0]?.versions[0]?.processing).toEqual(create(ProcessingSchema, processing));
     });
 
-    it('keeps a version\'s batching, an explicit 0 apart from unset, also across a restart', async () => {
+    it("keeps a version's batching, an explicit 0 apart from unset, also across a restart", async () => {
       const batching = create(BatchingSchema, {
         maxBatchSize: 0,
         maxQueueDelayUs: 2_500n,
@@ -146,16 +160,31 @@ function contract(name: string, makeBacking: () => Backing) {
           {
             name: '16 kHz',
             inputs: [
-              { name: 'audio', datatype: DataType.FP32, shape: [1n, 2n], contents: { case: 'data', value: new Uint8Array(new Float32Array([0.5, -1]).buffer) } },
+              {
+                name: 'audio',
+                datatype: DataType.FP32,
+                shape: [1n, 2n],
+                contents: { case: 'data', value: new Uint8Array(new Float32Array([0.5, -1]).buffer) },
+              },
               { name: 'sr', datatype: DataType.INT64, shape: [1n], contents: { case: 'zeroData', value: true } },
             ],
           },
-          { inputs: [{ name: 'audio', datatype: DataType.FP32, shape: [1n, 512n], contents: { case: 'randomData', value: true } }] },
+          {
+            inputs: [
+              {
+                name: 'audio',
+                datatype: DataType.FP32,
+                shape: [1n, 512n],
+                contents: { case: 'randomData', value: true },
+              },
+            ],
+          },
         ],
       });
       const warmed = model('vad', ['1', '2']);
       warmed.versions[0]!.warmUp = warmUp;
-      warmed.versions[1]!.warmUpError = 'synthetic warm-up at batch 1 failed on cpu: Pad reflect requires axis length >= 2';
+      warmed.versions[1]!.warmUpError =
+        'synthetic warm-up at batch 1 failed on cpu: Pad reflect requires axis length >= 2';
       await sut.update('vad', () => warmed);
       const read = async () => (await sut.get('vad'))!.versions.map((v) => [v.warmUp, v.warmUpError]);
       const expected = [
@@ -193,7 +222,9 @@ function contract(name: string, makeBacking: () => Backing) {
       expect(await sut.delete('mlp')).toBe(false);
       expect(await sut.revision()).toBe(3);
       // Created again, it starts afresh.
-      expect((await sut.update('mlp', (current) => withVersion(current, 'mlp', '7')))?.versions.map((v) => v.name)).toEqual(['models/mlp/versions/7']);
+      expect(
+        (await sut.update('mlp', (current) => withVersion(current, 'mlp', '7')))?.versions.map((v) => v.name),
+      ).toEqual(['models/mlp/versions/7']);
       expect(await sut.revision()).toBe(4);
     });
 
@@ -229,7 +260,9 @@ function contract(name: string, makeBacking: () => Backing) {
       const versions = (await sut.get('mlp'))?.versions.map((v) => v.name) ?? [];
       expect(checks).toBeGreaterThanOrEqual(1);
       expect([outcome, versions]).toEqual(
-        outcome === 'deleted' ? ['deleted', ['models/mlp/versions/2']] : ['now in use', ['models/mlp/versions/1', 'models/mlp/versions/2']],
+        outcome === 'deleted'
+          ? ['deleted', ['models/mlp/versions/2']]
+          : ['now in use', ['models/mlp/versions/1', 'models/mlp/versions/2']],
       );
     });
 
@@ -238,8 +271,16 @@ function contract(name: string, makeBacking: () => Backing) {
         name: 'models/mlp',
         platform: 'onnxruntime_onnx',
         versions: [
-          { name: 'models/mlp/versions/1', state: VersionState.RETIRED, artifact: { sha256: 'a'.repeat(64), sizeBytes: 10n, format: 'onnx' } },
-          { name: 'models/mlp/versions/2', state: VersionState.DRAINING, stateReason: 'left the serving set, draining' },
+          {
+            name: 'models/mlp/versions/1',
+            state: VersionState.RETIRED,
+            artifact: { sha256: 'a'.repeat(64), sizeBytes: 10n, format: 'onnx' },
+          },
+          {
+            name: 'models/mlp/versions/2',
+            state: VersionState.DRAINING,
+            stateReason: 'left the serving set, draining',
+          },
           { name: 'models/mlp/versions/3', state: VersionState.READY, signature: { maxBatchSize: 8 } },
           { name: 'models/mlp/versions/4', state: VersionState.FAILED, stateReason: 'out of memory' },
         ],
@@ -267,7 +308,9 @@ function contract(name: string, makeBacking: () => Backing) {
         ['models/tiny', 1n],
       ]);
       // It goes on from there.
-      expect((await sut.update('tiny', (current) => withVersion(current, 'tiny', '2')))?.revision).toBe(BigInt(revision + 1));
+      expect((await sut.update('tiny', (current) => withVersion(current, 'tiny', '2')))?.revision).toBe(
+        BigInt(revision + 1),
+      );
     });
 
     it('keeps everything across a restart', async () => {

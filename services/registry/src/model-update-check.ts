@@ -33,13 +33,16 @@ export function checkUpdateMask(paths: readonly string[]): Set<UpdatableField> {
 /** Checks labels: at most 64; keys 1 to 63 characters of a-z, 0-9, "_", "." and "-"; values at most 256 characters. */
 export function checkLabels(labels: Readonly<Record<string, string>>): Record<string, string> {
   const entries = Object.entries(labels);
-  if (entries.length > MAX_LABELS) throw RpcError.invalidArgument(`labels: ${entries.length} labels; a model has at most ${MAX_LABELS}`);
+  if (entries.length > MAX_LABELS)
+    throw RpcError.invalidArgument(`labels: ${entries.length} labels; a model has at most ${MAX_LABELS}`);
   for (const [key, value] of entries) {
     if (!LABEL_KEY.test(key)) {
       throw RpcError.invalidArgument(`labels: key "${key}" must be 1 to 63 characters of a-z, 0-9, "_", "." and "-"`);
     }
     if ([...value].length > MAX_LABEL_VALUE_CHARS) {
-      throw RpcError.invalidArgument(`labels: the value of "${key}" has ${[...value].length} characters; at most ${MAX_LABEL_VALUE_CHARS}`);
+      throw RpcError.invalidArgument(
+        `labels: the value of "${key}" has ${[...value].length} characters; at most ${MAX_LABEL_VALUE_CHARS}`,
+      );
     }
   }
   return { ...labels };
@@ -57,16 +60,23 @@ export function checkVersionPolicy(policy: VersionPolicy | undefined, model: Mod
     case undefined:
       return undefined;
     case 'latest':
-      if (selection.value < 1) throw RpcError.invalidArgument(`version_policy: latest is ${selection.value}; it must be at least 1`);
+      if (selection.value < 1)
+        throw RpcError.invalidArgument(`version_policy: latest is ${selection.value}; it must be at least 1`);
       return policy;
     case 'all':
       return policy;
     case 'specific': {
       const versions = selection.value.versions;
-      if (versions.length === 0) throw RpcError.invalidArgument('version_policy: specific names no version; name at least one, or use latest or all');
+      if (versions.length === 0)
+        throw RpcError.invalidArgument(
+          'version_policy: specific names no version; name at least one, or use latest or all',
+        );
       const seen = new Set<string>();
       for (const id of versions) {
-        if (!isVersionId(id)) throw RpcError.invalidArgument(`version_policy: "${id}" is not a version id; expected a positive integer such as "1"`);
+        if (!isVersionId(id))
+          throw RpcError.invalidArgument(
+            `version_policy: "${id}" is not a version id; expected a positive integer such as "1"`,
+          );
         if (seen.has(id)) throw RpcError.invalidArgument(`version_policy: version ${id} is named more than once`);
         seen.add(id);
         const version = model.versions.find((v) => versionIdOf(v.name) === id);
@@ -75,7 +85,10 @@ export function checkVersionPolicy(policy: VersionPolicy | undefined, model: Mod
             `version_policy: model "${modelId}" has no version ${id}; its versions are ${model.versions.map((v) => versionIdOf(v.name)).join(', ') || 'none'}`,
           );
         }
-        if (hasEnded(version)) throw RpcError.invalidArgument(`version_policy: version ${id} is ${stateName(version.state)}, retired for good, and will never serve again`);
+        if (hasEnded(version))
+          throw RpcError.invalidArgument(
+            `version_policy: version ${id} is ${stateName(version.state)}, retired for good, and will never serve again`,
+          );
       }
       return policy;
     }

@@ -1,5 +1,10 @@
 import { create } from '@bufbuild/protobuf';
-import { type Model, ModelSchema, type WatchModelsResponse, WatchModelsResponseSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  ModelSchema,
+  type WatchModelsResponse,
+  WatchModelsResponseSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { rpcRejection } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
@@ -12,7 +17,8 @@ import { ModelWatch } from './model-watch';
 import { loadRegistryConfig } from './registry.config';
 
 const logger = new JsonLogger('test', 'error');
-const model = (id: string, labels: Record<string, string> = {}) => create(ModelSchema, { name: `models/${id}`, platform: 'onnxruntime_onnx', labels });
+const model = (id: string, labels: Record<string, string> = {}) =>
+  create(ModelSchema, { name: `models/${id}`, platform: 'onnxruntime_onnx', labels });
 
 /** An embedded store that counts how often it is read. */
 class CountingStore extends EmbeddedModelStore {
@@ -60,7 +66,11 @@ describe(ModelWatch.name, () => {
     const watcher = follow(sut);
 
     const snapshot = await watcher.next();
-    expect([snapshot?.snapshot, snapshot?.revision, names(snapshot)]).toEqual([true, 2n, ['models/alpha', 'models/mlp']]);
+    expect([snapshot?.snapshot, snapshot?.revision, names(snapshot)]).toEqual([
+      true,
+      2n,
+      ['models/alpha', 'models/mlp'],
+    ]);
 
     const stored = await store.update('mlp', () => model('mlp', { team: 'vision' }));
     await sut.notify();
@@ -68,7 +78,9 @@ describe(ModelWatch.name, () => {
 
     await store.delete('alpha');
     await sut.notify();
-    expect(await watcher.next()).toEqual(create(WatchModelsResponseSchema, { revision: 4n, deleted: ['models/alpha'] }));
+    expect(await watcher.next()).toEqual(
+      create(WatchModelsResponseSchema, { revision: 4n, deleted: ['models/alpha'] }),
+    );
     watcher.controller.abort();
     expect(await watcher.done()).toBe(true);
   });
@@ -169,7 +181,9 @@ describe(ModelWatch.name, () => {
       const stored = await theirs.update('tiny', () => model('tiny', { team: 'nlp' }));
       expect(await watcher.next()).toEqual(create(WatchModelsResponseSchema, { revision: 2n, models: [stored!] }));
       await theirs.delete('mlp');
-      expect(await watcher.next()).toEqual(create(WatchModelsResponseSchema, { revision: 3n, deleted: ['models/mlp'] }));
+      expect(await watcher.next()).toEqual(
+        create(WatchModelsResponseSchema, { revision: 3n, deleted: ['models/mlp'] }),
+      );
       await sut.close();
     });
   });

@@ -1,7 +1,11 @@
 import { create } from '@bufbuild/protobuf';
 import { Inject, Injectable, type BeforeApplicationShutdown } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
-import { type Model, type WatchModelsResponse, WatchModelsResponseSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  type WatchModelsResponse,
+  WatchModelsResponseSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { ModelStore } from './model-store';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
@@ -102,7 +106,9 @@ export class ModelWatch implements BeforeApplicationShutdown {
     signal.addEventListener('abort', leave, { once: true });
     try {
       if (signal.aborted) return;
-      yield fromRevision !== 0n && fromRevision === view.revision ? create(WatchModelsResponseSchema, { revision: view.revision }) : this.snapshot();
+      yield fromRevision !== 0n && fromRevision === view.revision
+        ? create(WatchModelsResponseSchema, { revision: view.revision })
+        : this.snapshot();
       for (;;) {
         const message = await watcher.next();
         if (message === undefined) return;
@@ -145,11 +151,17 @@ export class ModelWatch implements BeforeApplicationShutdown {
         const storeRevision = await this.store.revision();
         const models = await this.store.list();
         if (generation !== this.generation || this.closed) return;
-        this.view = { revision: maxRevision(BigInt(storeRevision), models), storeRevision, models: new Map(models.map((m) => [m.name, m])) };
+        this.view = {
+          revision: maxRevision(BigInt(storeRevision), models),
+          storeRevision,
+          models: new Map(models.map((m) => [m.name, m])),
+        };
         this.timer = setInterval(() => void this.poll(), this.config.watchPollMs);
         this.timer.unref();
       } catch (error) {
-        throw RpcError.unavailable(`the registry's model store is unavailable: ${error instanceof Error ? error.message : String(error)}`);
+        throw RpcError.unavailable(
+          `the registry's model store is unavailable: ${error instanceof Error ? error.message : String(error)}`,
+        );
       } finally {
         this.viewLoading = undefined;
       }

@@ -65,7 +65,10 @@ export class OnnxRuntime {
 function toOrt(tensor: Tensor): OrtTensor {
   const type = datatypeInfo(tensor.datatype).ort;
   const array = TYPED_ARRAYS[type];
-  if (array === undefined) throw new Error(`input "${tensor.name}" is ${datatypeName(tensor.datatype)}, which the registry does not run models on`);
+  if (array === undefined)
+    throw new Error(
+      `input "${tensor.name}" is ${datatypeName(tensor.datatype)}, which the registry does not run models on`,
+    );
   // A copy of its own: aligned for the typed array.
   const data = new array(Uint8Array.from(tensor.data).buffer);
   return new OrtTensor(type as 'float32', data as Float32Array, tensor.shape.map(Number));
@@ -73,7 +76,13 @@ function toOrt(tensor: Tensor): OrtTensor {
 
 function fromOrt(name: string, tensor: OrtTensor): Tensor {
   const datatype = datatypeFromOrt(tensor.type);
-  if (datatype === undefined || tensor.type === 'string') throw new Error(`output "${name}" has type ${tensor.type}, which the registry does not compare`);
+  if (datatype === undefined || tensor.type === 'string')
+    throw new Error(`output "${name}" has type ${tensor.type}, which the registry does not compare`);
   const data = tensor.data as ArrayLike<unknown> & ArrayBufferView;
-  return create(TensorSchema, { name, datatype, shape: tensor.dims.map(BigInt), data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength).slice() });
+  return create(TensorSchema, {
+    name,
+    datatype,
+    shape: tensor.dims.map(BigInt),
+    data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength).slice(),
+  });
 }

@@ -1,6 +1,13 @@
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
-import { buildMlpModel, buildMultiIoModel, buildTinyModel, encodeModel, floatInitializer, node } from '@infermesh/model-builder';
+import {
+  buildMlpModel,
+  buildMultiIoModel,
+  buildTinyModel,
+  encodeModel,
+  floatInitializer,
+  node,
+} from '@infermesh/model-builder';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { onnx } from 'onnx-proto';
 import { maxBatchSizeFor, readOnnxSignature } from './onnx-signature';
@@ -10,7 +17,11 @@ const specs = (list: { name: string; datatype: DataType; shape: bigint[] }[]) =>
 
 /** A raw ONNX model with the given graph inputs and outputs, for shapes the builders do not make. */
 function rawModel(graph: onnx.IGraphProto): Uint8Array {
-  return onnx.ModelProto.encode({ irVersion: 8, opsetImport: [{ domain: '', version: 17 }], graph: { name: 'raw', ...graph } }).finish();
+  return onnx.ModelProto.encode({
+    irVersion: 8,
+    opsetImport: [{ domain: '', version: 17 }],
+    graph: { name: 'raw', ...graph },
+  }).finish();
 }
 
 const fp32 = (name: string, dims: onnx.TensorShapeProto.IDimension[]): onnx.IValueInfoProto => ({
@@ -57,8 +68,12 @@ describe(readOnnxSignature.name, () => {
   it('agrees with the signature the builder declares for the MLP', () => {
     const built = buildMlpModel({ sizes: [8, 16, 4] });
     const sut = readOnnxSignature(built.bytes);
-    expect(sut.inputs.map((s) => [s.name, s.shape.map(Number)])).toEqual(built.inputs.map((s) => [s.name, [...s.shape]]));
-    expect(sut.outputs.map((s) => [s.name, s.shape.map(Number)])).toEqual(built.outputs.map((s) => [s.name, [...s.shape]]));
+    expect(sut.inputs.map((s) => [s.name, s.shape.map(Number)])).toEqual(
+      built.inputs.map((s) => [s.name, [...s.shape]]),
+    );
+    expect(sut.outputs.map((s) => [s.name, s.shape.map(Number)])).toEqual(
+      built.outputs.map((s) => [s.name, [...s.shape]]),
+    );
   });
 
   it('does not batch a model with a fixed first dimension: max batch size 0', () => {
@@ -75,13 +90,17 @@ describe(readOnnxSignature.name, () => {
   });
 
   it('does not batch a model whose output alone has a fixed first dimension', () => {
-    const sut = readOnnxSignature(rawModel({ input: [fp32('x', [{ dimParam: 'n' }, { dimValue: 4 }])], output: [fp32('sum', [{ dimValue: 1 }])] }));
+    const sut = readOnnxSignature(
+      rawModel({ input: [fp32('x', [{ dimParam: 'n' }, { dimValue: 4 }])], output: [fp32('sum', [{ dimValue: 1 }])] }),
+    );
     expect(sut.unbatchable).toEqual(['sum']);
     expect(maxBatchSizeFor(sut, 64)).toBe(0);
   });
 
   it('reads a dimension with neither value nor parameter as dynamic', () => {
-    const sut = readOnnxSignature(rawModel({ input: [fp32('x', [{}, { dimValue: 4 }])], output: [fp32('y', [{ dimParam: 'n' }, {}])] }));
+    const sut = readOnnxSignature(
+      rawModel({ input: [fp32('x', [{}, { dimValue: 4 }])], output: [fp32('y', [{ dimParam: 'n' }, {}])] }),
+    );
     expect(sut.inputs[0]!.shape.map(Number)).toEqual([-1, 4]);
     expect(sut.outputs[0]!.shape.map(Number)).toEqual([-1, -1]);
   });
@@ -108,7 +127,9 @@ describe(readOnnxSignature.name, () => {
       input: [{ name: 'items', type: { sequenceType: { elemType: { tensorType: { elemType: 1 } } } } }],
       output: [fp32('y', [{ dimValue: 1 }])],
     });
-    expect(invalidArtifact(bytes).message).toBe('input "items" is a sequence; only tensor inputs and outputs are supported');
+    expect(invalidArtifact(bytes).message).toBe(
+      'input "items" is a sequence; only tensor inputs and outputs are supported',
+    );
   });
 
   it('refuses an element type the serving path cannot carry, naming the tensor', () => {
@@ -120,18 +141,25 @@ describe(readOnnxSignature.name, () => {
   });
 
   it('refuses an input of unknown rank', () => {
-    const bytes = rawModel({ input: [{ name: 'x', type: { tensorType: { elemType: 1 } } }], output: [fp32('y', [{ dimValue: 1 }])] });
+    const bytes = rawModel({
+      input: [{ name: 'x', type: { tensorType: { elemType: 1 } } }],
+      output: [fp32('y', [{ dimValue: 1 }])],
+    });
     expect(invalidArtifact(bytes).message).toMatch(/^input "x" has no shape/);
   });
 
   it('refuses a model without outputs', () => {
-    expect(invalidArtifact(rawModel({ input: [fp32('x', [{ dimValue: 1 }])] })).message).toBe('the ONNX model has no outputs');
+    expect(invalidArtifact(rawModel({ input: [fp32('x', [{ dimValue: 1 }])] })).message).toBe(
+      'the ONNX model has no outputs',
+    );
   });
 });
 
 describe(maxBatchSizeFor.name, () => {
   const batchable = readOnnxSignature(buildTinyModel().bytes);
-  const fixed = readOnnxSignature(rawModel({ input: [fp32('x', [{ dimValue: 2 }])], output: [fp32('y', [{ dimValue: 2 }])] }));
+  const fixed = readOnnxSignature(
+    rawModel({ input: [fp32('x', [{ dimValue: 2 }])], output: [fp32('y', [{ dimValue: 2 }])] }),
+  );
 
   it('lets the request override the default', () => {
     expect(maxBatchSizeFor(batchable, 64, 8)).toBe(8);
@@ -140,7 +168,9 @@ describe(maxBatchSizeFor.name, () => {
   });
 
   it('refuses a batch size for a model that cannot batch, naming the tensors', () => {
-    expect(() => maxBatchSizeFor(fixed, 64, 8)).toThrow('max_batch_size 8 needs a dynamic first dimension on every input and output, but "x", "y" have none');
+    expect(() => maxBatchSizeFor(fixed, 64, 8)).toThrow(
+      'max_batch_size 8 needs a dynamic first dimension on every input and output, but "x", "y" have none',
+    );
   });
 
   it('refuses a negative batch size', () => {

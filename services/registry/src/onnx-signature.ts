@@ -35,10 +35,14 @@ export function readOnnxSignature(bytes: Uint8Array): OnnxSignature {
     throw invalid('the artifact is not a valid ONNX model: it has no ir_version or no graph');
   }
   const initializers = new Set(graph.initializer.map((tensor) => tensor.name));
-  const inputs = (graph.input as onnx.ValueInfoProto[]).filter((value) => !initializers.has(value.name)).map((value) => tensorSpec(value, 'input'));
+  const inputs = (graph.input as onnx.ValueInfoProto[])
+    .filter((value) => !initializers.has(value.name))
+    .map((value) => tensorSpec(value, 'input'));
   const outputs = (graph.output as onnx.ValueInfoProto[]).map((value) => tensorSpec(value, 'output'));
   if (outputs.length === 0) throw invalid('the ONNX model has no outputs');
-  const unbatchable = [...inputs, ...outputs].filter((spec) => spec.shape.length === 0 || spec.shape[0] !== -1n).map((spec) => spec.name);
+  const unbatchable = [...inputs, ...outputs]
+    .filter((spec) => spec.shape.length === 0 || spec.shape[0] !== -1n)
+    .map((spec) => spec.name);
   if (inputs.length === 0) unbatchable.push('(no inputs)');
   return { inputs, outputs, unbatchable };
 }
@@ -68,19 +72,26 @@ function tensorSpec(value: onnx.ValueInfoProto, role: 'input' | 'output'): Tenso
   const type = value.type as onnx.TypeProto | null | undefined;
   const kind = type?.value;
   if (type?.tensorType === null || type?.tensorType === undefined || (kind !== undefined && kind !== 'tensorType')) {
-    throw invalid(`${role} "${name}" is ${kind === undefined ? 'untyped' : `a ${kind.replace(/Type$/, '')}`}; only tensor inputs and outputs are supported`);
+    throw invalid(
+      `${role} "${name}" is ${kind === undefined ? 'untyped' : `a ${kind.replace(/Type$/, '')}`}; only tensor inputs and outputs are supported`,
+    );
   }
   const elemType = type.tensorType.elemType ?? 0;
   const datatype = datatypeFromOnnx(elemType);
-  if (datatype === undefined) throw invalid(`${role} "${name}" has ONNX element type ${elemType}, which is not supported`);
+  if (datatype === undefined)
+    throw invalid(`${role} "${name}" has ONNX element type ${elemType}, which is not supported`);
   const shape = type.tensorType.shape;
   if (shape === null || shape === undefined) {
-    throw invalid(`${role} "${name}" has no shape (unknown rank); export the model with shapes on its inputs and outputs`);
+    throw invalid(
+      `${role} "${name}" has no shape (unknown rank); export the model with shapes on its inputs and outputs`,
+    );
   }
   return create(TensorSpecSchema, {
     name,
     datatype,
-    shape: (shape.dim as onnx.TensorShapeProto.Dimension[]).map((dim) => (dim.value === 'dimValue' && toNumber(dim.dimValue) >= 0 ? BigInt(toNumber(dim.dimValue)) : -1n)),
+    shape: (shape.dim as onnx.TensorShapeProto.Dimension[]).map((dim) =>
+      dim.value === 'dimValue' && toNumber(dim.dimValue) >= 0 ? BigInt(toNumber(dim.dimValue)) : -1n,
+    ),
   });
 }
 

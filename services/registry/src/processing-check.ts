@@ -1,7 +1,11 @@
 import { create, equals } from '@bufbuild/protobuf';
 import { RpcError } from '@infermesh/grpc';
 import { DataType, type TensorSpec } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type Processing, ProcessingSchema, type Signature } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Processing,
+  ProcessingSchema,
+  type Signature,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { datatypeName, formatShape } from '@infermesh/tensors';
 
 /** The datatypes an input normalization applies to. */
@@ -27,7 +31,9 @@ export function checkProcessing(processing: Processing | undefined, signature: S
   for (const normalization of processing.inputNormalizations) {
     const spec = inputs.get(normalization.input);
     if (spec === undefined) {
-      throw invalid(`the model has no input "${normalization.input}" to normalize; its inputs are ${quoted(inputs.keys())}`);
+      throw invalid(
+        `the model has no input "${normalization.input}" to normalize; its inputs are ${quoted(inputs.keys())}`,
+      );
     }
     if (normalized.has(spec.name)) throw invalid(`input "${spec.name}" is normalized more than once`);
     normalized.add(spec.name);
@@ -37,16 +43,21 @@ export function checkProcessing(processing: Processing | undefined, signature: S
   const labelled = new Set<string>();
   for (const { output, labels } of processing.outputLabels) {
     const spec = outputs.get(output);
-    if (spec === undefined) throw invalid(`the model has no output "${output}" to label; its outputs are ${quoted(outputs.keys())}`);
+    if (spec === undefined)
+      throw invalid(`the model has no output "${output}" to label; its outputs are ${quoted(outputs.keys())}`);
     if (labelled.has(output)) throw invalid(`output "${output}" is labelled more than once`);
     labelled.add(output);
     if (UNRANKABLE.has(spec.datatype)) {
-      throw invalid(`output "${output}" is ${datatypeName(spec.datatype)}, not numeric scores, so it has no classes to label`);
+      throw invalid(
+        `output "${output}" is ${datatypeName(spec.datatype)}, not numeric scores, so it has no classes to label`,
+      );
     }
     if (labels.length === 0) throw invalid(`output "${output}" is given an empty list of labels`);
     const classes = classesPerItem(spec, signature.maxBatchSize > 0);
     if (classes !== undefined && labels.length !== classes) {
-      throw invalid(`output "${output}" ${formatShape(spec.shape)} has ${classes} classes per item but ${labels.length} labels are given`);
+      throw invalid(
+        `output "${output}" ${formatShape(spec.shape)} has ${classes} classes per item but ${labels.length} labels are given`,
+      );
     }
   }
   return processing;
@@ -64,27 +75,38 @@ function isEmptyProcessing(processing: Processing): boolean {
 function checkNormalization(spec: TensorSpec, mean: readonly number[], std: readonly number[], batches: boolean): void {
   const name = spec.name;
   if (!NORMALIZABLE.has(spec.datatype)) {
-    throw invalid(`input "${name}" is ${datatypeName(spec.datatype)}; only FP16, FP32 and FP64 inputs can be normalized`);
+    throw invalid(
+      `input "${name}" is ${datatypeName(spec.datatype)}; only FP16, FP32 and FP64 inputs can be normalized`,
+    );
   }
-  if (mean.length === 0 && std.length === 0) throw invalid(`the normalization of input "${name}" gives neither mean nor std`);
-  for (const [field, values] of [['mean', mean], ['std', std]] as const) {
+  if (mean.length === 0 && std.length === 0)
+    throw invalid(`the normalization of input "${name}" gives neither mean nor std`);
+  for (const [field, values] of [
+    ['mean', mean],
+    ['std', std],
+  ] as const) {
     const bad = values.findIndex((v) => !Number.isFinite(v));
     if (bad >= 0) throw invalid(`input "${name}": ${field}[${bad}] is ${values[bad]}, not a finite number`);
     if (values.length <= 1) continue;
     const rank = spec.shape.length;
     if (rank === 0 || (rank === 1 && batches)) {
-      throw invalid(`input "${name}" ${formatShape(spec.shape)} has no dimension to give ${field} per position along; give a single ${field}`);
+      throw invalid(
+        `input "${name}" ${formatShape(spec.shape)} has no dimension to give ${field} per position along; give a single ${field}`,
+      );
     }
     const last = Number(spec.shape[rank - 1]);
     if (last >= 0 && values.length !== last) {
-      throw invalid(`input "${name}": ${field} has ${values.length} values but the last dimension of ${formatShape(spec.shape)} is ${last}; give 1 or ${last}`);
+      throw invalid(
+        `input "${name}": ${field} has ${values.length} values but the last dimension of ${formatShape(spec.shape)} is ${last}; give 1 or ${last}`,
+      );
     }
   }
   if (mean.length > 1 && std.length > 1 && mean.length !== std.length) {
     throw invalid(`input "${name}": mean has ${mean.length} values but std has ${std.length}`);
   }
   const zero = std.indexOf(0);
-  if (zero >= 0) throw invalid(`input "${name}": std${std.length > 1 ? `[${zero}]` : ''} is 0; a normalization cannot divide by 0`);
+  if (zero >= 0)
+    throw invalid(`input "${name}": std${std.length > 1 ? `[${zero}]` : ''} is 0; a normalization cannot divide by 0`);
 }
 
 /**

@@ -21,7 +21,11 @@ describe(loadRegistryConfig.name, () => {
 
   it('puts the artifacts under the data directory unless told otherwise', () => {
     expect(loadRegistryConfig({ REGISTRY_DATA_DIR: '/srv/registry' }).artifactDir).toBe('/srv/registry/artifacts');
-    const sut = loadRegistryConfig({ REGISTRY_DATA_DIR: '/srv/registry', REGISTRY_ARTIFACT_DIR: '/mnt/artifacts', REDIS_URL: 'redis://r:6379' });
+    const sut = loadRegistryConfig({
+      REGISTRY_DATA_DIR: '/srv/registry',
+      REGISTRY_ARTIFACT_DIR: '/mnt/artifacts',
+      REDIS_URL: 'redis://r:6379',
+    });
     expect(sut.artifactDir).toBe('/mnt/artifacts');
     expect(sut.redisUrl).toBe('redis://r:6379');
   });
@@ -38,9 +42,15 @@ describe(loadRegistryConfig.name, () => {
   });
 
   it('names the variable that is wrong', () => {
-    expect(() => loadRegistryConfig({ REGISTRY_DEFAULT_MAX_BATCH_SIZE: '0' })).toThrow(/REGISTRY_DEFAULT_MAX_BATCH_SIZE: .*\(got "0"\)/);
-    expect(() => loadRegistryConfig({ REGISTRY_MAX_ARTIFACT_BYTES: 'lots' })).toThrow(/REGISTRY_MAX_ARTIFACT_BYTES: .*\(got "lots"\)/);
-    expect(() => loadRegistryConfig({ REGISTRY_DRAIN_GRACE_MS: '-1' })).toThrow(/REGISTRY_DRAIN_GRACE_MS: .*\(got "-1"\)/);
+    expect(() => loadRegistryConfig({ REGISTRY_DEFAULT_MAX_BATCH_SIZE: '0' })).toThrow(
+      /REGISTRY_DEFAULT_MAX_BATCH_SIZE: .*\(got "0"\)/,
+    );
+    expect(() => loadRegistryConfig({ REGISTRY_MAX_ARTIFACT_BYTES: 'lots' })).toThrow(
+      /REGISTRY_MAX_ARTIFACT_BYTES: .*\(got "lots"\)/,
+    );
+    expect(() => loadRegistryConfig({ REGISTRY_DRAIN_GRACE_MS: '-1' })).toThrow(
+      /REGISTRY_DRAIN_GRACE_MS: .*\(got "-1"\)/,
+    );
     expect(() => loadRegistryConfig({ REGISTRY_WATCH_POLL_MS: '0' })).toThrow(/REGISTRY_WATCH_POLL_MS/);
     expect(() => loadRegistryConfig({ REDIS_URL: 'localhost:6379' })).toThrow(ConfigError);
   });

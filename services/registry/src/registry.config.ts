@@ -44,12 +44,15 @@ export function loadRegistryConfig(env: Env) {
     try {
       parseMeshPolicy(readFileSync(meshPolicyPath, 'utf8'), meshPolicyPath);
     } catch (error) {
-      const problems = error instanceof MeshPolicyError ? error.problems : [error instanceof Error ? error.message : String(error)];
+      const problems =
+        error instanceof MeshPolicyError ? error.problems : [error instanceof Error ? error.message : String(error)];
       throw new ConfigError(problems.map((p) => `REGISTRY_MESH_POLICY (${meshPolicyPath}): ${p}`));
     }
   }
   if (runtime.tls !== undefined && meshPolicyPath === undefined) {
-    throw new ConfigError(['INFERMESH_TLS_DIR: mutual TLS needs REGISTRY_MESH_POLICY, whose authorization says which service may call which']);
+    throw new ConfigError([
+      'INFERMESH_TLS_DIR: mutual TLS needs REGISTRY_MESH_POLICY, whose authorization says which service may call which',
+    ]);
   }
   return {
     runtime,

@@ -1,6 +1,16 @@
 import { status } from '@grpc/grpc-js';
 import { createClient, RpcError, type ServiceClient } from '@infermesh/grpc';
-import { buildClassifierModel, buildMultiIoModel, buildPaddedModel, buildSampleRateModel, buildTinyModel, CLASSIFIER_PROCESSING, encodeModel, floatInitializer, node } from '@infermesh/model-builder';
+import {
+  buildClassifierModel,
+  buildMultiIoModel,
+  buildPaddedModel,
+  buildSampleRateModel,
+  buildTinyModel,
+  CLASSIFIER_PROCESSING,
+  encodeModel,
+  floatInitializer,
+  node,
+} from '@infermesh/model-builder';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   type Artifact,
@@ -37,9 +47,15 @@ async function* messages(list: UploadMessage[]): AsyncGenerator<UploadMessage> {
 }
 
 /** The bytes in chunks of chunkBytes; the expected SHA-256, when given, rides on the last message. */
-function upload(client: Client, bytes: Uint8Array, chunkBytes = 100, expectedSha256?: string): Promise<{ artifact?: Artifact }> {
+function upload(
+  client: Client,
+  bytes: Uint8Array,
+  chunkBytes = 100,
+  expectedSha256?: string,
+): Promise<{ artifact?: Artifact }> {
   const list: UploadMessage[] = [];
-  for (let offset = 0; offset < bytes.length; offset += chunkBytes) list.push({ chunk: bytes.subarray(offset, offset + chunkBytes) });
+  for (let offset = 0; offset < bytes.length; offset += chunkBytes)
+    list.push({ chunk: bytes.subarray(offset, offset + chunkBytes) });
   if (expectedSha256 !== undefined) list.push({ expectedSha256 });
   return client.uploadArtifact(messages(list));
 }
@@ -117,23 +133,40 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
 
   async function register(model: string, versionId: string, bytes: Uint8Array, maxBatchSize?: number) {
     const { artifact } = await upload(sut, bytes);
-    const request = { parent: `models/${model}`, versionId, artifactSha256: artifact!.sha256, ...(maxBatchSize !== undefined && { maxBatchSize }) };
+    const request = {
+      parent: `models/${model}`,
+      versionId,
+      artifactSha256: artifact!.sha256,
+      ...(maxBatchSize !== undefined && { maxBatchSize }),
+    };
     return (await sut.createModelVersion(request)).version!;
   }
 
   const ready = (model: string, versionId: string) =>
-    sut.reportVersionState({ name: `models/${model}/versions/${versionId}`, state: VersionState.READY, workerId: 'worker-1' });
+    sut.reportVersionState({
+      name: `models/${model}/versions/${versionId}`,
+      state: VersionState.READY,
+      workerId: 'worker-1',
+    });
 
   it('uploads in chunks, registers a version, serves it once READY, and downloads identical bytes', async () => {
     const tiny = buildTinyModel().bytes;
     const { artifact } = await upload(sut, tiny, 100, sha256(tiny));
     expect(artifact).toMatchObject({ sha256: sha256(tiny), sizeBytes: BigInt(tiny.length), format: 'onnx' });
 
-    const { version } = await sut.createModelVersion({ parent: 'models/tiny', versionId: '1', artifactSha256: artifact!.sha256 });
-    expect(version).toMatchObject({ name: 'models/tiny/versions/1', state: VersionState.REGISTERED, artifact: { sha256: sha256(tiny) } });
-    expect(version!.signature!.inputs.map((s) => ({ name: s.name, datatype: s.datatype, shape: s.shape.map(Number) }))).toEqual([
-      { name: 'input', datatype: DataType.FP32, shape: [-1, 4] },
-    ]);
+    const { version } = await sut.createModelVersion({
+      parent: 'models/tiny',
+      versionId: '1',
+      artifactSha256: artifact!.sha256,
+    });
+    expect(version).toMatchObject({
+      name: 'models/tiny/versions/1',
+      state: VersionState.REGISTERED,
+      artifact: { sha256: sha256(tiny) },
+    });
+    expect(
+      version!.signature!.inputs.map((s) => ({ name: s.name, datatype: s.datatype, shape: s.shape.map(Number) })),
+    ).toEqual([{ name: 'input', datatype: DataType.FP32, shape: [-1, 4] }]);
     expect(version!.signature!.outputs[0]!.shape.map(Number)).toEqual([-1, 3]);
     expect(version!.signature!.maxBatchSize).toBe(64);
     expect(version!.createTime).toBeDefined();
@@ -143,14 +176,18 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       expect([notReady.code, notReady.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
     }
     await sut.reportVersionState({ name: 'models/tiny/versions/1', state: VersionState.LOADING, workerId: 'worker-1' });
-    expect((await rpcError(sut.resolveModelVersion({ model: 'models/tiny' }))).message).toMatch(/version 1|no READY version/);
+    expect((await rpcError(sut.resolveModelVersion({ model: 'models/tiny' }))).message).toMatch(
+      /version 1|no READY version/,
+    );
 
     const reported = await ready('tiny', '1');
     expect(reported.version!.state).toBe(VersionState.READY);
     const resolved = await sut.resolveModelVersion({ model: 'models/tiny' });
     expect(resolved.version!.name).toBe('models/tiny/versions/1');
     expect(resolved.version!.signature!.maxBatchSize).toBe(64);
-    expect((await sut.resolveModelVersion({ model: 'models/tiny', versionId: '1' })).version!.state).toBe(VersionState.READY);
+    expect((await sut.resolveModelVersion({ model: 'models/tiny', versionId: '1' })).version!.state).toBe(
+      VersionState.READY,
+    );
 
     expect(Buffer.compare(await download(sut, artifact!.sha256), Buffer.from(tiny))).toBe(0);
   });
@@ -192,7 +229,9 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
   });
 
   it('refuses a version whose artifact was never uploaded', async () => {
-    const error = await rpcError(sut.createModelVersion({ parent: 'models/tiny', versionId: '1', artifactSha256: sha256(Buffer.from('nope')) }));
+    const error = await rpcError(
+      sut.createModelVersion({ parent: 'models/tiny', versionId: '1', artifactSha256: sha256(Buffer.from('nope')) }),
+    );
     expect([error.code, error.reason]).toEqual([status.NOT_FOUND, 'ARTIFACT_NOT_FOUND']);
   });
 
@@ -206,7 +245,12 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
   it('registers a version with its processing, returns it everywhere, and keeps it across a restart', async () => {
     const classifier = buildClassifierModel();
     const { artifact } = await upload(sut, classifier.bytes);
-    const request = { parent: 'models/classifier', versionId: '1', artifactSha256: artifact!.sha256, processing: CLASSIFIER_PROCESSING };
+    const request = {
+      parent: 'models/classifier',
+      versionId: '1',
+      artifactSha256: artifact!.sha256,
+      processing: CLASSIFIER_PROCESSING,
+    };
     const expected = create(ProcessingSchema, CLASSIFIER_PROCESSING);
     expect((await sut.createModelVersion(request)).version!.processing).toEqual(expected);
     expect((await sut.createModelVersion(request)).version!.processing).toEqual(expected);
@@ -223,11 +267,21 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
   it('refuses processing that does not fit the signature, naming the problem, and registers nothing', async () => {
     const { artifact } = await upload(sut, buildClassifierModel().bytes);
     const attempt = (processing: MessageInitShape<typeof ProcessingSchema>) =>
-      rpcError(sut.createModelVersion({ parent: 'models/classifier', versionId: '1', artifactSha256: artifact!.sha256, processing }));
+      rpcError(
+        sut.createModelVersion({
+          parent: 'models/classifier',
+          versionId: '1',
+          artifactSha256: artifact!.sha256,
+          processing,
+        }),
+      );
     const cases: [MessageInitShape<typeof ProcessingSchema>, string][] = [
       [{ inputNormalizations: [{ input: 'image', mean: [1] }] }, 'no input "image"'],
       [{ inputNormalizations: [{ input: 'input', std: [1, 0, 1, 1] }] }, 'std[1] is 0'],
-      [{ inputNormalizations: [{ input: 'input', mean: [1, 2, 3] }] }, 'mean has 3 values but the last dimension of [-1,4] is 4'],
+      [
+        { inputNormalizations: [{ input: 'input', mean: [1, 2, 3] }] },
+        'mean has 3 values but the last dimension of [-1,4] is 4',
+      ],
       [{ outputLabels: [{ output: 'probs', labels: ['a'] }] }, 'no output "probs"'],
       [{ outputLabels: [{ output: 'scores', labels: ['a', 'b'] }] }, 'has 5 classes per item but 2 labels'],
     ];
@@ -245,7 +299,9 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     const base = { parent: 'models/classifier', versionId: '1', artifactSha256: artifact!.sha256 };
     await sut.createModelVersion({ ...base, processing: CLASSIFIER_PROCESSING });
     for (const processing of [undefined, { outputLabels: [{ output: 'scores', labels: ['a', 'b', 'c', 'd', 'e'] }] }]) {
-      const conflict = await rpcError(sut.createModelVersion({ ...base, ...(processing !== undefined && { processing }) }));
+      const conflict = await rpcError(
+        sut.createModelVersion({ ...base, ...(processing !== undefined && { processing }) }),
+      );
       expect([conflict.code, conflict.reason]).toEqual([status.ALREADY_EXISTS, 'ALREADY_EXISTS']);
       expect(conflict.message).toMatch(/different processing/);
     }
@@ -268,7 +324,9 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect((await sut.createModelVersion(request)).version!.batching).toEqual(expected);
     expect((await sut.createModelVersion(request)).version!.batching).toEqual(expected);
     await ready('tiny', '1');
-    expect((await sut.resolveModelVersion({ model: 'models/tiny', versionId: '1' })).version!.batching).toEqual(expected);
+    expect((await sut.resolveModelVersion({ model: 'models/tiny', versionId: '1' })).version!.batching).toEqual(
+      expected,
+    );
     expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.batching).toEqual(expected);
     await stop();
     await start();
@@ -276,9 +334,16 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.batching).toEqual(expected);
     // A version without batching, or with every field at its default, has none; an explicit 0 is kept.
     expect((await register('tiny', '2', buildTinyModel().bytes)).batching).toBeUndefined();
-    expect((await sut.createModelVersion({ ...request, versionId: '3', batching: {} })).version!.batching).toBeUndefined();
+    expect(
+      (await sut.createModelVersion({ ...request, versionId: '3', batching: {} })).version!.batching,
+    ).toBeUndefined();
     const fixed = (await upload(sut, fixedBatchModel())).artifact!.sha256;
-    const off = await sut.createModelVersion({ parent: 'models/fixed', versionId: '1', artifactSha256: fixed, batching: { maxBatchSize: 0 } });
+    const off = await sut.createModelVersion({
+      parent: 'models/fixed',
+      versionId: '1',
+      artifactSha256: fixed,
+      batching: { maxBatchSize: 0 },
+    });
     expect(off.version!.batching?.maxBatchSize).toBe(0);
     expect((await sut.getModel({ name: 'models/fixed' })).model!.versions[0]!.batching?.maxBatchSize).toBe(0);
   });
@@ -289,17 +354,39 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     const cases: [string, MessageInitShape<typeof BatchingSchema>, string, number?][] = [
       [tiny, { maxBatchSize: 65 }, "batching: max_batch_size is 65, above the signature's max_batch_size 64"],
       [tiny, { maxBatchSize: 16 }, "batching: max_batch_size is 16, above the signature's max_batch_size 8", 8],
-      [fixed, { maxBatchSize: 4 }, "batching: max_batch_size is 4 but the model does not batch (its signature's max_batch_size is 0)"],
+      [
+        fixed,
+        { maxBatchSize: 4 },
+        "batching: max_batch_size is 4 but the model does not batch (its signature's max_batch_size is 0)",
+      ],
       [fixed, { preferredBatchSizes: [1] }, 'batching: preferred_batch_sizes are given but batching is off'],
-      [tiny, { maxQueueDelayUs: 10_000_001n }, 'batching: max_queue_delay_us is 10000001, above the limit of 10000000 (10 s)'],
-      [tiny, { maxBatchSize: 8, preferredBatchSizes: [16] }, 'batching: preferred batch size 16 is above the max batch size 8'],
+      [
+        tiny,
+        { maxQueueDelayUs: 10_000_001n },
+        'batching: max_queue_delay_us is 10000001, above the limit of 10000000 (10 s)',
+      ],
+      [
+        tiny,
+        { maxBatchSize: 8, preferredBatchSizes: [16] },
+        'batching: preferred batch size 16 is above the max batch size 8',
+      ],
       [tiny, { preferredBatchSizes: [4, 4] }, 'batching: preferred batch size 4 is given more than once'],
       [tiny, { priorityLevels: 17 }, 'batching: priority_levels is 17, above the limit of 16'],
-      [tiny, { priorityLevels: 2, defaultPriorityLevel: 3 }, 'batching: default_priority_level is 3, above the 2 priority levels'],
+      [
+        tiny,
+        { priorityLevels: 2, defaultPriorityLevel: 3 },
+        'batching: default_priority_level is 3, above the 2 priority levels',
+      ],
     ];
     for (const [artifactSha256, batching, message, maxBatchSize] of cases) {
       const error = await rpcError(
-        sut.createModelVersion({ parent: 'models/batched', versionId: '1', artifactSha256, batching, ...(maxBatchSize !== undefined && { maxBatchSize }) }),
+        sut.createModelVersion({
+          parent: 'models/batched',
+          versionId: '1',
+          artifactSha256,
+          batching,
+          ...(maxBatchSize !== undefined && { maxBatchSize }),
+        }),
       );
       expect(error.code).toBe(status.INVALID_ARGUMENT);
       expect(error.message).toContain(message);
@@ -312,36 +399,67 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     const { artifact } = await upload(sut, buildTinyModel().bytes);
     const base = { parent: 'models/tiny', versionId: '1', artifactSha256: artifact!.sha256 };
     await sut.createModelVersion({ ...base, batching: BATCHING });
-    for (const batching of [undefined, { ...BATCHING, maxQueueDelayUs: 3_000n }, { ...BATCHING, preferredBatchSizes: [4] }]) {
+    for (const batching of [
+      undefined,
+      { ...BATCHING, maxQueueDelayUs: 3_000n },
+      { ...BATCHING, preferredBatchSizes: [4] },
+    ]) {
       const conflict = await rpcError(sut.createModelVersion({ ...base, ...(batching !== undefined && { batching }) }));
       expect([conflict.code, conflict.reason]).toEqual([status.ALREADY_EXISTS, 'ALREADY_EXISTS']);
-      expect(conflict.message).toBe('models/tiny/versions/1 already exists with a different batching; register the new batching as a new version');
+      expect(conflict.message).toBe(
+        'models/tiny/versions/1 already exists with a different batching; register the new batching as a new version',
+      );
     }
-    expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.batching).toEqual(create(BatchingSchema, BATCHING));
+    expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.batching).toEqual(
+      create(BatchingSchema, BATCHING),
+    );
   });
 
   it('registers a version with its warm-up checked against the signature, keeps it across a restart, and refuses another warm-up for it', async () => {
     const { artifact } = await upload(sut, buildSampleRateModel().bytes);
-    const audio = { name: 'audio', shape: [1n, 3n], contents: { case: 'data' as const, value: new Uint8Array(Float32Array.of(0.1, 0.2, 0.3).buffer) } };
-    const rate = (sr: bigint) => ({ name: 'sr', shape: [1n], contents: { case: 'data' as const, value: new Uint8Array(BigInt64Array.of(sr).buffer) } });
+    const audio = {
+      name: 'audio',
+      shape: [1n, 3n],
+      contents: { case: 'data' as const, value: new Uint8Array(Float32Array.of(0.1, 0.2, 0.3).buffer) },
+    };
+    const rate = (sr: bigint) => ({
+      name: 'sr',
+      shape: [1n],
+      contents: { case: 'data' as const, value: new Uint8Array(BigInt64Array.of(sr).buffer) },
+    });
     const warmUp = { samples: [{ name: '16 kHz', inputs: [audio, rate(16000n)] }] };
     const base = { parent: 'models/vad', versionId: '1', artifactSha256: artifact!.sha256 };
 
-    const refused = await rpcError(sut.createModelVersion({ ...base, warmUp: { samples: [{ inputs: [{ ...audio, shape: [1n, -1n] }, rate(16000n)] }] } }));
+    const refused = await rpcError(
+      sut.createModelVersion({
+        ...base,
+        warmUp: { samples: [{ inputs: [{ ...audio, shape: [1n, -1n] }, rate(16000n)] }] },
+      }),
+    );
     expect(refused.code).toBe(status.INVALID_ARGUMENT);
-    expect(refused.message).toBe('warm_up: samples[0] input "audio" has shape [1,-1] but the model expects [-1,-1]; give a concrete size (0 or more) for each -1');
+    expect(refused.message).toBe(
+      'warm_up: samples[0] input "audio" has shape [1,-1] but the model expects [-1,-1]; give a concrete size (0 or more) for each -1',
+    );
     expect((await rpcError(sut.getModel({ name: 'models/vad' }))).code).toBe(status.NOT_FOUND);
 
     const { version } = await sut.createModelVersion({ ...base, warmUp });
-    expect(version!.warmUp!.samples[0]!.inputs.map((i) => [i.name, i.datatype])).toEqual([['audio', DataType.FP32], ['sr', DataType.INT64]]);
+    expect(version!.warmUp!.samples[0]!.inputs.map((i) => [i.name, i.datatype])).toEqual([
+      ['audio', DataType.FP32],
+      ['sr', DataType.INT64],
+    ]);
     await stop();
     await start();
     const stored = (await sut.getModel({ name: 'models/vad' })).model!.versions[0]!;
     expect(stored.warmUp).toEqual(version!.warmUp);
     expect((await sut.createModelVersion({ ...base, warmUp })).version!.name).toBe('models/vad/versions/1');
     for (const other of [undefined, { samples: [{ name: '16 kHz', inputs: [audio, rate(8000n)] }] }]) {
-      const conflict = await rpcError(sut.createModelVersion({ ...base, ...(other !== undefined && { warmUp: other }) }));
-      expect([conflict.code, conflict.message]).toEqual([status.ALREADY_EXISTS, 'models/vad/versions/1 already exists with a different warm_up; register the new warm-up as a new version']);
+      const conflict = await rpcError(
+        sut.createModelVersion({ ...base, ...(other !== undefined && { warmUp: other }) }),
+      );
+      expect([conflict.code, conflict.message]).toEqual([
+        status.ALREADY_EXISTS,
+        'models/vad/versions/1 already exists with a different warm_up; register the new warm-up as a new version',
+      ]);
     }
   });
 
@@ -349,13 +467,23 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     await register('vad', '1', buildSampleRateModel().bytes);
     const name = 'models/vad/versions/1';
     const why = 'synthetic warm-up at batch 1 failed on cpu: indices element out of data bounds';
-    const cold = await sut.reportVersionState({ name, state: VersionState.READY, workerId: 'worker-1', warmUpError: why });
+    const cold = await sut.reportVersionState({
+      name,
+      state: VersionState.READY,
+      workerId: 'worker-1',
+      warmUpError: why,
+    });
     expect([cold.version!.state, cold.version!.warmUpError]).toEqual([VersionState.READY, why]);
     expect((await sut.getModel({ name: 'models/vad' })).model!.versions[0]!.warmUpError).toBe(why);
     // Only READY reports carry it; the latest one says.
     await sut.reportVersionState({ name, state: VersionState.READY, workerId: 'worker-2' });
     expect((await sut.getModel({ name: 'models/vad' })).model!.versions[0]!.warmUpError).toBe('');
-    const long = await sut.reportVersionState({ name, state: VersionState.READY, workerId: 'worker-1', warmUpError: 'x'.repeat(10_000) });
+    const long = await sut.reportVersionState({
+      name,
+      state: VersionState.READY,
+      workerId: 'worker-1',
+      warmUpError: 'x'.repeat(10_000),
+    });
     expect(long.version!.warmUpError).toHaveLength(2_000);
   });
 
@@ -387,15 +515,32 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
 
   it('refuses a rollout policy that does not fit the model, naming the problem, and keeps the one it had', async () => {
     for (const id of ['1', '2']) await register('tiny', id, buildTinyModel().bytes);
-    await sut.reportVersionState({ name: 'models/tiny/versions/2', state: VersionState.FAILED, stateReason: 'bad', workerId: 'w' });
+    await sut.reportVersionState({
+      name: 'models/tiny/versions/2',
+      state: VersionState.FAILED,
+      stateReason: 'bad',
+      workerId: 'w',
+    });
     const kept = { stableVersion: '1' };
     await sut.setRolloutPolicy({ model: 'models/tiny', policy: kept });
     const cases: [MessageInitShape<typeof RolloutPolicySchema>, string][] = [
-      [{ stableVersion: '7' }, 'rollout: the stable version is version "7", which model "tiny" does not have; its versions are 1, 2'],
-      [{ canary: { version: '2', percent: 5 } }, 'rollout: the canary is version 2, which is FAILED and will never serve'],
-      [{ stableVersion: '1', canary: { version: '1', percent: 5 } }, 'rollout: version 1 is named more than once (as the canary too)'],
+      [
+        { stableVersion: '7' },
+        'rollout: the stable version is version "7", which model "tiny" does not have; its versions are 1, 2',
+      ],
+      [
+        { canary: { version: '2', percent: 5 } },
+        'rollout: the canary is version 2, which is FAILED and will never serve',
+      ],
+      [
+        { stableVersion: '1', canary: { version: '1', percent: 5 } },
+        'rollout: version 1 is named more than once (as the canary too)',
+      ],
       [{ canary: { version: '1', percent: 101 } }, "rollout: the canary's percent is 101; it must be from 0 to 100"],
-      [{ canary: { version: '1', percent: Number.NaN } }, "rollout: the canary's percent is NaN; it must be from 0 to 100"],
+      [
+        { canary: { version: '1', percent: Number.NaN } },
+        "rollout: the canary's percent is NaN; it must be from 0 to 100",
+      ],
     ];
     for (const [policy, message] of cases) {
       const error = await rpcError(sut.setRolloutPolicy({ model: 'models/tiny', policy }));
@@ -403,14 +548,20 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     }
     await register('tiny', '3', buildTinyModel().bytes);
     const over = await rpcError(
-      sut.setRolloutPolicy({ model: 'models/tiny', policy: { canary: { version: '3', percent: 60 }, variants: [{ version: '1', percent: 50 }] } }),
+      sut.setRolloutPolicy({
+        model: 'models/tiny',
+        policy: { canary: { version: '3', percent: 60 }, variants: [{ version: '1', percent: 50 }] },
+      }),
     );
     expect(over.message).toBe("rollout: the canary's and the variants' percents add up to 110, more than 100");
     expect((await rpcError(sut.setRolloutPolicy({ model: 'models/none', policy: kept }))).code).toBe(status.NOT_FOUND);
     const self = await rpcError(sut.setRolloutPolicy({ model: 'models/tiny', policy: { fallbackModel: 'tiny' } }));
     expect(self.message).toBe('rollout: model "tiny" cannot be its own fallback');
     const unknown = await rpcError(sut.setRolloutPolicy({ model: 'models/tiny', policy: { fallbackModel: 'small' } }));
-    expect([unknown.code, unknown.message]).toEqual([status.INVALID_ARGUMENT, 'rollout: the fallback model "small" does not exist']);
+    expect([unknown.code, unknown.message]).toEqual([
+      status.INVALID_ARGUMENT,
+      'rollout: the fallback model "small" does not exist',
+    ]);
     expect((await sut.getModel({ name: 'models/tiny' })).model!.rollout).toEqual(create(RolloutPolicySchema, kept));
   });
 
@@ -423,42 +574,67 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       (await sut.updateRollout({ model: 'models/tiny', action })).model!.rollout;
     await sut.setRolloutPolicy({
       model: 'models/tiny',
-      policy: { stableVersion: '1', canary: { version: '2', percent: 10 }, variants: [{ version: '3', percent: 20 }], shadow: { version: '4', percent: 5 } },
+      policy: {
+        stableVersion: '1',
+        canary: { version: '2', percent: 10 },
+        variants: [{ version: '3', percent: 20 }],
+        shadow: { version: '4', percent: 5 },
+      },
     });
 
     const weighted = await rollout({ case: 'setWeights', value: { percents: { '2': 50 } } });
     expect([weighted!.canary!.percent, weighted!.variants[0]!.percent, weighted!.stableVersion]).toEqual([50, 20, '1']);
-    const tooMuch = await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'setWeights', value: { percents: { '3': 60 } } } }));
+    const tooMuch = await rpcError(
+      sut.updateRollout({ model: 'models/tiny', action: { case: 'setWeights', value: { percents: { '3': 60 } } } }),
+    );
     expect(tooMuch.message).toBe("rollout: the canary's and the variants' percents add up to 110, more than 100");
-    const stranger = await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'setWeights', value: { percents: { '4': 1 } } } }));
-    expect(stranger.message).toBe('rollout: version 4 is neither the canary nor a variant of model "tiny"; it has 2, 3');
+    const stranger = await rpcError(
+      sut.updateRollout({ model: 'models/tiny', action: { case: 'setWeights', value: { percents: { '4': 1 } } } }),
+    );
+    expect(stranger.message).toBe(
+      'rollout: version 4 is neither the canary nor a variant of model "tiny"; it has 2, 3',
+    );
 
     const promoted = await rollout({ case: 'promote', value: '' });
     expect(promoted).toEqual(create(RolloutPolicySchema, { stableVersion: '2', shadow: { version: '4', percent: 5 } }));
     expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/2');
     const nothing = await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'promote', value: '' } }));
-    expect([nothing.code, nothing.message]).toEqual([status.FAILED_PRECONDITION, 'rollout: model "tiny" has no canary to promote']);
+    expect([nothing.code, nothing.message]).toEqual([
+      status.FAILED_PRECONDITION,
+      'rollout: model "tiny" has no canary to promote',
+    ]);
 
     // A canary on a model without a pinned stable version: rolling back pins the latest version outside the trial.
     await sut.setRolloutPolicy({ model: 'models/tiny', policy: { canary: { version: '4', percent: 30 } } });
-    expect(await rollout({ case: 'rollback', value: true })).toEqual(create(RolloutPolicySchema, { stableVersion: '3' }));
+    expect(await rollout({ case: 'rollback', value: true })).toEqual(
+      create(RolloutPolicySchema, { stableVersion: '3' }),
+    );
     expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/3');
-    expect((await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'rollback', value: true } }))).code).toBe(status.FAILED_PRECONDITION);
+    expect(
+      (await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'rollback', value: true } }))).code,
+    ).toBe(status.FAILED_PRECONDITION);
   });
 
   it('sets a model cache policy, keeps it across a restart, refuses one out of its limits, and clears it', async () => {
     await register('tiny', '1', buildTinyModel().bytes);
     const policy = { enabled: true, ttlMs: 60_000n, maxEntryBytes: 1_024n };
 
-    expect((await sut.setCachePolicy({ model: 'models/tiny', policy })).model!.cache).toEqual(create(CachePolicySchema, policy));
+    expect((await sut.setCachePolicy({ model: 'models/tiny', policy })).model!.cache).toEqual(
+      create(CachePolicySchema, policy),
+    );
     await stop();
     await start();
     expect((await sut.getModel({ name: 'models/tiny' })).model!.cache).toEqual(create(CachePolicySchema, policy));
     const long = await rpcError(sut.setCachePolicy({ model: 'models/tiny', policy: { ttlMs: 604_800_001n } }));
-    expect([long.code, long.message]).toEqual([status.INVALID_ARGUMENT, "cache: ttl_ms is 604800001; it must be from 0 (the router's default) to 604800000 (7 days)"]);
+    expect([long.code, long.message]).toEqual([
+      status.INVALID_ARGUMENT,
+      "cache: ttl_ms is 604800001; it must be from 0 (the router's default) to 604800000 (7 days)",
+    ]);
     const negative = await rpcError(sut.setCachePolicy({ model: 'models/tiny', policy: { maxEntryBytes: -1n } }));
     expect(negative.message).toBe('cache: max_entry_bytes is -1; it cannot be negative');
-    expect((await sut.setCachePolicy({ model: 'models/tiny', policy: { enabled: false } })).model!.cache?.enabled).toBe(false);
+    expect((await sut.setCachePolicy({ model: 'models/tiny', policy: { enabled: false } })).model!.cache?.enabled).toBe(
+      false,
+    );
     expect((await sut.setCachePolicy({ model: 'models/tiny' })).model!.cache).toBeUndefined();
   });
 
@@ -489,7 +665,8 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     const error = await rpcError(sut.uploadArtifact(cancelled(), { signal: controller.signal }));
     expect(error.code).toBe(status.CANCELLED);
     const incoming = join(dataDir, 'artifacts', '.incoming');
-    for (let i = 0; i < 50 && readdirSync(incoming).length > 0; i += 1) await new Promise((resolve) => setTimeout(resolve, 20));
+    for (let i = 0; i < 50 && readdirSync(incoming).length > 0; i += 1)
+      await new Promise((resolve) => setTimeout(resolve, 20));
     expect(readdirSync(incoming)).toEqual([]);
     expect(readdirSync(join(dataDir, 'artifacts')).filter((f) => f !== '.incoming')).toEqual([]);
   });
@@ -507,13 +684,22 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     const { models } = await sut.listModels({});
     expect(models.map((m) => [m.name, m.platform, m.versions.map((v) => v.name)])).toEqual([
       ['models/alpha', 'onnxruntime_onnx', ['models/alpha/versions/1']],
-      ['models/tiny', 'onnxruntime_onnx', ['models/tiny/versions/2', 'models/tiny/versions/3', 'models/tiny/versions/10']],
+      [
+        'models/tiny',
+        'onnxruntime_onnx',
+        ['models/tiny/versions/2', 'models/tiny/versions/3', 'models/tiny/versions/10'],
+      ],
     ]);
   });
 
   it('records a FAILED report with its reason, and answers NOT_FOUND for unknown models and versions', async () => {
     await register('tiny', '1', buildTinyModel().bytes);
-    const failed = await sut.reportVersionState({ name: 'models/tiny/versions/1', state: VersionState.FAILED, stateReason: 'out of memory', workerId: 'w' });
+    const failed = await sut.reportVersionState({
+      name: 'models/tiny/versions/1',
+      state: VersionState.FAILED,
+      stateReason: 'out of memory',
+      workerId: 'w',
+    });
     expect(failed.version).toMatchObject({ state: VersionState.FAILED, stateReason: 'out of memory' });
     expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.stateReason).toBe('out of memory');
 
@@ -582,19 +768,34 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       await ready('tiny', id);
     }
     const { model } = await sut.updateModel({
-      model: { name: 'models/tiny', labels: { team: 'vision' }, pinned: true, versionPolicy: { policy: { case: 'latest', value: 2 } }, unloaded: true },
+      model: {
+        name: 'models/tiny',
+        labels: { team: 'vision' },
+        pinned: true,
+        versionPolicy: { policy: { case: 'latest', value: 2 } },
+        unloaded: true,
+      },
       updateMask: { paths: ['labels', 'pinned', 'version_policy'] },
     });
-    expect([model!.labels, model!.pinned, model!.versionPolicy?.policy, model!.unloaded]).toEqual([{ team: 'vision' }, true, { case: 'latest', value: 2 }, false]);
+    expect([model!.labels, model!.pinned, model!.versionPolicy?.policy, model!.unloaded]).toEqual([
+      { team: 'vision' },
+      true,
+      { case: 'latest', value: 2 },
+      false,
+    ]);
     expect(model!.versions.map((v) => v.state)).toEqual([VersionState.READY, VersionState.READY]);
     expect((await sut.getModel({ name: 'models/tiny' })).model).toEqual(model);
 
-    const bad = await rpcError(sut.updateModel({ model: { name: 'models/tiny' }, updateMask: { paths: ['versions'] } }));
+    const bad = await rpcError(
+      sut.updateModel({ model: { name: 'models/tiny' }, updateMask: { paths: ['versions'] } }),
+    );
     expect([bad.code, bad.message]).toEqual([
       status.INVALID_ARGUMENT,
       'update_mask: "versions" cannot be changed with UpdateModel; only labels, pinned, version_policy, unloaded can (versions, rollout and cache have their own RPCs)',
     ]);
-    const missing = await rpcError(sut.updateModel({ model: { name: 'models/none' }, updateMask: { paths: ['pinned'] } }));
+    const missing = await rpcError(
+      sut.updateModel({ model: { name: 'models/none' }, updateMask: { paths: ['pinned'] } }),
+    );
     expect([missing.code, missing.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
   });
 
@@ -605,10 +806,14 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     }
     const inUse = await rpcError(sut.retireModelVersion({ name: 'models/tiny/versions/2' }));
     expect([inUse.code, inUse.reason]).toEqual([status.FAILED_PRECONDITION, 'VERSION_IN_USE']);
-    expect(inUse.message).toMatch(/^version 2 of model tiny still serves traffic: it is the latest READY version under version policy latest 1/);
+    expect(inUse.message).toMatch(
+      /^version 2 of model tiny still serves traffic: it is the latest READY version under version policy latest 1/,
+    );
     const retired = await sut.retireModelVersion({ name: 'models/tiny/versions/1' });
     expect(retired.version).toMatchObject({ name: 'models/tiny/versions/1', state: VersionState.DRAINING });
-    expect((await rpcError(sut.retireModelVersion({ name: 'models/tiny/versions/3' }))).reason).toBe('VERSION_NOT_FOUND');
+    expect((await rpcError(sut.retireModelVersion({ name: 'models/tiny/versions/3' }))).reason).toBe(
+      'VERSION_NOT_FOUND',
+    );
 
     const loaded = await rpcError(sut.deleteModel({ name: 'models/tiny' }));
     expect([loaded.code, loaded.reason]).toEqual([status.FAILED_PRECONDITION, 'MODEL_IN_USE']);
@@ -627,8 +832,10 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       await register('tiny', id, buildTinyModel().bytes);
       await ready('tiny', id);
     }
-    const states = async () => (await sut.getModel({ name: 'models/tiny' })).model!.versions.map((v) => VersionState[v.state]);
-    for (let i = 0; i < 200 && (await states())[0] === 'DRAINING'; i += 1) await new Promise((resolve) => setTimeout(resolve, 20));
+    const states = async () =>
+      (await sut.getModel({ name: 'models/tiny' })).model!.versions.map((v) => VersionState[v.state]);
+    for (let i = 0; i < 200 && (await states())[0] === 'DRAINING'; i += 1)
+      await new Promise((resolve) => setTimeout(resolve, 20));
     expect(await states()).toEqual(['RETIRED', 'READY']);
   });
 
@@ -642,7 +849,10 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect([snapshot.snapshot, snapshot.models.map((m) => m.name)]).toEqual([true, ['models/tiny']]);
     expect(snapshot.revision).toBe(snapshot.models[0]!.revision);
 
-    const { model } = await sut.updateModel({ model: { name: 'models/tiny', pinned: true }, updateMask: { paths: ['pinned'] } });
+    const { model } = await sut.updateModel({
+      model: { name: 'models/tiny', pinned: true },
+      updateMask: { paths: ['pinned'] },
+    });
     const change = await next();
     expect(change).toEqual(create(WatchModelsResponseSchema, { revision: model!.revision, models: [model!] }));
 
@@ -658,7 +868,8 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     controller.abort();
     expect((await rpcError(stream.next())).code).toBe(status.CANCELLED);
     const metrics = async () => (await fetch(`http://127.0.0.1:${running.metricsPort}/metrics`)).text();
-    for (let i = 0; i < 100 && !/^infermesh_registry_watchers 0$/m.test(await metrics()); i += 1) await new Promise((resolve) => setTimeout(resolve, 20));
+    for (let i = 0; i < 100 && !/^infermesh_registry_watchers 0$/m.test(await metrics()); i += 1)
+      await new Promise((resolve) => setTimeout(resolve, 20));
     expect(await metrics()).toMatch(/^infermesh_registry_watchers 0$/m);
   });
 
@@ -684,7 +895,9 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect(body).toMatch(/^infermesh_registry_model_versions\{state="REGISTERED"\} 0$/m);
     expect(body).toMatch(new RegExp(`^infermesh_registry_artifact_stored_bytes_total ${tiny.length}$`, 'm'));
     expect(body).toMatch(/^infermesh_registry_artifact_uploads_total\{outcome="deduplicated"\} 1$/m);
-    expect(body).toMatch(/infermesh_registry_grpc_server_handling_seconds_count\{method="RegistryService\/CreateModelVersion",code="OK"\} 2/);
+    expect(body).toMatch(
+      /infermesh_registry_grpc_server_handling_seconds_count\{method="RegistryService\/CreateModelVersion",code="OK"\} 2/,
+    );
   });
 });
 

@@ -63,7 +63,15 @@ export class RegistryGrpcController implements ServiceImpl<typeof RegistryServic
   }
 
   async reportVersionState(request: ReportVersionStateRequest) {
-    return { version: await this.catalog.reportState(request.name, request.state, request.stateReason, request.workerId, request.warmUpError) };
+    return {
+      version: await this.catalog.reportState(
+        request.name,
+        request.state,
+        request.stateReason,
+        request.workerId,
+        request.warmUpError,
+      ),
+    };
   }
 
   async setRolloutPolicy(request: SetRolloutPolicyRequest) {

@@ -40,7 +40,9 @@ export class RegistryModule {
             const client = createRedisClient(config.redisUrl, logger, 'registry');
             // Start serving even when Redis is down: calls answer UNAVAILABLE until it is back.
             await waitForRedis(client, 5_000).catch((error: unknown) =>
-              logger.warn('redis not ready at start-up; model calls are UNAVAILABLE until it is', { err: String(error) }),
+              logger.warn('redis not ready at start-up; model calls are UNAVAILABLE until it is', {
+                err: String(error),
+              }),
             );
             return new RedisModelStore(client, config.redisKeyPrefix);
           },
@@ -49,13 +51,20 @@ export class RegistryModule {
           provide: TrafficLedger,
           inject: [JsonLogger],
           useFactory: (logger: JsonLogger): TrafficLedger =>
-            config.redisUrl === undefined ? new EmbeddedTrafficLedger() : new RedisTrafficLedger(createRedisClient(config.redisUrl, logger, 'registry-traffic'), config.redisKeyPrefix),
+            config.redisUrl === undefined
+              ? new EmbeddedTrafficLedger()
+              : new RedisTrafficLedger(
+                  createRedisClient(config.redisUrl, logger, 'registry-traffic'),
+                  config.redisKeyPrefix,
+                ),
         },
         {
           provide: RolloutTraffic,
           inject: [TrafficLedger],
           useFactory: (ledger: TrafficLedger): RolloutTraffic =>
-            config.rollouts.prometheusUrl === undefined ? new LedgerRolloutTraffic(ledger) : new PrometheusRolloutTraffic(config.rollouts.prometheusUrl),
+            config.rollouts.prometheusUrl === undefined
+              ? new LedgerRolloutTraffic(ledger)
+              : new PrometheusRolloutTraffic(config.rollouts.prometheusUrl),
         },
         AutoRollouts,
         { provide: ArtifactStore, useFactory: (): ArtifactStore => new FilesystemArtifactStore(config.artifactDir) },

@@ -11,6 +11,7 @@ export function parseModelName(name: string, field: string): string {
 /** The model and version ids of a `models/{model}/versions/{version}` resource name. */
 export function parseVersionName(name: string, field: string): { modelId: string; versionId: string } {
   const ids = splitVersionName(name);
-  if (ids === undefined) throw RpcError.invalidArgument(`${field} must be "models/{model}/versions/{version}", got "${name}"`);
+  if (ids === undefined)
+    throw RpcError.invalidArgument(`${field} must be "models/{model}/versions/{version}", got "${name}"`);
   return { modelId: checkModelId(ids.modelId), versionId: checkVersionId(ids.versionId) };
 }

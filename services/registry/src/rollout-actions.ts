@@ -1,7 +1,14 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
-import { type Model, type RolloutPolicy, RolloutPolicySchema, type UpdateRolloutRequest, VersionState, WeightedVersionSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  type RolloutPolicy,
+  RolloutPolicySchema,
+  type UpdateRolloutRequest,
+  VersionState,
+  WeightedVersionSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { compareVersionIds, versionIdOf } from '@infermesh/rollout';
 import { isRetiring } from './version-lifecycle';
 
@@ -16,24 +23,43 @@ const invalid = (message: string) => RpcError.invalidArgument(`rollout: ${messag
 export function applyRolloutAction(model: Model, action: UpdateRolloutRequest['action']): RolloutPolicy {
   const current = model.rollout ?? create(RolloutPolicySchema);
   const modelId = model.name.slice('models/'.length);
-  const trial = [...(current.canary !== undefined ? [current.canary.version] : []), ...current.variants.map((v) => v.version)];
+  const trial = [
+    ...(current.canary !== undefined ? [current.canary.version] : []),
+    ...current.variants.map((v) => v.version),
+  ];
   switch (action.case) {
     case 'promote': {
       const version = action.value === '' ? current.canary?.version : action.value;
-      if (version === undefined) throw new RpcError(status.FAILED_PRECONDITION, `rollout: model "${modelId}" has no canary to promote`);
-      if (!trial.includes(version)) throw invalid(`version ${version} is neither the canary nor a variant of model "${modelId}"; it has ${trial.join(', ') || 'none'}`);
+      if (version === undefined)
+        throw new RpcError(status.FAILED_PRECONDITION, `rollout: model "${modelId}" has no canary to promote`);
+      if (!trial.includes(version))
+        throw invalid(
+          `version ${version} is neither the canary nor a variant of model "${modelId}"; it has ${trial.join(', ') || 'none'}`,
+        );
       return create(RolloutPolicySchema, { ...withoutTrial(current), stableVersion: version });
     }
     case 'rollback': {
-      if (trial.length === 0) throw new RpcError(status.FAILED_PRECONDITION, `rollout: model "${modelId}" has no canary or variant to roll back`);
+      if (trial.length === 0)
+        throw new RpcError(
+          status.FAILED_PRECONDITION,
+          `rollout: model "${modelId}" has no canary or variant to roll back`,
+        );
       let stable = current.stableVersion;
       if (stable === '') {
         // A version that left the serving set when the trial took over drains for a while and may
         // still be rolled back to.
         const before = model.versions
-          .filter((v) => (v.state === VersionState.READY || (v.state === VersionState.DRAINING && !isRetiring(v))) && !trial.includes(versionIdOf(v.name)))
+          .filter(
+            (v) =>
+              (v.state === VersionState.READY || (v.state === VersionState.DRAINING && !isRetiring(v))) &&
+              !trial.includes(versionIdOf(v.name)),
+          )
           .sort((a, b) => compareVersionIds(versionIdOf(b.name), versionIdOf(a.name)))[0];
-        if (before === undefined) throw new RpcError(status.FAILED_PRECONDITION, `rollout: model "${modelId}" has no READY (or still draining) version outside its rollout to roll back to`);
+        if (before === undefined)
+          throw new RpcError(
+            status.FAILED_PRECONDITION,
+            `rollout: model "${modelId}" has no READY (or still draining) version outside its rollout to roll back to`,
+          );
         stable = versionIdOf(before.name);
       }
       return create(RolloutPolicySchema, { ...withoutTrial(current), stableVersion: stable });
@@ -41,9 +67,13 @@ export function applyRolloutAction(model: Model, action: UpdateRolloutRequest['a
     case 'setWeights': {
       const percents = action.value.percents;
       for (const version of Object.keys(percents)) {
-        if (!trial.includes(version)) throw invalid(`version ${version} is neither the canary nor a variant of model "${modelId}"; it has ${trial.join(', ') || 'none'}`);
+        if (!trial.includes(version))
+          throw invalid(
+            `version ${version} is neither the canary nor a variant of model "${modelId}"; it has ${trial.join(', ') || 'none'}`,
+          );
       }
-      const share = (version: string, percent: number) => create(WeightedVersionSchema, { version, percent: percents[version] ?? percent });
+      const share = (version: string, percent: number) =>
+        create(WeightedVersionSchema, { version, percent: percents[version] ?? percent });
       return create(RolloutPolicySchema, {
         ...current,
         ...(current.canary !== undefined && { canary: share(current.canary.version, current.canary.percent) }),

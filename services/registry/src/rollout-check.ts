@@ -1,6 +1,11 @@
 import { create, equals } from '@bufbuild/protobuf';
 import { RpcError } from '@infermesh/grpc';
-import { type Model, type RolloutPolicy, RolloutPolicySchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  type RolloutPolicy,
+  RolloutPolicySchema,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { versionIdOf } from '@infermesh/rollout';
 import { isRetiring } from './version-lifecycle';
 
@@ -22,15 +27,24 @@ export function checkRollout(policy: RolloutPolicy | undefined, model: Model): R
   const checkVersion = (versionId: string, role: string) => {
     const version = model.versions.find((v) => versionIdOf(v.name) === versionId);
     if (version === undefined) {
-      throw invalid(`the ${role} is version "${versionId}", which model "${modelId}" does not have; its versions are ${model.versions.map((v) => versionIdOf(v.name)).join(', ') || 'none'}`);
+      throw invalid(
+        `the ${role} is version "${versionId}", which model "${modelId}" does not have; its versions are ${model.versions.map((v) => versionIdOf(v.name)).join(', ') || 'none'}`,
+      );
     }
-    if (ENDED.has(version.state)) throw invalid(`the ${role} is version ${versionId}, which is ${VersionState[version.state]} and will never serve`);
-    if (isRetiring(version)) throw invalid(`the ${role} is version ${versionId}, which was retired (it is DRAINING) and will never serve again`);
+    if (ENDED.has(version.state))
+      throw invalid(
+        `the ${role} is version ${versionId}, which is ${VersionState[version.state]} and will never serve`,
+      );
+    if (isRetiring(version))
+      throw invalid(
+        `the ${role} is version ${versionId}, which was retired (it is DRAINING) and will never serve again`,
+      );
     if (named.has(versionId)) throw invalid(`version ${versionId} is named more than once (as the ${role} too)`);
     named.add(versionId);
   };
   const checkPercent = (percent: number, role: string) => {
-    if (!Number.isFinite(percent) || percent < 0 || percent > 100) throw invalid(`the ${role}'s percent is ${percent}; it must be from 0 to 100`);
+    if (!Number.isFinite(percent) || percent < 0 || percent > 100)
+      throw invalid(`the ${role}'s percent is ${percent}; it must be from 0 to 100`);
     return percent;
   };
   if (policy.stableVersion !== '') checkVersion(policy.stableVersion, 'stable version');

@@ -32,7 +32,13 @@ export class PrometheusRolloutTraffic extends RolloutTraffic {
     return Promise.resolve(undefined);
   }
 
-  async since(modelId: string, versionId: string, _mark: TrafficCounters | undefined, stepStart: Date, now: Date): Promise<TrafficCounters> {
+  async since(
+    modelId: string,
+    versionId: string,
+    _mark: TrafficCounters | undefined,
+    stepStart: Date,
+    now: Date,
+  ): Promise<TrafficCounters> {
     const range = `${Math.max(1, Math.ceil((now.getTime() - stepStart.getTime()) / 1000))}s`;
     const selector = `model=${quote(modelId)},version=${quote(versionId)}`;
     const errorCodes = [...SERVICE_ERROR_CODES].join('|');
@@ -40,7 +46,10 @@ export class PrometheusRolloutTraffic extends RolloutTraffic {
     const [requests, errors, failures, buckets, items, agreed] = await Promise.all([
       this.scalar(`sum(increase(${this.prefix}requests_total{${selector}}[${range}]))`, now),
       this.scalar(`sum(increase(${this.prefix}requests_total{${selector},outcome=~"${errorCodes}"}[${range}]))`, now),
-      this.scalar(`sum(increase(${this.prefix}requests_total{${selector},outcome!~"OK|${status.CANCELLED}"}[${range}]))`, now),
+      this.scalar(
+        `sum(increase(${this.prefix}requests_total{${selector},outcome!~"OK|${status.CANCELLED}"}[${range}]))`,
+        now,
+      ),
       this.vector(`sum by (le) (increase(${this.prefix}request_duration_seconds_bucket{${selector}}[${range}]))`, now),
       this.scalar(`sum(increase(${this.prefix}shadow_compared_items_total{${shadow}}[${range}]))`, now),
       this.scalar(`sum(increase(${this.prefix}shadow_agreed_items_total{${shadow}}[${range}]))`, now),
@@ -62,10 +71,17 @@ export class PrometheusRolloutTraffic extends RolloutTraffic {
 
   private async vector(query: string, now: Date): Promise<VectorSample[]> {
     const body = new URLSearchParams({ query, time: String(now.getTime() / 1000) });
-    const response = await fetch(new URL('/api/v1/query', this.url), { method: 'POST', body, signal: AbortSignal.timeout(QUERY_TIMEOUT_MS) });
-    const json = (await response.json().catch(() => undefined)) as { status?: string; error?: string; data?: { resultType?: string; result?: VectorSample[] } } | undefined;
+    const response = await fetch(new URL('/api/v1/query', this.url), {
+      method: 'POST',
+      body,
+      signal: AbortSignal.timeout(QUERY_TIMEOUT_MS),
+    });
+    const json = (await response.json().catch(() => undefined)) as
+      { status?: string; error?: string; data?: { resultType?: string; result?: VectorSample[] } } | undefined;
     if (!response.ok || json?.status !== 'success' || json.data?.resultType !== 'vector') {
-      throw new Error(`Prometheus at ${this.url} answered ${response.status} to ${query}: ${json?.error ?? 'no vector'}`);
+      throw new Error(
+        `Prometheus at ${this.url} answered ${response.status} to ${query}: ${json?.error ?? 'no vector'}`,
+      );
     }
     return json.data.result ?? [];
   }

@@ -10,7 +10,13 @@ export abstract class RolloutTraffic {
   /** What to keep at a step's start to measure the step later; undefined when the source needs nothing. */
   abstract mark(modelId: string, versionId: string): Promise<TrafficCounters | undefined>;
   /** What the version served since the step started (`mark` is what mark() gave then). */
-  abstract since(modelId: string, versionId: string, mark: TrafficCounters | undefined, stepStart: Date, now: Date): Promise<TrafficCounters>;
+  abstract since(
+    modelId: string,
+    versionId: string,
+    mark: TrafficCounters | undefined,
+    stepStart: Date,
+    now: Date,
+  ): Promise<TrafficCounters>;
 }
 
 /** The routers' reports: the ledger's counts now, less those at the step's start. */

@@ -1,7 +1,10 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
-import { ReportTrafficRequestSchema, TrafficCountersSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  ReportTrafficRequestSchema,
+  TrafficCountersSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
 import { emptyCounters } from '@infermesh/rollout';
 import { JsonLogger, LATENCY_BUCKETS_SECONDS } from '@infermesh/telemetry';
@@ -11,10 +14,21 @@ import { RedisTrafficLedger } from './traffic-ledger.redis';
 
 const refusal = (call: () => unknown): RpcError => thrownBy(call, RpcError);
 
-const counters = (requests: number, errors: number, latency: Record<number, number> = {}, shadow: [number, number] = [0, 0]) => {
+const counters = (
+  requests: number,
+  errors: number,
+  latency: Record<number, number> = {},
+  shadow: [number, number] = [0, 0],
+) => {
   const c = emptyCounters(LATENCY_BUCKETS_SECONDS);
   for (const [i, n] of Object.entries(latency)) c.latencyCounts[Number(i)] = BigInt(n);
-  return create(TrafficCountersSchema, { ...c, requests: BigInt(requests), errors: BigInt(errors), shadowItems: BigInt(shadow[0]), shadowAgreed: BigInt(shadow[1]) });
+  return create(TrafficCountersSchema, {
+    ...c,
+    requests: BigInt(requests),
+    errors: BigInt(errors),
+    shadowItems: BigInt(shadow[0]),
+    shadowAgreed: BigInt(shadow[1]),
+  });
 };
 
 describe('TrafficLedger', () => {
@@ -69,18 +83,28 @@ describe('TrafficLedger', () => {
 
 describe(trafficDeltas.name, () => {
   const report = (init: Parameters<typeof create<typeof ReportTrafficRequestSchema>>[1]) =>
-    create(ReportTrafficRequestSchema, { reporter: 'router-1', latencyBoundsSeconds: LATENCY_BUCKETS_SECONDS, ...init });
+    create(ReportTrafficRequestSchema, {
+      reporter: 'router-1',
+      latencyBoundsSeconds: LATENCY_BUCKETS_SECONDS,
+      ...init,
+    });
 
   it('reads each version named', () => {
-    expect(trafficDeltas(report({ versions: [{ name: 'models/tiny/versions/2', counters: counters(1, 0) }] }))).toEqual([
-      { modelId: 'tiny', versionId: '2', counters: counters(1, 0) },
-    ]);
+    expect(trafficDeltas(report({ versions: [{ name: 'models/tiny/versions/2', counters: counters(1, 0) }] }))).toEqual(
+      [{ modelId: 'tiny', versionId: '2', counters: counters(1, 0) }],
+    );
   });
 
   it.each([
     ['other latency bounds', report({ latencyBoundsSeconds: [0.1, 1] }), 'latency_bounds_seconds is [0.1, 1]'],
     ['a malformed name', report({ versions: [{ name: 'tiny/2' }] }), 'versions[0].name'],
-    ['too many latency counts', report({ versions: [{ name: 'models/tiny/versions/2', counters: { latencyCounts: new Array<bigint>(40).fill(1n) } }] }), 'versions[0] has 40 latency counts'],
+    [
+      'too many latency counts',
+      report({
+        versions: [{ name: 'models/tiny/versions/2', counters: { latencyCounts: new Array<bigint>(40).fill(1n) } }],
+      }),
+      'versions[0] has 40 latency counts',
+    ],
   ])('refuses a report with %s', (_name, request, message) => {
     const error = refusal(() => trafficDeltas(request));
     expect(error.code).toBe(status.INVALID_ARGUMENT);

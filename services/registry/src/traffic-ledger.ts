@@ -1,7 +1,11 @@
 import { create } from '@bufbuild/protobuf';
 import type { OnApplicationShutdown } from '@nestjs/common';
 import { RpcError } from '@infermesh/grpc';
-import { type ReportTrafficRequest, type TrafficCounters, TrafficCountersSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type ReportTrafficRequest,
+  type TrafficCounters,
+  TrafficCountersSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { emptyCounters } from '@infermesh/rollout';
 import { LATENCY_BUCKETS_SECONDS } from '@infermesh/telemetry';
 import { parseVersionName } from './resource-names';
@@ -55,7 +59,11 @@ export class EmbeddedTrafficLedger extends TrafficLedger {
 
   read(modelId: string, versionId: string): Promise<TrafficCounters> {
     const total = this.counts.get(`${modelId}/${versionId}`);
-    return Promise.resolve(total === undefined ? emptyCounters(LATENCY_BUCKETS_SECONDS) : create(TrafficCountersSchema, { ...total, latencyCounts: [...total.latencyCounts] }));
+    return Promise.resolve(
+      total === undefined
+        ? emptyCounters(LATENCY_BUCKETS_SECONDS)
+        : create(TrafficCountersSchema, { ...total, latencyCounts: [...total.latencyCounts] }),
+    );
   }
 
   close(): Promise<void> {
@@ -73,16 +81,22 @@ export class EmbeddedTrafficLedger extends TrafficLedger {
 export function trafficDeltas(request: ReportTrafficRequest): TrafficDelta[] {
   const bounds = request.latencyBoundsSeconds;
   if (bounds.length !== LATENCY_BUCKETS_SECONDS.length || bounds.some((b, i) => b !== LATENCY_BUCKETS_SECONDS[i])) {
-    throw RpcError.invalidArgument(`traffic report: latency_bounds_seconds is [${bounds.join(', ')}]; the registry counts under [${LATENCY_BUCKETS_SECONDS.join(', ')}]`);
+    throw RpcError.invalidArgument(
+      `traffic report: latency_bounds_seconds is [${bounds.join(', ')}]; the registry counts under [${LATENCY_BUCKETS_SECONDS.join(', ')}]`,
+    );
   }
   if (request.versions.length > MAX_REPORTED_VERSIONS) {
-    throw RpcError.invalidArgument(`traffic report: ${request.versions.length} versions; at most ${MAX_REPORTED_VERSIONS} per report`);
+    throw RpcError.invalidArgument(
+      `traffic report: ${request.versions.length} versions; at most ${MAX_REPORTED_VERSIONS} per report`,
+    );
   }
   return request.versions.map((entry, i) => {
     const { modelId, versionId } = parseVersionName(entry.name, `versions[${i}].name`);
     const counters = entry.counters ?? create(TrafficCountersSchema);
     if (counters.latencyCounts.length > bounds.length + 1) {
-      throw RpcError.invalidArgument(`traffic report: versions[${i}] has ${counters.latencyCounts.length} latency counts; at most ${bounds.length + 1} (one per bound and one above)`);
+      throw RpcError.invalidArgument(
+        `traffic report: versions[${i}] has ${counters.latencyCounts.length} latency counts; at most ${bounds.length + 1} (one per bound and one above)`,
+      );
     }
     return { modelId, versionId, counters };
   });

@@ -1,7 +1,13 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { timestampFromDate } from '@bufbuild/protobuf/wkt';
 import { SeededRandom } from '@infermesh/model-builder';
-import { type Model, ModelSchema, type RolloutPolicySchema, type VersionPolicySchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  ModelSchema,
+  type RolloutPolicySchema,
+  type VersionPolicySchema,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import {
   applyLifecycle,
   describeVersionPolicy,
@@ -43,7 +49,8 @@ function model(init: ModelInit): Model {
   });
 }
 
-const states = (m: Model) => Object.fromEntries(m.versions.map((v) => [v.name.slice(v.name.lastIndexOf('/') + 1), VersionState[v.state]]));
+const states = (m: Model) =>
+  Object.fromEntries(m.versions.map((v) => [v.name.slice(v.name.lastIndexOf('/') + 1), VersionState[v.state]]));
 const serving = (m: Model) => [...servingSet(m)].sort((a, b) => Number(a) - Number(b));
 const after = (m: Model, ms = 0) => applyLifecycle(m, at(ms), GRACE_MS).model;
 
@@ -66,13 +73,22 @@ describe(servingSet.name, () => {
   it('serves the N latest with latest N, the named ones with specific, and every one with all', () => {
     const versions = { '1': READY, '2': READY, '3': READY, '4': REGISTERED } as const;
     expect(serving(model({ versions, policy: { policy: { case: 'latest', value: 2 } } }))).toEqual(['2', '3', '4']);
-    expect(serving(model({ versions, policy: { policy: { case: 'specific', value: { versions: ['1', '3'] } } } }))).toEqual(['1', '3']);
+    expect(
+      serving(model({ versions, policy: { policy: { case: 'specific', value: { versions: ['1', '3'] } } } })),
+    ).toEqual(['1', '3']);
     expect(serving(model({ versions, policy: { policy: { case: 'all', value: {} } } }))).toEqual(['1', '2', '3', '4']);
   });
 
   it('adds the versions the rollout policy names, whatever the version policy selects', () => {
-    const rollout = { stableVersion: '1', canary: { version: '2', percent: 10 }, variants: [{ version: '3', percent: 5 }], shadow: { version: '4', percent: 1 } };
-    expect(serving(model({ versions: { '1': READY, '2': READY, '3': DRAINING, '4': REGISTERED, '5': READY }, rollout }))).toEqual(['1', '2', '3', '4', '5']);
+    const rollout = {
+      stableVersion: '1',
+      canary: { version: '2', percent: 10 },
+      variants: [{ version: '3', percent: 5 }],
+      shadow: { version: '4', percent: 1 },
+    };
+    expect(
+      serving(model({ versions: { '1': READY, '2': READY, '3': DRAINING, '4': REGISTERED, '5': READY }, rollout })),
+    ).toEqual(['1', '2', '3', '4', '5']);
   });
 
   it('never serves a RETIRED or retiring version, even when a policy names it', () => {
@@ -82,11 +98,20 @@ describe(servingSet.name, () => {
       rollout: { stableVersion: '1', canary: { version: '2', percent: 5 } },
     });
     expect(serving(m)).toEqual(['3']);
-    expect(serving(model({ versions: { '1': RETIRED, '2': READY }, policy: { policy: { case: 'specific', value: { versions: ['1'] } } } }))).toEqual([]);
+    expect(
+      serving(
+        model({
+          versions: { '1': RETIRED, '2': READY },
+          policy: { policy: { case: 'specific', value: { versions: ['1'] } } },
+        }),
+      ),
+    ).toEqual([]);
   });
 
   it('serves nothing of an unloaded model, not even what the rollout names', () => {
-    expect(serving(model({ versions: { '1': READY, '2': REGISTERED }, rollout: { stableVersion: '1' }, unloaded: true }))).toEqual([]);
+    expect(
+      serving(model({ versions: { '1': READY, '2': REGISTERED }, rollout: { stableVersion: '1' }, unloaded: true })),
+    ).toEqual([]);
   });
 });
 
@@ -95,7 +120,9 @@ describe(applyLifecycle.name, () => {
     const drained = applyLifecycle(model({ versions: { '1': READY, '2': READY } }), at(0), GRACE_MS);
     expect(states(drained.model)).toEqual({ '1': 'DRAINING', '2': 'READY' });
     expect(drained.model.versions[0]!.stateReason).toBe(LEFT_SERVING_SET_REASON);
-    expect(drained.transitions).toEqual([{ version: 'models/mlp/versions/1', from: READY, to: DRAINING, reason: LEFT_SERVING_SET_REASON }]);
+    expect(drained.transitions).toEqual([
+      { version: 'models/mlp/versions/1', from: READY, to: DRAINING, reason: LEFT_SERVING_SET_REASON },
+    ]);
 
     expect(states(after(drained.model, GRACE_MS - 1))).toEqual({ '1': 'DRAINING', '2': 'READY' });
     const retired = after(drained.model, GRACE_MS);
@@ -105,7 +132,11 @@ describe(applyLifecycle.name, () => {
   });
 
   it('retires at once the versions outside the set that take no traffic: REGISTERED and LOADING', () => {
-    expect(states(after(model({ versions: { '1': REGISTERED, '2': LOADING, '3': READY } })))).toEqual({ '1': 'RETIRED', '2': 'RETIRED', '3': 'READY' });
+    expect(states(after(model({ versions: { '1': REGISTERED, '2': LOADING, '3': READY } })))).toEqual({
+      '1': 'RETIRED',
+      '2': 'RETIRED',
+      '3': 'READY',
+    });
   });
 
   it('leaves FAILED and RETIRED versions as they are', () => {
@@ -114,7 +145,9 @@ describe(applyLifecycle.name, () => {
   });
 
   it('brings back a version that is still draining once a policy selects it again', () => {
-    const rolledBack = after(model({ versions: { '1': [DRAINING, LEFT_SERVING_SET_REASON], '2': READY }, rollout: { stableVersion: '1' } }));
+    const rolledBack = after(
+      model({ versions: { '1': [DRAINING, LEFT_SERVING_SET_REASON], '2': READY }, rollout: { stableVersion: '1' } }),
+    );
     expect(states(rolledBack)).toEqual({ '1': 'READY', '2': 'READY' });
     expect(rolledBack.versions[0]!.stateReason).toBe('');
     // The newer version failed while the old one drained: the old one serves again.
@@ -122,14 +155,23 @@ describe(applyLifecycle.name, () => {
   });
 
   it('never brings back a retiring version, and retires it after the grace period even on an unloaded model', () => {
-    const retiring = model({ versions: { '1': [DRAINING, RETIRING_REASON], '2': READY }, policy: { policy: { case: 'all', value: {} } } });
+    const retiring = model({
+      versions: { '1': [DRAINING, RETIRING_REASON], '2': READY },
+      policy: { policy: { case: 'all', value: {} } },
+    });
     expect(states(after(retiring))).toEqual({ '1': 'DRAINING', '2': 'READY' });
     expect(states(after(retiring, GRACE_MS))).toEqual({ '1': 'RETIRED', '2': 'READY' });
-    expect(states(after(model({ versions: { '1': [DRAINING, RETIRING_REASON] }, unloaded: true }), GRACE_MS))).toEqual({ '1': 'RETIRED' });
+    expect(states(after(model({ versions: { '1': [DRAINING, RETIRING_REASON] }, unloaded: true }), GRACE_MS))).toEqual({
+      '1': 'RETIRED',
+    });
   });
 
   it('unloads a model: loaded versions drain and become REGISTERED again, the others stay loadable', () => {
-    const unloaded = applyLifecycle(model({ versions: { '1': REGISTERED, '2': LOADING, '3': READY }, unloaded: true }), at(0), GRACE_MS).model;
+    const unloaded = applyLifecycle(
+      model({ versions: { '1': REGISTERED, '2': LOADING, '3': READY }, unloaded: true }),
+      at(0),
+      GRACE_MS,
+    ).model;
     expect(states(unloaded)).toEqual({ '1': 'REGISTERED', '2': 'REGISTERED', '3': 'DRAINING' });
     expect(unloaded.versions[2]!.stateReason).toBe(UNLOADED_REASON);
     const drained = after(unloaded, GRACE_MS);
@@ -163,12 +205,21 @@ describe(applyLifecycle.name, () => {
       const versions: ModelInit['versions'] = {};
       for (let id = 1; id <= 5; id += 1) {
         const state = pick(allStates);
-        versions[String(id)] = state === DRAINING ? [DRAINING, pick([LEFT_SERVING_SET_REASON, RETIRING_REASON])] : state;
+        versions[String(id)] =
+          state === DRAINING ? [DRAINING, pick([LEFT_SERVING_SET_REASON, RETIRING_REASON])] : state;
       }
-      const m = model({ versions, policy: pick(policies), rollout: pick([{}, { stableVersion: pick(['1', '3']) }]), unloaded: random.next() < 0.2 });
+      const m = model({
+        versions,
+        policy: pick(policies),
+        rollout: pick([{}, { stableVersion: pick(['1', '3']) }]),
+        unloaded: random.next() < 0.2,
+      });
       const now = at(pick([0, GRACE_MS]));
       const once = applyLifecycle(m, now, GRACE_MS).model;
-      expect({ before: states(m), again: applyLifecycle(once, now, GRACE_MS).transitions }).toEqual({ before: states(m), again: [] });
+      expect({ before: states(m), again: applyLifecycle(once, now, GRACE_MS).transitions }).toEqual({
+        before: states(m),
+        again: [],
+      });
       // Nothing outside the serving set is READY, nothing inside it is DRAINING.
       const set = servingSet(once);
       for (const v of once.versions) {
@@ -182,8 +233,13 @@ describe(applyLifecycle.name, () => {
 
 describe(whyServing.name, () => {
   it('says why a version takes traffic: the rollout names it, or the version policy selects it while READY', () => {
-    const latest = model({ versions: { '1': READY, '2': READY, '3': REGISTERED }, rollout: { canary: { version: '1', percent: 5 } } });
-    expect(whyServing(latest, '1')).toBe('the rollout policy names it as the canary; change the rollout first (SetRolloutPolicy or UpdateRollout)');
+    const latest = model({
+      versions: { '1': READY, '2': READY, '3': REGISTERED },
+      rollout: { canary: { version: '1', percent: 5 } },
+    });
+    expect(whyServing(latest, '1')).toBe(
+      'the rollout policy names it as the canary; change the rollout first (SetRolloutPolicy or UpdateRollout)',
+    );
     expect(whyServing(latest, '2')).toBe(
       'it is the latest READY version under version policy latest 1; register a newer version or change the version policy first',
     );
@@ -192,8 +248,13 @@ describe(whyServing.name, () => {
     expect(whyServing(two, '1')).toBe(
       'it is one of the 2 latest READY versions under version policy latest 2; register a newer version or change the version policy first',
     );
-    const specific = model({ versions: { '1': READY, '2': READY }, policy: { policy: { case: 'specific', value: { versions: ['1', '2'] } } } });
-    expect(whyServing(specific, '2')).toBe('version policy specific [1, 2] selects it; change the version policy first');
+    const specific = model({
+      versions: { '1': READY, '2': READY },
+      policy: { policy: { case: 'specific', value: { versions: ['1', '2'] } } },
+    });
+    expect(whyServing(specific, '2')).toBe(
+      'version policy specific [1, 2] selects it; change the version policy first',
+    );
     expect(whyServing(model({ versions: { '1': DRAINING, '2': READY } }), '1')).toBeUndefined();
   });
 });
@@ -201,6 +262,8 @@ describe(whyServing.name, () => {
 describe(describeVersionPolicy.name, () => {
   it('names the default policy latest 1', () => {
     expect(describeVersionPolicy(undefined)).toBe('latest 1');
-    expect(describeVersionPolicy(model({ versions: {}, policy: { policy: { case: 'all', value: {} } } }).versionPolicy)).toBe('all');
+    expect(
+      describeVersionPolicy(model({ versions: {}, policy: { policy: { case: 'all', value: {} } } }).versionPolicy),
+    ).toBe('all');
   });
 });

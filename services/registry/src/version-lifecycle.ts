@@ -1,6 +1,12 @@
 import { clone } from '@bufbuild/protobuf';
 import { timestampDate, timestampFromDate } from '@bufbuild/protobuf/wkt';
-import { type Model, ModelSchema, type ModelVersion, type VersionPolicy, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  ModelSchema,
+  type ModelVersion,
+  type VersionPolicy,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { compareVersionIds, versionIdOf } from '@infermesh/rollout';
 
 /** The version policy of a model that sets none: the latest version serves (Triton's default). */
@@ -117,7 +123,11 @@ export interface Transition {
  * Pure: returns a new model (the same content when nothing changes) and the transitions made. Applying
  * it again at the same time changes nothing.
  */
-export function applyLifecycle(model: Model, now: Date, drainGraceMs: number): { model: Model; transitions: Transition[] } {
+export function applyLifecycle(
+  model: Model,
+  now: Date,
+  drainGraceMs: number,
+): { model: Model; transitions: Transition[] } {
   const next = clone(ModelSchema, model);
   const serving = servingSet(next);
   const transitions: Transition[] = [];
@@ -145,7 +155,8 @@ export function applyLifecycle(model: Model, now: Date, drainGraceMs: number): {
         if (!next.unloaded) move(version, VersionState.RETIRED, '');
         break;
       case VersionState.DRAINING:
-        if (drainedBy(version, now, drainGraceMs)) move(version, next.unloaded && !isRetiring(version) ? VersionState.REGISTERED : VersionState.RETIRED, '');
+        if (drainedBy(version, now, drainGraceMs))
+          move(version, next.unloaded && !isRetiring(version) ? VersionState.REGISTERED : VersionState.RETIRED, '');
         break;
       case VersionState.FAILED:
       case VersionState.RETIRED:

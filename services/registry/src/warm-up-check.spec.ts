@@ -2,7 +2,12 @@ import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type Signature, SignatureSchema, type WarmUpInputSchema, WarmUpSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Signature,
+  SignatureSchema,
+  type WarmUpInputSchema,
+  WarmUpSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { encodeBytesElements } from '@infermesh/tensors';
 import { checkWarmUp, MAX_WARM_UP_DATA_BYTES, MAX_WARM_UP_SAMPLES, sameWarmUp } from './warm-up-check';
 
@@ -35,8 +40,17 @@ const floats = (...values: number[]) => new Uint8Array(Float32Array.from(values)
 const int64s = (...values: number[]) => new Uint8Array(BigInt64Array.from(values.map(BigInt)).buffer);
 
 type InputInit = MessageInitShape<typeof WarmUpInputSchema>;
-const audioIn: InputInit = { name: 'audio', shape: [1n, 4n], contents: { case: 'data', value: floats(0.1, 0.2, 0.3, 0.4) } };
-const srIn = (rate = 16000): InputInit => ({ name: 'sr', datatype: DataType.INT64, shape: [1n], contents: { case: 'data', value: int64s(rate) } });
+const audioIn: InputInit = {
+  name: 'audio',
+  shape: [1n, 4n],
+  contents: { case: 'data', value: floats(0.1, 0.2, 0.3, 0.4) },
+};
+const srIn = (rate = 16000): InputInit => ({
+  name: 'sr',
+  datatype: DataType.INT64,
+  shape: [1n],
+  contents: { case: 'data', value: int64s(rate) },
+});
 const vadSample = (rate = 16000) => [{ name: '16 kHz', inputs: [audioIn, srIn(rate)] }];
 
 function refusal(init: Init, signature = vad()): RpcError {
@@ -65,11 +79,20 @@ describe(checkWarmUp.name, () => {
         samples: [
           {
             inputs: [
-              { name: 'text', shape: [2n, 2n], contents: { case: 'data', value: encodeBytesElements(['a', 'b', 'c', 'd'].map((s) => Buffer.from(s))) } },
+              {
+                name: 'text',
+                shape: [2n, 2n],
+                contents: { case: 'data', value: encodeBytesElements(['a', 'b', 'c', 'd'].map((s) => Buffer.from(s))) },
+              },
               { name: 'x', shape: [2n, 3n], contents: { case: 'randomData', value: true } },
             ],
           },
-          { inputs: [{ name: 'text', shape: [8n, 2n], contents: { case: 'zeroData', value: true } }, { name: 'x', shape: [8n, 3n], contents: { case: 'zeroData', value: true } }] },
+          {
+            inputs: [
+              { name: 'text', shape: [8n, 2n], contents: { case: 'zeroData', value: true } },
+              { name: 'x', shape: [8n, 3n], contents: { case: 'zeroData', value: true } },
+            ],
+          },
         ],
       }),
       batching(),
@@ -83,18 +106,136 @@ describe(checkWarmUp.name, () => {
   });
 
   it.each<[string, Init, RegExp, Signature]>([
-    ['an unknown input', { samples: [{ inputs: [...[audioIn, srIn()], { name: 'state', shape: [1n], contents: { case: 'zeroData', value: true } }] }] }, /samples\[0\]: the model has no input "state"; its inputs are "audio", "sr"/, vad()],
-    ['a missing input', { samples: [{ name: 'short', inputs: [audioIn] }] }, /samples\[0\] \("short"\) gives no value for input "sr"/, vad()],
-    ['an input given twice', { samples: [{ inputs: [...[audioIn, srIn()], srIn()] }] }, /input "sr" is given more than once/, vad()],
-    ['another datatype', { samples: [{ inputs: [audioIn, { name: 'sr', datatype: DataType.INT32, shape: [1n], contents: { case: 'zeroData', value: true } }] }] }, /input "sr" has datatype INT32 but the model expects INT64/, vad()],
-    ['a dynamic dimension left -1', { samples: [{ inputs: [{ name: 'audio', shape: [1n, -1n], contents: { case: 'zeroData', value: true } }, srIn()] }] }, /input "audio" has shape \[1,-1\] but the model expects \[-1,-1\]; give a concrete size/, vad()],
-    ['a fixed dimension changed', { samples: [{ inputs: [audioIn, { name: 'sr', shape: [2n], contents: { case: 'zeroData', value: true } }] }] }, /input "sr" has shape \[2\] but the model expects \[1\]/, vad()],
-    ['data that does not fit the shape', { samples: [{ inputs: [{ name: 'audio', shape: [1n, 5n], contents: { case: 'data', value: floats(1, 2) } }, srIn()] }] }, /samples\[0\] input "audio" has 8 bytes of data but shape \[1,5\] of FP32 needs 20/, vad()],
-    ['no contents', { samples: [{ inputs: [{ name: 'audio', shape: [1n, 4n] }, srIn()] }] }, /input "audio" has no contents; give data, zero_data or random_data/, vad()],
-    ['too many elements', { samples: [{ inputs: [{ name: 'audio', shape: [4096n, 8192n], contents: { case: 'zeroData', value: true } }, srIn()] }] }, /33554432 elements, above the limit of 16777216/, vad()],
-    ['a batch above the max batch size', { samples: [{ inputs: [{ name: 'text', shape: [9n, 2n], contents: { case: 'zeroData', value: true } }, { name: 'x', shape: [9n, 3n], contents: { case: 'zeroData', value: true } }] }] }, /input "text" has batch size 9; the model batches 1 to 8 items/, batching()],
-    ['batch sizes that differ', { samples: [{ inputs: [{ name: 'text', shape: [1n, 2n], contents: { case: 'zeroData', value: true } }, { name: 'x', shape: [2n, 3n], contents: { case: 'zeroData', value: true } }] }] }, /input "x" has batch size 2 but another input of the sample has 1/, batching()],
-    ['a BYTES element with a NUL byte', { samples: [{ inputs: [{ name: 'text', shape: [1n, 2n], contents: { case: 'data', value: encodeBytesElements([Buffer.from('a'), Buffer.from('b\0')]) } }, { name: 'x', shape: [1n, 3n], contents: { case: 'zeroData', value: true } }] }] }, /input "text": BYTES element 1 contains a NUL byte/, batching()],
+    [
+      'an unknown input',
+      {
+        samples: [
+          {
+            inputs: [...[audioIn, srIn()], { name: 'state', shape: [1n], contents: { case: 'zeroData', value: true } }],
+          },
+        ],
+      },
+      /samples\[0\]: the model has no input "state"; its inputs are "audio", "sr"/,
+      vad(),
+    ],
+    [
+      'a missing input',
+      { samples: [{ name: 'short', inputs: [audioIn] }] },
+      /samples\[0\] \("short"\) gives no value for input "sr"/,
+      vad(),
+    ],
+    [
+      'an input given twice',
+      { samples: [{ inputs: [...[audioIn, srIn()], srIn()] }] },
+      /input "sr" is given more than once/,
+      vad(),
+    ],
+    [
+      'another datatype',
+      {
+        samples: [
+          {
+            inputs: [
+              audioIn,
+              { name: 'sr', datatype: DataType.INT32, shape: [1n], contents: { case: 'zeroData', value: true } },
+            ],
+          },
+        ],
+      },
+      /input "sr" has datatype INT32 but the model expects INT64/,
+      vad(),
+    ],
+    [
+      'a dynamic dimension left -1',
+      {
+        samples: [
+          { inputs: [{ name: 'audio', shape: [1n, -1n], contents: { case: 'zeroData', value: true } }, srIn()] },
+        ],
+      },
+      /input "audio" has shape \[1,-1\] but the model expects \[-1,-1\]; give a concrete size/,
+      vad(),
+    ],
+    [
+      'a fixed dimension changed',
+      { samples: [{ inputs: [audioIn, { name: 'sr', shape: [2n], contents: { case: 'zeroData', value: true } }] }] },
+      /input "sr" has shape \[2\] but the model expects \[1\]/,
+      vad(),
+    ],
+    [
+      'data that does not fit the shape',
+      {
+        samples: [
+          { inputs: [{ name: 'audio', shape: [1n, 5n], contents: { case: 'data', value: floats(1, 2) } }, srIn()] },
+        ],
+      },
+      /samples\[0\] input "audio" has 8 bytes of data but shape \[1,5\] of FP32 needs 20/,
+      vad(),
+    ],
+    [
+      'no contents',
+      { samples: [{ inputs: [{ name: 'audio', shape: [1n, 4n] }, srIn()] }] },
+      /input "audio" has no contents; give data, zero_data or random_data/,
+      vad(),
+    ],
+    [
+      'too many elements',
+      {
+        samples: [
+          { inputs: [{ name: 'audio', shape: [4096n, 8192n], contents: { case: 'zeroData', value: true } }, srIn()] },
+        ],
+      },
+      /33554432 elements, above the limit of 16777216/,
+      vad(),
+    ],
+    [
+      'a batch above the max batch size',
+      {
+        samples: [
+          {
+            inputs: [
+              { name: 'text', shape: [9n, 2n], contents: { case: 'zeroData', value: true } },
+              { name: 'x', shape: [9n, 3n], contents: { case: 'zeroData', value: true } },
+            ],
+          },
+        ],
+      },
+      /input "text" has batch size 9; the model batches 1 to 8 items/,
+      batching(),
+    ],
+    [
+      'batch sizes that differ',
+      {
+        samples: [
+          {
+            inputs: [
+              { name: 'text', shape: [1n, 2n], contents: { case: 'zeroData', value: true } },
+              { name: 'x', shape: [2n, 3n], contents: { case: 'zeroData', value: true } },
+            ],
+          },
+        ],
+      },
+      /input "x" has batch size 2 but another input of the sample has 1/,
+      batching(),
+    ],
+    [
+      'a BYTES element with a NUL byte',
+      {
+        samples: [
+          {
+            inputs: [
+              {
+                name: 'text',
+                shape: [1n, 2n],
+                contents: { case: 'data', value: encodeBytesElements([Buffer.from('a'), Buffer.from('b\0')]) },
+              },
+              { name: 'x', shape: [1n, 3n], contents: { case: 'zeroData', value: true } },
+            ],
+          },
+        ],
+      },
+      /input "text": BYTES element 1 contains a NUL byte/,
+      batching(),
+    ],
   ])('refuses %s with INVALID_ARGUMENT naming the sample and the input', (_, init, message, signature) => {
     const error = refusal(init, signature);
     expect(error.code).toBe(status.INVALID_ARGUMENT);
@@ -104,9 +245,15 @@ describe(checkWarmUp.name, () => {
 
   it('refuses more samples or data than its limits, naming them', () => {
     const many = Array.from({ length: MAX_WARM_UP_SAMPLES + 1 }, () => vadSample()[0]!);
-    expect(refusal({ samples: many }).message).toMatch(/17 samples are given, above the limit of 16 \(MAX_WARM_UP_SAMPLES\)/);
+    expect(refusal({ samples: many }).message).toMatch(
+      /17 samples are given, above the limit of 16 \(MAX_WARM_UP_SAMPLES\)/,
+    );
     const samples = MAX_WARM_UP_DATA_BYTES / 4 / 2 + 1;
-    const big = { name: 'audio', shape: [1n, BigInt(samples)], contents: { case: 'data' as const, value: new Uint8Array(samples * 4) } };
+    const big = {
+      name: 'audio',
+      shape: [1n, BigInt(samples)],
+      contents: { case: 'data' as const, value: new Uint8Array(samples * 4) },
+    };
     expect(refusal({ samples: [{ inputs: [big, srIn()] }, { inputs: [big, srIn()] }] }).message).toMatch(
       /1048600 bytes of data, above the limit of 1048576 \(1 MiB, MAX_WARM_UP_DATA_BYTES\)/,
     );

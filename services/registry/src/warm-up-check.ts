@@ -1,8 +1,23 @@
 import { create, equals } from '@bufbuild/protobuf';
 import { RpcError } from '@infermesh/grpc';
 import { DataType, type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type Signature, type WarmUp, type WarmUpInput, WarmUpSchema, type WarmUpSample } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { checkData, datatypeName, decodeBytesElements, elementCount, formatShape, shapeMatches, unservableBytesElement, UNSERVED_DATATYPES } from '@infermesh/tensors';
+import {
+  type Signature,
+  type WarmUp,
+  type WarmUpInput,
+  WarmUpSchema,
+  type WarmUpSample,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  checkData,
+  datatypeName,
+  decodeBytesElements,
+  elementCount,
+  formatShape,
+  shapeMatches,
+  unservableBytesElement,
+  UNSERVED_DATATYPES,
+} from '@infermesh/tensors';
 
 /** The most samples a version's warm-up may hold. */
 export const MAX_WARM_UP_SAMPLES = 16;
@@ -31,19 +46,30 @@ export function checkWarmUp(warmUp: WarmUp | undefined, signature: Signature, fi
   if (warmUp === undefined || warmUp.samples.length === 0) return undefined;
   const invalid: Refusal = (message) => RpcError.invalidArgument(`${field}: ${message}`);
   if (warmUp.samples.length > MAX_WARM_UP_SAMPLES) {
-    throw invalid(`${warmUp.samples.length} samples are given, above the limit of ${MAX_WARM_UP_SAMPLES} (MAX_WARM_UP_SAMPLES)`);
+    throw invalid(
+      `${warmUp.samples.length} samples are given, above the limit of ${MAX_WARM_UP_SAMPLES} (MAX_WARM_UP_SAMPLES)`,
+    );
   }
   let dataBytes = 0;
-  for (const sample of warmUp.samples) for (const input of sample.inputs) if (input.contents.case === 'data') dataBytes += input.contents.value.byteLength;
+  for (const sample of warmUp.samples)
+    for (const input of sample.inputs) if (input.contents.case === 'data') dataBytes += input.contents.value.byteLength;
   if (dataBytes > MAX_WARM_UP_DATA_BYTES) {
-    throw invalid(`the samples hold ${dataBytes} bytes of data, above the limit of ${MAX_WARM_UP_DATA_BYTES} (1 MiB, MAX_WARM_UP_DATA_BYTES); give large inputs as zero_data or random_data`);
+    throw invalid(
+      `the samples hold ${dataBytes} bytes of data, above the limit of ${MAX_WARM_UP_DATA_BYTES} (1 MiB, MAX_WARM_UP_DATA_BYTES); give large inputs as zero_data or random_data`,
+    );
   }
-  return create(WarmUpSchema, { samples: warmUp.samples.map((sample, i) => checkSample(sample, i, signature, invalid)) });
+  return create(WarmUpSchema, {
+    samples: warmUp.samples.map((sample, i) => checkSample(sample, i, signature, invalid)),
+  });
 }
 
 /** True when two warm-ups declare the same thing once checked against `signature`; unset and empty are the same. */
 export function sameWarmUp(stored: WarmUp | undefined, requested: WarmUp | undefined, signature: Signature): boolean {
-  return equals(WarmUpSchema, stored ?? create(WarmUpSchema), checkWarmUp(requested, signature) ?? create(WarmUpSchema));
+  return equals(
+    WarmUpSchema,
+    stored ?? create(WarmUpSchema),
+    checkWarmUp(requested, signature) ?? create(WarmUpSchema),
+  );
 }
 
 /** How a sample is named in messages: warm_up.samples[0] ("16 kHz"). */
@@ -54,7 +80,9 @@ export function sampleLabel(sample: WarmUpSample, index: number): string {
 function checkSample(sample: WarmUpSample, index: number, signature: Signature, invalid: Refusal): WarmUpSample {
   const label = sampleLabel(sample, index);
   if (sample.name.length > MAX_WARM_UP_SAMPLE_NAME_CHARS) {
-    throw invalid(`samples[${index}]: the name has ${sample.name.length} characters, above the limit of ${MAX_WARM_UP_SAMPLE_NAME_CHARS}`);
+    throw invalid(
+      `samples[${index}]: the name has ${sample.name.length} characters, above the limit of ${MAX_WARM_UP_SAMPLE_NAME_CHARS}`,
+    );
   }
   const specs = new Map(signature.inputs.map((spec) => [spec.name, spec]));
   const seen = new Set<string>();
@@ -62,33 +90,45 @@ function checkSample(sample: WarmUpSample, index: number, signature: Signature, 
   const inputs = sample.inputs.map((input) => {
     const spec = specs.get(input.name);
     const where = `${label} input "${input.name}"`;
-    if (spec === undefined) throw invalid(`${label}: the model has no input "${input.name}"; its inputs are ${quoted(specs.keys())}`);
+    if (spec === undefined)
+      throw invalid(`${label}: the model has no input "${input.name}"; its inputs are ${quoted(specs.keys())}`);
     if (seen.has(input.name)) throw invalid(`${where} is given more than once`);
     seen.add(input.name);
     if (input.datatype !== DataType.UNSPECIFIED && input.datatype !== spec.datatype) {
-      throw invalid(`${where} has datatype ${datatypeName(input.datatype)} but the model expects ${datatypeName(spec.datatype)}`);
+      throw invalid(
+        `${where} has datatype ${datatypeName(input.datatype)} but the model expects ${datatypeName(spec.datatype)}`,
+      );
     }
-    if (UNSERVED_DATATYPES.has(spec.datatype)) throw invalid(`${where} is ${datatypeName(spec.datatype)}, which onnxruntime-node cannot hold`);
+    if (UNSERVED_DATATYPES.has(spec.datatype))
+      throw invalid(`${where} is ${datatypeName(spec.datatype)}, which onnxruntime-node cannot hold`);
     if (input.shape.some((d) => d < 0n) || !shapeMatches(spec.shape, input.shape)) {
-      throw invalid(`${where} has shape ${formatShape(input.shape)} but the model expects ${formatShape(spec.shape)}; give a concrete size (0 or more) for each -1`);
+      throw invalid(
+        `${where} has shape ${formatShape(input.shape)} but the model expects ${formatShape(spec.shape)}; give a concrete size (0 or more) for each -1`,
+      );
     }
     if (signature.maxBatchSize > 0) {
       const size = input.shape[0]!;
       if (size < 1n || size > BigInt(signature.maxBatchSize)) {
-        throw invalid(`${where} has batch size ${size}; the model batches 1 to ${signature.maxBatchSize} items along its first dimension`);
+        throw invalid(
+          `${where} has batch size ${size}; the model batches 1 to ${signature.maxBatchSize} items along its first dimension`,
+        );
       }
-      if (batch !== undefined && size !== batch) throw invalid(`${where} has batch size ${size} but another input of the sample has ${batch}`);
+      if (batch !== undefined && size !== batch)
+        throw invalid(`${where} has batch size ${size} but another input of the sample has ${batch}`);
       batch = size;
     }
     const elements = elementCount(input.shape);
     if (elements > MAX_WARM_UP_TENSOR_ELEMENTS) {
-      throw invalid(`${where} has ${elements} elements, above the limit of ${MAX_WARM_UP_TENSOR_ELEMENTS} (MAX_WARM_UP_TENSOR_ELEMENTS)`);
+      throw invalid(
+        `${where} has ${elements} elements, above the limit of ${MAX_WARM_UP_TENSOR_ELEMENTS} (MAX_WARM_UP_TENSOR_ELEMENTS)`,
+      );
     }
     checkContents(input, spec.datatype, label, where, invalid);
     return { ...input, datatype: spec.datatype };
   });
   const missing = [...specs.keys()].filter((name) => !seen.has(name));
-  if (missing.length > 0) throw invalid(`${label} gives no value for input ${quoted(missing)}; a sample gives every input`);
+  if (missing.length > 0)
+    throw invalid(`${label} gives no value for input ${quoted(missing)}; a sample gives every input`);
   return { ...sample, inputs };
 }
 
@@ -96,19 +136,28 @@ function checkContents(input: WarmUpInput, datatype: DataType, label: string, wh
   const { contents } = input;
   switch (contents.case) {
     case 'data': {
-      const tensor: Tensor = create(TensorSchema, { name: input.name, datatype, shape: input.shape, data: contents.value });
+      const tensor: Tensor = create(TensorSchema, {
+        name: input.name,
+        datatype,
+        shape: input.shape,
+        data: contents.value,
+      });
       const problem = checkData(tensor);
       // checkData's problem names the input.
       if (problem !== undefined) throw invalid(`${label} ${problem}`);
       if (datatype === DataType.BYTES) {
         const unservable = unservableBytesElement(decodeBytesElements(contents.value)!);
-        if (unservable !== undefined) throw invalid(`${where}: BYTES element ${unservable.index} ${unservable.problem}`);
+        if (unservable !== undefined)
+          throw invalid(`${where}: BYTES element ${unservable.index} ${unservable.problem}`);
       }
       return;
     }
     case 'zeroData':
     case 'randomData':
-      if (!contents.value) throw invalid(`${where}: ${contents.case === 'zeroData' ? 'zero_data' : 'random_data'} is false; give data, or zero_data or random_data true`);
+      if (!contents.value)
+        throw invalid(
+          `${where}: ${contents.case === 'zeroData' ? 'zero_data' : 'random_data'} is false; give data, or zero_data or random_data true`,
+        );
       return;
     case undefined:
       throw invalid(`${where} has no contents; give data, zero_data or random_data`);

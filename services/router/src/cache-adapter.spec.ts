@@ -1,7 +1,11 @@
 import { create } from '@bufbuild/protobuf';
 import { GrpcServer, type ServiceImpl } from '@infermesh/grpc';
 import { CacheService, type LookupRequest, type StoreRequest } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
-import { DataType, type InferenceResponse, InferenceResponseSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  DataType,
+  type InferenceResponse,
+  InferenceResponseSchema,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { eventually } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
@@ -23,7 +27,11 @@ class RecordingCache implements ServiceImpl<typeof CacheService> {
 }
 
 const answer = (bytes: number): InferenceResponse =>
-  create(InferenceResponseSchema, { modelName: 'mlp', modelVersion: '1', outputs: [{ name: 'y', datatype: DataType.UINT8, shape: [BigInt(bytes)], data: new Uint8Array(bytes) }] });
+  create(InferenceResponseSchema, {
+    modelName: 'mlp',
+    modelVersion: '1',
+    outputs: [{ name: 'y', datatype: DataType.UINT8, shape: [BigInt(bytes)], data: new Uint8Array(bytes) }],
+  });
 
 describe(CacheAdapter.name, () => {
   let server: GrpcServer;
@@ -32,10 +40,17 @@ describe(CacheAdapter.name, () => {
 
   beforeEach(async () => {
     cache = new RecordingCache();
-    server = new GrpcServer({ logger: new JsonLogger('test', 'error', () => undefined), metrics: new Metrics('test'), maxMessageBytes: 4 * 1024 * 1024 });
+    server = new GrpcServer({
+      logger: new JsonLogger('test', 'error', () => undefined),
+      metrics: new Metrics('test'),
+      maxMessageBytes: 4 * 1024 * 1024,
+    });
     server.add(CacheService, cache);
     const port = await server.listen('127.0.0.1', 0);
-    sut = new CacheAdapter({ upstreams: { cache: `127.0.0.1:${port}` } } as RouterConfig, new JsonLogger('test', 'error', () => undefined));
+    sut = new CacheAdapter(
+      { upstreams: { cache: `127.0.0.1:${port}` } } as RouterConfig,
+      new JsonLogger('test', 'error', () => undefined),
+    );
   });
 
   afterEach(async () => {
@@ -51,7 +66,11 @@ describe(CacheAdapter.name, () => {
     await sut.lookup(c, 1_000);
     await sut.lookup(randomBytes(32), 1_000);
 
-    expect(cache.lookups.map((l) => l.stores.map((s) => Buffer.from(s.key).toString('hex')))).toEqual([[], [a.toString('hex'), b.toString('hex')], []]);
+    expect(cache.lookups.map((l) => l.stores.map((s) => Buffer.from(s.key).toString('hex')))).toEqual([
+      [],
+      [a.toString('hex'), b.toString('hex')],
+      [],
+    ]);
     expect(cache.lookups[1]!.stores[0]!.ttlMs).toBe(60_000n);
     await new Promise((r) => setTimeout(r, STORE_DELAY_MS * 2));
     expect(cache.stores).toHaveLength(0);

@@ -29,7 +29,8 @@ export class CircuitBreaker {
   }
 
   get state(): CircuitState {
-    if (this.current === 'open' && this.clock.now() - this.openedAt >= this.options.cooldownMs) this.moveTo('half_open');
+    if (this.current === 'open' && this.clock.now() - this.openedAt >= this.options.cooldownMs)
+      this.moveTo('half_open');
     return this.current;
   }
 

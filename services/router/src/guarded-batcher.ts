@@ -38,7 +38,12 @@ type Verdict = 'failure' | 'not_counted';
  * requests then come back UNAVAILABLE. DEADLINE_INFEASIBLE (the batcher refused at once because the
  * queue could not meet the deadline) never counts: the path works.
  */
-export function verdictOf(error: RpcError, budgetMs: number, observedMs: number | undefined, minBudgetMs: number): Verdict {
+export function verdictOf(
+  error: RpcError,
+  budgetMs: number,
+  observedMs: number | undefined,
+  minBudgetMs: number,
+): Verdict {
   switch (error.code) {
     case status.UNAVAILABLE:
     case status.INTERNAL:
@@ -85,25 +90,34 @@ export class GuardedBatcher {
     private readonly labels: ModelLabels,
     metrics: Metrics,
   ) {
-    this.retries = metrics.counter('batcher_retries_total', 'Requests sent to the batcher again after an UNAVAILABLE answer.', ['model']);
-    this.transitions = metrics.counter('circuit_transitions_total', 'Circuit breaker changes of state, by model version and new state.', [
-      'model',
-      'version',
-      'state',
-    ]);
+    this.retries = metrics.counter(
+      'batcher_retries_total',
+      'Requests sent to the batcher again after an UNAVAILABLE answer.',
+      ['model'],
+    );
+    this.transitions = metrics.counter(
+      'circuit_transitions_total',
+      'Circuit breaker changes of state, by model version and new state.',
+      ['model', 'version', 'state'],
+    );
     this.notCounted = metrics.counter(
       'circuit_not_counted_total',
       "Errors of a model version's calls that its circuit breaker did not count as the version's failures (caller-side deadlines, cancellations, refusals of bad input, full queues), by status code.",
       ['model', 'version', 'code'],
     );
-    metrics.gauge('circuit_state', 'Circuit breaker of each model version: 0 closed, 1 half-open, 2 open.', ['model', 'version'], (gauge: Gauge<'model' | 'version'>) => {
-      gauge.reset();
-      // Only registered versions: those the registry deleted keep their breaker here but leave the metrics.
-      for (const { model, version, breaker } of this.versions.values()) {
-        const labels = this.labels.of(model, version);
-        if (labels.version !== UNKNOWN_LABEL) gauge.set(labels, STATE_VALUE[breaker.state]);
-      }
-    });
+    metrics.gauge(
+      'circuit_state',
+      'Circuit breaker of each model version: 0 closed, 1 half-open, 2 open.',
+      ['model', 'version'],
+      (gauge: Gauge<'model' | 'version'>) => {
+        gauge.reset();
+        // Only registered versions: those the registry deleted keep their breaker here but leave the metrics.
+        for (const { model, version, breaker } of this.versions.values()) {
+          const labels = this.labels.of(model, version);
+          if (labels.version !== UNKNOWN_LABEL) gauge.set(labels, STATE_VALUE[breaker.state]);
+        }
+      },
+    );
   }
 
   /** Runs a request whose version is resolved on the batcher. */
@@ -127,7 +141,8 @@ export class GuardedBatcher {
       try {
         const response = await this.batcher.infer(request);
         const ms = performance.now() - started;
-        guarded.latencyMs = guarded.latencyMs === undefined ? ms : (1 - LATENCY_SMOOTHING) * guarded.latencyMs + LATENCY_SMOOTHING * ms;
+        guarded.latencyMs =
+          guarded.latencyMs === undefined ? ms : (1 - LATENCY_SMOOTHING) * guarded.latencyMs + LATENCY_SMOOTHING * ms;
         breaker.succeeded();
         return response;
       } catch (thrown) {

@@ -45,11 +45,20 @@ const signature = {
 };
 
 const version = (model: string, id: string, state: VersionState): ModelVersion =>
-  create(ModelVersionSchema, { name: `models/${model}/versions/${id}`, state, signature, artifact: { sha256: `sha256-of-${model}-${id}` } });
+  create(ModelVersionSchema, {
+    name: `models/${model}/versions/${id}`,
+    state,
+    signature,
+    artifact: { sha256: `sha256-of-${model}-${id}` },
+  });
 
 /** What the registry holds: mlp has 1 and 2 READY, 3 still LOADING; cold has nothing ready. */
 const MODELS: Record<string, ModelVersion[]> = {
-  mlp: [version('mlp', '1', VersionState.READY), version('mlp', '2', VersionState.READY), version('mlp', '3', VersionState.LOADING)],
+  mlp: [
+    version('mlp', '1', VersionState.READY),
+    version('mlp', '2', VersionState.READY),
+    version('mlp', '3', VersionState.LOADING),
+  ],
   cold: [version('cold', '1', VersionState.LOADING)],
   frozen: [version('frozen', '1', VersionState.LOADING)],
   ab: [version('ab', '1', VersionState.READY), version('ab', '2', VersionState.READY)],
@@ -85,7 +94,8 @@ class FakeRegistry {
       return ready;
     }
     const found = versions.find((v) => v.name.endsWith(`/versions/${versionId}`));
-    if (found === undefined) throw RpcError.notFound(`model "${model}" has no version ${versionId}`, 'VERSION_NOT_FOUND');
+    if (found === undefined)
+      throw RpcError.notFound(`model "${model}" has no version ${versionId}`, 'VERSION_NOT_FOUND');
     return found;
   }
 
@@ -140,7 +150,8 @@ class FakeBatcher {
   async infer(request: InferenceRequest): Promise<InferenceResponse> {
     this.requests.push(request);
     if (this.hold !== undefined) await this.hold;
-    if (request.modelVersion === this.failingVersion) throw RpcError.unavailable(`version ${request.modelVersion} is down`);
+    if (request.modelVersion === this.failingVersion)
+      throw RpcError.unavailable(`version ${request.modelVersion} is down`);
     const failure = this.failures.shift();
     if (failure !== undefined) throw failure;
     const names = request.outputNames.length > 0 ? request.outputNames : signature.outputs.map((o) => o.name);
@@ -198,7 +209,11 @@ async function startRouter(env: Record<string, string> = {}, keep: Type[] = []):
   for (const k of keep) replacements.delete(k);
   // The registry watch finds no registry there: the router asks the fake registry above instead
   // (version-resolver.spec.ts tests the router following the watch).
-  const config = loadRouterConfig({ ROUTER_LOG_LEVEL: 'error', ROUTER_REGISTRY_ADDRESS: `127.0.0.1:${await freePort()}`, ...env });
+  const config = loadRouterConfig({
+    ROUTER_LOG_LEVEL: 'error',
+    ROUTER_REGISTRY_ADDRESS: `127.0.0.1:${await freePort()}`,
+    ...env,
+  });
   const app = await NestFactory.createApplicationContext(overridden(RouterModule.forRoot(config), replacements), {
     logger: false,
     abortOnError: false,
@@ -214,7 +229,6 @@ async function counter(app: INestApplicationContext, name: string, labels: Recor
   const found = values.find((v) => Object.entries(labels).every(([k, l]) => v.labels[k] === l));
   return found?.value ?? 0;
 }
-
 
 afterEach(async () => {
   for (const app of running.splice(0)) await app.close();
@@ -261,19 +275,24 @@ describe(InferenceRouter.name, () => {
       ['an unknown model', 'missing', '', status.NOT_FOUND, 'MODEL_NOT_FOUND', '(unknown)'],
       ['an unknown version', 'mlp', '9', status.NOT_FOUND, 'VERSION_NOT_FOUND', 'mlp'],
       ['a model with no READY version', 'cold', '', status.UNAVAILABLE, 'MODEL_NOT_READY', 'cold'],
-    ])('passes the registry error for %s through with its code and reason', async (_case, modelName, modelVersion, code, reason, label) => {
-      const { sut, batcher, app } = await startRouter();
+    ])(
+      'passes the registry error for %s through with its code and reason',
+      async (_case, modelName, modelVersion, code, reason, label) => {
+        const { sut, batcher, app } = await startRouter();
 
-      const error = await rpcRejection(sut.infer(inferRequest({ modelName, modelVersion })));
+        const error = await rpcRejection(sut.infer(inferRequest({ modelName, modelVersion })));
 
-      expect([error.code, error.reason]).toEqual([code, reason]);
-      expect(error.message).toContain(modelName);
-      expect(batcher.requests).toHaveLength(0);
-      expect(await counter(app, 'requests_total', { model: label, outcome: String(code) })).toBe(1);
-    });
+        expect([error.code, error.reason]).toEqual([code, reason]);
+        expect(error.message).toContain(modelName);
+        expect(batcher.requests).toHaveLength(0);
+        expect(await counter(app, 'requests_total', { model: label, outcome: String(code) })).toBe(1);
+      },
+    );
 
     it('answers UNAVAILABLE when the registry cannot be reached', async () => {
-      const { sut, batcher } = await startRouter({ ROUTER_REGISTRY_ADDRESS: `127.0.0.1:${await freePort()}` }, [RegistryAdapter]);
+      const { sut, batcher } = await startRouter({ ROUTER_REGISTRY_ADDRESS: `127.0.0.1:${await freePort()}` }, [
+        RegistryAdapter,
+      ]);
 
       const error = await rpcRejection(sut.infer(inferRequest()));
 
@@ -297,7 +316,8 @@ describe(InferenceRouter.name, () => {
       const { sut, app } = await startRouter({ ROUTER_CACHE_ENABLED: 'false' });
       const versionsOf = async () => {
         const served: string[] = [];
-        for (let k = 0; k < 40; k++) served.push((await sut.infer(inferRequest({ modelName: 'ab', routingKey: `user-${k}` }))).modelVersion);
+        for (let k = 0; k < 40; k++)
+          served.push((await sut.infer(inferRequest({ modelName: 'ab', routingKey: `user-${k}` }))).modelVersion);
         return served;
       };
 
@@ -321,8 +341,12 @@ describe(InferenceRouter.name, () => {
       await rpcRejection(sut.infer(inferRequest({ modelVersion: '3' })));
 
       const text = await app.get(Metrics).render();
-      expect(text).toContain('infermesh_router_request_duration_seconds_count{model="mlp",version="1",cached="false"} 1\n');
-      expect(text).toContain('infermesh_router_request_duration_seconds_count{model="mlp",version="2",cached="false"} 2\n');
+      expect(text).toContain(
+        'infermesh_router_request_duration_seconds_count{model="mlp",version="1",cached="false"} 1\n',
+      );
+      expect(text).toContain(
+        'infermesh_router_request_duration_seconds_count{model="mlp",version="2",cached="false"} 2\n',
+      );
       expect(text).not.toContain('infermesh_router_request_duration_seconds_count{model="mlp",version="3"');
     });
   });
@@ -335,13 +359,22 @@ describe(InferenceRouter.name, () => {
 
       expect(response).toMatchObject({ modelName: 'mlp', modelVersion: '2', degraded: true, id: 'req-1' });
       expect(batcher.requests.map((r) => r.modelName)).toEqual(['mlp']);
-      expect(await counter(app, 'fallbacks_total', { model: 'frozen', fallback: 'mlp', reason: 'MODEL_NOT_READY' })).toBe(1);
+      expect(
+        await counter(app, 'fallbacks_total', { model: 'frozen', fallback: 'mlp', reason: 'MODEL_NOT_READY' }),
+      ).toBe(1);
     });
 
     it('answers with the fallback when the queue is full or the circuit is open, never for an invalid request', async () => {
-      const { sut, batcher, app } = await startRouter({ ROUTER_CACHE_ENABLED: 'false', ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_FAILURES: '1' });
+      const { sut, batcher, app } = await startRouter({
+        ROUTER_CACHE_ENABLED: 'false',
+        ROUTER_RETRY_ATTEMPTS: '0',
+        ROUTER_BREAKER_FAILURES: '1',
+      });
       batcher.failures.push(new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL' }));
-      await expect(sut.infer(inferRequest({ modelName: 'ab', routingKey: 'k' }))).resolves.toMatchObject({ modelName: 'mlp', degraded: true });
+      await expect(sut.infer(inferRequest({ modelName: 'ab', routingKey: 'k' }))).resolves.toMatchObject({
+        modelName: 'mlp',
+        degraded: true,
+      });
 
       // Version 1 of ab fails: its first failure opens its circuit; its keys go to the fallback, version 2's are served.
       batcher.failingVersion = '1';
@@ -349,9 +382,13 @@ describe(InferenceRouter.name, () => {
         const routingKey = `k${k}`;
         const onTwo = stickyBucket('models/ab', routingKey) < 50;
         const response = await sut.infer(inferRequest({ modelName: 'ab', routingKey }));
-        expect(response).toMatchObject(onTwo ? { modelName: 'ab', modelVersion: '2', degraded: false } : { modelName: 'mlp', degraded: true });
+        expect(response).toMatchObject(
+          onTwo ? { modelName: 'ab', modelVersion: '2', degraded: false } : { modelName: 'mlp', degraded: true },
+        );
       }
-      expect(await counter(app, 'fallbacks_total', { model: 'ab', fallback: 'mlp', reason: 'CIRCUIT_OPEN' })).toBeGreaterThan(0);
+      expect(
+        await counter(app, 'fallbacks_total', { model: 'ab', fallback: 'mlp', reason: 'CIRCUIT_OPEN' }),
+      ).toBeGreaterThan(0);
 
       const invalid = await rpcRejection(sut.infer(inferRequest({ modelName: 'ab', inputs: [] })));
       expect(invalid.code).toBe(status.INVALID_ARGUMENT);
@@ -378,7 +415,9 @@ describe(InferenceRouter.name, () => {
       const response = await sut.infer(inferRequest({ modelName: 'sh' }));
 
       expect(response.modelVersion).toBe('1');
-      await eventually(async () => (await counter(app, 'shadow_requests_total', { ...shadowLabels, outcome: 'ok' })) === 1);
+      await eventually(
+        async () => (await counter(app, 'shadow_requests_total', { ...shadowLabels, outcome: 'ok' })) === 1,
+      );
       expect(batcher.requests.map((r) => r.modelVersion)).toEqual(['1', '2']);
       // Both versions answer the same zeros: two outputs of shape [1], each compared whole, both agreeing.
       expect(await counter(app, 'shadow_compared_items_total', shadowLabels)).toBe(2);
@@ -386,13 +425,22 @@ describe(InferenceRouter.name, () => {
     });
 
     it('never fails or delays the answer when the shadow fails', async () => {
-      const { sut, batcher, app } = await startRouter({ ROUTER_CACHE_ENABLED: 'false', ROUTER_RETRY_BASE_MS: '1', ROUTER_RETRY_MAX_MS: '1' });
+      const { sut, batcher, app } = await startRouter({
+        ROUTER_CACHE_ENABLED: 'false',
+        ROUTER_RETRY_BASE_MS: '1',
+        ROUTER_RETRY_MAX_MS: '1',
+      });
       batcher.failingVersion = '2';
 
       await expect(sut.infer(inferRequest({ modelName: 'sh' }))).resolves.toMatchObject({ modelVersion: '1' });
 
-      await eventually(async () => (await counter(app, 'shadow_requests_total', { ...shadowLabels, outcome: String(status.UNAVAILABLE) })) === 1);
-      expect(await counter(app, 'shadow_requests_total', { ...shadowLabels, outcome: String(status.UNAVAILABLE) })).toBe(1);
+      await eventually(
+        async () =>
+          (await counter(app, 'shadow_requests_total', { ...shadowLabels, outcome: String(status.UNAVAILABLE) })) === 1,
+      );
+      expect(
+        await counter(app, 'shadow_requests_total', { ...shadowLabels, outcome: String(status.UNAVAILABLE) }),
+      ).toBe(1);
       expect(await counter(app, 'shadow_compared_items_total', shadowLabels)).toBe(0);
     });
   });
@@ -402,7 +450,11 @@ describe(InferenceRouter.name, () => {
       ['a wrong shape', [{ name: 'x', datatype: DataType.FP32, shape: [1n, 3n], data: new Uint8Array(12) }], 'x'],
       ['a wrong datatype', [{ name: 'x', datatype: DataType.INT32, shape: [1n, 4n], data: new Uint8Array(16) }], 'x'],
       ['too little data', [{ name: 'x', datatype: DataType.FP32, shape: [1n, 4n], data: new Uint8Array(8) }], 'x'],
-      ['a batch above the maximum', [{ name: 'x', datatype: DataType.FP32, shape: [9n, 4n], data: new Uint8Array(144) }], 'x'],
+      [
+        'a batch above the maximum',
+        [{ name: 'x', datatype: DataType.FP32, shape: [9n, 4n], data: new Uint8Array(144) }],
+        'x',
+      ],
       ['a missing input', [], 'x'],
       [
         'an unknown input',
@@ -412,16 +464,19 @@ describe(InferenceRouter.name, () => {
         ],
         'w',
       ],
-    ])('refuses %s with INVALID_ARGUMENT naming the tensor, without reaching the batcher', async (_case, inputs, tensor) => {
-      const { sut, batcher, cache } = await startRouter();
+    ])(
+      'refuses %s with INVALID_ARGUMENT naming the tensor, without reaching the batcher',
+      async (_case, inputs, tensor) => {
+        const { sut, batcher, cache } = await startRouter();
 
-      const error = await rpcRejection(sut.infer(inferRequest({ inputs })));
+        const error = await rpcRejection(sut.infer(inferRequest({ inputs })));
 
-      expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
-      expect(error.message).toContain(`"${tensor}"`);
-      expect(batcher.requests).toHaveLength(0);
-      expect(cache.lookups).toHaveLength(0);
-    });
+        expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
+        expect(error.message).toContain(`"${tensor}"`);
+        expect(batcher.requests).toHaveLength(0);
+        expect(cache.lookups).toHaveLength(0);
+      },
+    );
 
     it('refuses an unknown requested output with INVALID_ARGUMENT naming it', async () => {
       const { sut, batcher } = await startRouter();
@@ -474,7 +529,15 @@ describe(InferenceRouter.name, () => {
     it('on a hit in the shared cache (an answer another router stored) answers from it, then from its own cache', async () => {
       const { sut, batcher, cache, app } = await startRouter();
       const key = hex(cacheKey(inferRequest({ modelVersion: '2' }), 'sha256-of-mlp-2'));
-      cache.entries.set(key, create(InferenceResponseSchema, { modelName: 'mlp', modelVersion: '2', id: 'elsewhere', outputs: [{ name: 'y', data: new Uint8Array(8) }] }));
+      cache.entries.set(
+        key,
+        create(InferenceResponseSchema, {
+          modelName: 'mlp',
+          modelVersion: '2',
+          id: 'elsewhere',
+          outputs: [{ name: 'y', data: new Uint8Array(8) }],
+        }),
+      );
 
       const first = await sut.infer(inferRequest({ id: 'a' }));
       const second = await sut.infer(inferRequest({ id: 'b' }));
@@ -528,7 +591,11 @@ describe(InferenceRouter.name, () => {
           return { stored: true };
         },
       };
-      const server = new GrpcServer({ logger: new JsonLogger('fake-cache', 'error'), metrics: new Metrics('fake_cache'), maxMessageBytes: 1 << 20 });
+      const server = new GrpcServer({
+        logger: new JsonLogger('fake-cache', 'error'),
+        metrics: new Metrics('fake_cache'),
+        maxMessageBytes: 1 << 20,
+      });
       server.add(CacheService, slowCache);
       const port = await server.listen('127.0.0.1', 0);
       try {
@@ -586,7 +653,9 @@ describe(InferenceRouter.name, () => {
 
       // One output of 4 bytes fits, and is stored for the model's 5 s.
       await sut.infer(inferRequest({ modelName: 'small', outputNames: ['y'] }));
-      await expect(sut.infer(inferRequest({ modelName: 'small', outputNames: ['y'] }))).resolves.toMatchObject({ cached: true });
+      await expect(sut.infer(inferRequest({ modelName: 'small', outputNames: ['y'] }))).resolves.toMatchObject({
+        cached: true,
+      });
       expect(cache.stores.map((st) => st.ttlMs)).toEqual([5_000]);
     });
 
@@ -646,7 +715,9 @@ describe(InferenceRouter.name, () => {
 
     it('does not retry other errors, a full queue included', async () => {
       const { sut, batcher } = await startRouter(env);
-      batcher.failures.push(new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL', retryDelayMs: 100 }));
+      batcher.failures.push(
+        new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL', retryDelayMs: 100 }),
+      );
 
       const error = await rpcRejection(sut.infer(inferRequest()));
 
@@ -662,7 +733,9 @@ describe(InferenceRouter.name, () => {
       const random = jest.spyOn(Math, 'random').mockReturnValue(0.5);
       try {
         const started = Date.now();
-        const error = await rpcRejection(requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 30 }, () => sut.infer(inferRequest())));
+        const error = await rpcRejection(
+          requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 30 }, () => sut.infer(inferRequest())),
+        );
 
         expect(Date.now() - started).toBeLessThan(200);
         expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
@@ -673,7 +746,12 @@ describe(InferenceRouter.name, () => {
     });
 
     it('opens the circuit of a version after ROUTER_BREAKER_FAILURES consecutive failures, then probes it after the cool-down', async () => {
-      const { sut, batcher, app } = await startRouter({ ...env, ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_FAILURES: '3', ROUTER_BREAKER_COOLDOWN_MS: '300' });
+      const { sut, batcher, app } = await startRouter({
+        ...env,
+        ROUTER_RETRY_ATTEMPTS: '0',
+        ROUTER_BREAKER_FAILURES: '3',
+        ROUTER_BREAKER_COOLDOWN_MS: '300',
+      });
       batcher.failures.push(unavailable(), unavailable(), unavailable());
       for (let i = 0; i < 3; i++) await rpcRejection(sut.infer(inferRequest()));
 
@@ -695,29 +773,54 @@ describe(InferenceRouter.name, () => {
 
     it.each<[string, RpcError, number | undefined]>([
       ['a refusal of bad input', RpcError.invalidArgument('bad tensor', 'INVALID_TENSOR'), undefined],
-      ['a full queue', new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL' }), undefined],
+      [
+        'a full queue',
+        new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL' }),
+        undefined,
+      ],
       ['a cancelled call', new RpcError(status.CANCELLED, 'the call was cancelled'), undefined],
-      ['a deadline the queue could not meet', new RpcError(status.DEADLINE_EXCEEDED, 'cannot be met', { reason: 'DEADLINE_INFEASIBLE' }), 5_000],
+      [
+        'a deadline the queue could not meet',
+        new RpcError(status.DEADLINE_EXCEEDED, 'cannot be met', { reason: 'DEADLINE_INFEASIBLE' }),
+        5_000,
+      ],
       ['a timeout of a caller that gave 5 ms', new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'), 5],
-      ['a timeout of a caller that gave 500 ms (under ROUTER_BREAKER_TIMEOUT_MIN_BUDGET_MS)', new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'), 500],
+      [
+        'a timeout of a caller that gave 500 ms (under ROUTER_BREAKER_TIMEOUT_MIN_BUDGET_MS)',
+        new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'),
+        500,
+      ],
     ])('never opens the circuit for what the caller caused: %s', async (_case, error, budgetMs) => {
-      const { sut, batcher, app } = await startRouter({ ...env, ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_FAILURES: '2' });
+      const { sut, batcher, app } = await startRouter({
+        ...env,
+        ROUTER_RETRY_ATTEMPTS: '0',
+        ROUTER_BREAKER_FAILURES: '2',
+      });
       await sut.infer(inferRequest({ id: 'warm' })); // an observed latency for the version
       for (let i = 0; i < 5; i++) batcher.failures.push(error);
-      const call = () => (budgetMs === undefined ? sut.infer(inferRequest()) : requestContext.run({ requestId: 'r', deadlineMs: Date.now() + budgetMs }, () => sut.infer(inferRequest())));
+      const call = () =>
+        budgetMs === undefined
+          ? sut.infer(inferRequest())
+          : requestContext.run({ requestId: 'r', deadlineMs: Date.now() + budgetMs }, () => sut.infer(inferRequest()));
 
       for (let i = 0; i < 5; i++) expect((await rpcRejection(call())).code).toBe(error.code);
 
       await expect(sut.infer(inferRequest())).resolves.toMatchObject({ modelVersion: '2' });
       expect(await counter(app, 'circuit_transitions_total', { model: 'mlp', version: '2', state: 'open' })).toBe(0);
-      expect(await counter(app, 'circuit_not_counted_total', { model: 'mlp', version: '2', code: status[error.code] })).toBe(5);
+      expect(
+        await counter(app, 'circuit_not_counted_total', { model: 'mlp', version: '2', code: status[error.code] }),
+      ).toBe(5);
     });
 
     it('counts a timeout against the version when the caller gave it far more than the version needs', async () => {
       const { sut, batcher } = await startRouter({ ...env, ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_FAILURES: '2' });
       await sut.infer(inferRequest({ id: 'warm' }));
-      batcher.failures.push(new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'), new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'));
-      const generous = () => requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 10_000 }, () => sut.infer(inferRequest()));
+      batcher.failures.push(
+        new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'),
+        new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'),
+      );
+      const generous = () =>
+        requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 10_000 }, () => sut.infer(inferRequest()));
       for (let i = 0; i < 2; i++) await rpcRejection(generous());
 
       const open = await rpcRejection(sut.infer(inferRequest()));

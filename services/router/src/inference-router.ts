@@ -7,7 +7,11 @@ import {
   InferenceRequestSchema,
   type InferenceResponse,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type CachePolicy, type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type CachePolicy,
+  type ModelVersion,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics, ModelLabels, requestContext } from '@infermesh/telemetry';
 import { versionIdOf } from '@infermesh/rollout';
 import { cacheKey, checkInputs } from '@infermesh/tensors';
@@ -51,27 +55,34 @@ export class InferenceRouter {
     private readonly labels: ModelLabels,
     private readonly metrics: Metrics,
   ) {
-    this.requests = metrics.counter('requests_total', 'Inference requests by model, served version and outcome (status code).', [
-      'model',
-      'version',
-      'outcome',
-    ]);
-    this.cacheOutcomes = metrics.counter('cache_requests_total', 'Result cache use by outcome: local_hit (the router\'s own cache), hit (the shared cache), miss, bypass (cache failed or slow), coalesced (joined an identical miss in flight), disabled.', [
-      'outcome',
-    ]);
-    this.routes = metrics.counter('routed_total', 'Requests by model, the version that serves them, and how it was chosen: explicit, stable, canary or variant.', [
-      'model',
-      'version',
-      'route',
-    ]);
+    this.requests = metrics.counter(
+      'requests_total',
+      'Inference requests by model, served version and outcome (status code).',
+      ['model', 'version', 'outcome'],
+    );
+    this.cacheOutcomes = metrics.counter(
+      'cache_requests_total',
+      "Result cache use by outcome: local_hit (the router's own cache), hit (the shared cache), miss, bypass (cache failed or slow), coalesced (joined an identical miss in flight), disabled.",
+      ['outcome'],
+    );
+    this.routes = metrics.counter(
+      'routed_total',
+      'Requests by model, the version that serves them, and how it was chosen: explicit, stable, canary or variant.',
+      ['model', 'version', 'route'],
+    );
     this.local = new LocalResultCache(config.cache.local.maxBytes, config.cache.local.ttlMs);
-    metrics.gauge('local_cache_bytes', "Bytes held by the router's own result cache.", [], (gauge) => gauge.set(this.local.size));
-    this.hitSeconds = metrics.histogram('cache_hit_seconds', 'Time to answer a request from the result cache (its lookup).');
-    this.fallbacks = metrics.counter('fallbacks_total', 'Requests answered by the fallback model, marked degraded, by model, fallback and why.', [
-      'model',
-      'fallback',
-      'reason',
-    ]);
+    metrics.gauge('local_cache_bytes', "Bytes held by the router's own result cache.", [], (gauge) =>
+      gauge.set(this.local.size),
+    );
+    this.hitSeconds = metrics.histogram(
+      'cache_hit_seconds',
+      'Time to answer a request from the result cache (its lookup).',
+    );
+    this.fallbacks = metrics.counter(
+      'fallbacks_total',
+      'Requests answered by the fallback model, marked degraded, by model, fallback and why.',
+      ['model', 'fallback', 'reason'],
+    );
     this.duration = metrics.histogram(
       'request_duration_seconds',
       'Time to route and answer an inference request, successful ones only, by model, the version that answered and whether from a cache.',
@@ -88,13 +99,25 @@ export class InferenceRouter {
       return await this.routeAndServe(request, start);
     } catch (error) {
       const rpcError = toRpcError(error);
-      const fallback = request.modelVersion === '' && fallsBack(rpcError) ? await this.resolver.fallbackOf(model).catch(() => '') : '';
+      const fallback =
+        request.modelVersion === '' && fallsBack(rpcError) ? await this.resolver.fallbackOf(model).catch(() => '') : '';
       if (fallback !== '') {
         try {
-          requestContext.current()?.span?.addEvent('fallback', { 'infermesh.model': model, 'infermesh.fallback': fallback, 'infermesh.fallback.reason': rpcError.reason ?? String(rpcError.code) });
-          const response = await this.routeAndServe(create(InferenceRequestSchema, { ...request, modelName: fallback }), start);
+          requestContext.current()?.span?.addEvent('fallback', {
+            'infermesh.model': model,
+            'infermesh.fallback': fallback,
+            'infermesh.fallback.reason': rpcError.reason ?? String(rpcError.code),
+          });
+          const response = await this.routeAndServe(
+            create(InferenceRequestSchema, { ...request, modelName: fallback }),
+            start,
+          );
           requestContext.current()?.span?.setAttribute('infermesh.route', 'fallback');
-          this.fallbacks.inc({ model: this.labels.model(model), fallback: this.labels.model(fallback), reason: rpcError.reason ?? String(rpcError.code) });
+          this.fallbacks.inc({
+            model: this.labels.model(model),
+            fallback: this.labels.model(fallback),
+            reason: rpcError.reason ?? String(rpcError.code),
+          });
           return { ...response, degraded: true };
         } catch {
           // The fallback cannot answer either: the client learns why the model it asked for could not.
@@ -116,13 +139,21 @@ export class InferenceRouter {
       versionName = resolved.version.name;
       version = versionIdOf(versionName);
       this.routes.inc({ ...this.labels.of(model, version), route: resolved.route });
-      requestContext.current()?.span?.setAttributes({ 'infermesh.model': model, 'infermesh.model.version': version, 'infermesh.route': resolved.route });
+      requestContext.current()?.span?.setAttributes({
+        'infermesh.model': model,
+        'infermesh.model.version': version,
+        'infermesh.route': resolved.route,
+      });
       this.check(model, resolved.version, request);
       const routed = create(InferenceRequestSchema, { ...request, modelVersion: version });
       const response = await this.serve(routed, resolved.version.artifact?.sha256 ?? '', resolved.cache);
       const seconds = Number(process.hrtime.bigint() - start) / 1e9;
       this.requests.inc({ ...this.labels.of(model, version), outcome: 'OK' });
-      this.metrics.observe(this.duration, { ...this.labels.of(model, version), cached: String(response.cached) }, seconds);
+      this.metrics.observe(
+        this.duration,
+        { ...this.labels.of(model, version), cached: String(response.cached) },
+        seconds,
+      );
       this.traffic.succeeded(versionName, seconds);
       if (resolved.shadow !== undefined) this.shadow.mirror(routed, resolved.shadow, response, seconds * 1000);
       return response;
@@ -137,7 +168,10 @@ export class InferenceRouter {
 
   private check(model: string, version: ModelVersion, request: InferenceRequest): void {
     if (version.state !== VersionState.READY) {
-      throw RpcError.unavailable(`model "${model}" version ${versionIdOf(version.name)} is not ready`, 'MODEL_NOT_READY');
+      throw RpcError.unavailable(
+        `model "${model}" version ${versionIdOf(version.name)} is not ready`,
+        'MODEL_NOT_READY',
+      );
     }
     const signature = version.signature;
     if (signature === undefined) throw RpcError.unavailable(`model "${model}" has no signature yet`, 'MODEL_NOT_READY');
@@ -159,7 +193,11 @@ export class InferenceRouter {
    * model's cache policy says. Entries are keyed by the version's artifact too: a model deleted and
    * created again under the same version id with other weights is never answered from the old ones.
    */
-  private async serve(request: InferenceRequest, artifactSha256: string, policy: CachePolicy | undefined): Promise<InferenceResponse> {
+  private async serve(
+    request: InferenceRequest,
+    artifactSha256: string,
+    policy: CachePolicy | undefined,
+  ): Promise<InferenceResponse> {
     const span = requestContext.current()?.span;
     if (!this.config.cache.enabled || policy?.enabled === false) {
       span?.setAttribute('infermesh.cache', 'disabled');
@@ -204,7 +242,11 @@ export class InferenceRouter {
     const ambient = requestContext.current();
     const shared = requestContext
       .run(
-        { requestId: ambient?.requestId ?? request.id, ...(ambient?.deadlineMs !== undefined && { deadlineMs: ambient.deadlineMs }), ...(span !== undefined && { span }) },
+        {
+          requestId: ambient?.requestId ?? request.id,
+          ...(ambient?.deadlineMs !== undefined && { deadlineMs: ambient.deadlineMs }),
+          ...(span !== undefined && { span }),
+        },
         () => this.batcher.infer(request),
       )
       .finally(() => this.inflight.delete(flight));
@@ -216,13 +258,14 @@ export class InferenceRouter {
     if (outcome === 'miss') {
       // Written after the answer, off the request's path: not a span of its trace.
       const untraced = { requestId: ambient?.requestId ?? request.id };
-      requestContext.run(untraced, () => this.cache.store(key, response, ttlMs, this.config.cache.timeoutMs * 10)).catch((error: unknown) => {
-        this.logger.debug('result cache store failed', { err: toRpcError(error).message });
-      });
+      requestContext
+        .run(untraced, () => this.cache.store(key, response, ttlMs, this.config.cache.timeoutMs * 10))
+        .catch((error: unknown) => {
+          this.logger.debug('result cache store failed', { err: toRpcError(error).message });
+        });
     }
     return response;
   }
-
 }
 
 /**
@@ -231,5 +274,7 @@ export class InferenceRouter {
  * invalid, or one whose deadline passed, is not retried elsewhere.
  */
 function fallsBack(error: RpcError): boolean {
-  return error.code === status.UNAVAILABLE || (error.code === status.RESOURCE_EXHAUSTED && error.reason === 'QUEUE_FULL');
+  return (
+    error.code === status.UNAVAILABLE || (error.code === status.RESOURCE_EXHAUSTED && error.reason === 'QUEUE_FULL')
+  );
 }

@@ -4,7 +4,8 @@ import { ManualClock } from '@infermesh/testing';
 import { chargeOf, ENTRY_OVERHEAD_BYTES, LocalResultCache, OUTPUT_OVERHEAD_BYTES } from './local-result-cache';
 
 /** A response whose output "y" holds `bytes` bytes. */
-const response = (id: string, bytes: number) => create(InferenceResponseSchema, { id, outputs: [{ name: 'y', data: new Uint8Array(bytes) }] });
+const response = (id: string, bytes: number) =>
+  create(InferenceResponseSchema, { id, outputs: [{ name: 'y', data: new Uint8Array(bytes) }] });
 /** What a one-character key and a response of `bytes` bytes are charged. */
 const charge = (bytes: number) => ENTRY_OVERHEAD_BYTES + 2 + OUTPUT_OVERHEAD_BYTES + 2 + bytes;
 
@@ -47,13 +48,18 @@ describe(LocalResultCache.name, () => {
         { name: 'ids', shape: [1n], data: new Uint8Array(8) },
       ],
     });
-    expect(chargeOf('k'.repeat(64), two)).toBe(ENTRY_OVERHEAD_BYTES + 128 + 2 * OUTPUT_OVERHEAD_BYTES + 12 + 6 + 16 + 8 + 20 + 8);
+    expect(chargeOf('k'.repeat(64), two)).toBe(
+      ENTRY_OVERHEAD_BYTES + 128 + 2 * OUTPUT_OVERHEAD_BYTES + 12 + 6 + 16 + 8 + 20 + 8,
+    );
   });
 
   it('keeps a copy of exact size of outputs that are views into a larger buffer, so the buffer they came in is not held', () => {
     const message = new Uint8Array(64 * 1024);
     message.fill(7, 100, 108);
-    const received = create(InferenceResponseSchema, { id: 'r', outputs: [{ name: 'y', data: message.subarray(100, 108) }] });
+    const received = create(InferenceResponseSchema, {
+      id: 'r',
+      outputs: [{ name: 'y', data: message.subarray(100, 108) }],
+    });
     const sut = new LocalResultCache(1 << 20, 60_000, clock);
 
     sut.set('r', received);

@@ -1,5 +1,8 @@
 import { create } from '@bufbuild/protobuf';
-import { type InferenceResponse, InferenceResponseSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  type InferenceResponse,
+  InferenceResponseSchema,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type Clock, systemClock } from '@infermesh/clock';
 import { LRUCache } from 'lru-cache';
 
@@ -69,12 +72,11 @@ export class LocalResultCache {
   }
 }
 
-
-
 /** What an entry is charged: its tensors' bytes, its key and output names (two bytes a character), and the overheads. */
 export function chargeOf(key: string, response: InferenceResponse): number {
   let bytes = ENTRY_OVERHEAD_BYTES + 2 * key.length;
-  for (const output of response.outputs) bytes += output.data.byteLength + OUTPUT_OVERHEAD_BYTES + 2 * output.name.length + 8 * output.shape.length;
+  for (const output of response.outputs)
+    bytes += output.data.byteLength + OUTPUT_OVERHEAD_BYTES + 2 * output.name.length + 8 * output.shape.length;
   return bytes;
 }
 

@@ -15,6 +15,8 @@ describe(loadRouterConfig.name, () => {
       error = e;
     }
     expect(error).toBeInstanceOf(ConfigError);
-    expect((error as ConfigError).problems.join('\n')).toMatch(new RegExp(`^ROUTER_TRAFFIC_REPORT_INTERVAL_MS: .*\\(got "${value}"\\)`));
+    expect((error as ConfigError).problems.join('\n')).toMatch(
+      new RegExp(`^ROUTER_TRAFFIC_REPORT_INTERVAL_MS: .*\\(got "${value}"\\)`),
+    );
   });
 });

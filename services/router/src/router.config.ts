@@ -46,7 +46,10 @@ export function loadRouterConfig(env: Env) {
       /** Keys entries by tenant (the caller's API key digest) too: no tenant is answered from another's entries. */
       perTenant: e.ROUTER_CACHE_PER_TENANT === 'true',
       /** The router's own cache in front of the shared one: its byte budget (0 when off) and how long an entry lives there. */
-      local: { maxBytes: e.ROUTER_LOCAL_CACHE_ENABLED === 'true' ? e.ROUTER_LOCAL_CACHE_BYTES : 0, ttlMs: e.ROUTER_LOCAL_CACHE_TTL_MS },
+      local: {
+        maxBytes: e.ROUTER_LOCAL_CACHE_ENABLED === 'true' ? e.ROUTER_LOCAL_CACHE_BYTES : 0,
+        ttlMs: e.ROUTER_LOCAL_CACHE_TTL_MS,
+      },
     },
     /**
      * Per model version: consecutive failures of its own that open its circuit, how long it stays

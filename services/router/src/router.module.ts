@@ -28,7 +28,11 @@ export class RouterModule {
         ShadowTraffic,
         VersionResolver,
         // Model and version names become metric labels only when registered: known to the resolver.
-        { provide: ModelLabels, inject: [VersionResolver], useFactory: (resolver: VersionResolver) => new ModelLabels(resolver) },
+        {
+          provide: ModelLabels,
+          inject: [VersionResolver],
+          useFactory: (resolver: VersionResolver) => new ModelLabels(resolver),
+        },
         InferenceRouter,
         RouterGrpcController,
       ],

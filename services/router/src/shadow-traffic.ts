@@ -1,7 +1,11 @@
 import { Inject, Injectable } from '@nestjs/common';
 import { create } from '@bufbuild/protobuf';
 import { toRpcError } from '@infermesh/grpc';
-import { type InferenceRequest, InferenceRequestSchema, type InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  type InferenceRequest,
+  InferenceRequestSchema,
+  type InferenceResponse,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import type { ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { versionIdOf } from '@infermesh/rollout';
 import { JsonLogger, Metrics, ModelLabels, requestContext, spans } from '@infermesh/telemetry';
@@ -41,13 +45,39 @@ export class ShadowTraffic {
     metrics: Metrics,
   ) {
     const labels: Labels[] = ['model', 'primary', 'shadow'];
-    this.requests = metrics.counter('shadow_requests_total', 'Requests mirrored to a shadow version, by outcome (ok or the error code).', [...labels, 'outcome']);
-    this.items = metrics.counter('shadow_compared_items_total', 'Batch items (or whole outputs) compared between the served and the shadow version.', labels);
-    this.agreed = metrics.counter('shadow_agreed_items_total', 'Compared items on which the shadow agreed: the same top class, or the same bits.', labels);
-    this.mismatched = metrics.counter('shadow_mismatched_outputs_total', 'Shadow outputs of another shape or datatype than the served ones, or missing.', labels);
+    this.requests = metrics.counter(
+      'shadow_requests_total',
+      'Requests mirrored to a shadow version, by outcome (ok or the error code).',
+      [...labels, 'outcome'],
+    );
+    this.items = metrics.counter(
+      'shadow_compared_items_total',
+      'Batch items (or whole outputs) compared between the served and the shadow version.',
+      labels,
+    );
+    this.agreed = metrics.counter(
+      'shadow_agreed_items_total',
+      'Compared items on which the shadow agreed: the same top class, or the same bits.',
+      labels,
+    );
+    this.mismatched = metrics.counter(
+      'shadow_mismatched_outputs_total',
+      'Shadow outputs of another shape or datatype than the served ones, or missing.',
+      labels,
+    );
     const spread = [0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10];
-    this.maxAbsDiff = metrics.histogram('shadow_max_abs_diff', 'Largest absolute difference between served and shadow floating-point outputs, per request.', labels, spread);
-    this.relativeL2 = metrics.histogram('shadow_relative_l2', 'Relative L2 distance of the shadow outputs from the served ones, per request.', labels, spread);
+    this.maxAbsDiff = metrics.histogram(
+      'shadow_max_abs_diff',
+      'Largest absolute difference between served and shadow floating-point outputs, per request.',
+      labels,
+      spread,
+    );
+    this.relativeL2 = metrics.histogram(
+      'shadow_relative_l2',
+      'Relative L2 distance of the shadow outputs from the served ones, per request.',
+      labels,
+      spread,
+    );
     this.latencyDiff = metrics.histogram(
       'shadow_latency_diff_seconds',
       'Shadow latency minus the served latency, per request.',
@@ -60,16 +90,29 @@ export class ShadowTraffic {
   mirror(request: InferenceRequest, shadow: ModelVersion, served: InferenceResponse, servedMs: number): void {
     const model = request.modelName;
     const shadowVersion = versionIdOf(shadow.name);
-    const labels = { model: this.modelLabels.model(model), primary: this.modelLabels.version(model, served.modelVersion), shadow: this.modelLabels.version(model, shadowVersion) };
+    const labels = {
+      model: this.modelLabels.model(model),
+      primary: this.modelLabels.version(model, served.modelVersion),
+      shadow: this.modelLabels.version(model, shadowVersion),
+    };
     const mirrored = create(InferenceRequestSchema, { ...request, modelVersion: shadowVersion });
     const start = performance.now();
     // Traced as a step of the request it mirrors, outliving it.
     const ambient = requestContext.current();
-    const span = spans.child('shadow', ambient?.span, { 'infermesh.model': model, 'infermesh.model.version': shadowVersion, 'infermesh.route': 'shadow' });
+    const span = spans.child('shadow', ambient?.span, {
+      'infermesh.model': model,
+      'infermesh.model.version': shadowVersion,
+      'infermesh.route': 'shadow',
+    });
     // Not the client's context: its deadline and cancellation end with its answer.
     void requestContext
-      .run({ requestId: `${ambient?.requestId ?? 'shadow'}-shadow`, deadlineMs: Date.now() + this.config.shadowTimeoutMs, ...(span !== undefined && { span }) }, () =>
-        this.batcher.infer(mirrored),
+      .run(
+        {
+          requestId: `${ambient?.requestId ?? 'shadow'}-shadow`,
+          deadlineMs: Date.now() + this.config.shadowTimeoutMs,
+          ...(span !== undefined && { span }),
+        },
+        () => this.batcher.infer(mirrored),
       )
       .then(
         (response) => {
@@ -82,7 +125,10 @@ export class ShadowTraffic {
           if (comparison.mismatched > 0) this.mismatched.inc(labels, comparison.mismatched);
           this.maxAbsDiff.observe(labels, comparison.maxAbsDiff);
           this.relativeL2.observe(labels, comparison.relativeL2);
-          span?.setAttributes({ 'infermesh.shadow.agreed': comparison.agreed, 'infermesh.shadow.mismatched': comparison.mismatched });
+          span?.setAttributes({
+            'infermesh.shadow.agreed': comparison.agreed,
+            'infermesh.shadow.mismatched': comparison.mismatched,
+          });
           spans.end(span);
         },
         (error: unknown) => {

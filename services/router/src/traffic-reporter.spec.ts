@@ -11,7 +11,11 @@ import {
   type InferenceResponse,
   InferenceResponseSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type ReportTrafficRequest, type TrafficCounters, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type ReportTrafficRequest,
+  type TrafficCounters,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { latencyIndex } from '@infermesh/rollout';
 import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics } from '@infermesh/telemetry';
@@ -120,7 +124,11 @@ describe(TrafficReporter.name, () => {
     });
     registry.put({ name: 'models/mlp', versions: [ready('mlp', '1'), ready('mlp', '2')] });
     // Every request to sh is served by version 1 and mirrored to version 2.
-    registry.put({ name: 'models/sh', versions: [ready('sh', '1'), ready('sh', '2')], rollout: { stableVersion: '1', shadow: { version: '2', percent: 100 } } });
+    registry.put({
+      name: 'models/sh',
+      versions: [ready('sh', '1'), ready('sh', '2')],
+      rollout: { stableVersion: '1', shadow: { version: '2', percent: 100 } },
+    });
   });
 
   afterEach(async () => {
@@ -162,7 +170,10 @@ describe(TrafficReporter.name, () => {
     sut = app.get(TrafficReporter);
   }
 
-  const warnings = () => logLines.map((line) => JSON.parse(line) as Record<string, unknown>).filter((e) => String(e['msg']).includes('traffic report'));
+  const warnings = () =>
+    logLines
+      .map((line) => JSON.parse(line) as Record<string, unknown>)
+      .filter((e) => String(e['msg']).includes('traffic report'));
 
   it('reports per version the requests it answered, the service errors among them, and every failure but a cancellation', async () => {
     await start();
@@ -189,7 +200,12 @@ describe(TrafficReporter.name, () => {
     expect(report!.reporter).toBe(`router-${hostname()}-${process.pid}`);
     expect(report!.latencyBoundsSeconds).toEqual(LATENCY_BUCKETS_SECONDS);
     expect(report!.versions.map((v) => v.name).sort()).toEqual(['models/mlp/versions/1', 'models/mlp/versions/2']);
-    expect(countersIn(report, 'models/mlp/versions/1')).toMatchObject({ requests: 3n, errors: 0n, failures: 0n, shadowItems: 0n });
+    expect(countersIn(report, 'models/mlp/versions/1')).toMatchObject({
+      requests: 3n,
+      errors: 0n,
+      failures: 0n,
+      shadowItems: 0n,
+    });
     // Failures: the three service errors, the bad tensor, and the router's own refusal.
     expect(countersIn(report, 'models/mlp/versions/2')).toMatchObject({ requests: 7n, errors: 3n, failures: 5n });
   });
@@ -224,13 +240,24 @@ describe(TrafficReporter.name, () => {
 
     await sut.report();
 
-    expect(countersIn(reports[0], 'models/sh/versions/2')).toMatchObject({ requests: 0n, shadowItems: 6n, shadowAgreed: 2n });
-    expect(countersIn(reports[0], 'models/sh/versions/1')).toMatchObject({ requests: 2n, shadowItems: 0n, shadowAgreed: 0n });
+    expect(countersIn(reports[0], 'models/sh/versions/2')).toMatchObject({
+      requests: 0n,
+      shadowItems: 6n,
+      shadowAgreed: 2n,
+    });
+    expect(countersIn(reports[0], 'models/sh/versions/1')).toMatchObject({
+      requests: 2n,
+      shadowItems: 0n,
+      shadowAgreed: 0n,
+    });
   });
 
   it('carries the counts of a refused report into the next, and warns at most once a minute', async () => {
     await start();
-    refusals.push(new RpcError(status.UNIMPLEMENTED, 'ReportTraffic is not served'), RpcError.unavailable('the registry is restarting'));
+    refusals.push(
+      new RpcError(status.UNIMPLEMENTED, 'ReportTraffic is not served'),
+      RpcError.unavailable('the registry is restarting'),
+    );
     await router.infer(inferRequest('mlp', '1'));
     await sut.report();
     await router.infer(inferRequest('mlp', '1'));
@@ -238,7 +265,10 @@ describe(TrafficReporter.name, () => {
     await sut.report();
     expect([reportCalls, reports.length]).toEqual([2, 0]);
     expect(warnings()).toHaveLength(1);
-    expect(warnings()[0]).toMatchObject({ level: 'warn', msg: expect.stringContaining('does not take traffic reports') });
+    expect(warnings()[0]).toMatchObject({
+      level: 'warn',
+      msg: expect.stringContaining('does not take traffic reports'),
+    });
 
     await router.infer(inferRequest('mlp', '2'));
     await sut.report();
@@ -339,7 +369,9 @@ describe(TrafficReporter.name, () => {
     expect(names).toHaveLength(MAX_PENDING_VERSIONS);
     expect(names.slice(0, 2)).toEqual(['models/m/versions/4', 'models/m/versions/5']);
     expect(countersIn(reports[0], 'models/m/versions/5')).toMatchObject({ requests: 2n, errors: 2n });
-    const dropped = app!.get(Metrics).registry.getSingleMetric('infermesh_router_traffic_report_dropped_versions_total');
+    const dropped = app!
+      .get(Metrics)
+      .registry.getSingleMetric('infermesh_router_traffic_report_dropped_versions_total');
     expect((await dropped!.get()).values[0]!.value).toBe(3);
   });
 });

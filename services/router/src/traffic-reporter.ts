@@ -54,12 +54,21 @@ export class TrafficReporter implements OnApplicationBootstrap, BeforeApplicatio
   ) {
     // The instance id the router announces itself to the mesh with (or would: <service>-<host>-<pid>).
     this.reporter = meshInstanceId(identity.name, identity.settings.mesh);
-    this.reports = metrics.counter('traffic_reports_total', 'Traffic reports sent to the registry, by outcome: ok, or refused (their counts go into the next).', ['outcome']);
+    this.reports = metrics.counter(
+      'traffic_reports_total',
+      'Traffic reports sent to the registry, by outcome: ok, or refused (their counts go into the next).',
+      ['outcome'],
+    );
     this.dropped = metrics.counter(
       'traffic_report_dropped_versions_total',
       `Versions whose unreported traffic counts were dropped: more than ${MAX_PENDING_VERSIONS} versions waited for a report.`,
     );
-    metrics.gauge('traffic_report_pending_versions', 'Versions with traffic counted and not yet reported to the registry.', [], (gauge) => gauge.set(this.pending.size));
+    metrics.gauge(
+      'traffic_report_pending_versions',
+      'Versions with traffic counted and not yet reported to the registry.',
+      [],
+      (gauge) => gauge.set(this.pending.size),
+    );
   }
 
   onApplicationBootstrap(): void {
@@ -107,7 +116,10 @@ export class TrafficReporter implements OnApplicationBootstrap, BeforeApplicatio
     const deadlineMs = Date.now() + FINAL_REPORT_TIMEOUT_MS;
     if (this.sending !== undefined) {
       let timer: NodeJS.Timeout | undefined;
-      await Promise.race([this.sending, new Promise((resolve) => (timer = setTimeout(resolve, FINAL_REPORT_TIMEOUT_MS)))]);
+      await Promise.race([
+        this.sending,
+        new Promise((resolve) => (timer = setTimeout(resolve, FINAL_REPORT_TIMEOUT_MS))),
+      ]);
       clearTimeout(timer);
     }
     if (Date.now() < deadlineMs) await this.send(deadlineMs);

@@ -4,7 +4,12 @@ import { createClient, toRpcError } from '@infermesh/grpc';
 import { BatcherService } from '@infermesh/proto/gen/infermesh/batcher/v1/batcher_pb';
 import { CacheService, type StoreRequest, StoreRequestSchema } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type Model, type ModelVersion, RegistryService, type ReportTrafficRequestSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  type ModelVersion,
+  RegistryService,
+  type ReportTrafficRequestSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger } from '@infermesh/telemetry';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 
@@ -21,7 +26,10 @@ export class RegistryAdapter implements OnApplicationShutdown {
   }
 
   async resolve(model: string, versionId: string): Promise<ModelVersion> {
-    const { version } = await this.client.resolveModelVersion({ model: `models/${model}`, versionId }, { timeoutMs: RESOLVE_TIMEOUT_MS });
+    const { version } = await this.client.resolveModelVersion(
+      { model: `models/${model}`, versionId },
+      { timeoutMs: RESOLVE_TIMEOUT_MS },
+    );
     if (version === undefined) throw new Error(`registry resolved models/${model} to nothing`);
     return version;
   }
@@ -107,7 +115,11 @@ export class CacheAdapter implements OnApplicationShutdown {
     const timeoutMs = this.pendingTimeoutMs;
     return Promise.all(
       this.takePending().map((request) =>
-        this.client.store(request, { timeoutMs }).catch((error: unknown) => this.logger.debug('result cache store failed', { err: toRpcError(error).message })),
+        this.client
+          .store(request, { timeoutMs })
+          .catch((error: unknown) =>
+            this.logger.debug('result cache store failed', { err: toRpcError(error).message }),
+          ),
       ),
     ).then(() => undefined);
   }

@@ -4,7 +4,13 @@ import { status } from '@grpc/grpc-js';
 import type { DynamicModule, INestApplicationContext, Type } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { RpcError } from '@infermesh/grpc';
-import { type Model, ModelSchema, type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  ModelSchema,
+  type ModelVersion,
+  ModelVersionSchema,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { HealthDetails } from '@infermesh/runtime';
 import { type FakeRegistry, freePort, rpcRejection, startFakeRegistry } from '@infermesh/testing';
@@ -20,7 +26,12 @@ import { VersionResolver } from './version-resolver';
 class FakeRegistryAdapter {
   readonly calls: { model: string; versionId: string }[] = [];
   latest = '1';
-  private waiting: { resolve: (v: ModelVersion) => void; reject: (e: unknown) => void; model: string; versionId: string }[] = [];
+  private waiting: {
+    resolve: (v: ModelVersion) => void;
+    reject: (e: unknown) => void;
+    model: string;
+    versionId: string;
+  }[] = [];
   /** When true, calls wait for answer()/fail(); otherwise they answer at once. */
   manual = false;
 
@@ -45,13 +56,19 @@ class FakeRegistryAdapter {
   }
 
   private version(model: string, versionId: string): ModelVersion {
-    return create(ModelVersionSchema, { name: `models/${model}/versions/${versionId || this.latest}`, state: VersionState.READY });
+    return create(ModelVersionSchema, {
+      name: `models/${model}/versions/${versionId || this.latest}`,
+      state: VersionState.READY,
+    });
   }
 }
 
 const unused = {};
 
-const watchedVersion = (model: string, id: string, state: VersionState) => ({ name: `models/${model}/versions/${id}`, state });
+const watchedVersion = (model: string, id: string, state: VersionState) => ({
+  name: `models/${model}/versions/${id}`,
+  state,
+});
 
 describe(VersionResolver.name, () => {
   let app: INestApplicationContext;
@@ -195,7 +212,8 @@ describe(VersionResolver.name, () => {
       const watch = app.get(RegistryWatch);
       const deadline = Date.now() + 10_000;
       while (watch.revision !== watched.revision) {
-        if (Date.now() > deadline) throw new Error(`the watch is at revision ${watch.revision}, the registry at ${watched.revision}`);
+        if (Date.now() > deadline)
+          throw new Error(`the watch is at revision ${watch.revision}, the registry at ${watched.revision}`);
         await new Promise((r) => setTimeout(r, 5));
       }
     }
@@ -204,7 +222,11 @@ describe(VersionResolver.name, () => {
       watched = await startFakeRegistry();
       watched.put({
         name: 'models/mlp',
-        versions: [watchedVersion('mlp', '1', VersionState.READY), watchedVersion('mlp', '2', VersionState.READY), watchedVersion('mlp', '3', VersionState.LOADING)],
+        versions: [
+          watchedVersion('mlp', '1', VersionState.READY),
+          watchedVersion('mlp', '2', VersionState.READY),
+          watchedVersion('mlp', '3', VersionState.LOADING),
+        ],
         cache: { ttlMs: 5_000n },
       });
       watched.put({ name: 'models/cold', versions: [watchedVersion('cold', '1', VersionState.LOADING)] });
@@ -217,8 +239,16 @@ describe(VersionResolver.name, () => {
     it('resolves from the models the watch holds without asking the registry, and applies a change to the next request', async () => {
       const sut = await following();
 
-      expect(await sut.resolve('mlp', '')).toMatchObject({ version: { name: 'models/mlp/versions/2' }, route: 'stable', cache: { ttlMs: 5_000n } });
-      expect(await sut.resolve('mlp', '1')).toMatchObject({ version: { name: 'models/mlp/versions/1' }, route: 'explicit', cache: { ttlMs: 5_000n } });
+      expect(await sut.resolve('mlp', '')).toMatchObject({
+        version: { name: 'models/mlp/versions/2' },
+        route: 'stable',
+        cache: { ttlMs: 5_000n },
+      });
+      expect(await sut.resolve('mlp', '1')).toMatchObject({
+        version: { name: 'models/mlp/versions/1' },
+        route: 'explicit',
+        cache: { ttlMs: 5_000n },
+      });
 
       watched.put({
         name: 'models/mlp',
@@ -241,7 +271,11 @@ describe(VersionResolver.name, () => {
 
       const resolved = await sut.resolve('mlp', '');
 
-      expect(resolved).toMatchObject({ version: { name: 'models/mlp/versions/1' }, route: 'stable', shadow: { name: 'models/mlp/versions/2' } });
+      expect(resolved).toMatchObject({
+        version: { name: 'models/mlp/versions/1' },
+        route: 'stable',
+        shadow: { name: 'models/mlp/versions/2' },
+      });
       expect(await sut.fallbackOf('mlp')).toBe('cold');
       expect(await sut.fallbackOf('cold')).toBe('');
       expect(registry.calls).toEqual([]);
@@ -249,9 +283,30 @@ describe(VersionResolver.name, () => {
 
     it.each([
       ['an unknown version', 'mlp', '9', status.NOT_FOUND, 'VERSION_NOT_FOUND', 'model "mlp" has no version 9'],
-      ['a version that is not READY', 'mlp', '3', status.UNAVAILABLE, 'MODEL_NOT_READY', 'version 3 of model "mlp" is LOADING, not READY'],
-      ['a version id that is not one', 'mlp', 'v1', status.INVALID_ARGUMENT, 'INVALID_REQUEST', 'invalid version id "v1": expected a positive integer such as "1"'],
-      ['a model with no READY version', 'cold', '', status.UNAVAILABLE, 'MODEL_NOT_READY', 'model "cold" has no READY version'],
+      [
+        'a version that is not READY',
+        'mlp',
+        '3',
+        status.UNAVAILABLE,
+        'MODEL_NOT_READY',
+        'version 3 of model "mlp" is LOADING, not READY',
+      ],
+      [
+        'a version id that is not one',
+        'mlp',
+        'v1',
+        status.INVALID_ARGUMENT,
+        'INVALID_REQUEST',
+        'invalid version id "v1": expected a positive integer such as "1"',
+      ],
+      [
+        'a model with no READY version',
+        'cold',
+        '',
+        status.UNAVAILABLE,
+        'MODEL_NOT_READY',
+        'model "cold" has no READY version',
+      ],
     ])('refuses %s as the registry would', async (_case, model, versionId, code, reason, message) => {
       const sut = await following();
 
@@ -263,12 +318,20 @@ describe(VersionResolver.name, () => {
 
     it('refuses an unloaded model with UNAVAILABLE MODEL_NOT_READY, with or without a version, and serves it again once loaded', async () => {
       const sut = await following();
-      watched.put({ name: 'models/mlp', versions: [watchedVersion('mlp', '1', VersionState.DRAINING)], unloaded: true });
+      watched.put({
+        name: 'models/mlp',
+        versions: [watchedVersion('mlp', '1', VersionState.DRAINING)],
+        unloaded: true,
+      });
       await applied();
 
       for (const versionId of ['', '1']) {
         const error = await rpcRejection(sut.resolve('mlp', versionId));
-        expect([error.code, error.reason, error.message]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY', 'model "mlp" is unloaded']);
+        expect([error.code, error.reason, error.message]).toEqual([
+          status.UNAVAILABLE,
+          'MODEL_NOT_READY',
+          'model "mlp" is unloaded',
+        ]);
       }
 
       watched.put({ name: 'models/mlp', versions: [watchedVersion('mlp', '1', VersionState.READY)] });
@@ -321,7 +384,11 @@ describe(VersionResolver.name, () => {
 
       expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
       expect(registry.calls).toEqual([{ model: 'mlp', versionId: '' }]);
-      expect(app.get(HealthDetails).report()['registry']).toMatchObject({ connected: false, serving_last_config: false, models: 0 });
+      expect(app.get(HealthDetails).report()['registry']).toMatchObject({
+        connected: false,
+        serving_last_config: false,
+        models: 0,
+      });
     });
   });
 });

@@ -1,7 +1,12 @@
 import { Inject, Injectable } from '@nestjs/common';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
-import { type CachePolicy, type Model, type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type CachePolicy,
+  type Model,
+  type ModelVersion,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { checkVersionId, route, type RouteKind, shadowOf, versionIdOf } from '@infermesh/rollout';
 import { LookupMemo } from '@infermesh/runtime';
@@ -78,14 +83,17 @@ export class VersionResolver implements KnownModels {
 
   /** The model that answers for this one, marked degraded, when it cannot; empty when none. */
   async fallbackOf(model: string): Promise<string> {
-    return ((this.watch.model(model) ?? (await this.models.get(model))).rollout?.fallbackModel ?? '');
+    return (this.watch.model(model) ?? (await this.models.get(model))).rollout?.fallbackModel ?? '';
   }
 
   async resolve(model: string, versionId: string, routingKey = ''): Promise<Resolved> {
     const watched = this.watch.model(model);
     if (watched !== undefined) return resolveWatched(model, watched, versionId, routingKey);
     if (versionId !== '') {
-      const [version, found] = await Promise.all([this.versions.get(`${model}\u0000${versionId}`), this.models.get(model).catch(() => undefined)]);
+      const [version, found] = await Promise.all([
+        this.versions.get(`${model}\u0000${versionId}`),
+        this.models.get(model).catch(() => undefined),
+      ]);
       return { version, route: 'explicit', cache: found?.cache };
     }
     return routed(model, await this.models.get(model), routingKey);
@@ -99,7 +107,10 @@ function resolveWatched(modelId: string, model: Model, versionId: string, routin
   checkVersionId(versionId);
   const version = model.versions.find((v) => versionIdOf(v.name) === versionId);
   if (version === undefined) {
-    throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', { model: modelId, version: versionId });
+    throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', {
+      model: modelId,
+      version: versionId,
+    });
   }
   if (version.state !== VersionState.READY) {
     const state = stateName(version.state);
@@ -116,7 +127,10 @@ function routed(modelId: string, model: Model, routingKey: string): Resolved {
   checkLoaded(modelId, model);
   const chosen = route(model, routingKey);
   if (chosen === undefined) {
-    throw new RpcError(status.UNAVAILABLE, `model "${modelId}" has no READY version`, { reason: 'MODEL_NOT_READY', metadata: { model: modelId } });
+    throw new RpcError(status.UNAVAILABLE, `model "${modelId}" has no READY version`, {
+      reason: 'MODEL_NOT_READY',
+      metadata: { model: modelId },
+    });
   }
   return { version: chosen.version, route: chosen.kind, shadow: shadowOf(model, chosen.version), cache: model.cache };
 }
@@ -124,7 +138,10 @@ function routed(modelId: string, model: Model, routingKey: string): Resolved {
 /** An unloaded model (Triton's explicit model control) serves no version until it is loaded again. */
 function checkLoaded(modelId: string, model: Model): void {
   if (model.unloaded) {
-    throw new RpcError(status.UNAVAILABLE, `model "${modelId}" is unloaded`, { reason: 'MODEL_NOT_READY', metadata: { model: modelId } });
+    throw new RpcError(status.UNAVAILABLE, `model "${modelId}" is unloaded`, {
+      reason: 'MODEL_NOT_READY',
+      metadata: { model: modelId },
+    });
   }
 }
 

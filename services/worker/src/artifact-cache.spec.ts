@@ -63,7 +63,9 @@ describe(ArtifactCache.name, () => {
   });
 
   it('refuses a recorded SHA-256 that is not lower-case hex, without downloading', async () => {
-    await expect(sut.fetch('../../etc/passwd', () => chunked(Buffer.alloc(1)))).rejects.toThrow(ArtifactVerificationError);
+    await expect(sut.fetch('../../etc/passwd', () => chunked(Buffer.alloc(1)))).rejects.toThrow(
+      ArtifactVerificationError,
+    );
   });
 
   it('keeps its copies within maxBytes, deleting the least recently used first', async () => {

@@ -66,7 +66,9 @@ export class ArtifactCache {
     const actual = hash.digest('hex');
     if (actual !== sha256) {
       await rm(partial, { force: true });
-      throw new ArtifactVerificationError(`artifact ${sha256} failed verification: the downloaded bytes hash to ${actual}`);
+      throw new ArtifactVerificationError(
+        `artifact ${sha256} failed verification: the downloaded bytes hash to ${actual}`,
+      );
     }
     await rename(partial, file);
     await this.prune(file);

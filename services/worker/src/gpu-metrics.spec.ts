@@ -6,7 +6,13 @@ import { findNvidiaSmi, parseNvidiaSmi } from './gpu-metrics';
 describe(parseNvidiaSmi.name, () => {
   it('reads index, name, utilisation (as a ratio) and memory (MiB as bytes) per GPU', () => {
     expect(parseNvidiaSmi('0, NVIDIA H200, 37, 1024, 143771\n1, NVIDIA H200, 0, 0, 143771\n')).toEqual([
-      { index: '0', name: 'NVIDIA H200', utilizationRatio: 0.37, memoryUsedBytes: 1024 * 2 ** 20, memoryTotalBytes: 143771 * 2 ** 20 },
+      {
+        index: '0',
+        name: 'NVIDIA H200',
+        utilizationRatio: 0.37,
+        memoryUsedBytes: 1024 * 2 ** 20,
+        memoryTotalBytes: 143771 * 2 ** 20,
+      },
       { index: '1', name: 'NVIDIA H200', utilizationRatio: 0, memoryUsedBytes: 0, memoryTotalBytes: 143771 * 2 ** 20 },
     ]);
   });

@@ -16,7 +16,10 @@ export interface GpuSample {
 }
 
 /** The fields asked of nvidia-smi, in the order parseNvidiaSmi reads them. */
-export const NVIDIA_SMI_ARGS = ['--query-gpu=index,name,utilization.gpu,memory.used,memory.total', '--format=csv,noheader,nounits'];
+export const NVIDIA_SMI_ARGS = [
+  '--query-gpu=index,name,utilization.gpu,memory.used,memory.total',
+  '--format=csv,noheader,nounits',
+];
 
 /** nvidia-smi's CSV (see NVIDIA_SMI_ARGS) as samples; lines it cannot read ("[N/A]") are skipped. */
 export function parseNvidiaSmi(csv: string): GpuSample[] {
@@ -61,7 +64,8 @@ export function findNvidiaSmi(path = process.env['PATH'] ?? ''): string | undefi
 export class GpuMetrics implements OnApplicationBootstrap, OnApplicationShutdown {
   private timer: NodeJS.Timeout | undefined;
   private readonly executable = findNvidiaSmi();
-  private gauges: { utilization: Gauge<'gpu' | 'name'>; used: Gauge<'gpu' | 'name'>; total: Gauge<'gpu' | 'name'> } | undefined;
+  private gauges:
+    { utilization: Gauge<'gpu' | 'name'>; used: Gauge<'gpu' | 'name'>; total: Gauge<'gpu' | 'name'> } | undefined;
   private failing = false;
 
   constructor(
@@ -74,7 +78,11 @@ export class GpuMetrics implements OnApplicationBootstrap, OnApplicationShutdown
     if (this.executable === undefined) return;
     const labels = ['gpu', 'name'] as const;
     this.gauges = {
-      utilization: this.metrics.gauge('gpu_utilization_ratio', 'GPU utilisation over the last sample period, 0 to 1 (nvidia-smi).', labels),
+      utilization: this.metrics.gauge(
+        'gpu_utilization_ratio',
+        'GPU utilisation over the last sample period, 0 to 1 (nvidia-smi).',
+        labels,
+      ),
       used: this.metrics.gauge('gpu_memory_used_bytes', 'GPU memory in use (nvidia-smi).', labels),
       total: this.metrics.gauge('gpu_memory_total_bytes', 'GPU memory in all (nvidia-smi).', labels),
     };

@@ -50,9 +50,19 @@ export class InferenceExecutor {
       COMPUTE_BUCKETS_SECONDS,
       { exemplars: true },
     );
-    this.batchSizes = metrics.histogram('inference_batch_size', 'Batch size (first dimension) of the requests a model version runs.', ['model', 'version'], BATCH_BUCKETS);
-    this.failures = metrics.counter('inference_failures_total', 'Requests refused or failed, by ErrorInfo reason.', ['reason']);
-    this.inFlight = metrics.gauge('inference_requests_in_flight', 'Requests the worker is handling now, loading their model included.');
+    this.batchSizes = metrics.histogram(
+      'inference_batch_size',
+      'Batch size (first dimension) of the requests a model version runs.',
+      ['model', 'version'],
+      BATCH_BUCKETS,
+    );
+    this.failures = metrics.counter('inference_failures_total', 'Requests refused or failed, by ErrorInfo reason.', [
+      'reason',
+    ]);
+    this.inFlight = metrics.gauge(
+      'inference_requests_in_flight',
+      'Requests the worker is handling now, loading their model included.',
+    );
   }
 
   /** From now on new requests are refused with UNAVAILABLE; those already running finish. */
@@ -73,10 +83,14 @@ export class InferenceExecutor {
   }
 
   private async run(request: InferenceRequest, deadlineMs: number | undefined): Promise<InferenceResponse> {
-    if (this.draining) throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down; send the request to another worker', { reason: 'WORKER_DRAINING' });
+    if (this.draining)
+      throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down; send the request to another worker', {
+        reason: 'WORKER_DRAINING',
+      });
     const { modelName: model, modelVersion: version } = request;
     if (model === '') throw RpcError.invalidArgument('the request names no model');
-    if (version === '') throw RpcError.invalidArgument(`the request for model "${model}" carries no resolved model version`);
+    if (version === '')
+      throw RpcError.invalidArgument(`the request for model "${model}" carries no resolved model version`);
     assertPlaced(this.config, model, version);
     const name = versionName(model, version);
     const entry = this.table.get(name) ?? (await this.sync.lookup(name));
@@ -94,7 +108,9 @@ export class InferenceExecutor {
       const problem = checkInputs(model, session.inputs, request.inputs, entry.maxBatchSize);
       if (problem !== undefined) throw RpcError.invalidArgument(problem, 'INVALID_TENSOR', { model, version });
       if (deadlineMs !== undefined && deadlineMs <= Date.now()) {
-        throw new RpcError(status.DEADLINE_EXCEEDED, 'the request deadline passed before the model ran', { reason: 'DEADLINE_EXCEEDED' });
+        throw new RpcError(status.DEADLINE_EXCEEDED, 'the request deadline passed before the model ran', {
+          reason: 'DEADLINE_EXCEEDED',
+        });
       }
       const batch = Number(request.inputs[0]?.shape[0] ?? 1n);
       const { processing } = entry;
@@ -117,7 +133,11 @@ export class InferenceExecutor {
       spans.end(span);
       const { outputs: raw, computeMs } = run;
       const outputs = processing.postprocess(raw, request.outputClassCounts);
-      this.metrics.observe(this.computeSeconds, { model, version, device: session.executionProvider }, computeMs / 1000);
+      this.metrics.observe(
+        this.computeSeconds,
+        { model, version, device: session.executionProvider },
+        computeMs / 1000,
+      );
       if (entry.maxBatchSize > 0) this.batchSizes.observe({ model, version }, batch);
       return create(InferenceResponseSchema, { modelName: model, modelVersion: version, id: request.id, outputs });
     });
@@ -132,7 +152,8 @@ export class InferenceExecutor {
       let timer: NodeJS.Timeout | undefined;
       const timedOut = new Promise<'timeout'>((resolve) => (timer = setTimeout(() => resolve('timeout'), remaining)));
       try {
-        if ((await Promise.race([this.lifecycle.ensureLoaded(entry), timedOut])) === 'timeout') throw this.loadTimedOut(entry, deadlineMs);
+        if ((await Promise.race([this.lifecycle.ensureLoaded(entry), timedOut])) === 'timeout')
+          throw this.loadTimedOut(entry, deadlineMs);
       } finally {
         clearTimeout(timer);
       }
@@ -141,9 +162,13 @@ export class InferenceExecutor {
 
   private loadTimedOut(entry: WorkerModel, deadlineMs: number | undefined): RpcError {
     if (deadlineMs !== undefined && deadlineMs <= Date.now() + 1) {
-      return new RpcError(status.DEADLINE_EXCEEDED, `the request deadline passed while version ${entry.version} of model "${entry.model}" was loading`, {
-        reason: 'DEADLINE_EXCEEDED',
-      });
+      return new RpcError(
+        status.DEADLINE_EXCEEDED,
+        `the request deadline passed while version ${entry.version} of model "${entry.model}" was loading`,
+        {
+          reason: 'DEADLINE_EXCEEDED',
+        },
+      );
     }
     return new RpcError(
       status.UNAVAILABLE,

@@ -63,15 +63,29 @@ export class ModelLifecycle {
       ['model', 'outcome'],
       LOAD_BUCKETS_SECONDS,
     );
-    this.loads = metrics.counter('model_loads_total', 'Model version loads by outcome: ready, failed, no_room, interrupted.', ['outcome']);
-    this.unloads = metrics.counter('model_unloads_total', 'Model versions unloaded, by reason: evicted, requested, retired, shutdown.', ['reason']);
-    this.evictions = metrics.counter('model_evictions_total', 'Idle model versions evicted to make room for another under the memory budget.', ['model']);
+    this.loads = metrics.counter(
+      'model_loads_total',
+      'Model version loads by outcome: ready, failed, no_room, interrupted.',
+      ['outcome'],
+    );
+    this.unloads = metrics.counter(
+      'model_unloads_total',
+      'Model versions unloaded, by reason: evicted, requested, retired, shutdown.',
+      ['reason'],
+    );
+    this.evictions = metrics.counter(
+      'model_evictions_total',
+      'Idle model versions evicted to make room for another under the memory budget.',
+      ['model'],
+    );
     this.verificationFailures = metrics.counter(
       'artifact_verification_failures_total',
       'Artifacts refused because their bytes did not match the SHA-256 the registry recorded.',
       ['model'],
     );
-    metrics.gauge('memory_budget_bytes', 'The memory loaded model versions may be charged in all.').set(config.memoryBudgetBytes);
+    metrics
+      .gauge('memory_budget_bytes', 'The memory loaded model versions may be charged in all.')
+      .set(config.memoryBudgetBytes);
   }
 
   /**
@@ -85,7 +99,9 @@ export class ModelLifecycle {
     if (entry.loading === undefined) {
       // Shared by every request that waits for it, so it runs outside the request that started it:
       // that request's deadline or cancellation must not end the download for the others.
-      const load = this.queue.then(() => requestContext.run({ requestId: `load:${entry.name}` }, () => this.load(entry)));
+      const load = this.queue.then(() =>
+        requestContext.run({ requestId: `load:${entry.name}` }, () => this.load(entry)),
+      );
       this.queue = load.catch(() => undefined);
       entry.loading = load.finally(() => (entry.loading = undefined));
     }
@@ -98,8 +114,14 @@ export class ModelLifecycle {
     this.unloads.inc({ reason });
     this.logger.info('unloading model version', { name: entry.name, reason });
     const released = entry
-      .unload(reason === 'evicted' ? `evicted to make room under the ${formatBytes(this.config.memoryBudgetBytes)} memory budget` : '')
-      .catch((error: unknown) => this.logger.warn('releasing a session failed', { name: entry.name, err: message(error) }))
+      .unload(
+        reason === 'evicted'
+          ? `evicted to make room under the ${formatBytes(this.config.memoryBudgetBytes)} memory budget`
+          : '',
+      )
+      .catch((error: unknown) =>
+        this.logger.warn('releasing a session failed', { name: entry.name, err: message(error) }),
+      )
       .finally(() => {
         this.releases.delete(released);
         this.table.changed();
@@ -143,20 +165,27 @@ export class ModelLifecycle {
     if (entry.retired) throw notReady(entry, 'is no longer served by this worker');
     if (entry.state === ModelState.READY) return;
     if (entry.state === ModelState.FAILED) throw notReady(entry, `failed to load: ${entry.reason}`);
-    if (this.stopped) throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down', { reason: 'WORKER_DRAINING' });
+    if (this.stopped)
+      throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down', { reason: 'WORKER_DRAINING' });
     const start = process.hrtime.bigint();
     const seconds = () => Number(process.hrtime.bigint() - start) / 1e9;
     entry.state = ModelState.LOADING;
     entry.reason = '';
     this.table.changed();
-    this.logger.info('loading model version', { name: entry.name, sha256: entry.record.artifact?.sha256, pinned: entry.pinned });
+    this.logger.info('loading model version', {
+      name: entry.name,
+      sha256: entry.record.artifact?.sha256,
+      pinned: entry.pinned,
+    });
     if (entry.record.state === VersionState.REGISTERED) await this.report(entry, VersionState.LOADING, '');
 
     let session: ModelSession | undefined;
     try {
       const bytes = await this.fetchArtifact(entry);
       await (this.prepared ??= this.runtime.prepare(this.config.executionProviders).catch((error: unknown) => {
-        this.logger.warn('could not prepare the runtime; the first load is charged its start-up costs', { err: message(error) });
+        this.logger.warn('could not prepare the runtime; the first load is charged its start-up costs', {
+          err: message(error),
+        });
       }));
       await this.makeRoom(entry, Math.max(bytes.byteLength, this.estimateBytes(entry)));
       const rssBefore = process.memoryUsage.rss();
@@ -172,7 +201,8 @@ export class ModelLifecycle {
       const memoryBytes = Math.max(bytes.byteLength, process.memoryUsage.rss() - rssBefore);
       this.measuredBytes.set(entry.record.artifact?.sha256 ?? '', memoryBytes);
       await this.makeRoom(entry, memoryBytes);
-      if (this.stopped) throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down', { reason: 'WORKER_DRAINING' });
+      if (this.stopped)
+        throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down', { reason: 'WORKER_DRAINING' });
       if (entry.retired) throw notReady(entry, 'was retired while it loaded');
       entry.ready(session, memoryBytes, warmUpError);
       session = undefined;
@@ -183,7 +213,12 @@ export class ModelLifecycle {
       this.loadSeconds.observe({ model: entry.model, outcome }, seconds());
       this.table.changed();
       if (outcome === 'failed') await this.report(entry, VersionState.FAILED, entry.reason);
-      throw error instanceof RpcError ? error : notReady(entry, (entry.state as ModelState) === ModelState.FAILED ? `failed to load: ${entry.reason}` : entry.reason);
+      throw error instanceof RpcError
+        ? error
+        : notReady(
+            entry,
+            (entry.state as ModelState) === ModelState.FAILED ? `failed to load: ${entry.reason}` : entry.reason,
+          );
     }
     this.table.changed();
     this.loads.inc({ outcome: 'ready' });
@@ -218,9 +253,13 @@ export class ModelLifecycle {
       this.logger.warn('no room to load model version', { name: entry.name, reason: entry.reason });
       return 'no_room';
     }
-    if (entry.retired) this.logger.info('model version retired while it loaded; its session is freed', { name: entry.name });
+    if (entry.retired)
+      this.logger.info('model version retired while it loaded; its session is freed', { name: entry.name });
     else if (!this.stopped) {
-      this.logger.warn('model version load interrupted; the next sync loads it again', { name: entry.name, err: entry.reason });
+      this.logger.warn('model version load interrupted; the next sync loads it again', {
+        name: entry.name,
+        err: entry.reason,
+      });
       // No reason kept: a version that is still to serve loads again at the next sync (the registry
       // was unreachable, or the worker was shutting down), not only when a request asks for it.
       entry.reason = '';
@@ -243,7 +282,10 @@ export class ModelLifecycle {
         `version ${entry.version} of model "${entry.model}" needs ${formatBytes(bytes)} but the worker's memory budget ` +
           `(WORKER_MEMORY_BUDGET_BYTES) is ${formatBytes(budget)}, of which ${formatBytes(this.table.usedBytes)} is held by ` +
           `${held.length} loaded version(s) that are pinned or in use`,
-        { reason: 'MEMORY_BUDGET_EXCEEDED', metadata: { model: entry.model, version: entry.version, budget_bytes: String(budget) } },
+        {
+          reason: 'MEMORY_BUDGET_EXCEEDED',
+          metadata: { model: entry.model, version: entry.version, budget_bytes: String(budget) },
+        },
       );
     }
     const freed: Promise<void>[] = [];
@@ -251,7 +293,11 @@ export class ModelLifecycle {
       const victimEntry = this.table.get(victim.name);
       if (victimEntry === undefined) continue;
       this.evictions.inc({ model: victimEntry.model });
-      this.logger.info('evicting model version', { name: victim.name, for: entry.name, memory_bytes: victim.memoryBytes });
+      this.logger.info('evicting model version', {
+        name: victim.name,
+        for: entry.name,
+        memory_bytes: victim.memoryBytes,
+      });
       freed.push(this.unload(victimEntry, 'evicted'));
     }
     await Promise.all(freed);
@@ -309,7 +355,8 @@ export class ModelLifecycle {
       await this.registry.reportState(entry.name, state, reason, warmUpError);
       entry.record.state = state;
       if (state === VersionState.READY) entry.record.warmUpError = warmUpError;
-      if (state === VersionState.READY && !entry.record.readyWorkerIds.includes(this.config.workerId)) entry.record.readyWorkerIds.push(this.config.workerId);
+      if (state === VersionState.READY && !entry.record.readyWorkerIds.includes(this.config.workerId))
+        entry.record.readyWorkerIds.push(this.config.workerId);
     } catch (error) {
       this.logger.warn('could not report a version state; will report again', {
         name: entry.name,

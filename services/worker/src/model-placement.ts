@@ -14,12 +14,19 @@ export function isPlaced(config: Pick<WorkerConfig, 'placedModels'>, model: stri
  * Refuses a request for a model this worker does not serve with FAILED_PRECONDITION: sending it
  * again to the same worker cannot help, another worker may serve it.
  */
-export function assertPlaced(config: Pick<WorkerConfig, 'placedModels' | 'workerId'>, model: string, version?: string): void {
+export function assertPlaced(
+  config: Pick<WorkerConfig, 'placedModels' | 'workerId'>,
+  model: string,
+  version?: string,
+): void {
   if (isPlaced(config, model)) return;
   const served = [...config.placedModels].map((m) => `"${m}"`).join(', ');
   throw new RpcError(
     status.FAILED_PRECONDITION,
     `model "${model}" is not placed on worker ${config.workerId}, which serves only ${served} (WORKER_MODELS); send it to a worker that serves it`,
-    { reason: MODEL_NOT_PLACED, metadata: { model, ...(version !== undefined && { version }), worker_id: config.workerId } },
+    {
+      reason: MODEL_NOT_PLACED,
+      metadata: { model, ...(version !== undefined && { version }), worker_id: config.workerId },
+    },
   );
 }

@@ -3,7 +3,11 @@ import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
 import { thrownBy } from '@infermesh/testing';
 import { DataType, type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type ModelVersion, ModelVersionSchema, type ProcessingSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type ModelVersion,
+  ModelVersionSchema,
+  type ProcessingSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { decodeBytesElements, fromHalfBits, toHalfBits } from '@infermesh/tensors';
 import { ModelProcessing, printfFixed } from './model-processing';
 
@@ -68,7 +72,9 @@ describe(ModelProcessing.name, () => {
       const only = new ModelProcessing(version({ inputNormalizations: [{ input: 'image', mean: [0.1], std: [3] }] }));
       const x = [1, 2, 3, 4, 5, 6];
       const [out] = only.preprocess([tensor('image', DataType.FP32, [1, 2, 3], f32(x))]);
-      expect(Array.from(new Float32Array(out!.data.slice().buffer))).toEqual(x.map((v) => Math.fround((Math.fround(v) - 0.1) / 3)));
+      expect(Array.from(new Float32Array(out!.data.slice().buffer))).toEqual(
+        x.map((v) => Math.fround((Math.fround(v) - 0.1) / 3)),
+      );
     });
 
     it('normalizes FP16 through half-precision bits and FP64 with std alone', () => {
@@ -92,10 +98,22 @@ describe(ModelProcessing.name, () => {
 
     it('checks a per-position normalization against a dynamic last dimension, naming the input', () => {
       const perColumn = new ModelProcessing(version({ inputNormalizations: [{ input: 'wide', mean: [1, 2] }] }));
-      expect(Array.from(new Float64Array(perColumn.preprocess([tensor('wide', DataType.FP64, [2, 2], bytes(Float64Array.from([1, 2, 3, 4])))])[0]!.data.slice().buffer))).toEqual([0, 0, 2, 2]);
-      const error = refusal(() => perColumn.preprocess([tensor('wide', DataType.FP64, [1, 3], bytes(Float64Array.from([1, 2, 3])))]));
+      expect(
+        Array.from(
+          new Float64Array(
+            perColumn
+              .preprocess([tensor('wide', DataType.FP64, [2, 2], bytes(Float64Array.from([1, 2, 3, 4])))])[0]!
+              .data.slice().buffer,
+          ),
+        ),
+      ).toEqual([0, 0, 2, 2]);
+      const error = refusal(() =>
+        perColumn.preprocess([tensor('wide', DataType.FP64, [1, 3], bytes(Float64Array.from([1, 2, 3])))]),
+      );
       expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
-      expect(error.message).toBe('input "wide" has shape [1,3], but its normalization has 2 values for its last dimension');
+      expect(error.message).toBe(
+        'input "wide" has shape [1,3], but its normalization has 2 values for its last dimension',
+      );
     });
 
     it('hands inputs back unchanged when the version normalizes nothing', () => {
@@ -118,7 +136,12 @@ describe(ModelProcessing.name, () => {
 
     it('breaks ties by the lower index and can return every class', () => {
       const [out] = new ModelProcessing(LABELLED).postprocess([scores], { scores: 4 });
-      expect(strings(out!).slice(4)).toEqual(['3.250000:3:fish', '2.000000:0:cat', '2.000000:2:bird', '-1.000000:1:dog']);
+      expect(strings(out!).slice(4)).toEqual([
+        '3.250000:3:fish',
+        '2.000000:0:cat',
+        '2.000000:2:bird',
+        '-1.000000:1:dog',
+      ]);
     });
 
     it('writes "score:index" for classes without a label', () => {
@@ -143,7 +166,12 @@ describe(ModelProcessing.name, () => {
     });
 
     it('ranks FP16 scores by their value and puts NaN last', () => {
-      const half = tensor('half_scores', DataType.FP16, [1, 3], bytes(Uint16Array.from([0x7e00, toHalfBits(-2), toHalfBits(0.5)])));
+      const half = tensor(
+        'half_scores',
+        DataType.FP16,
+        [1, 3],
+        bytes(Uint16Array.from([0x7e00, toHalfBits(-2), toHalfBits(0.5)])),
+      );
       const [out] = new ModelProcessing(version()).postprocess([half], { half_scores: 3 });
       expect(strings(out!)).toEqual(['0.500000:2', '-2.000000:1', 'nan:0']);
     });
@@ -154,39 +182,71 @@ describe(ModelProcessing.name, () => {
         signature: { outputs: [{ name: 'scores', datatype: DataType.FP32, shape: [2n, 2n] }], maxBatchSize: 0 },
         processing: { outputLabels: [{ output: 'scores', labels: ['a', 'b', 'c', 'd'] }] },
       });
-      const [out] = new ModelProcessing(fixed).postprocess([tensor('scores', DataType.FP32, [2, 2], f32([1, 4, 3, 2]))], { scores: 3 });
+      const [out] = new ModelProcessing(fixed).postprocess(
+        [tensor('scores', DataType.FP32, [2, 2], f32([1, 4, 3, 2]))],
+        { scores: 3 },
+      );
       expect(out!.shape).toEqual([3n]);
       expect(strings(out!)).toEqual(['4.000000:1:b', '3.000000:2:c', '2.000000:3:d']);
     });
 
     it('answers an empty batch with an empty result', () => {
-      const [out] = new ModelProcessing(LABELLED).postprocess([tensor('scores', DataType.FP32, [0, 4], new Uint8Array(0))], { scores: 2 });
+      const [out] = new ModelProcessing(LABELLED).postprocess(
+        [tensor('scores', DataType.FP32, [0, 4], new Uint8Array(0))],
+        { scores: 2 },
+      );
       expect(out).toMatchObject({ datatype: DataType.BYTES, shape: [0n, 2n] });
       expect(out!.data.byteLength).toBe(0);
     });
 
     it.each<[string, Record<string, number>, Tensor[], string]>([
-      ['more classes than the output has', { scores: 5 }, [scores], 'output "scores" has 4 classes per item, fewer than the 5 class_count asks for'],
+      [
+        'more classes than the output has',
+        { scores: 5 },
+        [scores],
+        'output "scores" has 4 classes per item, fewer than the 5 class_count asks for',
+      ],
       [
         'more classes than a dynamic output turns out to have',
         { logits: 4 },
         [tensor('logits', DataType.INT64, [1, 3], bytes(BigInt64Array.from([1n, 2n, 3n])))],
         'output "logits" has 3 classes per item, fewer than the 4 class_count asks for',
       ],
-      ['a BOOL output', { flags: 1 }, [tensor('flags', DataType.BOOL, [1, 4], new Uint8Array(4))], 'output "flags" is BOOL, not numeric scores; class_count needs a numeric output'],
-      ['an unknown output', { probs: 1 }, [scores], 'class_count is asked of output "probs", but the model has no such output; its outputs are "scores", "logits", "flags", "half_scores"'],
-      ['an output the request does not return', { half_scores: 1 }, [scores], 'class_count is asked of output "half_scores", which the request does not return'],
+      [
+        'a BOOL output',
+        { flags: 1 },
+        [tensor('flags', DataType.BOOL, [1, 4], new Uint8Array(4))],
+        'output "flags" is BOOL, not numeric scores; class_count needs a numeric output',
+      ],
+      [
+        'an unknown output',
+        { probs: 1 },
+        [scores],
+        'class_count is asked of output "probs", but the model has no such output; its outputs are "scores", "logits", "flags", "half_scores"',
+      ],
+      [
+        'an output the request does not return',
+        { half_scores: 1 },
+        [scores],
+        'class_count is asked of output "half_scores", which the request does not return',
+      ],
       ['a class count of 0', { scores: 0 }, [scores], 'output "scores": class_count must be a positive integer, got 0'],
-    ])('refuses %s with INVALID_ARGUMENT / INVALID_TENSOR naming the output', (_label, classCounts, outputs, message) => {
-      const error = refusal(() => new ModelProcessing(LABELLED).postprocess(outputs, classCounts));
-      expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
-      expect(error.message).toContain(message);
-    });
+    ])(
+      'refuses %s with INVALID_ARGUMENT / INVALID_TENSOR naming the output',
+      (_label, classCounts, outputs, message) => {
+        const error = refusal(() => new ModelProcessing(LABELLED).postprocess(outputs, classCounts));
+        expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
+        expect(error.message).toContain(message);
+      },
+    );
 
     it('refuses before the model runs what the signature already rules out', () => {
       const sut = new ModelProcessing(LABELLED);
       expect(() => sut.checkClassCounts({ scores: 4, logits: 1000 })).not.toThrow();
-      expect(refusal(() => sut.checkClassCounts({ scores: 5 })).metadata).toMatchObject({ output: 'scores', class_count: '5' });
+      expect(refusal(() => sut.checkClassCounts({ scores: 5 })).metadata).toMatchObject({
+        output: 'scores',
+        class_count: '5',
+      });
       expect(refusal(() => sut.checkClassCounts({ flags: 1 })).message).toContain('"flags" is BOOL');
     });
   });

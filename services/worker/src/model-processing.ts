@@ -1,7 +1,12 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
-import { DataType, type Tensor, TensorSchema, type TensorSpec } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  DataType,
+  type Tensor,
+  TensorSchema,
+  type TensorSpec,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import type { ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import {
   datatypeInfo,
@@ -24,13 +29,23 @@ interface Normalization {
 
 /** The datatypes whose values can be ranked as class scores. */
 const RANKABLE = new Set([
-  DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64,
-  DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64,
-  DataType.FP16, DataType.FP32, DataType.FP64, DataType.BF16,
+  DataType.UINT8,
+  DataType.UINT16,
+  DataType.UINT32,
+  DataType.UINT64,
+  DataType.INT8,
+  DataType.INT16,
+  DataType.INT32,
+  DataType.INT64,
+  DataType.FP16,
+  DataType.FP32,
+  DataType.FP64,
+  DataType.BF16,
 ]);
 const FLOATING = new Set([DataType.FP16, DataType.FP32, DataType.FP64, DataType.BF16]);
 
-const invalid = (message: string, metadata: Record<string, string>) => RpcError.invalidArgument(message, 'INVALID_TENSOR', metadata);
+const invalid = (message: string, metadata: Record<string, string>) =>
+  RpcError.invalidArgument(message, 'INVALID_TENSOR', metadata);
 
 /**
  * The pre- and post-processing a model version declares in the registry (ModelVersion.processing),
@@ -77,13 +92,20 @@ export class ModelProcessing {
   checkClassCounts(classCounts: Readonly<Record<string, number>>): void {
     for (const [output, count] of Object.entries(classCounts)) {
       const metadata = { version: this.version, output };
-      if (!Number.isInteger(count) || count < 1) throw invalid(`output "${output}": class_count must be a positive integer, got ${count}`, metadata);
+      if (!Number.isInteger(count) || count < 1)
+        throw invalid(`output "${output}": class_count must be a positive integer, got ${count}`, metadata);
       const spec = this.outputs.get(output);
       if (spec === undefined) {
-        throw invalid(`class_count is asked of output "${output}", but the model has no such output; its outputs are ${[...this.outputs.keys()].map((n) => `"${n}"`).join(', ')}`, metadata);
+        throw invalid(
+          `class_count is asked of output "${output}", but the model has no such output; its outputs are ${[...this.outputs.keys()].map((n) => `"${n}"`).join(', ')}`,
+          metadata,
+        );
       }
       if (!RANKABLE.has(spec.datatype)) {
-        throw invalid(`output "${output}" is ${datatypeName(spec.datatype)}, not numeric scores; class_count needs a numeric output`, metadata);
+        throw invalid(
+          `output "${output}" is ${datatypeName(spec.datatype)}, not numeric scores; class_count needs a numeric output`,
+          metadata,
+        );
       }
       const dims = this.batches ? spec.shape.slice(1) : spec.shape;
       if (dims.every((d) => d >= 0n)) this.checkCount(output, count, elementCount(dims));
@@ -110,7 +132,10 @@ export class ModelProcessing {
     const returned = new Set(outputs.map((output) => output.name));
     const missing = asked.find((name) => !returned.has(name));
     if (missing !== undefined) {
-      throw invalid(`class_count is asked of output "${missing}", which the request does not return; request it too`, { version: this.version, output: missing });
+      throw invalid(`class_count is asked of output "${missing}", which the request does not return; request it too`, {
+        version: this.version,
+        output: missing,
+      });
     }
     return outputs.map((output) => {
       const count = classCounts[output.name];
@@ -122,16 +147,25 @@ export class ModelProcessing {
     const name = input.name;
     const metadata = { version: this.version, input: name };
     if (input.datatype !== DataType.FP16 && input.datatype !== DataType.FP32 && input.datatype !== DataType.FP64) {
-      throw invalid(`input "${name}" is ${datatypeName(input.datatype)}, but its normalization needs FP16, FP32 or FP64`, metadata);
+      throw invalid(
+        `input "${name}" is ${datatypeName(input.datatype)}, but its normalization needs FP16, FP32 or FP64`,
+        metadata,
+      );
     }
     const last = input.shape.length === 0 ? 1 : Number(input.shape[input.shape.length - 1]);
     if (width > 1 && last !== width) {
-      throw invalid(`input "${name}" has shape ${formatShape(input.shape)}, but its normalization has ${width} values for its last dimension`, metadata);
+      throw invalid(
+        `input "${name}" has shape ${formatShape(input.shape)}, but its normalization has ${width} values for its last dimension`,
+        metadata,
+      );
     }
     const count = elementCount(input.shape);
     const size = datatypeInfo(input.datatype).byteSize;
     if (input.data.byteLength !== count * size) {
-      throw invalid(`input "${name}" has ${input.data.byteLength} bytes of data but shape ${formatShape(input.shape)} needs ${count * size}`, metadata);
+      throw invalid(
+        `input "${name}" has ${input.data.byteLength} bytes of data but shape ${formatShape(input.shape)} needs ${count * size}`,
+        metadata,
+      );
     }
     const source = new DataView(input.data.buffer, input.data.byteOffset, input.data.byteLength);
     const data = new Uint8Array(input.data.byteLength);
@@ -147,7 +181,11 @@ export class ModelProcessing {
           target.setFloat64(i * 8, (source.getFloat64(i * 8, true) - meanAt(i)) / stdAt(i), true);
           break;
         default:
-          target.setUint16(i * 2, toHalfBits((fromHalfBits(source.getUint16(i * 2, true)) - meanAt(i)) / stdAt(i)), true);
+          target.setUint16(
+            i * 2,
+            toHalfBits((fromHalfBits(source.getUint16(i * 2, true)) - meanAt(i)) / stdAt(i)),
+            true,
+          );
       }
     }
     return create(TensorSchema, { name, datatype: input.datatype, shape: [...input.shape], data });
@@ -157,7 +195,10 @@ export class ModelProcessing {
     const name = output.name;
     const metadata = { version: this.version, output: name };
     if (!RANKABLE.has(output.datatype)) {
-      throw invalid(`output "${name}" is ${datatypeName(output.datatype)}, not numeric scores; class_count needs a numeric output`, metadata);
+      throw invalid(
+        `output "${name}" is ${datatypeName(output.datatype)}, not numeric scores; class_count needs a numeric output`,
+        metadata,
+      );
     }
     const batched = this.batches && output.shape.length > 0;
     const rows = batched ? Number(output.shape[0]) : 1;
@@ -165,14 +206,20 @@ export class ModelProcessing {
     this.checkCount(name, count, perRow);
     const size = datatypeInfo(output.datatype).byteSize;
     if (output.data.byteLength !== rows * perRow * size) {
-      throw new RpcError(status.INTERNAL, `output "${name}" has ${output.data.byteLength} bytes of data but shape ${formatShape(output.shape)} needs ${rows * perRow * size}`, {
-        reason: 'INTERNAL',
-        metadata,
-      });
+      throw new RpcError(
+        status.INTERNAL,
+        `output "${name}" has ${output.data.byteLength} bytes of data but shape ${formatShape(output.shape)} needs ${rows * perRow * size}`,
+        {
+          reason: 'INTERNAL',
+          metadata,
+        },
+      );
     }
     const view = new DataView(output.data.buffer, output.data.byteOffset, output.data.byteLength);
     const read = reader(output.datatype, view);
-    const format = FLOATING.has(output.datatype) ? (v: number | bigint) => printfFixed(Number(v)) : (v: number | bigint) => String(v);
+    const format = FLOATING.has(output.datatype)
+      ? (v: number | bigint) => printfFixed(Number(v))
+      : (v: number | bigint) => String(v);
     const labels = this.labels.get(name) ?? [];
     const elements: Buffer[] = [];
     for (let row = 0; row < rows; row += 1) {
@@ -194,11 +241,14 @@ export class ModelProcessing {
 
   private checkCount(output: string, count: number, classes: number): void {
     if (count > classes) {
-      throw invalid(`output "${output}" has ${classes} classes per item, fewer than the ${count} class_count asks for`, {
-        version: this.version,
-        output,
-        class_count: String(count),
-      });
+      throw invalid(
+        `output "${output}" has ${classes} classes per item, fewer than the ${count} class_count asks for`,
+        {
+          version: this.version,
+          output,
+          class_count: String(count),
+        },
+      );
     }
   }
 }

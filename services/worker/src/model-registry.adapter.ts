@@ -25,7 +25,10 @@ export class GrpcModelRegistry extends ModelRegistry {
   }
 
   async *download(sha256: string, signal: AbortSignal): AsyncIterable<Uint8Array> {
-    for await (const message of this.client.downloadArtifact({ sha256 }, { timeoutMs: this.options.downloadTimeoutMs, signal })) {
+    for await (const message of this.client.downloadArtifact(
+      { sha256 },
+      { timeoutMs: this.options.downloadTimeoutMs, signal },
+    )) {
       yield message.chunk;
     }
   }

@@ -1,6 +1,13 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { buildIdentityModel, buildMlpModel, buildMultiIoModel, buildTinyModel, TINY_BIAS, TINY_WEIGHT } from '@infermesh/model-builder';
+import {
+  buildIdentityModel,
+  buildMlpModel,
+  buildMultiIoModel,
+  buildTinyModel,
+  TINY_BIAS,
+  TINY_WEIGHT,
+} from '@infermesh/model-builder';
 import { RpcError } from '@infermesh/grpc';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { DataType, decodeBytesElements, encodeBytesElements } from '@infermesh/tensors';
@@ -11,18 +18,38 @@ import { ModelLoadError, PREPARATION_MODEL } from './model-runtime';
 import { ThreadsModelRuntime, type ThreadsModelSession } from './model-runtime.threads';
 
 const fp32 = (name: string, values: ArrayLike<number>, shape: number[]): Tensor =>
-  create(TensorSchema, { name, datatype: DataType.FP32, shape: shape.map(BigInt), data: Buffer.from(Float32Array.from(values).buffer) });
+  create(TensorSchema, {
+    name,
+    datatype: DataType.FP32,
+    shape: shape.map(BigInt),
+    data: Buffer.from(Float32Array.from(values).buffer),
+  });
 const int64 = (name: string, values: bigint[], shape: number[]): Tensor =>
-  create(TensorSchema, { name, datatype: DataType.INT64, shape: shape.map(BigInt), data: Buffer.from(BigInt64Array.from(values).buffer) });
+  create(TensorSchema, {
+    name,
+    datatype: DataType.INT64,
+    shape: shape.map(BigInt),
+    data: Buffer.from(BigInt64Array.from(values).buffer),
+  });
 const floats = (t: Tensor) => Array.from(new Float32Array(Uint8Array.from(t.data).buffer));
 const bigints = (t: Tensor) => Array.from(new BigInt64Array(Uint8Array.from(t.data).buffer));
 
 const MLP = buildMlpModel();
 const STRINGS = buildIdentityModel(['BYTES']);
 const strings = (values: string[]): Tensor =>
-  create(TensorSchema, { name: 'bytes_in', datatype: DataType.BYTES, shape: [1n, BigInt(values.length)], data: encodeBytesElements(values.map((v) => Buffer.from(v))) });
+  create(TensorSchema, {
+    name: 'bytes_in',
+    datatype: DataType.BYTES,
+    shape: [1n, BigInt(values.length)],
+    data: encodeBytesElements(values.map((v) => Buffer.from(v))),
+  });
 /** A batch of MLP inputs, different for each seed. */
-const mlpInput = (rows: number, seed = 0) => fp32('input', Float32Array.from({ length: rows * 512 }, (_, i) => Math.sin(seed * 7919 + i)), [rows, 512]);
+const mlpInput = (rows: number, seed = 0) =>
+  fp32(
+    'input',
+    Float32Array.from({ length: rows * 512 }, (_, i) => Math.sin(seed * 7919 + i)),
+    [rows, 512],
+  );
 
 async function rejection(promise: Promise<unknown>): Promise<RpcError> {
   const error = await promise.then(
@@ -47,7 +74,12 @@ const crashingRuntime = (instancesPerModel: number, died: string[], restartDelay
 
 describe(ThreadsModelRuntime.name, () => {
   const crashes: string[] = [];
-  const sut = new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1, onThreadCrash: (reason) => crashes.push(reason), restartDelayMs: 50 });
+  const sut = new ThreadsModelRuntime({
+    instancesPerModel: 1,
+    intraOpThreads: 1,
+    onThreadCrash: (reason) => crashes.push(reason),
+    restartDelayMs: 50,
+  });
   const two = new ThreadsModelRuntime({ instancesPerModel: 2, intraOpThreads: 1 });
   const open: ThreadsModelSession[] = [];
   const load = async (runtime: ThreadsModelRuntime, bytes: Uint8Array, providers = ['cpu']) => {
@@ -62,27 +94,43 @@ describe(ThreadsModelRuntime.name, () => {
   it('runs the tiny model: input · W + b', async () => {
     const session = await load(sut, buildTinyModel().bytes);
     const x = [1, 2, 3, 4, -1, 0.5, 0, 2];
-    const { outputs: [output] } = await session.run([fp32('input', x, [2, 4])], []);
+    const {
+      outputs: [output],
+    } = await session.run([fp32('input', x, [2, 4])], []);
     expect(output!.name).toBe('output');
     expect(output!.datatype).toBe(DataType.FP32);
     expect(output!.shape).toEqual([2n, 3n]);
     const expected = [0, 1].flatMap((r) =>
-      [0, 1, 2].map((o) => TINY_BIAS[o]! + [0, 1, 2, 3].reduce((sum, i) => sum + x[r * 4 + i]! * TINY_WEIGHT[i * 3 + o]!, 0)),
+      [0, 1, 2].map(
+        (o) => TINY_BIAS[o]! + [0, 1, 2, 3].reduce((sum, i) => sum + x[r * 4 + i]! * TINY_WEIGHT[i * 3 + o]!, 0),
+      ),
     );
     floats(output!).forEach((v, i) => expect(v).toBeCloseTo(expected[i]!, 5));
   });
 
   it('gives the same bytes as onnxruntime-node run in-process', async () => {
     const session = await load(sut, MLP.bytes);
-    const reference = await ort.InferenceSession.create(MLP.bytes, { intraOpNumThreads: 1, interOpNumThreads: 1, graphOptimizationLevel: 'all' });
+    const reference = await ort.InferenceSession.create(MLP.bytes, {
+      intraOpNumThreads: 1,
+      interOpNumThreads: 1,
+      graphOptimizationLevel: 'all',
+    });
     try {
       for (const rows of [1, 8, 33]) {
         const input = mlpInput(rows, rows);
-        const { outputs: [output] } = await session.run([input], []);
-        const expected = (await reference.run({ input: new ort.Tensor('float32', new Float32Array(Uint8Array.from(input.data).buffer), [rows, 512]) }))[reference.outputNames[0]!]!;
+        const {
+          outputs: [output],
+        } = await session.run([input], []);
+        const expected = (
+          await reference.run({
+            input: new ort.Tensor('float32', new Float32Array(Uint8Array.from(input.data).buffer), [rows, 512]),
+          })
+        )[reference.outputNames[0]!]!;
         const bytes = expected.data as Float32Array;
         expect(output!.shape).toEqual(expected.dims.map(BigInt));
-        expect(Buffer.from(output!.data).equals(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength))).toBe(true);
+        expect(Buffer.from(output!.data).equals(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength))).toBe(
+          true,
+        );
       }
     } finally {
       await reference.release();
@@ -104,7 +152,10 @@ describe(ThreadsModelRuntime.name, () => {
 
   it('runs the multi-io model, every output in its own datatype', async () => {
     const session = await load(sut, buildMultiIoModel().bytes);
-    const { outputs } = await session.run([fp32('x', [1, -2, 0, 3.5, -0.5, 4, 5, -6], [2, 4]), int64('ids', [0n, 41n, -1n, 2n ** 62n], [2, 2])], []);
+    const { outputs } = await session.run(
+      [fp32('x', [1, -2, 0, 3.5, -0.5, 4, 5, -6], [2, 4]), int64('ids', [0n, 41n, -1n, 2n ** 62n], [2, 2])],
+      [],
+    );
     expect(outputs.map((o) => o.name)).toEqual(['y', 'ids_plus_one', 'positive']);
     expect(floats(outputs[0]!)).toEqual([2, -4, 0, 7, -1, 8, 10, -12]);
     expect(bigints(outputs[1]!)).toEqual([1n, 42n, 0n, 2n ** 62n + 1n]);
@@ -115,7 +166,10 @@ describe(ThreadsModelRuntime.name, () => {
 
   it('returns only the outputs asked for, in the order asked', async () => {
     const session = await load(sut, buildMultiIoModel().bytes);
-    const { outputs } = await session.run([fp32('x', [1, -1, 1, -1], [1, 4]), int64('ids', [7n, 8n], [1, 2])], ['positive', 'ids_plus_one']);
+    const { outputs } = await session.run(
+      [fp32('x', [1, -1, 1, -1], [1, 4]), int64('ids', [7n, 8n], [1, 2])],
+      ['positive', 'ids_plus_one'],
+    );
     expect(outputs.map((o) => o.name)).toEqual(['positive', 'ids_plus_one']);
     expect(Array.from(outputs[0]!.data)).toEqual([1, 0, 1, 0]);
   });
@@ -137,8 +191,10 @@ describe(ThreadsModelRuntime.name, () => {
     expect((await session.run([fp32('input', [1, 2, 3, 4], [1, 4])], [])).outputs).toHaveLength(1);
   });
 
-  it('fails with every provider\'s reason when none can load the model', async () => {
-    await expect(sut.load(Buffer.from('not an onnx model'), ['no-such-provider', 'cpu'])).rejects.toThrow(ModelLoadError);
+  it("fails with every provider's reason when none can load the model", async () => {
+    await expect(sut.load(Buffer.from('not an onnx model'), ['no-such-provider', 'cpu'])).rejects.toThrow(
+      ModelLoadError,
+    );
     await expect(sut.load(Buffer.from('not an onnx model'), ['cpu'])).rejects.toThrow(/cpu: /);
   });
 
@@ -166,7 +222,10 @@ describe(ThreadsModelRuntime.name, () => {
     const session = await load(crashing, MLP.bytes);
     const before = [...session.threads];
 
-    const [crashed, other] = await Promise.allSettled([session.run([fp32('crash', [0], [1])], []), session.run([mlpInput(64)], [])]);
+    const [crashed, other] = await Promise.allSettled([
+      session.run([fp32('crash', [0], [1])], []),
+      session.run([mlpInput(64)], []),
+    ]);
 
     expect(crashed.status).toBe('rejected');
     const error = (crashed as PromiseRejectedResult).reason as RpcError;
@@ -217,7 +276,9 @@ describe(ThreadsModelRuntime.name, () => {
 
     const died: string[] = [];
     const crashing = crashingRuntime(1, died, 60_000);
-    const session = (await crashing.load(buildTinyModel().bytes, ['cpu'], () => Promise.reject(new Error('artifact refused: bytes hash to 00')))) as ThreadsModelSession;
+    const session = (await crashing.load(buildTinyModel().bytes, ['cpu'], () =>
+      Promise.reject(new Error('artifact refused: bytes hash to 00')),
+    )) as ThreadsModelSession;
     open.push(session);
     const crashed = session.run([fp32('crash', [0], [1])], []);
     const waiting = session.run([fp32('input', [1, 2, 3, 4], [1, 4])], []);
@@ -252,7 +313,9 @@ describe(ThreadsModelRuntime.name, () => {
   it('passes BYTES elements through the thread: UTF-8, empty and long strings', async () => {
     const session = await load(sut, STRINGS.bytes);
     const values = ['é', '', '日本語', 'x'.repeat(70_000)];
-    const { outputs: [output] } = await session.run([strings(values)], []);
+    const {
+      outputs: [output],
+    } = await session.run([strings(values)], []);
     expect(output!.datatype).toBe(DataType.BYTES);
     expect(output!.shape).toEqual([1n, 4n]);
     expect(decodeBytesElements(output!.data)!.map((b) => b.toString('utf8'))).toEqual(values);
@@ -263,20 +326,27 @@ describe(ThreadsModelRuntime.name, () => {
     const exits = session.threads.map(exited);
     const running = session.run([mlpInput(512)], []);
     await session.release();
-    const { outputs: [output] } = await running;
+    const {
+      outputs: [output],
+    } = await running;
     expect(output!.shape).toEqual([512n, 512n]);
     expect(await Promise.all(exits)).toEqual([0]);
   });
 
   it('refuses a BF16 tensor with UNIMPLEMENTED naming the tensor', async () => {
     const session = await load(sut, buildTinyModel().bytes);
-    const bf16 = create(TensorSchema, { name: 'input', datatype: DataType.BF16, shape: [1n, 4n], data: new Uint8Array(8) });
+    const bf16 = create(TensorSchema, {
+      name: 'input',
+      datatype: DataType.BF16,
+      shape: [1n, 4n],
+      data: new Uint8Array(8),
+    });
     const error = await rejection(session.run([bf16], []));
     expect([error.code, error.reason]).toEqual([status.UNIMPLEMENTED, 'DATATYPE_UNSUPPORTED']);
     expect(error.message).toMatch(/tensor "input": datatype BF16 is not supported/);
   });
 
-  it('ends the model\'s threads on release and refuses to run after', async () => {
+  it("ends the model's threads on release and refuses to run after", async () => {
     const session = await load(two, buildTinyModel().bytes);
     const exits = session.threads.map(exited);
     expect(exits).toHaveLength(2);

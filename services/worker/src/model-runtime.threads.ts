@@ -1,7 +1,11 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
-import { type Tensor, type TensorSpec, TensorSpecSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  type Tensor,
+  type TensorSpec,
+  TensorSpecSchema,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { datatypeFromOrt } from '@infermesh/tensors';
 import { existsSync, readdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -80,15 +84,23 @@ export class ThreadsModelRuntime extends ModelRuntime {
     super();
     for (const provider of ['cuda', 'tensorrt']) {
       if (!providerLibraryInstalled(provider)) {
-        this.unavailable.set(provider, `the ${provider} execution provider is not installed on this host (README: GPU hosts)`);
+        this.unavailable.set(
+          provider,
+          `the ${provider} execution provider is not installed on this host (README: GPU hosts)`,
+        );
       }
     }
   }
 
-  async load(model: Uint8Array, executionProviders: readonly string[], reload?: () => Promise<Uint8Array>): Promise<ModelSession> {
+  async load(
+    model: Uint8Array,
+    executionProviders: readonly string[],
+    reload?: () => Promise<Uint8Array>,
+  ): Promise<ModelSession> {
     // Each thread receives its own clone: the caller's bytes when they own their buffer, else a compact
     // copy. Kept to start replacement threads only when there is no `reload` to fetch them again.
-    const bytes = model.byteOffset === 0 && model.byteLength === model.buffer.byteLength ? model : new Uint8Array(model);
+    const bytes =
+      model.byteOffset === 0 && model.byteLength === model.buffer.byteLength ? model : new Uint8Array(model);
     const failures: string[] = [];
     for (const provider of executionProviders) {
       const missing = this.unavailable.get(provider);
@@ -96,13 +108,19 @@ export class ThreadsModelRuntime extends ModelRuntime {
         failures.push(`${provider}: ${missing}`);
         continue;
       }
-      const spec: ThreadSpec = { file: this.options.threadFile ?? EXECUTION_THREAD_FILE, model: bytes, provider, intraOpThreads: this.options.intraOpThreads };
+      const spec: ThreadSpec = {
+        file: this.options.threadFile ?? EXECUTION_THREAD_FILE,
+        model: bytes,
+        provider,
+        intraOpThreads: this.options.intraOpThreads,
+      };
       let first: { thread: ExecutionThread; ready: Extract<FromThread, { type: 'ready' }> };
       try {
         first = await ExecutionThread.start(spec);
       } catch (error) {
         const message = errorMessage(error);
-        if (/failed to load (shared )?library|backend not found/i.test(message)) this.unavailable.set(provider, message);
+        if (/failed to load (shared )?library|backend not found/i.test(message))
+          this.unavailable.set(provider, message);
         failures.push(`${provider}: ${message}`);
         continue;
       }
@@ -185,7 +203,8 @@ export class ThreadsModelSession implements ModelSession {
     const others = await Promise.allSettled(Array.from({ length: count - 1 }, () => ExecutionThread.start(this.spec)));
     for (const other of others) if (other.status === 'fulfilled') this.adopt(other.value.thread);
     const failed = others.find((o) => o.status === 'rejected');
-    if (failed !== undefined) throw new ModelLoadError(`an execution instance failed to start: ${errorMessage(failed.reason)}`);
+    if (failed !== undefined)
+      throw new ModelLoadError(`an execution instance failed to start: ${errorMessage(failed.reason)}`);
     // Every thread has its own copy: the service's can go, to be fetched again if a thread dies.
     if (this.reload !== undefined) this.spec.model = undefined;
   }
@@ -271,22 +290,25 @@ export class ThreadsModelSession implements ModelSession {
     this.starting += 1;
     const spec = this.spec;
     const model = spec.model !== undefined ? Promise.resolve(spec.model) : this.reload!();
-    model.then((bytes) => ExecutionThread.start({ ...spec, model: bytes })).then(
-      ({ thread }) => {
-        this.starting -= 1;
-        this.adopt(thread);
-      },
-      (error: unknown) => {
-        this.starting -= 1;
-        if (this.released) return;
-        this.options.onThreadCrash?.(`a replacement execution thread failed to start: ${errorMessage(error)}`);
-        if (this.instances.size === 0 && this.starting === 0) {
-          // Nothing can run the waiting requests soon: let them go elsewhere.
-          for (const job of this.queue.splice(0)) job.reject(unavailable(`no execution thread is running: ${errorMessage(error)}`));
-        }
-        setTimeout(() => this.replace(), this.options.restartDelayMs ?? 1_000).unref();
-      },
-    );
+    model
+      .then((bytes) => ExecutionThread.start({ ...spec, model: bytes }))
+      .then(
+        ({ thread }) => {
+          this.starting -= 1;
+          this.adopt(thread);
+        },
+        (error: unknown) => {
+          this.starting -= 1;
+          if (this.released) return;
+          this.options.onThreadCrash?.(`a replacement execution thread failed to start: ${errorMessage(error)}`);
+          if (this.instances.size === 0 && this.starting === 0) {
+            // Nothing can run the waiting requests soon: let them go elsewhere.
+            for (const job of this.queue.splice(0))
+              job.reject(unavailable(`no execution thread is running: ${errorMessage(error)}`));
+          }
+          setTimeout(() => this.replace(), this.options.restartDelayMs ?? 1_000).unref();
+        },
+      );
   }
 }
 
@@ -294,7 +316,9 @@ export class ThreadsModelSession implements ModelSession {
 class ExecutionThread {
   /** Called once when the thread dies without being closed, after its request has failed. */
   onCrash: ((reason: string) => void) | undefined;
-  private job: { id: number; startedAt: bigint; resolve: (result: ThreadResult) => void; reject: (error: unknown) => void } | undefined;
+  private job:
+    | { id: number; startedAt: bigint; resolve: (result: ThreadResult) => void; reject: (error: unknown) => void }
+    | undefined;
   private nextId = 1;
   private closing = false;
   private ended = false;
@@ -313,7 +337,11 @@ class ExecutionThread {
       const onError = (error: unknown) => (lastError = error);
       const onExit = (code: number) => {
         cleanup();
-        reject(new Error(`the execution thread exited with code ${code} before its session was ready${lastError === undefined ? '' : `: ${errorMessage(lastError)}`}`));
+        reject(
+          new Error(
+            `the execution thread exited with code ${code} before its session was ready${lastError === undefined ? '' : `: ${errorMessage(lastError)}`}`,
+          ),
+        );
       };
       const onMessage = (message: FromThread) => {
         cleanup();
@@ -322,7 +350,13 @@ class ExecutionThread {
           resolve({ thread, ready: message });
         } else {
           // A thread that failed to create its session ends itself; nothing of it is left running.
-          reject(new Error(message.type === 'failed' ? message.message : `unexpected ${message.type} from a starting execution thread`));
+          reject(
+            new Error(
+              message.type === 'failed'
+                ? message.message
+                : `unexpected ${message.type} from a starting execution thread`,
+            ),
+          );
         }
       };
       const cleanup = () => {
@@ -388,7 +422,12 @@ class ExecutionThread {
         const job = this.job;
         if (job === undefined || job.id !== message.id) return;
         this.job = undefined;
-        if (message.type === 'result') job.resolve({ outputs: message.outputs, computeMs: Number(process.hrtime.bigint() - job.startedAt) / 1e6, instance: this.worker.threadId });
+        if (message.type === 'result')
+          job.resolve({
+            outputs: message.outputs,
+            computeMs: Number(process.hrtime.bigint() - job.startedAt) / 1e6,
+            instance: this.worker.threadId,
+          });
         else job.reject(RpcError.invalidArgument(`the model refused the input: ${message.message}`, 'INVALID_TENSOR'));
         return;
       }
@@ -413,9 +452,11 @@ function unavailable(message: string): RpcError {
 }
 
 function toSpec(meta: ThreadMetadata): TensorSpec {
-  if (!meta.isTensor) throw new ModelLoadError(`"${meta.name}" is not a tensor; the worker serves tensor inputs and outputs only`);
+  if (!meta.isTensor)
+    throw new ModelLoadError(`"${meta.name}" is not a tensor; the worker serves tensor inputs and outputs only`);
   const datatype = datatypeFromOrt(meta.type);
-  if (datatype === undefined) throw new ModelLoadError(`"${meta.name}" has type ${meta.type}, which has no KServe datatype`);
+  if (datatype === undefined)
+    throw new ModelLoadError(`"${meta.name}" has type ${meta.type}, which has no KServe datatype`);
   return create(TensorSpecSchema, {
     name: meta.name,
     datatype,

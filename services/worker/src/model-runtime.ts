@@ -43,7 +43,11 @@ export abstract class ModelRuntime {
    * it needs them again (to replace an execution instance that died), so that a loaded model does not
    * also keep its artifact in the service's memory; without it, the runtime keeps `model`.
    */
-  abstract load(model: Uint8Array, executionProviders: readonly string[], reload?: () => Promise<Uint8Array>): Promise<ModelSession>;
+  abstract load(
+    model: Uint8Array,
+    executionProviders: readonly string[],
+    reload?: () => Promise<Uint8Array>,
+  ): Promise<ModelSession>;
 
   /**
    * Pays the runtime's one-time start-up costs (its native library, global environment and thread

@@ -1,6 +1,11 @@
 import { clone } from '@bufbuild/protobuf';
 import { Inject, Injectable, type OnApplicationBootstrap, type OnApplicationShutdown } from '@nestjs/common';
-import { type Model, type ModelVersion, ModelVersionSchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  type ModelVersion,
+  ModelVersionSchema,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { modelIdOf, splitVersionName } from '@infermesh/rollout';
@@ -69,7 +74,10 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
     private readonly logger: JsonLogger,
     metrics: Metrics,
   ) {
-    this.syncFailures = metrics.counter('registry_sync_failures_total', "Syncs that could not list the registry's models.");
+    this.syncFailures = metrics.counter(
+      'registry_sync_failures_total',
+      "Syncs that could not list the registry's models.",
+    );
   }
 
   onApplicationBootstrap(): void {
@@ -145,7 +153,8 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
       // A model outside this worker's placement is never known here: never loaded, never reported.
       if (!isPlaced(this.config, modelIdOf(model.name))) continue;
       const pinned = model.pinned || this.config.pinnedModels.has(modelIdOf(model.name));
-      for (const version of model.versions) wanted.set(version.name, { version: this.copyOf(version), unloaded: model.unloaded, pinned });
+      for (const version of model.versions)
+        wanted.set(version.name, { version: this.copyOf(version), unloaded: model.unloaded, pinned });
     }
     for (const entry of this.table.list()) {
       if (!keeps(entry, wanted.get(entry.name))) {
@@ -160,7 +169,9 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
       .reduce((sum, e) => sum + this.lifecycle.estimateBytes(e), 0);
     const toLoad: WorkerModel[] = [];
     // Pinned versions first: the others only fill the room they leave.
-    for (const { version, unloaded, pinned } of [...wanted.values()].sort((a, b) => Number(b.pinned) - Number(a.pinned))) {
+    for (const { version, unloaded, pinned } of [...wanted.values()].sort(
+      (a, b) => Number(b.pinned) - Number(a.pinned),
+    )) {
       if (unloaded) continue;
       let entry = this.table.get(version.name);
       if (entry === undefined) {
@@ -197,7 +208,8 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
     if (this.watch.isConnected && this.watch.isSynced) return this.watch.models();
     try {
       const models = await this.registry.listModels();
-      if (this.registryReachable === false) this.logger.info('registry reachable again', { registry: this.config.registryAddress });
+      if (this.registryReachable === false)
+        this.logger.info('registry reachable again', { registry: this.config.registryAddress });
       this.registryReachable = true;
       return models;
     } catch (error) {
@@ -241,7 +253,10 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
       await this.registry.reportState(entry.name, state, entry.reason, entry.warmUpError);
       entry.record.state = state;
     } catch (error) {
-      this.logger.warn('could not report a version state; will report again', { name: entry.name, err: message(error) });
+      this.logger.warn('could not report a version state; will report again', {
+        name: entry.name,
+        err: message(error),
+      });
     }
   }
 }

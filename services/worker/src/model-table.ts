@@ -50,7 +50,8 @@ export class WorkerModel {
 
   /** The pre- and post-processing the registry declares for the version, built once per record. */
   get processing(): ModelProcessing {
-    if (this.processingOf?.record !== this.record) this.processingOf = { record: this.record, processing: new ModelProcessing(this.record) };
+    if (this.processingOf?.record !== this.record)
+      this.processingOf = { record: this.record, processing: new ModelProcessing(this.record) };
     return this.processingOf.processing;
   }
 
@@ -111,7 +112,11 @@ export class ModelTable {
   private readonly memoryGauge: Gauge<'device'>;
 
   constructor(metrics: Metrics) {
-    this.loadedGauge = metrics.gauge('models_loaded', 'Model versions loaded and READY on this worker, by execution provider.', ['device']);
+    this.loadedGauge = metrics.gauge(
+      'models_loaded',
+      'Model versions loaded and READY on this worker, by execution provider.',
+      ['device'],
+    );
     this.memoryGauge = metrics.gauge(
       'models_loaded_bytes',
       'Memory the loaded model versions are charged against the budget, by execution provider.',

@@ -12,17 +12,72 @@ const le = (array: ArrayBufferView) => Buffer.from(array.buffer, array.byteOffse
 /** Two rows of three elements of each datatype, including each type's edge values, as raw bytes. */
 const SAMPLES: Record<string, { datatype: DataType; ort: string; data: Buffer; values: unknown[] }> = {
   BOOL: { datatype: DataType.BOOL, ort: 'bool', data: le(Uint8Array.of(1, 0, 1, 1, 0, 0)), values: [1, 0, 1, 1, 0, 0] },
-  UINT8: { datatype: DataType.UINT8, ort: 'uint8', data: le(Uint8Array.of(0, 1, 127, 128, 254, 255)), values: [0, 1, 127, 128, 254, 255] },
-  INT8: { datatype: DataType.INT8, ort: 'int8', data: le(Int8Array.of(-128, -1, 0, 1, 100, 127)), values: [-128, -1, 0, 1, 100, 127] },
-  UINT16: { datatype: DataType.UINT16, ort: 'uint16', data: le(Uint16Array.of(0, 1, 255, 256, 40000, 65535)), values: [0, 1, 255, 256, 40000, 65535] },
-  INT16: { datatype: DataType.INT16, ort: 'int16', data: le(Int16Array.of(-32768, -1, 0, 1, 300, 32767)), values: [-32768, -1, 0, 1, 300, 32767] },
-  UINT32: { datatype: DataType.UINT32, ort: 'uint32', data: le(Uint32Array.of(0, 1, 65536, 2 ** 31, 2 ** 32 - 2, 2 ** 32 - 1)), values: [0, 1, 65536, 2 ** 31, 2 ** 32 - 2, 2 ** 32 - 1] },
-  INT32: { datatype: DataType.INT32, ort: 'int32', data: le(Int32Array.of(-(2 ** 31), -1, 0, 1, 123456, 2 ** 31 - 1)), values: [-(2 ** 31), -1, 0, 1, 123456, 2 ** 31 - 1] },
-  UINT64: { datatype: DataType.UINT64, ort: 'uint64', data: le(BigUint64Array.of(0n, 1n, 2n ** 53n + 1n, 2n ** 63n, 2n ** 64n - 2n, 2n ** 64n - 1n)), values: [0n, 1n, 2n ** 53n + 1n, 2n ** 63n, 2n ** 64n - 2n, 2n ** 64n - 1n] },
-  INT64: { datatype: DataType.INT64, ort: 'int64', data: le(BigInt64Array.of(-(2n ** 63n), -1n, 0n, 1n, 2n ** 53n + 1n, 2n ** 63n - 1n)), values: [-(2n ** 63n), -1n, 0n, 1n, 2n ** 53n + 1n, 2n ** 63n - 1n] },
-  FP16: { datatype: DataType.FP16, ort: 'float16', data: le(Uint16Array.from([1, -2, 0.5, 65504, -0, 0.000061], toHalfBits)), values: [] },
-  FP32: { datatype: DataType.FP32, ort: 'float32', data: le(Float32Array.of(1.5, -2.25, 0, 3.4e38, -1e-38, Math.PI)), values: [1.5, -2.25, 0, 3.4e38, -1e-38, Math.fround(Math.PI)].map(Math.fround) },
-  FP64: { datatype: DataType.FP64, ort: 'float64', data: le(Float64Array.of(1.5, -2.25, 0, 1.7e308, -5e-324, Math.PI)), values: [1.5, -2.25, 0, 1.7e308, -5e-324, Math.PI] },
+  UINT8: {
+    datatype: DataType.UINT8,
+    ort: 'uint8',
+    data: le(Uint8Array.of(0, 1, 127, 128, 254, 255)),
+    values: [0, 1, 127, 128, 254, 255],
+  },
+  INT8: {
+    datatype: DataType.INT8,
+    ort: 'int8',
+    data: le(Int8Array.of(-128, -1, 0, 1, 100, 127)),
+    values: [-128, -1, 0, 1, 100, 127],
+  },
+  UINT16: {
+    datatype: DataType.UINT16,
+    ort: 'uint16',
+    data: le(Uint16Array.of(0, 1, 255, 256, 40000, 65535)),
+    values: [0, 1, 255, 256, 40000, 65535],
+  },
+  INT16: {
+    datatype: DataType.INT16,
+    ort: 'int16',
+    data: le(Int16Array.of(-32768, -1, 0, 1, 300, 32767)),
+    values: [-32768, -1, 0, 1, 300, 32767],
+  },
+  UINT32: {
+    datatype: DataType.UINT32,
+    ort: 'uint32',
+    data: le(Uint32Array.of(0, 1, 65536, 2 ** 31, 2 ** 32 - 2, 2 ** 32 - 1)),
+    values: [0, 1, 65536, 2 ** 31, 2 ** 32 - 2, 2 ** 32 - 1],
+  },
+  INT32: {
+    datatype: DataType.INT32,
+    ort: 'int32',
+    data: le(Int32Array.of(-(2 ** 31), -1, 0, 1, 123456, 2 ** 31 - 1)),
+    values: [-(2 ** 31), -1, 0, 1, 123456, 2 ** 31 - 1],
+  },
+  UINT64: {
+    datatype: DataType.UINT64,
+    ort: 'uint64',
+    data: le(BigUint64Array.of(0n, 1n, 2n ** 53n + 1n, 2n ** 63n, 2n ** 64n - 2n, 2n ** 64n - 1n)),
+    values: [0n, 1n, 2n ** 53n + 1n, 2n ** 63n, 2n ** 64n - 2n, 2n ** 64n - 1n],
+  },
+  INT64: {
+    datatype: DataType.INT64,
+    ort: 'int64',
+    data: le(BigInt64Array.of(-(2n ** 63n), -1n, 0n, 1n, 2n ** 53n + 1n, 2n ** 63n - 1n)),
+    values: [-(2n ** 63n), -1n, 0n, 1n, 2n ** 53n + 1n, 2n ** 63n - 1n],
+  },
+  FP16: {
+    datatype: DataType.FP16,
+    ort: 'float16',
+    data: le(Uint16Array.from([1, -2, 0.5, 65504, -0, 0.000061], toHalfBits)),
+    values: [],
+  },
+  FP32: {
+    datatype: DataType.FP32,
+    ort: 'float32',
+    data: le(Float32Array.of(1.5, -2.25, 0, 3.4e38, -1e-38, Math.PI)),
+    values: [1.5, -2.25, 0, 3.4e38, -1e-38, Math.fround(Math.PI)].map(Math.fround),
+  },
+  FP64: {
+    datatype: DataType.FP64,
+    ort: 'float64',
+    data: le(Float64Array.of(1.5, -2.25, 0, 1.7e308, -5e-324, Math.PI)),
+    values: [1.5, -2.25, 0, 1.7e308, -5e-324, Math.PI],
+  },
   BYTES: {
     datatype: DataType.BYTES,
     ort: 'string',
@@ -46,8 +101,18 @@ function misaligned(data: Buffer): Uint8Array {
 function elements(wire: WireTensor): ArrayLike<unknown> {
   if (wire.type === 'string') return decodeBytesElements(new Uint8Array(wire.data))!.map((b) => b.toString('utf8'));
   const arrays: Record<string, new (buffer: ArrayBuffer) => ArrayLike<unknown>> = {
-    bool: Uint8Array, uint8: Uint8Array, int8: Int8Array, uint16: Uint16Array, int16: Int16Array, uint32: Uint32Array, int32: Int32Array,
-    uint64: BigUint64Array, int64: BigInt64Array, float16: Uint16Array, float32: Float32Array, float64: Float64Array,
+    bool: Uint8Array,
+    uint8: Uint8Array,
+    int8: Int8Array,
+    uint16: Uint16Array,
+    int16: Int16Array,
+    uint32: Uint32Array,
+    int32: Int32Array,
+    uint64: BigUint64Array,
+    int64: BigInt64Array,
+    float16: Uint16Array,
+    float32: Float32Array,
+    float64: Float64Array,
   };
   return new arrays[wire.type]!(wire.data);
 }
@@ -79,7 +144,10 @@ describe('toWireTensor and fromWireTensor', () => {
       throw new Error('accepted');
     } catch (error) {
       expect(error).toBeInstanceOf(RpcError);
-      expect([(error as RpcError).code, (error as RpcError).reason]).toEqual([status.UNIMPLEMENTED, 'DATATYPE_UNSUPPORTED']);
+      expect([(error as RpcError).code, (error as RpcError).reason]).toEqual([
+        status.UNIMPLEMENTED,
+        'DATATYPE_UNSUPPORTED',
+      ]);
       expect((error as RpcError).message).toMatch(/"weights".*BF16/);
     }
   });
@@ -95,14 +163,24 @@ describe('toWireTensor and fromWireTensor', () => {
     }
   });
 
-  it('has BYTES data that does not hold the shape\'s elements refused by the session, naming the tensor', async () => {
-    const session = await new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1 }).load(buildIdentityModel(['BYTES']).bytes, ['cpu']);
+  it("has BYTES data that does not hold the shape's elements refused by the session, naming the tensor", async () => {
+    const session = await new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1 }).load(
+      buildIdentityModel(['BYTES']).bytes,
+      ['cpu'],
+    );
     try {
-      const short = await session.run([tensor('bytes_in', DataType.BYTES, encodeBytesElements([Buffer.from('one')]))], []).catch((e: unknown) => e);
+      const short = await session
+        .run([tensor('bytes_in', DataType.BYTES, encodeBytesElements([Buffer.from('one')]))], [])
+        .catch((e: unknown) => e);
       expect(short).toBeInstanceOf(RpcError);
-      expect([(short as RpcError).code, (short as RpcError).reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_TENSOR']);
+      expect([(short as RpcError).code, (short as RpcError).reason]).toEqual([
+        status.INVALID_ARGUMENT,
+        'INVALID_TENSOR',
+      ]);
       expect((short as RpcError).message).toMatch(/"bytes_in": BYTES data does not hold 6 length-prefixed elements/);
-      const truncated = await session.run([tensor('bytes_in', DataType.BYTES, Buffer.from([5, 0, 0, 0, 65]), [1n, 1n])], []).catch((e: unknown) => e);
+      const truncated = await session
+        .run([tensor('bytes_in', DataType.BYTES, Buffer.from([5, 0, 0, 0, 65]), [1n, 1n])], [])
+        .catch((e: unknown) => e);
       expect((truncated as RpcError).code).toBe(status.INVALID_ARGUMENT);
     } finally {
       await session.release();
@@ -110,8 +188,13 @@ describe('toWireTensor and fromWireTensor', () => {
   });
 
   it('passes every datatype through a real session unchanged', async () => {
-    const session = await new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1 }).load(buildIdentityModel().bytes, ['cpu']);
-    const inputs = Object.values(SAMPLES).map((s) => tensor(`${datatypeName(s.datatype).toLowerCase()}_in`, s.datatype, misaligned(s.data)));
+    const session = await new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1 }).load(
+      buildIdentityModel().bytes,
+      ['cpu'],
+    );
+    const inputs = Object.values(SAMPLES).map((s) =>
+      tensor(`${datatypeName(s.datatype).toLowerCase()}_in`, s.datatype, misaligned(s.data)),
+    );
     const { outputs } = await session.run(inputs, []);
     expect(outputs).toHaveLength(Object.keys(SAMPLES).length);
     for (const output of outputs) {

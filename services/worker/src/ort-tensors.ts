@@ -52,7 +52,10 @@ export function toWireTensor(tensor: Tensor): WireTensor {
   if (kind.byteSize > 0) {
     const needed = dims.reduce((a, b) => a * b, 1) * kind.byteSize;
     if (tensor.data.byteLength !== needed) {
-      throw RpcError.invalidArgument(`tensor "${tensor.name}" has ${tensor.data.byteLength} bytes of data but its shape needs ${needed}`, 'INVALID_TENSOR');
+      throw RpcError.invalidArgument(
+        `tensor "${tensor.name}" has ${tensor.data.byteLength} bytes of data but its shape needs ${needed}`,
+        'INVALID_TENSOR',
+      );
     }
   }
   return { name: tensor.name, type: kind.ort, dims, data: new Uint8Array(tensor.data).buffer };
@@ -62,9 +65,16 @@ export function toWireTensor(tensor: Tensor): WireTensor {
 export function fromWireTensor(wire: WireTensor): Tensor {
   const datatype = datatypeFromOrt(wire.type);
   if (datatype === undefined) {
-    throw new RpcError(status.INTERNAL, `output "${wire.name}" has type ${wire.type}, which has no KServe datatype`, { reason: 'INTERNAL' });
+    throw new RpcError(status.INTERNAL, `output "${wire.name}" has type ${wire.type}, which has no KServe datatype`, {
+      reason: 'INTERNAL',
+    });
   }
-  return create(TensorSchema, { name: wire.name, datatype, shape: wire.dims.map((d) => BigInt(d)), data: new Uint8Array(wire.data) });
+  return create(TensorSchema, {
+    name: wire.name,
+    datatype,
+    shape: wire.dims.map((d) => BigInt(d)),
+    data: new Uint8Array(wire.data),
+  });
 }
 
 /** The buffers of wire tensors, to transfer rather than copy. */

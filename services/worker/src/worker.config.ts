@@ -9,14 +9,23 @@ const nameList = (pattern: RegExp, message: string, fallback = '') =>
   z
     .string()
     .default(fallback)
-    .transform((value) => value.split(',').map((p) => p.trim()).filter((p) => p.length > 0))
+    .transform((value) =>
+      value
+        .split(',')
+        .map((p) => p.trim())
+        .filter((p) => p.length > 0),
+    )
     .pipe(z.array(z.string().regex(pattern, message)));
 
 const shape = {
   ...runtimeShape('WORKER', { grpc: 50055, metrics: 9105 }),
   WORKER_REGISTRY_ADDRESS: address('127.0.0.1:50051'),
   WORKER_ID: z.string().regex(/^\S+$/, 'expected an id without spaces').optional(),
-  WORKER_EXECUTION_PROVIDERS: nameList(/^[a-z0-9_-]+$/, 'expected execution provider names such as cuda,cpu', 'cuda,cpu')
+  WORKER_EXECUTION_PROVIDERS: nameList(
+    /^[a-z0-9_-]+$/,
+    'expected execution provider names such as cuda,cpu',
+    'cuda,cpu',
+  )
     .transform((names) => names.map((n) => n.toLowerCase()))
     .pipe(z.array(z.string()).min(1, 'name at least one execution provider')),
   WORKER_ARTIFACT_DIR: z.string().min(1).default('.infermesh/worker-artifacts'),

@@ -60,7 +60,9 @@ export class WorkerGrpcController implements ServiceImpl<typeof WorkerService> {
   private async find(name: string): Promise<WorkerModel> {
     const ids = splitVersionName(name);
     if (ids === undefined) {
-      throw RpcError.invalidArgument(`"${name}" is not a model version name; expected models/{model}/versions/{version}`);
+      throw RpcError.invalidArgument(
+        `"${name}" is not a model version name; expected models/{model}/versions/{version}`,
+      );
     }
     assertPlaced(this.config, ids.modelId, ids.versionId);
     const entry = this.table.get(name) ?? (await this.sync.lookup(name));

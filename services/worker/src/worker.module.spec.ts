@@ -1,10 +1,25 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { createClient, type ServiceClient } from '@infermesh/grpc';
-import { buildMlpModel, buildPaddedModel, buildReflectPadModel, buildSampleRateModel, buildTinyModel, encodeModel, node } from '@infermesh/model-builder';
+import {
+  buildMlpModel,
+  buildPaddedModel,
+  buildReflectPadModel,
+  buildSampleRateModel,
+  buildTinyModel,
+  encodeModel,
+  node,
+} from '@infermesh/model-builder';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type Model, ModelSchema, type ModelVersion, ModelVersionSchema, VersionState, type WarmUpSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  ModelSchema,
+  type ModelVersion,
+  ModelVersionSchema,
+  VersionState,
+  type WarmUpSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { bind, bootstrap } from '@infermesh/runtime';
@@ -40,7 +55,16 @@ class InMemoryRegistry extends ModelRegistry {
   /** Serves WatchModels, told of each change to a model. */
   private readonly watched = new FakeRegistry();
 
-  add(model: string, bytes: Uint8Array, options: { maxBatchSize?: number; serve?: Uint8Array; version?: string; warmUp?: MessageInitShape<typeof WarmUpSchema> } = {}): string {
+  add(
+    model: string,
+    bytes: Uint8Array,
+    options: {
+      maxBatchSize?: number;
+      serve?: Uint8Array;
+      version?: string;
+      warmUp?: MessageInitShape<typeof WarmUpSchema>;
+    } = {},
+  ): string {
     const sha256 = createHash('sha256').update(bytes).digest('hex');
     const name = `models/${model}/versions/${options.version ?? '1'}`;
     this.artifacts.set(sha256, options.serve ?? bytes);
@@ -59,8 +83,12 @@ class InMemoryRegistry extends ModelRegistry {
   }
 
   /** Changes a version's state or a model's settings as the registry would, and tells the watch. */
-  change(model: string, update: { state?: VersionState; version?: string; pinned?: boolean; unloaded?: boolean }): void {
-    if (update.state !== undefined) this.versions.get(`models/${model}/versions/${update.version ?? '1'}`)!.state = update.state;
+  change(
+    model: string,
+    update: { state?: VersionState; version?: string; pinned?: boolean; unloaded?: boolean },
+  ): void {
+    if (update.state !== undefined)
+      this.versions.get(`models/${model}/versions/${update.version ?? '1'}`)!.state = update.state;
     const settings = this.settings.get(model) ?? {};
     if (update.pinned !== undefined) settings.pinned = update.pinned;
     if (update.unloaded !== undefined) settings.unloaded = update.unloaded;
@@ -96,8 +124,15 @@ class InMemoryRegistry extends ModelRegistry {
   }
 
   private model(id: string): Model {
-    const versions = [...this.versions.values()].filter((v) => v.name.startsWith(`models/${id}/`)).map((v) => create(ModelVersionSchema, v));
-    return create(ModelSchema, { name: `models/${id}`, versions, revision: this.watched.revision, ...this.settings.get(id) });
+    const versions = [...this.versions.values()]
+      .filter((v) => v.name.startsWith(`models/${id}/`))
+      .map((v) => create(ModelVersionSchema, v));
+    return create(ModelSchema, {
+      name: `models/${id}`,
+      versions,
+      revision: this.watched.revision,
+      ...this.settings.get(id),
+    });
   }
 
   private changed(model: string): void {
@@ -135,8 +170,15 @@ class InMemoryRegistry extends ModelRegistry {
 }
 
 const input = (rows: number): Tensor =>
-  create(TensorSchema, { name: 'input', datatype: DataType.FP32, shape: [BigInt(rows), 4n], data: new Uint8Array(rows * 16) });
-const request = (model: string, rows = 1) => ({ request: { modelName: model, modelVersion: '1', id: model, inputs: [input(rows)] } });
+  create(TensorSchema, {
+    name: 'input',
+    datatype: DataType.FP32,
+    shape: [BigInt(rows), 4n],
+    data: new Uint8Array(rows * 16),
+  });
+const request = (model: string, rows = 1) => ({
+  request: { modelName: model, modelVersion: '1', id: model, inputs: [input(rows)] },
+});
 
 /** Starts the worker with `registry` in place of the registry; its watch follows WORKER_REGISTRY_ADDRESS, by default an address nothing listens on. */
 async function startWorker(registry: InMemoryRegistry, env: Record<string, string>) {
@@ -154,7 +196,9 @@ async function startWorker(registry: InMemoryRegistry, env: Record<string, strin
     ...env,
   });
   const module = WorkerModule.forRoot(config);
-  module.providers = module.providers!.map((p) => ('provide' in p && p.provide === ModelRegistry ? { provide: ModelRegistry, useValue: registry } : p));
+  module.providers = module.providers!.map((p) =>
+    'provide' in p && p.provide === ModelRegistry ? { provide: ModelRegistry, useValue: registry } : p,
+  );
   const running = await bootstrap({
     module,
     grpc: (app) => [bind(WorkerService, app.get(WorkerGrpcController))],
@@ -233,12 +277,20 @@ describe(WorkerModule.name, () => {
     expect(answers.every((a) => a.response?.modelName === evicted)).toBe(true);
     const text = await worker.metrics();
     expect(metric(text, 'model_loads_total{outcome="ready"}')).toBe(loadsBefore + 1);
-    expect(metric(text, 'model_evictions_total{model="m1"}') + metric(text, 'model_evictions_total{model="m2"}') + metric(text, 'model_evictions_total{model="m3"}')).toBeGreaterThanOrEqual(9);
+    expect(
+      metric(text, 'model_evictions_total{model="m1"}') +
+        metric(text, 'model_evictions_total{model="m2"}') +
+        metric(text, 'model_evictions_total{model="m3"}'),
+    ).toBeGreaterThanOrEqual(9);
     expect(metric(text, 'inference_failures_total{reason="MEMORY_BUDGET_EXCEEDED"}')).toBe(0);
     expect(metric(text, 'models_loaded{device="cpu"}')).toBe(2);
-    expect(metric(text, 'models_loaded_bytes{device="cpu"}')).toBe(Number((await client.listModels({})).memoryUsedBytes));
+    expect(metric(text, 'models_loaded_bytes{device="cpu"}')).toBe(
+      Number((await client.listModels({})).memoryUsedBytes),
+    );
     expect(metric(text, 'memory_budget_bytes')).toBe(120 * MiB);
-    expect(text).toMatch(/infermesh_worker_inference_compute_seconds_count\{model="m1",version="1",device="cpu"\} [1-9]/);
+    expect(text).toMatch(
+      /infermesh_worker_inference_compute_seconds_count\{model="m1",version="1",device="cpu"\} [1-9]/,
+    );
   }, 90_000);
 
   it('loads again, at the next sync, a version whose artifact the registry could not serve for a while', async () => {
@@ -264,7 +316,9 @@ describe(WorkerModule.name, () => {
     expect(await states(worker.client)).toEqual({ pinned: 'READY', big: 'UNLOADED' });
     const error = await rpcRejection(worker.client.infer(request('big')));
     expect([error.code, error.reason]).toEqual([status.RESOURCE_EXHAUSTED, 'MEMORY_BUDGET_EXCEEDED']);
-    expect(error.message).toMatch(/needs 64\.0 MiB but the worker's memory budget \(WORKER_MEMORY_BUDGET_BYTES\) is 100\.0 MiB/);
+    expect(error.message).toMatch(
+      /needs 64\.0 MiB but the worker's memory budget \(WORKER_MEMORY_BUDGET_BYTES\) is 100\.0 MiB/,
+    );
     // Unpinning and unloading the pinned model makes the room.
     await worker.client.unloadModel({ name: 'models/pinned/versions/1' });
     expect((await worker.client.infer(request('big'))).response?.modelName).toBe('big');
@@ -273,7 +327,7 @@ describe(WorkerModule.name, () => {
     expect(await states(worker.client)).toEqual({ pinned: 'READY', big: 'UNLOADED' });
   });
 
-  it('refuses an artifact whose bytes do not match the registry\'s SHA-256 and never loads it', async () => {
+  it("refuses an artifact whose bytes do not match the registry's SHA-256 and never loads it", async () => {
     const registry = new InMemoryRegistry();
     const good = buildTinyModel().bytes;
     const corrupted = Uint8Array.from(good);
@@ -282,7 +336,9 @@ describe(WorkerModule.name, () => {
     worker = await startWorker(registry, {});
     await until(async () => registry.reports.some((r) => r.state === VersionState.FAILED));
     const report = registry.reports.find((r) => r.state === VersionState.FAILED)!;
-    expect(report.reason).toMatch(/artifact refused: artifact [0-9a-f]{64} failed verification: the downloaded bytes hash to [0-9a-f]{64}/);
+    expect(report.reason).toMatch(
+      /artifact refused: artifact [0-9a-f]{64} failed verification: the downloaded bytes hash to [0-9a-f]{64}/,
+    );
     expect(await states(worker.client)).toEqual({ corrupt: 'FAILED' });
     const error = await rpcRejection(worker.client.infer(request('corrupt')));
     expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
@@ -295,7 +351,9 @@ describe(WorkerModule.name, () => {
     // Reshape to [1, 4] works for a batch of 1 and fails for any other.
     const batchOfOne = encodeModel('batch-of-one', {
       nodes: [node('Reshape', ['input', 'shape'], ['output'], 'reshape')],
-      initializers: [{ name: 'shape', dims: [2], dataType: 7, rawData: new Uint8Array(BigInt64Array.of(1n, 4n).buffer) }],
+      initializers: [
+        { name: 'shape', dims: [2], dataType: 7, rawData: new Uint8Array(BigInt64Array.of(1n, 4n).buffer) },
+      ],
       inputs: [{ name: 'input', datatype: 'FP32', shape: [-1, 4] }],
       outputs: [{ name: 'output', datatype: 'FP32', shape: [1, 4] }],
     });
@@ -303,16 +361,43 @@ describe(WorkerModule.name, () => {
     registry.add('batch-of-one', batchOfOne.bytes, { maxBatchSize: 16 });
     registry.add('batch-of-one-given', batchOfOne.bytes, {
       maxBatchSize: 16,
-      warmUp: { samples: [{ inputs: [{ name: 'input', datatype: DataType.FP32, shape: [1n, 4n], contents: { case: 'randomData', value: true } }] }] },
+      warmUp: {
+        samples: [
+          {
+            inputs: [
+              {
+                name: 'input',
+                datatype: DataType.FP32,
+                shape: [1n, 4n],
+                contents: { case: 'randomData', value: true },
+              },
+            ],
+          },
+        ],
+      },
     });
     registry.add('tiny', buildTinyModel().bytes, { maxBatchSize: 16 });
     worker = await startWorker(registry, { WORKER_WARMUP_BATCH_SIZES: '1,max' });
-    await until(async () => registry.reports.filter((r) => r.state === VersionState.READY || r.state === VersionState.FAILED).length === 3);
-    const outcome = (model: string) => registry.reports.find((r) => r.name === `models/${model}/versions/1` && r.state !== VersionState.LOADING)!;
-    expect(outcome('batch-of-one')).toMatchObject({ state: VersionState.READY, warmUpError: expect.stringMatching(/^synthetic warm-up at batch 16 failed on cpu: /) });
-    expect(outcome('batch-of-one-given')).toMatchObject({ state: VersionState.FAILED, reason: expect.stringMatching(/^warm-up sample 1 at batch 16 failed on cpu: .*Reshape/) });
+    await until(
+      async () =>
+        registry.reports.filter((r) => r.state === VersionState.READY || r.state === VersionState.FAILED).length === 3,
+    );
+    const outcome = (model: string) =>
+      registry.reports.find((r) => r.name === `models/${model}/versions/1` && r.state !== VersionState.LOADING)!;
+    expect(outcome('batch-of-one')).toMatchObject({
+      state: VersionState.READY,
+      warmUpError: expect.stringMatching(/^synthetic warm-up at batch 16 failed on cpu: /),
+    });
+    expect(outcome('batch-of-one-given')).toMatchObject({
+      state: VersionState.FAILED,
+      reason: expect.stringMatching(/^warm-up sample 1 at batch 16 failed on cpu: .*Reshape/),
+    });
     expect(outcome('tiny')).toMatchObject({ state: VersionState.READY, warmUpError: '' });
-    expect(await states(worker.client)).toEqual({ 'batch-of-one': 'READY', 'batch-of-one-given': 'FAILED', tiny: 'READY' });
+    expect(await states(worker.client)).toEqual({
+      'batch-of-one': 'READY',
+      'batch-of-one-given': 'FAILED',
+      tiny: 'READY',
+    });
     // It serves what it can: a batch of one.
     expect((await worker.client.infer(request('batch-of-one'))).response!.outputs[0]!.shape).toEqual([1n, 4n]);
   });
@@ -321,7 +406,9 @@ describe(WorkerModule.name, () => {
     const floats = (values: number[]) => new Uint8Array(Float32Array.from(values).buffer);
     const rate = (sr: number) => new Uint8Array(BigInt64Array.of(BigInt(sr)).buffer);
     const audio = Array.from({ length: 512 }, (_, i) => Math.sin(i / 10));
-    const padSample = { inputs: [{ name: 'audio', shape: [1n, 512n], contents: { case: 'data' as const, value: floats(audio) } }] };
+    const padSample = {
+      inputs: [{ name: 'audio', shape: [1n, 512n], contents: { case: 'data' as const, value: floats(audio) } }],
+    };
     const rateSample = (sr: number) => ({
       name: `${sr} Hz`,
       inputs: [
@@ -339,9 +426,15 @@ describe(WorkerModule.name, () => {
     }
     const served = (outputs: readonly Tensor[]) =>
       Object.fromEntries(outputs.map((t) => [t.name, Array.from(new Float32Array(Uint8Array.from(t.data).buffer))]));
-    const inferOn = (model: string, inputs: Tensor[]) => worker!.client.infer({ request: { modelName: model, modelVersion: '1', id: model, inputs } });
+    const inferOn = (model: string, inputs: Tensor[]) =>
+      worker!.client.infer({ request: { modelName: model, modelVersion: '1', id: model, inputs } });
     const listed = async () =>
-      Object.fromEntries((await worker!.client.listModels({})).models.map((m) => [m.name.split('/')[1]!, [ModelState[m.state], m.warmUpError, m.stateReason]]));
+      Object.fromEntries(
+        (await worker!.client.listModels({})).models.map((m) => [
+          m.name.split('/')[1]!,
+          [ModelState[m.state], m.warmUpError, m.stateReason],
+        ]),
+      );
 
     it('warms them up on the samples given and answers like onnxruntime-node in-process; without samples they serve unwarmed, saying why', async () => {
       const pad = buildReflectPadModel();
@@ -349,24 +442,51 @@ describe(WorkerModule.name, () => {
       const registry = new InMemoryRegistry();
       registry.add('pad-warmed', pad.bytes, { maxBatchSize: 64, warmUp: { samples: [padSample] } });
       registry.add('pad-cold', pad.bytes, { maxBatchSize: 64 });
-      registry.add('rate-warmed', sampleRate.bytes, { maxBatchSize: 0, warmUp: { samples: [rateSample(8000), rateSample(16000)] } });
+      registry.add('rate-warmed', sampleRate.bytes, {
+        maxBatchSize: 0,
+        warmUp: { samples: [rateSample(8000), rateSample(16000)] },
+      });
       registry.add('rate-cold', sampleRate.bytes, { maxBatchSize: 0 });
       worker = await startWorker(registry, { WORKER_WARMUP_BATCH_SIZES: '1,max' });
-      await until(async () => registry.reports.filter((r) => r.state === VersionState.READY || r.state === VersionState.FAILED).length === 4);
+      await until(
+        async () =>
+          registry.reports.filter((r) => r.state === VersionState.READY || r.state === VersionState.FAILED).length ===
+          4,
+      );
 
       expect(await listed()).toEqual({
         'pad-warmed': ['READY', '', ''],
-        'pad-cold': ['READY', expect.stringMatching(/^synthetic warm-up at batch 1 failed on cpu: .*Pad reflect requires axis length >= 2.*infermesh models register --warmup/), ''],
+        'pad-cold': [
+          'READY',
+          expect.stringMatching(
+            /^synthetic warm-up at batch 1 failed on cpu: .*Pad reflect requires axis length >= 2.*infermesh models register --warmup/,
+          ),
+          '',
+        ],
         'rate-warmed': ['READY', '', ''],
-        'rate-cold': ['READY', expect.stringMatching(/^synthetic warm-up at batch 1 failed on cpu: .*indices element out of data bounds/), ''],
+        'rate-cold': [
+          'READY',
+          expect.stringMatching(/^synthetic warm-up at batch 1 failed on cpu: .*indices element out of data bounds/),
+          '',
+        ],
       });
-      expect(registry.versions.get('models/pad-cold/versions/1')!.warmUpError).toMatch(/Pad reflect requires axis length >= 2/);
+      expect(registry.versions.get('models/pad-cold/versions/1')!.warmUpError).toMatch(
+        /Pad reflect requires axis length >= 2/,
+      );
       expect(registry.versions.get('models/pad-warmed/versions/1')!.warmUpError).toBe('');
 
       const rows = [audio.slice(0, 300), audio.slice(100, 400)].flat();
-      const padInput = create(TensorSchema, { name: 'audio', datatype: DataType.FP32, shape: [2n, 300n], data: floats(rows) });
-      const padExpected = await direct(pad.bytes, { audio: new ort.Tensor('float32', Float32Array.from(rows), [2, 300]) });
-      for (const model of ['pad-warmed', 'pad-cold']) expect(served((await inferOn(model, [padInput])).response!.outputs)).toEqual(padExpected);
+      const padInput = create(TensorSchema, {
+        name: 'audio',
+        datatype: DataType.FP32,
+        shape: [2n, 300n],
+        data: floats(rows),
+      });
+      const padExpected = await direct(pad.bytes, {
+        audio: new ort.Tensor('float32', Float32Array.from(rows), [2, 300]),
+      });
+      for (const model of ['pad-warmed', 'pad-cold'])
+        expect(served((await inferOn(model, [padInput])).response!.outputs)).toEqual(padExpected);
 
       const clip = audio.slice(0, 64);
       for (const sr of [8000, 16000]) {
@@ -378,7 +498,8 @@ describe(WorkerModule.name, () => {
           audio: new ort.Tensor('float32', Float32Array.from(clip), [1, 64]),
           sr: new ort.Tensor('int64', BigInt64Array.of(BigInt(sr)), [1]),
         });
-        for (const model of ['rate-warmed', 'rate-cold']) expect(served((await inferOn(model, inputs)).response!.outputs)).toEqual(expected);
+        for (const model of ['rate-warmed', 'rate-cold'])
+          expect(served((await inferOn(model, inputs)).response!.outputs)).toEqual(expected);
       }
     });
 
@@ -386,15 +507,35 @@ describe(WorkerModule.name, () => {
       const registry = new InMemoryRegistry();
       registry.add('pad-short', buildReflectPadModel().bytes, {
         maxBatchSize: 64,
-        warmUp: { samples: [{ name: 'one sample', inputs: [{ name: 'audio', shape: [1n, 1n], contents: { case: 'zeroData', value: true } }] }] },
+        warmUp: {
+          samples: [
+            {
+              name: 'one sample',
+              inputs: [{ name: 'audio', shape: [1n, 1n], contents: { case: 'zeroData', value: true } }],
+            },
+          ],
+        },
       });
-      registry.add('rate-44k', buildSampleRateModel().bytes, { maxBatchSize: 0, warmUp: { samples: [rateSample(16000), rateSample(44100)] } });
+      registry.add('rate-44k', buildSampleRateModel().bytes, {
+        maxBatchSize: 0,
+        warmUp: { samples: [rateSample(16000), rateSample(44100)] },
+      });
       worker = await startWorker(registry, {});
       await until(async () => registry.reports.filter((r) => r.state === VersionState.FAILED).length === 2);
 
       expect(await listed()).toEqual({
-        'pad-short': ['FAILED', '', expect.stringMatching(/^warm-up sample "one sample" failed on cpu: .*Pad reflect requires axis length >= 2/)],
-        'rate-44k': ['FAILED', '', expect.stringMatching(/^warm-up sample "44100 Hz" failed on cpu: .*Gather node.*indices element out of data bounds/)],
+        'pad-short': [
+          'FAILED',
+          '',
+          expect.stringMatching(/^warm-up sample "one sample" failed on cpu: .*Pad reflect requires axis length >= 2/),
+        ],
+        'rate-44k': [
+          'FAILED',
+          '',
+          expect.stringMatching(
+            /^warm-up sample "44100 Hz" failed on cpu: .*Gather node.*indices element out of data bounds/,
+          ),
+        ],
       });
       const refused = await rpcRejection(inferOn('rate-44k', []));
       expect(refused.code).toBe(status.UNAVAILABLE);
@@ -413,14 +554,25 @@ describe(WorkerModule.name, () => {
       request: {
         modelName: 'mlp',
         modelVersion: '1',
-        inputs: [create(TensorSchema, { name: 'input', datatype: DataType.FP32, shape: [BigInt(rows), 512n], data: new Uint8Array(rows * 2048) })],
+        inputs: [
+          create(TensorSchema, {
+            name: 'input',
+            datatype: DataType.FP32,
+            shape: [BigInt(rows), 512n],
+            data: new Uint8Array(rows * 2048),
+          }),
+        ],
       },
     });
     await until(async () => metric(await worker!.metrics(), 'inference_requests_in_flight') === 1);
     const stopped = worker.running.stop();
-    expect((await worker.health.check({ service: '' }).catch(() => ({ status: HealthCheckResponse_ServingStatus.NOT_SERVING }))).status).toBe(
-      HealthCheckResponse_ServingStatus.NOT_SERVING,
-    );
+    expect(
+      (
+        await worker.health
+          .check({ service: '' })
+          .catch(() => ({ status: HealthCheckResponse_ServingStatus.NOT_SERVING }))
+      ).status,
+    ).toBe(HealthCheckResponse_ServingStatus.NOT_SERVING);
     expect((await running).response?.outputs[0]?.shape).toEqual([BigInt(rows), 512n]);
     const refused = await rpcRejection(worker.client.infer(request('tiny')));
     expect(refused.code).toBe(status.UNAVAILABLE);
@@ -446,7 +598,9 @@ describe(WorkerModule.name, () => {
       await rpcRejection(worker.client.loadModel({ name: 'models/elsewhere/versions/1' })),
     ]) {
       expect([refused.code, refused.reason]).toEqual([status.FAILED_PRECONDITION, 'MODEL_NOT_PLACED']);
-      expect(refused.message).toContain('model "elsewhere" is not placed on worker worker-under-test, which serves only "tiny" (WORKER_MODELS)');
+      expect(refused.message).toContain(
+        'model "elsewhere" is not placed on worker worker-under-test, which serves only "tiny" (WORKER_MODELS)',
+      );
     }
     expect(await states(worker.client)).toEqual({ tiny: 'READY' });
     expect(registry.downloads).toBe(1);
@@ -459,7 +613,11 @@ describe(WorkerModule.name, () => {
     worker = await startWorker(registry, {});
     await new Promise((r) => setTimeout(r, 300)); // several sync intervals against the dead registry
     expect((await worker.health.check({ service: '' })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
-    expect(await worker.client.listModels({})).toMatchObject({ workerId: 'worker-under-test', models: [], placedModels: [] });
+    expect(await worker.client.listModels({})).toMatchObject({
+      workerId: 'worker-under-test',
+      models: [],
+      placedModels: [],
+    });
     const error = await rpcRejection(worker.client.infer(request('tiny')));
     expect([error.code, error.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
     expect(metric(await worker.metrics(), 'registry_sync_failures_total')).toBeGreaterThan(1);
@@ -480,7 +638,11 @@ describe(WorkerModule.name, () => {
 
     /** The worker following the registry's watch; the periodic sync is an hour away, so only the watch brings changes. */
     async function follow(env: Record<string, string> = {}): Promise<Worker> {
-      worker = await startWorker(registry, { WORKER_REGISTRY_ADDRESS: registry.watchAddress, WORKER_SYNC_INTERVAL_MS: '3600000', ...env });
+      worker = await startWorker(registry, {
+        WORKER_REGISTRY_ADDRESS: registry.watchAddress,
+        WORKER_SYNC_INTERVAL_MS: '3600000',
+        ...env,
+      });
       await worker.running.app.get(RegistryWatch).ready();
       return worker;
     }
@@ -495,7 +657,8 @@ describe(WorkerModule.name, () => {
     /** What the worker lists, by version name. */
     const listed = async (): Promise<Record<string, string>> =>
       Object.fromEntries((await worker!.client.listModels({})).models.map((m) => [m.name, ModelState[m.state]]));
-    const inferOn = (model: string, version: string) => worker!.client.infer({ request: { modelName: model, modelVersion: version, inputs: [input(1)] } });
+    const inferOn = (model: string, version: string) =>
+      worker!.client.infer({ request: { modelName: model, modelVersion: version, inputs: [input(1)] } });
 
     it('loads a new version as soon as the watch tells, keeps a DRAINING one serving, and frees what the registry stops serving', async () => {
       const tiny = buildTinyModel().bytes;
@@ -561,7 +724,9 @@ describe(WorkerModule.name, () => {
 
       const error = await rpcRejection(inferOn('big', '1'));
       expect([error.code, error.reason]).toEqual([status.RESOURCE_EXHAUSTED, 'MEMORY_BUDGET_EXCEEDED']);
-      expect((await worker!.client.listModels({})).models.find((m) => m.name === 'models/pinned/versions/1')?.pinned).toBe(true);
+      expect(
+        (await worker!.client.listModels({})).models.find((m) => m.name === 'models/pinned/versions/1')?.pinned,
+      ).toBe(true);
 
       registry.change('pinned', { pinned: false });
       await settled();
@@ -595,7 +760,14 @@ describe(WorkerModule.name, () => {
         request: {
           modelName: 'mlp',
           modelVersion: '1',
-          inputs: [create(TensorSchema, { name: 'input', datatype: DataType.FP32, shape: [BigInt(rows), 512n], data: new Uint8Array(rows * 2048) })],
+          inputs: [
+            create(TensorSchema, {
+              name: 'input',
+              datatype: DataType.FP32,
+              shape: [BigInt(rows), 512n],
+              data: new Uint8Array(rows * 2048),
+            }),
+          ],
         },
       });
       await until(async () => metric(await worker!.metrics(), 'inference_requests_in_flight') === 1);
@@ -632,13 +804,17 @@ describe(loadWorkerConfig.name, () => {
   });
 
   it('shares the cores out among instances by default', () => {
-    expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2' }).intraOpThreads).toBe(Math.max(1, Math.floor(availableParallelism() / 2)));
+    expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2' }).intraOpThreads).toBe(
+      Math.max(1, Math.floor(availableParallelism() / 2)),
+    );
     expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2', WORKER_INTRA_OP_THREADS: '3' }).intraOpThreads).toBe(3);
   });
 
   it('reads the placement: the models the worker serves, which must include the pinned ones', () => {
     expect([...loadWorkerConfig({ WORKER_MODELS: ' primary , backup,' }).placedModels]).toEqual(['primary', 'backup']);
-    expect([...loadWorkerConfig({ WORKER_MODELS: 'primary', WORKER_PINNED_MODELS: 'primary' }).pinnedModels]).toEqual(['primary']);
+    expect([...loadWorkerConfig({ WORKER_MODELS: 'primary', WORKER_PINNED_MODELS: 'primary' }).pinnedModels]).toEqual([
+      'primary',
+    ]);
     expect(() => loadWorkerConfig({ WORKER_MODELS: 'a b' })).toThrow(/WORKER_MODELS/);
     expect(() => loadWorkerConfig({ WORKER_MODELS: 'primary', WORKER_PINNED_MODELS: 'primary,backup' })).toThrow(
       /WORKER_PINNED_MODELS: "backup" not in WORKER_MODELS/,

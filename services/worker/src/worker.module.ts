@@ -39,7 +39,10 @@ export class WorkerModule {
           provide: ModelRuntime,
           inject: [Metrics, JsonLogger],
           useFactory: (metrics: Metrics, logger: JsonLogger): ModelRuntime => {
-            const failures = metrics.counter('execution_thread_failures_total', 'Execution threads that died unasked or failed to restart; each is replaced.');
+            const failures = metrics.counter(
+              'execution_thread_failures_total',
+              'Execution threads that died unasked or failed to restart; each is replaced.',
+            );
             return new ThreadsModelRuntime({
               instancesPerModel: config.instancesPerModel,
               intraOpThreads: config.intraOpThreads,
@@ -54,7 +57,10 @@ export class WorkerModule {
           provide: ArtifactCache,
           inject: [Metrics],
           useFactory: (metrics: Metrics) => {
-            const evictions = metrics.counter('artifact_cache_evictions_total', 'Local artifact copies deleted to keep the cache within WORKER_ARTIFACT_CACHE_BYTES.');
+            const evictions = metrics.counter(
+              'artifact_cache_evictions_total',
+              'Local artifact copies deleted to keep the cache within WORKER_ARTIFACT_CACHE_BYTES.',
+            );
             return new ArtifactCache(config.artifactDir, config.artifactCacheBytes, () => evictions.inc());
           },
         },

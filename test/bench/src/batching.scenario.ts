@@ -53,7 +53,13 @@ export async function batching(): Promise<Record<string, unknown>> {
       { ...buildMlpModel({ name: 'mlp' }), batching: { maxQueueSize: QUEUE_SIZE } },
       { ...buildMlpModel({ name: 'mlp-off' }), batching: { maxBatchSize: 0, maxQueueSize: QUEUE_SIZE } },
     ],
-    env: { ROUTER_CACHE_ENABLED: 'false', GATEWAY_MAX_IN_FLIGHT: String(GATEWAY_MAX_IN_FLIGHT), GATEWAY_LOG_LEVEL: 'warn', ROUTER_LOG_LEVEL: 'warn', BATCHER_LOG_LEVEL: 'warn' },
+    env: {
+      ROUTER_CACHE_ENABLED: 'false',
+      GATEWAY_MAX_IN_FLIGHT: String(GATEWAY_MAX_IN_FLIGHT),
+      GATEWAY_LOG_LEVEL: 'warn',
+      ROUTER_LOG_LEVEL: 'warn',
+      BATCHER_LOG_LEVEL: 'warn',
+    },
   });
   const gateway = rawClient(fixture.system.gatewayGrpcAddress);
   // Distinct inputs (the result cache is off: every one computes), each encoded by copying one
@@ -63,12 +69,21 @@ export async function batching(): Promise<Record<string, unknown>> {
   let counter = 0;
   const call = (name: keyof typeof encoded) => unary(gateway, encoded[name](counter++), 30_000);
   const rssMb = async (service: 'batcher' | 'gateway') =>
-    round((await metricValue(fixture.system.metricsUrl(service), 'process_resident_memory_bytes', { service })) / 2 ** 20, 1);
+    round(
+      (await metricValue(fixture.system.metricsUrl(service), 'process_resident_memory_bytes', { service })) / 2 ** 20,
+      1,
+    );
 
   const cpuSeconds = async () =>
     Object.fromEntries(
       await Promise.all(
-        SERVICE_NAMES.map(async (name) => [name, await metricValue(fixture.system.metricsUrl(name), 'process_cpu_seconds_total', { service: name })] as const),
+        SERVICE_NAMES.map(
+          async (name) =>
+            [
+              name,
+              await metricValue(fixture.system.metricsUrl(name), 'process_cpu_seconds_total', { service: name }),
+            ] as const,
+        ),
       ),
     );
   const points: Point[] = [];
@@ -115,7 +130,14 @@ export async function batching(): Promise<Record<string, unknown>> {
     const liveMs: number[] = [];
     const liveProbe = setInterval(() => {
       const t = performance.now();
-      live.makeUnaryRequest(SERVER_LIVE_PATH, identity, identity, Buffer.alloc(0), { deadline: Date.now() + 30_000 }, () => liveMs.push(performance.now() - t));
+      live.makeUnaryRequest(
+        SERVER_LIVE_PATH,
+        identity,
+        identity,
+        Buffer.alloc(0),
+        { deadline: Date.now() + 30_000 },
+        () => liveMs.push(performance.now() - t),
+      );
     }, 10);
     const open = await openLoop(() => call('mlp'), rate);
     clearInterval(sampler);
@@ -188,7 +210,12 @@ export async function batching(): Promise<Record<string, unknown>> {
     inprocess_items_per_s: { b1: round(inprocess.b1, 1), b64: round(inprocess.b64, 1) },
     /** System throughput with batching on at concurrency 64 ÷ in-process at batch 64. */
     on_c64_over_inprocess_b64: round(at('on', 64).throughput / inprocess.b64, 3),
-    points: points.map((p) => ({ ...p, throughput: round(p.throughput, 1), p50: round(p.p50, 2), p99: round(p.p99, 2) })),
+    points: points.map((p) => ({
+      ...p,
+      throughput: round(p.throughput, 1),
+      p50: round(p.p50, 2),
+      p99: round(p.p99, 2),
+    })),
     overload,
   };
 }
@@ -223,7 +250,13 @@ async function closedLoop(
   await Promise.all(Array.from({ length: concurrency }, client));
   // Requests that started in the window and finished after it count towards its throughput.
   const seconds = (Math.max(end, performance.now()) - measureFrom) / 1000;
-  return { throughput: completed / seconds, p50: quantile(latencies, 0.5), p99: quantile(latencies, 0.99), errors, answered };
+  return {
+    throughput: completed / seconds,
+    p50: quantile(latencies, 0.5),
+    p99: quantile(latencies, 0.99),
+    errors,
+    answered,
+  };
 }
 
 /** Requests sent at a fixed rate whatever the answers, for OVERLOAD_MS. */

@@ -23,7 +23,9 @@ const HOT_INPUTS = 16;
  *   (the same MLP), against "miss" as the same request without a shadow.
  */
 export async function cache(): Promise<Record<string, unknown>> {
-  const fixture = await startFixture({ models: [buildMlpModel({ name: 'mlp' }), buildMlpModel({ name: 'mlp-shadowed' })] });
+  const fixture = await startFixture({
+    models: [buildMlpModel({ name: 'mlp' }), buildMlpModel({ name: 'mlp-shadowed' })],
+  });
   const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
   const registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
   const metadata = { authorization: `Bearer ${API_KEY}` };
@@ -49,10 +51,16 @@ export async function cache(): Promise<Record<string, unknown>> {
   let shadowRequests = 0;
   try {
     // Version 1 keeps serving once version 2 is READY (the default version policy, latest 1, would drain it).
-    await registry.updateModel({ model: { name: 'models/mlp-shadowed', versionPolicy: { policy: { case: 'all', value: {} } } }, updateMask: { paths: ['version_policy'] } });
+    await registry.updateModel({
+      model: { name: 'models/mlp-shadowed', versionPolicy: { policy: { case: 'all', value: {} } } },
+      updateMask: { paths: ['version_policy'] },
+    });
     const second = await registerModel(registry, 'mlp-shadowed', '2', buildMlpModel({ name: 'mlp-shadowed' }).bytes);
     await waitForVersionsReady(registry, [second.name], 120_000);
-    await registry.setRolloutPolicy({ model: 'models/mlp-shadowed', policy: { stableVersion: '1', shadow: { version: '2', percent: 100 } } });
+    await registry.setRolloutPolicy({
+      model: 'models/mlp-shadowed',
+      policy: { stableVersion: '1', shadow: { version: '2', percent: 100 } },
+    });
     await new Promise((r) => setTimeout(r, 1_500)); // past the router's resolve TTL
     const hot = Array.from({ length: HOT_INPUTS }, (_, i) => input(-1 - i));
     for (const data of hot) await call('mlp', data);
@@ -83,7 +91,8 @@ export async function cache(): Promise<Record<string, unknown>> {
   const p = (list: number[], q: number) => round(quantile(list, q), 3);
   const result = {
     scenario: 'cache',
-    model: 'mlp (FP32 512-2048-2048-512, batch 1), gRPC through the gateway, concurrency 1; the router keeps hot answers in its own cache, before the embedded shared one',
+    model:
+      'mlp (FP32 512-2048-2048-512, batch 1), gRPC through the gateway, concurrency 1; the router keeps hot answers in its own cache, before the embedded shared one',
     rounds: ROUNDS,
     miss_p50_ms: p(samples.miss, 0.5),
     miss_p99_ms: p(samples.miss, 0.99),

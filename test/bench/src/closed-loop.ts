@@ -69,7 +69,8 @@ export function addPhase(total: Phase, phase: Phase): void {
   total.latenciesMs.push(...phase.latenciesMs);
   total.failures += phase.failures;
   total.cpuUs += phase.cpuUs;
-  for (const [name, us] of Object.entries(phase.cpuUsByName)) total.cpuUsByName[name] = (total.cpuUsByName[name] ?? 0) + us;
+  for (const [name, us] of Object.entries(phase.cpuUsByName))
+    total.cpuUsByName[name] = (total.cpuUsByName[name] ?? 0) + us;
 }
 
 export interface LoadOptions {

@@ -19,7 +19,8 @@ const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_
 function main(): void {
   countBuffersInHeapLimit();
   const [method, nextAddress, answerBytes] = process.argv.slice(2) as [string, string, string];
-  const next = nextAddress === '-' ? undefined : new grpc.Client(nextAddress, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
+  const next =
+    nextAddress === '-' ? undefined : new grpc.Client(nextAddress, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
   const answer = Buffer.alloc(Number(answerBytes));
   const server = new grpc.Server(MESSAGE_LIMITS);
   server.register<Buffer, Buffer>(
@@ -29,7 +30,9 @@ function main(): void {
         callback(null, answer);
         return;
       }
-      next.makeUnaryRequest(method, identity, identity, call.request, call.metadata, (error, response) => callback(error, response));
+      next.makeUnaryRequest(method, identity, identity, call.request, call.metadata, (error, response) =>
+        callback(error, response),
+      );
     },
     identity,
     identity,

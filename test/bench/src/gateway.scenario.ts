@@ -56,7 +56,8 @@ export async function gateway(): Promise<Record<string, unknown>> {
   const redis = await measureWithRedis();
 
   const p = (v: Variant, path: PathName, q: number) => round(quantile(v.samples[path], q));
-  const added = (v: Variant, path: 'grpc' | 'rest') => round(quantile(v.samples[path], 0.5) - quantile(v.samples.direct, 0.5));
+  const added = (v: Variant, path: 'grpc' | 'rest') =>
+    round(quantile(v.samples[path], 0.5) - quantile(v.samples.direct, 0.5));
   const figures = (v: Variant) => ({
     grpc_p50_ms: p(v, 'grpc', 0.5),
     grpc_p99_ms: p(v, 'grpc', 0.99),
@@ -76,7 +77,8 @@ export async function gateway(): Promise<Record<string, unknown>> {
   const redisFigures = 'samples' in redis ? figures(redis) : redis;
   const result = {
     scenario: 'gateway',
-    model: 'tiny (FP32 [1,4] -> [1,3]), one input repeated: answered from the router local result cache; auth and rate limiting on (limits never reached)',
+    model:
+      'tiny (FP32 [1,4] -> [1,3]), one input repeated: answered from the router local result cache; auth and rate limiting on (limits never reached)',
     rounds: ROUNDS,
     block: BLOCK,
     requests_per_path: ROUNDS * BLOCK,
@@ -144,7 +146,9 @@ async function measure(redisUrl: string | undefined): Promise<Variant> {
   // The tenant the gateway gives a configured key (see ApiKeyAuth), and its routing key without x-routing-key.
   const tenant = `key:${createHash('sha256').update(API_KEY).digest('hex').slice(0, 32)}`;
   const raw = new Uint8Array(INPUT.buffer);
-  const restBody = JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: Array.from(INPUT) }] });
+  const restBody = JSON.stringify({
+    inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: Array.from(INPUT) }],
+  });
   const grpcRequest = create(ModelInferRequestSchema, {
     modelName: 'tiny',
     inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n] }],

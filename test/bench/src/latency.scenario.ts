@@ -39,7 +39,9 @@ export async function latency(): Promise<Record<string, unknown>> {
       const res = await fetch(url, {
         method: 'POST',
         headers,
-        body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 512], datatype: 'FP32', data: Array.from(data) }] }),
+        body: JSON.stringify({
+          inputs: [{ name: 'input', shape: [1, 512], datatype: 'FP32', data: Array.from(data) }],
+        }),
       });
       if (res.status !== 200) throw new Error(`REST answered ${res.status}: ${await res.text()}`);
       await res.arrayBuffer();
@@ -60,7 +62,13 @@ export async function latency(): Promise<Record<string, unknown>> {
   const cpuSeconds = async () =>
     Object.fromEntries(
       await Promise.all(
-        SERVICE_NAMES.map(async (name) => [name, await metricValue(fixture.system.metricsUrl(name), 'process_cpu_seconds_total', { service: name })] as const),
+        SERVICE_NAMES.map(
+          async (name) =>
+            [
+              name,
+              await metricValue(fixture.system.metricsUrl(name), 'process_cpu_seconds_total', { service: name }),
+            ] as const,
+        ),
       ),
     );
   let cpuBefore: Record<string, number> = {};
@@ -81,7 +89,9 @@ export async function latency(): Promise<Record<string, unknown>> {
         const idleStart = await cpuSeconds();
         await new Promise((r) => setTimeout(r, IDLE_WINDOW_MS));
         const idleEnd = await cpuSeconds();
-        idlePerMs = Object.fromEntries(SERVICE_NAMES.map((name) => [name, (idleEnd[name]! - idleStart[name]!) / IDLE_WINDOW_MS]));
+        idlePerMs = Object.fromEntries(
+          SERVICE_NAMES.map((name) => [name, (idleEnd[name]! - idleStart[name]!) / IDLE_WINDOW_MS]),
+        );
         cpuBefore = await cpuSeconds();
         loopStart = Date.now();
       }

@@ -12,7 +12,17 @@ import { tracing } from './tracing.scenario';
 import { worker } from './worker.scenario';
 
 /** Benchmark scenarios by name: each runs against real processes and returns its figures. */
-const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = { latency, worker, batching, cache, gateway, mesh, tracing, quantization, path };
+const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = {
+  latency,
+  worker,
+  batching,
+  cache,
+  gateway,
+  mesh,
+  tracing,
+  quantization,
+  path,
+};
 
 async function main(): Promise<number> {
   const name = process.argv[2];

@@ -21,7 +21,10 @@ export async function mesh(): Promise<Record<string, unknown>> {
   const env = { ROUTER_LOCAL_CACHE_ENABLED: 'false' };
   const policy = join(REPO_ROOT, 'envoy', 'mesh.yaml');
   const systems: Partial<Record<Mode, Fixture>> = {};
-  const totals = Object.fromEntries((['static', 'xds', 'mtls'] as const).map((m) => [m, emptyPhase()])) as Record<Mode, Phase>;
+  const totals = Object.fromEntries((['static', 'xds', 'mtls'] as const).map((m) => [m, emptyPhase()])) as Record<
+    Mode,
+    Phase
+  >;
   const load = { concurrency: CONCURRENCY, durationMs: PHASE_MS };
   try {
     systems.static = await startFixture({ models: ['tiny'], env });

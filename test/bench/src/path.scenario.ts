@@ -91,7 +91,12 @@ export async function path(): Promise<Record<string, unknown>> {
         await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, floor);
         for (let r = 0; r < ROUNDS; r++) {
           const modelBefore = executionThreadsCpuUs(worker);
-          const phase = await closedLoop(serviceProcesses(fixture.system), (r + 2) * 1e7 + concurrency * 1e5, load, real);
+          const phase = await closedLoop(
+            serviceProcesses(fixture.system),
+            (r + 2) * 1e7 + concurrency * 1e5,
+            load,
+            real,
+          );
           totals.modelUs += executionThreadsCpuUs(worker) - modelBefore;
           addPhase(totals.real, phase);
           addPhase(totals.floor, await closedLoop(floorProcesses, 0, load, floor));
@@ -122,8 +127,28 @@ export async function path(): Promise<Record<string, unknown>> {
         for (const [service, us] of Object.entries(totals.real.cpuUsByName)) {
           figures[`${key}_cpu_us_${service}`] = round((service === 'worker' ? us - totals.modelUs : us) / requests, 1);
         }
-        rows.push([key, point.requests_per_s, point.p50_ms, point.p99_ms, point.inprocess_p50_ms, point.added_p50_ms, point.floor_p50_ms, point.added_p50_over_floor, point.chain_cpu_us, point.floor_cpu_us, point.chain_cpu_over_floor, point.failures]);
-        cpuRows.push([key, ...['gateway', 'router', 'batcher', 'worker', 'cache', 'registry'].map((s) => figures[`${key}_cpu_us_${s}`] ?? 0), point.model_cpu_us, point.inprocess_cpu_us_per_item]);
+        rows.push([
+          key,
+          point.requests_per_s,
+          point.p50_ms,
+          point.p99_ms,
+          point.inprocess_p50_ms,
+          point.added_p50_ms,
+          point.floor_p50_ms,
+          point.added_p50_over_floor,
+          point.chain_cpu_us,
+          point.floor_cpu_us,
+          point.chain_cpu_over_floor,
+          point.failures,
+        ]);
+        cpuRows.push([
+          key,
+          ...['gateway', 'router', 'batcher', 'worker', 'cache', 'registry'].map(
+            (s) => figures[`${key}_cpu_us_${s}`] ?? 0,
+          ),
+          point.model_cpu_us,
+          point.inprocess_cpu_us_per_item,
+        ]);
       }
       floorClient.close();
     }
@@ -135,7 +160,9 @@ export async function path(): Promise<Record<string, unknown>> {
   process.stdout.write(
     `${table(['point', 'req/s', 'p50 ms', 'p99 ms', 'in-process p50', 'added p50', 'floor p50', 'added/floor', 'chain CPU µs', 'floor CPU µs', 'chain/floor', 'failures'], rows)}\n\n`,
   );
-  process.stdout.write(`${table(['CPU µs a request', 'gateway', 'router', 'batcher', 'worker', 'cache', 'registry', 'model (worker)', 'model in-process'], cpuRows)}\n\n`);
+  process.stdout.write(
+    `${table(['CPU µs a request', 'gateway', 'router', 'batcher', 'worker', 'cache', 'registry', 'model (worker)', 'model in-process'], cpuRows)}\n\n`,
+  );
 
   const summary = await profileSummary(cnn, env);
   writeFileSync(join(REPO_ROOT, 'test', 'bench', 'results', 'path.profile.md'), summary);
@@ -148,7 +175,9 @@ async function startChain(answerBytes: number): Promise<(ChildProcess & { port: 
   const chain: (ChildProcess & { port: number })[] = [];
   let next = '-';
   for (let i = 0; i < HOPS; i++) {
-    const hop = fork(join(__dirname, 'echo-hop.server.js'), [INFER_PATH, next, String(answerBytes)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }) as ChildProcess & { port: number };
+    const hop = fork(join(__dirname, 'echo-hop.server.js'), [INFER_PATH, next, String(answerBytes)], {
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    }) as ChildProcess & { port: number };
     const [{ port }] = (await once(hop, 'message')) as [{ port: number }];
     hop.port = port;
     chain.push(hop);
@@ -162,7 +191,12 @@ async function measureInProcess(size: Size, intraOpThreads: number): Promise<{ p
   const bytes = size.model === 'mlp' ? buildMlpModel().bytes : buildCnnModel().bytes;
   const session = await workerSession(bytes, intraOpThreads);
   try {
-    const feeds = { input: new ort.Tensor('float32', new Float32Array(size.item.reduce((a, b) => a * b, 1)).fill(1), [1, ...size.item]) };
+    const feeds = {
+      input: new ort.Tensor('float32', new Float32Array(size.item.reduce((a, b) => a * b, 1)).fill(1), [
+        1,
+        ...size.item,
+      ]),
+    };
     for (let i = 0; i < 20; i++) await session.run(feeds);
     const latencies: number[] = [];
     const cpu = process.cpuUsage();
@@ -185,7 +219,10 @@ async function measureInProcess(size: Size, intraOpThreads: number): Promise<{ p
 async function profileSummary(cnn: BuiltModel, env: Record<string, string>): Promise<string> {
   const dir = mkdtempSync(join(tmpdir(), 'infermesh-path-profile-'));
   const window = { from: 0, to: 0 };
-  const fixture = await startFixture({ models: ['mlp', cnn], env: { ...env, NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${dir}` } });
+  const fixture = await startFixture({
+    models: ['mlp', cnn],
+    env: { ...env, NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${dir}` },
+  });
   let names: Map<number, string>;
   try {
     names = new Map(serviceProcesses(fixture.system).map((p) => [p.pid, p.name]));
@@ -194,7 +231,9 @@ async function profileSummary(cnn: BuiltModel, env: Record<string, string>): Pro
     window.from = monotonicUs();
     for (const size of SIZES) {
       const withSeed = seededRequests(size.model, size.item);
-      await closedLoop([], 0, { concurrency: 16, durationMs: PROFILE_MS / SIZES.length }, (seed) => unary(gateway, withSeed(seed)));
+      await closedLoop([], 0, { concurrency: 16, durationMs: PROFILE_MS / SIZES.length }, (seed) =>
+        unary(gateway, withSeed(seed)),
+      );
     }
     window.to = monotonicUs();
     gateway.close();
@@ -211,11 +250,23 @@ async function profileSummary(cnn: BuiltModel, env: Record<string, string>): Pro
     // CPU.<date>.<time>.<pid>.<thread>.<seq>.cpuprofile; thread 0 is the main thread.
     const [, , , pid, thread] = file.split('.');
     const service = names.get(Number(pid));
-    return service === undefined || thread !== '0' ? [] : [{ service, ...topSelfTime(JSON.parse(readFileSync(join(dir, file), 'utf8')) as CpuProfile, window, PROFILE_TOP) }];
+    return service === undefined || thread !== '0'
+      ? []
+      : [
+          {
+            service,
+            ...topSelfTime(JSON.parse(readFileSync(join(dir, file), 'utf8')) as CpuProfile, window, PROFILE_TOP),
+          },
+        ];
   });
   const order = ['gateway', 'router', 'batcher', 'worker', 'cache', 'registry'];
   for (const profile of profiles.sort((a, b) => order.indexOf(a.service) - order.indexOf(b.service))) {
-    lines.push(`## ${profile.service}: busy ${Math.round(profile.busyMs)} ms`, '', '| self % of busy | function | file |', '| --- | --- | --- |');
+    lines.push(
+      `## ${profile.service}: busy ${Math.round(profile.busyMs)} ms`,
+      '',
+      '| self % of busy | function | file |',
+      '| --- | --- | --- |',
+    );
     for (const top of profile.top) lines.push(`| ${top.percent.toFixed(1)} | ${top.name} | ${top.file} |`);
     lines.push('');
   }
@@ -235,7 +286,11 @@ interface CpuProfile {
 const monotonicUs = () => Number(process.hrtime.bigint() / 1000n);
 
 /** The functions with the most self time in the samples taken within `window`, as a share of the time not idle, and that time. */
-function topSelfTime(profile: CpuProfile, window: { from: number; to: number }, count: number): { busyMs: number; top: { name: string; file: string; percent: number }[] } {
+function topSelfTime(
+  profile: CpuProfile,
+  window: { from: number; to: number },
+  count: number,
+): { busyMs: number; top: { name: string; file: string; percent: number }[] } {
   const frames = new Map(profile.nodes.map((n) => [n.id, n.callFrame]));
   const self = new Map<string, number>();
   let busy = 0;
@@ -244,7 +299,10 @@ function topSelfTime(profile: CpuProfile, window: { from: number; to: number }, 
     at += profile.timeDeltas[i] ?? 0;
     const frame = frames.get(id)!;
     if (at < window.from || at > window.to || frame.functionName === '(idle)') continue;
-    const key = `${frame.functionName || '(anonymous)'}\t${frame.url.replace(/^.*node_modules\//, '').replace(/^.*\/dist\//, '').replace(/^file:\/\//, '')}`;
+    const key = `${frame.functionName || '(anonymous)'}\t${frame.url
+      .replace(/^.*node_modules\//, '')
+      .replace(/^.*\/dist\//, '')
+      .replace(/^file:\/\//, '')}`;
     const dt = profile.timeDeltas[i + 1] ?? 0;
     self.set(key, (self.get(key) ?? 0) + dt);
     busy += dt;

@@ -2,7 +2,11 @@ import { create, toBinary } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { createClient } from '@infermesh/grpc';
 import { buildCnnModel, CNN_INPUT_SHAPE } from '@infermesh/model-builder';
-import { type ModelVersion, RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type ModelVersion,
+  RegistryService,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { InferRequestSchema, ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { DataType } from '@infermesh/tensors';
 import * as ort from 'onnxruntime-node';
@@ -72,13 +76,19 @@ export async function quantization(): Promise<Record<string, unknown>> {
   const served = [...new Set(pairs.flatMap((p) => [p.source, p.variant])), 'tiny'];
   const fixture = await startFixture({
     models: ['mlp', cnn, 'tiny'],
-    env: { ROUTER_CACHE_ENABLED: 'false', WORKER_INSTANCES_PER_MODEL: '1', WORKER_INTRA_OP_THREADS: String(intraOpThreads) },
+    env: {
+      ROUTER_CACHE_ENABLED: 'false',
+      WORKER_INSTANCES_PER_MODEL: '1',
+      WORKER_INTRA_OP_THREADS: String(intraOpThreads),
+    },
     // Then a quiet worker each for the MLP and its variant, never sent a request: what unloading gives
     // back is read there, not where the load's garbage also comes and goes.
     workers: [...served, ...UNLOADED].map((model) => ({ models: [model] })),
   });
   const registry = createClient(RegistryService, fixture.system.grpcAddress('registry'));
-  const workers = new Map(served.map((model, i) => [model, createClient(WorkerService, fixture.system.workerGrpcAddress(i))]));
+  const workers = new Map(
+    served.map((model, i) => [model, createClient(WorkerService, fixture.system.workerGrpcAddress(i))]),
+  );
   const raw = new Map(
     served.map((model, i) => [
       model,
@@ -93,7 +103,11 @@ export async function quantization(): Promise<Record<string, unknown>> {
     const derived: Record<string, ModelVersion> = {};
     for (const pair of pairs) {
       const { version } = await registry.quantizeModelVersion(
-        { source: `models/${pair.source}/versions/1`, targetModel: `models/${pair.variant}`, settings: { quantizeConv: pair.key === 'cnn_conv' } },
+        {
+          source: `models/${pair.source}/versions/1`,
+          targetModel: `models/${pair.variant}`,
+          settings: { quantizeConv: pair.key === 'cnn_conv' },
+        },
         { timeoutMs: 120_000 },
       );
       derived[pair.key] = version!;
@@ -105,7 +119,8 @@ export async function quantization(): Promise<Record<string, unknown>> {
     }
     const instanceBytes = memory.get('models/tiny/versions/1')!;
     const sizes = new Map<string, number>();
-    for (const m of (await registry.listModels({})).models) sizes.set(m.name, Number(m.versions[0]!.artifact!.sizeBytes));
+    for (const m of (await registry.listModels({})).models)
+      sizes.set(m.name, Number(m.versions[0]!.artifact!.sizeBytes));
 
     const figures: Record<string, number> = {};
     const rows: (string | number)[][] = [];
@@ -122,7 +137,18 @@ export async function quantization(): Promise<Record<string, unknown>> {
           toBinary(
             InferRequestSchema,
             create(InferRequestSchema, {
-              request: { modelName: model, modelVersion: '1', inputs: [{ name: 'input', datatype: DataType.FP32, shape: shape.map(BigInt), data: new Uint8Array(input.buffer) }] },
+              request: {
+                modelName: model,
+                modelVersion: '1',
+                inputs: [
+                  {
+                    name: 'input',
+                    datatype: DataType.FP32,
+                    shape: shape.map(BigInt),
+                    data: new Uint8Array(input.buffer),
+                  },
+                ],
+              },
             }),
           ),
         );
@@ -130,11 +156,19 @@ export async function quantization(): Promise<Record<string, unknown>> {
         const payload = encoded(model);
         const one = () =>
           new Promise<void>((resolve, reject) =>
-            raw.get(model)!.makeUnaryRequest(INFER_PATH, (b: Buffer) => b, (b: Buffer) => b, payload, { deadline: Date.now() + 60_000 }, (error, answer) => {
-              if (error !== null) reject(new Error(`${model}: ${error.message}`));
-              else if ((answer?.length ?? 0) < BATCH * 4) reject(new Error(`${model} answered ${answer?.length} bytes`));
-              else resolve();
-            }),
+            raw.get(model)!.makeUnaryRequest(
+              INFER_PATH,
+              (b: Buffer) => b,
+              (b: Buffer) => b,
+              payload,
+              { deadline: Date.now() + 60_000 },
+              (error, answer) => {
+                if (error !== null) reject(new Error(`${model}: ${error.message}`));
+                else if ((answer?.length ?? 0) < BATCH * 4)
+                  reject(new Error(`${model} answered ${answer?.length} bytes`));
+                else resolve();
+              },
+            ),
           );
         const client = async () => {
           for (let call = 0; call < CALLS_PER_CLIENT; call++) await one();
@@ -155,7 +189,14 @@ export async function quantization(): Promise<Record<string, unknown>> {
         source_inprocess: await inProcess(pair.source),
         variant_inprocess: await inProcess(pair.variant),
       };
-      const elapsed = { source_worker: 0, variant_worker: 0, source_worker_c1: 0, variant_worker_c1: 0, source_inprocess: 0, variant_inprocess: 0 };
+      const elapsed = {
+        source_worker: 0,
+        variant_worker: 0,
+        source_worker_c1: 0,
+        variant_worker_c1: 0,
+        source_inprocess: 0,
+        variant_inprocess: 0,
+      };
       const n = ROUNDS[pair.source]!;
       for (let i = 0; i < WARMUP_ROUNDS + n; i++) {
         for (const name of Object.keys(paths) as (keyof typeof paths)[]) {
@@ -171,11 +212,15 @@ export async function quantization(): Promise<Record<string, unknown>> {
       Object.assign(figures, {
         [`${pair.key}_items_ratio_b32`]: round(elapsed.source_worker / elapsed.variant_worker),
         [`${pair.key}_memory_ratio`]: round(memory.get(variantName)! / memory.get(sourceName)!),
-        [`${pair.key}_memory_ratio_beyond_instance`]: round((memory.get(variantName)! - instanceBytes) / (memory.get(sourceName)! - instanceBytes)),
+        [`${pair.key}_memory_ratio_beyond_instance`]: round(
+          (memory.get(variantName)! - instanceBytes) / (memory.get(sourceName)! - instanceBytes),
+        ),
         [`${pair.key}_rel_l2`]: round(accuracy.relativeL2, 5),
         [`${pair.key}_items_ratio_b32_one_in_flight`]: round(elapsed.source_worker_c1 / elapsed.variant_worker_c1),
         [`${pair.key}_inprocess_items_ratio_b32`]: round(elapsed.source_inprocess / elapsed.variant_inprocess),
-        [`${pair.key}_artifact_ratio`]: round(sizes.get(`models/${pair.variant}`)! / sizes.get(`models/${pair.source}`)!),
+        [`${pair.key}_artifact_ratio`]: round(
+          sizes.get(`models/${pair.variant}`)! / sizes.get(`models/${pair.source}`)!,
+        ),
         [`${pair.key}_source_items_per_s_b32`]: round(itemsPerS(elapsed.source_worker), 1),
         [`${pair.key}_variant_items_per_s_b32`]: round(itemsPerS(elapsed.variant_worker), 1),
         [`${pair.key}_source_memory_mib`]: round(memory.get(sourceName)! / 2 ** 20, 1),
@@ -205,7 +250,10 @@ export async function quantization(): Promise<Record<string, unknown>> {
       try {
         const { memoryBytes } = await waitWorkerState(worker, name, ModelState.READY);
         const before = rssBytes(pid);
-        await registry.updateModel({ model: { name: `models/${model}`, unloaded: true }, updateMask: { paths: ['unloaded'] } });
+        await registry.updateModel({
+          model: { name: `models/${model}`, unloaded: true },
+          updateMask: { paths: ['unloaded'] },
+        });
         await waitWorkerState(worker, name, ModelState.UNLOADED);
         await sleep(UNLOAD_SETTLE_MS);
         const returned = before - rssBytes(pid);
@@ -221,7 +269,13 @@ export async function quantization(): Promise<Record<string, unknown>> {
     process.stdout.write(
       `unloading gave back ${figures['mlp_source_unload_returned_mib']} MiB of the MLP's ${figures['mlp_source_unload_charge_mib']} MiB charge, ${figures['mlp_variant_unload_returned_mib']} of its variant's ${figures['mlp_variant_unload_charge_mib']}\n`,
     );
-    return { scenario: 'quantization', batch: BATCH, intra_op_threads: intraOpThreads, empty_instance_memory_mib: round(instanceBytes / 2 ** 20, 1), ...figures };
+    return {
+      scenario: 'quantization',
+      batch: BATCH,
+      intra_op_threads: intraOpThreads,
+      empty_instance_memory_mib: round(instanceBytes / 2 ** 20, 1),
+      ...figures,
+    };
   } finally {
     for (const session of sessions) await session.release();
     registry.close();
@@ -232,7 +286,11 @@ export async function quantization(): Promise<Record<string, unknown>> {
 }
 
 /** The worker's entry for a model version once it is in `state` (a version it no longer lists counts as UNLOADED). */
-async function waitWorkerState(worker: ReturnType<typeof createClient<typeof WorkerService>>, name: string, state: ModelState): Promise<{ memoryBytes: bigint }> {
+async function waitWorkerState(
+  worker: ReturnType<typeof createClient<typeof WorkerService>>,
+  name: string,
+  state: ModelState,
+): Promise<{ memoryBytes: bigint }> {
   const deadline = Date.now() + 60_000;
   while (Date.now() < deadline) {
     const entry = (await worker.listModels({})).models.find((m) => m.name === name);
@@ -242,7 +300,10 @@ async function waitWorkerState(worker: ReturnType<typeof createClient<typeof Wor
   throw new Error(`${name} was not ${ModelState[state]} on its worker within 60 s`);
 }
 
-async function waitReady(registry: ReturnType<typeof createClient<typeof RegistryService>>, model: string): Promise<void> {
+async function waitReady(
+  registry: ReturnType<typeof createClient<typeof RegistryService>>,
+  model: string,
+): Promise<void> {
   const deadline = Date.now() + 120_000;
   while (Date.now() < deadline) {
     const { model: found } = await registry.getModel({ name: `models/${model}` });
@@ -254,9 +315,13 @@ async function waitReady(registry: ReturnType<typeof createClient<typeof Registr
   throw new Error(`${model} was not READY within 120 s`);
 }
 
-async function download(registry: ReturnType<typeof createClient<typeof RegistryService>>, model: string): Promise<Uint8Array> {
+async function download(
+  registry: ReturnType<typeof createClient<typeof RegistryService>>,
+  model: string,
+): Promise<Uint8Array> {
   const { model: found } = await registry.getModel({ name: `models/${model}` });
   const chunks: Uint8Array[] = [];
-  for await (const { chunk } of registry.downloadArtifact({ sha256: found!.versions[0]!.artifact!.sha256 })) chunks.push(chunk);
+  for await (const { chunk } of registry.downloadArtifact({ sha256: found!.versions[0]!.artifact!.sha256 }))
+    chunks.push(chunk);
   return new Uint8Array(Buffer.concat(chunks));
 }

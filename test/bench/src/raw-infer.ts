@@ -48,8 +48,15 @@ export function unary(client: grpc.Client, bytes: Buffer, timeoutMs = 10_000): P
   const metadata = new grpc.Metadata();
   metadata.set('authorization', `Bearer ${API_KEY}`);
   return new Promise((resolve, reject) =>
-    client.makeUnaryRequest(INFER_PATH, identity, identity, bytes, metadata, { deadline: Date.now() + timeoutMs }, (error, answer) =>
-      error === null && answer !== undefined ? resolve(answer) : reject(error ?? new Error('no answer')),
+    client.makeUnaryRequest(
+      INFER_PATH,
+      identity,
+      identity,
+      bytes,
+      metadata,
+      { deadline: Date.now() + timeoutMs },
+      (error, answer) =>
+        error === null && answer !== undefined ? resolve(answer) : reject(error ?? new Error('no answer')),
     ),
   );
 }

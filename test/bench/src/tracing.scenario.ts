@@ -56,7 +56,10 @@ export async function tracing(): Promise<Record<string, unknown>> {
   // The services inherit this process's environment: an OTEL_ variable here would trace the "off"
   // system or change the sampling of the others.
   const inherited = Object.keys(process.env).filter((name) => name.startsWith('OTEL_'));
-  if (inherited.length > 0) throw new Error(`unset ${inherited.join(', ')}: the services inherit the benchmark's environment, so the modes would not be what they say`);
+  if (inherited.length > 0)
+    throw new Error(
+      `unset ${inherited.join(', ')}: the services inherit the benchmark's environment, so the modes would not be what they say`,
+    );
 
   const base = { ROUTER_LOCAL_CACHE_ENABLED: 'false' };
   const receivers: Record<TracedMode, OtlpSink> = { sampled_100: new OtlpSink(), sampled_1: new OtlpSink() };
@@ -150,8 +153,24 @@ export async function tracing(): Promise<Record<string, unknown>> {
       ['tracing', 'requests/s', 'p50 ms', 'p99 ms', 'CPU µs/request (6 services)', 'spans/request', 'failures'],
       [
         ['off', off.rps, result.off_p50_ms, result.off_p99_ms, result.off_cpu_us_per_request, '-', off.failures],
-        ['sampling 100 %', all.rps, result.sampled_100_p50_ms, result.sampled_100_p99_ms, result.sampled_100_cpu_us_per_request, result.spans_per_request_100, all.failures],
-        ['sampling 1 %', one.rps, result.sampled_1_p50_ms, result.sampled_1_p99_ms, result.sampled_1_cpu_us_per_request, result.spans_per_request_1, one.failures],
+        [
+          'sampling 100 %',
+          all.rps,
+          result.sampled_100_p50_ms,
+          result.sampled_100_p99_ms,
+          result.sampled_100_cpu_us_per_request,
+          result.spans_per_request_100,
+          all.failures,
+        ],
+        [
+          'sampling 1 %',
+          one.rps,
+          result.sampled_1_p50_ms,
+          result.sampled_1_p99_ms,
+          result.sampled_1_cpu_us_per_request,
+          result.spans_per_request_1,
+          one.failures,
+        ],
       ],
     )}\n`,
   );

@@ -40,7 +40,11 @@ const impl: ServiceImpl<typeof WorkerService> = {
 
 async function main(): Promise<void> {
   countBuffersInHeapLimit();
-  const server = new GrpcServer({ logger: new JsonLogger('transport-floor', 'error', () => undefined), metrics: new Metrics('transport_floor'), maxMessageBytes: 64 << 20 });
+  const server = new GrpcServer({
+    logger: new JsonLogger('transport-floor', 'error', () => undefined),
+    metrics: new Metrics('transport_floor'),
+    maxMessageBytes: 64 << 20,
+  });
   server.add(WorkerService, impl);
   const port = await server.listen('127.0.0.1', 0);
   process.send?.({ port });

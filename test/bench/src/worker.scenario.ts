@@ -37,11 +37,17 @@ export async function worker(): Promise<Record<string, unknown>> {
   // both sides run the same session settings.
   const intraOpThreads = availableParallelism();
   const session = await workerSession(model.bytes, intraOpThreads);
-  const fixture = await startFixture({ models: ['mlp'], env: { WORKER_INSTANCES_PER_MODEL: '1', WORKER_INTRA_OP_THREADS: String(intraOpThreads) } });
+  const fixture = await startFixture({
+    models: ['mlp'],
+    env: { WORKER_INSTANCES_PER_MODEL: '1', WORKER_INTRA_OP_THREADS: String(intraOpThreads) },
+  });
   const address = fixture.system.grpcAddress('worker');
   const client = createClient(WorkerService, address);
   const health = createClient(Health, address);
-  const floorServer = fork(join(__dirname, 'transport-floor.server.js'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'], env: { ...WORKER_MALLOC_ENV, ...process.env } });
+  const floorServer = fork(join(__dirname, 'transport-floor.server.js'), [], {
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    env: { ...WORKER_MALLOC_ENV, ...process.env },
+  });
   const [{ port: floorPort }] = (await once(floorServer, 'message')) as [{ port: number }];
   const floorClient = createClient(WorkerService, `127.0.0.1:${floorPort}`);
 
@@ -51,17 +57,19 @@ export async function worker(): Promise<Record<string, unknown>> {
     return data;
   };
   const viaGrpc = (to: typeof client) => async (batch: number, data: Float32Array) => {
-      const response = await to.infer(
-        {
-          request: {
-            modelName: 'mlp',
-            modelVersion: '1',
-            inputs: [{ name: 'input', datatype: DataType.FP32, shape: [BigInt(batch), 512n], data: new Uint8Array(data.buffer) }],
-          },
+    const response = await to.infer(
+      {
+        request: {
+          modelName: 'mlp',
+          modelVersion: '1',
+          inputs: [
+            { name: 'input', datatype: DataType.FP32, shape: [BigInt(batch), 512n], data: new Uint8Array(data.buffer) },
+          ],
         },
-        { timeoutMs: 30_000 },
-      );
-      if (response.response?.outputs.length !== 1) throw new Error('the server answered without the output');
+      },
+      { timeoutMs: 30_000 },
+    );
+    if (response.response?.outputs.length !== 1) throw new Error('the server answered without the output');
   };
   const paths = {
     inprocess: async (batch: number, data: Float32Array) => {
@@ -93,7 +101,14 @@ export async function worker(): Promise<Record<string, unknown>> {
     }
   })();
 
-  type Row = { inprocess: number; worker: number; ratio: number; transport_floor: number; ratio_ceiling: number; worker_added_ms: number };
+  type Row = {
+    inprocess: number;
+    worker: number;
+    ratio: number;
+    transport_floor: number;
+    ratio_ceiling: number;
+    worker_added_ms: number;
+  };
   const throughput: Record<string, Row> = {};
   try {
     for (const concurrency of CONCURRENCY) {
@@ -155,11 +170,29 @@ export async function worker(): Promise<Record<string, unknown>> {
   };
   process.stdout.write(
     `${table(
-      ['concurrency', 'batch', 'in-process items/s', 'worker gRPC items/s', 'worker / in-process', 'floor items/s', 'ceiling', 'worker added ms'],
+      [
+        'concurrency',
+        'batch',
+        'in-process items/s',
+        'worker gRPC items/s',
+        'worker / in-process',
+        'floor items/s',
+        'ceiling',
+        'worker added ms',
+      ],
       CONCURRENCY.flatMap((c) =>
         BATCH_SIZES.map((b) => {
           const row = throughput[`c${c}_b${b}`]!;
-          return [c, b, row.inprocess, row.worker, row.ratio, row.transport_floor, row.ratio_ceiling, row.worker_added_ms];
+          return [
+            c,
+            b,
+            row.inprocess,
+            row.worker,
+            row.ratio,
+            row.transport_floor,
+            row.ratio_ceiling,
+            row.worker_added_ms,
+          ];
         }),
       ),
     )}\n\nhealth Check while the worker computes: p50 ${result.health_p50_ms} ms, p99 ${result.health_p99_ms} ms, max ${result.health_max_ms} ms (${healthMs.length} checks); idle: p50 ${result.health_idle_p50_ms} ms, p99 ${result.health_idle_p99_ms} ms\n`,

@@ -24,8 +24,12 @@ export function kserveClient(address: string) {
       const metadata = new grpc.Metadata();
       if (key !== undefined) metadata.set('authorization', `Bearer ${key}`);
       const fn = (client as unknown as Record<string, (...args: unknown[]) => void>)[method]!;
-      fn.call(client, request, metadata, { deadline: Date.now() + 30_000 }, (error: grpc.ServiceError | null, response: T) =>
-        error ? reject(error) : resolvePromise(response),
+      fn.call(
+        client,
+        request,
+        metadata,
+        { deadline: Date.now() + 30_000 },
+        (error: grpc.ServiceError | null, response: T) => (error ? reject(error) : resolvePromise(response)),
       );
     });
   return { call, close: () => client.close() };

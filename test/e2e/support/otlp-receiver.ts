@@ -26,7 +26,9 @@ export function countSpans(body: Uint8Array): number {
     }
   };
   let spans = 0;
-  within(body, 1, (resourceSpans) => within(resourceSpans, 2, (scopeSpans) => within(scopeSpans, 2, () => (spans += 1))));
+  within(body, 1, (resourceSpans) =>
+    within(resourceSpans, 2, (scopeSpans) => within(scopeSpans, 2, () => (spans += 1))),
+  );
   return spans;
 }
 
@@ -35,7 +37,8 @@ const MAX_BODY_BYTES = 64 * 1024 * 1024;
 const WAIT_POLL_MS = 20;
 
 /** An attribute value as OTLP carries it, with 64-bit integers as numbers (exact up to 2^53). */
-export type AttributeValue = string | number | boolean | Uint8Array | null | AttributeValue[] | { [key: string]: AttributeValue };
+export type AttributeValue =
+  string | number | boolean | Uint8Array | null | AttributeValue[] | { [key: string]: AttributeValue };
 
 /** One span as a test reads it: ids as lowercase hex, the resource's service name copied in. */
 export interface ReceivedSpan {
@@ -71,7 +74,9 @@ export class OtlpReceiver {
 
   constructor(private readonly options: { keep?: boolean } = {}) {
     this.server = createServer((request, response) => {
-      this.handle(request, response).catch((error: unknown) => reply(response, 500, `receiver failed: ${String(error)}`));
+      this.handle(request, response).catch((error: unknown) =>
+        reply(response, 500, `receiver failed: ${String(error)}`),
+      );
     });
   }
 
@@ -130,7 +135,9 @@ export class OtlpReceiver {
       const result = predicate(this.kept);
       if (result !== undefined) return result;
       if (Date.now() >= deadline) {
-        throw new Error(`the spans awaited did not arrive within ${timeoutMs} ms (${this.received} spans in ${this.accepted} exports so far)`);
+        throw new Error(
+          `the spans awaited did not arrive within ${timeoutMs} ms (${this.received} spans in ${this.accepted} exports so far)`,
+        );
       }
       await new Promise((resolve) => setTimeout(resolve, WAIT_POLL_MS));
     }
@@ -145,11 +152,19 @@ export class OtlpReceiver {
 
   private async handle(request: IncomingMessage, response: ServerResponse): Promise<void> {
     const path = (request.url ?? '').split('?')[0];
-    if (path !== '/v1/traces') return this.refuse(response, 404, `no such endpoint ${path ?? ''}; OTLP traces go to POST /v1/traces`);
-    if (request.method !== 'POST') return this.refuse(response, 405, `${request.method ?? ''} is not allowed; OTLP traces are sent with POST`, { allow: 'POST' });
+    if (path !== '/v1/traces')
+      return this.refuse(response, 404, `no such endpoint ${path ?? ''}; OTLP traces go to POST /v1/traces`);
+    if (request.method !== 'POST')
+      return this.refuse(response, 405, `${request.method ?? ''} is not allowed; OTLP traces are sent with POST`, {
+        allow: 'POST',
+      });
     const type = (request.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase();
     if (type !== 'application/x-protobuf') {
-      return this.refuse(response, 415, `content-type ${type || '(none)'} is not supported; send OTLP as application/x-protobuf`);
+      return this.refuse(
+        response,
+        415,
+        `content-type ${type || '(none)'} is not supported; send OTLP as application/x-protobuf`,
+      );
     }
     const encoding = (request.headers['content-encoding'] ?? 'identity').trim().toLowerCase();
     if (encoding !== 'identity' && encoding !== 'gzip') {
@@ -160,14 +175,22 @@ export class OtlpReceiver {
     let size = 0;
     for await (const chunk of request as AsyncIterable<Buffer>) {
       size += chunk.length;
-      if (size > MAX_BODY_BYTES) return this.refuse(response, 413, `export body over ${MAX_BODY_BYTES} bytes`, { connection: 'close' });
+      if (size > MAX_BODY_BYTES)
+        return this.refuse(response, 413, `export body over ${MAX_BODY_BYTES} bytes`, { connection: 'close' });
       chunks.push(chunk);
     }
     let body: Buffer;
     try {
-      body = encoding === 'gzip' ? gunzipSync(Buffer.concat(chunks), { maxOutputLength: MAX_BODY_BYTES }) : Buffer.concat(chunks);
+      body =
+        encoding === 'gzip'
+          ? gunzipSync(Buffer.concat(chunks), { maxOutputLength: MAX_BODY_BYTES })
+          : Buffer.concat(chunks);
     } catch (error) {
-      return this.refuse(response, 400, `gzip body does not decompress within ${MAX_BODY_BYTES} bytes: ${error instanceof Error ? error.message : String(error)}`);
+      return this.refuse(
+        response,
+        400,
+        `gzip body does not decompress within ${MAX_BODY_BYTES} bytes: ${error instanceof Error ? error.message : String(error)}`,
+      );
     }
     if (this.options.keep === false) {
       // Counted without decoding: a benchmark's receiver must cost next to nothing.
@@ -175,7 +198,11 @@ export class OtlpReceiver {
       try {
         count = countSpans(body);
       } catch (error) {
-        return this.refuse(response, 400, `body is not an ExportTraceServiceRequest: ${error instanceof Error ? error.message : String(error)}`);
+        return this.refuse(
+          response,
+          400,
+          `body is not an ExportTraceServiceRequest: ${error instanceof Error ? error.message : String(error)}`,
+        );
       }
       this.accepted += 1;
       this.received += count;
@@ -187,7 +214,11 @@ export class OtlpReceiver {
     try {
       export_ = fromBinary(ExportTraceServiceRequestSchema, body);
     } catch (error) {
-      return this.refuse(response, 400, `body is not an ExportTraceServiceRequest: ${error instanceof Error ? error.message : String(error)}`);
+      return this.refuse(
+        response,
+        400,
+        `body is not an ExportTraceServiceRequest: ${error instanceof Error ? error.message : String(error)}`,
+      );
     }
 
     this.accepted += 1;
@@ -206,7 +237,11 @@ export class OtlpReceiver {
             service,
             attributes: attributes(span.attributes),
             events: span.events.map((event) => ({ name: event.name, attributes: attributes(event.attributes) })),
-            links: span.links.map((link) => ({ traceId: hex(link.traceId), spanId: hex(link.spanId), attributes: attributes(link.attributes) })),
+            links: span.links.map((link) => ({
+              traceId: hex(link.traceId),
+              spanId: hex(link.spanId),
+              attributes: attributes(link.attributes),
+            })),
             status: { code: span.status?.code ?? 0, message: span.status?.message ?? '' },
             startNs: span.startTimeUnixNano,
             endNs: span.endTimeUnixNano,

@@ -46,7 +46,12 @@ export function requirePrometheus(): void {
 }
 
 /** Prometheus scraping each service's metrics port every second as job infermesh-<service>, with `ruleFiles` loaded. */
-export function startPrometheus(dir: string, port: number, targets: Readonly<Record<ServiceName, number>>, ruleFiles: readonly string[] = []): Prometheus {
+export function startPrometheus(
+  dir: string,
+  port: number,
+  targets: Readonly<Record<ServiceName, number>>,
+  ruleFiles: readonly string[] = [],
+): Prometheus {
   requirePrometheus();
   const config = {
     global: { scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' },
@@ -63,7 +68,12 @@ export function startPrometheus(dir: string, port: number, targets: Readonly<Rec
   const log = openSync(logFile, 'a');
   const child = spawn(
     PROMETHEUS_BIN,
-    [`--config.file=${configFile}`, `--storage.tsdb.path=${join(dir, 'tsdb')}`, `--web.listen-address=127.0.0.1:${port}`, '--log.level=info'],
+    [
+      `--config.file=${configFile}`,
+      `--storage.tsdb.path=${join(dir, 'tsdb')}`,
+      `--web.listen-address=127.0.0.1:${port}`,
+      '--log.level=info',
+    ],
     { stdio: ['ignore', log, log] },
   );
   closeSync(log);
@@ -98,7 +108,11 @@ export async function promGet<T>(prometheus: Prometheus, path: string): Promise<
 }
 
 /** An instant query at `time` (now), through Prometheus' HTTP API. */
-export async function query(prometheus: Prometheus, expr: string, time = Date.now() / 1000): Promise<PromResponse<QueryData>> {
+export async function query(
+  prometheus: Prometheus,
+  expr: string,
+  time = Date.now() / 1000,
+): Promise<PromResponse<QueryData>> {
   const res = await fetch(`${prometheus.url}/api/v1/query`, {
     method: 'POST',
     headers: { 'content-type': 'application/x-www-form-urlencoded' },
@@ -112,7 +126,12 @@ export async function query(prometheus: Prometheus, expr: string, time = Date.no
 export class Hopeless extends Error {}
 
 /** Polls `probe` until it returns a value; its errors count as not yet, but a Hopeless one, which fails at once. */
-export async function waitFor<T>(what: string, timeoutMs: number, probe: () => Promise<T | undefined>, explain: () => Promise<string> | string): Promise<T> {
+export async function waitFor<T>(
+  what: string,
+  timeoutMs: number,
+  probe: () => Promise<T | undefined>,
+  explain: () => Promise<string> | string,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const found = await probe().catch((error: unknown) => {
@@ -124,4 +143,3 @@ export async function waitFor<T>(what: string, timeoutMs: number, probe: () => P
     await new Promise((r) => setTimeout(r, 250));
   }
 }
-

@@ -1,5 +1,15 @@
 import { type BuiltModel, DEMO_MODELS } from '@infermesh/model-builder';
-import { REPLICATED_SERVICES, type ReplicaOptions, type ReplicatedService, type RestartPolicy, System, describeSupervisionEvent, type SystemOptions, type SystemPorts, type WorkerOptions } from '@infermesh/system';
+import {
+  REPLICATED_SERVICES,
+  type ReplicaOptions,
+  type ReplicatedService,
+  type RestartPolicy,
+  System,
+  describeSupervisionEvent,
+  type SystemOptions,
+  type SystemPorts,
+  type WorkerOptions,
+} from '@infermesh/system';
 import { freePortList } from '@infermesh/testing';
 import { spawn } from 'node:child_process';
 import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -24,10 +34,25 @@ export const DIST = join(REPO_ROOT, 'dist');
  * Free ports for every service, for `workers` workers in all and `replicas` instances of the router,
  * batcher or cache (two ports each), chosen at once so that no two are the same.
  */
-export async function freePorts(workers = 1, replicas: Partial<Record<ReplicatedService, number>> = {}): Promise<SystemPorts> {
+export async function freePorts(
+  workers = 1,
+  replicas: Partial<Record<ReplicatedService, number>> = {},
+): Promise<SystemPorts> {
   const names = [
-    'gatewayHttp', 'gatewayGrpc', 'gatewayMetrics', 'registry', 'registryMetrics', 'router', 'routerMetrics',
-    'cache', 'cacheMetrics', 'batcher', 'batcherMetrics', 'worker', 'workerMetrics', 'registryXds',
+    'gatewayHttp',
+    'gatewayGrpc',
+    'gatewayMetrics',
+    'registry',
+    'registryMetrics',
+    'router',
+    'routerMetrics',
+    'cache',
+    'cacheMetrics',
+    'batcher',
+    'batcherMetrics',
+    'worker',
+    'workerMetrics',
+    'registryXds',
   ] as const;
   const extra: Record<'worker' | ReplicatedService, number> = {
     worker: Math.max(0, workers - 1),
@@ -38,9 +63,12 @@ export async function freePorts(workers = 1, replicas: Partial<Record<Replicated
   const list = await freePortList(names.length + 2 * Object.values(extra).reduce((a, b) => a + b, 0));
   const ports = Object.fromEntries(names.map((name, i) => [name, list[i]!])) as Record<(typeof names)[number], number>;
   let next = names.length;
-  const take = (count: number) => Array.from({ length: count }, () => ({ grpc: list[next++]!, metrics: list[next++]! }));
+  const take = (count: number) =>
+    Array.from({ length: count }, () => ({ grpc: list[next++]!, metrics: list[next++]! }));
   const moreWorkers = take(extra.worker);
-  const moreReplicas = Object.fromEntries(REPLICATED_SERVICES.filter((s) => extra[s] > 0).map((s) => [s, take(extra[s])]));
+  const moreReplicas = Object.fromEntries(
+    REPLICATED_SERVICES.filter((s) => extra[s] > 0).map((s) => [s, take(extra[s])]),
+  );
   return {
     ...ports,
     ...(moreWorkers.length > 0 && { moreWorkers }),
@@ -97,7 +125,8 @@ export async function startFixture(options: {
         Object.fromEntries(Object.entries(options.replicas ?? {}).map(([s, list]) => [s, list.length])),
       ),
       ...(options.replicas !== undefined && { replicas: options.replicas }),
-      sink: (service, line, instance) => appendFileSync(logFile, `${service}${instance === undefined ? '' : ` ${instance}`} | ${line}\n`),
+      sink: (service, line, instance) =>
+        appendFileSync(logFile, `${service}${instance === undefined ? '' : ` ${instance}`} | ${line}\n`),
       env: options.env ?? {},
       models: options.models.map((model) => {
         const built = typeof model === 'string' ? DEMO_MODELS[model]!() : model;
@@ -109,9 +138,16 @@ export async function startFixture(options: {
       restartPolicy: options.restartPolicy,
       mesh: options.meshPolicyFile === undefined ? undefined : { policyFile: options.meshPolicyFile },
       mtls: options.mtls,
-      onIdentity: (event) => appendFileSync(logFile, `supervisor | identity of ${event.instance}: ${'error' in event ? `not issued again: ${event.error.message}` : `issued, valid until ${event.notAfter.toISOString()}`}\n`),
+      onIdentity: (event) =>
+        appendFileSync(
+          logFile,
+          `supervisor | identity of ${event.instance}: ${'error' in event ? `not issued again: ${event.error.message}` : `issued, valid until ${event.notAfter.toISOString()}`}\n`,
+        ),
       onSupervision: (service, event, instance) =>
-        appendFileSync(logFile, `supervisor | ${describeSupervisionEvent(instance === undefined ? service : `${service} ${instance}`, event)}\n`),
+        appendFileSync(
+          logFile,
+          `supervisor | ${describeSupervisionEvent(instance === undefined ? service : `${service} ${instance}`, event)}\n`,
+        ),
     });
   } catch (error) {
     throw new Error(`${error instanceof Error ? error.message : String(error)}\n--- service logs ---\n${logTail()}`);
@@ -181,7 +217,9 @@ export async function inferTinyDistinct(gatewayUrl: string): Promise<number> {
     const res = await fetch(`${gatewayUrl}/v2/models/tiny/infer`, {
       method: 'POST',
       headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [distinctInput, 1, 2, 3] }] }),
+      body: JSON.stringify({
+        inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [distinctInput, 1, 2, 3] }],
+      }),
       signal: AbortSignal.timeout(20_000),
     });
     await res.arrayBuffer();

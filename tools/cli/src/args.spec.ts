@@ -41,7 +41,13 @@ const TREE: GroupSpec<string> = {
           ],
           handler: 'register',
         }),
-        command({ name: 'weights', summary: 'weights', positionals: [{ name: '<name>' }, { name: '<v=p>', variadic: true }], flags: [], handler: 'weights' }),
+        command({
+          name: 'weights',
+          summary: 'weights',
+          positionals: [{ name: '<name>' }, { name: '<v=p>', variadic: true }],
+          flags: [],
+          handler: 'weights',
+        }),
       ],
     },
   ],
@@ -59,7 +65,10 @@ function usageError(argv: string[]): UsageError {
 
 describe(parseCommandLine.name, () => {
   it('picks the command from the leading words and reads --flag value, --flag=value, switches and repeated flags', () => {
-    const sut = parseCommandLine(['models', 'register', 'm.onnx', '--name', 'mlp', '--pin', '--label=team=a', '--label', 'task=b', '--json'], TREE);
+    const sut = parseCommandLine(
+      ['models', 'register', 'm.onnx', '--name', 'mlp', '--pin', '--label=team=a', '--label', 'task=b', '--json'],
+      TREE,
+    );
 
     expect(sut.path).toEqual(['models', 'register']);
     expect(sut.nodes.map((n) => n.name)).toEqual(['infermesh', 'models', 'register']);
@@ -86,19 +95,31 @@ describe(parseCommandLine.name, () => {
   it.each([
     [['bogus'], 'unknown command "bogus"; the commands are up, models', []],
     [['models', 'bogus'], 'unknown command "bogus" of "models"; the commands are register, weights', ['models']],
-    [['models', 'register', 'f', '--name', 'x', '--bogus'], 'unknown flag --bogus for "infermesh models register"', ['models', 'register']],
+    [
+      ['models', 'register', 'f', '--name', 'x', '--bogus'],
+      'unknown flag --bogus for "infermesh models register"',
+      ['models', 'register'],
+    ],
     [['--json', 'models', 'register'], 'unknown flag --json for "infermesh"', []],
     [['up', '--gateway=h:1'], 'unknown flag --gateway for "infermesh up"', ['up']],
     [['models', 'register', 'f', '--name'], '--name needs a value <n>', ['models', 'register']],
     [['models', 'register', 'f', '--name', '--pin'], '--name needs a value <n>', ['models', 'register']],
-    [['models', 'register', 'f', '--name', 'a', '--name', 'b'], '--name is given more than once', ['models', 'register']],
+    [
+      ['models', 'register', 'f', '--name', 'a', '--name', 'b'],
+      '--name is given more than once',
+      ['models', 'register'],
+    ],
     [['models', 'register', 'f', '--name', 'a', '--pin=yes'], '--pin takes no value', ['models', 'register']],
     [['models', 'register', '--name', 'a'], 'missing <file>', ['models', 'register']],
     [['models', 'register', 'f'], '--name is required', ['models', 'register']],
     [['models', 'register', 'f', 'g', '--name', 'a'], 'unexpected argument "g"', ['models', 'register']],
     [['models', 'weights', 'mlp'], 'missing <v=p>', ['models', 'weights']],
     [['models'], 'missing command after "models"', ['models']],
-    [['models', 'register', 'f', '--name', 'a', '-x'], 'unknown flag -x for "infermesh models register"', ['models', 'register']],
+    [
+      ['models', 'register', 'f', '--name', 'a', '-x'],
+      'unknown flag -x for "infermesh models register"',
+      ['models', 'register'],
+    ],
   ])('refuses %j: %s', (argv, message, path) => {
     const error = usageError(argv);
 
@@ -108,7 +129,10 @@ describe(parseCommandLine.name, () => {
   });
 
   it('asks for help with --help or -h anywhere, without checking arguments and required flags', () => {
-    expect(parseCommandLine(['models', 'register', '--help'], TREE)).toMatchObject({ help: true, path: ['models', 'register'] });
+    expect(parseCommandLine(['models', 'register', '--help'], TREE)).toMatchObject({
+      help: true,
+      path: ['models', 'register'],
+    });
     expect(parseCommandLine(['-h', 'models'], TREE)).toMatchObject({ help: true, path: ['models'] });
     expect(parseCommandLine(['--help'], TREE)).toMatchObject({ help: true, path: [] });
   });
@@ -124,8 +148,14 @@ describe('argument values', () => {
     expect(parseKeyValue('a=b=c', '--label')).toEqual(['a', 'b=c']);
     expect(parseKeyValue('a=', '--label')).toEqual(['a', '']);
     expect(parseVersionShare('3=25', '--variant')).toEqual({ version: '3', percent: 25 });
-    expect([parseDuration('500ms', '--interval'), parseDuration('30s', '--interval'), parseDuration('1.5m', '--interval')]).toEqual([500, 30_000, 90_000]);
-    expect([parseFraction('0', '--min-agreement', '0.99'), parseFraction('1', '--min-agreement', '0.99')]).toEqual([0, 1]);
+    expect([
+      parseDuration('500ms', '--interval'),
+      parseDuration('30s', '--interval'),
+      parseDuration('1.5m', '--interval'),
+    ]).toEqual([500, 30_000, 90_000]);
+    expect([parseFraction('0', '--min-agreement', '0.99'), parseFraction('1', '--min-agreement', '0.99')]).toEqual([
+      0, 1,
+    ]);
     expect(parsePositive('1.2', '--max-p99-ratio', '1.2')).toBe(1.2);
   });
 
@@ -139,12 +169,30 @@ describe('argument values', () => {
     [() => parsePercent('101', '--percent'), '--percent must be a percent from 0 to 100, got "101"'],
     [() => parsePercent('', '--percent'), '--percent must be a percent from 0 to 100, got ""'],
     [() => parseKeyValue('=b', '--label'), '--label must look like key=value, got "=b"'],
-    [() => parseVersionShare('3=x', '--variant'), '--variant "3=x": the percent must be a percent from 0 to 100, got "x"'],
-    [() => parseDuration('60', '--interval'), '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "60"'],
-    [() => parseDuration('-1s', '--interval'), '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "-1s"'],
-    [() => parseDuration('0.5ms', '--interval'), '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "0.5ms"'],
-    [() => parseFraction('1.5', '--min-agreement', '0.99'), '--min-agreement must be a fraction from 0 to 1, such as 0.99, got "1.5"'],
-    [() => parsePositive('0', '--max-p99-ratio', '1.2'), '--max-p99-ratio must be a number above 0, such as 1.2, got "0"'],
+    [
+      () => parseVersionShare('3=x', '--variant'),
+      '--variant "3=x": the percent must be a percent from 0 to 100, got "x"',
+    ],
+    [
+      () => parseDuration('60', '--interval'),
+      '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "60"',
+    ],
+    [
+      () => parseDuration('-1s', '--interval'),
+      '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "-1s"',
+    ],
+    [
+      () => parseDuration('0.5ms', '--interval'),
+      '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "0.5ms"',
+    ],
+    [
+      () => parseFraction('1.5', '--min-agreement', '0.99'),
+      '--min-agreement must be a fraction from 0 to 1, such as 0.99, got "1.5"',
+    ],
+    [
+      () => parsePositive('0', '--max-p99-ratio', '1.2'),
+      '--max-p99-ratio must be a number above 0, such as 1.2, got "0"',
+    ],
   ])('refuses a bad value: %#', (parse, message) => {
     expect(parse).toThrow(new UsageError(message));
   });

@@ -147,27 +147,45 @@ export function buildProgram<H>(root: GroupSpec<H>, options: ProgramOptions = {}
       .exitOverride()
       .configureOutput({ writeOut: () => undefined, writeErr: () => undefined, outputError: () => undefined })
       .summary(node.summary)
-      .description(node.kind === 'command' && node.details !== undefined ? `${node.summary}\n\n${node.details.trimEnd()}` : node.summary)
+      .description(
+        node.kind === 'command' && node.details !== undefined
+          ? `${node.summary}\n\n${node.details.trimEnd()}`
+          : node.summary,
+      )
       .usage(usageOf(nodes));
     const own = node.kind === 'command' ? node.flags : [];
     for (const flag of own) cmd.addOption(flagOption(flag, path, FLAGS_HEADING));
     const inheritedHeading = node.kind === 'command' ? GLOBAL_FLAGS_HEADING : FLAGS_HEADING;
-    for (const flag of nodes.flatMap((n) => (n === node && node.kind === 'command' ? [] : n.flags))) cmd.addOption(flagOption(flag, path, inheritedHeading));
+    for (const flag of nodes.flatMap((n) => (n === node && node.kind === 'command' ? [] : n.flags)))
+      cmd.addOption(flagOption(flag, path, inheritedHeading));
     if (path.length === 0 && options.version !== undefined) {
       cmd.version(options.version, '-V, --version', 'Print the version of infermesh');
       cmd.options.find((o) => o.long === '--version')?.helpGroup(FLAGS_HEADING);
     }
-    cmd.addHelpOption(new Option(`-${HELP_FLAG.short}, --${HELP_FLAG.name}`, HELP_FLAG.description).helpGroup(inheritedHeading));
+    cmd.addHelpOption(
+      new Option(`-${HELP_FLAG.short}, --${HELP_FLAG.name}`, HELP_FLAG.description).helpGroup(inheritedHeading),
+    );
     if (node.kind === 'group') {
       const command = ['infermesh', ...path].join(' ');
-      cmd.afterHelp = [`Run \`${command} <command> --help\` for the flags of a command.`, ...(node.details === undefined ? [] : ['', node.details.trimEnd()])].join('\n');
+      cmd.afterHelp = [
+        `Run \`${command} <command> --help\` for the flags of a command.`,
+        ...(node.details === undefined ? [] : ['', node.details.trimEnd()]),
+      ].join('\n');
       for (const child of node.commands) {
         const sub = new CliCommand(child.name);
         cmd.addCommand(sub);
         add(sub, [...nodes, child], [...path, child.name]);
       }
     } else {
-      node.positionals.forEach((p, i) => cmd.addArgument(new Argument(p.optional === true ? `[arg${i}${p.variadic === true ? '...' : ''}]` : `<arg${i}${p.variadic === true ? '...' : ''}>`)));
+      node.positionals.forEach((p, i) =>
+        cmd.addArgument(
+          new Argument(
+            p.optional === true
+              ? `[arg${i}${p.variadic === true ? '...' : ''}]`
+              : `<arg${i}${p.variadic === true ? '...' : ''}>`,
+          ),
+        ),
+      );
     }
   };
   const program = new CliCommand(root.name);
@@ -179,7 +197,8 @@ function usageOf<H>(nodes: readonly CommandNode<H>[]): string {
   const node = nodes[nodes.length - 1]!;
   if (node.kind === 'group') return '<command> [flags]';
   const words = node.positionals.map((p) => positionalUsage(p));
-  for (const flag of node.flags) if (flag.required === true) words.push(`--${flag.name} ${flag.placeholder ?? ''}`.trimEnd());
+  for (const flag of node.flags)
+    if (flag.required === true) words.push(`--${flag.name} ${flag.placeholder ?? ''}`.trimEnd());
   if (flagsOf(nodes).some((f) => f.required !== true)) words.push('[flags]');
   return words.join(' ');
 }
@@ -209,7 +228,8 @@ function flagOption(flag: FlagSpec, path: readonly string[], heading: string): F
 }
 
 function checkFlagValue(flag: FlagSpec, value: string, path: readonly string[]): void {
-  if (value.startsWith('--')) throw new UsageError(`--${flag.name} needs a value ${flag.placeholder ?? ''}`.trimEnd(), path);
+  if (value.startsWith('--'))
+    throw new UsageError(`--${flag.name} needs a value ${flag.placeholder ?? ''}`.trimEnd(), path);
 }
 
 // Words that start with a dash and a digit (-1, -1=2) are arguments, never flags: they travel through
@@ -245,12 +265,19 @@ export function renderHelp<H>(root: GroupSpec<H>, path: readonly string[], optio
  * declares them; `--` ends the flags. Throws a UsageError naming the unknown command or flag (with
  * commander's suggestion of a similar one), the missing value or argument, or the flag given twice.
  */
-export function parseCommandLine<H>(argv: readonly string[], root: GroupSpec<H>, options: ProgramOptions = {}): Invocation<H> {
+export function parseCommandLine<H>(
+  argv: readonly string[],
+  root: GroupSpec<H>,
+  options: ProgramOptions = {},
+): Invocation<H> {
   const { root: program, commands } = buildProgram(root, options);
   const end = argv.indexOf('--');
   const flags = end < 0 ? argv : argv.slice(0, end);
   const help = flags.some((word) => word === '--help' || word === '-h');
-  const words = [...flags.filter((word) => word !== '--help' && word !== '-h'), ...(end < 0 ? [] : argv.slice(end))].map(markWord);
+  const words = [
+    ...flags.filter((word) => word !== '--help' && word !== '-h'),
+    ...(end < 0 ? [] : argv.slice(end)),
+  ].map(markWord);
   let leaf: Command | undefined;
   for (const [cmd, where] of commands) {
     cmd.exitOverride((error) => {
@@ -264,7 +291,13 @@ export function parseCommandLine<H>(argv: readonly string[], root: GroupSpec<H>,
   } catch (error) {
     if (!(error instanceof Shown)) throw error;
     const where = commands.get(error.at)!;
-    return { nodes: where.nodes, path: where.path, help: error.version === undefined, version: error.version, args: new ParsedArgs([], new Map()) };
+    return {
+      nodes: where.nodes,
+      path: where.path,
+      help: error.version === undefined,
+      version: error.version,
+      args: new ParsedArgs([], new Map()),
+    };
   }
   if (leaf === undefined) throw new UsageError('missing command', []);
   const { nodes, path } = commands.get(leaf)!;
@@ -276,7 +309,8 @@ export function parseCommandLine<H>(argv: readonly string[], root: GroupSpec<H>,
       if (value === undefined) continue;
       const { name, kind } = option.spec;
       // A switch holds true, a value flag its string, a list flag an array of strings (flagOption's parsers).
-      const given = kind === 'switch' ? ['true'] : (kind === 'list' ? (value as string[]) : [value as string]).map(unmark);
+      const given =
+        kind === 'switch' ? ['true'] : (kind === 'list' ? (value as string[]) : [value as string]).map(unmark);
       if (values.has(name) && kind === 'value') throw new UsageError(`--${name} is given more than once`, path);
       values.set(name, [...given, ...(values.get(name) ?? [])]);
     }
@@ -301,20 +335,32 @@ function commanderFailure<H>(error: CommanderError, cmd: Command, where: Program
     case 'commander.help':
     case 'commander.helpDisplayed':
       // A group without its command.
-      return help ? new Shown(cmd) : new UsageError(path.length === 0 ? 'missing command' : `missing command after "${path.join(' ')}"`, path);
+      return help
+        ? new Shown(cmd)
+        : new UsageError(path.length === 0 ? 'missing command' : `missing command after "${path.join(' ')}"`, path);
     case 'commander.missingArgument':
     case 'commander.excessArguments': {
       if (help) return new Shown(cmd);
       const specs = node.kind === 'command' ? node.positionals : [];
       const given = cmd.args.map(unmark);
-      if (error.code === 'commander.excessArguments') return new UsageError(`unexpected argument "${given[specs.length]}"`, path);
+      if (error.code === 'commander.excessArguments')
+        return new UsageError(`unexpected argument "${given[specs.length]}"`, path);
       const required = specs.filter((p) => p.optional !== true);
-      return new UsageError(`missing ${required.slice(given.length).map((p) => p.name).join(' ')}`, path);
+      return new UsageError(
+        `missing ${required
+          .slice(given.length)
+          .map((p) => p.name)
+          .join(' ')}`,
+        path,
+      );
     }
     case 'commander.unknownCommand': {
       const names = node.kind === 'group' ? node.commands.map((c) => c.name) : [];
       const where = path.length === 0 ? '' : ` of "${path.join(' ')}"`;
-      return new UsageError(`unknown command "${unmark(cmd.args[0] ?? '')}"${where}; the commands are ${names.join(', ')}${suggestion}`, path);
+      return new UsageError(
+        `unknown command "${unmark(cmd.args[0] ?? '')}"${where}; the commands are ${names.join(', ')}${suggestion}`,
+        path,
+      );
     }
     case 'commander.unknownOption': {
       const token = /^error: unknown option '(.*)'/.exec(message)?.[1] ?? message;
@@ -336,7 +382,8 @@ function commanderFailure<H>(error: CommanderError, cmd: Command, where: Program
 
 /** A positive integer version id, such as "3". */
 export function parseVersionId(value: string, what: string): string {
-  if (!/^[1-9]\d{0,17}$/.test(value)) throw new UsageError(`${what} must be a positive integer version id, got "${value}"`);
+  if (!/^[1-9]\d{0,17}$/.test(value))
+    throw new UsageError(`${what} must be a positive integer version id, got "${value}"`);
   return value;
 }
 
@@ -352,7 +399,8 @@ export function parseInteger(value: string, what: string, min: number): number {
 /** A number of seconds greater than zero, decimals allowed. */
 export function parseSeconds(value: string, what: string): number {
   const n = Number(value);
-  if (value.trim() === '' || !Number.isFinite(n) || n <= 0) throw new UsageError(`${what} must be a number of seconds above 0, got "${value}"`);
+  if (value.trim() === '' || !Number.isFinite(n) || n <= 0)
+    throw new UsageError(`${what} must be a number of seconds above 0, got "${value}"`);
   return n;
 }
 
@@ -368,35 +416,40 @@ export function parseDuration(value: string, what: string): number {
 /** A number of requests per second from 0 up, decimals allowed. */
 export function parseRate(value: string, what: string): number {
   const n = Number(value);
-  if (value.trim() === '' || !Number.isFinite(n) || n < 0) throw new UsageError(`${what} must be a number of requests per second from 0 up, got "${value}"`);
+  if (value.trim() === '' || !Number.isFinite(n) || n < 0)
+    throw new UsageError(`${what} must be a number of requests per second from 0 up, got "${value}"`);
   return n;
 }
 
 /** A number from 0 up, decimals allowed, such as `example`. */
 export function parseNonNegative(value: string, what: string, example: string): number {
   const n = Number(value);
-  if (value.trim() === '' || !Number.isFinite(n) || n < 0) throw new UsageError(`${what} must be a number from 0 up, such as ${example}, got "${value}"`);
+  if (value.trim() === '' || !Number.isFinite(n) || n < 0)
+    throw new UsageError(`${what} must be a number from 0 up, such as ${example}, got "${value}"`);
   return n;
 }
 
 /** A number above 0, decimals allowed, such as `example`. */
 export function parsePositive(value: string, what: string, example: string): number {
   const n = Number(value);
-  if (value.trim() === '' || !Number.isFinite(n) || n <= 0) throw new UsageError(`${what} must be a number above 0, such as ${example}, got "${value}"`);
+  if (value.trim() === '' || !Number.isFinite(n) || n <= 0)
+    throw new UsageError(`${what} must be a number above 0, such as ${example}, got "${value}"`);
   return n;
 }
 
 /** A fraction from 0 to 1, such as `example`. */
 export function parseFraction(value: string, what: string, example: string): number {
   const n = Number(value);
-  if (value.trim() === '' || !Number.isFinite(n) || n < 0 || n > 1) throw new UsageError(`${what} must be a fraction from 0 to 1, such as ${example}, got "${value}"`);
+  if (value.trim() === '' || !Number.isFinite(n) || n < 0 || n > 1)
+    throw new UsageError(`${what} must be a fraction from 0 to 1, such as ${example}, got "${value}"`);
   return n;
 }
 
 /** A share from 0 to 100, decimals allowed. */
 export function parsePercent(value: string, what: string): number {
   const n = Number(value.endsWith('%') ? value.slice(0, -1) : value);
-  if (value.trim() === '' || !Number.isFinite(n) || n < 0 || n > 100) throw new UsageError(`${what} must be a percent from 0 to 100, got "${value}"`);
+  if (value.trim() === '' || !Number.isFinite(n) || n < 0 || n > 100)
+    throw new UsageError(`${what} must be a percent from 0 to 100, got "${value}"`);
   return n;
 }
 
@@ -410,18 +463,30 @@ export function parseKeyValue(value: string, what: string): [string, string] {
 /** `version=percent`, such as "3=25". */
 export function parseVersionShare(value: string, what: string): { version: string; percent: number } {
   const [version, percent] = parseKeyValue(value, what);
-  return { version: parseVersionId(version, `${what} "${value}": the version`), percent: parsePercent(percent, `${what} "${value}": the percent`) };
+  return {
+    version: parseVersionId(version, `${what} "${value}": the version`),
+    percent: parsePercent(percent, `${what} "${value}": the percent`),
+  };
 }
 
 /**
  * `service=n[,service=n...]`: how many instances of each named service, from 1 to `max`; every
  * service named once, and only from `services`.
  */
-export function parseReplicas(value: string, what: string, services: readonly string[], max: number): Map<string, number> {
+export function parseReplicas(
+  value: string,
+  what: string,
+  services: readonly string[],
+  max: number,
+): Map<string, number> {
   const replicas = new Map<string, number>();
-  for (const part of value.split(',').map((p) => p.trim()).filter((p) => p !== '')) {
+  for (const part of value
+    .split(',')
+    .map((p) => p.trim())
+    .filter((p) => p !== '')) {
     const [service, count] = parseKeyValue(part, what);
-    if (!services.includes(service)) throw new UsageError(`${what} "${part}": ${service} is not a service (${services.join(', ')})`);
+    if (!services.includes(service))
+      throw new UsageError(`${what} "${part}": ${service} is not a service (${services.join(', ')})`);
     if (replicas.has(service)) throw new UsageError(`${what}: ${service} is named twice`);
     const n = parseInteger(count, `${what} "${part}": the count`, 1);
     if (n > max) throw new UsageError(`${what} "${part}": at most ${max} instances of a service on one machine`);

@@ -19,11 +19,15 @@ describe(loadCliConfig.name, () => {
 
   it('checks the tracing variables the services will read before anything starts', () => {
     expect(loadCliConfig({}).tracing).toBeUndefined();
-    expect(loadCliConfig({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318', OTEL_TRACES_SAMPLER_ARG: '0.1' }).tracing).toEqual({
+    expect(
+      loadCliConfig({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318', OTEL_TRACES_SAMPLER_ARG: '0.1' }).tracing,
+    ).toEqual({
       tracesUrl: 'http://collector:4318/v1/traces',
       ratio: 0.1,
       parentBased: true,
     });
-    expect(() => loadCliConfig({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318', OTEL_TRACES_SAMPLER_ARG: 'half' })).toThrow(/OTEL_TRACES_SAMPLER_ARG/);
+    expect(() =>
+      loadCliConfig({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318', OTEL_TRACES_SAMPLER_ARG: 'half' }),
+    ).toThrow(/OTEL_TRACES_SAMPLER_ARG/);
   });
 });

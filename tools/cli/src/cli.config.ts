@@ -1,4 +1,14 @@
-import { address, ConfigError, type Env, host, logLevel, parseEnv, redisUrl, tracingSettings, tracingShape } from '@infermesh/config';
+import {
+  address,
+  ConfigError,
+  type Env,
+  host,
+  logLevel,
+  parseEnv,
+  redisUrl,
+  tracingSettings,
+  tracingShape,
+} from '@infermesh/config';
 import { z } from 'zod';
 
 const shape = {
@@ -13,14 +23,23 @@ const shape = {
   INFERMESH_DEMO_MODELS: z
     .string()
     .default('mlp,tiny,multi-io,classifier')
-    .transform((v) => v.split(',').map((s) => s.trim()).filter((s) => s.length > 0)),
+    .transform((v) =>
+      v
+        .split(',')
+        .map((s) => s.trim())
+        .filter((s) => s.length > 0),
+    ),
   INFERMESH_LOG_LEVEL: logLevel(),
   INFERMESH_READY_TIMEOUT_MS: z.coerce.number().int().positive().default(120_000),
   INFERMESH_MESH: z.enum(['static', 'xds']).default('xds'),
   INFERMESH_MESH_POLICY: z.string().min(1).optional(),
   // Mutual TLS between the services, each with a SPIFFE identity from a local CA (the mesh only).
   INFERMESH_MTLS: z.enum(['true', 'false']).optional(),
-  INFERMESH_IDENTITY_LIFETIME_MS: z.coerce.number().int().min(10_000).default(4 * 3_600_000),
+  INFERMESH_IDENTITY_LIFETIME_MS: z.coerce
+    .number()
+    .int()
+    .min(10_000)
+    .default(4 * 3_600_000),
   REDIS_URL: redisUrl(),
   // Read by every service; checked here first, so that a bad value stops `up` before anything starts.
   ...tracingShape,
@@ -30,7 +49,9 @@ const shape = {
 export function loadCliConfig(env: Env) {
   const e = parseEnv(shape, env);
   if (e.INFERMESH_MTLS === 'true' && e.INFERMESH_MESH !== 'xds') {
-    throw new ConfigError(['INFERMESH_MTLS: mutual TLS needs the mesh (INFERMESH_MESH=xds), whose policy says which service may call which']);
+    throw new ConfigError([
+      'INFERMESH_MTLS: mutual TLS needs the mesh (INFERMESH_MESH=xds), whose policy says which service may call which',
+    ]);
   }
   return {
     apiKey: e.INFERMESH_API_KEY,
@@ -80,8 +101,14 @@ export function loadGatewayClientConfig(env: Env, flags: GatewayFlags) {
     INFERMESH_API_KEY: flags.apiKey === undefined ? env['INFERMESH_API_KEY'] : undefined,
   });
   return {
-    gateway: flags.gateway === undefined ? e.INFERMESH_GATEWAY : checkFlag('--gateway', gatewayShape.INFERMESH_GATEWAY, flags.gateway),
-    apiKey: flags.apiKey === undefined ? e.INFERMESH_API_KEY : checkFlag('--api-key', gatewayShape.INFERMESH_API_KEY, flags.apiKey),
+    gateway:
+      flags.gateway === undefined
+        ? e.INFERMESH_GATEWAY
+        : checkFlag('--gateway', gatewayShape.INFERMESH_GATEWAY, flags.gateway),
+    apiKey:
+      flags.apiKey === undefined
+        ? e.INFERMESH_API_KEY
+        : checkFlag('--api-key', gatewayShape.INFERMESH_API_KEY, flags.apiKey),
   };
 }
 

@@ -24,7 +24,16 @@ describe(runCli.name, () => {
       const word = await runCapturing(['help'], {});
 
       expect(bare).toMatchObject({ code: 0, stderr: '' });
-      for (const expected of ['Usage: infermesh <command> [flags]', '  up ', '  models ', '  rollout ', '  keys ', 'INFERMESH_GATEWAY', 'REDIS_URL', 'Exit status: 0 done']) {
+      for (const expected of [
+        'Usage: infermesh <command> [flags]',
+        '  up ',
+        '  models ',
+        '  rollout ',
+        '  keys ',
+        'INFERMESH_GATEWAY',
+        'REDIS_URL',
+        'Exit status: 0 done',
+      ]) {
         expect(bare.stdout).toContain(expected);
       }
       expect(flag).toEqual(bare);
@@ -48,7 +57,19 @@ describe(runCli.name, () => {
 
       expect(run.code).toBe(0);
       expect(run.stdout).toMatch(/^Usage: infermesh models register <file.onnx> --name <name> \[flags\]\n/);
-      for (const flag of ['--name <name>', '--version <id>', '--max-batch-size <n>', '--pin', '--label <key=value>', '(repeatable)', '--timeout <s>', '--gateway <host:port>', '--api-key <key>', '--json', '-h, --help']) {
+      for (const flag of [
+        '--name <name>',
+        '--version <id>',
+        '--max-batch-size <n>',
+        '--pin',
+        '--label <key=value>',
+        '(repeatable)',
+        '--timeout <s>',
+        '--gateway <host:port>',
+        '--api-key <key>',
+        '--json',
+        '-h, --help',
+      ]) {
         expect(run.stdout).toContain(flag);
       }
       expect(viaHelp).toEqual(run);
@@ -59,18 +80,24 @@ describe(runCli.name, () => {
 
       expect(run.code).toBe(2);
       expect(run.stdout).toBe('');
-      expect(run.stderr).toMatch(/^infermesh: unknown command "deploy"; the commands are up, models, rollout, keys, mesh, k8s, completion, help\n\nUsage: infermesh <command> \[flags\]\n/);
+      expect(run.stderr).toMatch(
+        /^infermesh: unknown command "deploy"; the commands are up, models, rollout, keys, mesh, k8s, completion, help\n\nUsage: infermesh <command> \[flags\]\n/,
+      );
     });
 
     it('refuses an unknown flag with the usage of the command on stderr and exit 2', async () => {
       const run = await runCapturing(['models', 'list', '--verbose'], {});
 
       expect(run.code).toBe(2);
-      expect(run.stderr).toMatch(/^infermesh: unknown flag --verbose for "infermesh models list"\n\nUsage: infermesh models list \[flags\]\n/);
+      expect(run.stderr).toMatch(
+        /^infermesh: unknown flag --verbose for "infermesh models list"\n\nUsage: infermesh models list \[flags\]\n/,
+      );
     });
 
     it('prints the version of package.json with --version or -V', async () => {
-      const { version } = JSON.parse(readFileSync(join(__dirname, '..', '..', '..', 'package.json'), 'utf8')) as { version: string };
+      const { version } = JSON.parse(readFileSync(join(__dirname, '..', '..', '..', 'package.json'), 'utf8')) as {
+        version: string;
+      };
 
       expect(await runCapturing(['--version'], {})).toEqual({ code: 0, stdout: `${version}\n`, stderr: '' });
       expect(await runCapturing(['-V'], {})).toEqual({ code: 0, stdout: `${version}\n`, stderr: '' });
@@ -83,17 +110,25 @@ describe(runCli.name, () => {
       const flag = await runCapturing(['models', 'list', '--jsn'], {});
 
       expect(group.code).toBe(2);
-      expect(group.stderr).toMatch(/^infermesh: unknown command "modles"; the commands are [^\n]+\n\(Did you mean models\?\)\n\nUsage: infermesh <command> \[flags\]\n/);
-      expect(sub.stderr).toMatch(/^infermesh: unknown command "promot" of "rollout"; the commands are [^\n]+\n\(Did you mean promote\?\)\n\nUsage: infermesh rollout <command>/);
+      expect(group.stderr).toMatch(
+        /^infermesh: unknown command "modles"; the commands are [^\n]+\n\(Did you mean models\?\)\n\nUsage: infermesh <command> \[flags\]\n/,
+      );
+      expect(sub.stderr).toMatch(
+        /^infermesh: unknown command "promot" of "rollout"; the commands are [^\n]+\n\(Did you mean promote\?\)\n\nUsage: infermesh rollout <command>/,
+      );
       expect(flag).toMatchObject({ code: 2, stdout: '' });
-      expect(flag.stderr).toMatch(/^infermesh: unknown flag --jsn for "infermesh models list"\n\(Did you mean --json\?\)\n\nUsage: infermesh models list \[flags\]\n/);
+      expect(flag.stderr).toMatch(
+        /^infermesh: unknown flag --jsn for "infermesh models list"\n\(Did you mean --json\?\)\n\nUsage: infermesh models list \[flags\]\n/,
+      );
     });
 
     it('refuses a group without a command', async () => {
       const run = await runCapturing(['models'], {});
 
       expect(run.code).toBe(2);
-      expect(run.stderr).toMatch(/^infermesh: missing command after "models"\n\nUsage: infermesh models <command> \[flags\]\n/);
+      expect(run.stderr).toMatch(
+        /^infermesh: missing command after "models"\n\nUsage: infermesh models <command> \[flags\]\n/,
+      );
     });
   });
 
@@ -133,28 +168,51 @@ describe(runCli.name, () => {
     });
 
     it('exits 1 with the code name and a hint when the gateway refuses the key', async () => {
-      const run = await runCapturing(['models', 'list'], { INFERMESH_GATEWAY: running.address, INFERMESH_API_KEY: 'a-wrong-key' });
+      const run = await runCapturing(['models', 'list'], {
+        INFERMESH_GATEWAY: running.address,
+        INFERMESH_API_KEY: 'a-wrong-key',
+      });
 
-      expect(run).toEqual({ code: 1, stdout: '', stderr: 'infermesh: invalid API key (UNAUTHENTICATED)\nCheck the API key (--api-key or INFERMESH_API_KEY).\n' });
+      expect(run).toEqual({
+        code: 1,
+        stdout: '',
+        stderr: 'infermesh: invalid API key (UNAUTHENTICATED)\nCheck the API key (--api-key or INFERMESH_API_KEY).\n',
+      });
     });
 
     it('exits 2 for a malformed gateway address', async () => {
       const fromFlag = await runCapturing(['models', 'list', '--gateway', 'localhost'], { INFERMESH_API_KEY: API_KEY });
-      const fromEnv = await runCapturing(['models', 'list'], { INFERMESH_GATEWAY: 'localhost', INFERMESH_API_KEY: API_KEY });
+      const fromEnv = await runCapturing(['models', 'list'], {
+        INFERMESH_GATEWAY: 'localhost',
+        INFERMESH_API_KEY: API_KEY,
+      });
 
-      expect(fromFlag).toEqual({ code: 2, stdout: '', stderr: 'infermesh: invalid configuration:\n  - --gateway: expected host:port (got "localhost")\n' });
-      expect(fromEnv).toEqual({ code: 2, stdout: '', stderr: 'infermesh: invalid configuration:\n  - INFERMESH_GATEWAY: expected host:port (got "localhost")\n' });
+      expect(fromFlag).toEqual({
+        code: 2,
+        stdout: '',
+        stderr: 'infermesh: invalid configuration:\n  - --gateway: expected host:port (got "localhost")\n',
+      });
+      expect(fromEnv).toEqual({
+        code: 2,
+        stdout: '',
+        stderr: 'infermesh: invalid configuration:\n  - INFERMESH_GATEWAY: expected host:port (got "localhost")\n',
+      });
     });
   });
 
   it('exits 3 with a hint to run `infermesh up` when nothing listens at the gateway address', async () => {
     const port = await closedPort();
 
-    const run = await runCapturing(['rollout', 'show', 'mlp'], { INFERMESH_GATEWAY: `127.0.0.1:${port}`, INFERMESH_API_KEY: API_KEY });
+    const run = await runCapturing(['rollout', 'show', 'mlp'], {
+      INFERMESH_GATEWAY: `127.0.0.1:${port}`,
+      INFERMESH_API_KEY: API_KEY,
+    });
 
     expect(run.code).toBe(3);
     expect(run.stdout).toBe('');
-    expect(run.stderr).toMatch(new RegExp(`^infermesh: cannot reach the gateway at 127\\.0\\.0\\.1:${port} \\(UNAVAILABLE: .+\\)\\.\\n`));
+    expect(run.stderr).toMatch(
+      new RegExp(`^infermesh: cannot reach the gateway at 127\\.0\\.0\\.1:${port} \\(UNAVAILABLE: .+\\)\\.\\n`),
+    );
     expect(run.stderr).toContain('Start it with `infermesh up`');
   });
 });

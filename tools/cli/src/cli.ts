@@ -56,7 +56,8 @@ export const COMMANDS: GroupSpec<CommandHandler> = {
           name: 'replicas',
           kind: 'value',
           placeholder: '<service=n,...>',
-          description: 'Instances of a service, each on its own ports: worker=2; router, batcher and cache too in the mesh (INFERMESH_MESH=xds, the default) (1 to 8 each)',
+          description:
+            'Instances of a service, each on its own ports: worker=2; router, batcher and cache too in the mesh (INFERMESH_MESH=xds, the default) (1 to 8 each)',
         },
       ],
       handler: async (ctx) => {
@@ -73,7 +74,7 @@ export const COMMANDS: GroupSpec<CommandHandler> = {
       name: 'completion',
       summary: 'Print the shell completion script of infermesh: `source <(infermesh completion bash)`',
       details: [
-        'Completes commands and flags. Load it in the shell\'s start-up file: for bash,',
+        "Completes commands and flags. Load it in the shell's start-up file: for bash,",
         '`source <(infermesh completion bash)` in ~/.bashrc; for zsh, `source <(infermesh completion zsh)` in',
         '~/.zshrc after compinit, or save it as _infermesh in a directory of $fpath.',
       ].join('\n'),
@@ -87,7 +88,7 @@ export const COMMANDS: GroupSpec<CommandHandler> = {
     }),
     command<CommandHandler>({
       name: 'help',
-      summary: 'Show this help, or a command\'s: `infermesh help models register`',
+      summary: "Show this help, or a command's: `infermesh help models register`",
       positionals: [{ name: '[command...]', optional: true, variadic: true }],
       flags: [],
       // Handled before parsing: `help <words>` is `<words> --help`.

@@ -37,7 +37,10 @@ export class CommandContext {
    */
   gateway(): GatewaySession {
     if (this.session === undefined) {
-      const config = loadGatewayClientConfig(this.io.env, { gateway: this.args.value('gateway'), apiKey: this.args.value('api-key') });
+      const config = loadGatewayClientConfig(this.io.env, {
+        gateway: this.args.value('gateway'),
+        apiKey: this.args.value('api-key'),
+      });
       if (config.apiKey === undefined) {
         throw new CliError(
           'no API key: pass --api-key <key> or set INFERMESH_API_KEY (an admin key of the gateway; `infermesh up` prints the one it uses)',

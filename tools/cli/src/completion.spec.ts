@@ -12,7 +12,14 @@ function bashCompletes(script: string, typed: readonly string[]): string[] {
     const file = join(dir, 'infermesh.bash');
     writeFileSync(file, script);
     const words = typed.map((w) => `'${w}'`).join(' ');
-    const out = execFileSync('bash', ['-c', `source ${file}; COMP_WORDS=(${words}); COMP_CWORD=${typed.length - 1}; _infermesh; printf '%s\\n' "\${COMPREPLY[@]}"`], { encoding: 'utf8' });
+    const out = execFileSync(
+      'bash',
+      [
+        '-c',
+        `source ${file}; COMP_WORDS=(${words}); COMP_CWORD=${typed.length - 1}; _infermesh; printf '%s\\n' "\${COMPREPLY[@]}"`,
+      ],
+      { encoding: 'utf8' },
+    );
     return out.split('\n').filter((line) => line !== '');
   } finally {
     rmSync(dir, { recursive: true, force: true });
@@ -25,12 +32,32 @@ describe(completionScript.name, () => {
 
     expect(run).toMatchObject({ code: 0, stderr: '' });
     expect(run.stdout).toContain('complete -o default -F _infermesh infermesh');
-    expect(bashCompletes(run.stdout, ['infermesh', ''])).toEqual(expect.arrayContaining(['up', 'models', 'rollout', 'keys', 'mesh', 'k8s', 'completion', 'help', '--version', '--help']));
+    expect(bashCompletes(run.stdout, ['infermesh', ''])).toEqual(
+      expect.arrayContaining([
+        'up',
+        'models',
+        'rollout',
+        'keys',
+        'mesh',
+        'k8s',
+        'completion',
+        'help',
+        '--version',
+        '--help',
+      ]),
+    );
     expect(bashCompletes(run.stdout, ['infermesh', 'mo'])).toEqual(['models']);
     expect(bashCompletes(run.stdout, ['infermesh', 'models', 're'])).toEqual(['register', 'retire']);
-    expect(bashCompletes(run.stdout, ['infermesh', 'models', 'register', 'm.onnx', '--ma'])).toEqual(['--max-batch-size']);
+    expect(bashCompletes(run.stdout, ['infermesh', 'models', 'register', 'm.onnx', '--ma'])).toEqual([
+      '--max-batch-size',
+    ]);
     // A group's flags complete under its commands; the program's --version does not.
-    expect(bashCompletes(run.stdout, ['infermesh', 'models', 'list', '--'])).toEqual(['--gateway', '--api-key', '--json', '--help']);
+    expect(bashCompletes(run.stdout, ['infermesh', 'models', 'list', '--'])).toEqual([
+      '--gateway',
+      '--api-key',
+      '--json',
+      '--help',
+    ]);
     expect(bashCompletes(run.stdout, ['infermesh', 'rollout', 'canary', 'mlp', '--ver'])).toEqual(['--version']);
   });
 
@@ -39,7 +66,9 @@ describe(completionScript.name, () => {
 
     expect(run).toMatchObject({ code: 0, stderr: '' });
     expect(run.stdout).toMatch(/^#compdef infermesh\n/);
-    expect(run.stdout).toContain("('models register') candidates=('--name' '--version' '--max-batch-size' '--pin' '--label' '--warmup' '--timeout' '--gateway' '--api-key' '--json' '--help'); leaf=1 ;;");
+    expect(run.stdout).toContain(
+      "('models register') candidates=('--name' '--version' '--max-batch-size' '--pin' '--label' '--warmup' '--timeout' '--gateway' '--api-key' '--json' '--help'); leaf=1 ;;",
+    );
     expect(run.stdout).toContain('compdef _infermesh infermesh');
   });
 
@@ -47,6 +76,8 @@ describe(completionScript.name, () => {
     const run = await runCapturing(['completion', 'fish'], {});
 
     expect(run.code).toBe(2);
-    expect(run.stderr).toMatch(/^infermesh: the shell must be bash or zsh, got "fish"\n\nUsage: infermesh completion <bash\|zsh> \[flags\]\n/);
+    expect(run.stderr).toMatch(
+      /^infermesh: the shell must be bash or zsh, got "fish"\n\nUsage: infermesh completion <bash\|zsh> \[flags\]\n/,
+    );
   });
 });

@@ -22,7 +22,11 @@ function entriesOf(cmd: Command, path: readonly string[] = []): CompletionEntry[
   const help = cmd.createHelp();
   const subcommands = help.visibleCommands(cmd);
   const flags = help.visibleOptions(cmd).flatMap((option) => (option.long === undefined ? [] : [option.long]));
-  const entry = { path: path.join(' '), words: [...subcommands.map((sub) => sub.name()), ...flags], leaf: subcommands.length === 0 };
+  const entry = {
+    path: path.join(' '),
+    words: [...subcommands.map((sub) => sub.name()), ...flags],
+    leaf: subcommands.length === 0,
+  };
   return [entry, ...subcommands.flatMap((sub) => entriesOf(sub, [...path, sub.name()]))];
 }
 
@@ -37,7 +41,10 @@ export function completionScript(shell: Shell, program: Command): string {
   const name = program.name();
   const fn = `_${name.replace(/[^A-Za-z0-9_]/g, '_')}`;
   const entries = entriesOf(program);
-  const commandPaths = entries.filter((e) => e.path !== '').map((e) => quote(e.path)).join('|');
+  const commandPaths = entries
+    .filter((e) => e.path !== '')
+    .map((e) => quote(e.path))
+    .join('|');
   switch (shell) {
     case 'bash':
       return [
@@ -73,7 +80,9 @@ export function completionScript(shell: Shell, program: Command): string {
         '    esac',
         '  done',
         '  case "$cmd" in',
-        ...entries.map((e) => `    (${quote(e.path)}) candidates=(${e.words.map(quote).join(' ')})${e.leaf ? '; leaf=1' : ''} ;;`),
+        ...entries.map(
+          (e) => `    (${quote(e.path)}) candidates=(${e.words.map(quote).join(' ')})${e.leaf ? '; leaf=1' : ''} ;;`,
+        ),
         '  esac',
         '  compadd -a candidates',
         '  if [[ -n $leaf && $PREFIX != -* ]]; then _files; fi',

@@ -37,11 +37,16 @@ async function generate(ctx: CommandContext): Promise<void> {
     writeFileSync(path, file.text);
   }
   if (ctx.args.switch('check')) {
-    if (stale.length > 0) throw new CliError(`out of date (run \`npx infermesh k8s generate\`): ${stale.join(', ')}`, EXIT.failed);
+    if (stale.length > 0)
+      throw new CliError(`out of date (run \`npx infermesh k8s generate\`): ${stale.join(', ')}`, EXIT.failed);
     ctx.io.stdout.write(`${files.length} generated files up to date\n`);
     return;
   }
-  ctx.io.stdout.write(stale.length === 0 ? `${files.length} generated files up to date\n` : `${stale.map((p) => `wrote ${p}`).join('\n')}\n`);
+  ctx.io.stdout.write(
+    stale.length === 0
+      ? `${files.length} generated files up to date\n`
+      : `${stale.map((p) => `wrote ${p}`).join('\n')}\n`,
+  );
 }
 
 /** The metric families a service's /metrics declares (its `# TYPE` lines). */
@@ -52,7 +57,10 @@ async function scrapeMetricNames(url: string): Promise<Set<string>> {
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     text = await response.text();
   } catch (error) {
-    throw new CliError(`--metrics: cannot scrape ${url}: ${error instanceof Error ? error.message : String(error)}`, EXIT.failed);
+    throw new CliError(
+      `--metrics: cannot scrape ${url}: ${error instanceof Error ? error.message : String(error)}`,
+      EXIT.failed,
+    );
   }
   return new Set([...text.matchAll(/^# TYPE (\S+) /gm)].map((m) => m[1]!));
 }
@@ -61,16 +69,25 @@ async function scrapeMetricNames(url: string): Promise<Set<string>> {
 function metricProblems(objects: K8sObject[], exposed: ReadonlySet<string>): Problem[] {
   return autoscalerMetrics(objects)
     .filter((m) => !exposed.has(m.metric))
-    .map((m) => ({ object: m.object, message: `reads ${m.metric}, which none of the scraped services exposes (--metrics)` }));
+    .map((m) => ({
+      object: m.object,
+      message: `reads ${m.metric}, which none of the scraped services exposes (--metrics)`,
+    }));
 }
 
 /** `k8s check`: renders each overlay with kubectl kustomize and runs every check on what it renders. */
 async function check(ctx: CommandContext): Promise<void> {
   const root = repoRoot(ctx);
   const given = ctx.args.positionals;
-  const overlays = given.length === 0 ? SHIPPED_OVERLAYS.map((o) => ({ dir: join(root, o.dir), production: o.production })) : given.map((dir) => ({ dir: resolve(dir), production: ctx.args.switch('production') }));
+  const overlays =
+    given.length === 0
+      ? SHIPPED_OVERLAYS.map((o) => ({ dir: join(root, o.dir), production: o.production }))
+      : given.map((dir) => ({ dir: resolve(dir), production: ctx.args.switch('production') }));
   const envoy = EnvoyApi.load();
-  const urls = ctx.args.list('metrics').flatMap((v) => v.split(',')).filter((v) => v !== '');
+  const urls = ctx.args
+    .list('metrics')
+    .flatMap((v) => v.split(','))
+    .filter((v) => v !== '');
   const exposed = new Set<string>();
   for (const url of urls) for (const name of await scrapeMetricNames(url)) exposed.add(name);
   let failed = 0;
@@ -83,7 +100,10 @@ async function check(ctx: CommandContext): Promise<void> {
       if (error instanceof RenderError) throw new CliError(error.message, EXIT.failed);
       throw error;
     }
-    const problems = [...checkManifests(objects, { production: overlay.production, envoy }), ...(urls.length === 0 ? [] : metricProblems(objects, exposed))];
+    const problems = [
+      ...checkManifests(objects, { production: overlay.production, envoy }),
+      ...(urls.length === 0 ? [] : metricProblems(objects, exposed)),
+    ];
     if (problems.length > 0) failed += 1;
     ctx.io.stdout.write(
       problems.length === 0
@@ -103,14 +123,18 @@ export const K8S_GROUP: GroupSpec<CommandHandler> = {
   commands: [
     command<CommandHandler>({
       name: 'generate',
-      summary: 'Write the generated files under k8s/ from envoy/mesh.yaml and grafana/ (the mesh ConfigMap, SLO rules, boards)',
+      summary:
+        'Write the generated files under k8s/ from envoy/mesh.yaml and grafana/ (the mesh ConfigMap, SLO rules, boards)',
       positionals: [],
-      flags: [{ name: 'check', kind: 'switch', description: 'Write nothing; fail when a generated file is out of date' }],
+      flags: [
+        { name: 'check', kind: 'switch', description: 'Write nothing; fail when a generated file is out of date' },
+      ],
       handler: generate,
     }),
     command<CommandHandler>({
       name: 'check',
-      summary: 'Render each kustomization (kubectl kustomize) and check it: schemas, probes, resources, security, sidecars, Services, autoscalers',
+      summary:
+        'Render each kustomization (kubectl kustomize) and check it: schemas, probes, resources, security, sidecars, Services, autoscalers',
       details: [
         'Without arguments: the shipped overlays (local; production and gpu with the production rules).',
         'The production rules: 3 replicas or more per tier, a PodDisruptionBudget, a spread over zones and hosts,',
@@ -119,7 +143,13 @@ export const K8S_GROUP: GroupSpec<CommandHandler> = {
       positionals: [{ name: '[kustomization-dir...]', optional: true, variadic: true }],
       flags: [
         { name: 'production', kind: 'switch', description: 'Apply the production rules to the given kustomizations' },
-        { name: 'metrics', kind: 'list', placeholder: '<url>', description: "Running services' /metrics URLs (repeated or comma-separated): every metric an autoscaler reads must be one of theirs" },
+        {
+          name: 'metrics',
+          kind: 'list',
+          placeholder: '<url>',
+          description:
+            "Running services' /metrics URLs (repeated or comma-separated): every metric an autoscaler reads must be one of theirs",
+        },
       ],
       handler: check,
     }),

@@ -1,4 +1,8 @@
-import { type CreateApiKeyRequest, type RevokeApiKeyRequest, Scope } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
+import {
+  type CreateApiKeyRequest,
+  type RevokeApiKeyRequest,
+  Scope,
+} from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
 import { KEYS_GROUP } from './keys.command';
 import { runCapturing } from './testing/cli-runner';
 import type { FakeApiKeys } from './testing/fake-api-keys';
@@ -20,14 +24,34 @@ describe(`infermesh ${KEYS_GROUP.name}`, () => {
     await running.stop();
   });
 
-  const sut = (argv: string[], apiKey = API_KEY) => runCapturing(['keys', ...argv], { INFERMESH_GATEWAY: running.address, INFERMESH_API_KEY: apiKey });
+  const sut = (argv: string[], apiKey = API_KEY) =>
+    runCapturing(['keys', ...argv], { INFERMESH_GATEWAY: running.address, INFERMESH_API_KEY: apiKey });
   const created = () => keys.requests<CreateApiKeyRequest>('createApiKey');
 
   describe('create', () => {
     it('creates a key with what the flags give and prints the key alone on stdout, saying it is shown once', async () => {
       const run = await sut([
-        'create', '--name', 'checkout', '--scope', 'infer', '--scope', 'admin', '--tenant', 'team-a', '--model', 'mlp', '--model', 'tiny',
-        '--rps', '5', '--burst', '10', '--model-rps', '0.5', '--model-burst', '2',
+        'create',
+        '--name',
+        'checkout',
+        '--scope',
+        'infer',
+        '--scope',
+        'admin',
+        '--tenant',
+        'team-a',
+        '--model',
+        'mlp',
+        '--model',
+        'tiny',
+        '--rps',
+        '5',
+        '--burst',
+        '10',
+        '--model-rps',
+        '0.5',
+        '--model-burst',
+        '2',
       ]);
 
       expect(run.code).toBe(0);
@@ -80,14 +104,21 @@ describe(`infermesh ${KEYS_GROUP.name}`, () => {
       const run = await sut(['create', ...flags]);
 
       expect(run.code).toBe(2);
-      expect(run.stderr).toMatch(new RegExp(`^infermesh: ${message.replace(/[()[\].+*?^$|\\]/g, '\\$&')}\n\nUsage: infermesh keys create`));
+      expect(run.stderr).toMatch(
+        new RegExp(`^infermesh: ${message.replace(/[()[\].+*?^$|\\]/g, '\\$&')}\n\nUsage: infermesh keys create`),
+      );
       expect(keys.calls).toEqual([]);
     });
 
     it('exits 1 with the reason when the gateway refuses the key', async () => {
       const denied = await sut(['create'], 'infer-only-key-0123456789');
 
-      expect(denied).toEqual({ code: 1, stdout: '', stderr: 'infermesh: this API key lacks the admin scope (PERMISSION_DENIED)\nThe admin API needs a key with the admin scope.\n' });
+      expect(denied).toEqual({
+        code: 1,
+        stdout: '',
+        stderr:
+          'infermesh: this API key lacks the admin scope (PERMISSION_DENIED)\nThe admin API needs a key with the admin scope.\n',
+      });
     });
   });
 
@@ -124,7 +155,11 @@ describe(`infermesh ${KEYS_GROUP.name}`, () => {
     });
 
     it('says when there is no key, and prints the ListApiKeysResponse with --json', async () => {
-      expect(await sut(['list'])).toEqual({ code: 0, stderr: '', stdout: 'No API keys stored. Create one with `infermesh keys create`.\n' });
+      expect(await sut(['list'])).toEqual({
+        code: 0,
+        stderr: '',
+        stdout: 'No API keys stored. Create one with `infermesh keys create`.\n',
+      });
       keys.seed({ name: 'apiKeys/00000000000a', scopes: [Scope.ADMIN] });
 
       const json = await sut(['list', '--json']);
@@ -148,11 +183,18 @@ describe(`infermesh ${KEYS_GROUP.name}`, () => {
           'It is refused from now on, within a second on every gateway replica.\n',
       });
       expect(JSON.parse(byName.stdout)).toMatchObject({ name: 'apiKeys/00000000000a', revokeTime: expect.any(String) });
-      expect(keys.requests<RevokeApiKeyRequest>('revokeApiKey').map((r) => r.name)).toEqual(['apiKeys/00000000000a', 'apiKeys/00000000000a']);
+      expect(keys.requests<RevokeApiKeyRequest>('revokeApiKey').map((r) => r.name)).toEqual([
+        'apiKeys/00000000000a',
+        'apiKeys/00000000000a',
+      ]);
     });
 
     it('exits 1 naming an unknown key, and 2 without one', async () => {
-      expect(await sut(['revoke', '0123456789ab'])).toEqual({ code: 1, stdout: '', stderr: 'infermesh: API key apiKeys/0123456789ab does not exist (NOT_FOUND)\n' });
+      expect(await sut(['revoke', '0123456789ab'])).toEqual({
+        code: 1,
+        stdout: '',
+        stderr: 'infermesh: API key apiKeys/0123456789ab does not exist (NOT_FOUND)\n',
+      });
       const missing = await sut(['revoke']);
       expect(missing.code).toBe(2);
       expect(missing.stderr).toMatch(/^infermesh: missing <id\|apiKeys\/id>\n/);
@@ -164,7 +206,19 @@ describe(`infermesh ${KEYS_GROUP.name}`, () => {
     const create = await runCapturing(['help', 'keys', 'create'], {});
 
     for (const name of ['create', 'list', 'revoke']) expect(group.stdout).toMatch(new RegExp(`\\n  ${name} +\\S`));
-    for (const flag of ['--name <display name>', '--scope infer|admin', '(repeatable)', '--tenant <tenant>', '--model <model>', '--rps <n>', '--burst <n>', '--model-rps <n>', '--model-burst <n>', '--api-key <key>', '--json']) {
+    for (const flag of [
+      '--name <display name>',
+      '--scope infer|admin',
+      '(repeatable)',
+      '--tenant <tenant>',
+      '--model <model>',
+      '--rps <n>',
+      '--burst <n>',
+      '--model-rps <n>',
+      '--model-burst <n>',
+      '--api-key <key>',
+      '--json',
+    ]) {
       expect(create.stdout).toContain(flag);
     }
     expect(create.stdout).toContain('shown this once');

@@ -34,7 +34,8 @@ function rateLimitOf(ctx: CommandContext): MessageInitShape<typeof RateLimitSche
   const burst = (flag: string, rateFlag: string) => {
     const value = args.value(flag);
     if (value === undefined) return 0;
-    if (!args.has(rateFlag)) throw new UsageError(`--${flag} needs --${rateFlag}: a burst without a rate limits nothing`);
+    if (!args.has(rateFlag))
+      throw new UsageError(`--${flag} needs --${rateFlag}: a burst without a rate limits nothing`);
     return parseInteger(value, `--${flag}`, 0);
   };
   return {
@@ -79,7 +80,12 @@ async function revoke(ctx: CommandContext): Promise<void> {
   const session = ctx.gateway();
   const { key } = await session.apiKeys.revokeApiKey({ name }, session.call());
   if (key === undefined) throw new Error(`the gateway returned no key for ${name}`);
-  ctx.result(ApiKeySchema, key, () => `Revoked API key ${formatApiKey(key)}.\nIt is refused from now on, within a second on every gateway replica.\n`);
+  ctx.result(
+    ApiKeySchema,
+    key,
+    () =>
+      `Revoked API key ${formatApiKey(key)}.\nIt is refused from now on, within a second on every gateway replica.\n`,
+  );
 }
 
 /** `infermesh keys ...`: the gateway's stored API keys, through its admin API. */
@@ -96,18 +102,58 @@ export const KEYS_GROUP: GroupSpec<CommandHandler> = {
         'The key (im_<id>_<secret>) goes to stdout, alone, and is never shown again: the gateway keeps',
         'only a salted hash of it. Without --scope the key may infer only. Rate limits apply to inference:',
         'a bucket per key (--rps, --burst) and one per key and model (--model-rps, --model-burst); a burst of',
-        '0 is the rate (at least 1). Without any of them the gateway\'s defaults (GATEWAY_RATE_LIMIT_*) apply.',
+        "0 is the rate (at least 1). Without any of them the gateway's defaults (GATEWAY_RATE_LIMIT_*) apply.",
       ].join('\n'),
       positionals: [],
       flags: [
-        { name: 'name', kind: 'value', placeholder: '<display name>', description: 'A label for people, e.g. checkout-service' },
-        { name: 'scope', kind: 'list', placeholder: 'infer|admin', description: 'What the key may do: infer (inference, model metadata) or admin (the admin API); default infer' },
-        { name: 'tenant', kind: 'value', placeholder: '<tenant>', description: 'Whose requests these are: scopes cached results and sticky rollouts (default: the key id)' },
-        { name: 'model', kind: 'list', placeholder: '<model>', description: 'A model the key may use (default: every model)' },
-        { name: 'rps', kind: 'value', placeholder: '<n>', description: 'Inference requests per second over all models (0: no limit)' },
-        { name: 'burst', kind: 'value', placeholder: '<n>', description: 'Requests admitted at once after an idle time (default: --rps)' },
-        { name: 'model-rps', kind: 'value', placeholder: '<n>', description: 'Inference requests per second to any one model (0: no limit)' },
-        { name: 'model-burst', kind: 'value', placeholder: '<n>', description: 'Requests to one model admitted at once (default: --model-rps)' },
+        {
+          name: 'name',
+          kind: 'value',
+          placeholder: '<display name>',
+          description: 'A label for people, e.g. checkout-service',
+        },
+        {
+          name: 'scope',
+          kind: 'list',
+          placeholder: 'infer|admin',
+          description: 'What the key may do: infer (inference, model metadata) or admin (the admin API); default infer',
+        },
+        {
+          name: 'tenant',
+          kind: 'value',
+          placeholder: '<tenant>',
+          description: 'Whose requests these are: scopes cached results and sticky rollouts (default: the key id)',
+        },
+        {
+          name: 'model',
+          kind: 'list',
+          placeholder: '<model>',
+          description: 'A model the key may use (default: every model)',
+        },
+        {
+          name: 'rps',
+          kind: 'value',
+          placeholder: '<n>',
+          description: 'Inference requests per second over all models (0: no limit)',
+        },
+        {
+          name: 'burst',
+          kind: 'value',
+          placeholder: '<n>',
+          description: 'Requests admitted at once after an idle time (default: --rps)',
+        },
+        {
+          name: 'model-rps',
+          kind: 'value',
+          placeholder: '<n>',
+          description: 'Inference requests per second to any one model (0: no limit)',
+        },
+        {
+          name: 'model-burst',
+          kind: 'value',
+          placeholder: '<n>',
+          description: 'Requests to one model admitted at once (default: --model-rps)',
+        },
       ],
       handler: create,
     }),

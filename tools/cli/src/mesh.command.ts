@@ -1,4 +1,11 @@
-import { EnvoyApi, type EnvoyMode, envoyConfigFiles, envoySdsFiles, MeshPolicyError, parseMeshPolicy } from '@infermesh/mesh';
+import {
+  EnvoyApi,
+  type EnvoyMode,
+  envoyConfigFiles,
+  envoySdsFiles,
+  MeshPolicyError,
+  parseMeshPolicy,
+} from '@infermesh/mesh';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parse as parseYaml } from 'yaml';
@@ -16,7 +23,10 @@ function readPolicy(path: string) {
   try {
     text = readFileSync(path, 'utf8');
   } catch (error) {
-    throw new CliError(`cannot read the mesh policy ${path}: ${error instanceof Error ? error.message : String(error)}`, EXIT.failed);
+    throw new CliError(
+      `cannot read the mesh policy ${path}: ${error instanceof Error ? error.message : String(error)}`,
+      EXIT.failed,
+    );
   }
   try {
     return parseMeshPolicy(text, path);
@@ -46,14 +56,25 @@ async function envoy(ctx: CommandContext): Promise<void> {
   const secrets = envoySdsFiles(policy);
   const problems = [
     ...files.flatMap((file) => api.checkBootstrap(file.bootstrap).map((p) => `${file.fileName}: ${p}`)),
-    ...secrets.flatMap((file) => api.check('envoy.service.discovery.v3.DiscoveryResponse', file.response).map((p) => `${file.fileName}: ${p}`)),
+    ...secrets.flatMap((file) =>
+      api.check('envoy.service.discovery.v3.DiscoveryResponse', file.response).map((p) => `${file.fileName}: ${p}`),
+    ),
   ];
-  if (problems.length > 0) throw new CliError(`the generated configuration fails Envoy's API check:\n${problems.map((p) => `  - ${p}`).join('\n')}`, EXIT.failed);
+  if (problems.length > 0)
+    throw new CliError(
+      `the generated configuration fails Envoy's API check:\n${problems.map((p) => `  - ${p}`).join('\n')}`,
+      EXIT.failed,
+    );
   mkdirSync(out, { recursive: true });
   for (const file of [...files, ...secrets]) writeFileSync(join(out, file.fileName), file.text);
   ctx.io.stdout.write(`${[...files, ...secrets].map((file) => join(out, file.fileName)).join('\n')}\n`);
-  const sds = secrets.length === 0 ? '' : ` and ${secrets.length} SDS files (${secrets.map((file) => file.fileName).join(', ')}, for ${policy.sidecar.configDir})`;
-  ctx.note(`wrote ${files.length} Envoy configurations (${mode})${sds} from ${path}; each passed the check against Envoy's v3 API\n`);
+  const sds =
+    secrets.length === 0
+      ? ''
+      : ` and ${secrets.length} SDS files (${secrets.map((file) => file.fileName).join(', ')}, for ${policy.sidecar.configDir})`;
+  ctx.note(
+    `wrote ${files.length} Envoy configurations (${mode})${sds} from ${path}; each passed the check against Envoy's v3 API\n`,
+  );
 }
 
 /** `mesh check`: the strict check of Envoy bootstrap files (and SDS files), each problem with its path. */
@@ -65,17 +86,27 @@ async function check(ctx: CommandContext): Promise<void> {
     try {
       document = parseYaml(readFileSync(file, 'utf8'));
     } catch (error) {
-      ctx.io.stdout.write(`${file}: cannot be read as YAML: ${error instanceof Error ? error.message : String(error)}\n`);
+      ctx.io.stdout.write(
+        `${file}: cannot be read as YAML: ${error instanceof Error ? error.message : String(error)}\n`,
+      );
       failed += 1;
       continue;
     }
     // A file-based SDS file (a DiscoveryResponse: `resources`, no bootstrap field) is checked as one.
-    const sds = typeof document === 'object' && document !== null && 'resources' in document && !('static_resources' in document) && !('node' in document);
-    const problems = sds ? api.check('envoy.service.discovery.v3.DiscoveryResponse', document) : api.checkBootstrap(document);
+    const sds =
+      typeof document === 'object' &&
+      document !== null &&
+      'resources' in document &&
+      !('static_resources' in document) &&
+      !('node' in document);
+    const problems = sds
+      ? api.check('envoy.service.discovery.v3.DiscoveryResponse', document)
+      : api.checkBootstrap(document);
     if (problems.length > 0) failed += 1;
     ctx.io.stdout.write(problems.length === 0 ? `${file}: ok\n` : problems.map((p) => `${file}: ${p}\n`).join(''));
   }
-  if (failed > 0) throw new CliError(`${failed} of ${ctx.args.positionals.length} files fail Envoy's API check`, EXIT.failed);
+  if (failed > 0)
+    throw new CliError(`${failed} of ${ctx.args.positionals.length} files fail Envoy's API check`, EXIT.failed);
 }
 
 /** `mesh policy`: validates the policy and prints each edge with its settings resolved. */
@@ -84,7 +115,12 @@ async function policyCommand(ctx: CommandContext): Promise<void> {
   ctx.io.stdout.write(`${JSON.stringify(policy.edges, null, 2)}\n`);
 }
 
-const POLICY_FLAG = { name: 'policy', kind: 'value', placeholder: '<mesh.yaml>', description: 'The mesh policy (default: envoy/mesh.yaml of this repository)' } as const;
+const POLICY_FLAG = {
+  name: 'policy',
+  kind: 'value',
+  placeholder: '<mesh.yaml>',
+  description: 'The mesh policy (default: envoy/mesh.yaml of this repository)',
+} as const;
 
 /** `infermesh mesh ...`: the mesh policy and the Envoy sidecar configurations compiled from it. */
 export const MESH_GROUP: GroupSpec<CommandHandler> = {
@@ -95,13 +131,14 @@ export const MESH_GROUP: GroupSpec<CommandHandler> = {
   commands: [
     command<CommandHandler>({
       name: 'envoy',
-      summary: "Write each service's Envoy sidecar bootstrap (<service>.yaml) compiled from the policy, checked against Envoy's v3 API",
+      summary:
+        "Write each service's Envoy sidecar bootstrap (<service>.yaml) compiled from the policy, checked against Envoy's v3 API",
       details: [
         '--mode ads (default): the sidecar takes listeners and clusters from the registry over ADS; its bootstrap',
         'holds the inbound listener, the stats listener, its local service and the control plane.',
-        '--mode static: everything compiled in, upstreams found by their Kubernetes Services\' DNS names.',
+        "--mode static: everything compiled in, upstreams found by their Kubernetes Services' DNS names.",
         'With mtls (the default), also sds-identity.yaml and sds-trust-bundle.yaml: the file-based SDS secrets every',
-        'sidecar reads from the policy\'s sidecar.configDir (mount them with the bootstraps).',
+        "sidecar reads from the policy's sidecar.configDir (mount them with the bootstraps).",
       ].join('\n'),
       positionals: [],
       flags: [
@@ -113,7 +150,8 @@ export const MESH_GROUP: GroupSpec<CommandHandler> = {
     }),
     command<CommandHandler>({
       name: 'check',
-      summary: "Check Envoy bootstrap (or SDS) files strictly against Envoy's v3 API: fields, types, enums, validation rules, references",
+      summary:
+        "Check Envoy bootstrap (or SDS) files strictly against Envoy's v3 API: fields, types, enums, validation rules, references",
       positionals: [{ name: '<file.yaml...>', variadic: true }],
       flags: [],
       handler: check,

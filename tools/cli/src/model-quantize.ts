@@ -18,13 +18,15 @@ export async function quantize(ctx: CommandContext): Promise<void> {
   const { args } = ctx;
   const name = args.positionals[0]!;
   const version = args.value('version');
-  const source = version === undefined ? `models/${name}` : `models/${name}/versions/${parseVersionId(version, '--version')}`;
+  const source =
+    version === undefined ? `models/${name}` : `models/${name}/versions/${parseVersionId(version, '--version')}`;
   const target = args.value('as');
   const newVersion = args.value('new-version');
   const maxRelL2 = args.value('max-rel-l2');
   const maxRelativeL2 = maxRelL2 === undefined ? undefined : parseNonNegative(maxRelL2, '--max-rel-l2', '0.02');
   const calibrationFile = args.value('calibration');
-  const calibration = calibrationFile === undefined ? [] : (await readWarmUpFile(calibrationFile, '--calibration')).samples;
+  const calibration =
+    calibrationFile === undefined ? [] : (await readWarmUpFile(calibrationFile, '--calibration')).samples;
   const timeoutMs = parseSeconds(args.value('timeout') ?? String(DEFAULT_QUANTIZE_TIMEOUT_S), '--timeout') * 1000;
   const started = performance.now();
   const session = ctx.gateway();
@@ -43,10 +45,19 @@ export async function quantize(ctx: CommandContext): Promise<void> {
     },
     session.call(timeoutMs),
   );
-  if (derived === undefined || derived.lineage === undefined) throw new Error(`the gateway returned no derived version for ${source}`);
+  if (derived === undefined || derived.lineage === undefined)
+    throw new Error(`the gateway returned no derived version for ${source}`);
   const label = `${derived.name.split('/')[1]} version ${versionIdOf(derived.name)}`;
-  ctx.note(`${label} derived from ${derived.lineage.sourceVersion}: ${summarizeLineage(derived.lineage, derived.artifact?.sizeBytes)}\n`);
-  const ready = await followUntilReady(ctx, session, derived.name, label, Math.max(1, timeoutMs - (performance.now() - started)));
+  ctx.note(
+    `${label} derived from ${derived.lineage.sourceVersion}: ${summarizeLineage(derived.lineage, derived.artifact?.sizeBytes)}\n`,
+  );
+  const ready = await followUntilReady(
+    ctx,
+    session,
+    derived.name,
+    label,
+    Math.max(1, timeoutMs - (performance.now() - started)),
+  );
   ctx.result(ModelVersionSchema, ready, () => `${label} is READY in ${formatSeconds(performance.now() - started)}\n`);
 }
 

@@ -5,7 +5,12 @@ import { basename } from 'node:path';
 import { status } from '@grpc/grpc-js';
 import type { MessageInitShape } from '@bufbuild/protobuf';
 import { RpcError } from '@infermesh/grpc';
-import { type Model, type ModelVersion, ModelVersionSchema, type UploadArtifactRequestSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type Model,
+  type ModelVersion,
+  ModelVersionSchema,
+  type UploadArtifactRequestSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { nextVersionId } from '@infermesh/rollout';
 import { CommandFailure } from './cli-errors';
 import type { CommandContext } from './command-context';
@@ -50,14 +55,23 @@ export async function registerModel(ctx: CommandContext, request: RegisterReques
   const versionId = request.versionId ?? nextVersionId(existing);
 
   const mode: ProgressMode = ctx.json ? 'off' : ctx.io.stderr.isTTY === true ? 'bar' : 'lines';
-  const progress = new ProgressBar(ctx.io.stderr, { label: `Uploading ${basename(request.file)}`, totalBytes: sizeBytes, mode });
+  const progress = new ProgressBar(ctx.io.stderr, {
+    label: `Uploading ${basename(request.file)}`,
+    totalBytes: sizeBytes,
+    mode,
+  });
   const hash = createHash('sha256');
   let sha256: string;
   try {
-    const { artifact } = await session.registry.uploadArtifact(uploadRequests(request.file, hash, progress), session.stream());
+    const { artifact } = await session.registry.uploadArtifact(
+      uploadRequests(request.file, hash, progress),
+      session.stream(),
+    );
     sha256 = hash.digest('hex');
     if (artifact !== undefined && artifact.sha256 !== sha256) {
-      throw new CommandFailure(`the registry stored ${request.file} as sha256 ${artifact.sha256}, but the file hashes to ${sha256}`);
+      throw new CommandFailure(
+        `the registry stored ${request.file} as sha256 ${artifact.sha256}, but the file hashes to ${sha256}`,
+      );
     }
   } finally {
     progress.finish();
@@ -80,18 +94,30 @@ export async function registerModel(ctx: CommandContext, request: RegisterReques
   const paths = [...(request.pin ? ['pinned'] : []), ...(Object.keys(request.labels).length > 0 ? ['labels'] : [])];
   if (paths.length > 0) {
     await session.registry.updateModel(
-      { model: { name: parent, pinned: request.pin, labels: { ...existing?.labels, ...request.labels } }, updateMask: { paths } },
+      {
+        model: { name: parent, pinned: request.pin, labels: { ...existing?.labels, ...request.labels } },
+        updateMask: { paths },
+      },
       session.call(),
     );
   }
 
-  const ready = await followUntilReady(ctx, session, versionName, `${request.model} version ${versionId}`, request.timeoutMs);
+  const ready = await followUntilReady(
+    ctx,
+    session,
+    versionName,
+    `${request.model} version ${versionId}`,
+    request.timeoutMs,
+  );
   const totalMs = performance.now() - started;
   if (ready.warmUpError !== '') {
     ctx.note(`warning: ${request.model} version ${versionId} serves without warm-up: ${ready.warmUpError}\n`);
   }
-  ctx.result(ModelVersionSchema, ready, () =>
-    `${request.model} version ${versionId} is READY${ready.warmUpError === '' ? '' : ' (not warmed up)'} in ${formatSeconds(totalMs)} ` +
+  ctx.result(
+    ModelVersionSchema,
+    ready,
+    () =>
+      `${request.model} version ${versionId} is READY${ready.warmUpError === '' ? '' : ' (not warmed up)'} in ${formatSeconds(totalMs)} ` +
       `(upload ${formatSeconds(uploadedMs)}, registration and loading ${formatSeconds(totalMs - uploadedMs)})\n`,
   );
 }
@@ -104,7 +130,9 @@ async function fileSize(file: string): Promise<number> {
   } catch (error) {
     if (error instanceof CommandFailure) throw error;
     const code = (error as NodeJS.ErrnoException).code;
-    throw new CommandFailure(`cannot read ${file}: ${code === 'ENOENT' ? 'no such file' : error instanceof Error ? error.message : String(error)}`);
+    throw new CommandFailure(
+      `cannot read ${file}: ${code === 'ENOENT' ? 'no such file' : error instanceof Error ? error.message : String(error)}`,
+    );
   }
 }
 
@@ -135,7 +163,13 @@ async function* uploadRequests(
 }
 
 /** Follows a version until it is READY, showing the states it goes through (StateTrail); see waitForReady for how it fails. */
-export async function followUntilReady(ctx: CommandContext, session: GatewaySession, versionName: string, label: string, timeoutMs: number): Promise<ModelVersion> {
+export async function followUntilReady(
+  ctx: CommandContext,
+  session: GatewaySession,
+  versionName: string,
+  label: string,
+  timeoutMs: number,
+): Promise<ModelVersion> {
   const trail = new StateTrail(ctx, label);
   try {
     return await waitForReady(session, versionName, { timeoutMs, onState: (v) => trail.show(v) });

@@ -36,7 +36,15 @@ const LINEAGE: MessageInitShape<typeof LineageSchema> = {
     { node: 'stem', opType: 'Conv', weight: 'stem.weight', elements: 432n },
   ],
   floatNodes: [{ node: 'proj', opType: 'MatMul', reason: 'its weight is computed, not a constant initializer' }],
-  accuracy: { samples: 4, synthetic: true, maxAbsDiff: 0.00312, relativeL2: 0.0108, comparedItems: 32, agreedItems: 31, maxRelativeL2: 0.05 },
+  accuracy: {
+    samples: 4,
+    synthetic: true,
+    maxAbsDiff: 0.00312,
+    relativeL2: 0.0108,
+    comparedItems: 32,
+    agreedItems: 31,
+    maxRelativeL2: 0.05,
+  },
 };
 
 describe(`infermesh ${MODELS_GROUP.name}`, () => {
@@ -88,7 +96,9 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       expect(create?.maxBatchSize).toBeUndefined();
       expect(run.stderr).toContain(`Registered mlp version 1 (sha256 ${file.sha256}, 2.5 MiB)\n`);
       expect(run.stderr).toContain('mlp version 1: REGISTERED\nmlp version 1: LOADING\nmlp version 1: READY\n');
-      expect(run.stdout).toMatch(/^mlp version 1 is READY in \d+\.\d s \(upload \d+\.\d s, registration and loading \d+\.\d s\)\n$/);
+      expect(run.stdout).toMatch(
+        /^mlp version 1 is READY in \d+\.\d s \(upload \d+\.\d s, registration and loading \d+\.\d s\)\n$/,
+      );
       expect(registry.requests('updateModel')).toEqual([]);
       expect(new Set(registry.calls.map((c) => c.authorization))).toEqual(new Set([`Bearer ${API_KEY}`]));
     });
@@ -105,14 +115,35 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       const file = modelFile(100);
       loadsThrough('models/mlp/versions/11', [VersionState.READY]);
 
-      const run = await sut(['models', 'register', file.path, '--name', 'mlp', '--max-batch-size', '4', '--pin', '--label', 'team=b', '--label', 'task=cls']);
+      const run = await sut([
+        'models',
+        'register',
+        file.path,
+        '--name',
+        'mlp',
+        '--max-batch-size',
+        '4',
+        '--pin',
+        '--label',
+        'team=b',
+        '--label',
+        'task=cls',
+      ]);
 
       expect(run).toMatchObject({ code: 0, stdout: expect.stringMatching(/^mlp version 11 is READY/) });
-      expect(registry.requests<CreateModelVersionRequest>('createModelVersion')).toMatchObject([{ versionId: '11', maxBatchSize: 4 }]);
-      expect(registry.requests<UpdateModelRequest>('updateModel')).toMatchObject([
-        { model: { name: 'models/mlp', pinned: true, labels: { team: 'b', owner: 'ml', task: 'cls' } }, updateMask: { paths: ['pinned', 'labels'] } },
+      expect(registry.requests<CreateModelVersionRequest>('createModelVersion')).toMatchObject([
+        { versionId: '11', maxBatchSize: 4 },
       ]);
-      expect(registry.model('models/mlp')).toMatchObject({ pinned: true, labels: { team: 'b', owner: 'ml', task: 'cls' } });
+      expect(registry.requests<UpdateModelRequest>('updateModel')).toMatchObject([
+        {
+          model: { name: 'models/mlp', pinned: true, labels: { team: 'b', owner: 'ml', task: 'cls' } },
+          updateMask: { paths: ['pinned', 'labels'] },
+        },
+      ]);
+      expect(registry.model('models/mlp')).toMatchObject({
+        pinned: true,
+        labels: { team: 'b', owner: 'ml', task: 'cls' },
+      });
     });
 
     it('registers the version given with --version', async () => {
@@ -127,12 +158,18 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
 
     it('prints the reason and exits 1 when the version FAILED', async () => {
       const file = modelFile(10);
-      loadsThrough('models/mlp/versions/1', [VersionState.LOADING], [VersionState.FAILED, 'onnxruntime: invalid graph']);
+      loadsThrough(
+        'models/mlp/versions/1',
+        [VersionState.LOADING],
+        [VersionState.FAILED, 'onnxruntime: invalid graph'],
+      );
 
       const run = await sut(['models', 'register', file.path, '--name', 'mlp']);
 
       expect(run.code).toBe(1);
-      expect(run.stderr).toContain('mlp version 1: FAILED\ninfermesh: mlp version 1 FAILED: onnxruntime: invalid graph\n');
+      expect(run.stderr).toContain(
+        'mlp version 1: FAILED\ninfermesh: mlp version 1 FAILED: onnxruntime: invalid graph\n',
+      );
       expect(run.stdout).toBe('');
     });
 
@@ -149,13 +186,19 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     });
 
     it('exits 1 without waiting when the model is unloaded', async () => {
-      registry.seed({ name: 'models/mlp', unloaded: true, versions: [{ name: 'models/mlp/versions/1', state: VersionState.REGISTERED }] });
+      registry.seed({
+        name: 'models/mlp',
+        unloaded: true,
+        versions: [{ name: 'models/mlp/versions/1', state: VersionState.REGISTERED }],
+      });
       const file = modelFile(10);
 
       const run = await sut(['models', 'register', file.path, '--name', 'mlp']);
 
       expect(run.code).toBe(1);
-      expect(run.stderr).toContain('infermesh: model mlp is unloaded, so mlp version 2 does not load: run `infermesh models load mlp`\n');
+      expect(run.stderr).toContain(
+        'infermesh: model mlp is unloaded, so mlp version 2 does not load: run `infermesh models load mlp`\n',
+      );
     });
 
     it('prints only the READY version as protobuf JSON with --json', async () => {
@@ -188,7 +231,12 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       const warmUpFile = join(dir, 'samples.json');
       writeFileSync(
         warmUpFile,
-        JSON.stringify({ inputs: [{ name: 'audio', datatype: 'FP32', shape: [1, 2], data: [[0.5, -1]] }, { name: 'sr', shape: [1], random_data: true }] }),
+        JSON.stringify({
+          inputs: [
+            { name: 'audio', datatype: 'FP32', shape: [1, 2], data: [[0.5, -1]] },
+            { name: 'sr', shape: [1], random_data: true },
+          ],
+        }),
       );
       loadsThrough('models/vad/versions/1', [VersionState.LOADING], [VersionState.READY]);
 
@@ -200,25 +248,40 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
         ['audio', DataType.FP32, [1n, 2n], 'data'],
         ['sr', DataType.UNSPECIFIED, [1n], 'randomData'],
       ]);
-      expect(request!.warmUp!.samples[0]!.inputs[0]!.contents.value).toEqual(new Uint8Array(Float32Array.of(0.5, -1).buffer));
+      expect(request!.warmUp!.samples[0]!.inputs[0]!.contents.value).toEqual(
+        new Uint8Array(Float32Array.of(0.5, -1).buffer),
+      );
       expect(run.stderr).not.toContain('warning');
 
-      registry.afterSnapshot = (r) => r.setVersionState('models/cold/versions/1', VersionState.READY, '', 'synthetic warm-up at batch 1 failed on cpu: Pad reflect');
+      registry.afterSnapshot = (r) =>
+        r.setVersionState(
+          'models/cold/versions/1',
+          VersionState.READY,
+          '',
+          'synthetic warm-up at batch 1 failed on cpu: Pad reflect',
+        );
       const cold = await sut(['models', 'register', file.path, '--name', 'cold']);
       expect(cold.code).toBe(0);
-      expect(cold.stderr).toContain('warning: cold version 1 serves without warm-up: synthetic warm-up at batch 1 failed on cpu: Pad reflect\n');
+      expect(cold.stderr).toContain(
+        'warning: cold version 1 serves without warm-up: synthetic warm-up at batch 1 failed on cpu: Pad reflect\n',
+      );
       expect(cold.stdout).toMatch(/^cold version 1 is READY \(not warmed up\) in /);
     });
 
     it('exits 1 before calling the gateway when the --warmup file is wrong, naming the file and the entry', async () => {
       const file = modelFile(10);
       const warmUpFile = join(dir, 'samples.json');
-      writeFileSync(warmUpFile, JSON.stringify({ inputs: [{ name: 'sr', datatype: 'INT64', shape: [1], data: [16000.5] }] }));
+      writeFileSync(
+        warmUpFile,
+        JSON.stringify({ inputs: [{ name: 'sr', datatype: 'INT64', shape: [1], data: [16000.5] }] }),
+      );
 
       const run = await sut(['models', 'register', file.path, '--name', 'vad', '--warmup', warmUpFile]);
 
       expect(run.code).toBe(1);
-      expect(run.stderr).toBe(`infermesh: --warmup ${warmUpFile}: inputs[0]: input "sr": element 0 (16000.5) is not an integer in the INT64 range\n`);
+      expect(run.stderr).toBe(
+        `infermesh: --warmup ${warmUpFile}: inputs[0]: input "sr": element 0 (16000.5) is not an integer in the INT64 range\n`,
+      );
       expect(registry.calls).toEqual([]);
     });
 
@@ -237,7 +300,9 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       const badLabel = await sut(['models', 'register', file.path, '--name', 'mlp', '--label', 'team']);
 
       expect(badVersion.code).toBe(2);
-      expect(badVersion.stderr).toMatch(/^infermesh: --version must be a positive integer version id, got "v1"\n\nUsage: infermesh models register <file.onnx> --name <name> \[flags\]/);
+      expect(badVersion.stderr).toMatch(
+        /^infermesh: --version must be a positive integer version id, got "v1"\n\nUsage: infermesh models register <file.onnx> --name <name> \[flags\]/,
+      );
       expect(badLabel.code).toBe(2);
       expect(badLabel.stderr).toMatch(/^infermesh: --label must look like key=value, got "team"\n/);
       expect(registry.calls).toEqual([]);
@@ -248,7 +313,13 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     beforeEach(() => {
       registry.seed({
         name: 'models/mlp',
-        versions: [{ name: 'models/mlp/versions/1', state: VersionState.READY, artifact: { sha256: 'ab'.repeat(32), sizeBytes: BigInt(20 * MiB), format: 'onnx' } }],
+        versions: [
+          {
+            name: 'models/mlp/versions/1',
+            state: VersionState.READY,
+            artifact: { sha256: 'ab'.repeat(32), sizeBytes: BigInt(20 * MiB), format: 'onnx' },
+          },
+        ],
       });
     });
 
@@ -280,14 +351,33 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       const calibration = join(dir, 'calibration.json');
       writeFileSync(
         calibration,
-        JSON.stringify({ samples: [{ name: 'real', inputs: [{ name: 'x', datatype: 'FP32', shape: [1, 2], data: [[0.25, -2]] }] }, { inputs: [{ name: 'x', shape: [4, 2], random_data: true }] }] }),
+        JSON.stringify({
+          samples: [
+            { name: 'real', inputs: [{ name: 'x', datatype: 'FP32', shape: [1, 2], data: [[0.25, -2]] }] },
+            { inputs: [{ name: 'x', shape: [4, 2], random_data: true }] },
+          ],
+        }),
       );
       derives('models/mlp_int8/versions/3', LINEAGE, 6 * MiB);
       loadsThrough('models/mlp_int8/versions/3', [VersionState.LOADING], [VersionState.READY]);
 
       const run = await sut([
-        'models', 'quantize', 'mlp', '--version', '1', '--as', 'mlp_int8', '--new-version', '3', '--calibration', calibration,
-        '--max-rel-l2', '0.05', '--per-tensor', '--conv', '--reduce-range',
+        'models',
+        'quantize',
+        'mlp',
+        '--version',
+        '1',
+        '--as',
+        'mlp_int8',
+        '--new-version',
+        '3',
+        '--calibration',
+        calibration,
+        '--max-rel-l2',
+        '0.05',
+        '--per-tensor',
+        '--conv',
+        '--reduce-range',
       ]);
 
       expect(run.code).toBe(0);
@@ -300,11 +390,15 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
         maxRelativeL2: 0.05,
         settings: { perChannel: false, quantizeConv: true, reduceRange: true },
       });
-      expect(request.calibration.map((s) => [s.name, s.inputs.map((i) => [i.name, i.datatype, i.shape, i.contents.case])])).toEqual([
+      expect(
+        request.calibration.map((s) => [s.name, s.inputs.map((i) => [i.name, i.datatype, i.shape, i.contents.case])]),
+      ).toEqual([
         ['real', [['x', DataType.FP32, [1n, 2n], 'data']]],
         ['', [['x', DataType.UNSPECIFIED, [4n, 2n], 'randomData']]],
       ]);
-      expect(request.calibration[0]!.inputs[0]!.contents.value).toEqual(new Uint8Array(Float32Array.of(0.25, -2).buffer));
+      expect(request.calibration[0]!.inputs[0]!.contents.value).toEqual(
+        new Uint8Array(Float32Array.of(0.25, -2).buffer),
+      );
       expect(run.stderr).toBe(
         'mlp_int8 version 3 derived from models/mlp/versions/1: dynamic_int8, 3 nodes quantized, 1 kept in float; relative L2 0.0108, ' +
           'max abs diff 0.00312, top-1 agreement 96.9 % (31 of 32), 4 synthetic samples (gate 0.05); artifact 6.0 MiB\n' +
@@ -314,10 +408,15 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       expect(new Set(registry.calls.map((c) => c.authorization))).toEqual(new Set([`Bearer ${API_KEY}`]));
     });
 
-    it('asks for a variant of the serving version under the same model, with the registry\'s defaults, when no flag is given', async () => {
+    it("asks for a variant of the serving version under the same model, with the registry's defaults, when no flag is given", async () => {
       derives(
         'models/mlp/versions/2',
-        { ...LINEAGE, quantizedNodes: LINEAGE.quantizedNodes!.slice(0, 1), floatNodes: [], accuracy: { samples: 1, maxAbsDiff: 0.0123, relativeL2: 0.00451, maxRelativeL2: 0.02 } },
+        {
+          ...LINEAGE,
+          quantizedNodes: LINEAGE.quantizedNodes!.slice(0, 1),
+          floatNodes: [],
+          accuracy: { samples: 1, maxAbsDiff: 0.0123, relativeL2: 0.00451, maxRelativeL2: 0.02 },
+        },
         512 * 1024,
       );
       loadsThrough('models/mlp/versions/2', [VersionState.READY]);
@@ -327,7 +426,12 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       expect(run.code).toBe(0);
       const request = quantizeRequest();
       expect(toJson(QuantizeModelVersionRequestSchema, request)).toEqual({ source: 'models/mlp', settings: {} });
-      expect([request.targetModel, request.versionId, request.calibration, request.maxRelativeL2]).toEqual(['', '', [], undefined]);
+      expect([request.targetModel, request.versionId, request.calibration, request.maxRelativeL2]).toEqual([
+        '',
+        '',
+        [],
+        undefined,
+      ]);
       expect([request.settings?.perChannel, request.settings?.quantizeConv]).toEqual([undefined, undefined]);
       expect(run.stderr).toContain(
         'mlp version 2 derived from models/mlp/versions/1: dynamic_int8, 1 node quantized, 0 kept in float; relative L2 0.00451, max abs diff 0.0123, 1 sample (gate 0.02); artifact 512.0 KiB\n',
@@ -358,7 +462,11 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
 
     it('exits 1 with the reason when the variant FAILED to load', async () => {
       derives('models/mlp/versions/2', LINEAGE, MiB);
-      loadsThrough('models/mlp/versions/2', [VersionState.LOADING], [VersionState.FAILED, 'onnxruntime: MatMulInteger is not supported']);
+      loadsThrough(
+        'models/mlp/versions/2',
+        [VersionState.LOADING],
+        [VersionState.FAILED, 'onnxruntime: MatMulInteger is not supported'],
+      );
 
       const run = await sut(['models', 'quantize', 'mlp']);
 
@@ -382,29 +490,43 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       const run = await sut(['models', 'quantize', 'mlp', ...flags]);
 
       expect(run.code).toBe(2);
-      expect(run.stderr.startsWith(`infermesh: ${message}\n\nUsage: infermesh models quantize <name> [flags]`)).toBe(true);
+      expect(run.stderr.startsWith(`infermesh: ${message}\n\nUsage: infermesh models quantize <name> [flags]`)).toBe(
+        true,
+      );
       expect(registry.calls).toEqual([]);
     });
 
     it.each([
-      ['a wrong shape', { inputs: [{ name: 'x', datatype: 'FP32', shape: [1, -2], data: [0.5] }] }, (file: string) => `--calibration ${file}: inputs[0] ("x"): "shape" must be an array of sizes`],
-      ['data that does not fit its shape', { inputs: [{ name: 'x', datatype: 'FP32', shape: [1, 3], data: [0.5, 1] }] }, (file: string) => `--calibration ${file}: inputs[0]: input "x"`],
+      [
+        'a wrong shape',
+        { inputs: [{ name: 'x', datatype: 'FP32', shape: [1, -2], data: [0.5] }] },
+        (file: string) => `--calibration ${file}: inputs[0] ("x"): "shape" must be an array of sizes`,
+      ],
+      [
+        'data that does not fit its shape',
+        { inputs: [{ name: 'x', datatype: 'FP32', shape: [1, 3], data: [0.5, 1] }] },
+        (file: string) => `--calibration ${file}: inputs[0]: input "x"`,
+      ],
       ['malformed JSON', '{"inputs": [', (file: string) => `--calibration ${file} is not JSON: `],
-    ])('exits 1 before calling the gateway when the --calibration file has %s, with the message of the warm-up file reader', async (_what, content, message) => {
-      const calibration = join(dir, 'calibration.json');
-      writeFileSync(calibration, typeof content === 'string' ? content : JSON.stringify(content));
+    ])(
+      'exits 1 before calling the gateway when the --calibration file has %s, with the message of the warm-up file reader',
+      async (_what, content, message) => {
+        const calibration = join(dir, 'calibration.json');
+        writeFileSync(calibration, typeof content === 'string' ? content : JSON.stringify(content));
 
-      const run = await sut(['models', 'quantize', 'mlp', '--calibration', calibration]);
+        const run = await sut(['models', 'quantize', 'mlp', '--calibration', calibration]);
 
-      expect(run.code).toBe(1);
-      expect(run.stderr).toMatch(/^infermesh: /);
-      expect(run.stderr).toContain(message(calibration));
-      expect(run.stdout).toBe('');
-      expect(registry.calls).toEqual([]);
-    });
+        expect(run.code).toBe(1);
+        expect(run.stderr).toMatch(/^infermesh: /);
+        expect(run.stderr).toContain(message(calibration));
+        expect(run.stdout).toBe('');
+        expect(registry.calls).toEqual([]);
+      },
+    );
 
     it("exits 1 with the registry's message when it refuses the variant", async () => {
-      const refusal = 'the int8 variant of models/mlp/versions/1 is off by relative L2 0.0712 on 4 synthetic samples, above the gate 0.02; nothing was registered';
+      const refusal =
+        'the int8 variant of models/mlp/versions/1 is off by relative L2 0.0712 on 4 synthetic samples, above the gate 0.02; nothing was registered';
       registry.quantizeAnswer = () => {
         throw new RpcError(status.FAILED_PRECONDITION, refusal, { reason: 'ACCURACY_GATE' });
       };
@@ -427,7 +549,11 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
           { name: 'models/mlp/versions/2', state: VersionState.LOADING },
         ],
       });
-      registry.seed({ name: 'models/tiny', unloaded: true, versions: [{ name: 'models/tiny/versions/1', state: VersionState.REGISTERED }] });
+      registry.seed({
+        name: 'models/tiny',
+        unloaded: true,
+        versions: [{ name: 'models/tiny/versions/1', state: VersionState.REGISTERED }],
+      });
     });
 
     it('lists the models as a table', async () => {
@@ -450,7 +576,11 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
 
       expect(JSON.parse(run.stdout)).toMatchObject({
         models: [
-          { name: 'models/mlp', pinned: true, versions: [{ state: 'VERSION_STATE_READY' }, { state: 'VERSION_STATE_LOADING' }] },
+          {
+            name: 'models/mlp',
+            pinned: true,
+            versions: [{ state: 'VERSION_STATE_READY' }, { state: 'VERSION_STATE_LOADING' }],
+          },
           { name: 'models/tiny', unloaded: true },
         ],
       });
@@ -495,12 +625,20 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     it('shows the default quantization settings of a lineage that leaves them unset', async () => {
       registry.seed({
         name: 'models/mlp_int8',
-        versions: [{ name: 'models/mlp_int8/versions/1', state: VersionState.READY, lineage: { ...LINEAGE, settings: {}, quantizedNodes: [], floatNodes: [] } }],
+        versions: [
+          {
+            name: 'models/mlp_int8/versions/1',
+            state: VersionState.READY,
+            lineage: { ...LINEAGE, settings: {}, quantizedNodes: [], floatNodes: [] },
+          },
+        ],
       });
 
       const run = await sut(['models', 'show', 'mlp_int8']);
 
-      expect(run.stdout).toContain('  Method: dynamic_int8, a scale per output channel, Conv in float\n  Quantized: none\n  Accuracy: ');
+      expect(run.stdout).toContain(
+        '  Method: dynamic_int8, a scale per output channel, Conv in float\n  Quantized: none\n  Accuracy: ',
+      );
       expect(run.stdout).not.toContain('Kept in float');
     });
 
@@ -527,14 +665,23 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       ]);
       expect(unloaded).toBe(true);
       expect(registry.model('models/mlp')?.unloaded).toBe(false);
-      expect(unload).toMatchObject({ code: 0, stdout: 'mlp is unloaded: its versions drain and stop serving; `infermesh models load mlp` loads it again.\n' });
-      expect(load).toMatchObject({ code: 0, stdout: 'mlp loads the versions its policy selects (latest 1 (default)); follow them with `infermesh models show mlp`.\n' });
+      expect(unload).toMatchObject({
+        code: 0,
+        stdout: 'mlp is unloaded: its versions drain and stop serving; `infermesh models load mlp` loads it again.\n',
+      });
+      expect(load).toMatchObject({
+        code: 0,
+        stdout:
+          'mlp loads the versions its policy selects (latest 1 (default)); follow them with `infermesh models show mlp`.\n',
+      });
     });
 
     it('retires a version', async () => {
       const run = await sut(['models', 'retire', 'mlp', '--version', '1']);
 
-      expect(registry.requests<RetireModelVersionRequest>('retireModelVersion')).toMatchObject([{ name: 'models/mlp/versions/1' }]);
+      expect(registry.requests<RetireModelVersionRequest>('retireModelVersion')).toMatchObject([
+        { name: 'models/mlp/versions/1' },
+      ]);
       expect(run).toEqual({ code: 0, stderr: '', stdout: 'mlp version 1: DRAINING\n' });
     });
 
@@ -553,7 +700,9 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     ])('sets the version policy %j', async (flags, versionPolicy, text) => {
       const run = await sut(['models', 'set-policy', 'mlp', ...flags]);
 
-      expect(registry.requests<UpdateModelRequest>('updateModel')).toMatchObject([{ model: { name: 'models/mlp', versionPolicy }, updateMask: { paths: ['version_policy'] } }]);
+      expect(registry.requests<UpdateModelRequest>('updateModel')).toMatchObject([
+        { model: { name: 'models/mlp', versionPolicy }, updateMask: { paths: ['version_policy'] } },
+      ]);
       expect(run).toEqual({ code: 0, stderr: '', stdout: `mlp: version policy ${text}\n` });
     });
 
@@ -565,7 +714,11 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       const run = await sut(['models', 'set-policy', 'mlp', ...flags]);
 
       expect(run.code).toBe(2);
-      expect(run.stderr).toMatch(new RegExp(`^infermesh: ${message.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}\n\nUsage: infermesh models set-policy <name> \\[flags\\]`));
+      expect(run.stderr).toMatch(
+        new RegExp(
+          `^infermesh: ${message.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}\n\nUsage: infermesh models set-policy <name> \\[flags\\]`,
+        ),
+      );
       expect(registry.requests('updateModel')).toEqual([]);
     });
   });

@@ -8,14 +8,7 @@ import {
   type VersionPolicySchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { modelIdOf, versionIdOf } from '@infermesh/rollout';
-import {
-  command,
-  type GroupSpec,
-  parseInteger,
-  parseKeyValue,
-  parseSeconds,
-  parseVersionId,
-} from './args';
+import { command, type GroupSpec, parseInteger, parseKeyValue, parseSeconds, parseVersionId } from './args';
 import { UsageError } from './cli-errors';
 import type { CommandContext, CommandHandler } from './command-context';
 import { GATEWAY_FLAGS } from './gateway-flags';
@@ -70,7 +63,10 @@ async function show(ctx: CommandContext): Promise<void> {
 async function setUnloaded(ctx: CommandContext, unloaded: boolean): Promise<void> {
   const name = ctx.args.positionals[0]!;
   const session = ctx.gateway();
-  const { model } = await session.registry.updateModel({ model: { name: `models/${name}`, unloaded }, updateMask: { paths: ['unloaded'] } }, session.call());
+  const { model } = await session.registry.updateModel(
+    { model: { name: `models/${name}`, unloaded }, updateMask: { paths: ['unloaded'] } },
+    session.call(),
+  );
   if (model === undefined) throw new Error(`the gateway returned no model for "${name}"`);
   ctx.result(ModelSchema, model, () =>
     unloaded
@@ -83,9 +79,16 @@ async function retire(ctx: CommandContext): Promise<void> {
   const name = ctx.args.positionals[0]!;
   const versionId = parseVersionId(ctx.args.required('version'), '--version');
   const session = ctx.gateway();
-  const { version } = await session.registry.retireModelVersion({ name: `models/${name}/versions/${versionId}` }, session.call());
+  const { version } = await session.registry.retireModelVersion(
+    { name: `models/${name}/versions/${versionId}` },
+    session.call(),
+  );
   if (version === undefined) throw new Error(`the gateway returned no version for ${name} version ${versionId}`);
-  ctx.result(ModelVersionSchema, version, () => `${name} version ${versionIdOf(version.name)}: ${stateName(version.state)}\n`);
+  ctx.result(
+    ModelVersionSchema,
+    version,
+    () => `${name} version ${versionIdOf(version.name)}: ${stateName(version.state)}\n`,
+  );
 }
 
 async function remove(ctx: CommandContext): Promise<void> {
@@ -100,7 +103,11 @@ export function versionPolicyOf(ctx: CommandContext): MessageInitShape<typeof Ve
   const { args } = ctx;
   const given = ['latest', 'specific', 'all'].filter((f) => args.has(f));
   if (given.length !== 1) {
-    throw new UsageError(given.length === 0 ? 'give one of --latest <n>, --specific <ids> or --all' : `give only one of ${given.map((f) => `--${f}`).join(', ')}`);
+    throw new UsageError(
+      given.length === 0
+        ? 'give one of --latest <n>, --specific <ids> or --all'
+        : `give only one of ${given.map((f) => `--${f}`).join(', ')}`,
+    );
   }
   const latest = args.value('latest');
   if (latest !== undefined) return { policy: { case: 'latest', value: parseInteger(latest, '--latest', 1) } };
@@ -121,7 +128,11 @@ async function setPolicy(ctx: CommandContext): Promise<void> {
     session.call(),
   );
   if (model === undefined) throw new Error(`the gateway returned no model for "${name}"`);
-  ctx.result(ModelSchema, model, () => `${modelIdOf(model.name)}: version policy ${formatVersionPolicy(model.versionPolicy)}\n`);
+  ctx.result(
+    ModelSchema,
+    model,
+    () => `${modelIdOf(model.name)}: version policy ${formatVersionPolicy(model.versionPolicy)}\n`,
+  );
 }
 
 /** `infermesh models ...`: the model repository, through the gateway's admin API. */
@@ -140,7 +151,7 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
         'version is READY, 1 when it FAILED (the reason is printed) or the wait timed out.',
         '',
         'With --warmup, workers run the samples of the file before the version serves, and a sample the',
-        'model fails makes it FAILED with the model\'s message. The file is one sample',
+        "model fails makes it FAILED with the model's message. The file is one sample",
         '  {"inputs":[{"name":"audio","datatype":"FP32","shape":[1,512],"data":[0.1,...]},',
         '             {"name":"sr","datatype":"INT64","shape":[1],"data":[16000]}]}',
         'or several, {"samples":[{"name":"16 kHz","inputs":[...]},...]}; an input may give',
@@ -150,18 +161,44 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
       ].join('\n'),
       positionals: [{ name: '<file.onnx>' }],
       flags: [
-        { name: 'name', kind: 'value', placeholder: '<name>', required: true, description: 'The model the version belongs to (created when new)' },
-        { name: 'version', kind: 'value', placeholder: '<id>', description: "The version id (default: one more than the model's highest, 1 for a new model)" },
-        { name: 'max-batch-size', kind: 'value', placeholder: '<n>', description: 'Overrides the max batch size read from the model' },
-        { name: 'pin', kind: 'switch', description: 'Pin the model: workers load it ahead of requests and never evict it' },
+        {
+          name: 'name',
+          kind: 'value',
+          placeholder: '<name>',
+          required: true,
+          description: 'The model the version belongs to (created when new)',
+        },
+        {
+          name: 'version',
+          kind: 'value',
+          placeholder: '<id>',
+          description: "The version id (default: one more than the model's highest, 1 for a new model)",
+        },
+        {
+          name: 'max-batch-size',
+          kind: 'value',
+          placeholder: '<n>',
+          description: 'Overrides the max batch size read from the model',
+        },
+        {
+          name: 'pin',
+          kind: 'switch',
+          description: 'Pin the model: workers load it ahead of requests and never evict it',
+        },
         { name: 'label', kind: 'list', placeholder: '<key=value>', description: 'Add a label to the model' },
         {
           name: 'warmup',
           kind: 'value',
           placeholder: '<file.json>',
-          description: 'Warm-up samples the workers run before the version serves: JSON of named tensors as in a KServe v2 request',
+          description:
+            'Warm-up samples the workers run before the version serves: JSON of named tensors as in a KServe v2 request',
         },
-        { name: 'timeout', kind: 'value', placeholder: '<s>', description: `How long to wait for READY, in seconds (default ${DEFAULT_REGISTER_TIMEOUT_S})` },
+        {
+          name: 'timeout',
+          kind: 'value',
+          placeholder: '<s>',
+          description: `How long to wait for READY, in seconds (default ${DEFAULT_REGISTER_TIMEOUT_S})`,
+        },
       ],
       handler: register,
     }),
@@ -184,15 +221,54 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
       ].join('\n'),
       positionals: [NAME],
       flags: [
-        { name: 'version', kind: 'value', placeholder: '<id>', description: 'The version to quantize (default: the stable version, else the latest READY one)' },
-        { name: 'as', kind: 'value', placeholder: '<name>', description: 'Register the variant under this model (created when new) rather than as a new version of <name>' },
-        { name: 'new-version', kind: 'value', placeholder: '<id>', description: "The variant's version id (default: one more than the target model's highest)" },
-        { name: 'calibration', kind: 'value', placeholder: '<file.json>', description: 'Samples both run on for the accuracy gate, as a --warmup file' },
-        { name: 'max-rel-l2', kind: 'value', placeholder: '<x>', description: 'Refuse a variant whose relative L2 error is above this (default 0.02)' },
+        {
+          name: 'version',
+          kind: 'value',
+          placeholder: '<id>',
+          description: 'The version to quantize (default: the stable version, else the latest READY one)',
+        },
+        {
+          name: 'as',
+          kind: 'value',
+          placeholder: '<name>',
+          description:
+            'Register the variant under this model (created when new) rather than as a new version of <name>',
+        },
+        {
+          name: 'new-version',
+          kind: 'value',
+          placeholder: '<id>',
+          description: "The variant's version id (default: one more than the target model's highest)",
+        },
+        {
+          name: 'calibration',
+          kind: 'value',
+          placeholder: '<file.json>',
+          description: 'Samples both run on for the accuracy gate, as a --warmup file',
+        },
+        {
+          name: 'max-rel-l2',
+          kind: 'value',
+          placeholder: '<x>',
+          description: 'Refuse a variant whose relative L2 error is above this (default 0.02)',
+        },
         { name: 'per-tensor', kind: 'switch', description: 'One scale per weight rather than per output channel' },
-        { name: 'conv', kind: 'switch', description: 'Quantize Conv weights too: smaller, but slower than float on CPU' },
-        { name: 'reduce-range', kind: 'switch', description: 'Weights in 7 bits, for workers on x86 CPUs with AVX2 but not VNNI' },
-        { name: 'timeout', kind: 'value', placeholder: '<s>', description: `How long to wait for the derivation and READY, in seconds (default ${DEFAULT_QUANTIZE_TIMEOUT_S})` },
+        {
+          name: 'conv',
+          kind: 'switch',
+          description: 'Quantize Conv weights too: smaller, but slower than float on CPU',
+        },
+        {
+          name: 'reduce-range',
+          kind: 'switch',
+          description: 'Weights in 7 bits, for workers on x86 CPUs with AVX2 but not VNNI',
+        },
+        {
+          name: 'timeout',
+          kind: 'value',
+          placeholder: '<s>',
+          description: `How long to wait for the derivation and READY, in seconds (default ${DEFAULT_QUANTIZE_TIMEOUT_S})`,
+        },
       ],
       handler: quantize,
     }),
@@ -205,7 +281,7 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
     }),
     command<CommandHandler>({
       name: 'show',
-      summary: "Show a model: versions and states, signatures, batching, processing, rollout, cache, labels",
+      summary: 'Show a model: versions and states, signatures, batching, processing, rollout, cache, labels',
       positionals: [NAME],
       flags: [],
       handler: show,
@@ -228,7 +304,9 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
       name: 'retire',
       summary: 'Retire a version: it drains and is unloaded for good (refused while it takes traffic)',
       positionals: [NAME],
-      flags: [{ name: 'version', kind: 'value', placeholder: '<id>', required: true, description: 'The version to retire' }],
+      flags: [
+        { name: 'version', kind: 'value', placeholder: '<id>', required: true, description: 'The version to retire' },
+      ],
       handler: retire,
     }),
     command<CommandHandler>({
@@ -244,8 +322,18 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
       details: 'Exactly one of --latest, --specific or --all. Versions that leave the policy drain, then retire.',
       positionals: [NAME],
       flags: [
-        { name: 'latest', kind: 'value', placeholder: '<n>', description: 'The n highest READY versions (plus any newer one still loading)' },
-        { name: 'specific', kind: 'value', placeholder: '<ids>', description: 'Exactly these versions, comma-separated: 1,2' },
+        {
+          name: 'latest',
+          kind: 'value',
+          placeholder: '<n>',
+          description: 'The n highest READY versions (plus any newer one still loading)',
+        },
+        {
+          name: 'specific',
+          kind: 'value',
+          placeholder: '<ids>',
+          description: 'Exactly these versions, comma-separated: 1,2',
+        },
         { name: 'all', kind: 'switch', description: 'Every version' },
       ],
       handler: setPolicy,

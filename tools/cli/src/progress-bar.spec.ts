@@ -6,13 +6,16 @@ const MiB = 1024 * 1024;
 function fixture(mode: ProgressMode, totalBytes = 8 * MiB) {
   const written: string[] = [];
   let nowMs = 0;
-  const sut = new ProgressBar({ write: (text: string) => written.push(text), isTTY: mode === 'bar' }, {
-    label: 'Uploading m.onnx',
-    totalBytes,
-    mode,
-    now: () => nowMs,
-    width: 10,
-  });
+  const sut = new ProgressBar(
+    { write: (text: string) => written.push(text), isTTY: mode === 'bar' },
+    {
+      label: 'Uploading m.onnx',
+      totalBytes,
+      mode,
+      now: () => nowMs,
+      width: 10,
+    },
+  );
   return { sut, written, advance: (ms: number) => (nowMs += ms) };
 }
 
@@ -41,7 +44,10 @@ describe(ProgressBar.name, () => {
     sut.update(3 * MiB);
     sut.finish();
 
-    expect(written).toEqual(['Uploading m.onnx: 25% (3.0 MiB of 8.0 MiB, 3.0 MiB/s)\n', 'Uploading m.onnx: 38% (3.0 MiB of 8.0 MiB, 3.0 MiB/s)\n']);
+    expect(written).toEqual([
+      'Uploading m.onnx: 25% (3.0 MiB of 8.0 MiB, 3.0 MiB/s)\n',
+      'Uploading m.onnx: 38% (3.0 MiB of 8.0 MiB, 3.0 MiB/s)\n',
+    ]);
   });
 
   it('redraws one line in place on a terminal, at most every 100 ms until the end, and ends the line when done', () => {

@@ -67,7 +67,8 @@ export class ProgressBar {
     if (this.finished) return;
     this.finished = true;
     if (this.options.mode === 'bar') this.sink.write(`\r${this.barLine()}\x1b[K\n`);
-    else if (this.options.mode === 'lines' && this.quartersShown < 4) this.sink.write(`${this.options.label}: ${Math.round(this.fraction() * 100)}% ${this.amounts()}\n`);
+    else if (this.options.mode === 'lines' && this.quartersShown < 4)
+      this.sink.write(`${this.options.label}: ${Math.round(this.fraction() * 100)}% ${this.amounts()}\n`);
   }
 
   private fraction(): number {

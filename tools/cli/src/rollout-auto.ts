@@ -1,9 +1,23 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
-import { type AutoRolloutAnalysis, AutoRolloutAnalysisSchema, AutoRolloutPhase, type Model, ModelSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type AutoRolloutAnalysis,
+  AutoRolloutAnalysisSchema,
+  AutoRolloutPhase,
+  type Model,
+  ModelSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { checkAnalysis, modelIdOf } from '@infermesh/rollout';
-import { type FlagSpec, type ParsedArgs, parseDuration, parseFraction, parseInteger, parsePositive, parseVersionId } from './args';
+import {
+  type FlagSpec,
+  type ParsedArgs,
+  parseDuration,
+  parseFraction,
+  parseInteger,
+  parsePositive,
+  parseVersionId,
+} from './args';
 import { CommandFailure, UsageError } from './cli-errors';
 import type { CommandContext } from './command-context';
 import type { GatewaySession } from './gateway-session';
@@ -30,36 +44,88 @@ const D = AUTO_ROLLOUT_DEFAULTS;
 /** The flags of `rollout auto`. */
 export const AUTO_ROLLOUT_FLAGS: readonly FlagSpec[] = [
   { name: 'version', kind: 'value', placeholder: '<id>', description: 'The READY version to roll out as the canary' },
-  { name: 'steps', kind: 'value', placeholder: '<p,p,...>', description: `The canary's percents, increasing, the last 100 (default ${D.steps.join(',')})` },
-  { name: 'interval', kind: 'value', placeholder: '<duration>', description: `The least time each step lasts: 30s, 1m, 500ms (default ${formatDuration(D.intervalMs)})` },
-  { name: 'min-requests', kind: 'value', placeholder: '<n>', description: `Requests the canary serves in a step before its gates are checked (default ${D.minRequests})` },
+  {
+    name: 'steps',
+    kind: 'value',
+    placeholder: '<p,p,...>',
+    description: `The canary's percents, increasing, the last 100 (default ${D.steps.join(',')})`,
+  },
+  {
+    name: 'interval',
+    kind: 'value',
+    placeholder: '<duration>',
+    description: `The least time each step lasts: 30s, 1m, 500ms (default ${formatDuration(D.intervalMs)})`,
+  },
+  {
+    name: 'min-requests',
+    kind: 'value',
+    placeholder: '<n>',
+    description: `Requests the canary serves in a step before its gates are checked (default ${D.minRequests})`,
+  },
   {
     name: 'max-error-rate-increase',
     kind: 'value',
     placeholder: '<x>',
     description: `The most the canary's error rate (a fraction) may exceed the stable version's (default ${D.maxErrorRateIncrease})`,
   },
-  { name: 'max-p99-ratio', kind: 'value', placeholder: '<x>', description: `The most the canary's p99 latency may be, as a multiple of the stable version's (default ${D.maxP99Ratio})` },
+  {
+    name: 'max-p99-ratio',
+    kind: 'value',
+    placeholder: '<x>',
+    description: `The most the canary's p99 latency may be, as a multiple of the stable version's (default ${D.maxP99Ratio})`,
+  },
   {
     name: 'min-agreement',
     kind: 'value',
     placeholder: '<x>',
     description: `The least share of shadow-compared items the canary must agree on, in steps that compared any (default ${D.minAgreement})`,
   },
-  { name: 'max-burn-rate', kind: 'value', placeholder: '<x>', description: "The most the canary may burn its error budget: its error rate over (1 - objective/100) (default: no such gate)" },
-  { name: 'objective', kind: 'value', placeholder: '<percent>', description: `The availability objective --max-burn-rate is measured against (default ${D.objective})` },
-  { name: 'resume', kind: 'switch', description: "Resume the model's paused automatic rollout at its step, with its own analysis" },
-  { name: 'wait', kind: 'switch', description: 'Follow the rollout, a line per decision, until it is promoted (exit 0), rolled back or aborted (exit 1)' },
+  {
+    name: 'max-burn-rate',
+    kind: 'value',
+    placeholder: '<x>',
+    description:
+      'The most the canary may burn its error budget: its error rate over (1 - objective/100) (default: no such gate)',
+  },
+  {
+    name: 'objective',
+    kind: 'value',
+    placeholder: '<percent>',
+    description: `The availability objective --max-burn-rate is measured against (default ${D.objective})`,
+  },
+  {
+    name: 'resume',
+    kind: 'switch',
+    description: "Resume the model's paused automatic rollout at its step, with its own analysis",
+  },
+  {
+    name: 'wait',
+    kind: 'switch',
+    description:
+      'Follow the rollout, a line per decision, until it is promoted (exit 0), rolled back or aborted (exit 1)',
+  },
 ];
 
-const ANALYSIS_FLAGS = ['steps', 'interval', 'min-requests', 'max-error-rate-increase', 'max-p99-ratio', 'min-agreement', 'max-burn-rate', 'objective'];
+const ANALYSIS_FLAGS = [
+  'steps',
+  'interval',
+  'min-requests',
+  'max-error-rate-increase',
+  'max-p99-ratio',
+  'min-agreement',
+  'max-burn-rate',
+  'objective',
+];
 
 /** "5,10,25,50,100": numbers, each an optional "%" after it (checkAnalysis then says whether they make steps). */
 function parseSteps(value: string): number[] {
   return value.split(',').map((part) => {
     const text = part.trim().replace(/%$/, '');
     const n = Number(text);
-    if (text === '' || !Number.isFinite(n)) throw new UsageError(`--steps must be percents separated by commas, such as ${D.steps.join(',')}, got "${value}"`);
+    if (text === '' || !Number.isFinite(n))
+      throw new UsageError(
+        `--steps must be percents separated by commas, such as ${D.steps.join(',')}, got "${value}"`,
+      );
     return n;
   });
 }
@@ -69,14 +135,31 @@ export function analysisFromFlags(args: ParsedArgs): AutoRolloutAnalysis {
   const value = (flag: string) => args.value(flag);
   const maxBurnRate = value('max-burn-rate');
   const objective = value('objective');
-  if (objective !== undefined && maxBurnRate === undefined) throw new UsageError('--objective applies only with --max-burn-rate, the gate it is measured for');
+  if (objective !== undefined && maxBurnRate === undefined)
+    throw new UsageError('--objective applies only with --max-burn-rate, the gate it is measured for');
   const analysis = create(AutoRolloutAnalysisSchema, {
     steps: value('steps') === undefined ? [...D.steps] : parseSteps(value('steps')!),
-    intervalMs: BigInt(value('interval') === undefined ? D.intervalMs : parseDuration(value('interval')!, '--interval')),
-    minRequests: BigInt(value('min-requests') === undefined ? D.minRequests : parseInteger(value('min-requests')!, '--min-requests', 1)),
-    maxErrorRateIncrease: parseFraction(value('max-error-rate-increase') ?? String(D.maxErrorRateIncrease), '--max-error-rate-increase', String(D.maxErrorRateIncrease)),
-    maxP99Ratio: parsePositive(value('max-p99-ratio') ?? String(D.maxP99Ratio), '--max-p99-ratio', String(D.maxP99Ratio)),
-    minAgreement: parseFraction(value('min-agreement') ?? String(D.minAgreement), '--min-agreement', String(D.minAgreement)),
+    intervalMs: BigInt(
+      value('interval') === undefined ? D.intervalMs : parseDuration(value('interval')!, '--interval'),
+    ),
+    minRequests: BigInt(
+      value('min-requests') === undefined ? D.minRequests : parseInteger(value('min-requests')!, '--min-requests', 1),
+    ),
+    maxErrorRateIncrease: parseFraction(
+      value('max-error-rate-increase') ?? String(D.maxErrorRateIncrease),
+      '--max-error-rate-increase',
+      String(D.maxErrorRateIncrease),
+    ),
+    maxP99Ratio: parsePositive(
+      value('max-p99-ratio') ?? String(D.maxP99Ratio),
+      '--max-p99-ratio',
+      String(D.maxP99Ratio),
+    ),
+    minAgreement: parseFraction(
+      value('min-agreement') ?? String(D.minAgreement),
+      '--min-agreement',
+      String(D.minAgreement),
+    ),
   });
   if (maxBurnRate !== undefined) {
     analysis.maxBurnRate = parsePositive(maxBurnRate, '--max-burn-rate', '2');
@@ -100,12 +183,20 @@ export async function autoRollout(ctx: CommandContext): Promise<void> {
   let request: Parameters<GatewaySession['registry']['startAutoRollout']>[0];
   if (args.switch('resume')) {
     const given = ['version', ...ANALYSIS_FLAGS].filter((flag) => args.has(flag));
-    if (given.length > 0) throw new UsageError(`--resume takes no --${given[0]}: the paused rollout goes on with its own version and analysis`);
+    if (given.length > 0)
+      throw new UsageError(
+        `--resume takes no --${given[0]}: the paused rollout goes on with its own version and analysis`,
+      );
     request = { model: `models/${name}`, resume: true };
   } else {
     const version = args.value('version');
-    if (version === undefined) throw new UsageError('give --version <id> to start an automatic rollout, or --resume to resume a paused one');
-    request = { model: `models/${name}`, version: parseVersionId(version, '--version'), analysis: analysisFromFlags(args) };
+    if (version === undefined)
+      throw new UsageError('give --version <id> to start an automatic rollout, or --resume to resume a paused one');
+    request = {
+      model: `models/${name}`,
+      version: parseVersionId(version, '--version'),
+      analysis: analysisFromFlags(args),
+    };
   }
   const session = ctx.gateway();
   const { model } = await session.registry.startAutoRollout(request, session.call());
@@ -118,8 +209,12 @@ export async function autoRollout(ctx: CommandContext): Promise<void> {
   ctx.result(ModelSchema, last, () => formatFullRollout(last, Date.now()));
   const rollout = last.autoRollout!;
   const label = `${modelIdOf(last.name)} version ${rollout.canaryVersion}`;
-  if (rollout.phase === AutoRolloutPhase.ROLLED_BACK) throw new CommandFailure(`${label} was rolled back: ${rollout.reason || 'the registry gives no reason'}`);
-  if (rollout.phase === AutoRolloutPhase.ABORTED) throw new CommandFailure(`the automatic rollout of ${label} was aborted: ${rollout.reason || 'the registry gives no reason'}`);
+  if (rollout.phase === AutoRolloutPhase.ROLLED_BACK)
+    throw new CommandFailure(`${label} was rolled back: ${rollout.reason || 'the registry gives no reason'}`);
+  if (rollout.phase === AutoRolloutPhase.ABORTED)
+    throw new CommandFailure(
+      `the automatic rollout of ${label} was aborted: ${rollout.reason || 'the registry gives no reason'}`,
+    );
 }
 
 /**
@@ -144,11 +239,15 @@ async function follow(ctx: CommandContext, session: GatewaySession, first: Model
     const modelId = modelIdOf(model.name);
     if (rollout?.id !== id) {
       const other = rollout === undefined ? '' : ` (of version ${rollout.canaryVersion})`;
-      throw new CommandFailure(`the automatic rollout of ${modelId} was replaced by another${other}: follow it with \`infermesh rollout show ${modelId}\``);
+      throw new CommandFailure(
+        `the automatic rollout of ${modelId} was replaced by another${other}: follow it with \`infermesh rollout show ${modelId}\``,
+      );
     }
     if (isFinished(rollout.phase)) return model;
     if (rollout.phase === AutoRolloutPhase.PAUSED && !pausedNoted) {
-      ctx.note(`The rollout is ${phaseName(rollout.phase)}; waiting until it is resumed (\`infermesh rollout auto ${modelId} --resume\`).\n`);
+      ctx.note(
+        `The rollout is ${phaseName(rollout.phase)}; waiting until it is resumed (\`infermesh rollout auto ${modelId} --resume\`).\n`,
+      );
     }
     pausedNoted = rollout.phase === AutoRolloutPhase.PAUSED;
     await new Promise((resolve) => setTimeout(resolve, POLL_INTERVAL_MS));
@@ -164,7 +263,8 @@ async function poll(ctx: CommandContext, session: GatewaySession, name: string):
       if (model === undefined) throw new Error(`the gateway returned no model for ${name}`);
       return model;
     } catch (error) {
-      if (!(error instanceof RpcError) || error.code !== status.UNAVAILABLE || failures + 1 >= MAX_UNREACHABLE_POLLS) throw error;
+      if (!(error instanceof RpcError) || error.code !== status.UNAVAILABLE || failures + 1 >= MAX_UNREACHABLE_POLLS)
+        throw error;
       if (failures === 0) ctx.note(`Cannot read ${name} (${error.message}); retrying every second.\n`);
       await new Promise((resolve) => setTimeout(resolve, POLL_INTERVAL_MS));
     }

@@ -19,7 +19,8 @@ import { type FakeRegistry, type RunningFakeRegistry, startFakeRegistry } from '
 
 const API_KEY = 'admin-key-0123456789abcdef';
 
-const versions = (...states: VersionState[]) => states.map((state, i) => ({ name: `models/mlp/versions/${i + 1}`, state }));
+const versions = (...states: VersionState[]) =>
+  states.map((state, i) => ({ name: `models/mlp/versions/${i + 1}`, state }));
 
 describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
   let running: RunningFakeRegistry;
@@ -34,7 +35,8 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
     await running.stop();
   });
 
-  const sut = (...argv: string[]) => runCapturing(['rollout', ...argv], { INFERMESH_GATEWAY: running.address, INFERMESH_API_KEY: API_KEY });
+  const sut = (...argv: string[]) =>
+    runCapturing(['rollout', ...argv], { INFERMESH_GATEWAY: running.address, INFERMESH_API_KEY: API_KEY });
   const seed = (states: VersionState[], rollout?: MessageInitShape<typeof RolloutPolicySchema>) =>
     registry.seed({ name: 'models/mlp', versions: versions(...states), ...(rollout !== undefined && { rollout }) });
   const policiesSet = () => registry.requests<SetRolloutPolicyRequest>('setRolloutPolicy');
@@ -46,7 +48,12 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
       const run = await sut('stable', 'mlp', '--version', '2');
 
       expect(run.code).toBe(0);
-      expect(policiesSet()).toMatchObject([{ model: 'models/mlp', policy: { stableVersion: '2', shadow: { version: '1', percent: 5 }, fallbackModel: 'tiny' } }]);
+      expect(policiesSet()).toMatchObject([
+        {
+          model: 'models/mlp',
+          policy: { stableVersion: '2', shadow: { version: '1', percent: 5 }, fallbackModel: 'tiny' },
+        },
+      ]);
     });
 
     it('refuses a malformed version with exit 2 and calls nothing', async () => {
@@ -65,7 +72,9 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
 
       const run = await sut('canary', 'mlp', '--version', '3', '--percent', '10');
 
-      expect(policiesSet()).toMatchObject([{ model: 'models/mlp', policy: { stableVersion: '2', canary: { version: '3', percent: 10 }, variants: [] } }]);
+      expect(policiesSet()).toMatchObject([
+        { model: 'models/mlp', policy: { stableVersion: '2', canary: { version: '3', percent: 10 }, variants: [] } },
+      ]);
       expect(run).toEqual({
         code: 0,
         stderr: '',
@@ -119,7 +128,9 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
       const run = await sut('canary', 'mlp', '--version', '1', '--percent', '150');
 
       expect(run.code).toBe(2);
-      expect(run.stderr).toMatch(/^infermesh: --percent must be a percent from 0 to 100, got "150"\n\nUsage: infermesh rollout canary <name> --version <id> --percent <p> \[flags\]/);
+      expect(run.stderr).toMatch(
+        /^infermesh: --percent must be a percent from 0 to 100, got "150"\n\nUsage: infermesh rollout canary <name> --version <id> --percent <p> \[flags\]/,
+      );
       expect(registry.calls).toEqual([]);
     });
   });
@@ -142,7 +153,9 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
           },
         },
       ]);
-      expect(run.stdout).toBe('Rollout of mlp:\n  stable    1 (READY)\n  variants  2: 30% of routing keys (READY)\n            3: 20% of routing keys (READY)\n');
+      expect(run.stdout).toBe(
+        'Rollout of mlp:\n  stable    1 (READY)\n  variants  2: 30% of routing keys (READY)\n            3: 20% of routing keys (READY)\n',
+      );
     });
 
     it('refuses a version named twice', async () => {
@@ -160,7 +173,10 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
       await sut('shadow', 'mlp', '--version', '2', '--percent', '5');
       await sut('shadow', 'mlp', '--off');
 
-      expect(policiesSet()).toMatchObject([{ policy: { stableVersion: '1', shadow: { version: '2', percent: 5 } } }, { policy: { stableVersion: '1' } }]);
+      expect(policiesSet()).toMatchObject([
+        { policy: { stableVersion: '1', shadow: { version: '2', percent: 5 } } },
+        { policy: { stableVersion: '1' } },
+      ]);
       expect(policiesSet()[1]?.policy?.shadow).toBeUndefined();
     });
 
@@ -170,7 +186,10 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
       const set = await sut('fallback', 'mlp', '--model', 'tiny');
       await sut('fallback', 'mlp', '--off');
 
-      expect(policiesSet()).toMatchObject([{ policy: { stableVersion: '', fallbackModel: 'tiny' } }, { policy: { fallbackModel: '' } }]);
+      expect(policiesSet()).toMatchObject([
+        { policy: { stableVersion: '', fallbackModel: 'tiny' } },
+        { policy: { fallbackModel: '' } },
+      ]);
       expect(set.stdout).toContain('  fallback  model tiny\n');
     });
 
@@ -215,7 +234,9 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
     it('rolls back', async () => {
       const run = await sut('rollback', 'mlp', '--json');
 
-      expect(registry.requests<UpdateRolloutRequest>('updateRollout')).toMatchObject([{ model: 'models/mlp', action: { case: 'rollback', value: true } }]);
+      expect(registry.requests<UpdateRolloutRequest>('updateRollout')).toMatchObject([
+        { model: 'models/mlp', action: { case: 'rollback', value: true } },
+      ]);
       expect(JSON.parse(run.stdout)).toMatchObject({ name: 'models/mlp' });
     });
 
@@ -223,7 +244,9 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
       const run = await sut('weights', 'mlp');
 
       expect(run.code).toBe(2);
-      expect(run.stderr).toMatch(/^infermesh: missing <id>=<p>\n\nUsage: infermesh rollout weights <name> <id>=<p>\.\.\. \[flags\]/);
+      expect(run.stderr).toMatch(
+        /^infermesh: missing <id>=<p>\n\nUsage: infermesh rollout weights <name> <id>=<p>\.\.\. \[flags\]/,
+      );
     });
   });
 
@@ -233,7 +256,11 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
 
       const run = await sut('show', 'mlp');
 
-      expect(run).toEqual({ code: 0, stderr: '', stdout: 'Rollout of mlp:\n  stable  1 (READY)\n  canary  2: 25% of requests (LOADING)\n' });
+      expect(run).toEqual({
+        code: 0,
+        stderr: '',
+        stdout: 'Rollout of mlp:\n  stable  1 (READY)\n  canary  2: 25% of requests (LOADING)\n',
+      });
     });
 
     it("passes the gateway's refusal on with exit 1", async () => {
@@ -247,7 +274,12 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
     const at = (iso: string) => timestampFromDate(new Date(iso));
     const started = () => registry.requests<StartAutoRolloutRequest>('startAutoRollout');
     /** Version 1 stable and READY, version 2 READY: the canary to be. */
-    const seedTwo = () => registry.seed({ name: 'models/mlp', versions: versions(VersionState.READY, VersionState.READY), rollout: { stableVersion: '1' } });
+    const seedTwo = () =>
+      registry.seed({
+        name: 'models/mlp',
+        versions: versions(VersionState.READY, VersionState.READY),
+        rollout: { stableVersion: '1' },
+      });
     /** The figures of a step in which the canary did worse than the stable version on p99. */
     const slowCanary: MessageInitShape<typeof StepFiguresSchema> = {
       canary: { version: '2', requests: 412n, errors: 1n, errorRate: 1 / 412, p99Ms: 68.4 },
@@ -270,47 +302,123 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
           model: 'models/mlp',
           version: '2',
           resume: false,
-          analysis: { steps: [5, 10, 25, 50, 100], intervalMs: 60_000n, minRequests: 200n, maxErrorRateIncrease: 0.005, maxP99Ratio: 1.2, minAgreement: 0.99, objective: 0 },
+          analysis: {
+            steps: [5, 10, 25, 50, 100],
+            intervalMs: 60_000n,
+            minRequests: 200n,
+            maxErrorRateIncrease: 0.005,
+            maxP99Ratio: 1.2,
+            minAgreement: 0.99,
+            objective: 0,
+          },
         });
         expect(started()[0]!.analysis!.maxBurnRate).toBeUndefined();
         expect(run.code).toBe(0);
-        expect(run.stdout).toMatch(/^Rollout of mlp:\n  stable  1 \(READY\)\n  canary  2: 5% of requests \(READY\)\n\nAutomatic rollout of mlp version 2 against stable 1: PROGRESSING\n/);
-        expect(run.stdout).toMatch(/\n  step     1\/5 at 5%, for \d+\.\d s\n  reason   waiting for 200 canary requests\n/);
+        expect(run.stdout).toMatch(
+          /^Rollout of mlp:\n  stable  1 \(READY\)\n  canary  2: 5% of requests \(READY\)\n\nAutomatic rollout of mlp version 2 against stable 1: PROGRESSING\n/,
+        );
+        expect(run.stdout).toMatch(
+          /\n  step     1\/5 at 5%, for \d+\.\d s\n  reason   waiting for 200 canary requests\n/,
+        );
         expect(run.stdout).toContain('\n  steps    5, 10, 25, 50, 100%, each at least 1m and 200 canary requests\n');
-        expect(run.stdout).toContain("\n  gates    error rate at most 0.005 above the stable's; p99 at most 1.2× the stable's; shadow agreement at least 0.99\n");
+        expect(run.stdout).toContain(
+          "\n  gates    error rate at most 0.005 above the stable's; p99 at most 1.2× the stable's; shadow agreement at least 0.99\n",
+        );
       });
 
       it('sends the analysis its flags give', async () => {
         seedTwo();
 
-        const flags = ['--steps', '10, 50%,100', '--interval', '30s', '--min-requests', '50', '--max-error-rate-increase', '0.01', '--max-p99-ratio', '1.5'];
-        const run = await sut('auto', 'mlp', '--version', '2', ...flags, '--min-agreement', '0.95', '--max-burn-rate', '2', '--objective', '99.9');
+        const flags = [
+          '--steps',
+          '10, 50%,100',
+          '--interval',
+          '30s',
+          '--min-requests',
+          '50',
+          '--max-error-rate-increase',
+          '0.01',
+          '--max-p99-ratio',
+          '1.5',
+        ];
+        const run = await sut(
+          'auto',
+          'mlp',
+          '--version',
+          '2',
+          ...flags,
+          '--min-agreement',
+          '0.95',
+          '--max-burn-rate',
+          '2',
+          '--objective',
+          '99.9',
+        );
         await sut('auto', 'mlp', '--version', '2', '--interval', '500ms', '--max-burn-rate', '1');
 
         expect(run.code).toBe(0);
         expect(started().map((r) => r.analysis)).toMatchObject([
-          { steps: [10, 50, 100], intervalMs: 30_000n, minRequests: 50n, maxErrorRateIncrease: 0.01, maxP99Ratio: 1.5, minAgreement: 0.95, maxBurnRate: 2, objective: 99.9 },
+          {
+            steps: [10, 50, 100],
+            intervalMs: 30_000n,
+            minRequests: 50n,
+            maxErrorRateIncrease: 0.01,
+            maxP99Ratio: 1.5,
+            minAgreement: 0.95,
+            maxBurnRate: 2,
+            objective: 99.9,
+          },
           { intervalMs: 500n, maxBurnRate: 1, objective: 99.5 },
         ]);
       });
 
       it.each([
-        [['--version', '2', '--steps', '5,10,50'], 'auto rollout: the last step is 50; it must be 100 (the canary then takes every request before it is promoted)'],
+        [
+          ['--version', '2', '--steps', '5,10,50'],
+          'auto rollout: the last step is 50; it must be 100 (the canary then takes every request before it is promoted)',
+        ],
         [['--version', '2', '--steps', '10,5,100'], 'auto rollout: steps must increase: steps[1] is 5 after 10'],
-        [['--version', '2', '--steps', '0,100'], 'auto rollout: steps[0] is 0; each step is a percent above 0, at most 100'],
-        [['--version', '2', '--interval', '60'], '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "60"'],
-        [['--version', '2', '--interval', 'soon'], '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "soon"'],
+        [
+          ['--version', '2', '--steps', '0,100'],
+          'auto rollout: steps[0] is 0; each step is a percent above 0, at most 100',
+        ],
+        [
+          ['--version', '2', '--interval', '60'],
+          '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "60"',
+        ],
+        [
+          ['--version', '2', '--interval', 'soon'],
+          '--interval must be a duration with its unit, such as 30s, 1m or 500ms, got "soon"',
+        ],
         [['--version', '2', '--min-requests', '0'], '--min-requests must be an integer of at least 1, got "0"'],
-        [['--version', '2', '--max-error-rate-increase', '2'], '--max-error-rate-increase must be a fraction from 0 to 1, such as 0.005, got "2"'],
+        [
+          ['--version', '2', '--max-error-rate-increase', '2'],
+          '--max-error-rate-increase must be a fraction from 0 to 1, such as 0.005, got "2"',
+        ],
         [['--version', '2', '--max-p99-ratio', '0'], '--max-p99-ratio must be a number above 0, such as 1.2, got "0"'],
-        [['--version', '2', '--min-agreement', '1.1'], '--min-agreement must be a fraction from 0 to 1, such as 0.99, got "1.1"'],
+        [
+          ['--version', '2', '--min-agreement', '1.1'],
+          '--min-agreement must be a fraction from 0 to 1, such as 0.99, got "1.1"',
+        ],
         [['--version', '2', '--max-burn-rate', 'x'], '--max-burn-rate must be a number above 0, such as 2, got "x"'],
-        [['--version', '2', '--max-burn-rate', '2', '--objective', '100'], 'auto rollout: objective is 100; max_burn_rate needs the availability objective it burns, a percent above 0 and below 100'],
-        [['--version', '2', '--objective', '99'], '--objective applies only with --max-burn-rate, the gate it is measured for'],
+        [
+          ['--version', '2', '--max-burn-rate', '2', '--objective', '100'],
+          'auto rollout: objective is 100; max_burn_rate needs the availability objective it burns, a percent above 0 and below 100',
+        ],
+        [
+          ['--version', '2', '--objective', '99'],
+          '--objective applies only with --max-burn-rate, the gate it is measured for',
+        ],
         [['--version', 'two'], '--version must be a positive integer version id, got "two"'],
         [[], 'give --version <id> to start an automatic rollout, or --resume to resume a paused one'],
-        [['--resume', '--version', '2'], '--resume takes no --version: the paused rollout goes on with its own version and analysis'],
-        [['--resume', '--interval', '1m'], '--resume takes no --interval: the paused rollout goes on with its own version and analysis'],
+        [
+          ['--resume', '--version', '2'],
+          '--resume takes no --version: the paused rollout goes on with its own version and analysis',
+        ],
+        [
+          ['--resume', '--interval', '1m'],
+          '--resume takes no --interval: the paused rollout goes on with its own version and analysis',
+        ],
       ])('refuses %j with exit 2 naming the flag, and calls nothing', async (argv, message) => {
         const run = await sut('auto', 'mlp', ...argv);
 
@@ -338,7 +446,11 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
 
         const run = await sut('auto', 'mlp', '--version', '2');
 
-        expect(run).toEqual({ code: 1, stdout: '', stderr: 'infermesh: version 2 of model "mlp" is not READY (FAILED_PRECONDITION)\n' });
+        expect(run).toEqual({
+          code: 1,
+          stdout: '',
+          stderr: 'infermesh: version 2 of model "mlp" is not READY (FAILED_PRECONDITION)\n',
+        });
       });
 
       describe('--wait', () => {
@@ -346,8 +458,15 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
           seedTwo();
           registry.beforeGetModel = (r) => {
             r.beforeGetModel = undefined;
-            r.decide('models/mlp', RolloutDecision.ADVANCED, { reason: 'step 1 passed', atMs: Date.parse('2025-03-01T10:01:00Z'), figures: { ...slowCanary, gates: [] } });
-            r.decide('models/mlp', RolloutDecision.PROMOTED, { reason: 'every step passed', atMs: Date.parse('2025-03-01T10:02:00Z') });
+            r.decide('models/mlp', RolloutDecision.ADVANCED, {
+              reason: 'step 1 passed',
+              atMs: Date.parse('2025-03-01T10:01:00Z'),
+              figures: { ...slowCanary, gates: [] },
+            });
+            r.decide('models/mlp', RolloutDecision.PROMOTED, {
+              reason: 'every step passed',
+              atMs: Date.parse('2025-03-01T10:02:00Z'),
+            });
           };
 
           const run = await sut('auto', 'mlp', '--version', '2', '--steps', '50,100', '--wait');
@@ -360,12 +479,24 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
             '2025-03-01T10:01:00.000Z  ADVANCED  version 2, step 2/2 at 100%: step 1 passed; canary 412 req, 0.243% errors, p99 68.4 ms; stable 7803 req, 0.192% errors, p99 38 ms',
             '2025-03-01T10:02:00.000Z  PROMOTED  version 2, step 2/2 at 100%: every step passed',
           ]);
-          expect(run.stdout).toMatch(/^Rollout of mlp:\n  stable  2 \(READY\)\n\nAutomatic rollout of mlp version 2 against stable 1: PROMOTED\n/);
+          expect(run.stdout).toMatch(
+            /^Rollout of mlp:\n  stable  2 \(READY\)\n\nAutomatic rollout of mlp version 2 against stable 1: PROMOTED\n/,
+          );
         });
 
         it.each([
-          ['ROLLED_BACK', RolloutDecision.ROLLED_BACK, 'p99_ratio 1.8 is above 1.2', 'infermesh: mlp version 2 was rolled back: p99_ratio 1.8 is above 1.2'],
-          ['ABORTED', RolloutDecision.ABORTED, 'version 1 left the serving versions', 'infermesh: the automatic rollout of mlp version 2 was aborted: version 1 left the serving versions'],
+          [
+            'ROLLED_BACK',
+            RolloutDecision.ROLLED_BACK,
+            'p99_ratio 1.8 is above 1.2',
+            'infermesh: mlp version 2 was rolled back: p99_ratio 1.8 is above 1.2',
+          ],
+          [
+            'ABORTED',
+            RolloutDecision.ABORTED,
+            'version 1 left the serving versions',
+            'infermesh: the automatic rollout of mlp version 2 was aborted: version 1 left the serving versions',
+          ],
         ])('exits 1 when the registry decides %s, saying why', async (name, decision, reason, message) => {
           seedTwo();
           registry.beforeGetModel = (r) => {
@@ -377,7 +508,10 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
 
           expect(run.code).toBe(1);
           const lines = run.stderr.trimEnd().split('\n');
-          expect(lines.slice(1)).toEqual([expect.stringMatching(new RegExp(`^\\S+Z  ${name}  version 2, step 1/5 at 5%: ${reason}; canary 412 req`)), message]);
+          expect(lines.slice(1)).toEqual([
+            expect.stringMatching(new RegExp(`^\\S+Z  ${name}  version 2, step 1/5 at 5%: ${reason}; canary 412 req`)),
+            message,
+          ]);
           expect(run.stdout).toContain(`Automatic rollout of mlp version 2 against stable 1: ${name}\n`);
         });
 
@@ -385,7 +519,10 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
           seedTwo();
           registry.beforeGetModel = (r) => {
             r.beforeGetModel = undefined;
-            r.decide('models/mlp', RolloutDecision.ROLLED_BACK, { reason: 'p99_ratio 1.8 is above 1.2', figures: slowCanary });
+            r.decide('models/mlp', RolloutDecision.ROLLED_BACK, {
+              reason: 'p99_ratio 1.8 is above 1.2',
+              figures: slowCanary,
+            });
           };
 
           const run = await sut('auto', 'mlp', '--version', '2', '--wait', '--json');
@@ -394,7 +531,11 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
           expect(run.stderr).toBe('infermesh: mlp version 2 was rolled back: p99_ratio 1.8 is above 1.2\n');
           expect(JSON.parse(run.stdout)).toMatchObject({
             name: 'models/mlp',
-            autoRollout: { canaryVersion: '2', phase: 'AUTO_ROLLOUT_PHASE_ROLLED_BACK', reason: 'p99_ratio 1.8 is above 1.2' },
+            autoRollout: {
+              canaryVersion: '2',
+              phase: 'AUTO_ROLLOUT_PHASE_ROLLED_BACK',
+              reason: 'p99_ratio 1.8 is above 1.2',
+            },
             rolloutHistory: [{ decision: 'ROLLOUT_DECISION_STARTED' }, { decision: 'ROLLOUT_DECISION_ROLLED_BACK' }],
           });
         });
@@ -408,7 +549,9 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
 
         const run = await sut('pause', 'mlp');
 
-        expect(registry.requests<UpdateRolloutRequest>('updateRollout')).toMatchObject([{ model: 'models/mlp', action: { case: 'pause', value: true } }]);
+        expect(registry.requests<UpdateRolloutRequest>('updateRollout')).toMatchObject([
+          { model: 'models/mlp', action: { case: 'pause', value: true } },
+        ]);
         expect(run.code).toBe(0);
         expect(run.stdout).toContain('Automatic rollout of mlp version 2 against stable 1: PAUSED\n');
         expect(run.stdout).toContain('\n  reason   paused by UpdateRollout\n');
@@ -419,12 +562,23 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
 
         const run = await sut('pause', 'mlp');
 
-        expect(run).toEqual({ code: 1, stdout: '', stderr: 'infermesh: model "mlp" has no automatic rollout in progress (FAILED_PRECONDITION)\n' });
+        expect(run).toEqual({
+          code: 1,
+          stdout: '',
+          stderr: 'infermesh: model "mlp" has no automatic rollout in progress (FAILED_PRECONDITION)\n',
+        });
       });
     });
 
     describe('show and history', () => {
-      const ANALYSIS = { steps: [5, 10, 25, 50, 100], intervalMs: 60_000n, minRequests: 200n, maxErrorRateIncrease: 0.005, maxP99Ratio: 1.2, minAgreement: 0.99 };
+      const ANALYSIS = {
+        steps: [5, 10, 25, 50, 100],
+        intervalMs: 60_000n,
+        minRequests: 200n,
+        maxErrorRateIncrease: 0.005,
+        maxP99Ratio: 1.2,
+        minAgreement: 0.99,
+      };
       const rolledBack: MessageInitShape<typeof AutoRolloutSchema> = {
         id: 'r1',
         canaryVersion: '2',
@@ -445,7 +599,15 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
         },
       };
       const HISTORY: MessageInitShape<typeof RolloutEventSchema>[] = [
-        { time: at('2025-03-01T10:00:00Z'), rolloutId: 'r1', version: '2', decision: RolloutDecision.STARTED, step: 0, percent: 5, reason: 'started by StartAutoRollout' },
+        {
+          time: at('2025-03-01T10:00:00Z'),
+          rolloutId: 'r1',
+          version: '2',
+          decision: RolloutDecision.STARTED,
+          step: 0,
+          percent: 5,
+          reason: 'started by StartAutoRollout',
+        },
         {
           time: at('2025-03-01T10:01:05Z'),
           rolloutId: 'r1',
@@ -459,11 +621,25 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
             stable: { version: '1', requests: 4350n, errors: 9n, errorRate: 9 / 4350, p99Ms: 37.5 },
           },
         },
-        { time: at('2025-03-01T10:01:14.500Z'), rolloutId: 'r1', version: '2', decision: RolloutDecision.ROLLED_BACK, step: 1, percent: 0, reason: 'p99_ratio 1.8 is above 1.2', figures: slowCanary },
+        {
+          time: at('2025-03-01T10:01:14.500Z'),
+          rolloutId: 'r1',
+          version: '2',
+          decision: RolloutDecision.ROLLED_BACK,
+          step: 1,
+          percent: 0,
+          reason: 'p99_ratio 1.8 is above 1.2',
+          figures: slowCanary,
+        },
       ];
 
       it('shows the automatic rollout: phase, versions, step, time in step, reason, figures and each gate', async () => {
-        registry.seed({ name: 'models/mlp', versions: versions(VersionState.READY, VersionState.READY), rollout: { stableVersion: '1' }, autoRollout: rolledBack });
+        registry.seed({
+          name: 'models/mlp',
+          versions: versions(VersionState.READY, VersionState.READY),
+          rollout: { stableVersion: '1' },
+          autoRollout: rolledBack,
+        });
 
         const run = await sut('show', 'mlp');
 
@@ -495,7 +671,12 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
       });
 
       it('lists the decisions oldest first with their figures, and the whole model with --json', async () => {
-        registry.seed({ name: 'models/mlp', versions: versions(VersionState.READY, VersionState.READY), autoRollout: rolledBack, rolloutHistory: HISTORY });
+        registry.seed({
+          name: 'models/mlp',
+          versions: versions(VersionState.READY, VersionState.READY),
+          autoRollout: rolledBack,
+          rolloutHistory: HISTORY,
+        });
 
         const run = await sut('history', 'mlp');
         const json = await sut('history', 'mlp', '--json');
@@ -511,7 +692,13 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
             '',
           ].join('\n'),
         });
-        expect(JSON.parse(json.stdout)).toMatchObject({ rolloutHistory: [{ decision: 'ROLLOUT_DECISION_STARTED' }, { decision: 'ROLLOUT_DECISION_ADVANCED' }, { decision: 'ROLLOUT_DECISION_ROLLED_BACK' }] });
+        expect(JSON.parse(json.stdout)).toMatchObject({
+          rolloutHistory: [
+            { decision: 'ROLLOUT_DECISION_STARTED' },
+            { decision: 'ROLLOUT_DECISION_ADVANCED' },
+            { decision: 'ROLLOUT_DECISION_ROLLED_BACK' },
+          ],
+        });
       });
 
       it('says so when the model never had an automatic rollout', async () => {
@@ -520,15 +707,19 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
         const history = await sut('history', 'mlp');
         const show = await sut('show', 'mlp');
 
-        expect(history.stdout).toBe('No automatic rollout of mlp yet: start one with `infermesh rollout auto mlp --version <id>`.\n');
+        expect(history.stdout).toBe(
+          'No automatic rollout of mlp yet: start one with `infermesh rollout auto mlp --version <id>`.\n',
+        );
         expect(show.stdout).toBe('Rollout of mlp:\n  stable  1 (READY)\n');
       });
     });
   });
 
   describe(keepStable.name, () => {
-    const model = (...states: VersionState[]) => create(ModelSchema, { name: 'models/mlp', versions: versions(...states) });
-    const policy = (init: MessageInitShape<typeof RolloutPolicySchema>) => create(ModelSchema, { rollout: init }).rollout!;
+    const model = (...states: VersionState[]) =>
+      create(ModelSchema, { name: 'models/mlp', versions: versions(...states) });
+    const policy = (init: MessageInitShape<typeof RolloutPolicySchema>) =>
+      create(ModelSchema, { rollout: init }).rollout!;
 
     it('leaves a stable version already set', () => {
       const sut = policy({ stableVersion: '1', canary: { version: '2', percent: 5 } });
@@ -555,7 +746,11 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
     });
 
     it('skips every version the policy names', () => {
-      const sut = policy({ canary: { version: '3', percent: 5 }, variants: [{ version: '2', percent: 5 }], shadow: { version: '4', percent: 1 } });
+      const sut = policy({
+        canary: { version: '3', percent: 5 },
+        variants: [{ version: '2', percent: 5 }],
+        shadow: { version: '4', percent: 1 },
+      });
 
       keepStable(model(VersionState.READY, VersionState.READY, VersionState.READY, VersionState.READY), sut);
 

@@ -44,7 +44,12 @@ export function keepStable(model: Model, policy: RolloutPolicy): void {
 }
 
 /** The model's policy with `change` applied, its stable version set by --stable or kept (keepStable). */
-function edited(ctx: CommandContext, model: Model, change: (policy: RolloutPolicy) => void, pinStable: boolean): RolloutPolicy {
+function edited(
+  ctx: CommandContext,
+  model: Model,
+  change: (policy: RolloutPolicy) => void,
+  pinStable: boolean,
+): RolloutPolicy {
   const policy = model.rollout === undefined ? create(RolloutPolicySchema) : clone(RolloutPolicySchema, model.rollout);
   change(policy);
   const stable = ctx.args.value('stable');
@@ -54,7 +59,11 @@ function edited(ctx: CommandContext, model: Model, change: (policy: RolloutPolic
 }
 
 /** Reads the model, changes its policy and stores it with SetRolloutPolicy; prints the new rollout. */
-async function setPolicy(ctx: CommandContext, change: (policy: RolloutPolicy) => void, pinStable: boolean): Promise<void> {
+async function setPolicy(
+  ctx: CommandContext,
+  change: (policy: RolloutPolicy) => void,
+  pinStable: boolean,
+): Promise<void> {
   const current = await getModel(ctx, ctx.args.positionals[0]!);
   const policy = edited(ctx, current, change, pinStable);
   const session = ctx.gateway();
@@ -63,9 +72,15 @@ async function setPolicy(ctx: CommandContext, change: (policy: RolloutPolicy) =>
   ctx.result(ModelSchema, model, () => formatFullRollout(model, Date.now()));
 }
 
-async function update(ctx: CommandContext, action: MessageInitShape<typeof UpdateRolloutRequestSchema>['action']): Promise<void> {
+async function update(
+  ctx: CommandContext,
+  action: MessageInitShape<typeof UpdateRolloutRequestSchema>['action'],
+): Promise<void> {
   const session = ctx.gateway();
-  const { model } = await session.registry.updateRollout({ model: `models/${ctx.args.positionals[0]!}`, action }, session.call());
+  const { model } = await session.registry.updateRollout(
+    { model: `models/${ctx.args.positionals[0]!}`, action },
+    session.call(),
+  );
   if (model === undefined) throw new Error(`the gateway returned no model for "${ctx.args.positionals[0]}"`);
   ctx.result(ModelSchema, model, () => formatFullRollout(model, Date.now()));
 }
@@ -105,7 +120,8 @@ async function shadow(ctx: CommandContext): Promise<void> {
     await setPolicy(ctx, (policy) => (policy.shadow = undefined), false);
     return;
   }
-  if (!args.has('version') || !args.has('percent')) throw new UsageError('give --version <id> and --percent <p>, or --off');
+  if (!args.has('version') || !args.has('percent'))
+    throw new UsageError('give --version <id> and --percent <p>, or --off');
   const version = parseVersionId(args.required('version'), '--version');
   const percent = parsePercent(args.required('percent'), '--percent');
   await setPolicy(ctx, (policy) => (policy.shadow = create(WeightedVersionSchema, { version, percent })), true);
@@ -145,7 +161,8 @@ const STABLE_FLAG = {
 export const ROLLOUT_GROUP: GroupSpec<CommandHandler> = {
   kind: 'group',
   name: 'rollout',
-  summary: "Spread a model's traffic over its versions: canary, A/B, shadow, fallback, promote, roll back, automatic rollouts",
+  summary:
+    "Spread a model's traffic over its versions: canary, A/B, shadow, fallback, promote, roll back, automatic rollouts",
   flags: GATEWAY_FLAGS,
   commands: [
     command<CommandHandler>({
@@ -159,9 +176,10 @@ export const ROLLOUT_GROUP: GroupSpec<CommandHandler> = {
     }),
     command<CommandHandler>({
       name: 'auto',
-      summary: 'Roll a version out automatically: the registry moves it through the steps while it holds up on every gate',
+      summary:
+        'Roll a version out automatically: the registry moves it through the steps while it holds up on every gate',
       details: [
-        'The version becomes the canary at the first step\'s share. A step passes once --interval has gone by,',
+        "The version becomes the canary at the first step's share. A step passes once --interval has gone by,",
         'the canary has served --min-requests in it and every gate holds against the stable version; the',
         'gates are checked as soon as the canary has served --min-requests, so the first gate it fails rolls it',
         'back at once. After the last step it is promoted and the old stable version drains. Any manual',
@@ -193,17 +211,26 @@ export const ROLLOUT_GROUP: GroupSpec<CommandHandler> = {
       details:
         'Pin it before registering a version you want to try as a canary: otherwise the new version takes\nevery request once it is READY (it becomes the latest READY version).',
       positionals: [NAME],
-      flags: [{ name: 'version', kind: 'value', placeholder: '<id>', required: true, description: 'The stable version' }],
+      flags: [
+        { name: 'version', kind: 'value', placeholder: '<id>', required: true, description: 'The stable version' },
+      ],
       handler: stable,
     }),
     command<CommandHandler>({
       name: 'canary',
       summary: 'Send a random share of the requests to a version',
-      details: 'The rest of the traffic stays where it is: when no stable version is set, it is pinned to the\nversion that takes the traffic now.',
+      details:
+        'The rest of the traffic stays where it is: when no stable version is set, it is pinned to the\nversion that takes the traffic now.',
       positionals: [NAME],
       flags: [
         { name: 'version', kind: 'value', placeholder: '<id>', required: true, description: 'The canary version' },
-        { name: 'percent', kind: 'value', placeholder: '<p>', required: true, description: 'Its share of the requests, 0 to 100' },
+        {
+          name: 'percent',
+          kind: 'value',
+          placeholder: '<p>',
+          required: true,
+          description: 'Its share of the requests, 0 to 100',
+        },
         STABLE_FLAG,
       ],
       handler: canary,
@@ -211,21 +238,33 @@ export const ROLLOUT_GROUP: GroupSpec<CommandHandler> = {
     command<CommandHandler>({
       name: 'ab',
       summary: 'Run an A/B experiment: each variant takes a sticky share of routing keys',
-      details: "Replaces the variants. The canary's and the variants' percents add up to at most 100; the\nrest goes to the stable version, pinned as for a canary.",
+      details:
+        "Replaces the variants. The canary's and the variants' percents add up to at most 100; the\nrest goes to the stable version, pinned as for a canary.",
       positionals: [NAME],
       flags: [
-        { name: 'variant', kind: 'list', placeholder: '<id>=<p>', required: true, description: 'A variant version and its share of routing keys' },
+        {
+          name: 'variant',
+          kind: 'list',
+          placeholder: '<id>=<p>',
+          required: true,
+          description: 'A variant version and its share of routing keys',
+        },
         STABLE_FLAG,
       ],
       handler: ab,
     }),
     command<CommandHandler>({
       name: 'shadow',
-      summary: "Mirror a share of the requests to a version in the background (its answers are only compared)",
+      summary: 'Mirror a share of the requests to a version in the background (its answers are only compared)',
       positionals: [NAME],
       flags: [
         { name: 'version', kind: 'value', placeholder: '<id>', description: 'The shadow version' },
-        { name: 'percent', kind: 'value', placeholder: '<p>', description: 'The share of requests it mirrors, 0 to 100' },
+        {
+          name: 'percent',
+          kind: 'value',
+          placeholder: '<p>',
+          description: 'The share of requests it mirrors, 0 to 100',
+        },
         { name: 'off', kind: 'switch', description: 'Stop shadowing' },
         STABLE_FLAG,
       ],
@@ -252,7 +291,14 @@ export const ROLLOUT_GROUP: GroupSpec<CommandHandler> = {
       name: 'promote',
       summary: 'Make the canary (or a named canary or variant) the stable version and end the trial',
       positionals: [NAME],
-      flags: [{ name: 'version', kind: 'value', placeholder: '<id>', description: 'The version to promote (default: the canary)' }],
+      flags: [
+        {
+          name: 'version',
+          kind: 'value',
+          placeholder: '<id>',
+          description: 'The version to promote (default: the canary)',
+        },
+      ],
       handler: promote,
     }),
     command<CommandHandler>({

@@ -10,15 +10,24 @@ describe('upOptions', () => {
   });
 
   it('takes replicas of the router, batcher and cache in the mesh (the default)', () => {
-    expect(upOptions('router=2,batcher=3,cache=2,worker=2')).toEqual({ workers: 2, replicas: { router: 2, batcher: 3, cache: 2 } });
+    expect(upOptions('router=2,batcher=3,cache=2,worker=2')).toEqual({
+      workers: 2,
+      replicas: { router: 2, batcher: 3, cache: 2 },
+    });
   });
 
   it.each([
-    ['router=2', '--replicas: router replicas need the mesh, through which their callers reach every instance: set INFERMESH_MESH=xds'],
+    [
+      'router=2',
+      '--replicas: router replicas need the mesh, through which their callers reach every instance: set INFERMESH_MESH=xds',
+    ],
     ['gateway=2', '--replicas: gateway run once on one machine'],
     ['worker=0', '--replicas "worker=0": the count must be an integer of at least 1, got "0"'],
     ['worker=9', '--replicas "worker=9": at most 8 instances of a service on one machine'],
-    ['workers=2', '--replicas "workers=2": workers is not a service (registry, cache, worker, batcher, router, gateway)'],
+    [
+      'workers=2',
+      '--replicas "workers=2": workers is not a service (registry, cache, worker, batcher, router, gateway)',
+    ],
     ['worker=2,worker=3', '--replicas: worker is named twice'],
     ['worker', '--replicas must look like key=value, got "worker"'],
     [',', '--replicas must look like worker=2, got ","'],

@@ -1,5 +1,14 @@
 import { DEMO_MODELS } from '@infermesh/model-builder';
-import { DEFAULT_RESTART_POLICY, REPLICATED_SERVICES, type ReplicatedService, SERVICE_NAMES, type ServiceName, System, defaultPorts, describeSupervisionEvent } from '@infermesh/system';
+import {
+  DEFAULT_RESTART_POLICY,
+  REPLICATED_SERVICES,
+  type ReplicatedService,
+  SERVICE_NAMES,
+  type ServiceName,
+  System,
+  defaultPorts,
+  describeSupervisionEvent,
+} from '@infermesh/system';
 import { randomBytes } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import { parseReplicas } from './args';
@@ -34,11 +43,20 @@ export const MAX_REPLICAS = 8;
 export function upOptions(replicas: string | undefined, mesh: 'static' | 'xds' = 'xds'): UpOptions {
   if (replicas === undefined) return { workers: 1, replicas: {} };
   const counts = parseReplicas(replicas, '--replicas', SERVICE_NAMES, MAX_REPLICAS);
-  const single = [...counts].filter(([service, n]) => (service === 'registry' || service === 'gateway') && n > 1).map(([service]) => service);
-  if (single.length > 0) throw new UsageError(`--replicas: ${single.join(', ')} run once on one machine (the control plane, the front door)`);
-  const needMesh = [...counts].filter(([service, n]) => (REPLICATED_SERVICES as readonly string[]).includes(service) && n > 1).map(([service]) => service);
+  const single = [...counts]
+    .filter(([service, n]) => (service === 'registry' || service === 'gateway') && n > 1)
+    .map(([service]) => service);
+  if (single.length > 0)
+    throw new UsageError(
+      `--replicas: ${single.join(', ')} run once on one machine (the control plane, the front door)`,
+    );
+  const needMesh = [...counts]
+    .filter(([service, n]) => (REPLICATED_SERVICES as readonly string[]).includes(service) && n > 1)
+    .map(([service]) => service);
   if (needMesh.length > 0 && mesh !== 'xds') {
-    throw new UsageError(`--replicas: ${needMesh.join(', ')} replicas need the mesh, through which their callers reach every instance: set INFERMESH_MESH=xds; workers can have replicas either way (worker=2)`);
+    throw new UsageError(
+      `--replicas: ${needMesh.join(', ')} replicas need the mesh, through which their callers reach every instance: set INFERMESH_MESH=xds; workers can have replicas either way (worker=2)`,
+    );
   }
   return {
     workers: counts.get('worker') ?? 1,
@@ -52,12 +70,18 @@ export function upOptions(replicas: string | undefined, mesh: 'static' | 'xds' =
  * call it, and stops everything cleanly on Ctrl-C. A service that exits unexpectedly is restarted
  * with exponential back-off until it crash-loops (DEFAULT_RESTART_POLICY).
  */
-export async function up(config: CliConfig, distDir: string, options: UpOptions = { workers: 1, replicas: {} }): Promise<void> {
+export async function up(
+  config: CliConfig,
+  distDir: string,
+  options: UpOptions = { workers: 1, replicas: {} },
+): Promise<void> {
   const generated = config.apiKey === undefined;
   const apiKey = config.apiKey ?? `im_${randomBytes(24).toString('base64url')}`;
   const unknown = config.demoModels.filter((m) => !(m in DEMO_MODELS));
   if (unknown.length > 0) {
-    throw new Error(`INFERMESH_DEMO_MODELS: unknown model(s) ${unknown.join(', ')}; known: ${Object.keys(DEMO_MODELS).join(', ')}`);
+    throw new Error(
+      `INFERMESH_DEMO_MODELS: unknown model(s) ${unknown.join(', ')}; known: ${Object.keys(DEMO_MODELS).join(', ')}`,
+    );
   }
   const models = config.demoModels.map((name) => {
     const built = DEMO_MODELS[name]!();
@@ -73,7 +97,9 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
     redisUrl: config.redisUrl,
     ports,
     workers: Array.from({ length: options.workers }, () => ({})),
-    replicas: Object.fromEntries(Object.entries(options.replicas).map(([s, n]) => [s, Array.from({ length: n }, () => ({}))])),
+    replicas: Object.fromEntries(
+      Object.entries(options.replicas).map(([s, n]) => [s, Array.from({ length: n }, () => ({}))]),
+    ),
     host: config.host,
     sink: prefixer(process.stdout.isTTY),
     env: Object.fromEntries(SERVICE_NAMES.map((n) => [`${n.toUpperCase()}_LOG_LEVEL`, config.logLevel])),
@@ -81,13 +107,22 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
     readyTimeoutMs: config.readyTimeoutMs,
     // A service that crashes is started again, as a kubelet would, and the reason logged each time.
     restartPolicy: DEFAULT_RESTART_POLICY,
-    mesh: config.mesh === 'xds' ? { policyFile: resolve(config.meshPolicy ?? join(distDir, '..', 'envoy', 'mesh.yaml')) } : undefined,
+    mesh:
+      config.mesh === 'xds'
+        ? { policyFile: resolve(config.meshPolicy ?? join(distDir, '..', 'envoy', 'mesh.yaml')) }
+        : undefined,
     mtls: config.mtls ? { lifetimeMs: config.identityLifetimeMs } : undefined,
     onIdentity: (event) => {
-      if ('error' in event) process.stderr.write(`infermesh: the certificate of ${event.instance} could not be issued again (retrying): ${event.error.message}\n`);
+      if ('error' in event)
+        process.stderr.write(
+          `infermesh: the certificate of ${event.instance} could not be issued again (retrying): ${event.error.message}\n`,
+        );
     },
     onSupervision: (name, event, instance) => {
-      if (!shuttingDown) process.stderr.write(`infermesh: ${describeSupervisionEvent(instance === undefined ? name : `${name} ${instance}`, event)}\n`);
+      if (!shuttingDown)
+        process.stderr.write(
+          `infermesh: ${describeSupervisionEvent(instance === undefined ? name : `${name} ${instance}`, event)}\n`,
+        );
     },
   });
   // Ctrl-C stops everything cleanly, also while the system is still starting.
@@ -128,9 +163,18 @@ export async function up(config: CliConfig, distDir: string, options: UpOptions 
       `  REST     ${url}  (KServe v2 / Open Inference Protocol)`,
       `  gRPC     ${system.gatewayGrpcAddress}  (inference.GRPCInferenceService)`,
       `  metrics  http://${config.host}:${ports.gatewayMetrics}/metrics (gateway; other services on 9101-9105${[...(ports.moreWorkers ?? []), ...Object.values(ports.moreReplicas ?? {}).flat()].map((w) => `, ${w.metrics}`).join('')})`,
-      ...(options.workers > 1 ? [`  workers  ${options.workers}: gRPC ${[ports.worker, ...(ports.moreWorkers ?? []).map((w) => w.grpc)].join(', ')}`] : []),
-      ...Object.entries(ports.moreReplicas ?? {}).map(([s, more]) => `  ${s.padEnd(7)}  ${more.length + 1}: gRPC ${[ports[s as ReplicatedService], ...more.map((p) => p.grpc)].join(', ')}`),
-      ...(config.tracing === undefined ? [] : [`  traces   OTLP to ${config.tracing.tracesUrl}, ${describeSampling(config.tracing)}`]),
+      ...(options.workers > 1
+        ? [
+            `  workers  ${options.workers}: gRPC ${[ports.worker, ...(ports.moreWorkers ?? []).map((w) => w.grpc)].join(', ')}`,
+          ]
+        : []),
+      ...Object.entries(ports.moreReplicas ?? {}).map(
+        ([s, more]) =>
+          `  ${s.padEnd(7)}  ${more.length + 1}: gRPC ${[ports[s as ReplicatedService], ...more.map((p) => p.grpc)].join(', ')}`,
+      ),
+      ...(config.tracing === undefined
+        ? []
+        : [`  traces   OTLP to ${config.tracing.tracesUrl}, ${describeSampling(config.tracing)}`]),
       `  models   ${config.demoModels.join(', ')}`,
       `  API key  ${apiKey}${generated ? '   (generated; set INFERMESH_API_KEY to choose one)' : ''}`,
       '',

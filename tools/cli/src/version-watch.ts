@@ -17,7 +17,11 @@ export interface WaitForReadyOptions {
  * (DRAINING, RETIRED) before it was READY, when its model is deleted or unloaded, when the gateway
  * ends the watch, or when `timeoutMs` pass.
  */
-export async function waitForReady(session: GatewaySession, versionName: string, options: WaitForReadyOptions): Promise<ModelVersion> {
+export async function waitForReady(
+  session: GatewaySession,
+  versionName: string,
+  options: WaitForReadyOptions,
+): Promise<ModelVersion> {
   const modelName = modelNameOf(versionName);
   const modelId = modelIdOf(modelName);
   const label = `${modelId} version ${versionIdOf(versionName)}`;
@@ -52,7 +56,9 @@ export async function waitForReady(session: GatewaySession, versionName: string,
         case VersionState.REGISTERED:
         case VersionState.LOADING:
           if (model.unloaded) {
-            throw new CommandFailure(`model ${modelId} is unloaded, so ${label} does not load: run \`infermesh models load ${modelId}\``);
+            throw new CommandFailure(
+              `model ${modelId} is unloaded, so ${label} does not load: run \`infermesh models load ${modelId}\``,
+            );
           }
           break;
       }

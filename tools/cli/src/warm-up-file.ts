@@ -1,7 +1,18 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { readFile, stat } from 'node:fs/promises';
-import { type WarmUp, type WarmUpInputSchema, WarmUpSchema } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { DATATYPE_NAMES, DataType, datatypeFromName, elementCount, jsonToRaw, TensorDataError } from '@infermesh/tensors';
+import {
+  type WarmUp,
+  type WarmUpInputSchema,
+  WarmUpSchema,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  DATATYPE_NAMES,
+  DataType,
+  datatypeFromName,
+  elementCount,
+  jsonToRaw,
+  TensorDataError,
+} from '@infermesh/tensors';
 import { CommandFailure } from './cli-errors';
 import { formatBytes } from './output/format';
 
@@ -28,13 +39,17 @@ export async function readWarmUpFile(file: string, flag = '--warmup'): Promise<W
     const info = await stat(file);
     if (!info.isFile()) throw new CommandFailure(`${flag} ${file} is not a file`);
     if (info.size > MAX_WARM_UP_FILE_BYTES) {
-      throw new CommandFailure(`${flag} ${file} has ${formatBytes(info.size)}, above the limit of ${formatBytes(MAX_WARM_UP_FILE_BYTES)}; give large inputs as "zero_data" or "random_data"`);
+      throw new CommandFailure(
+        `${flag} ${file} has ${formatBytes(info.size)}, above the limit of ${formatBytes(MAX_WARM_UP_FILE_BYTES)}; give large inputs as "zero_data" or "random_data"`,
+      );
     }
     text = await readFile(file, 'utf8');
   } catch (error) {
     if (error instanceof CommandFailure) throw error;
     const code = (error as NodeJS.ErrnoException).code;
-    throw new CommandFailure(`cannot read ${flag} ${file}: ${code === 'ENOENT' ? 'no such file' : error instanceof Error ? error.message : String(error)}`);
+    throw new CommandFailure(
+      `cannot read ${flag} ${file}: ${code === 'ENOENT' ? 'no such file' : error instanceof Error ? error.message : String(error)}`,
+    );
   }
   let json: unknown;
   try {
@@ -49,27 +64,38 @@ export async function readWarmUpFile(file: string, flag = '--warmup'): Promise<W
 export function parseWarmUp(json: unknown, source: string): WarmUp {
   const fail = (where: string, message: string) => new CommandFailure(`${source}: ${where}${message}`);
   if (!isObject(json)) throw fail('', 'expected an object with "inputs" (one sample) or "samples"');
-  const samples: unknown[] = 'samples' in json ? asArray(json['samples'], () => fail('', '"samples" must be an array')) : [json];
+  const samples: unknown[] =
+    'samples' in json ? asArray(json['samples'], () => fail('', '"samples" must be an array')) : [json];
   if ('samples' in json && 'inputs' in json) throw fail('', 'give either "inputs" (one sample) or "samples", not both');
   return create(WarmUpSchema, {
     samples: samples.map((sample, s) => {
       const at = 'samples' in json ? `samples[${s}]` : '';
       if (!isObject(sample)) throw fail(at, `${at === '' ? '' : ' '}must be an object with "inputs"`);
-      unknownKeys(sample, SAMPLE_KEYS, (key) => fail(at, `${at === '' ? '' : ': '}unknown key "${key}"; a sample has "name" and "inputs"`));
+      unknownKeys(sample, SAMPLE_KEYS, (key) =>
+        fail(at, `${at === '' ? '' : ': '}unknown key "${key}"; a sample has "name" and "inputs"`),
+      );
       const name = sample['name'] ?? '';
       if (typeof name !== 'string') throw fail(at, `${at === '' ? '' : ': '}"name" must be a string`);
-      const inputs = asArray(sample['inputs'], () => fail(at, `${at === '' ? '' : ': '}"inputs" must be an array of named tensors`));
-      return { name, inputs: inputs.map((input, i) => parseInput(input, `${at === '' ? '' : `${at}.`}inputs[${i}]`, fail)) };
+      const inputs = asArray(sample['inputs'], () =>
+        fail(at, `${at === '' ? '' : ': '}"inputs" must be an array of named tensors`),
+      );
+      return {
+        name,
+        inputs: inputs.map((input, i) => parseInput(input, `${at === '' ? '' : `${at}.`}inputs[${i}]`, fail)),
+      };
     }),
   });
 }
 
 function parseInput(input: unknown, at: string, fail: (where: string, message: string) => CommandFailure): InputInit {
-  if (!isObject(input)) throw fail(at, ' must be an object with "name", "shape" and "data", "zero_data" or "random_data"');
+  if (!isObject(input))
+    throw fail(at, ' must be an object with "name", "shape" and "data", "zero_data" or "random_data"');
   const name = input['name'];
   if (typeof name !== 'string' || name === '') throw fail(at, ': "name" must be the name of a model input');
   const where = `${at} ("${name}")`;
-  unknownKeys(input, INPUT_KEYS, (key) => fail(where, `: unknown key "${key}"; an input has ${[...INPUT_KEYS].map((k) => `"${k}"`).join(', ')}`));
+  unknownKeys(input, INPUT_KEYS, (key) =>
+    fail(where, `: unknown key "${key}"; an input has ${[...INPUT_KEYS].map((k) => `"${k}"`).join(', ')}`),
+  );
   const shape = input['shape'];
   if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && (d as number) >= 0)) {
     throw fail(where, ': "shape" must be an array of sizes (integers, 0 or more), the concrete shape of the sample');
@@ -86,7 +112,12 @@ function parseInput(input: unknown, at: string, fail: (where: string, message: s
   if (input['data'] !== undefined) {
     if (datatype === DataType.UNSPECIFIED) throw fail(where, ': "data" needs its "datatype"');
     try {
-      return { name, datatype, shape: dims, contents: { case: 'data', value: jsonToRaw(name, datatype, input['data'], elementCount(dims)) } };
+      return {
+        name,
+        datatype,
+        shape: dims,
+        contents: { case: 'data', value: jsonToRaw(name, datatype, input['data'], elementCount(dims)) },
+      };
     } catch (error) {
       if (error instanceof TensorDataError) throw fail(at, `: ${error.message}`);
       throw error;
@@ -94,7 +125,12 @@ function parseInput(input: unknown, at: string, fail: (where: string, message: s
   }
   const key = given[0]!;
   if (input[key] !== true) throw fail(where, `: "${key}" must be true`);
-  return { name, datatype, shape: dims, contents: key === 'zero_data' ? { case: 'zeroData', value: true } : { case: 'randomData', value: true } };
+  return {
+    name,
+    datatype,
+    shape: dims,
+    contents: key === 'zero_data' ? { case: 'zeroData', value: true } : { case: 'randomData', value: true },
+  };
 }
 
 function isObject(value: unknown): value is Record<string, unknown> {
@@ -106,7 +142,11 @@ function asArray(value: unknown, fail: () => CommandFailure): unknown[] {
   return value;
 }
 
-function unknownKeys(object: Record<string, unknown>, known: ReadonlySet<string>, fail: (key: string) => CommandFailure): void {
+function unknownKeys(
+  object: Record<string, unknown>,
+  known: ReadonlySet<string>,
+  fail: (key: string) => CommandFailure,
+): void {
   const unknown = Object.keys(object).find((key) => !known.has(key));
   if (unknown !== undefined) throw fail(unknown);
 }

@@ -14,7 +14,8 @@ export function dashboards(): dashboard.Dashboard[] {
 
 /** The file a board is written to, under grafana/dashboards/. */
 export function fileNameOf(board: dashboard.Dashboard): string {
-  if (board.uid === undefined || !/^[a-z0-9-]{1,40}$/.test(board.uid)) throw new Error(`board "${board.title}" needs a uid of 1 to 40 lower-case letters, digits and dashes`);
+  if (board.uid === undefined || !/^[a-z0-9-]{1,40}$/.test(board.uid))
+    throw new Error(`board "${board.title}" needs a uid of 1 to 40 lower-case letters, digits and dashes`);
   return `${board.uid}.json`;
 }
 
@@ -38,7 +39,11 @@ export interface PanelQuery {
 }
 
 /** The Grafana built-in variables the boards use, as resolveVariables fills them in. */
-export const BUILT_IN_VARIABLES: Readonly<Record<string, string>> = { __rate_interval: '5m', __range: '1h', __interval: '1m' };
+export const BUILT_IN_VARIABLES: Readonly<Record<string, string>> = {
+  __rate_interval: '5m',
+  __range: '1h',
+  __interval: '1m',
+};
 
 /**
  * The value each variable of a board takes when nobody picked one: `.*` (all) for a label
@@ -68,7 +73,12 @@ export function resolveVariables(expr: string, values: Readonly<Record<string, s
 function queriesOf(panel: dashboard.Panel | dashboard.RowPanel): { title: string; exprs: string[] }[] {
   if (panel.type === 'row') return ((panel as dashboard.RowPanel).panels ?? []).flatMap(queriesOf);
   const targets = ((panel as dashboard.Panel).targets ?? []) as { expr?: unknown }[];
-  return [{ title: panel.title ?? '', exprs: targets.map((target) => target.expr).filter((expr): expr is string => typeof expr === 'string') }];
+  return [
+    {
+      title: panel.title ?? '',
+      exprs: targets.map((target) => target.expr).filter((expr): expr is string => typeof expr === 'string'),
+    },
+  ];
 }
 
 /**
@@ -81,7 +91,11 @@ export function panelQueries(options: { resolve?: boolean } = {}): PanelQuery[] 
   return dashboards().flatMap((board) => {
     const defaults = variableDefaults(board);
     return (board.panels ?? []).flatMap(queriesOf).flatMap(({ title, exprs }) =>
-      exprs.map((expr) => ({ board: board.uid!, panel: title, expr: options.resolve === true ? resolveVariables(expr, defaults) : expr })),
+      exprs.map((expr) => ({
+        board: board.uid!,
+        panel: title,
+        expr: options.resolve === true ? resolveVariables(expr, defaults) : expr,
+      })),
     );
   });
 }
@@ -91,6 +105,10 @@ export function variableQueries(): { board: string; variable: string; query: str
   return dashboards().flatMap((board) =>
     (board.templating.list ?? [])
       .filter((variable) => variable.type === dashboard.VariableType.Query)
-      .map((variable) => ({ board: board.uid!, variable: variable.name, query: typeof variable.query === 'string' ? variable.query : JSON.stringify(variable.query) })),
+      .map((variable) => ({
+        board: board.uid!,
+        variable: variable.name,
+        query: typeof variable.query === 'string' ? variable.query : JSON.stringify(variable.query),
+      })),
   );
 }

@@ -41,7 +41,8 @@ const LIBRARY_IMPORT = /from\s+'@infermesh\/([a-z0-9-]+)(?:\/[^']*)?'/g;
 /** `.counter('name'` (also across lines, and with type arguments: `.gauge<L>(`). */
 const FACTORY_CALL = /\.(counter|gauge|histogram|summary)\s*(?:<[^>()]*>)?\(\s*(?:'([^']*)'|"([^"]*)"|([^\s,)]+))/g;
 /** `new Gauge({ name: \`${metrics.prefix}name\``. */
-const PREFIXED_CONSTRUCTOR = /new\s+(?:\w+\.)?(Counter|Gauge|Histogram|Summary)\s*(?:<[^>()]*>)?\(\s*\{\s*name:\s*(?:`\$\{[\w.]+\.prefix\}([a-z0-9_]+)`|([^,}]+))/g;
+const PREFIXED_CONSTRUCTOR =
+  /new\s+(?:\w+\.)?(Counter|Gauge|Histogram|Summary)\s*(?:<[^>()]*>)?\(\s*\{\s*name:\s*(?:`\$\{[\w.]+\.prefix\}([a-z0-9_]+)`|([^,}]+))/g;
 
 /** The Metrics class itself: its counter(), gauge() and histogram() build prom-client metrics from the name they are given. */
 const FACTORY_FILE = 'libs/telemetry/src/metrics.ts';
@@ -50,14 +51,25 @@ function sourceFiles(dir: string): string[] {
   if (!existsSync(dir)) return [];
   return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
     const path = join(dir, entry.name);
-    if (entry.isDirectory()) return entry.name === 'testing' || entry.name === 'gen' || entry.name === 'node_modules' ? [] : sourceFiles(path);
-    return entry.name.endsWith('.ts') && !entry.name.endsWith('.spec.ts') && !entry.name.endsWith('.d.ts') && !entry.name.includes('.testing.') ? [path] : [];
+    if (entry.isDirectory())
+      return entry.name === 'testing' || entry.name === 'gen' || entry.name === 'node_modules' ? [] : sourceFiles(path);
+    return entry.name.endsWith('.ts') &&
+      !entry.name.endsWith('.spec.ts') &&
+      !entry.name.endsWith('.d.ts') &&
+      !entry.name.includes('.testing.')
+      ? [path]
+      : [];
   });
 }
 
 function projects(root: string, kind: 'services' | 'libs'): string[] {
   const dir = join(root, kind);
-  return existsSync(dir) ? readdirSync(dir, { withFileTypes: true }).filter((e) => e.isDirectory() && e.name !== 'testing').map((e) => e.name).sort() : [];
+  return existsSync(dir)
+    ? readdirSync(dir, { withFileTypes: true })
+        .filter((e) => e.isDirectory() && e.name !== 'testing')
+        .map((e) => e.name)
+        .sort()
+    : [];
 }
 
 /** The libs a project imports, directly or through other libs. */
@@ -103,16 +115,21 @@ export function scanMetrics(root: string): MetricCatalog {
       else unread.push({ file: file.path, text: match[0] });
     }
     for (const match of file.text.matchAll(PREFIXED_CONSTRUCTOR)) {
-      if (match[2] !== undefined) list.push({ name: match[2], type: match[1]!.toLowerCase() as MetricType, file: file.path });
+      if (match[2] !== undefined)
+        list.push({ name: match[2], type: match[1]!.toLowerCase() as MetricType, file: file.path });
       else unread.push({ file: file.path, text: match[0] });
     }
   }
 
   const definitions: MetricDefinition[] = [];
   for (const service of projects(root, 'services')) {
-    const sources = [`services/${service}`, ...[...libClosure(`services/${service}`, imports)].map((lib) => `libs/${lib}`)];
+    const sources = [
+      `services/${service}`,
+      ...[...libClosure(`services/${service}`, imports)].map((lib) => `libs/${lib}`),
+    ];
     for (const source of sources) {
-      for (const { name, type, file } of own.get(source) ?? []) definitions.push({ name: `infermesh_${service}_${name}`, type, service, file });
+      for (const { name, type, file } of own.get(source) ?? [])
+        definitions.push({ name: `infermesh_${service}_${name}`, type, service, file });
     }
   }
 

@@ -29,7 +29,9 @@ export function drift(dir: string): Drift {
   const made = new Set(files.map((f) => f.fileName));
   const present = existsSync(dir) ? readdirSync(dir).filter((name) => name.endsWith('.json')) : [];
   return {
-    changed: files.filter((f) => !existsSync(join(dir, f.fileName)) || readFileSync(join(dir, f.fileName), 'utf8') !== f.text).map((f) => f.fileName),
+    changed: files
+      .filter((f) => !existsSync(join(dir, f.fileName)) || readFileSync(join(dir, f.fileName), 'utf8') !== f.text)
+      .map((f) => f.fileName),
     stale: present.filter((name) => !made.has(name)).sort(),
   };
 }
@@ -38,7 +40,8 @@ export function drift(dir: string): Drift {
 export function writeDashboards(dir: string): Drift {
   const found = drift(dir);
   mkdirSync(dir, { recursive: true });
-  for (const file of renderAll()) if (found.changed.includes(file.fileName)) writeFileSync(join(dir, file.fileName), file.text);
+  for (const file of renderAll())
+    if (found.changed.includes(file.fileName)) writeFileSync(join(dir, file.fileName), file.text);
   for (const name of found.stale) rmSync(join(dir, name));
   return found;
 }

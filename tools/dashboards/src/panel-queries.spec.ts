@@ -17,7 +17,9 @@ function undefinedNames(expr: string): string[] {
 
 /** Gauges an expression takes the rate() or increase() of: those only make sense of counters. */
 function ratesOfGauges(expr: string): string[] {
-  return [...expr.matchAll(/\b(?:rate|increase|irate)\(\s*(infermesh_[a-zA-Z0-9_:]+)/g)].map((m) => m[1]!).filter((name) => typeOf.get(name) === 'gauge');
+  return [...expr.matchAll(/\b(?:rate|increase|irate)\(\s*(infermesh_[a-zA-Z0-9_:]+)/g)]
+    .map((m) => m[1]!)
+    .filter((name) => typeOf.get(name) === 'gauge');
 }
 
 describe('the metric catalog read from the services', () => {
@@ -44,12 +46,20 @@ describe('the metric catalog read from the services', () => {
   it('gives a lib’s metrics only to the services that import the lib', () => {
     // The gateway does not follow the registry's WatchModels stream.
     expect(typeOf.has('infermesh_gateway_registry_watch_connected')).toBe(false);
-    expect(undefinedNames('sum(infermesh_gateway_registry_watch_connected)')).toEqual(['infermesh_gateway_registry_watch_connected']);
+    expect(undefinedNames('sum(infermesh_gateway_registry_watch_connected)')).toEqual([
+      'infermesh_gateway_registry_watch_connected',
+    ]);
   });
 
   it('knows the series of a histogram, and nothing made up', () => {
-    expect(undefinedNames('rate(infermesh_router_request_duration_seconds_bucket[5m]) / rate(infermesh_router_request_duration_seconds_count[5m])')).toEqual([]);
-    expect(undefinedNames('rate(infermesh_router_requests_total_bucket[5m])')).toEqual(['infermesh_router_requests_total_bucket']);
+    expect(
+      undefinedNames(
+        'rate(infermesh_router_request_duration_seconds_bucket[5m]) / rate(infermesh_router_request_duration_seconds_count[5m])',
+      ),
+    ).toEqual([]);
+    expect(undefinedNames('rate(infermesh_router_requests_total_bucket[5m])')).toEqual([
+      'infermesh_router_requests_total_bucket',
+    ]);
     expect(undefinedNames('sum(infermesh_router_no_such_thing)')).toEqual(['infermesh_router_no_such_thing']);
   });
 });
@@ -59,19 +69,33 @@ describe('panelQueries()', () => {
 
   it('lists the queries of every board', () => {
     expect(new Set(queries.map((q) => q.board))).toEqual(
-      new Set(['infermesh-slo', 'infermesh-request-path', 'infermesh-batcher', 'infermesh-worker', 'infermesh-rollouts', 'infermesh-cache', 'infermesh-mesh']),
+      new Set([
+        'infermesh-slo',
+        'infermesh-request-path',
+        'infermesh-batcher',
+        'infermesh-worker',
+        'infermesh-rollouts',
+        'infermesh-cache',
+        'infermesh-mesh',
+      ]),
     );
   });
 
-  it.each(queries.map((q) => [q.board, q.panel, q.expr] as const))('%s / %s: names only metrics the services define', (_board, _panel, expr) => {
-    expect(metricNamesIn(expr).length).toBeGreaterThan(0);
-    expect(undefinedNames(expr)).toEqual([]);
-    expect(ratesOfGauges(expr)).toEqual([]);
-  });
+  it.each(queries.map((q) => [q.board, q.panel, q.expr] as const))(
+    '%s / %s: names only metrics the services define',
+    (_board, _panel, expr) => {
+      expect(metricNamesIn(expr).length).toBeGreaterThan(0);
+      expect(undefinedNames(expr)).toEqual([]);
+      expect(ratesOfGauges(expr)).toEqual([]);
+    },
+  );
 
-  it.each(variableQueries().map((v) => [v.board, v.variable, v.query] as const))('%s variable %s: names only metrics the services define', (_board, _variable, query) => {
-    expect(undefinedNames(query)).toEqual([]);
-  });
+  it.each(variableQueries().map((v) => [v.board, v.variable, v.query] as const))(
+    '%s variable %s: names only metrics the services define',
+    (_board, _variable, query) => {
+      expect(undefinedNames(query)).toEqual([]);
+    },
+  );
 });
 
 // promtool ships with Debian's prometheus package (.ci/run installs it): it parses every query (variables filled in).
@@ -81,7 +105,11 @@ describe('promtool', () => {
     if (version.status !== 0) throw new Error('promtool is not installed: apt-get install prometheus (.ci/run does)');
     const dir = mkdtempSync(join(tmpdir(), 'infermesh-dashboards-'));
     try {
-      const rules = panelQueries({ resolve: true }).map((q, i) => ({ record: `infermesh:dashboard_query:${i}`, expr: q.expr, labels: { board: q.board, panel: q.panel } }));
+      const rules = panelQueries({ resolve: true }).map((q, i) => ({
+        record: `infermesh:dashboard_query:${i}`,
+        expr: q.expr,
+        labels: { board: q.board, panel: q.panel },
+      }));
       const file = join(dir, 'queries.rules.yaml');
       writeFileSync(file, stringify({ groups: [{ name: 'dashboard-queries', rules }] }));
       const result = spawnSync('promtool', ['check', 'rules', file], { encoding: 'utf8' });

@@ -87,7 +87,11 @@ function thresholds(steps: Step[]): dashboard.ThresholdsConfigBuilder {
   return new dashboard.ThresholdsConfigBuilder().mode(dashboard.ThresholdsMode.Absolute).steps(steps);
 }
 
-function applyCommon<B extends CommonPanelBuilder<B>>(builder: B, options: PanelOptions, kind: 'range' | 'instant' | 'heatmap'): B {
+function applyCommon<B extends CommonPanelBuilder<B>>(
+  builder: B,
+  options: PanelOptions,
+  kind: 'range' | 'instant' | 'heatmap',
+): B {
   if (options.queries.length === 0) throw new Error(`panel "${options.title}" has no query`);
   if (options.queries.length > 26) throw new Error(`panel "${options.title}" has more queries than refIds A to Z`);
   builder
@@ -107,12 +111,16 @@ function applyCommon<B extends CommonPanelBuilder<B>>(builder: B, options: Panel
 }
 
 /** A time series of range queries. */
-export function timeSeries(options: PanelOptions & { stack?: boolean; legendTable?: boolean }): timeseries.PanelBuilder {
+export function timeSeries(
+  options: PanelOptions & { stack?: boolean; legendTable?: boolean },
+): timeseries.PanelBuilder {
   const builder = applyCommon(new timeseries.PanelBuilder(), options, 'range')
     .lineWidth(1)
     .fillOpacity(options.stack === true ? 40 : 10)
     .showPoints(common.VisibilityMode.Never)
-    .tooltip(new common.VizTooltipOptionsBuilder().mode(common.TooltipDisplayMode.Multi).sort(common.SortOrder.Descending))
+    .tooltip(
+      new common.VizTooltipOptionsBuilder().mode(common.TooltipDisplayMode.Multi).sort(common.SortOrder.Descending),
+    )
     .legend(
       options.legendTable === true
         ? new common.VizLegendOptionsBuilder()
@@ -120,10 +128,16 @@ export function timeSeries(options: PanelOptions & { stack?: boolean; legendTabl
             .displayMode(common.LegendDisplayMode.Table)
             .placement(common.LegendPlacement.Right)
             .calcs(['mean', 'max', 'lastNotNull'])
-        : new common.VizLegendOptionsBuilder().showLegend(true).displayMode(common.LegendDisplayMode.List).placement(common.LegendPlacement.Bottom),
+        : new common.VizLegendOptionsBuilder()
+            .showLegend(true)
+            .displayMode(common.LegendDisplayMode.List)
+            .placement(common.LegendPlacement.Bottom),
     );
   if (options.stack === true) builder.stacking(new common.StackingConfigBuilder().mode(common.StackingMode.Normal));
-  if (options.thresholds !== undefined) builder.thresholdsStyle(new common.GraphThresholdsStyleConfigBuilder().mode(common.GraphThresholdsStyleMode.Dashed));
+  if (options.thresholds !== undefined)
+    builder.thresholdsStyle(
+      new common.GraphThresholdsStyleConfigBuilder().mode(common.GraphThresholdsStyleMode.Dashed),
+    );
   return builder;
 }
 
@@ -138,7 +152,8 @@ export function statPanel(options: PanelOptions): stat.PanelBuilder {
     .colorMode(options.thresholds === undefined ? common.BigValueColorMode.None : common.BigValueColorMode.Value)
     .textMode(common.BigValueTextMode.ValueAndName)
     .orientation(common.VizOrientation.Auto);
-  if (options.thresholds !== undefined) builder.colorScheme(new dashboard.FieldColorBuilder().mode(dashboard.FieldColorModeId.Thresholds));
+  if (options.thresholds !== undefined)
+    builder.colorScheme(new dashboard.FieldColorBuilder().mode(dashboard.FieldColorModeId.Thresholds));
   return builder;
 }
 
@@ -158,11 +173,23 @@ export function gaugePanel(options: PanelOptions): gauge.PanelBuilder {
  */
 export function heatmapPanel(options: Omit<PanelOptions, 'queries'> & { query: Query }): heatmap.PanelBuilder {
   const { query, unit, ...rest } = options;
-  return applyCommon(new heatmap.PanelBuilder(), { ...rest, unit: 'short', queries: [{ legend: '{{le}}', ...query }] }, 'heatmap')
+  return applyCommon(
+    new heatmap.PanelBuilder(),
+    { ...rest, unit: 'short', queries: [{ legend: '{{le}}', ...query }] },
+    'heatmap',
+  )
     .calculate(false)
     .yAxis(new heatmap.YAxisConfigBuilder().unit(unit))
     .cellValues(new heatmap.CellValuesBuilder().unit('short'))
-    .color(new heatmap.HeatmapColorOptionsBuilder().mode(heatmap.HeatmapColorMode.Scheme).scheme('Oranges').fill('dark-orange').scale(heatmap.HeatmapColorScale.Exponential).exponent(0.5).steps(64))
+    .color(
+      new heatmap.HeatmapColorOptionsBuilder()
+        .mode(heatmap.HeatmapColorMode.Scheme)
+        .scheme('Oranges')
+        .fill('dark-orange')
+        .scale(heatmap.HeatmapColorScale.Exponential)
+        .exponent(0.5)
+        .steps(64),
+    )
     .showValue(common.VisibilityMode.Never)
     .mode(common.TooltipDisplayMode.Single)
     .showYHistogram();
@@ -176,7 +203,12 @@ export function valueText(texts: Record<number, { text: string; color: string }>
 }
 
 /** A query variable over a label of one metric: several values or all of them (the regex `.*`). */
-export function labelVariable(name: string, label: string, description: string, query: string): dashboard.QueryVariableBuilder {
+export function labelVariable(
+  name: string,
+  label: string,
+  description: string,
+  query: string,
+): dashboard.QueryVariableBuilder {
   return new dashboard.QueryVariableBuilder(name)
     .label(label)
     .description(description)
@@ -191,8 +223,15 @@ export function labelVariable(name: string, label: string, description: string, 
 }
 
 /** A variable whose values the board offers (the first listed after `initial` is not special). */
-export function choiceVariable(name: string, label: string, description: string, values: string[], initial: string): dashboard.CustomVariableBuilder {
-  if (!values.includes(initial)) throw new Error(`variable ${name}: the initial value ${initial} is not one of ${values.join(', ')}`);
+export function choiceVariable(
+  name: string,
+  label: string,
+  description: string,
+  values: string[],
+  initial: string,
+): dashboard.CustomVariableBuilder {
+  if (!values.includes(initial))
+    throw new Error(`variable ${name}: the initial value ${initial} is not one of ${values.join(', ')}`);
   return new dashboard.CustomVariableBuilder(name)
     .label(label)
     .description(description)

@@ -37,7 +37,13 @@ export function sumIncrease(name: string, selector: string, labels: readonly str
 }
 
 /** A quantile of a histogram (named without `_bucket`), by the labels given. */
-export function quantile(q: number, histogram: string, selector: string, labels: readonly string[] = [], window = RATE): string {
+export function quantile(
+  q: number,
+  histogram: string,
+  selector: string,
+  labels: readonly string[] = [],
+  window = RATE,
+): string {
   return `histogram_quantile(${q}, sum by (${[...labels, 'le'].join(', ')}) (rate(${histogram}_bucket${selector}[${window}])))`;
 }
 
@@ -66,4 +72,11 @@ export function oneOf(values: readonly string[]): string {
 export const STREAMING_METHODS = 'method!~".+/(Watch|WatchModels|Announce|ServerReflectionInfo)"';
 
 /** gRPC status codes (the `code` label of grpc_server_handling_seconds) that are the server's fault. */
-export const GRPC_SERVER_ERROR_CODES = ['UNKNOWN', 'DEADLINE_EXCEEDED', 'INTERNAL', 'UNAVAILABLE', 'DATA_LOSS', 'UNIMPLEMENTED'];
+export const GRPC_SERVER_ERROR_CODES = [
+  'UNKNOWN',
+  'DEADLINE_EXCEEDED',
+  'INTERNAL',
+  'UNAVAILABLE',
+  'DATA_LOSS',
+  'UNIMPLEMENTED',
+];

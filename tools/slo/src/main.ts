@@ -13,6 +13,8 @@ try {
   for (const path of deleted) process.stdout.write(`deleted ${path}\n`);
   if (written.length + deleted.length === 0) process.stdout.write(`${dir}: up to date\n`);
 } catch (error) {
-  process.stderr.write(`slo: ${error instanceof SloSpecError ? error.message : error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+  process.stderr.write(
+    `slo: ${error instanceof SloSpecError ? error.message : error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`,
+  );
   process.exitCode = 1;
 }

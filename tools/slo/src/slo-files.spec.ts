@@ -16,20 +16,25 @@ function definedMetrics(): Set<string> {
     readdirSync(dir, { recursive: true, encoding: 'utf8' })
       .filter((f) => f.endsWith('.ts') && !f.endsWith('.spec.ts'))
       .map((f) => readFileSync(join(dir, f), 'utf8'));
-  const names = (sources: string[]) => sources.flatMap((s) => [...s.matchAll(/\.(?:counter|gauge|histogram)\(\s*'([a-z0-9_]+)'/g)].map((m) => m[1]!));
+  const names = (sources: string[]) =>
+    sources.flatMap((s) => [...s.matchAll(/\.(?:counter|gauge|histogram)\(\s*'([a-z0-9_]+)'/g)].map((m) => m[1]!));
   const shared = names(['registry-watch', 'grpc', 'runtime'].flatMap((lib) => read(join(ROOT, 'libs', lib, 'src'))));
   const defined = new Set<string>();
   for (const service of ['gateway', 'registry', 'router', 'batcher', 'worker', 'cache']) {
-    for (const name of [...names(read(join(ROOT, 'services', service, 'src'))), ...shared]) defined.add(`infermesh_${service}_${name}`);
+    for (const name of [...names(read(join(ROOT, 'services', service, 'src'))), ...shared])
+      defined.add(`infermesh_${service}_${name}`);
   }
   return defined;
 }
 
 describe('grafana/slo', () => {
-  it.each(files.map((f) => [f.path, f] as const))(`%s is what tools/slo generates from slos.yaml (regenerate with \`${REGENERATE}\`)`, (path, file) => {
-    const committed = join(DIR, path);
-    expect(existsSync(committed) ? readFileSync(committed, 'utf8') : `(${path} is missing)`).toBe(file.text);
-  });
+  it.each(files.map((f) => [f.path, f] as const))(
+    `%s is what tools/slo generates from slos.yaml (regenerate with \`${REGENERATE}\`)`,
+    (path, file) => {
+      const committed = join(DIR, path);
+      expect(existsSync(committed) ? readFileSync(committed, 'utf8') : `(${path} is missing)`).toBe(file.text);
+    },
+  );
 
   it(`holds no generated test the spec no longer produces (regenerate with \`${REGENERATE}\`, which deletes them)`, () => {
     expect(staleFiles(DIR, files)).toEqual([]);
@@ -45,7 +50,8 @@ describe('grafana/slo', () => {
         .map((name) => name.replace(/_(bucket|count|sum)$/, '')),
     );
     // The registry watch is read by a name pattern: each follower's.
-    for (const service of ['router', 'batcher', 'worker']) used.add(`infermesh_${service}_registry_watch_config_age_seconds`);
+    for (const service of ['router', 'batcher', 'worker'])
+      used.add(`infermesh_${service}_registry_watch_config_age_seconds`);
 
     expect([...used].filter((name) => !defined.has(name))).toEqual([]);
     expect(used.size).toBeGreaterThanOrEqual(12);
@@ -67,18 +73,28 @@ describe('grafana/slo', () => {
     expect(alerts.length).toBeGreaterThan(0);
     for (const alert of alerts) {
       expect([alert.alert, ['page', 'ticket'].includes(alert.labels.severity)]).toEqual([alert.alert, true]);
-      expect([alert.alert, Object.keys(alert.annotations).sort()]).toEqual([alert.alert, ['description', 'runbook', 'summary']]);
+      expect([alert.alert, Object.keys(alert.annotations).sort()]).toEqual([
+        alert.alert,
+        ['description', 'runbook', 'summary'],
+      ]);
       for (const text of Object.values(alert.annotations)) expect(text.length).toBeGreaterThan(20);
     }
   });
 
   it('records every SLI over every window of the alerts, and pages and tickets for every objective', () => {
     const records = groups.flatMap((g) => g.rules).flatMap((r) => ('record' in r ? [r.record] : []));
-    for (const what of ['infermesh:inference_errors', 'model:infermesh_inference_errors', 'infermesh:inference_slow', 'model:infermesh_inference_slow']) {
+    for (const what of [
+      'infermesh:inference_errors',
+      'model:infermesh_inference_errors',
+      'infermesh:inference_slow',
+      'model:infermesh_inference_slow',
+    ]) {
       const windows = records.filter((r) => r.startsWith(`${what}:`)).map((r) => r.slice(`${what}:ratio_rate`.length));
       expect([what, [...new Set(windows)]]).toEqual([what, ['5m', '30m', '1h', '2h', '6h', '1d', '3d']]);
     }
-    const burn = alerts.filter((a) => a.alert.endsWith('BudgetBurn')).map((a) => `${a.labels['slo']} ${a.labels.severity}`);
+    const burn = alerts
+      .filter((a) => a.alert.endsWith('BudgetBurn'))
+      .map((a) => `${a.labels['slo']} ${a.labels.severity}`);
     expect(burn).toHaveLength(12);
     expect(new Set(burn).size).toBe(12);
   });

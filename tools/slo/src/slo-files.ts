@@ -49,7 +49,9 @@ export function staleFiles(dir: string, files: readonly SloFile[]): string[] {
   const wanted = new Set(files.map((f) => f.path));
   return readdirSync(testsDir)
     .map((name) => join(TESTS_DIR, name))
-    .filter((path) => !wanted.has(path) && path.endsWith('.yaml') && isGenerated(readFileSync(join(dir, path), 'utf8')));
+    .filter(
+      (path) => !wanted.has(path) && path.endsWith('.yaml') && isGenerated(readFileSync(join(dir, path), 'utf8')),
+    );
 }
 
 /** Writes the files generated from `<dir>/slos.yaml` and deletes stale ones; returns what changed. */

@@ -25,7 +25,11 @@ export const GATEWAY_DURATION = 'infermesh_gateway_request_duration_seconds';
 /** Successful inference requests by model, the version that served them and cached, timed by the router from arrival to answer. */
 export const ROUTER_DURATION = 'infermesh_router_request_duration_seconds';
 /** The gateway's `endpoint` values of inference: the gRPC method and the REST route templates. */
-export const INFERENCE_ENDPOINTS = ['ModelInfer', 'POST /v2/models/:model/infer', 'POST /v2/models/:model/versions/:version/infer'] as const;
+export const INFERENCE_ENDPOINTS = [
+  'ModelInfer',
+  'POST /v2/models/:model/infer',
+  'POST /v2/models/:model/versions/:version/infer',
+] as const;
 /** The gateway's `code` values of a successful request: gRPC and REST. */
 export const SUCCESS_CODES = ['OK', '200'] as const;
 /** The model label of inferences the gateway refused before routing them (services/gateway). */
@@ -110,7 +114,11 @@ function availabilityRule(errorOutcomes: readonly string[], perModel: boolean, w
 function latencyRule(threshold: number, perModel: boolean, window: string): RecordingRule {
   const [metric, by, filter] = perModel
     ? [ROUTER_DURATION, 'sum by (model) ', '']
-    : [GATEWAY_DURATION, 'sum', `endpoint=~${promString(alternatives(INFERENCE_ENDPOINTS))},code=~${promString(alternatives(SUCCESS_CODES))}`];
+    : [
+        GATEWAY_DURATION,
+        'sum',
+        `endpoint=~${promString(alternatives(INFERENCE_ENDPOINTS))},code=~${promString(alternatives(SUCCESS_CODES))}`,
+      ];
   const bucketFilter = filter === '' ? `le="${le(threshold)}"` : `${filter},le="${le(threshold)}"`;
   return {
     record: sliRecord('latency', perModel, window),
@@ -130,12 +138,16 @@ export function sliSelector(slo: Slo, window: string): string {
   const matchers: string[] = [];
   if (slo.sli === 'latency') matchers.push(`threshold="${le(slo.target.threshold)}"`);
   if (slo.scope.kind === 'model') matchers.push(`model=${promString(slo.scope.model)}`);
-  if (slo.scope.kind === 'eachModel') matchers.push(`model!~${promString(alternatives([...slo.scope.except, ...PSEUDO_MODELS]))}`);
+  if (slo.scope.kind === 'eachModel')
+    matchers.push(`model!~${promString(alternatives([...slo.scope.except, ...PSEUDO_MODELS]))}`);
   return `${sliRecord(slo.sli, slo.scope.kind !== 'all', window)}${matchers.length === 0 ? '' : `{${matchers.join(',')}}`}`;
 }
 
 /** The burn-rate conditions of one severity: both windows over the rate, for each pair. */
-export function burnConditions(slo: Slo, severity: Severity): { longWindow: string; shortWindow: string; rate: number; budgetShare: number }[] {
+export function burnConditions(
+  slo: Slo,
+  severity: Severity,
+): { longWindow: string; shortWindow: string; rate: number; budgetShare: number }[] {
   return BURN_RATE_ALERTS.filter((a) => a.severity === severity).map((a) => ({
     longWindow: a.longWindow,
     shortWindow: a.shortWindow,
@@ -148,7 +160,13 @@ function burnExpr(slo: Slo, severity: Severity): string {
   const budget = errorBudget(slo.target.objective);
   return burnConditions(slo, severity)
     .map(({ longWindow, shortWindow, rate }) =>
-      [`(`, `  ${sliSelector(slo, longWindow)} > (${rate} * ${budget})`, `and`, `  ${sliSelector(slo, shortWindow)} > (${rate} * ${budget})`, `)`].join('\n'),
+      [
+        `(`,
+        `  ${sliSelector(slo, longWindow)} > (${rate} * ${budget})`,
+        `and`,
+        `  ${sliSelector(slo, shortWindow)} > (${rate} * ${budget})`,
+        `)`,
+      ].join('\n'),
     )
     .join('\nor\n');
 }
@@ -162,7 +180,10 @@ function burnAlert(slo: Slo, severity: Severity, errorOutcomes: readonly string[
   const window = promDuration(slo.windowMs);
   const whose = slo.scope.kind === 'all' ? 'all models' : 'model {{ $labels.model }}';
   const conditions = burnConditions(slo, severity)
-    .map((c) => `${c.rate}× the budget rate over ${c.longWindow} and ${c.shortWindow} (${prettyPercent(c.budgetShare)} of the ${window} budget gone in ${c.longWindow})`)
+    .map(
+      (c) =>
+        `${c.rate}× the budget rate over ${c.longWindow} and ${c.shortWindow} (${prettyPercent(c.budgetShare)} of the ${window} budget gone in ${c.longWindow})`,
+    )
     .join(', or ');
   const speed = severity === 'page' ? 'fast' : 'steadily';
   const annotations: Annotations =
@@ -175,7 +196,7 @@ function burnAlert(slo: Slo, severity: Severity, errorOutcomes: readonly string[
           runbook:
             `See which outcome grows: sum by (model, outcome) (rate(${GATEWAY_INFERENCES}[5m])). unavailable: workers reachable, circuits open, ` +
             'a rollout to roll back; deadline_exceeded or resource_exhausted: queue depth and worker capacity (add workers); overloaded: ' +
-            'the gateway\'s concurrency limit (infermesh_gateway_concurrency_limit), more workers or more gateways; internal: the logs of the router and workers.',
+            "the gateway's concurrency limit (infermesh_gateway_concurrency_limit), more workers or more gateways; internal: the logs of the router and workers.",
         }
       : {
           summary: `Slow inference requests of ${whose} burn the budget of ${slo.target.objective} % under ${ms(slo.target.threshold)} ms ${speed}`,
@@ -278,7 +299,9 @@ export function operationalAlerts(spec: SloSpec): AlertingRule[] {
       for: promDuration(a.circuitOpen.forMs),
       labels: { severity: 'ticket' },
       annotations: {
-        summary: 'The circuit of model {{ $labels.model }} version {{ $labels.version }} has not closed for ' + promDuration(a.circuitOpen.forMs),
+        summary:
+          'The circuit of model {{ $labels.model }} version {{ $labels.version }} has not closed for ' +
+          promDuration(a.circuitOpen.forMs),
         description:
           `A router has held the circuit of model {{ $labels.model }} version {{ $labels.version }} open or half-open for ${promDuration(a.circuitOpen.forMs)}: ` +
           'the version keeps failing (UNAVAILABLE, INTERNAL or timeouts on generous deadlines); its requests fail, or its fallback model answers them degraded.',
@@ -292,7 +315,9 @@ export function operationalAlerts(spec: SloSpec): AlertingRule[] {
       expr: `{__name__=~${promString(`infermesh_(${REGISTRY_FOLLOWERS.join('|')})_registry_watch_config_age_seconds`)}} >= ${a.registryWatchDisconnected.afterMs / 1000}`,
       labels: { severity: 'ticket' },
       annotations: {
-        summary: '{{ $labels.job }} {{ $labels.instance }} has not heard the registry for ' + promDuration(a.registryWatchDisconnected.afterMs),
+        summary:
+          '{{ $labels.job }} {{ $labels.instance }} has not heard the registry for ' +
+          promDuration(a.registryWatchDisconnected.afterMs),
         description:
           `The registry watch stream of {{ $labels.job }} {{ $labels.instance }} has been closed for ${promDuration(a.registryWatchDisconnected.afterMs)} or more ` +
           '(registry_watch_config_age_seconds): it serves its last configuration, and misses new versions, rollouts and retirements.',
@@ -325,20 +350,32 @@ export function operationalAlerts(spec: SloSpec): AlertingRule[] {
 /** Every rule group of the spec, in evaluation order: recorded SLIs first, then the alerts that read them. */
 export function sloRuleGroups(spec: SloSpec): RuleGroup[] {
   const latencyThresholds = (perModel: boolean) =>
-    [...new Set(spec.slos.flatMap((s) => (s.sli === 'latency' && (s.scope.kind !== 'all') === perModel ? [s.target.threshold] : [])))].sort((a, b) => a - b);
+    [
+      ...new Set(
+        spec.slos.flatMap((s) =>
+          s.sli === 'latency' && (s.scope.kind !== 'all') === perModel ? [s.target.threshold] : [],
+        ),
+      ),
+    ].sort((a, b) => a - b);
   const hasAvailability = spec.slos.some((s) => s.sli === 'availability');
   const groups: RuleGroup[] = [
     {
       name: GROUPS.availability,
-      rules: hasAvailability ? [false, true].flatMap((perModel) => SLI_WINDOWS.map((w) => availabilityRule(spec.errorOutcomes, perModel, w))) : [],
+      rules: hasAvailability
+        ? [false, true].flatMap((perModel) => SLI_WINDOWS.map((w) => availabilityRule(spec.errorOutcomes, perModel, w)))
+        : [],
     },
     {
       name: GROUPS.latency,
-      rules: [false, true].flatMap((perModel) => latencyThresholds(perModel).flatMap((t) => SLI_WINDOWS.map((w) => latencyRule(t, perModel, w)))),
+      rules: [false, true].flatMap((perModel) =>
+        latencyThresholds(perModel).flatMap((t) => SLI_WINDOWS.map((w) => latencyRule(t, perModel, w))),
+      ),
     },
     {
       name: GROUPS.slo,
-      rules: spec.slos.flatMap((slo) => (['page', 'ticket'] as const).map((severity) => burnAlert(slo, severity, spec.errorOutcomes))),
+      rules: spec.slos.flatMap((slo) =>
+        (['page', 'ticket'] as const).map((severity) => burnAlert(slo, severity, spec.errorOutcomes)),
+      ),
     },
     { name: GROUPS.operations, rules: operationalAlerts(spec) },
   ];

@@ -32,7 +32,15 @@ describe('parseSloSpec', () => {
     const sut = parseSloSpec(SHIPPED);
 
     expect(sut.windowMs).toBe(30 * 86_400_000);
-    expect(sut.errorOutcomes).toEqual(['unavailable', 'internal', 'unknown', 'data_loss', 'deadline_exceeded', 'resource_exhausted', 'overloaded']);
+    expect(sut.errorOutcomes).toEqual([
+      'unavailable',
+      'internal',
+      'unknown',
+      'data_loss',
+      'deadline_exceeded',
+      'resource_exhausted',
+      'overloaded',
+    ]);
     expect(sut.slos.map((s) => s.id)).toEqual([
       'all-availability',
       'all-latency',
@@ -41,8 +49,14 @@ describe('parseSloSpec', () => {
       'model-classifier-availability',
       'model-classifier-latency',
     ]);
-    expect(sut.slos[3]).toMatchObject({ scope: { kind: 'eachModel', except: ['classifier'] }, target: { objective: 99, threshold: 0.25 } });
-    expect(sut.slos[5]).toMatchObject({ scope: { kind: 'model', model: 'classifier' }, target: { objective: 99, threshold: 0.1 } });
+    expect(sut.slos[3]).toMatchObject({
+      scope: { kind: 'eachModel', except: ['classifier'] },
+      target: { objective: 99, threshold: 0.25 },
+    });
+    expect(sut.slos[5]).toMatchObject({
+      scope: { kind: 'model', model: 'classifier' },
+      target: { objective: 99, threshold: 0.1 },
+    });
     expect(sut.alerts).toEqual({
       jobPrefix: 'infermesh-',
       serviceDown: { forMs: 120_000 },
@@ -69,7 +83,12 @@ describe('parseSloSpec', () => {
   });
 
   it('gives a model that names one SLI the other of eachModel, and leaves it out of eachModel', () => {
-    const sut = parseSloSpec(changed([['objectives', 'models', 'classifier', 'latency'], undefined], [['objectives', 'models', 'multi-io'], { latency: { objective: 99.9, threshold: '1s' } }]));
+    const sut = parseSloSpec(
+      changed(
+        [['objectives', 'models', 'classifier', 'latency'], undefined],
+        [['objectives', 'models', 'multi-io'], { latency: { objective: 99.9, threshold: '1s' } }],
+      ),
+    );
 
     expect(sut.slos.filter((s) => s.scope.kind === 'model').map((s) => [s.id, s.target])).toEqual([
       ['model-classifier-availability', { objective: 99.9 }],
@@ -77,33 +96,101 @@ describe('parseSloSpec', () => {
       ['model-multi-io-availability', { objective: 99.5 }],
       ['model-multi-io-latency', { objective: 99.9, threshold: 1 }],
     ]);
-    expect(sut.slos.find((s) => s.scope.kind === 'eachModel')?.scope).toEqual({ kind: 'eachModel', except: ['classifier', 'multi-io'] });
+    expect(sut.slos.find((s) => s.scope.kind === 'eachModel')?.scope).toEqual({
+      kind: 'eachModel',
+      except: ['classifier', 'multi-io'],
+    });
   });
 
   it.each<[string, Change[], string]>([
-    ['a latency threshold between buckets', [[['objectives', 'all', 'latency', 'threshold'], '300ms']], 'objectives.all.latency.threshold: 300 ms is not a bucket bound of the latency histograms'],
-    ['a threshold without unit', [[['objectives', 'eachModel', 'latency', 'threshold'], 250]], 'objectives.eachModel.latency.threshold: expected a duration with its unit'],
-    ['an objective of 100 %', [[['objectives', 'all', 'availability', 'objective'], 100]], 'objectives.all.availability.objective: must be below 100'],
-    ['an objective as text', [[['objectives', 'all', 'availability', 'objective'], '99.5%']], 'objectives.all.availability.objective: Invalid input: expected number'],
-    ['an objective whose fast burn could never fire', [[['objectives', 'models', 'classifier', 'availability', 'objective'], 90]], 'objectives.models.classifier.availability.objective: an objective of 90 % over 30d'],
-    ['an unknown field', [[['objectives', 'all', 'availability', 'target'], 99]], 'objectives.all.availability: Unrecognized key: "target"'],
-    ['an objective naming no SLI', [[['objectives', 'models', 'classifier'], {}]], 'objectives.models.classifier: names no objective'],
-    ['an outcome the gateway never counts', [[['sli', 'availability', 'errorOutcomes', 1], 'timeout']], 'sli.availability.errorOutcomes[1]: the gateway counts no outcome "timeout"'],
-    ['a success as an error', [[['sli', 'availability', 'errorOutcomes', 0], 'degraded']], 'sli.availability.errorOutcomes[0]: "degraded" is an answer'],
-    ['an outcome twice', [[['sli', 'availability', 'errorOutcomes', 1], 'unavailable']], 'sli.availability.errorOutcomes[1]: "unavailable" is listed twice'],
+    [
+      'a latency threshold between buckets',
+      [[['objectives', 'all', 'latency', 'threshold'], '300ms']],
+      'objectives.all.latency.threshold: 300 ms is not a bucket bound of the latency histograms',
+    ],
+    [
+      'a threshold without unit',
+      [[['objectives', 'eachModel', 'latency', 'threshold'], 250]],
+      'objectives.eachModel.latency.threshold: expected a duration with its unit',
+    ],
+    [
+      'an objective of 100 %',
+      [[['objectives', 'all', 'availability', 'objective'], 100]],
+      'objectives.all.availability.objective: must be below 100',
+    ],
+    [
+      'an objective as text',
+      [[['objectives', 'all', 'availability', 'objective'], '99.5%']],
+      'objectives.all.availability.objective: Invalid input: expected number',
+    ],
+    [
+      'an objective whose fast burn could never fire',
+      [[['objectives', 'models', 'classifier', 'availability', 'objective'], 90]],
+      'objectives.models.classifier.availability.objective: an objective of 90 % over 30d',
+    ],
+    [
+      'an unknown field',
+      [[['objectives', 'all', 'availability', 'target'], 99]],
+      'objectives.all.availability: Unrecognized key: "target"',
+    ],
+    [
+      'an objective naming no SLI',
+      [[['objectives', 'models', 'classifier'], {}]],
+      'objectives.models.classifier: names no objective',
+    ],
+    [
+      'an outcome the gateway never counts',
+      [[['sli', 'availability', 'errorOutcomes', 1], 'timeout']],
+      'sli.availability.errorOutcomes[1]: the gateway counts no outcome "timeout"',
+    ],
+    [
+      'a success as an error',
+      [[['sli', 'availability', 'errorOutcomes', 0], 'degraded']],
+      'sli.availability.errorOutcomes[0]: "degraded" is an answer',
+    ],
+    [
+      'an outcome twice',
+      [[['sli', 'availability', 'errorOutcomes', 1], 'unavailable']],
+      'sli.availability.errorOutcomes[1]: "unavailable" is listed twice',
+    ],
     ['no error outcome', [[['sli', 'availability', 'errorOutcomes'], []]], 'sli.availability.errorOutcomes: Too small'],
-    ['a model that is no model id', [[['objectives', 'models', 'a/b'], { availability: { objective: 99 } }]], 'objectives.models.a/b: not a model id'],
-    ['two models with the same alert names', [[['objectives', 'models', 'multi-io'], { availability: { objective: 99 } }], [['objectives', 'models', 'multi_io'], { availability: { objective: 99 } }]], 'objectives.models.multi_io: its alerts would be named InfermeshModelMultiIo*'],
+    [
+      'a model that is no model id',
+      [[['objectives', 'models', 'a/b'], { availability: { objective: 99 } }]],
+      'objectives.models.a/b: not a model id',
+    ],
+    [
+      'two models with the same alert names',
+      [
+        [['objectives', 'models', 'multi-io'], { availability: { objective: 99 } }],
+        [['objectives', 'models', 'multi_io'], { availability: { objective: 99 } }],
+      ],
+      'objectives.models.multi_io: its alerts would be named InfermeshModelMultiIo*',
+    ],
     ['a window shorter than a week', [[['window'], '3d']], 'window: must be at least 7d'],
-    ['a `for` in fractions of a second', [[['alerts', 'circuitOpen', 'for'], '1500ms']], 'alerts.circuitOpen.for: must be a whole number of seconds'],
-    ['a missing alert setting', [[['alerts', 'queueNearBound', 'bound'], undefined]], 'alerts.queueNearBound.bound: Invalid input: expected number'],
+    [
+      'a `for` in fractions of a second',
+      [[['alerts', 'circuitOpen', 'for'], '1500ms']],
+      'alerts.circuitOpen.for: must be a whole number of seconds',
+    ],
+    [
+      'a missing alert setting',
+      [[['alerts', 'queueNearBound', 'bound'], undefined]],
+      'alerts.queueNearBound.bound: Invalid input: expected number',
+    ],
     ['no objective at all', [[['objectives'], {}]], 'objectives: names no objective'],
   ])('refuses %s, naming the field', (_what, changes, problem) => {
     expect(problemsOf(changed(...changes)).join('\n')).toContain(problem);
   });
 
   it('lists every problem at once', () => {
-    const problems = problemsOf(changed([['window'], 'a month'], [['alerts', 'serviceDown'], undefined], [['objectives', 'all', 'latency', 'objective'], 0]));
+    const problems = problemsOf(
+      changed(
+        [['window'], 'a month'],
+        [['alerts', 'serviceDown'], undefined],
+        [['objectives', 'all', 'latency', 'objective'], 0],
+      ),
+    );
 
     expect(problems).toEqual([
       expect.stringMatching(/^window: expected a duration/),

@@ -65,7 +65,12 @@ export function parseDurationMs(text: string): number | undefined {
 
 /** A duration in Prometheus' notation, in its largest whole unit: 300000 → "5m". */
 export function promDuration(ms: number): string {
-  for (const [unit, size] of [['d', 86_400_000], ['h', 3_600_000], ['m', 60_000], ['s', 1_000]] as const) {
+  for (const [unit, size] of [
+    ['d', 86_400_000],
+    ['h', 3_600_000],
+    ['m', 60_000],
+    ['s', 1_000],
+  ] as const) {
     if (ms >= size && ms % size === 0) return `${ms / size}${unit}`;
   }
   return `${ms}ms`;
@@ -76,11 +81,17 @@ const duration = (options: { minMs?: number; units?: string } = {}) =>
   z.union([z.string(), z.number()]).transform((value, ctx) => {
     const ms = typeof value === 'string' ? parseDurationMs(value) : undefined;
     if (ms === undefined) {
-      ctx.addIssue({ code: 'custom', message: `expected a duration with its unit, such as ${options.units ?? '250ms, 10s or 5m'} (got ${JSON.stringify(value)})` });
+      ctx.addIssue({
+        code: 'custom',
+        message: `expected a duration with its unit, such as ${options.units ?? '250ms, 10s or 5m'} (got ${JSON.stringify(value)})`,
+      });
       return z.NEVER;
     }
     if (ms <= 0 || ms < (options.minMs ?? 0)) {
-      ctx.addIssue({ code: 'custom', message: `must be ${options.minMs === undefined ? 'more than zero' : `at least ${promDuration(options.minMs)}`} (got ${JSON.stringify(value)})` });
+      ctx.addIssue({
+        code: 'custom',
+        message: `must be ${options.minMs === undefined ? 'more than zero' : `at least ${promDuration(options.minMs)}`} (got ${JSON.stringify(value)})`,
+      });
       return z.NEVER;
     }
     return ms;
@@ -105,7 +116,10 @@ const latencyThreshold = duration().transform((ms, ctx) => {
 });
 
 /** A share of requests, in percent, strictly between 0 and 100. */
-const objective = z.number().gt(0, 'must be above 0 (percent)').lt(100, 'must be below 100 (percent): an objective of 100 % leaves no error budget to alert on');
+const objective = z
+  .number()
+  .gt(0, 'must be above 0 (percent)')
+  .lt(100, 'must be below 100 (percent): an objective of 100 % leaves no error budget to alert on');
 
 const availabilitySchema = z
   .object({
@@ -125,14 +139,20 @@ const latencySchema = z
 const objectivesSchema = z
   .object({ availability: availabilitySchema.optional(), latency: latencySchema.optional() })
   .strict()
-  .refine((o) => o.availability !== undefined || o.latency !== undefined, 'names no objective: give availability, latency or both');
+  .refine(
+    (o) => o.availability !== undefined || o.latency !== undefined,
+    'names no objective: give availability, latency or both',
+  );
 
 const percent = z.number().gt(0).max(100);
 
 const alertsSchema = z
   .object({
     /** The Prometheus job of each service is `<jobPrefix><service>`: infermesh-gateway, ... */
-    jobPrefix: z.string().regex(/^[a-zA-Z0-9_:-]*$/, 'expected letters, digits, `_`, `:` or `-`').default('infermesh-'),
+    jobPrefix: z
+      .string()
+      .regex(/^[a-zA-Z0-9_:-]*$/, 'expected letters, digits, `_`, `:` or `-`')
+      .default('infermesh-'),
     serviceDown: z.object({ for: wholeSeconds }).strict(),
     noWorkerReachable: z.object({ for: wholeSeconds }).strict(),
     queueNearBound: z
@@ -190,12 +210,12 @@ export interface LatencyObjective {
 export type Sli = 'availability' | 'latency';
 
 /** Which requests an objective is about. */
-export type SloScope = { kind: 'all' } | { kind: 'eachModel'; except: readonly string[] } | { kind: 'model'; model: string };
+export type SloScope =
+  { kind: 'all' } | { kind: 'eachModel'; except: readonly string[] } | { kind: 'model'; model: string };
 
 /** One objective, ready to compile. */
 export type Slo = { id: string; scope: SloScope; windowMs: number } & (
-  | { sli: 'availability'; target: AvailabilityObjective }
-  | { sli: 'latency'; target: LatencyObjective }
+  { sli: 'availability'; target: AvailabilityObjective } | { sli: 'latency'; target: LatencyObjective }
 );
 
 export interface OperationalAlerts {
@@ -274,9 +294,12 @@ export function parseSloSpec(text: string, source = 'SLO spec'): SloSpec {
   const errorOutcomes: FailureOutcome[] = [];
   spec.sli.availability.errorOutcomes.forEach((outcome, i) => {
     const at = `sli.availability.errorOutcomes[${i}]`;
-    if ((SUCCESS_OUTCOMES as readonly string[]).includes(outcome)) problems.push(`${at}: "${outcome}" is an answer the router gave, not an error`);
+    if ((SUCCESS_OUTCOMES as readonly string[]).includes(outcome))
+      problems.push(`${at}: "${outcome}" is an answer the router gave, not an error`);
     else if (!(FAILURE_OUTCOMES as readonly string[]).includes(outcome)) {
-      problems.push(`${at}: the gateway counts no outcome "${outcome}"; its failure outcomes are ${FAILURE_OUTCOMES.join(', ')}`);
+      problems.push(
+        `${at}: the gateway counts no outcome "${outcome}"; its failure outcomes are ${FAILURE_OUTCOMES.join(', ')}`,
+      );
     } else if (errorOutcomes.includes(outcome as FailureOutcome)) problems.push(`${at}: "${outcome}" is listed twice`);
     else errorOutcomes.push(outcome as FailureOutcome);
   });
@@ -305,7 +328,13 @@ export function parseSloSpec(text: string, source = 'SLO spec'): SloSpec {
     alertNames.set(name, at);
     if (objectives.availability !== undefined) {
       checkReachable(`${at}.availability.objective`, objectives.availability.objective);
-      slos.push({ id: `${id}-availability`, scope, windowMs: spec.window, sli: 'availability', target: objectives.availability });
+      slos.push({
+        id: `${id}-availability`,
+        scope,
+        windowMs: spec.window,
+        sli: 'availability',
+        target: objectives.availability,
+      });
     }
     if (objectives.latency !== undefined) {
       checkReachable(`${at}.latency.objective`, objectives.latency.objective);
@@ -322,7 +351,14 @@ export function parseSloSpec(text: string, source = 'SLO spec'): SloSpec {
       continue;
     }
     // An SLI the model leaves out is eachModel's; the model's own alerts replace eachModel's for it.
-    add(at, { kind: 'model', model }, { availability: models[model]!.availability ?? eachModel?.availability, latency: models[model]!.latency ?? eachModel?.latency });
+    add(
+      at,
+      { kind: 'model', model },
+      {
+        availability: models[model]!.availability ?? eachModel?.availability,
+        latency: models[model]!.latency ?? eachModel?.latency,
+      },
+    );
   }
   if (slos.length === 0) problems.push('objectives: names no objective');
 

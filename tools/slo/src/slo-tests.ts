@@ -13,7 +13,16 @@ import {
   GATEWAY_INFERENCES,
   ROUTER_DURATION,
 } from './slo-rules';
-import { errorBudget, FAILURE_OUTCOMES, parseDurationMs, promDuration, round, type Severity, type Slo, type SloSpec } from './slo-spec';
+import {
+  errorBudget,
+  FAILURE_OUTCOMES,
+  parseDurationMs,
+  promDuration,
+  round,
+  type Severity,
+  type Slo,
+  type SloSpec,
+} from './slo-spec';
 
 /**
  * promtool unit tests of the rules (`promtool test rules`), derived from the spec: for every
@@ -80,7 +89,10 @@ function counter(segments: readonly Segment[], inc: (s: Segment) => number): str
   let value = 0;
   segments.forEach((segment, i) => {
     const step = round(inc(segment));
-    if (step < 0) throw new Error(`a test series would decrease (${step} a minute): the objective leaves too little room for the generated traffic`);
+    if (step < 0)
+      throw new Error(
+        `a test series would decrease (${step} a minute): the objective leaves too little room for the generated traffic`,
+      );
     const first = i === 0 ? 0 : round(value + step);
     const times = i === 0 ? segment.minutes : segment.minutes - 1;
     parts.push(`${first}+${step}x${times}`);
@@ -96,11 +108,24 @@ function series(name: string, labels: Record<string, string>): string {
 }
 
 /** Each service's metrics port on one machine (README: 8002 for the gateway, 9101 to 9105 for the others). */
-const METRICS_PORTS: Readonly<Record<string, number>> = { gateway: 8002, registry: 9101, router: 9102, cache: 9103, batcher: 9104, worker: 9105 };
-const instanceOf = (service: string, n?: number) => `${service}${n === undefined ? '' : `-${n}`}:${METRICS_PORTS[service]}`;
+const METRICS_PORTS: Readonly<Record<string, number>> = {
+  gateway: 8002,
+  registry: 9101,
+  router: 9102,
+  cache: 9103,
+  batcher: 9104,
+  worker: 9105,
+};
+const instanceOf = (service: string, n?: number) =>
+  `${service}${n === undefined ? '' : `-${n}`}:${METRICS_PORTS[service]}`;
 
 /** The inference counters of the gateway for one model's traffic. */
-function availabilitySeries(spec: SloSpec, model: string, segments: readonly Segment[], allModels: boolean): InputSeries[] {
+function availabilitySeries(
+  spec: SloSpec,
+  model: string,
+  segments: readonly Segment[],
+  allModels: boolean,
+): InputSeries[] {
   const base = { job: jobOf(spec, 'gateway'), instance: instanceOf('gateway') };
   // `overloaded` never carries a model: the gateway refused the request before routing it.
   const modelErrors = spec.errorOutcomes.filter((o) => o !== 'overloaded');
@@ -110,7 +135,12 @@ function availabilitySeries(spec: SloSpec, model: string, segments: readonly Seg
   const shares = { ok: 0.8, cached: 0.15, degraded: 0.05 };
   return [
     ...errors.map((outcome) => ({
-      series: series(GATEWAY_INFERENCES, { ...base, model: outcome === 'overloaded' ? NOT_ROUTED : model, version: outcome === 'overloaded' ? '' : '1', outcome }),
+      series: series(GATEWAY_INFERENCES, {
+        ...base,
+        model: outcome === 'overloaded' ? NOT_ROUTED : model,
+        version: outcome === 'overloaded' ? '' : '1',
+        outcome,
+      }),
       values: counter(segments, (s) => s.bad / errors.length),
     })),
     ...noise.map((outcome) => ({
@@ -139,19 +169,48 @@ function histogramSeries(
   return [
     { series: series(`${name}_count`, labels), values: counter(segments, count) },
     { series: series(`${name}_bucket`, { ...labels, le: le(threshold) }), values: counter(segments, fast) },
-    ...(below === undefined ? [] : [{ series: series(`${name}_bucket`, { ...labels, le: le(below) }), values: counter(segments, (s) => fast(s) / 2) }]),
-    ...(above === undefined ? [] : [{ series: series(`${name}_bucket`, { ...labels, le: le(above) }), values: counter(segments, count) }]),
+    ...(below === undefined
+      ? []
+      : [
+          {
+            series: series(`${name}_bucket`, { ...labels, le: le(below) }),
+            values: counter(segments, (s) => fast(s) / 2),
+          },
+        ]),
+    ...(above === undefined
+      ? []
+      : [{ series: series(`${name}_bucket`, { ...labels, le: le(above) }), values: counter(segments, count) }]),
   ];
 }
 
 /** Successful inference requests timed by the router (per model) or the gateway (all): `bad` of them slower than the threshold. */
-function latencySeries(spec: SloSpec, model: string, threshold: number, segments: readonly Segment[], allModels: boolean): InputSeries[] {
+function latencySeries(
+  spec: SloSpec,
+  model: string,
+  threshold: number,
+  segments: readonly Segment[],
+  allModels: boolean,
+): InputSeries[] {
   if (!allModels) {
     const base = { job: jobOf(spec, 'router'), instance: instanceOf('router'), model };
     // Timed per served version too: a rule that did not sum the versions would miss half the traffic.
     return [
-      ...histogramSeries(ROUTER_DURATION, { ...base, version: '1', cached: 'true' }, threshold, segments, (s) => 0.1 * s.total, (s) => 0.1 * s.total),
-      ...histogramSeries(ROUTER_DURATION, { ...base, version: '2', cached: 'false' }, threshold, segments, (s) => 0.9 * s.total, (s) => 0.9 * s.total - s.bad),
+      ...histogramSeries(
+        ROUTER_DURATION,
+        { ...base, version: '1', cached: 'true' },
+        threshold,
+        segments,
+        (s) => 0.1 * s.total,
+        (s) => 0.1 * s.total,
+      ),
+      ...histogramSeries(
+        ROUTER_DURATION,
+        { ...base, version: '2', cached: 'false' },
+        threshold,
+        segments,
+        (s) => 0.9 * s.total,
+        (s) => 0.9 * s.total - s.bad,
+      ),
     ];
   }
   const base = { job: jobOf(spec, 'gateway'), instance: instanceOf('gateway') };
@@ -162,11 +221,32 @@ function latencySeries(spec: SloSpec, model: string, threshold: number, segments
   ];
   return [
     ...inference.flatMap(({ share, ...labels }) =>
-      histogramSeries(GATEWAY_DURATION, { ...base, ...labels }, threshold, segments, (s) => share * s.total, (s) => share * (s.total - s.bad)),
+      histogramSeries(
+        GATEWAY_DURATION,
+        { ...base, ...labels },
+        threshold,
+        segments,
+        (s) => share * s.total,
+        (s) => share * (s.total - s.bad),
+      ),
     ),
     // Not in the SLI: slow admin requests, and slow failures (the availability SLI counts those).
-    ...histogramSeries(GATEWAY_DURATION, { ...base, protocol: 'rest', endpoint: 'GET /admin/v1/models', code: '200' }, threshold, segments, (s) => s.total, () => 0),
-    ...histogramSeries(GATEWAY_DURATION, { ...base, protocol: 'grpc', endpoint: 'ModelInfer', code: 'UNAVAILABLE' }, threshold, segments, (s) => 0.05 * s.total, () => 0),
+    ...histogramSeries(
+      GATEWAY_DURATION,
+      { ...base, protocol: 'rest', endpoint: 'GET /admin/v1/models', code: '200' },
+      threshold,
+      segments,
+      (s) => s.total,
+      () => 0,
+    ),
+    ...histogramSeries(
+      GATEWAY_DURATION,
+      { ...base, protocol: 'grpc', endpoint: 'ModelInfer', code: 'UNAVAILABLE' },
+      threshold,
+      segments,
+      (s) => 0.05 * s.total,
+      () => 0,
+    ),
   ];
 }
 
@@ -195,18 +275,32 @@ function ratioOver(segments: readonly Segment[], window: string): number {
 /** The burn-rate scenarios of an objective, each checked against the alert conditions it is meant to meet and no other. */
 function burnScenarios(slo: Slo): Scenario[] {
   const budget = errorBudget(slo.target.objective);
-  const conditions = (['page', 'ticket'] as const).flatMap((severity) => burnConditions(slo, severity).map((c) => ({ ...c, severity })));
+  const conditions = (['page', 'ticket'] as const).flatMap((severity) =>
+    burnConditions(slo, severity).map((c) => ({ ...c, severity })),
+  );
   return conditions.flatMap((c) => {
     const threshold = c.rate * budget;
     const burst = minutesOf(c.longWindow) + 5;
     const quiet = minutesOf(c.shortWindow) + 5;
     const before: Segment = { minutes: EVAL_MINUTES - burst, total: 2 * RATE, bad: 0 };
     const scenarios: Scenario[] = [
-      { name: `${c.longWindow}-${c.shortWindow} at ${1 + THRESHOLD_MARGIN}× ${c.rate}× the budget rate`, segments: [before, { minutes: burst, total: RATE, bad: (1 + THRESHOLD_MARGIN) * threshold * RATE }], fires: c.severity },
-      { name: `${c.longWindow}-${c.shortWindow} at ${1 - THRESHOLD_MARGIN}× ${c.rate}× the budget rate`, segments: [before, { minutes: burst, total: RATE, bad: (1 - THRESHOLD_MARGIN) * threshold * RATE }], fires: undefined },
+      {
+        name: `${c.longWindow}-${c.shortWindow} at ${1 + THRESHOLD_MARGIN}× ${c.rate}× the budget rate`,
+        segments: [before, { minutes: burst, total: RATE, bad: (1 + THRESHOLD_MARGIN) * threshold * RATE }],
+        fires: c.severity,
+      },
+      {
+        name: `${c.longWindow}-${c.shortWindow} at ${1 - THRESHOLD_MARGIN}× ${c.rate}× the budget rate`,
+        segments: [before, { minutes: burst, total: RATE, bad: (1 - THRESHOLD_MARGIN) * threshold * RATE }],
+        fires: undefined,
+      },
       {
         name: `${c.longWindow}-${c.shortWindow} at ${RECOVERED_FACTOR}× ${c.rate}× the budget rate, then no ${slo.sli === 'availability' ? 'errors' : 'slow requests'} for the last ${promDuration(quiet * 60_000)}`,
-        segments: [before, { minutes: burst - quiet, total: RATE, bad: RECOVERED_FACTOR * threshold * RATE }, { minutes: quiet, total: RATE, bad: 0 }],
+        segments: [
+          before,
+          { minutes: burst - quiet, total: RATE, bad: RECOVERED_FACTOR * threshold * RATE },
+          { minutes: quiet, total: RATE, bad: 0 },
+        ],
         fires: undefined,
       },
     ];
@@ -214,14 +308,21 @@ function burnScenarios(slo: Slo): Scenario[] {
       // The scenario must meet exactly the condition it tests (or none): else a test would pass for the wrong reason.
       const met = conditions.filter((other) => {
         const limit = other.rate * budget;
-        return ratioOver(scenario.segments, other.longWindow) > limit && ratioOver(scenario.segments, other.shortWindow) > limit;
+        return (
+          ratioOver(scenario.segments, other.longWindow) > limit &&
+          ratioOver(scenario.segments, other.shortWindow) > limit
+        );
       });
       const expected = scenario.fires === undefined ? [] : [c];
       if (met.length !== expected.length || met.some((m, i) => m !== expected[i])) {
-        throw new Error(`${slo.id}: the test scenario "${scenario.name}" would meet the conditions ${met.map((m) => `${m.longWindow}-${m.shortWindow}`).join(', ') || '(none)'}; the generator cannot test this objective`);
+        throw new Error(
+          `${slo.id}: the test scenario "${scenario.name}" would meet the conditions ${met.map((m) => `${m.longWindow}-${m.shortWindow}`).join(', ') || '(none)'}; the generator cannot test this objective`,
+        );
       }
       if (scenario.segments.some((s) => s.bad > 0.8 * s.total)) {
-        throw new Error(`${slo.id}: objective ${slo.target.objective} % is too loose for the generated tests (a scenario needs an error ratio over 80 %)`);
+        throw new Error(
+          `${slo.id}: objective ${slo.target.objective} % is too loose for the generated tests (a scenario needs an error ratio over 80 %)`,
+        );
       }
     }
     return scenarios;
@@ -232,7 +333,8 @@ function burnScenarios(slo: Slo): Scenario[] {
 function expand(text: string, labels: Record<string, string>): string {
   const expanded = text.replace(/\{\{ \$labels\.([a-zA-Z_]+) \}\}/g, (_m, name: string) => {
     const value = labels[name];
-    if (value === undefined) throw new Error(`an annotation names the label ${name}, which the alert does not have: ${text}`);
+    if (value === undefined)
+      throw new Error(`an annotation names the label ${name}, which the alert does not have: ${text}`);
     return value;
   });
   if (expanded.includes('{{')) throw new Error(`the test generator expands only {{ $labels.<name> }}: ${text}`);
@@ -254,18 +356,29 @@ function expectAlert(rule: AlertingRule, labels: Record<string, string>): Expect
 function ruleOf(groups: readonly RuleGroup[], name: string, severity?: Severity): AlertingRule {
   const rule = groups
     .flatMap((g) => g.rules)
-    .find((r): r is AlertingRule => 'alert' in r && r.alert === name && (severity === undefined || r.labels.severity === severity));
+    .find(
+      (r): r is AlertingRule =>
+        'alert' in r && r.alert === name && (severity === undefined || r.labels.severity === severity),
+    );
   if (rule === undefined) throw new Error(`no alert ${name}${severity === undefined ? '' : ` (${severity})`}`);
   return rule;
 }
 
 function testFile(groups: readonly RuleGroup[], evaluationInterval: string, tests: TestGroup[]): TestFile {
-  return { rule_files: ['../rules.yaml'], evaluation_interval: evaluationInterval, group_eval_order: groups.map((g) => g.name), tests };
+  return {
+    rule_files: ['../rules.yaml'],
+    evaluation_interval: evaluationInterval,
+    group_eval_order: groups.map((g) => g.name),
+    tests,
+  };
 }
 
 /** The labels an objective's SLI series carry, besides the model of a per-model one. */
 function sliLabels(slo: Slo, model: string | undefined): Record<string, string> {
-  return { ...(model === undefined ? {} : { model }), ...(slo.sli === 'latency' ? { threshold: le(slo.target.threshold) } : {}) };
+  return {
+    ...(model === undefined ? {} : { model }),
+    ...(slo.sli === 'latency' ? { threshold: le(slo.target.threshold) } : {}),
+  };
 }
 
 /**
@@ -288,7 +401,13 @@ function burnTests(spec: SloSpec, groups: readonly RuleGroup[], slo: Slo): TestF
         name: `${alertname}: ${scenario.name} ${scenario.fires === undefined ? 'does not fire' : `fires (${scenario.fires})`}`,
         interval: '1m',
         input_series: sliSeries(spec, slo, model, scenario.segments),
-        alert_rule_test: [{ eval_time: evalTime, alertname, exp_alerts: expected(scenario, slo.scope.kind === 'model' ? model : undefined) }],
+        alert_rule_test: [
+          {
+            eval_time: evalTime,
+            alertname,
+            exp_alerts: expected(scenario, slo.scope.kind === 'model' ? model : undefined),
+          },
+        ],
       })),
     );
   }
@@ -301,8 +420,17 @@ function burnTests(spec: SloSpec, groups: readonly RuleGroup[], slo: Slo): TestF
     {
       name: `${alertname}: ${models.map(({ scenario, model }) => `${model} ${scenario.name} ${scenario.fires === undefined ? 'does not fire' : `fires (${scenario.fires})`}`).join('; ')}; ${excluded.join(', ')} are left to their own objectives`,
       interval: '1m',
-      input_series: [...models.flatMap(({ scenario, model }) => sliSeries(spec, slo, model, scenario.segments)), ...excluded.flatMap((model) => sliSeries(spec, slo, model, burning))],
-      alert_rule_test: [{ eval_time: evalTime, alertname, exp_alerts: models.flatMap(({ scenario, model }) => expected(scenario, model)) }],
+      input_series: [
+        ...models.flatMap(({ scenario, model }) => sliSeries(spec, slo, model, scenario.segments)),
+        ...excluded.flatMap((model) => sliSeries(spec, slo, model, burning)),
+      ],
+      alert_rule_test: [
+        {
+          eval_time: evalTime,
+          alertname,
+          exp_alerts: models.flatMap(({ scenario, model }) => expected(scenario, model)),
+        },
+      ],
     },
   ]);
 }
@@ -338,9 +466,15 @@ function operationsTests(spec: SloSpec, groups: readonly RuleGroup[]): TestFile 
       input_series: [
         { series: series('up', { job: job('gateway'), instance: instanceOf('gateway', 1) }), values: `1x${end}` },
         { series: series('up', { job: job('gateway'), instance: instanceOf('gateway', 2) }), values: `0x${end}` },
-        { series: series('up', { job: job('registry'), instance: instanceOf('registry') }), values: steps(1, downAt, 0, end) },
+        {
+          series: series('up', { job: job('registry'), instance: instanceOf('registry') }),
+          values: steps(1, downAt, 0, end),
+        },
         // job('cache') has no target at all.
-        ...(['router', 'batcher', 'worker'] as const).map((s) => ({ series: series('up', { job: job(s), instance: instanceOf(s) }), values: `1x${end}` })),
+        ...(['router', 'batcher', 'worker'] as const).map((s) => ({
+          series: series('up', { job: job(s), instance: instanceOf(s) }),
+          values: `1x${end}`,
+        })),
       ],
       alert_rule_test: [
         check('InfermeshServiceDown', downAt + forM - 1, [{ job: job('cache') }]),
@@ -355,8 +489,14 @@ function operationsTests(spec: SloSpec, groups: readonly RuleGroup[]): TestFile 
       name: 'InfermeshBatcherNoWorkerReachable: 0 workers reachable for its `for` fires, 1 does not',
       interval: '1m',
       input_series: [
-        { series: series('infermesh_batcher_workers_reachable', { ...base, instance: instanceOf('batcher', 1) }), values: `0x${forM + 5}` },
-        { series: series('infermesh_batcher_workers_reachable', { ...base, instance: instanceOf('batcher', 2) }), values: `1x${forM + 5}` },
+        {
+          series: series('infermesh_batcher_workers_reachable', { ...base, instance: instanceOf('batcher', 1) }),
+          values: `0x${forM + 5}`,
+        },
+        {
+          series: series('infermesh_batcher_workers_reachable', { ...base, instance: instanceOf('batcher', 2) }),
+          values: `1x${forM + 5}`,
+        },
       ],
       alert_rule_test: [
         check('InfermeshBatcherNoWorkerReachable', forM - 1, []),
@@ -372,8 +512,14 @@ function operationsTests(spec: SloSpec, groups: readonly RuleGroup[]): TestFile 
       name: `InfermeshBatcherQueueNearBound: a depth of ${depth} for its \`for\` fires, ${depth - 1} does not`,
       interval: '1m',
       input_series: [
-        { series: series('infermesh_batcher_queue_depth', { ...base, model: 'tiny', version: '1' }), values: `${depth}x${forM + 5}` },
-        { series: series('infermesh_batcher_queue_depth', { ...base, model: 'mlp', version: '1' }), values: `${depth - 1}x${forM + 5}` },
+        {
+          series: series('infermesh_batcher_queue_depth', { ...base, model: 'tiny', version: '1' }),
+          values: `${depth}x${forM + 5}`,
+        },
+        {
+          series: series('infermesh_batcher_queue_depth', { ...base, model: 'mlp', version: '1' }),
+          values: `${depth - 1}x${forM + 5}`,
+        },
       ],
       alert_rule_test: [
         check('InfermeshBatcherQueueNearBound', forM - 1, []),
@@ -389,12 +535,28 @@ function operationsTests(spec: SloSpec, groups: readonly RuleGroup[]): TestFile 
       name: 'InfermeshBatcherQueueFull: QUEUE_FULL refusals every minute for its `for` fire; none, or refusals for another reason, do not',
       interval: '1m',
       input_series: [
-        { series: series('infermesh_batcher_rejections_total', { ...base, model: 'tiny', reason: 'QUEUE_FULL' }), values: `0+1x${end}` },
-        { series: series('infermesh_batcher_rejections_total', { ...base, model: 'mlp', reason: 'QUEUE_FULL' }), values: `7x${end}` },
-        { series: series('infermesh_batcher_rejections_total', { ...base, model: 'classifier', reason: 'DEADLINE_INFEASIBLE' }), values: `0+1x${end}` },
+        {
+          series: series('infermesh_batcher_rejections_total', { ...base, model: 'tiny', reason: 'QUEUE_FULL' }),
+          values: `0+1x${end}`,
+        },
+        {
+          series: series('infermesh_batcher_rejections_total', { ...base, model: 'mlp', reason: 'QUEUE_FULL' }),
+          values: `7x${end}`,
+        },
+        {
+          series: series('infermesh_batcher_rejections_total', {
+            ...base,
+            model: 'classifier',
+            reason: 'DEADLINE_INFEASIBLE',
+          }),
+          values: `0+1x${end}`,
+        },
       ],
       // The rate is first seen a minute in (two samples), and pending from then on.
-      alert_rule_test: [check('InfermeshBatcherQueueFull', forM, []), check('InfermeshBatcherQueueFull', forM + 1, [{ ...base, model: 'tiny' }])],
+      alert_rule_test: [
+        check('InfermeshBatcherQueueFull', forM, []),
+        check('InfermeshBatcherQueueFull', forM + 1, [{ ...base, model: 'tiny' }]),
+      ],
     });
   }
   {
@@ -405,11 +567,51 @@ function operationsTests(spec: SloSpec, groups: readonly RuleGroup[]): TestFile 
       name: 'InfermeshRouterCircuitOpen: a circuit half-open or open on any router for its `for` fires; closed, or open for less, does not',
       interval: '1m',
       input_series: [
-        { series: series('infermesh_router_circuit_state', { ...base, instance: instanceOf('router', 1), model: 'tiny', version: '1' }), values: `1x${end}` },
-        { series: series('infermesh_router_circuit_state', { ...base, instance: instanceOf('router', 1), model: 'mlp', version: '1' }), values: `0x${end}` },
-        { series: series('infermesh_router_circuit_state', { ...base, instance: instanceOf('router', 1), model: 'classifier', version: '2' }), values: steps(2, forM, 0, end) },
-        { series: series('infermesh_router_circuit_state', { ...base, instance: instanceOf('router', 1), model: 'identity', version: '3' }), values: `2x${end}` },
-        { series: series('infermesh_router_circuit_state', { ...base, instance: instanceOf('router', 2), model: 'identity', version: '3' }), values: `0x${end}` },
+        {
+          series: series('infermesh_router_circuit_state', {
+            ...base,
+            instance: instanceOf('router', 1),
+            model: 'tiny',
+            version: '1',
+          }),
+          values: `1x${end}`,
+        },
+        {
+          series: series('infermesh_router_circuit_state', {
+            ...base,
+            instance: instanceOf('router', 1),
+            model: 'mlp',
+            version: '1',
+          }),
+          values: `0x${end}`,
+        },
+        {
+          series: series('infermesh_router_circuit_state', {
+            ...base,
+            instance: instanceOf('router', 1),
+            model: 'classifier',
+            version: '2',
+          }),
+          values: steps(2, forM, 0, end),
+        },
+        {
+          series: series('infermesh_router_circuit_state', {
+            ...base,
+            instance: instanceOf('router', 1),
+            model: 'identity',
+            version: '3',
+          }),
+          values: `2x${end}`,
+        },
+        {
+          series: series('infermesh_router_circuit_state', {
+            ...base,
+            instance: instanceOf('router', 2),
+            model: 'identity',
+            version: '3',
+          }),
+          values: `0x${end}`,
+        },
       ],
       alert_rule_test: [
         check('InfermeshRouterCircuitOpen', forM - 1, []),
@@ -430,8 +632,14 @@ function operationsTests(spec: SloSpec, groups: readonly RuleGroup[]): TestFile 
       interval: '1m',
       input_series: [
         // Disconnected from minute 0: the age grows a minute a minute.
-        { series: series('infermesh_router_registry_watch_config_age_seconds', label('router')), values: `0+60x${end}` },
-        { series: series('infermesh_batcher_registry_watch_config_age_seconds', label('batcher')), values: `${afterS - 1}x${end}` },
+        {
+          series: series('infermesh_router_registry_watch_config_age_seconds', label('router')),
+          values: `0+60x${end}`,
+        },
+        {
+          series: series('infermesh_batcher_registry_watch_config_age_seconds', label('batcher')),
+          values: `${afterS - 1}x${end}`,
+        },
         { series: series('infermesh_worker_registry_watch_config_age_seconds', label('worker')), values: `0x${end}` },
       ],
       alert_rule_test: [
@@ -451,11 +659,26 @@ function operationsTests(spec: SloSpec, groups: readonly RuleGroup[]): TestFile 
       name: `InfermeshWorkerMemoryBudgetExhausted: ${a.workerMemoryBudget.percent} % of the budget charged (over two devices) for its \`for\` fires, 0.1 % less does not`,
       interval: '1m',
       input_series: [
-        { series: series('infermesh_worker_memory_budget_bytes', w(instanceOf('worker', 1))), values: `${budget}x${end}` },
-        { series: series('infermesh_worker_models_loaded_bytes', w(instanceOf('worker', 1), { device: 'cpu' })), values: `${round(full * 0.6)}x${end}` },
-        { series: series('infermesh_worker_models_loaded_bytes', w(instanceOf('worker', 1), { device: 'cuda' })), values: `${round(full - round(full * 0.6))}x${end}` },
-        { series: series('infermesh_worker_memory_budget_bytes', w(instanceOf('worker', 2))), values: `${budget}x${end}` },
-        { series: series('infermesh_worker_models_loaded_bytes', w(instanceOf('worker', 2), { device: 'cpu' })), values: `${round(full - budget / 1000)}x${end}` },
+        {
+          series: series('infermesh_worker_memory_budget_bytes', w(instanceOf('worker', 1))),
+          values: `${budget}x${end}`,
+        },
+        {
+          series: series('infermesh_worker_models_loaded_bytes', w(instanceOf('worker', 1), { device: 'cpu' })),
+          values: `${round(full * 0.6)}x${end}`,
+        },
+        {
+          series: series('infermesh_worker_models_loaded_bytes', w(instanceOf('worker', 1), { device: 'cuda' })),
+          values: `${round(full - round(full * 0.6))}x${end}`,
+        },
+        {
+          series: series('infermesh_worker_memory_budget_bytes', w(instanceOf('worker', 2))),
+          values: `${budget}x${end}`,
+        },
+        {
+          series: series('infermesh_worker_models_loaded_bytes', w(instanceOf('worker', 2), { device: 'cpu' })),
+          values: `${round(full - budget / 1000)}x${end}`,
+        },
       ],
       alert_rule_test: [
         check('InfermeshWorkerMemoryBudgetExhausted', forM - 1, []),

@@ -20,7 +20,9 @@ export class EmbeddedApiKeyStore extends ApiKeyStore {
   constructor(private readonly file: string) {
     super();
     const stored = readJsonFileSync(file, 'API key file', (json) =>
-      Object.entries(json as Record<string, JsonValue>).map(([id, record]) => [id, fromJson(ApiKeyRecordSchema, record)] as const),
+      Object.entries(json as Record<string, JsonValue>).map(
+        ([id, record]) => [id, fromJson(ApiKeyRecordSchema, record)] as const,
+      ),
     );
     this.records = new Map(stored);
   }

@@ -29,29 +29,41 @@ afterAll(async () => {
 });
 
 describe.each([
-  ['embedded', () => {
-    const file = join(dir, `${Math.random().toString(36).slice(2)}.json`);
-    return { shared: false, open: async (): Promise<ApiKeyStore> => new EmbeddedApiKeyStore(file), raw: () => readFileSync(file, 'utf8') };
-  }],
-  ['redis', () => {
-    const prefix = `t${Math.random().toString(36).slice(2)}:`;
-    const open = async (): Promise<ApiKeyStore> => {
-      const client = createRedisClient(redis.url, logger, 'api-keys-test');
-      await waitForRedis(client, 5_000);
-      return new RedisApiKeyStore(client, prefix);
-    };
-    return {
-      shared: true,
-      open,
-      raw: async () => {
-        const client = createRedisClient(redis.url, logger, 'api-keys-raw');
+  [
+    'embedded',
+    () => {
+      const file = join(dir, `${Math.random().toString(36).slice(2)}.json`);
+      return {
+        shared: false,
+        open: async (): Promise<ApiKeyStore> => new EmbeddedApiKeyStore(file),
+        raw: () => readFileSync(file, 'utf8'),
+      };
+    },
+  ],
+  [
+    'redis',
+    () => {
+      const prefix = `t${Math.random().toString(36).slice(2)}:`;
+      const open = async (): Promise<ApiKeyStore> => {
+        const client = createRedisClient(redis.url, logger, 'api-keys-test');
         await waitForRedis(client, 5_000);
-        const all = await client.hgetallBuffer(`${prefix}api-keys`);
-        client.disconnect();
-        return Object.values(all).map((b) => b.toString('latin1')).join('\n');
-      },
-    };
-  }],
+        return new RedisApiKeyStore(client, prefix);
+      };
+      return {
+        shared: true,
+        open,
+        raw: async () => {
+          const client = createRedisClient(redis.url, logger, 'api-keys-raw');
+          await waitForRedis(client, 5_000);
+          const all = await client.hgetallBuffer(`${prefix}api-keys`);
+          client.disconnect();
+          return Object.values(all)
+            .map((b) => b.toString('latin1'))
+            .join('\n');
+        },
+      };
+    },
+  ],
 ])('%s store', (_name, backend) => {
   let clock: ManualClock;
   let stores: ApiKeyStore[];
@@ -78,7 +90,9 @@ describe.each([
 
   it('creates a key whose secret authenticates as its principal, and stores no secret', async () => {
     const sut = await open();
-    const { key: created, secret } = await sut.create(key({ displayName: 'checkout', scopes: [Scope.INFER], models: ['mlp'], rateLimit: { requestsPerSecond: 5 } }));
+    const { key: created, secret } = await sut.create(
+      key({ displayName: 'checkout', scopes: [Scope.INFER], models: ['mlp'], rateLimit: { requestsPerSecond: 5 } }),
+    );
 
     expect(created.name).toMatch(/^apiKeys\/[0-9a-f]{12}$/);
     expect(secret).toMatch(/^im_[0-9a-f]{12}_/);
@@ -125,17 +139,23 @@ describe.each([
 
   it('keeps keys across a restart', async () => {
     const sut = await open();
-    const { key: created, secret } = await sut.create(key({ displayName: 'a', scopes: [Scope.INFER, Scope.ADMIN], tenant: 'team-a' }));
+    const { key: created, secret } = await sut.create(
+      key({ displayName: 'a', scopes: [Scope.INFER, Scope.ADMIN], tenant: 'team-a' }),
+    );
 
     const restarted = await open();
 
-    expect((await restarted.list()).map((k) => [k.name, k.displayName, k.tenant])).toEqual([[created.name, 'a', 'team-a']]);
+    expect((await restarted.list()).map((k) => [k.name, k.displayName, k.tenant])).toEqual([
+      [created.name, 'a', 'team-a'],
+    ]);
     expect(await restarted.authenticate(secret)).toMatchObject({ principal: { tenant: 'team-a' } });
   });
 });
 
 describe(ApiKeys.name, () => {
-  const sut = new ApiKeys(new EmbeddedApiKeyStore(join(tmpdir(), `api-keys-${process.pid}-${Date.now()}.json`)), { cacheMs: 1_000 });
+  const sut = new ApiKeys(new EmbeddedApiKeyStore(join(tmpdir(), `api-keys-${process.pid}-${Date.now()}.json`)), {
+    cacheMs: 1_000,
+  });
 
   afterAll(async () => {
     await sut.close();
@@ -147,7 +167,10 @@ describe(ApiKeys.name, () => {
     [key({ scopes: [Scope.INFER], tenant: 'has space' }), /key\.tenant/],
     [key({ scopes: [Scope.INFER], models: [''] }), /key\.models/],
     [key({ scopes: [Scope.INFER], rateLimit: { requestsPerSecond: -1 } }), /rate_limit\.requests_per_second/],
-    [key({ scopes: [Scope.INFER], rateLimit: { perModelRequestsPerSecond: Number.NaN } }), /per_model_requests_per_second/],
+    [
+      key({ scopes: [Scope.INFER], rateLimit: { perModelRequestsPerSecond: Number.NaN } }),
+      /per_model_requests_per_second/,
+    ],
   ])('refuses key settings that cannot work, naming the field (%#)', async (init, message) => {
     const error = await rpcRejection(sut.create(init));
     expect(error.code).toBe(status.INVALID_ARGUMENT);

@@ -77,7 +77,8 @@ export class ApiKeys {
     const id = API_KEY_NAME.exec(name)?.[1];
     if (id === undefined) throw RpcError.invalidArgument(`name must be apiKeys/<12 hexadecimal digits>, got "${name}"`);
     const record = await this.store.get(id);
-    if (record?.key === undefined) throw RpcError.notFound(`API key ${name} does not exist`, 'INVALID_REQUEST', { name });
+    if (record?.key === undefined)
+      throw RpcError.notFound(`API key ${name} does not exist`, 'INVALID_REQUEST', { name });
     if (record.key.revokeTime === undefined) {
       record.key.revokeTime = timestampFromDate(new Date(this.clock.now()));
       await this.store.put(id, record);
@@ -132,20 +133,26 @@ function checkApiKey(init: ApiKey | undefined): ApiKey {
   if (init === undefined) throw RpcError.invalidArgument('key is required');
   const key = clone(ApiKeySchema, init);
   const scopes = [...new Set(key.scopes)];
-  if (scopes.length === 0) throw RpcError.invalidArgument('key.scopes must name at least one scope: SCOPE_INFER, SCOPE_ADMIN');
+  if (scopes.length === 0)
+    throw RpcError.invalidArgument('key.scopes must name at least one scope: SCOPE_INFER, SCOPE_ADMIN');
   for (const scope of scopes) {
-    if (scope !== Scope.INFER && scope !== Scope.ADMIN) throw RpcError.invalidArgument(`key.scopes: unknown scope ${scope}; use SCOPE_INFER or SCOPE_ADMIN`);
+    if (scope !== Scope.INFER && scope !== Scope.ADMIN)
+      throw RpcError.invalidArgument(`key.scopes: unknown scope ${scope}; use SCOPE_INFER or SCOPE_ADMIN`);
   }
   key.scopes = scopes.sort();
   if (key.displayName.length > 100 || /[\u0000-\u001f\u007f]/.test(key.displayName)) {
     throw RpcError.invalidArgument('key.display_name must be at most 100 printable characters');
   }
   if (key.tenant !== '' && !TENANT.test(key.tenant)) {
-    throw RpcError.invalidArgument(`key.tenant must be 1 to 64 characters of A-Z a-z 0-9 . _ : -, got "${key.tenant.slice(0, 80)}"`);
+    throw RpcError.invalidArgument(
+      `key.tenant must be 1 to 64 characters of A-Z a-z 0-9 . _ : -, got "${key.tenant.slice(0, 80)}"`,
+    );
   }
-  if (key.models.length > MAX_MODELS) throw RpcError.invalidArgument(`key.models may name at most ${MAX_MODELS} models`);
+  if (key.models.length > MAX_MODELS)
+    throw RpcError.invalidArgument(`key.models may name at most ${MAX_MODELS} models`);
   for (const model of key.models) {
-    if (model === '' || model.length > 64) throw RpcError.invalidArgument(`key.models: "${model.slice(0, 80)}" is not a model name`);
+    if (model === '' || model.length > 64)
+      throw RpcError.invalidArgument(`key.models: "${model.slice(0, 80)}" is not a model name`);
   }
   key.models = [...new Set(key.models)];
   const limit = key.rateLimit;
@@ -157,7 +164,11 @@ function checkApiKey(init: ApiKey | undefined): ApiKey {
       ['per_model_burst', limit.perModelBurst],
     ] as const) {
       if (!Number.isFinite(value) || value < 0 || value > MAX_RATE) {
-        throw new RpcError(status.INVALID_ARGUMENT, `key.rate_limit.${field} must be between 0 and ${MAX_RATE}, got ${value}`, { reason: 'INVALID_REQUEST' });
+        throw new RpcError(
+          status.INVALID_ARGUMENT,
+          `key.rate_limit.${field} must be between 0 and ${MAX_RATE}, got ${value}`,
+          { reason: 'INVALID_REQUEST' },
+        );
       }
     }
   }

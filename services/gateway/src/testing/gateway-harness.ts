@@ -3,8 +3,18 @@ import { timestampNow } from '@bufbuild/protobuf/wkt';
 import { status } from '@grpc/grpc-js';
 import { GrpcServer, HealthService, RpcError, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
-import { DataType, type InferenceRequest, type InferenceResponseSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { type Model, ModelSchema, ModelVersionSchema, RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  DataType,
+  type InferenceRequest,
+  type InferenceResponseSchema,
+} from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import {
+  type Model,
+  ModelSchema,
+  ModelVersionSchema,
+  RegistryService,
+  VersionState,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
 import type { RunningService } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
@@ -33,7 +43,10 @@ export function fakeRouter(state: FakeRouter): ServiceImpl<typeof RouterService>
         case 'missing':
           throw RpcError.notFound('model "missing" not found', 'MODEL_NOT_FOUND');
         case 'busy':
-          throw new RpcError(status.RESOURCE_EXHAUSTED, 'the queue of model "busy" is full', { reason: 'QUEUE_FULL', retryDelayMs: 1500 });
+          throw new RpcError(status.RESOURCE_EXHAUSTED, 'the queue of model "busy" is full', {
+            reason: 'QUEUE_FULL',
+            retryDelayMs: 1500,
+          });
         case 'slow':
           await new Promise((r) => setTimeout(r, 1_000));
           break;
@@ -73,7 +86,11 @@ export const MODELS: Model[] = [
   create(ModelSchema, {
     name: 'models/mlp',
     platform: 'onnxruntime_onnx',
-    versions: [version('mlp', '1', VersionState.RETIRED), version('mlp', '2', VersionState.READY), version('mlp', '3', VersionState.LOADING)],
+    versions: [
+      version('mlp', '1', VersionState.RETIRED),
+      version('mlp', '2', VersionState.READY),
+      version('mlp', '3', VersionState.LOADING),
+    ],
   }),
   create(ModelSchema, {
     name: 'models/broken',
@@ -116,7 +133,8 @@ export function fakeRegistry() {
       const found = find(model);
       if (versionId === '') {
         const ready = found.versions.findLast((v) => v.state === VersionState.READY);
-        if (ready === undefined) throw new RpcError(status.UNAVAILABLE, `no version of ${model} is ready`, { reason: 'MODEL_NOT_READY' });
+        if (ready === undefined)
+          throw new RpcError(status.UNAVAILABLE, `no version of ${model} is ready`, { reason: 'MODEL_NOT_READY' });
         return { version: ready };
       }
       const v = found.versions.find((x) => x.name.endsWith(`/versions/${versionId}`));
@@ -133,7 +151,11 @@ export interface Upstream {
 }
 
 export async function startUpstream(add: (server: GrpcServer) => void, typeName: string): Promise<Upstream> {
-  const server = new GrpcServer({ logger: new JsonLogger('fake', 'error'), metrics: new Metrics('fake'), maxMessageBytes: 1 << 20 });
+  const server = new GrpcServer({
+    logger: new JsonLogger('fake', 'error'),
+    metrics: new Metrics('fake'),
+    maxMessageBytes: 1 << 20,
+  });
   const health = new HealthService();
   server.add(Health, health);
   add(server);
@@ -153,8 +175,14 @@ export interface FakeUpstreams {
 
 export async function startFakeUpstreams(): Promise<FakeUpstreams> {
   const routerState: FakeRouter = { requests: [] };
-  const router = await startUpstream((s) => s.add(RouterService, fakeRouter(routerState)), 'infermesh.router.v1.RouterService');
-  const registry = await startUpstream((s) => s.add(RegistryService, fakeRegistry()), 'infermesh.registry.v1.RegistryService');
+  const router = await startUpstream(
+    (s) => s.add(RouterService, fakeRouter(routerState)),
+    'infermesh.router.v1.RouterService',
+  );
+  const registry = await startUpstream(
+    (s) => s.add(RegistryService, fakeRegistry()),
+    'infermesh.registry.v1.RegistryService',
+  );
   return {
     router,
     registry,
@@ -171,7 +199,11 @@ export async function startFakeUpstreams(): Promise<FakeUpstreams> {
  * only, with its own data folder (removed when it stops) unless `env` names one. `env` gives
  * GATEWAY_API_KEYS and anything else to set.
  */
-export async function startTestGateway(routerAddress: string, registryAddress: string, env: Record<string, string>): Promise<RunningService> {
+export async function startTestGateway(
+  routerAddress: string,
+  registryAddress: string,
+  env: Record<string, string>,
+): Promise<RunningService> {
   const [grpc, metrics, httpPort] = await freePortList(3);
   const dataDir = mkdtempSync(join(tmpdir(), 'gateway-spec-'));
   const config = loadGatewayConfig({
@@ -239,7 +271,10 @@ export function http(
 }
 
 export const postJson = (port: number, path: string, body: unknown, headers: Record<string, string>) =>
-  http(port, 'POST', path, { headers: { 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+  http(port, 'POST', path, {
+    headers: { 'content-type': 'application/json', ...headers },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
 
 /** What the gateway's metrics port serves. */
 export async function metricsOf(gateway: RunningService): Promise<string> {

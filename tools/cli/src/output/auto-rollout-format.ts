@@ -28,12 +28,18 @@ export function decisionName(decision: RolloutDecision): string {
 
 /** The phases an automatic rollout ends in. */
 export function isFinished(phase: AutoRolloutPhase): boolean {
-  return phase === AutoRolloutPhase.PROMOTED || phase === AutoRolloutPhase.ROLLED_BACK || phase === AutoRolloutPhase.ABORTED;
+  return (
+    phase === AutoRolloutPhase.PROMOTED || phase === AutoRolloutPhase.ROLLED_BACK || phase === AutoRolloutPhase.ABORTED
+  );
 }
 
 /** A duration as the flags take it, in its largest whole unit: 60000 → "1m", 1500 → "1500ms". */
 export function formatDuration(ms: number): string {
-  for (const [unit, size] of [['h', 3_600_000], ['m', 60_000], ['s', 1_000]] as const) {
+  for (const [unit, size] of [
+    ['h', 3_600_000],
+    ['m', 60_000],
+    ['s', 1_000],
+  ] as const) {
     if (ms >= size && ms % size === 0) return `${ms / size}${unit}`;
   }
   return `${ms}ms`;
@@ -104,8 +110,12 @@ function formatFigures(figures: StepFigures, reference: VersionFigures | undefin
   if (figures.stable !== undefined) rows.push(figureRows('stable', figures.stable));
   if (reference !== undefined) rows.push(figureRows('stable, reference', reference));
   const lines = [`  figures over ${formatElapsed(Number(figures.elapsedMs))} of the step:`];
-  if (rows.length > 0) lines.push(...indent(table(['VERSION', 'REQUESTS', 'ERRORS', 'ERROR RATE', 'P99', 'AGREEMENT'], rows), '    '));
-  if (reference !== undefined) lines.push('    (reference: the stable version over the last step in which it served the minimum of requests; the comparison once the canary takes nearly all of them)');
+  if (rows.length > 0)
+    lines.push(...indent(table(['VERSION', 'REQUESTS', 'ERRORS', 'ERROR RATE', 'P99', 'AGREEMENT'], rows), '    '));
+  if (reference !== undefined)
+    lines.push(
+      '    (reference: the stable version over the last step in which it served the minimum of requests; the comparison once the canary takes nearly all of them)',
+    );
   if (figures.gates.length > 0) {
     lines.push('  gates:');
     lines.push(
@@ -124,10 +134,12 @@ function formatFigures(figures: StepFigures, reference: VersionFigures | undefin
 /** The gates an analysis sets, as the flags of `rollout auto` name them. */
 function gatesOf(analysis: AutoRolloutAnalysis): string {
   const gates: string[] = [];
-  if (analysis.maxErrorRateIncrease !== undefined) gates.push(`error rate at most ${number(analysis.maxErrorRateIncrease)} above the stable's`);
+  if (analysis.maxErrorRateIncrease !== undefined)
+    gates.push(`error rate at most ${number(analysis.maxErrorRateIncrease)} above the stable's`);
   if (analysis.maxP99Ratio !== undefined) gates.push(`p99 at most ${number(analysis.maxP99Ratio)}× the stable's`);
   if (analysis.minAgreement !== undefined) gates.push(`shadow agreement at least ${number(analysis.minAgreement)}`);
-  if (analysis.maxBurnRate !== undefined) gates.push(`burn rate at most ${number(analysis.maxBurnRate)} of a ${number(analysis.objective)}% objective`);
+  if (analysis.maxBurnRate !== undefined)
+    gates.push(`burn rate at most ${number(analysis.maxBurnRate)} of a ${number(analysis.objective)}% objective`);
   return gates.join('; ') || 'none';
 }
 
@@ -144,13 +156,19 @@ export function formatAutoRollout(model: Model, nowMs: number): string {
   const rows: [string, string][] = [];
   let step = stepText(rollout.step, percent, analysis);
   if (rollout.stepStartTime !== undefined) {
-    const until = rollout.phase === AutoRolloutPhase.PROGRESSING || rollout.updateTime === undefined ? nowMs : timestampMs(rollout.updateTime);
+    const until =
+      rollout.phase === AutoRolloutPhase.PROGRESSING || rollout.updateTime === undefined
+        ? nowMs
+        : timestampMs(rollout.updateTime);
     step += `, for ${formatElapsed(until - timestampMs(rollout.stepStartTime))}`;
   }
   rows.push(['step', step]);
   if (rollout.reason !== '') rows.push(['reason', rollout.reason]);
   if (analysis !== undefined) {
-    rows.push(['steps', `${analysis.steps.map(number).join(', ')}%, each at least ${formatDuration(Number(analysis.intervalMs))} and ${analysis.minRequests} canary requests`]);
+    rows.push([
+      'steps',
+      `${analysis.steps.map(number).join(', ')}%, each at least ${formatDuration(Number(analysis.intervalMs))} and ${analysis.minRequests} canary requests`,
+    ]);
     rows.push(['gates', gatesOf(analysis)]);
   }
   rows.push(['started', time(rollout.startTime)]);
@@ -187,7 +205,8 @@ export function formatDecision(event: RolloutEvent, rollout: AutoRollout | undef
 export function formatRolloutHistory(model: Model): string {
   // The registry keeps them oldest first.
   const events = model.rolloutHistory;
-  if (events.length === 0) return `No automatic rollout of ${modelIdOf(model.name)} yet: start one with \`infermesh rollout auto ${modelIdOf(model.name)} --version <id>\`.\n`;
+  if (events.length === 0)
+    return `No automatic rollout of ${modelIdOf(model.name)} yet: start one with \`infermesh rollout auto ${modelIdOf(model.name)} --version <id>\`.\n`;
   return table(
     ['TIME', 'DECISION', 'VERSION', 'STEP', 'PERCENT', 'CANARY', 'STABLE', 'REASON'],
     events.map((e) => {

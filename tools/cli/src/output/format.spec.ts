@@ -3,7 +3,11 @@ import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_
 import { ModelSchema, RolloutPolicySchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { formatBytes, formatModelDetails, formatModelList, formatRollout, formatVersionPolicy, table } from './format';
 
-const version = (model: string, id: number, state: VersionState, extra: object = {}) => ({ name: `models/${model}/versions/${id}`, state, ...extra });
+const version = (model: string, id: number, state: VersionState, extra: object = {}) => ({
+  name: `models/${model}/versions/${id}`,
+  state,
+  ...extra,
+});
 
 const classifier = create(ModelSchema, {
   name: 'models/classifier',
@@ -19,7 +23,13 @@ const classifier = create(ModelSchema, {
         outputs: [{ name: 'scores', datatype: DataType.FP16, shape: [-1n, 10n] }],
         maxBatchSize: 8,
       },
-      batching: { maxBatchSize: 4, maxQueueDelayUs: 500n, preferredBatchSizes: [2, 4], priorityLevels: 2, maxQueueSize: 64 },
+      batching: {
+        maxBatchSize: 4,
+        maxQueueDelayUs: 500n,
+        preferredBatchSizes: [2, 4],
+        priorityLevels: 2,
+        maxQueueSize: 64,
+      },
       processing: {
         inputNormalizations: [{ input: 'image', mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225] }],
         outputLabels: [{ output: 'scores', labels: ['cat', 'dog'] }],
@@ -108,16 +118,25 @@ describe('output format', () => {
     const vad = create(ModelSchema, {
       name: 'models/vad',
       versions: [
-        { ...version('vad', 1, VersionState.READY), warmUpError: 'synthetic warm-up at batch 1 failed on cpu: Pad reflect requires axis length >= 2' },
+        {
+          ...version('vad', 1, VersionState.READY),
+          warmUpError: 'synthetic warm-up at batch 1 failed on cpu: Pad reflect requires axis length >= 2',
+        },
         { ...version('vad', 2, VersionState.READY), warmUp: { samples: [{ name: '16 kHz' }, {}] } },
         { ...version('vad', 3, VersionState.LOADING), warmUp: { samples: [{}] } },
       ],
     });
     const text = formatModelDetails(vad);
     expect(text).toMatch(/\n1 +READY +- +not warmed up \(see Warm-up\)\n2 +READY +-\n/);
-    expect(text).toContain('Version 1: READY\n  Batching: defaults (up to the max batch size, no waiting while a worker is idle)\n  Warm-up: synthetic (no samples given); NOT warmed up: synthetic warm-up at batch 1 failed on cpu: Pad reflect requires axis length >= 2\n');
-    expect(text).toContain('Version 2: READY\n  Batching: defaults (up to the max batch size, no waiting while a worker is idle)\n  Warm-up: 2 samples given ("16 kHz", sample 2); warmed up\n');
-    expect(text).toContain('Version 3: LOADING\n  Batching: defaults (up to the max batch size, no waiting while a worker is idle)\n  Warm-up: 1 sample given (sample 1)\n');
+    expect(text).toContain(
+      'Version 1: READY\n  Batching: defaults (up to the max batch size, no waiting while a worker is idle)\n  Warm-up: synthetic (no samples given); NOT warmed up: synthetic warm-up at batch 1 failed on cpu: Pad reflect requires axis length >= 2\n',
+    );
+    expect(text).toContain(
+      'Version 2: READY\n  Batching: defaults (up to the max batch size, no waiting while a worker is idle)\n  Warm-up: 2 samples given ("16 kHz", sample 2); warmed up\n',
+    );
+    expect(text).toContain(
+      'Version 3: LOADING\n  Batching: defaults (up to the max batch size, no waiting while a worker is idle)\n  Warm-up: 1 sample given (sample 1)\n',
+    );
   });
 
   it('shows the stable version, canary, variants, shadow and fallback of a rollout, with the state of each version', () => {
@@ -135,20 +154,39 @@ describe('output format', () => {
   });
 
   it('says where requests go when there is no rollout, or no stable version is set', () => {
-    expect(formatRollout(tiny)).toBe('Rollout of tiny: none; requests that name no version go to the latest READY version (none READY yet).\n');
+    expect(formatRollout(tiny)).toBe(
+      'Rollout of tiny: none; requests that name no version go to the latest READY version (none READY yet).\n',
+    );
     const canaryOnly = clone(ModelSchema, classifier);
     canaryOnly.rollout = create(RolloutPolicySchema, { canary: { version: '3', percent: 12.5 } });
-    expect(formatRollout(canaryOnly)).toContain('  stable  the latest READY version (now 2)\n  canary  3: 12.5% of requests (FAILED)\n');
+    expect(formatRollout(canaryOnly)).toContain(
+      '  stable  the latest READY version (now 2)\n  canary  3: 12.5% of requests (FAILED)\n',
+    );
   });
 
   it('names the version policies', () => {
     expect(formatVersionPolicy(undefined)).toBe('latest 1 (default)');
-    expect(formatVersionPolicy(create(ModelSchema, { versionPolicy: { policy: { case: 'specific', value: { versions: ['1', '3'] } } } }).versionPolicy)).toBe('specific 1, 3');
-    expect(formatVersionPolicy(create(ModelSchema, { versionPolicy: { policy: { case: 'all', value: {} } } }).versionPolicy)).toBe('all');
+    expect(
+      formatVersionPolicy(
+        create(ModelSchema, { versionPolicy: { policy: { case: 'specific', value: { versions: ['1', '3'] } } } })
+          .versionPolicy,
+      ),
+    ).toBe('specific 1, 3');
+    expect(
+      formatVersionPolicy(create(ModelSchema, { versionPolicy: { policy: { case: 'all', value: {} } } }).versionPolicy),
+    ).toBe('all');
   });
 
   it('sizes bytes and aligns tables', () => {
     expect([formatBytes(512), formatBytes(1536), formatBytes(5 * 1024 ** 3)]).toEqual(['512 B', '1.5 KiB', '5.0 GiB']);
-    expect(table(['A', 'LONG'], [['wide cell', 'x'], ['y', '']])).toBe('A          LONG\nwide cell  x\ny\n');
+    expect(
+      table(
+        ['A', 'LONG'],
+        [
+          ['wide cell', 'x'],
+          ['y', ''],
+        ],
+      ),
+    ).toBe('A          LONG\nwide cell  x\ny\n');
   });
 });

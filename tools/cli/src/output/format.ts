@@ -54,7 +54,11 @@ const yesNo = (value: boolean) => (value ? 'yes' : 'no');
 /** Rows under headers, each column as wide as its widest cell, two spaces apart. */
 export function table(headers: readonly string[], rows: readonly (readonly string[])[]): string {
   const widths = headers.map((header, i) => Math.max(header.length, ...rows.map((row) => (row[i] ?? '').length)));
-  const line = (cells: readonly string[]) => cells.map((cell, i) => cell.padEnd(widths[i]!)).join('  ').trimEnd();
+  const line = (cells: readonly string[]) =>
+    cells
+      .map((cell, i) => cell.padEnd(widths[i]!))
+      .join('  ')
+      .trimEnd();
   return `${[line(headers), ...rows.map(line)].join('\n')}\n`;
 }
 
@@ -78,7 +82,13 @@ export function formatModelList(models: readonly Model[]): string {
   const sorted = [...models].sort((a, b) => a.name.localeCompare(b.name));
   return table(
     ['NAME', 'VERSIONS', 'SERVING', 'PINNED', 'UNLOADED'],
-    sorted.map((m) => [modelIdOf(m.name), versionsSummary(m), servingVersions(m).join(', ') || '-', yesNo(m.pinned), yesNo(m.unloaded)]),
+    sorted.map((m) => [
+      modelIdOf(m.name),
+      versionsSummary(m),
+      servingVersions(m).join(', ') || '-',
+      yesNo(m.pinned),
+      yesNo(m.unloaded),
+    ]),
   );
 }
 
@@ -120,13 +130,22 @@ export function formatRollout(model: Model): string {
       : `${policy.stableVersion} (${versionState(model, policy.stableVersion)})`,
   ]);
   if (policy.canary !== undefined) {
-    rows.push(['canary', `${policy.canary.version}: ${percent(policy.canary.percent)} of requests (${versionState(model, policy.canary.version)})`]);
+    rows.push([
+      'canary',
+      `${policy.canary.version}: ${percent(policy.canary.percent)} of requests (${versionState(model, policy.canary.version)})`,
+    ]);
   }
   policy.variants.forEach((variant, i) => {
-    rows.push([i === 0 ? 'variants' : '', `${variant.version}: ${percent(variant.percent)} of routing keys (${versionState(model, variant.version)})`]);
+    rows.push([
+      i === 0 ? 'variants' : '',
+      `${variant.version}: ${percent(variant.percent)} of routing keys (${versionState(model, variant.version)})`,
+    ]);
   });
   if (policy.shadow !== undefined) {
-    rows.push(['shadow', `${policy.shadow.version}: mirrors ${percent(policy.shadow.percent)} of requests (${versionState(model, policy.shadow.version)})`]);
+    rows.push([
+      'shadow',
+      `${policy.shadow.version}: mirrors ${percent(policy.shadow.percent)} of requests (${versionState(model, policy.shadow.version)})`,
+    ]);
   }
   if (policy.fallbackModel !== '') rows.push(['fallback', `model ${policy.fallbackModel}`]);
   const width = Math.max(...rows.map(([label]) => label.length));
@@ -145,12 +164,15 @@ export function formatCache(cache: CachePolicy | undefined): string {
 export function formatBatching(batching: Batching | undefined): string {
   if (batching === undefined) return 'defaults (up to the max batch size, no waiting while a worker is idle)';
   const parts: string[] = [];
-  if (batching.maxBatchSize !== undefined) parts.push(batching.maxBatchSize === 0 ? 'off (one request per batch)' : `max batch ${batching.maxBatchSize}`);
+  if (batching.maxBatchSize !== undefined)
+    parts.push(batching.maxBatchSize === 0 ? 'off (one request per batch)' : `max batch ${batching.maxBatchSize}`);
   if (batching.maxQueueDelayUs !== undefined) parts.push(`max queue delay ${batching.maxQueueDelayUs} us`);
   if (batching.preferredBatchSizes.length > 0) parts.push(`preferred sizes ${batching.preferredBatchSizes.join(', ')}`);
   if (batching.preserveOrdering) parts.push('preserves ordering');
   if (batching.priorityLevels > 0) {
-    parts.push(`${batching.priorityLevels} priority levels (default ${batching.defaultPriorityLevel === 0 ? 'the lowest' : batching.defaultPriorityLevel})`);
+    parts.push(
+      `${batching.priorityLevels} priority levels (default ${batching.defaultPriorityLevel === 0 ? 'the lowest' : batching.defaultPriorityLevel})`,
+    );
   }
   if (batching.maxQueueSize > 0) parts.push(`queue up to ${batching.maxQueueSize} requests`);
   return parts.join(', ') || 'defaults';
@@ -191,18 +213,25 @@ function indent(text: string, by: string): string {
 }
 
 function formatVersion(version: ModelVersion): string {
-  const lines = [`Version ${versionIdOf(version.name)}: ${stateName(version.state)}${version.stateReason === '' ? '' : ` (${version.stateReason})`}`];
+  const lines = [
+    `Version ${versionIdOf(version.name)}: ${stateName(version.state)}${version.stateReason === '' ? '' : ` (${version.stateReason})`}`,
+  ];
   const signature = version.signature;
   if (signature !== undefined) {
     const headers = ['NAME', 'DATATYPE', 'SHAPE'];
-    const tensors = (specs: readonly TensorSpec[]) => (specs.length === 0 ? '    none' : indent(table(headers, tensorRows(specs)), '    '));
+    const tensors = (specs: readonly TensorSpec[]) =>
+      specs.length === 0 ? '    none' : indent(table(headers, tensorRows(specs)), '    ');
     lines.push('  Inputs:', tensors(signature.inputs), '  Outputs:', tensors(signature.outputs));
     lines.push(`  Max batch size: ${signature.maxBatchSize === 0 ? '0 (does not batch)' : signature.maxBatchSize}`);
   }
   lines.push(`  Batching: ${formatBatching(version.batching)}`);
   lines.push(`  Warm-up: ${formatWarmUp(version)}`);
   const processing = formatProcessing(version.processing);
-  lines.push(processing.length === 1 ? `  Processing: ${processing[0]}` : `  Processing:\n${processing.map((p) => `    ${p}`).join('\n')}`);
+  lines.push(
+    processing.length === 1
+      ? `  Processing: ${processing[0]}`
+      : `  Processing:\n${processing.map((p) => `    ${p}`).join('\n')}`,
+  );
   if (version.artifact !== undefined) {
     lines.push(`  Artifact: sha256 ${version.artifact.sha256}, ${formatBytes(Number(version.artifact.sizeBytes))}`);
   }
@@ -228,7 +257,8 @@ function formatLineage(lineage: Lineage): string[] {
     const unlisted = more(lineage.floatNodeCount, lineage.floatNodes.length);
     if (unlisted !== '') lines.push(`   ${unlisted}`);
   }
-  if (lineage.accuracy !== undefined) lines.push(`  Accuracy: ${describeAccuracy(lineage.accuracy)}; gate relative L2 ${lineage.accuracy.maxRelativeL2}`);
+  if (lineage.accuracy !== undefined)
+    lines.push(`  Accuracy: ${describeAccuracy(lineage.accuracy)}; gate relative L2 ${lineage.accuracy.maxRelativeL2}`);
   return lines;
 }
 
@@ -249,7 +279,12 @@ export function formatModelDetails(model: Model): string {
     ['Labels', labels || 'none'],
   ];
   const width = Math.max(...settings.map(([k]) => k.length));
-  const parts = [settings.map(([k, v]) => `${`${k}:`.padEnd(width + 1)}  ${v}`).join('\n'), '', formatRollout(model).trimEnd(), ''];
+  const parts = [
+    settings.map(([k, v]) => `${`${k}:`.padEnd(width + 1)}  ${v}`).join('\n'),
+    '',
+    formatRollout(model).trimEnd(),
+    '',
+  ];
   if (model.versions.length === 0) {
     parts.push('No versions.');
   } else {
@@ -260,7 +295,11 @@ export function formatModelDetails(model: Model): string {
           versionIdOf(v.name),
           stateName(v.state),
           v.createTime === undefined ? '-' : timestampDate(v.createTime).toISOString(),
-          v.stateReason !== '' ? v.stateReason : v.state === VersionState.READY && v.warmUpError !== '' ? 'not warmed up (see Warm-up)' : '',
+          v.stateReason !== ''
+            ? v.stateReason
+            : v.state === VersionState.READY && v.warmUpError !== ''
+              ? 'not warmed up (see Warm-up)'
+              : '',
         ]),
       ).trimEnd(),
     );
@@ -288,10 +327,14 @@ export function formatRateLimit(limit: RateLimit | undefined): string {
   if (limit === undefined) return 'gateway defaults';
   const parts: string[] = [];
   if (limit.requestsPerSecond > 0) {
-    parts.push(`${requestRate(limit.requestsPerSecond)} (burst ${limit.burst || Math.max(1, limit.requestsPerSecond)})`);
+    parts.push(
+      `${requestRate(limit.requestsPerSecond)} (burst ${limit.burst || Math.max(1, limit.requestsPerSecond)})`,
+    );
   }
   if (limit.perModelRequestsPerSecond > 0) {
-    parts.push(`${requestRate(limit.perModelRequestsPerSecond)} per model (burst ${limit.perModelBurst || Math.max(1, limit.perModelRequestsPerSecond)})`);
+    parts.push(
+      `${requestRate(limit.perModelRequestsPerSecond)} per model (burst ${limit.perModelBurst || Math.max(1, limit.perModelRequestsPerSecond)})`,
+    );
   }
   return parts.join(', ') || 'none';
 }

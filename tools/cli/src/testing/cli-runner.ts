@@ -8,7 +8,11 @@ export interface CliRun {
 }
 
 /** Runs `infermesh` in-process with `env`, capturing what it writes; `tty` makes stderr a terminal. */
-export async function runCapturing(argv: readonly string[], env: Env, options: { tty?: boolean } = {}): Promise<CliRun> {
+export async function runCapturing(
+  argv: readonly string[],
+  env: Env,
+  options: { tty?: boolean } = {},
+): Promise<CliRun> {
   let stdout = '';
   let stderr = '';
   const code = await runCli(argv, {

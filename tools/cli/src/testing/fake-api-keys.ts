@@ -64,8 +64,11 @@ export class FakeApiKeys implements Impl {
     const authorization = ctx.metadata['authorization'];
     this.calls.push({ method, request, authorization });
     if (authorization === `Bearer ${this.inferOnlyKey}`) {
-      throw new RpcError(status.PERMISSION_DENIED, 'this API key lacks the admin scope', { reason: 'PERMISSION_DENIED' });
+      throw new RpcError(status.PERMISSION_DENIED, 'this API key lacks the admin scope', {
+        reason: 'PERMISSION_DENIED',
+      });
     }
-    if (authorization !== `Bearer ${this.apiKey}`) throw new RpcError(status.UNAUTHENTICATED, 'invalid API key', { reason: 'UNAUTHENTICATED' });
+    if (authorization !== `Bearer ${this.apiKey}`)
+      throw new RpcError(status.UNAUTHENTICATED, 'invalid API key', { reason: 'UNAUTHENTICATED' });
   }
 }

@@ -121,7 +121,8 @@ export class FakeRegistry implements Impl {
     if (decision === RolloutDecision.ADVANCED) {
       rollout.step += 1;
       rollout.stepStartTime = at;
-      if (model.rollout?.canary !== undefined) model.rollout.canary.percent = rollout.analysis?.steps[rollout.step] ?? 100;
+      if (model.rollout?.canary !== undefined)
+        model.rollout.canary.percent = rollout.analysis?.steps[rollout.step] ?? 100;
     }
     rollout.phase = PHASE_AFTER[decision];
     rollout.reason = details.reason ?? '';
@@ -138,7 +139,8 @@ export class FakeRegistry implements Impl {
     });
     if (event.figures !== undefined) rollout.figures = event.figures;
     // The trial ends: the canary takes everything, or nothing and is marked with the reason.
-    if (decision === RolloutDecision.PROMOTED) model.rollout = create(RolloutPolicySchema, { stableVersion: rollout.canaryVersion });
+    if (decision === RolloutDecision.PROMOTED)
+      model.rollout = create(RolloutPolicySchema, { stableVersion: rollout.canaryVersion });
     if (decision === RolloutDecision.ROLLED_BACK) {
       model.rollout = create(RolloutPolicySchema, { stableVersion: rollout.stableVersion });
       const canary = model.versions.find((v) => versionIdOf(v.name) === rollout.canaryVersion);
@@ -169,7 +171,10 @@ export class FakeRegistry implements Impl {
     const sha256 = createHash('sha256').update(bytes).digest('hex');
     const expected = upload.expectedSha256[upload.expectedSha256.length - 1];
     if (expected !== undefined && expected !== sha256) {
-      throw RpcError.invalidArgument(`the uploaded bytes hash to ${sha256}, not the expected_sha256 ${expected}`, 'INVALID_ARTIFACT');
+      throw RpcError.invalidArgument(
+        `the uploaded bytes hash to ${sha256}, not the expected_sha256 ${expected}`,
+        'INVALID_ARTIFACT',
+      );
     }
     this.artifacts.set(sha256, bytes);
     return { artifact: { sha256, sizeBytes: BigInt(bytes.byteLength), format: 'onnx' } };
@@ -177,7 +182,8 @@ export class FakeRegistry implements Impl {
 
   quantizeModelVersion: Impl['quantizeModelVersion'] = async (request, ctx) => {
     this.admit('quantizeModelVersion', request, ctx);
-    if (this.quantizeAnswer === undefined) throw new RpcError(status.UNIMPLEMENTED, 'QuantizeModelVersion is not scripted in this spec');
+    if (this.quantizeAnswer === undefined)
+      throw new RpcError(status.UNIMPLEMENTED, 'QuantizeModelVersion is not scripted in this spec');
     return { version: this.quantizeAnswer(request) };
   };
 
@@ -185,9 +191,11 @@ export class FakeRegistry implements Impl {
     this.admit('createModelVersion', request, ctx);
     const artifact = this.artifacts.get(request.artifactSha256);
     if (artifact === undefined) throw RpcError.notFound(`no artifact ${request.artifactSha256}`, 'ARTIFACT_NOT_FOUND');
-    const model = this.models.get(request.parent) ?? create(ModelSchema, { name: request.parent, platform: 'onnxruntime_onnx' });
+    const model =
+      this.models.get(request.parent) ?? create(ModelSchema, { name: request.parent, platform: 'onnxruntime_onnx' });
     const name = `${request.parent}/versions/${request.versionId}`;
-    if (model.versions.some((v) => v.name === name)) throw new RpcError(status.ALREADY_EXISTS, `${name} exists`, { reason: 'ALREADY_EXISTS' });
+    if (model.versions.some((v) => v.name === name))
+      throw new RpcError(status.ALREADY_EXISTS, `${name} exists`, { reason: 'ALREADY_EXISTS' });
     model.versions.push(
       create(ModelVersionSchema, {
         name,
@@ -270,7 +278,10 @@ export class FakeRegistry implements Impl {
     const model = this.existing(request.model);
     if (request.action.case === 'pause') {
       if (model.autoRollout?.phase !== AutoRolloutPhase.PROGRESSING) {
-        throw new RpcError(status.FAILED_PRECONDITION, `model "${modelIdOf(model.name)}" has no automatic rollout in progress`);
+        throw new RpcError(
+          status.FAILED_PRECONDITION,
+          `model "${modelIdOf(model.name)}" has no automatic rollout in progress`,
+        );
       }
       this.decide(model.name, RolloutDecision.PAUSED, { reason: 'paused by UpdateRollout' });
     }
@@ -283,12 +294,14 @@ export class FakeRegistry implements Impl {
     const model = this.existing(request.model);
     const id = modelIdOf(model.name);
     if (request.resume) {
-      if (model.autoRollout?.phase !== AutoRolloutPhase.PAUSED) throw new RpcError(status.FAILED_PRECONDITION, `model "${id}" has no paused automatic rollout`);
+      if (model.autoRollout?.phase !== AutoRolloutPhase.PAUSED)
+        throw new RpcError(status.FAILED_PRECONDITION, `model "${id}" has no paused automatic rollout`);
       this.decide(model.name, RolloutDecision.RESUMED, { reason: 'resumed by StartAutoRollout' });
       return { model };
     }
     const version = model.versions.find((v) => versionIdOf(v.name) === request.version);
-    if (version?.state !== VersionState.READY) throw new RpcError(status.FAILED_PRECONDITION, `version ${request.version} of model "${id}" is not READY`);
+    if (version?.state !== VersionState.READY)
+      throw new RpcError(status.FAILED_PRECONDITION, `version ${request.version} of model "${id}" is not READY`);
     const stable = stableVersion(model);
     const now = timestampNow();
     model.autoRollout = create(AutoRolloutSchema, {
@@ -304,11 +317,16 @@ export class FakeRegistry implements Impl {
       stableVersion: model.autoRollout.stableVersion,
       canary: { version: request.version, percent: request.analysis?.steps[0] ?? 100 },
     });
-    this.decide(model.name, RolloutDecision.STARTED, { reason: `waiting for ${request.analysis?.minRequests ?? 0n} canary requests` });
+    this.decide(model.name, RolloutDecision.STARTED, {
+      reason: `waiting for ${request.analysis?.minRequests ?? 0n} canary requests`,
+    });
     return { model };
   };
 
-  async *watchModels(request: WatchModelsRequest, ctx: CallContext): AsyncGenerator<MessageInitShape<typeof WatchModelsResponseSchema>> {
+  async *watchModels(
+    request: WatchModelsRequest,
+    ctx: CallContext,
+  ): AsyncGenerator<MessageInitShape<typeof WatchModelsResponseSchema>> {
     this.admit('watchModels', request, ctx);
     const queue: WatchModelsResponse[] = [];
     let wake: (() => void) | undefined;
@@ -318,7 +336,11 @@ export class FakeRegistry implements Impl {
     };
     this.followers.add(follower);
     try {
-      yield { revision: this.revision, models: [...this.models.values()].map((m) => clone(ModelSchema, m)), snapshot: true };
+      yield {
+        revision: this.revision,
+        models: [...this.models.values()].map((m) => clone(ModelSchema, m)),
+        snapshot: true,
+      };
       this.afterSnapshot?.(this);
       while (!ctx.signal.aborted) {
         if (queue.length === 0) {
@@ -352,7 +374,10 @@ export class FakeRegistry implements Impl {
   };
 
   reportTraffic: Impl['reportTraffic'] = async () => {
-    throw new RpcError(status.UNIMPLEMENTED, "ReportTraffic is the routers' own, sent straight to the registry; the CLI does not use it");
+    throw new RpcError(
+      status.UNIMPLEMENTED,
+      "ReportTraffic is the routers' own, sent straight to the registry; the CLI does not use it",
+    );
   };
 
   private admit(method: string, request: unknown, ctx: CallContext): void {
@@ -364,7 +389,8 @@ export class FakeRegistry implements Impl {
 
   private existing(name: string): Model {
     const model = this.models.get(name);
-    if (model === undefined) throw RpcError.notFound(`model "${name.slice('models/'.length)}" not found`, 'MODEL_NOT_FOUND');
+    if (model === undefined)
+      throw RpcError.notFound(`model "${name.slice('models/'.length)}" not found`, 'MODEL_NOT_FOUND');
     return model;
   }
 
@@ -392,7 +418,11 @@ export interface RunningFakeRegistry {
 export async function startFakeRegistry(apiKey: string): Promise<RunningFakeRegistry> {
   const registry = new FakeRegistry(apiKey);
   const apiKeys = new FakeApiKeys(apiKey);
-  const server = new GrpcServer({ logger: new JsonLogger('fake-registry', 'error', () => undefined), metrics: new Metrics('fake_registry'), maxMessageBytes: 8 * 1024 * 1024 });
+  const server = new GrpcServer({
+    logger: new JsonLogger('fake-registry', 'error', () => undefined),
+    metrics: new Metrics('fake_registry'),
+    maxMessageBytes: 8 * 1024 * 1024,
+  });
   server.add(RegistryService, registry);
   server.add(ApiKeyService, apiKeys);
   const port = await server.listen('127.0.0.1', 0);

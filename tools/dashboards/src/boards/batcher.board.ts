@@ -10,10 +10,16 @@ export function batcherBoard(): dashboard.Dashboard {
   return buildBoard({
     uid: 'infermesh-batcher',
     title: 'infermesh / Batcher',
-    description: "The batcher's queues (one per model version), the batches it forms, what it answers, its retries, and the outlier detection of its edge to the workers.",
+    description:
+      "The batcher's queues (one per model version), the batches it forms, what it answers, its retries, and the outlier detection of its edge to the workers.",
     tags: ['batcher'],
     variables: [
-      labelVariable('model', 'Model', 'Models the batcher has queued or answered.', 'label_values(infermesh_batcher_dispatched_total, model)'),
+      labelVariable(
+        'model',
+        'Model',
+        'Models the batcher has queued or answered.',
+        'label_values(infermesh_batcher_dispatched_total, model)',
+      ),
       labelVariable('instance', 'Instance', 'Batcher replicas.', 'label_values(up{job="infermesh-batcher"}, instance)'),
     ],
     rows: [
@@ -28,9 +34,12 @@ export function batcherBoard(): dashboard.Dashboard {
           }),
           timeSeries({
             title: 'Oldest request age per version',
-            description: 'How long the oldest waiting request of each model version has waited (the autoscaling signal), the largest across replicas.',
+            description:
+              'How long the oldest waiting request of each model version has waited (the autoscaling signal), the largest across replicas.',
             unit: 's',
-            queries: [{ expr: `max by (model, version) (infermesh_batcher_queue_oldest_age_seconds${M})`, legend: PER_VERSION }],
+            queries: [
+              { expr: `max by (model, version) (infermesh_batcher_queue_oldest_age_seconds${M})`, legend: PER_VERSION },
+            ],
           }),
           timeSeries({
             title: 'Queue wait per version',
@@ -38,12 +47,16 @@ export function batcherBoard(): dashboard.Dashboard {
             unit: 's',
             queries: [
               { expr: quantile(0.5, 'infermesh_batcher_queue_time_seconds', M, VERSION), legend: `${PER_VERSION} p50` },
-              { expr: quantile(0.99, 'infermesh_batcher_queue_time_seconds', M, VERSION), legend: `${PER_VERSION} p99` },
+              {
+                expr: quantile(0.99, 'infermesh_batcher_queue_time_seconds', M, VERSION),
+                legend: `${PER_VERSION} p99`,
+              },
             ],
           }),
           heatmapPanel({
             title: 'Queue wait distribution',
-            description: 'How many requests left their queue after each wait, per time step (queue_time_seconds buckets), selected models together.',
+            description:
+              'How many requests left their queue after each wait, per time step (queue_time_seconds buckets), selected models together.',
             unit: 's',
             query: { expr: sumIncrease('infermesh_batcher_queue_time_seconds_bucket', M, ['le']) },
           }),
@@ -54,7 +67,8 @@ export function batcherBoard(): dashboard.Dashboard {
         panels: [
           heatmapPanel({
             title: 'Batch size distribution',
-            description: 'How many batches of each size (items per batch sent to a worker) the batcher formed per time step, selected models together.',
+            description:
+              'How many batches of each size (items per batch sent to a worker) the batcher formed per time step, selected models together.',
             unit: 'short',
             query: { expr: sumIncrease('infermesh_batcher_batch_size_bucket', M, ['le']) },
           }),
@@ -72,11 +86,18 @@ export function batcherBoard(): dashboard.Dashboard {
           }),
           timeSeries({
             title: 'Arrival to worker answer per version',
-            description: 'p50 and p99 of the time from a request’s arrival at the batcher to its worker’s answer (queue wait included).',
+            description:
+              'p50 and p99 of the time from a request’s arrival at the batcher to its worker’s answer (queue wait included).',
             unit: 's',
             queries: [
-              { expr: quantile(0.5, 'infermesh_batcher_dispatch_duration_seconds', M, VERSION), legend: `${PER_VERSION} p50` },
-              { expr: quantile(0.99, 'infermesh_batcher_dispatch_duration_seconds', M, VERSION), legend: `${PER_VERSION} p99` },
+              {
+                expr: quantile(0.5, 'infermesh_batcher_dispatch_duration_seconds', M, VERSION),
+                legend: `${PER_VERSION} p50`,
+              },
+              {
+                expr: quantile(0.99, 'infermesh_batcher_dispatch_duration_seconds', M, VERSION),
+                legend: `${PER_VERSION} p99`,
+              },
             ],
           }),
         ],
@@ -94,10 +115,16 @@ export function batcherBoard(): dashboard.Dashboard {
           }),
           timeSeries({
             title: 'Rejections by reason',
-            description: 'Requests per second answered without reaching a worker (a full queue, no worker, a deadline that cannot be met, …), by model and reason.',
+            description:
+              'Requests per second answered without reaching a worker (a full queue, no worker, a deadline that cannot be met, …), by model and reason.',
             unit: 'reqps',
             span: 8,
-            queries: [{ expr: sumRate('infermesh_batcher_rejections_total', M, ['model', 'reason']), legend: '{{model}} {{reason}}' }],
+            queries: [
+              {
+                expr: sumRate('infermesh_batcher_rejections_total', M, ['model', 'reason']),
+                legend: '{{model}} {{reason}}',
+              },
+            ],
           }),
           timeSeries({
             title: 'Retries',
@@ -106,8 +133,14 @@ export function batcherBoard(): dashboard.Dashboard {
             unit: 'ops',
             span: 8,
             queries: [
-              { expr: sumRate('infermesh_batcher_retries_total', M, ['model']), legend: 'batcher → another worker: {{model}}' },
-              { expr: sumRate('infermesh_router_batcher_retries_total', sel(MODEL), ['model']), legend: 'router → batcher: {{model}}' },
+              {
+                expr: sumRate('infermesh_batcher_retries_total', M, ['model']),
+                legend: 'batcher → another worker: {{model}}',
+              },
+              {
+                expr: sumRate('infermesh_router_batcher_retries_total', sel(MODEL), ['model']),
+                legend: 'router → batcher: {{model}}',
+              },
             ],
           }),
         ],
@@ -117,23 +150,36 @@ export function batcherBoard(): dashboard.Dashboard {
         panels: [
           statPanel({
             title: 'Workers ejected now',
-            description: "Workers that the outlier detection of the batcher → worker edge has ejected now, per batcher replica (each ejects on its own view).",
+            description:
+              'Workers that the outlier detection of the batcher → worker edge has ejected now, per batcher replica (each ejects on its own view).',
             unit: 'short',
             span: 6,
             thresholds: [
               { value: null, color: 'green' },
               { value: 1, color: 'orange' },
             ],
-            queries: [{ expr: 'sum by (instance) (infermesh_batcher_workers_ejected{instance=~"$instance"})', legend: '{{instance}}' }],
+            queries: [
+              {
+                expr: 'sum by (instance) (infermesh_batcher_workers_ejected{instance=~"$instance"})',
+                legend: '{{instance}}',
+              },
+            ],
           }),
           timeSeries({
             title: 'Workers reachable and ejected',
-            description: 'Per batcher replica: the workers that answered its last poll, and those its outlier detection ejected.',
+            description:
+              'Per batcher replica: the workers that answered its last poll, and those its outlier detection ejected.',
             unit: 'short',
             span: 9,
             queries: [
-              { expr: 'sum by (instance) (infermesh_batcher_workers_reachable{instance=~"$instance"})', legend: 'reachable · {{instance}}' },
-              { expr: 'sum by (instance) (infermesh_batcher_workers_ejected{instance=~"$instance"})', legend: 'ejected · {{instance}}' },
+              {
+                expr: 'sum by (instance) (infermesh_batcher_workers_reachable{instance=~"$instance"})',
+                legend: 'reachable · {{instance}}',
+              },
+              {
+                expr: 'sum by (instance) (infermesh_batcher_workers_ejected{instance=~"$instance"})',
+                legend: 'ejected · {{instance}}',
+              },
             ],
           }),
           timeSeries({
@@ -141,7 +187,12 @@ export function batcherBoard(): dashboard.Dashboard {
             description: 'Ejections of workers by the outlier detection per time step, per batcher replica.',
             unit: 'short',
             span: 9,
-            queries: [{ expr: sumIncrease('infermesh_batcher_worker_ejections_total', sel(INSTANCE), ['instance']), legend: '{{instance}}' }],
+            queries: [
+              {
+                expr: sumIncrease('infermesh_batcher_worker_ejections_total', sel(INSTANCE), ['instance']),
+                legend: '{{instance}}',
+              },
+            ],
           }),
         ],
       },

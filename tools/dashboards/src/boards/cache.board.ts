@@ -7,7 +7,11 @@ const LOOKUPS = 'infermesh_cache_lookups_total';
 const I = sel(INSTANCE);
 
 /** Requests served from a cache (the router's own or the shared one) among those that could be. */
-const routerHitRatio = (window?: string) => ratio(sumRate(ROUTER_CACHE, sel('outcome=~"local_hit|hit"'), [], window), sumRate(ROUTER_CACHE, sel('outcome!="disabled"'), [], window));
+const routerHitRatio = (window?: string) =>
+  ratio(
+    sumRate(ROUTER_CACHE, sel('outcome=~"local_hit|hit"'), [], window),
+    sumRate(ROUTER_CACHE, sel('outcome!="disabled"'), [], window),
+  );
 
 export function cacheBoard(): dashboard.Dashboard {
   return buildBoard({
@@ -17,8 +21,18 @@ export function cacheBoard(): dashboard.Dashboard {
       "The result cache: how often the router answers from it (its own in-process cache, then the shared cache service), how fast, and how full the cache service's store is.",
     tags: ['cache'],
     variables: [
-      labelVariable('model', 'Model', 'Models the router has served.', 'label_values(infermesh_router_request_duration_seconds_count, model)'),
-      labelVariable('instance', 'Instance', 'Cache service replicas.', 'label_values(up{job="infermesh-cache"}, instance)'),
+      labelVariable(
+        'model',
+        'Model',
+        'Models the router has served.',
+        'label_values(infermesh_router_request_duration_seconds_count, model)',
+      ),
+      labelVariable(
+        'instance',
+        'Instance',
+        'Cache service replicas.',
+        'label_values(up{job="infermesh-cache"}, instance)',
+      ),
     ],
     rows: [
       {
@@ -36,19 +50,29 @@ export function cacheBoard(): dashboard.Dashboard {
           timeSeries({
             title: 'Hit ratio',
             description:
-              "Router: the share of its cache uses (local_hit, hit, miss, bypass, coalesced) answered from a cache, and from its own in-process cache alone. Cache service: the share of its lookups that found the entry.",
+              'Router: the share of its cache uses (local_hit, hit, miss, bypass, coalesced) answered from a cache, and from its own in-process cache alone. Cache service: the share of its lookups that found the entry.',
             unit: 'percentunit',
             span: 9,
             max: 1,
             queries: [
               { expr: routerHitRatio(), legend: 'router: any cache' },
-              { expr: ratio(sumRate(ROUTER_CACHE, sel('outcome="local_hit"')), sumRate(ROUTER_CACHE, sel('outcome!="disabled"'))), legend: 'router: its own cache' },
-              { expr: ratio(sumRate(LOOKUPS, sel(INSTANCE, 'outcome="hit"')), sumRate(LOOKUPS, I)), legend: 'cache service lookups' },
+              {
+                expr: ratio(
+                  sumRate(ROUTER_CACHE, sel('outcome="local_hit"')),
+                  sumRate(ROUTER_CACHE, sel('outcome!="disabled"')),
+                ),
+                legend: 'router: its own cache',
+              },
+              {
+                expr: ratio(sumRate(LOOKUPS, sel(INSTANCE, 'outcome="hit"')), sumRate(LOOKUPS, I)),
+                legend: 'cache service lookups',
+              },
             ],
           }),
           timeSeries({
             title: 'Answered from cache per model',
-            description: "The share of each model's served requests the router answered from a cache (its request_duration_seconds, label cached).",
+            description:
+              "The share of each model's served requests the router answered from a cache (its request_duration_seconds, label cached).",
             unit: 'percentunit',
             span: 9,
             max: 1,
@@ -98,13 +122,20 @@ export function cacheBoard(): dashboard.Dashboard {
             unit: 's',
             span: 6,
             queries: [
-              { expr: quantile(0.5, 'infermesh_cache_lookup_duration_seconds', I, ['outcome']), legend: '{{outcome}} p50' },
-              { expr: quantile(0.99, 'infermesh_cache_lookup_duration_seconds', I, ['outcome']), legend: '{{outcome}} p99' },
+              {
+                expr: quantile(0.5, 'infermesh_cache_lookup_duration_seconds', I, ['outcome']),
+                legend: '{{outcome}} p50',
+              },
+              {
+                expr: quantile(0.99, 'infermesh_cache_lookup_duration_seconds', I, ['outcome']),
+                legend: '{{outcome}} p99',
+              },
             ],
           }),
           timeSeries({
             title: 'Time to answer from the shared cache (router)',
-            description: 'p50 and p99 of the time the router took to answer a request from the shared cache: its lookup, network included.',
+            description:
+              'p50 and p99 of the time the router took to answer a request from the shared cache: its lookup, network included.',
             unit: 's',
             span: 6,
             queries: [
@@ -119,7 +150,8 @@ export function cacheBoard(): dashboard.Dashboard {
         panels: [
           gaugePanel({
             title: 'Store budget used',
-            description: 'Bytes charged to the results each cache replica holds (values, keys and per-entry overhead), as a share of CACHE_MAX_BYTES.',
+            description:
+              'Bytes charged to the results each cache replica holds (values, keys and per-entry overhead), as a share of CACHE_MAX_BYTES.',
             unit: 'percentunit',
             span: 6,
             min: 0,
@@ -128,7 +160,12 @@ export function cacheBoard(): dashboard.Dashboard {
               { value: null, color: 'green' },
               { value: 0.9, color: 'orange' },
             ],
-            queries: [{ expr: `sum by (instance) (infermesh_cache_store_bytes${I}) / sum by (instance) (infermesh_cache_store_budget_bytes${I})`, legend: '{{instance}}' }],
+            queries: [
+              {
+                expr: `sum by (instance) (infermesh_cache_store_bytes${I}) / sum by (instance) (infermesh_cache_store_budget_bytes${I})`,
+                legend: '{{instance}}',
+              },
+            ],
           }),
           timeSeries({
             title: 'Store size and budget',

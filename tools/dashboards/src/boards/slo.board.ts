@@ -13,7 +13,15 @@ const GATEWAY_DURATION = 'infermesh_gateway_request_duration_seconds';
  * status in lower case such as invalid_argument, not_found, permission_denied, cancelled). The same
  * list as `sli.availability.errorOutcomes` in grafana/slo/slos.yaml, which the SLO alerts use.
  */
-export const ERROR_OUTCOMES = ['unavailable', 'internal', 'unknown', 'data_loss', 'deadline_exceeded', 'resource_exhausted', 'overloaded'];
+export const ERROR_OUTCOMES = [
+  'unavailable',
+  'internal',
+  'unknown',
+  'data_loss',
+  'deadline_exceeded',
+  'resource_exhausted',
+  'overloaded',
+];
 
 /** The gateway endpoints (REST route templates and the gRPC method) that run an inference. */
 export const INFER_ENDPOINTS = 'endpoint=~"ModelInfer|POST /v2/models/.+/infer"';
@@ -29,7 +37,8 @@ export const DEFAULT_LATENCY_OBJECTIVE = '99';
 const BURN_WINDOWS = ['5m', '1h', '6h', '1d'];
 
 const requests = (window: string) => sumRate(INFERENCES, sel(MODEL), ['model'], window);
-const failed = (window: string) => sumRate(INFERENCES, sel(MODEL, `outcome=~"${oneOf(ERROR_OUTCOMES)}"`), ['model'], window);
+const failed = (window: string) =>
+  sumRate(INFERENCES, sel(MODEL, `outcome=~"${oneOf(ERROR_OUTCOMES)}"`), ['model'], window);
 /** The share of inference requests that failed, per model, over `window`. */
 const errorRatio = (window: string) => ratio(failed(window), requests(window));
 const availability = (window: string) => `1 - (${errorRatio(window)})`;
@@ -63,7 +72,10 @@ const SLI_NOTE =
   'The model "(not routed)" holds the requests the gateway refused at its in-flight limit (overloaded) before any model was resolved.';
 
 export function sloBoard(): dashboard.Dashboard {
-  const burnQueries: Query[] = BURN_WINDOWS.map((window) => ({ expr: burnRate(window), legend: `{{model}} · ${window}` }));
+  const burnQueries: Query[] = BURN_WINDOWS.map((window) => ({
+    expr: burnRate(window),
+    legend: `{{model}} · ${window}`,
+  }));
   return buildBoard({
     uid: 'infermesh-slo',
     title: 'infermesh / SLO overview',
@@ -146,7 +158,8 @@ export function sloBoard(): dashboard.Dashboard {
           }),
           statPanel({
             title: 'Burn rate now',
-            description: 'The burn rate of each model over each window (5 m, 1 h, 6 h, 1 d), as of now. 1 spends the error budget in exactly 30 days; 14.4 spends 2 % of it in an hour.',
+            description:
+              'The burn rate of each model over each window (5 m, 1 h, 6 h, 1 d), as of now. 1 spends the error budget in exactly 30 days; 14.4 spends 2 % of it in an hour.',
             unit: 'suffix:×',
             decimals: 2,
             span: 8,
@@ -174,12 +187,15 @@ export function sloBoard(): dashboard.Dashboard {
           }),
           statPanel({
             title: 'Latency budget left, last 30 days',
-            description: 'The share of the 30-day latency budget (100 % − $latency_objective of the served requests may be slower than $latency_threshold s) not spent yet.',
+            description:
+              'The share of the 30-day latency budget (100 % − $latency_objective of the served requests may be slower than $latency_threshold s) not spent yet.',
             unit: 'percentunit',
             decimals: 1,
             span: 6,
             thresholds: BUDGET_STEPS,
-            queries: [{ expr: `1 - (1 - (${latencySli('30d')})) / (1 - $latency_objective / 100)`, legend: '{{model}}' }],
+            queries: [
+              { expr: `1 - (1 - (${latencySli('30d')})) / (1 - $latency_objective / 100)`, legend: '{{model}}' },
+            ],
           }),
           timeSeries({
             title: 'Latency SLI',
@@ -198,7 +214,8 @@ export function sloBoard(): dashboard.Dashboard {
           }),
           timeSeries({
             title: 'Inference latency per model (router)',
-            description: 'p50 and p99 of the time the router took to route and answer a served request (request_duration_seconds), per model.',
+            description:
+              'p50 and p99 of the time the router took to route and answer a served request (request_duration_seconds), per model.',
             unit: 's',
             queries: [
               { expr: quantile(0.5, ROUTER_DURATION, sel(MODEL), ['model']), legend: '{{model}} p50' },
@@ -210,7 +227,12 @@ export function sloBoard(): dashboard.Dashboard {
             description:
               "p99 of the gateway's inference calls by endpoint (REST route or gRPC method), any outcome. The gateway's histogram has no model label: this is all models together.",
             unit: 's',
-            queries: [{ expr: quantile(0.99, GATEWAY_DURATION, sel(INFER_ENDPOINTS), ['endpoint']), legend: '{{endpoint}} p99' }],
+            queries: [
+              {
+                expr: quantile(0.99, GATEWAY_DURATION, sel(INFER_ENDPOINTS), ['endpoint']),
+                legend: '{{endpoint}} p99',
+              },
+            ],
           }),
         ],
       },
@@ -219,7 +241,8 @@ export function sloBoard(): dashboard.Dashboard {
         panels: [
           timeSeries({
             title: 'Inference requests by outcome',
-            description: 'Inference requests per second at the gateway by outcome: ok, cached, degraded (answered by the fallback model) or the gRPC status of the failure.',
+            description:
+              'Inference requests per second at the gateway by outcome: ok, cached, degraded (answered by the fallback model) or the gRPC status of the failure.',
             unit: 'reqps',
             stack: true,
             queries: [{ expr: sumRate(INFERENCES, sel(MODEL), ['outcome']), legend: '{{outcome}}' }],
