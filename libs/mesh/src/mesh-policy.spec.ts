@@ -1,7 +1,14 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseDocument } from 'yaml';
-import { isCallAuthorized, MeshPolicyError, parseDurationMs, parseMeshPolicy, spiffeId } from './mesh-policy';
+import {
+  formatDurationMs,
+  isCallAuthorized,
+  MeshPolicyError,
+  parseDurationMs,
+  parseMeshPolicy,
+  spiffeId,
+} from './mesh-policy';
 
 const SHIPPED = readFileSync(join(__dirname, '..', '..', '..', 'envoy', 'mesh.yaml'), 'utf8');
 
@@ -274,6 +281,14 @@ describe('parseMeshPolicy', () => {
   it('refuses text that is not YAML, and a duplicated key', () => {
     expect(problemsOf('edges: [')[0]).toMatch(/^not valid YAML/);
     expect(problemsOf(`${SHIPPED}\nversion: 1\n`)[0]).toMatch(/^not valid YAML: .*[Mm]ap keys must be unique/);
+  });
+});
+
+describe('formatDurationMs', () => {
+  it('writes a duration in its largest whole unit, which parseDurationMs reads back', () => {
+    const written = [3_600_000, 120_000, 1_500, 250, 0].map(formatDurationMs);
+    expect(written).toEqual(['1h', '2m', '1500ms', '250ms', '0ms']);
+    expect(written.map(parseDurationMs)).toEqual([3_600_000, 120_000, 1_500, 250, 0]);
   });
 });
 

@@ -33,6 +33,14 @@ export function parseDurationMs(text: string): number | undefined {
   return Number.isFinite(ms) ? ms : undefined;
 }
 
+/** What parseDurationMs reads back: the largest unit that divides it whole (60000 → "1m", 1500 → "1500ms"). */
+export function formatDurationMs(ms: number): string {
+  const [unit, size] = Object.entries(DURATION_UNITS_MS)
+    .sort((a, b) => b[1] - a[1])
+    .find(([, size]) => ms >= size && ms % size === 0) ?? ['ms', 1];
+  return `${ms / size}${unit}`;
+}
+
 /** A duration written with its unit ("250ms", "10s"), in milliseconds; above 0 unless allowZero. */
 const duration = (options: { allowZero?: boolean } = {}) =>
   z.union([z.string(), z.number()]).transform((value, ctx) => {

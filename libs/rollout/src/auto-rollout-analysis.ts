@@ -1,5 +1,9 @@
 import { RpcError } from '@infermesh/grpc';
-import type { AutoRolloutAnalysis } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import {
+  type AutoRolloutAnalysis,
+  AutoRolloutPhase,
+  RolloutDecision,
+} from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 
 /** The most steps an analysis may have. */
 const MAX_STEPS = 100;
@@ -45,4 +49,14 @@ export function checkAnalysis(analysis: AutoRolloutAnalysis | undefined): AutoRo
     );
   }
   return analysis;
+}
+
+/** An automatic rollout's phase as metrics and logs label it: progressing, paused, promoted, rolled_back, aborted. */
+export function phaseName(phase: AutoRolloutPhase): string {
+  return AutoRolloutPhase[phase]?.toLowerCase() ?? String(phase);
+}
+
+/** A rollout decision as metrics and logs label it: started, advanced, promoted, rolled_back, ... */
+export function decisionName(decision: RolloutDecision): string {
+  return RolloutDecision[decision]?.toLowerCase() ?? String(decision);
 }

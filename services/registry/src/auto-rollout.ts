@@ -21,7 +21,7 @@ import {
   VersionState,
   WeightedVersionSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { latencyQuantileMs, stableVersion, versionIdOf } from '@infermesh/rollout';
+import { latencyQuantileMs, stableVersion, versionIdOf, phaseName } from '@infermesh/rollout';
 import { LATENCY_BUCKETS_SECONDS } from '@infermesh/telemetry';
 import { applyRolloutAction } from './rollout-actions';
 import { checkRollout } from './rollout-check';
@@ -32,10 +32,6 @@ export const MAX_ROLLOUT_EVENTS = 100;
 /** Whether an automatic rollout still runs or may run again (a paused one resumes). */
 export function isActive(rollout: AutoRollout | undefined): rollout is AutoRollout {
   return rollout?.phase === AutoRolloutPhase.PROGRESSING || rollout?.phase === AutoRolloutPhase.PAUSED;
-}
-
-export function phaseName(phase: AutoRolloutPhase): string {
-  return AutoRolloutPhase[phase]?.toLowerCase() ?? String(phase);
 }
 
 /** A version's figures from its counters over a step. */
@@ -453,8 +449,4 @@ function record(model: Model, decision: RolloutDecision, reason: string, now: Da
   );
   if (model.rolloutHistory.length > MAX_ROLLOUT_EVENTS)
     model.rolloutHistory.splice(0, model.rolloutHistory.length - MAX_ROLLOUT_EVENTS);
-}
-
-export function decisionName(decision: RolloutDecision): string {
-  return RolloutDecision[decision]?.toLowerCase() ?? String(decision);
 }

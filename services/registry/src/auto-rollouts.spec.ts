@@ -1,6 +1,5 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { buildTinyModel } from '@infermesh/model-builder';
 import {
   type AutoRolloutAnalysisSchema,
   AutoRolloutPhase,
@@ -15,17 +14,10 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { emptyCounters, latencyIndex } from '@infermesh/rollout';
 import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics } from '@infermesh/telemetry';
-import { rpcRejection } from '@infermesh/testing';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { FilesystemArtifactStore } from './artifact-store.filesystem';
+import { ManualClock, rpcRejection } from '@infermesh/testing';
 import { AutoRollouts } from './auto-rollouts';
-import { ManualClock } from '@infermesh/testing';
-import { ModelCatalog } from './model-catalog';
-import { EmbeddedModelStore } from './model-store.embedded';
-import { ModelWatch } from './model-watch';
-import { loadRegistryConfig } from './registry.config';
+import type { ModelCatalog } from './model-catalog';
+import { type TestCatalog, openTestCatalog } from './model-catalog.testing';
 import { LedgerRolloutTraffic } from './rollout-traffic';
 import { EmbeddedTrafficLedger } from './traffic-ledger';
 import { RETIRING_REASON } from './version-lifecycle';
@@ -33,38 +25,18 @@ import { RETIRING_REASON } from './version-lifecycle';
 const INTERVAL_MS = 10_000;
 
 describe(AutoRollouts.name, () => {
-  let dir: string;
   let clock: ManualClock;
   let catalog: ModelCatalog;
   let ledger: EmbeddedTrafficLedger;
   let metrics: Metrics;
+  let opened: TestCatalog;
   let sut: AutoRollouts;
 
   beforeEach(async () => {
-    dir = mkdtempSync(join(tmpdir(), 'infermesh-rollouts-'));
-    const config = loadRegistryConfig({ REGISTRY_DATA_DIR: dir });
-    const logger = new JsonLogger('test', 'error');
-    metrics = new Metrics('test');
     clock = new ManualClock();
-    const store = new EmbeddedModelStore(config.metadataFile);
-    const artifacts = new FilesystemArtifactStore(config.artifactDir);
-    const sha256 = (
-      await artifacts.write(
-        (async function* () {
-          yield buildTinyModel().bytes;
-        })(),
-        { maxBytes: 1 << 20 },
-      )
-    ).sha256;
-    catalog = new ModelCatalog(
-      store,
-      artifacts,
-      clock,
-      config,
-      logger,
-      new ModelWatch(store, config, logger, metrics),
-      metrics,
-    );
+    opened = await openTestCatalog(clock);
+    ({ catalog, metrics } = opened);
+    const { config, logger, sha256 } = opened;
     ledger = new EmbeddedTrafficLedger();
     sut = new AutoRollouts(catalog, new LedgerRolloutTraffic(ledger), clock, config, logger, metrics);
     // Version 1 serves; the stable version is pinned before version 2 arrives (so 1 keeps serving).
@@ -81,8 +53,7 @@ describe(AutoRollouts.name, () => {
 
   afterEach(async () => {
     await sut.beforeApplicationShutdown();
-    await catalog.onApplicationShutdown();
-    rmSync(dir, { recursive: true, force: true });
+    await opened.close();
   });
 
   const start = (analysis: MessageInitShape<typeof AutoRolloutAnalysisSchema> = {}) =>
@@ -314,7 +285,7 @@ describe(AutoRollouts.name, () => {
       catalog,
       new LedgerRolloutTraffic(restarted),
       clock,
-      loadRegistryConfig({ REGISTRY_DATA_DIR: dir }),
+      opened.config,
       new JsonLogger('test', 'error'),
       new Metrics('test'),
     );

@@ -7,13 +7,12 @@ import {
   type Model,
   type StartAutoRolloutRequest,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { checkAnalysis } from '@infermesh/rollout';
+import { checkAnalysis, decisionName } from '@infermesh/rollout';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import {
   abortAutoRollout,
   applyVerdict,
-  decisionName,
   figuresOf,
   judgeStep,
   resumeAutoRollout,
@@ -140,11 +139,12 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
     const now = this.clock.date();
     const why = whyNotJudgeable(model, rollout);
     if (why !== undefined) {
-      const stored = await this.catalog.changeModel(modelId, (current) =>
-        current !== undefined && abortAutoRollout(current, rollout.id, why, now) ? current : undefined,
-      );
-      if (stored?.autoRollout?.phase === AutoRolloutPhase.ABORTED && stored.autoRollout.id === rollout.id)
-        this.decided(stored);
+      let aborted = false;
+      const stored = await this.catalog.changeModel(modelId, (current) => {
+        aborted = current !== undefined && abortAutoRollout(current, rollout.id, why, now);
+        return aborted ? current : undefined;
+      });
+      if (aborted && stored !== undefined) this.decided(stored);
       return;
     }
     const stepStart = timestampDate(rollout.stepStartTime!);

@@ -1,6 +1,5 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { buildTinyModel } from '@infermesh/model-builder';
 import {
   CreateModelVersionRequestSchema,
   type Model,
@@ -8,58 +7,27 @@ import {
   RolloutPolicySchema,
   VersionState,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { rpcRejection } from '@infermesh/testing';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { FilesystemArtifactStore } from './artifact-store.filesystem';
-import { ManualClock } from '@infermesh/testing';
+import { ManualClock, rpcRejection } from '@infermesh/testing';
 import { ModelCatalog } from './model-catalog';
-import { EmbeddedModelStore } from './model-store.embedded';
-import { ModelWatch } from './model-watch';
-import { loadRegistryConfig } from './registry.config';
+import { type TestCatalog, openTestCatalog } from './model-catalog.testing';
+import type { EmbeddedModelStore } from './model-store.embedded';
 import { LEFT_SERVING_SET_REASON, RETIRING_REASON, UNLOADED_REASON } from './version-lifecycle';
 
 const GRACE_MS = 10_000;
 
 describe(ModelCatalog.name, () => {
-  let dir: string;
   let clock: ManualClock;
   let store: EmbeddedModelStore;
   let sut: ModelCatalog;
   let sha256: string;
+  let opened: TestCatalog;
 
   beforeEach(async () => {
-    dir = mkdtempSync(join(tmpdir(), 'infermesh-catalog-'));
-    const config = loadRegistryConfig({ REGISTRY_DATA_DIR: dir, REGISTRY_DRAIN_GRACE_MS: String(GRACE_MS) });
-    const logger = new JsonLogger('test', 'error');
-    const metrics = new Metrics('test');
     clock = new ManualClock();
-    store = new EmbeddedModelStore(config.metadataFile);
-    const artifacts = new FilesystemArtifactStore(config.artifactDir);
-    sha256 = (
-      await artifacts.write(
-        (async function* () {
-          yield buildTinyModel().bytes;
-        })(),
-        { maxBytes: 1 << 20 },
-      )
-    ).sha256;
-    sut = new ModelCatalog(
-      store,
-      artifacts,
-      clock,
-      config,
-      logger,
-      new ModelWatch(store, config, logger, metrics),
-      metrics,
-    );
+    opened = await openTestCatalog(clock, { REGISTRY_DRAIN_GRACE_MS: String(GRACE_MS) });
+    ({ catalog: sut, store, sha256 } = opened);
   });
-  afterEach(async () => {
-    await sut.onApplicationShutdown();
-    rmSync(dir, { recursive: true, force: true });
-  });
+  afterEach(() => opened.close());
 
   const register = (versionId: string, model = 'mlp') =>
     sut.createVersion(

@@ -25,11 +25,12 @@ import {
   stableVersion,
   versionIdOf,
   versionName,
+  phaseName,
 } from '@infermesh/rollout';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { Gauge } from 'prom-client';
 import { ArtifactStore, SHA256_HEX } from './artifact-store';
-import { pauseAutoRollout, phaseName } from './auto-rollout';
+import { pauseAutoRollout } from './auto-rollout';
 import { checkBatching, sameBatching } from './batching-check';
 import { Clock } from '@infermesh/clock';
 import { ModelStore, type ModelMutation } from './model-store';

@@ -6,7 +6,7 @@ import {
   type TrafficCounters,
   TrafficCountersSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { emptyCounters } from '@infermesh/rollout';
+import { addCounters, emptyCounters } from '@infermesh/rollout';
 import { LATENCY_BUCKETS_SECONDS } from '@infermesh/telemetry';
 import { parseVersionName } from './resource-names';
 
@@ -47,12 +47,7 @@ export class EmbeddedTrafficLedger extends TrafficLedger {
       const key = `${modelId}/${versionId}`;
       let total = this.counts.get(key);
       if (total === undefined) this.counts.set(key, (total = emptyCounters(LATENCY_BUCKETS_SECONDS)));
-      total.requests += counters.requests;
-      total.errors += counters.errors;
-      total.failures += counters.failures;
-      total.shadowItems += counters.shadowItems;
-      total.shadowAgreed += counters.shadowAgreed;
-      counters.latencyCounts.forEach((c, i) => (total.latencyCounts[i] = total.latencyCounts[i]! + c));
+      addCounters(total, counters);
     }
     return Promise.resolve();
   }

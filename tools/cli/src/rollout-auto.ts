@@ -1,3 +1,4 @@
+import { formatDurationMs } from '@infermesh/mesh';
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
@@ -21,7 +22,7 @@ import {
 import { CommandFailure, UsageError } from './cli-errors';
 import type { CommandContext } from './command-context';
 import type { GatewaySession } from './gateway-session';
-import { formatDecision, formatFullRollout, formatDuration, isFinished, phaseName } from './output/auto-rollout-format';
+import { formatDecision, formatFullRollout, isFinished, phaseName } from './output/auto-rollout-format';
 
 /** The analysis `rollout auto` asks for unless its flags say otherwise (no burn-rate gate unless --max-burn-rate). */
 export const AUTO_ROLLOUT_DEFAULTS = {
@@ -54,7 +55,7 @@ export const AUTO_ROLLOUT_FLAGS: readonly FlagSpec[] = [
     name: 'interval',
     kind: 'value',
     placeholder: '<duration>',
-    description: `The least time each step lasts: 30s, 1m, 500ms (default ${formatDuration(D.intervalMs)})`,
+    description: `The least time each step lasts: 30s, 1m, 500ms (default ${formatDurationMs(D.intervalMs)})`,
   },
   {
     name: 'min-requests',

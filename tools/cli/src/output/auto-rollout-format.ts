@@ -1,3 +1,5 @@
+import { decisionName as rolloutDecisionName, phaseName as rolloutPhaseName } from '@infermesh/rollout';
+import { formatDurationMs } from '@infermesh/mesh';
 import { type Timestamp, timestampDate, timestampMs } from '@bufbuild/protobuf/wkt';
 import {
   type AutoRollout,
@@ -5,7 +7,7 @@ import {
   AutoRolloutPhase,
   type GateResult,
   type Model,
-  RolloutDecision,
+  type RolloutDecision,
   type RolloutEvent,
   type StepFigures,
   type VersionFigures,
@@ -18,12 +20,12 @@ import { formatRollout, table } from './format';
 
 /** PROGRESSING, PAUSED, ... */
 export function phaseName(phase: AutoRolloutPhase): string {
-  return AutoRolloutPhase[phase] ?? `PHASE_${phase}`;
+  return rolloutPhaseName(phase).toUpperCase();
 }
 
 /** STARTED, ADVANCED, ... */
 export function decisionName(decision: RolloutDecision): string {
-  return RolloutDecision[decision] ?? `DECISION_${decision}`;
+  return rolloutDecisionName(decision).toUpperCase();
 }
 
 /** The phases an automatic rollout ends in. */
@@ -31,18 +33,6 @@ export function isFinished(phase: AutoRolloutPhase): boolean {
   return (
     phase === AutoRolloutPhase.PROMOTED || phase === AutoRolloutPhase.ROLLED_BACK || phase === AutoRolloutPhase.ABORTED
   );
-}
-
-/** A duration as the flags take it, in its largest whole unit: 60000 → "1m", 1500 → "1500ms". */
-export function formatDuration(ms: number): string {
-  for (const [unit, size] of [
-    ['h', 3_600_000],
-    ['m', 60_000],
-    ['s', 1_000],
-  ] as const) {
-    if (ms >= size && ms % size === 0) return `${ms / size}${unit}`;
-  }
-  return `${ms}ms`;
 }
 
 /** Time gone by: "42.0 s", "12m 5s", "2h 3m". */
@@ -167,7 +157,7 @@ export function formatAutoRollout(model: Model, nowMs: number): string {
   if (analysis !== undefined) {
     rows.push([
       'steps',
-      `${analysis.steps.map(number).join(', ')}%, each at least ${formatDuration(Number(analysis.intervalMs))} and ${analysis.minRequests} canary requests`,
+      `${analysis.steps.map(number).join(', ')}%, each at least ${formatDurationMs(Number(analysis.intervalMs))} and ${analysis.minRequests} canary requests`,
     ]);
     rows.push(['gates', gatesOf(analysis)]);
   }
