@@ -15,10 +15,11 @@ COPY package.json package-lock.json .npmrc ./
 RUN npm ci --no-audit --no-fund
 COPY . .
 RUN npm run build \
- # Only what the services run: no tests, benchmarks, CLI or test support in the image.
- && rm -rf dist/test dist/tools dist/libs/testing dist/libs/model-builder dist/.tsbuildinfo \
+ # Only what the services run. dist/ holds no tests or test support (tsconfig.build.json); the CLI and
+ # the demo models' builder are not needed in the image either.
+ && rm -rf dist/tools dist/libs/model-builder dist/.tsbuildinfo \
  && find dist -name '*.map' -delete \
- && rm -f dist/node_modules/@infermesh/testing dist/node_modules/@infermesh/model-builder
+ && rm -f dist/node_modules/@infermesh/model-builder
 
 # ---- production dependencies only; no install script runs (none is needed: onnxruntime-node's only ----
 # fetches its CUDA binaries, which worker-gpu asks for below)

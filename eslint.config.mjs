@@ -5,7 +5,7 @@ import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
   {
-    ignores: ['dist/**', 'node_modules/**', 'libs/proto/src/gen/**', 'coverage/**', '.nx/**', '.infermesh/**', '**/*.js', '**/*.mjs'],
+    ignores: ['dist/**', 'dist-test/**', 'node_modules/**', 'libs/proto/src/gen/**', 'coverage/**', '.nx/**', '.infermesh/**', '**/*.js', '**/*.mjs'],
   },
   ...tseslint.configs.recommendedTypeChecked,
   {
@@ -21,6 +21,36 @@ export default tseslint.config(
       '@typescript-eslint/require-await': 'off',
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_' }],
       '@typescript-eslint/consistent-type-imports': ['error', { fixStyle: 'inline-type-imports', disallowTypeAnnotations: false }],
+      // The error catalogue is closed: an error is made by its reason's factory, which pairs it with its
+      // gRPC code and HTTP status (Errors.queueFull(…), libs/grpc/src/error-catalogue.ts), never by hand.
+      'no-restricted-syntax': [
+        'error',
+        {
+          selector: "NewExpression[callee.name='RpcError']",
+          message: 'Make errors with Errors.<reason>(message) from libs/grpc (the error catalogue), not new RpcError(code, …).',
+        },
+      ],
+      'no-restricted-imports': [
+        'error',
+        {
+          paths: [
+            {
+              name: '@nestjs/common',
+              importNames: [
+                'HttpException',
+                'BadRequestException',
+                'NotFoundException',
+                'PayloadTooLargeException',
+                'UnauthorizedException',
+                'ForbiddenException',
+                'UnsupportedMediaTypeException',
+                'InternalServerErrorException',
+              ],
+              message: "HTTP errors come from the error catalogue too: throw Errors.<reason>(…) from libs/grpc.",
+            },
+          ],
+        },
+      ],
       '@nx/enforce-module-boundaries': [
         'error',
         {
@@ -77,6 +107,29 @@ export default tseslint.config(
               sourceTag: `scope:${service}`,
               onlyDependOnLibsWithTags: ['scope:shared', 'scope:testing'],
             })),
+          ],
+        },
+      ],
+    },
+  },
+  {
+    // Rebuilding a received status is the one place that pairs a code by hand; specs build any status
+    // an upstream could send, transport failures without a reason included.
+    files: ['libs/grpc/src/rpc-error.ts', '**/*.spec.ts'],
+    rules: { 'no-restricted-syntax': 'off' },
+  },
+  {
+    // The specs of the tools (the CLI) and their harnesses (`testing/`) may use the test helpers
+    // (libs/testing's FakeRegistry, ManualClock); the tools' own code may not.
+    files: ['tools/**/*.spec.ts', 'tools/**/testing/**/*.ts'],
+    rules: {
+      '@nx/enforce-module-boundaries': [
+        'error',
+        {
+          allow: [],
+          depConstraints: [
+            { sourceTag: 'type:app', onlyDependOnLibsWithTags: ['type:lib'] },
+            { sourceTag: 'scope:ops', onlyDependOnLibsWithTags: ['scope:shared', 'scope:ops', 'scope:testing'] },
           ],
         },
       ],

@@ -1,4 +1,4 @@
-import { connect, createServer, type ClientHttp2Session, type ServerHttp2Session } from 'node:http2';
+import { connect, createServer, type ClientHttp2Session, type ServerHttp2Session, type Settings } from 'node:http2';
 import type { AddressInfo } from 'node:net';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
@@ -6,6 +6,7 @@ import { FLOW_CONTROL_WINDOW_BYTES } from './flow-control';
 import { createClient } from './grpc-client';
 import { GrpcServer } from './grpc-server';
 import { HealthService } from './health';
+import { eventually } from './waiting.testing';
 
 const HTTP2_DEFAULT_WINDOW = 65_535;
 
@@ -22,9 +23,8 @@ describe('HTTP/2 flow-control windows', () => {
     try {
       await new Promise((resolve) => session.once('remoteSettings', resolve));
       expect(session.remoteSettings.initialWindowSize).toBe(FLOW_CONTROL_WINDOW_BYTES);
-      // The connection's window comes in a WINDOW_UPDATE after the settings.
-      for (let i = 0; i < 100 && session.state.remoteWindowSize! < FLOW_CONTROL_WINDOW_BYTES; i++)
-        await new Promise((r) => setTimeout(r, 5));
+      // The connection's window comes in a WINDOW_UPDATE after the settings (Node emits no event for it).
+      await eventually(() => session.state.remoteWindowSize! >= FLOW_CONTROL_WINDOW_BYTES);
       expect(session.state.remoteWindowSize).toBe(FLOW_CONTROL_WINDOW_BYTES);
     } finally {
       session.destroy();
@@ -35,15 +35,18 @@ describe('HTTP/2 flow-control windows', () => {
   it('a client lets a server send 16 MiB per stream before it must wait for a window update', async () => {
     const sessions: ServerHttp2Session[] = [];
     const peer = createServer();
-    peer.on('session', (s) => sessions.push(s));
+    const clientSettings = new Promise<Settings>((resolve) =>
+      peer.on('session', (s) => {
+        sessions.push(s);
+        s.once('remoteSettings', resolve);
+      }),
+    );
     await new Promise<void>((resolve) => peer.listen(0, '127.0.0.1', resolve));
     const client = createClient(Health, `127.0.0.1:${(peer.address() as AddressInfo).port}`);
     try {
       // The call fails (this peer is no gRPC server); what counts is the client's settings.
       void client.check({ service: '' }, { timeoutMs: 2_000 }).catch(() => undefined);
-      for (let i = 0; i < 200 && sessions[0]?.remoteSettings.initialWindowSize !== FLOW_CONTROL_WINDOW_BYTES; i++)
-        await new Promise((r) => setTimeout(r, 5));
-      expect(sessions[0]?.remoteSettings.initialWindowSize).toBe(FLOW_CONTROL_WINDOW_BYTES);
+      expect((await clientSettings).initialWindowSize).toBe(FLOW_CONTROL_WINDOW_BYTES);
       expect(FLOW_CONTROL_WINDOW_BYTES).toBeGreaterThan(HTTP2_DEFAULT_WINDOW);
     } finally {
       client.close();

@@ -4,7 +4,7 @@ import * as grpc from '@grpc/grpc-js';
 import { requestContext, spans } from '@infermesh/telemetry';
 import { boundedDeadline } from './deadline';
 import type { CallOptions, ServiceClient } from './method-types';
-import { RpcError, isServiceError } from './rpc-error';
+import { Errors, RpcError, isServiceError } from './rpc-error';
 import { toServiceDefinition } from './service-definition';
 import { channelCredentials, secureChannelOptions, type TransportSecurity } from './transport-security';
 
@@ -90,9 +90,7 @@ function prepare(options: CallOptions | undefined): Prepared {
   if (deadlines.length > 0) {
     const deadline = Math.min(...deadlines);
     if (deadline <= Date.now()) {
-      throw new RpcError(grpc.status.DEADLINE_EXCEEDED, 'the request deadline passed before the call was made', {
-        reason: 'DEADLINE_EXCEEDED',
-      });
+      throw Errors.deadlineExceeded('the request deadline passed before the call was made');
     }
     // grpc-js cannot send a deadline beyond ~11,000 years (it throws outside any call), and a peer
     // cannot time more than ~24.8 days: a longer one is sent as MAX_DEADLINE_MS.

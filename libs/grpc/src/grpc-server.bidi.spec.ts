@@ -9,8 +9,9 @@ import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Histogram } from 'prom-client';
 import { GrpcServer } from './grpc-server';
 import type { CallContext, ServiceImpl } from './method-types';
-import { RpcError } from './rpc-error';
+import { RpcError, Errors } from './rpc-error';
 import { toServiceDefinition } from './service-definition';
+import { deferred, eventually } from './waiting.testing';
 
 // ServerReflection is the bidirectional service at hand; here it is only a request and a response
 // type, each handler scripted by its test.
@@ -23,20 +24,6 @@ const HISTOGRAM = 'infermesh_test_grpc_server_handling_seconds';
 
 /** A request that carries `text` in its host field; the echo handlers answer with it. */
 const ask = (text: string): Partial<ServerReflectionRequest> => ({ host: text });
-
-function deferred(): { promise: Promise<void>; resolve: () => void } {
-  let resolve!: () => void;
-  const promise = new Promise<void>((r) => (resolve = r));
-  return { promise, resolve };
-}
-
-async function eventually(condition: () => boolean, timeoutMs = 5_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}
 
 /** Reads a stream to its end; resolves with the messages and the error it ended with, if any. */
 async function drain(
@@ -154,7 +141,7 @@ describe(GrpcServer.name, () => {
     it('delivers the responses sent before the handler failed, then its RpcError', async () => {
       onInfo = async function* (requests) {
         for await (const request of requests) {
-          if (request.host === 'bad') throw RpcError.notFound('no such model "bad"', 'MODEL_NOT_FOUND');
+          if (request.host === 'bad') throw Errors.modelNotFound('no such model "bad"');
           yield { validHost: request.host };
         }
       };

@@ -11,12 +11,14 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics, type RequestContext, requestContext } from '@infermesh/telemetry';
 import type { Histogram } from 'prom-client';
+import { ManualClock } from '@infermesh/clock/manual-clock.testing';
 import { MAX_DEADLINE_MS } from './deadline';
 import { createClient } from './grpc-client';
 import { GrpcServer } from './grpc-server';
 import type { CallContext, ServiceClient, ServiceImpl } from './method-types';
-import { MAX_ERROR_MESSAGE_CHARS, RpcError } from './rpc-error';
+import { MAX_ERROR_MESSAGE_CHARS, RpcError, Errors } from './rpc-error';
 import { toServiceDefinition } from './service-definition';
+import { deferred, eventually } from './waiting.testing';
 
 type Registry = typeof RegistryService;
 type Impl = ServiceImpl<Registry>;
@@ -142,21 +144,6 @@ function aborted(signal: AbortSignal): Promise<unknown> {
   return new Promise((resolve) => signal.addEventListener('abort', () => resolve(signal.reason), { once: true }));
 }
 
-/** Resolves when the condition holds, polling; fails after timeoutMs. */
-async function eventually(condition: () => boolean, timeoutMs = 5_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}
-
-function deferred(): { promise: Promise<void>; resolve: () => void } {
-  let resolve!: () => void;
-  const promise = new Promise<void>((r) => (resolve = r));
-  return { promise, resolve };
-}
-
 /** A port that was free a moment ago and has nothing listening on it now. */
 async function closedPort(): Promise<number> {
   const probe = createServer();
@@ -187,7 +174,7 @@ describe(GrpcServer.name, () => {
   let client: ServiceClient<Registry>;
   let address: string;
 
-  async function start(maxMessageBytes = 4 * 1024 * 1024, faultInjection = false): Promise<void> {
+  async function start(maxMessageBytes = 4 * 1024 * 1024, faultInjection = false, clock?: ManualClock): Promise<void> {
     registry = new ScriptedRegistry();
     metrics = new Metrics('test');
     logs = [];
@@ -196,6 +183,7 @@ describe(GrpcServer.name, () => {
       metrics,
       maxMessageBytes,
       faultInjection,
+      clock,
     });
     sut.add(RegistryService, registry);
     const port = await sut.listen('127.0.0.1', 0);
@@ -285,8 +273,7 @@ describe(GrpcServer.name, () => {
   describe('errors', () => {
     it('delivers an RpcError with its code, message, ErrorInfo reason and metadata, and retry delay', async () => {
       registry.onGetModel = async () => {
-        throw new RpcError(status.RESOURCE_EXHAUSTED, 'queue of model "mlp" is full (64 requests)', {
-          reason: 'QUEUE_FULL',
+        throw Errors.queueFull('queue of model "mlp" is full (64 requests)', {
           metadata: { model: 'mlp', limit: '64' },
           retryDelayMs: 1_250,
         });
@@ -334,7 +321,7 @@ describe(GrpcServer.name, () => {
 
     it('does not log expected errors such as NOT_FOUND', async () => {
       registry.onGetModel = async () => {
-        throw RpcError.notFound('model "nope" not found', 'MODEL_NOT_FOUND');
+        throw Errors.modelNotFound('model "nope" not found');
       };
 
       await rpcError(client.getModel({ name: 'models/nope' }));
@@ -345,7 +332,7 @@ describe(GrpcServer.name, () => {
     it('delivers the messages a server stream sent before it failed, then its RpcError', async () => {
       registry.onDownload = async function* () {
         yield { chunk: Buffer.from('first') };
-        throw RpcError.notFound('artifact "abc" vanished', 'ARTIFACT_NOT_FOUND', { sha256: 'abc' });
+        throw Errors.artifactNotFound('artifact "abc" vanished', { metadata: { sha256: 'abc' } });
       };
       const received: string[] = [];
 
@@ -379,8 +366,10 @@ describe(GrpcServer.name, () => {
       registry.onUpload = async (requests) => {
         for await (const request of requests) {
           if (request.expectedSha256 !== '')
-            throw RpcError.invalidArgument('checksum mismatch', 'INVALID_ARTIFACT', {
-              expected: request.expectedSha256,
+            throw Errors.invalidArtifact('checksum mismatch', {
+              metadata: {
+                expected: request.expectedSha256,
+              },
             });
         }
         return {};
@@ -398,23 +387,26 @@ describe(GrpcServer.name, () => {
 
     it('stops reading a client stream once the server has refused the call', async () => {
       registry.onUpload = async () => {
-        throw RpcError.invalidArgument('refused at once', 'INVALID_ARTIFACT');
+        throw Errors.invalidArtifact('refused at once');
       };
-      let produced = 0;
+      let closed = false;
       async function* endless() {
-        for (;;) {
-          produced += 1;
-          yield { chunk: Buffer.alloc(64 * 1024) };
-          await new Promise((r) => setTimeout(r, 5));
+        try {
+          for (;;) {
+            yield { chunk: Buffer.alloc(64 * 1024) };
+            await new Promise((r) => setImmediate(r));
+          }
+        } finally {
+          closed = true;
         }
       }
 
       const error = await rpcError(client.uploadArtifact(endless()));
 
       expect(error.message).toBe('refused at once');
-      const afterAnswer = produced;
-      await new Promise((r) => setTimeout(r, 100));
-      expect(produced).toBe(afterAnswer);
+      // The client closed the endless stream: it produces nothing more (had it gone on reading, the
+      // call would never have answered).
+      expect(closed).toBe(true);
     });
 
     it('refuses a request larger than maxMessageBytes with RESOURCE_EXHAUSTED before the handler sees it', async () => {
@@ -528,7 +520,7 @@ describe(GrpcServer.name, () => {
     it('sends an error that quotes a huge name with a bounded message, and the shared connection serves on', async () => {
       const name = 'n'.repeat(600_000);
       registry.onGetModel = async () => {
-        throw RpcError.notFound(`model "${name}" is not registered`, 'MODEL_NOT_FOUND', { model: name });
+        throw Errors.modelNotFound(`model "${name}" is not registered`, { metadata: { model: name } });
       };
 
       const errors = await Promise.all(Array.from({ length: 5 }, () => rpcError(client.getModel({ name: 'x' }))));
@@ -664,7 +656,7 @@ describe(GrpcServer.name, () => {
       registry.onDownload = async function* (_request, ctx) {
         for (let i = 0; !ctx.signal.aborted; i++) {
           yield { chunk: Buffer.from(String(i)) };
-          await new Promise((resolve) => setTimeout(resolve, 5));
+          await new Promise((resolve) => setImmediate(resolve));
         }
       };
 
@@ -742,7 +734,7 @@ describe(GrpcServer.name, () => {
   describe('metrics', () => {
     it('records each call in grpc_server_handling_seconds by method and status code', async () => {
       registry.onGetModel = async (request) => {
-        if (request.name === 'models/missing') throw RpcError.notFound('no such model', 'MODEL_NOT_FOUND');
+        if (request.name === 'models/missing') throw Errors.modelNotFound('no such model');
         if (request.name === 'models/crash') throw new Error('boom');
         return {};
       };
@@ -762,10 +754,7 @@ describe(GrpcServer.name, () => {
   });
 
   describe('shedding', () => {
-    const overloaded = new RpcError(status.RESOURCE_EXHAUSTED, 'full up; retry later', {
-      reason: 'OVERLOADED',
-      retryDelayMs: 1_000,
-    });
+    const overloaded = Errors.overloaded('full up; retry later', { retryDelayMs: 1_000 });
 
     it('answers the calls it names with its error before any handler runs, its details intact; spares the rest', async () => {
       let shedding = true;
@@ -805,10 +794,13 @@ describe(GrpcServer.name, () => {
   });
 
   describe('inbound faults', () => {
+    let clock: ManualClock;
+
     beforeEach(async () => {
       client.close();
       await sut.shutdown(100);
-      await start(4 * 1024 * 1024, true);
+      clock = new ManualClock();
+      await start(4 * 1024 * 1024, true, clock);
     });
 
     it('fails the share of calls the faults say, before the handler runs, with the status they name', async () => {
@@ -834,16 +826,22 @@ describe(GrpcServer.name, () => {
 
     it('delays calls, spares the methods it does not apply to, and stops when cleared', async () => {
       sut.setInboundFaults({ delay: { ms: 300, percent: 100 }, appliesTo: (path) => !path.endsWith('/ListModels') });
-      let started = performance.now();
-      await client.getModel({ name: 'models/a' });
-      expect(performance.now() - started).toBeGreaterThanOrEqual(290);
-      started = performance.now();
+      const delayed = client.getModel({ name: 'models/a' });
+      await eventually(() => clock.pendingInMs().length > 0);
+      expect(clock.pendingInMs()).toEqual([300]);
+
+      // Held: the handler has not run, while a method the faults spare is answered at once.
       await client.listModels({});
-      expect(performance.now() - started).toBeLessThan(290);
+      expect(registry.calls.map((c) => c.method)).toEqual(['listModels']);
+      clock.advance(299);
+      expect(registry.calls).toHaveLength(1);
+      clock.advance(1);
+      expect((await delayed).model?.name).toBe('models/a');
+
       sut.setInboundFaults(undefined);
-      started = performance.now();
-      await client.getModel({ name: 'models/a' });
-      expect(performance.now() - started).toBeLessThan(290);
+      await client.getModel({ name: 'models/b' });
+      expect(clock.pendingInMs()).toEqual([]);
+      expect(registry.calls.map((c) => c.method)).toEqual(['listModels', 'getModel', 'getModel']);
     });
   });
 
@@ -864,9 +862,10 @@ describe(GrpcServer.name, () => {
 
     it('lets an in-flight call finish during shutdown, then refuses new calls', async () => {
       const entered = deferred();
+      const finish = deferred();
       registry.onGetModel = async (request) => {
         entered.resolve();
-        await new Promise((resolve) => setTimeout(resolve, 150));
+        await finish.promise;
         return { model: { name: request.name } };
       };
 
@@ -875,6 +874,7 @@ describe(GrpcServer.name, () => {
       const shutdown = sut.shutdown(5_000);
 
       expect(sut.isDraining).toBe(true);
+      finish.resolve();
       expect((await inFlight).model?.name).toBe('models/slow');
       await shutdown;
       const error = await rpcError(client.getModel({ name: 'models/late' }, { timeoutMs: 1_000 }));
@@ -882,6 +882,10 @@ describe(GrpcServer.name, () => {
     });
 
     it('cancels calls still running when the shutdown grace period ends', async () => {
+      client.close();
+      await sut.shutdown(100);
+      const clock = new ManualClock();
+      await start(4 * 1024 * 1024, false, clock);
       const entered = deferred();
       registry.onGetModel = async (_request, ctx) => {
         entered.resolve();
@@ -891,10 +895,15 @@ describe(GrpcServer.name, () => {
 
       const hanging = client.getModel({ name: 'models/hang' });
       await entered.promise;
-      const started = Date.now();
-      await sut.shutdown(100);
+      let shutDown = false;
+      const shutdown = sut.shutdown(100).then(() => (shutDown = true));
 
-      expect(Date.now() - started).toBeLessThan(2_000);
+      expect(clock.pendingInMs()).toEqual([100]);
+      clock.advance(99);
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(shutDown).toBe(false);
+      clock.advance(1);
+      await shutdown;
       const error = await rpcError(hanging);
       expect([status.CANCELLED, status.UNAVAILABLE]).toContain(error.code);
     });
@@ -980,8 +989,9 @@ describe('createClient', () => {
 
     expect(download.code).toBe(status.DEADLINE_EXCEEDED);
     expect(upload.code).toBe(status.DEADLINE_EXCEEDED);
-    await new Promise((resolve) => setTimeout(resolve, 50));
-    expect(registry.calls).toEqual([]);
+    // A call made after them on the same connection is the only one the server sees.
+    await sut.getModel({ name: 'models/after' });
+    expect(registry.calls.map((c) => c.method)).toEqual(['getModel']);
   });
 
   it('fails with CANCELLED when the signal is already aborted', async () => {

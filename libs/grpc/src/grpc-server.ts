@@ -1,5 +1,6 @@
 import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
+import { type Clock, systemClock } from '@infermesh/clock';
 import {
   type JsonLogger,
   LATENCY_BUCKETS_SECONDS,
@@ -17,7 +18,7 @@ import type { Counter, Histogram } from 'prom-client';
 import { boundTimeoutHeader } from './deadline';
 import { openServerWindows } from './flow-control';
 import type { CallContext, ServiceImpl } from './method-types';
-import { RpcError, toRpcError } from './rpc-error';
+import { Errors, type RpcError, toRpcError } from './rpc-error';
 import { MalformedMessage, receivedBytes, toServiceDefinition } from './service-definition';
 import { serverCredentials, spiffeIdOf } from './transport-security';
 
@@ -35,6 +36,8 @@ export interface GrpcServerOptions {
   authorization?: boolean;
   /** The port faces clients outside the mesh (the gateway's public API): plaintext, whatever the process's transport security. */
   public?: boolean;
+  /** Time: the shutdown grace period, injected delays, how often a refused handshake is logged (systemClock unless given). */
+  clock?: Clock;
 }
 
 /** Health checks are answered whoever asks: probes and supervisors carry no business identity. */
@@ -88,7 +91,10 @@ export class GrpcServer {
   /** The trailers of each shedding error: one error object stands for many refusals. */
   private readonly shedTrailers = new WeakMap<RpcError, OutgoingHttpHeaders>();
 
+  private readonly clock: Clock;
+
   constructor(private readonly options: GrpcServerOptions) {
+    this.clock = options.clock ?? systemClock;
     this.server = new grpc.Server({
       'grpc.max_receive_message_length': options.maxMessageBytes,
       'grpc.max_send_message_length': options.maxMessageBytes,
@@ -123,9 +129,10 @@ export class GrpcServer {
         const reason = error.code ?? error.message;
         this.handshakeFailures.inc({ reason });
         // One line per reason every 10 s: a scanner must not flood the log.
-        const last = reported.get(reason) ?? 0;
-        if (Date.now() - last < 10_000) return;
-        reported.set(reason, Date.now());
+        const last = reported.get(reason);
+        const now = this.clock.monotonic();
+        if (last !== undefined && now - last < 10_000) return;
+        reported.set(reason, now);
         options.logger.warn('refused a TLS connection: the peer did not prove a mesh identity', {
           reason,
           peer: `${socket.remoteAddress}:${socket.remotePort}`,
@@ -228,12 +235,12 @@ export class GrpcServer {
   async shutdown(graceMs: number): Promise<void> {
     this.draining = true;
     await new Promise<void>((resolve) => {
-      const timer = setTimeout(() => {
+      const cancel = this.clock.setTimer(() => {
         this.server.forceShutdown();
         resolve();
       }, graceMs);
       this.server.tryShutdown(() => {
-        clearTimeout(timer);
+        cancel();
         resolve();
       });
     });
@@ -313,7 +320,7 @@ export class GrpcServer {
             };
             if (delayMs === 0) return go();
             this.injected.inc({ method, fault: 'delay' });
-            setTimeout(go, delayMs);
+            this.clock.setTimer(go, delayMs);
           },
         });
       },
@@ -455,7 +462,7 @@ export class GrpcServer {
     const deadlineMs =
       rawDeadline instanceof Date ? rawDeadline.getTime() : Number.isFinite(rawDeadline) ? rawDeadline : undefined;
     const controller = new AbortController();
-    const onCancel = () => controller.abort(new RpcError(grpc.status.CANCELLED, 'the call was cancelled'));
+    const onCancel = () => controller.abort(Errors.cancelled('the call was cancelled'));
     call.once('cancelled', onCancel);
     const bytes = 'request' in call ? receivedBytes(call.request) : undefined;
     const ctx: CallContext = {
@@ -547,7 +554,7 @@ async function* requestsOf(
   signal: AbortSignal,
   options: { destroyOnReturn: boolean } = { destroyOnReturn: true },
 ): AsyncGenerator<unknown> {
-  const cancelled = () => new RpcError(grpc.status.CANCELLED, 'the client cancelled the call');
+  const cancelled = () => Errors.cancelled('the client cancelled the call');
   for await (const message of call.iterator(options) as AsyncIterable<unknown>) {
     if (signal.aborted) throw cancelled();
     if (message instanceof MalformedMessage) throw message.toError();

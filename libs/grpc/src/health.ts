@@ -1,4 +1,3 @@
-import { status } from '@grpc/grpc-js';
 import { EventEmitter, on } from 'node:events';
 import {
   type HealthCheckRequest,
@@ -6,7 +5,7 @@ import {
   type Health,
 } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import type { CallContext, ServiceImpl } from './method-types';
-import { RpcError } from './rpc-error';
+import { Errors } from './rpc-error';
 
 export { ServingStatus };
 
@@ -41,7 +40,7 @@ export class HealthService implements ServiceImpl<typeof Health> {
 
   async check(request: HealthCheckRequest) {
     const current = this.statuses.get(request.service);
-    if (current === undefined) throw new RpcError(status.NOT_FOUND, `unknown service "${request.service}"`);
+    if (current === undefined) throw Errors.serviceNotFound(`unknown service "${request.service}"`);
     return { status: current };
   }
 

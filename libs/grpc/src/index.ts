@@ -6,3 +6,4 @@ export * from './grpc-client';
 export * from './health';
 export * from './deadline';
 export * from './transport-security';
+export * from './error-catalogue';

@@ -4,6 +4,13 @@ import { Metadata, status, type ServiceError } from '@grpc/grpc-js';
 import { ErrorInfoSchema, RetryInfoSchema } from '@infermesh/proto/gen/google/rpc/error_details_pb';
 import { StatusSchema } from '@infermesh/proto/gen/google/rpc/status_pb';
 import { boundedText } from '@infermesh/tensors';
+import {
+  ERROR_CATALOGUE,
+  type ErrorReason,
+  isErrorReason,
+  type ReasonFactoryName,
+  reasonFactoryName,
+} from './error-catalogue';
 
 export const ERROR_DOMAIN = 'infermesh.io';
 /** The most characters of an error message, as sent in `grpc-message` (and twice more in the details) and REST error bodies. */
@@ -13,39 +20,14 @@ export const MAX_ERROR_METADATA_ENTRIES = 16;
 export const MAX_ERROR_METADATA_CHARS = 256;
 const DETAILS_KEY = 'grpc-status-details-bin';
 
-/** Machine-readable reasons carried in google.rpc.ErrorInfo. */
-export type ErrorReason =
-  | 'UNAUTHENTICATED'
-  | 'MODEL_NOT_FOUND'
-  | 'VERSION_NOT_FOUND'
-  | 'MODEL_NOT_READY'
-  | 'INVALID_TENSOR'
-  | 'DATATYPE_UNSUPPORTED'
-  | 'INVALID_REQUEST'
-  | 'INVALID_ARTIFACT'
-  | 'ARTIFACT_NOT_FOUND'
-  | 'ALREADY_EXISTS'
-  | 'QUEUE_FULL'
-  | 'OVERLOADED'
-  | 'CIRCUIT_OPEN'
-  | 'DEADLINE_EXCEEDED'
-  | 'UPSTREAM_UNAVAILABLE'
-  | 'SHUTTING_DOWN'
-  | 'MALFORMED_MESSAGE'
-  | 'PERMISSION_DENIED'
-  | 'VERSION_IN_USE'
-  | 'MODEL_IN_USE'
-  | 'MODEL_NOT_PLACED'
-  | 'RATE_LIMITED'
-  | 'ACCURACY_GATE'
-  | 'NOT_QUANTIZABLE'
-  | 'INTERNAL';
-
 export interface RpcErrorOptions {
-  /** An ErrorReason, or a reason received from another service. */
-  reason?: string;
   metadata?: Record<string, string>;
   retryDelayMs?: number;
+}
+
+interface ReceivedErrorOptions extends RpcErrorOptions {
+  /** The reason as received, which may be one this build does not know. */
+  reason?: string;
 }
 
 /**
@@ -56,40 +38,51 @@ export interface RpcErrorOptions {
  * of a connection that other calls share (a trailer too large tears the whole connection down).
  */
 export class RpcError extends Error {
-  readonly reason: string | undefined;
+  /** The error's reason; undefined for a failure without ErrorInfo (a transport failure, or a peer outside infermesh). */
+  readonly reason: ErrorReason | undefined;
   readonly metadata: Record<string, string>;
   readonly retryDelayMs: number | undefined;
+  /** The reason sent on: the received one unchanged when this build does not know it. */
+  private readonly wireReason: string | undefined;
 
+  /**
+   * Errors are made with `Errors.<reason>(message)`, which takes the code from the catalogue; this
+   * constructor is for rebuilding a received status (`fromServiceError`) and is used nowhere else.
+   */
   constructor(
     readonly code: status,
     message: string,
-    options: RpcErrorOptions = {},
+    options: ReceivedErrorOptions = {},
   ) {
     super(boundedText(message, MAX_ERROR_MESSAGE_CHARS));
     this.name = 'RpcError';
-    this.reason = options.reason === undefined ? undefined : boundedText(options.reason, 64);
+    this.wireReason = options.reason === undefined ? undefined : boundedText(options.reason, 64);
+    this.reason =
+      this.wireReason === undefined ? undefined : isErrorReason(this.wireReason) ? this.wireReason : 'UNRECOGNIZED';
     this.metadata = boundedMetadata(options.metadata ?? {});
     this.retryDelayMs = options.retryDelayMs;
   }
 
-  static invalidArgument(message: string, reason: ErrorReason = 'INVALID_REQUEST', metadata?: Record<string, string>) {
-    return new RpcError(status.INVALID_ARGUMENT, message, { reason, ...(metadata && { metadata }) });
+  /** An error of a catalogue reason, with the reason's code. */
+  static of(reason: ErrorReason, message: string, options: RpcErrorOptions = {}): RpcError {
+    return new RpcError(ERROR_CATALOGUE[reason].code, message, { ...options, reason });
   }
-  static notFound(message: string, reason: ErrorReason, metadata?: Record<string, string>) {
-    return new RpcError(status.NOT_FOUND, message, { reason, ...(metadata && { metadata }) });
-  }
-  static unavailable(message: string, reason: ErrorReason = 'UPSTREAM_UNAVAILABLE') {
-    return new RpcError(status.UNAVAILABLE, message, { reason });
+
+  /** The REST status of this error: its reason's, or its code's when it has none. */
+  get httpStatus(): number {
+    return this.reason !== undefined && this.reason !== 'UNRECOGNIZED'
+      ? ERROR_CATALOGUE[this.reason].http
+      : httpStatusOfCode(this.code);
   }
 
   /** The grpc-js status object for a call's callback or emit. */
   toStatus(): Partial<ServiceError> {
     const details = [];
-    if (this.reason !== undefined) {
+    if (this.wireReason !== undefined) {
       details.push(
         anyPack(
           ErrorInfoSchema,
-          create(ErrorInfoSchema, { reason: this.reason, domain: ERROR_DOMAIN, metadata: this.metadata }),
+          create(ErrorInfoSchema, { reason: this.wireReason, domain: ERROR_DOMAIN, metadata: this.metadata }),
         ),
       );
     }
@@ -112,7 +105,7 @@ export class RpcError extends Error {
 
   /** Rebuilds an RpcError from a failed call, reading ErrorInfo and RetryInfo when present. */
   static fromServiceError(error: ServiceError): RpcError {
-    const options: RpcErrorOptions = {};
+    const options: ReceivedErrorOptions = {};
     const raw = error.metadata?.get(DETAILS_KEY)[0];
     if (raw instanceof Buffer) {
       try {
@@ -153,5 +146,53 @@ export function isServiceError(error: unknown): error is ServiceError {
 export function toRpcError(error: unknown): RpcError {
   if (error instanceof RpcError) return error;
   if (isServiceError(error)) return RpcError.fromServiceError(error);
-  return new RpcError(status.INTERNAL, 'internal error', { reason: 'INTERNAL' });
+  return Errors.internal('internal error');
+}
+
+/** One factory per catalogue reason: `Errors.queueFull(message, { retryDelayMs })`. */
+export type ErrorFactories = {
+  readonly [R in ErrorReason as ReasonFactoryName<R>]: (message: string, options?: RpcErrorOptions) => RpcError;
+};
+
+export const Errors = Object.fromEntries(
+  (Object.keys(ERROR_CATALOGUE) as ErrorReason[]).map((reason) => [
+    reasonFactoryName(reason),
+    (message: string, options?: RpcErrorOptions) => RpcError.of(reason, message, options),
+  ]),
+) as ErrorFactories;
+
+/**
+ * The HTTP status of a canonical gRPC code, per the Open Inference Protocol's REST mapping, for an
+ * error without a reason; one with a reason takes its catalogue entry's.
+ */
+export function httpStatusOfCode(code: status): number {
+  switch (code) {
+    case status.OK:
+      return 200;
+    case status.INVALID_ARGUMENT:
+    case status.OUT_OF_RANGE:
+      return 400;
+    case status.UNAUTHENTICATED:
+      return 401;
+    case status.PERMISSION_DENIED:
+      return 403;
+    case status.NOT_FOUND:
+      return 404;
+    case status.ALREADY_EXISTS:
+    case status.FAILED_PRECONDITION:
+    case status.ABORTED:
+      return 409;
+    case status.RESOURCE_EXHAUSTED:
+      return 429;
+    case status.CANCELLED:
+      return 499;
+    case status.UNIMPLEMENTED:
+      return 501;
+    case status.UNAVAILABLE:
+      return 503;
+    case status.DEADLINE_EXCEEDED:
+      return 504;
+    default:
+      return 500;
+  }
 }

@@ -1,6 +1,6 @@
 import { create, fromBinary, toBinary, type DescMessage, type DescMethod, type DescService } from '@bufbuild/protobuf';
 import type { MethodDefinition, ServiceDefinition } from '@grpc/grpc-js';
-import { RpcError } from './rpc-error';
+import { type RpcError, Errors } from './rpc-error';
 
 /** The grpc-js path of a method: `/package.Service/Method`. */
 export function methodPath(method: DescMethod): string {
@@ -31,7 +31,7 @@ export class MalformedMessage {
 
   /** The error the call is refused with. */
   toError(): RpcError {
-    return RpcError.invalidArgument(`malformed ${this.typeName} message: ${this.reason}`, 'MALFORMED_MESSAGE');
+    return Errors.malformedMessage(`malformed ${this.typeName} message: ${this.reason}`);
   }
 }
 

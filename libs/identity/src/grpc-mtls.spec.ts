@@ -1,4 +1,5 @@
 import * as grpc from '@grpc/grpc-js';
+import { eventually, ManualClock } from '@infermesh/testing';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -8,6 +9,8 @@ import { LocalCa } from './local-ca';
 import { subjectAltNames } from './read-identity';
 
 const REFRESH_MS = 100;
+/** Certificates live a minute (of the real clock, which TLS checks them by); the issuer renews them at half-life on its own clock. */
+const LIFETIME_MS = 60_000;
 const passThrough = (value: Buffer): Buffer => value;
 const WHO_AM_I: grpc.MethodDefinition<Buffer, Buffer> = {
   path: '/identity.test.Peer/WhoAmI',
@@ -35,6 +38,7 @@ describe('grpc-js mutual TLS over the identity files', () => {
   let root: string;
   let ca: LocalCa;
   let issuer: IdentityIssuer;
+  let clock: ManualClock;
   let server: grpc.Server;
   let port: number;
   const clientIssued: IdentityIssuedEvent[] = [];
@@ -67,7 +71,14 @@ describe('grpc-js mutual TLS over the identity files', () => {
   beforeAll(async () => {
     root = mkdtempSync(join(tmpdir(), 'grpc-mtls-'));
     ca = await LocalCa.open(join(root, 'ca'));
-    issuer = new IdentityIssuer({ ca, rootDir: root, lifetimeMs: 2000, onIssued: (event) => clientIssued.push(event) });
+    clock = new ManualClock(Date.now());
+    issuer = new IdentityIssuer({
+      ca,
+      rootDir: root,
+      lifetimeMs: LIFETIME_MS,
+      clock,
+      onIssued: (event) => clientIssued.push(event),
+    });
     const serverDir = await issuer.ensure({ service: 'registry', instance: 'registry' });
     const provided = provider(serverDir);
     server = new grpc.Server();
@@ -102,18 +113,25 @@ describe('grpc-js mutual TLS over the identity files', () => {
 
     expect(await call(clientDir)).toBe(`spiffe://infermesh.local/router ${first.serialNumber}`);
 
-    // Rotated at half of at most 2 s; grpc-js rereads the files every 100 ms.
-    const deadline = Date.now() + 4000;
-    while (!clientIssued.some((event) => event.dir === clientDir && event.rotated)) {
-      if (Date.now() > deadline) throw new Error('no rotation');
-      await new Promise((resolve) => setTimeout(resolve, 50));
-    }
-    await new Promise((resolve) => setTimeout(resolve, 3 * REFRESH_MS));
-    const [, serial] = (await call(clientDir)).split(' ');
+    // Rotated at half-life.
+    expect(clientIssued.some((event) => event.dir === clientDir && event.rotated)).toBe(false);
+    clock.advance(LIFETIME_MS / 2);
+    await eventually(() => clientIssued.some((event) => event.dir === clientDir && event.rotated));
     const rotatedSerials = clientIssued
       .filter((event) => event.dir === clientDir && event.rotated)
       .map((event) => event.serialNumber);
-    expect(rotatedSerials).toContain(serial);
+    expect(rotatedSerials).not.toContain(first.serialNumber);
+
+    // The server's grpc-js rereads its files every REFRESH_MS of its own: the rotated client is taken
+    // once it has (its own certificate was rotated too).
+    let serial: string | undefined;
+    await eventually(async () => {
+      serial = await call(clientDir).then(
+        (answer) => answer.split(' ')[1],
+        () => undefined,
+      );
+      return serial !== undefined && rotatedSerials.includes(serial);
+    });
   });
 
   it('refuses a client whose certificate comes from another local CA', async () => {

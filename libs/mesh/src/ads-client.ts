@@ -1,4 +1,5 @@
 import * as grpc from '@grpc/grpc-js';
+import { type Clock, systemClock } from '@infermesh/clock';
 import type { EnvoyApi } from './envoy-api-check';
 import { XDS_TYPE_NAMES, type XdsTypeUrl } from './xds-resources';
 
@@ -54,7 +55,7 @@ export class AdsClient {
   private readonly method: grpc.MethodDefinition<object, DiscoveryResponse>;
   private call: grpc.ClientDuplexStream<object, DiscoveryResponse> | undefined;
   private stopped = false;
-  private retryTimer: NodeJS.Timeout | undefined;
+  private cancelRetry: (() => void) | undefined;
   private backoffMs = 100;
 
   constructor(
@@ -67,6 +68,8 @@ export class AdsClient {
       credentials: grpc.credentials.createInsecure(),
       options: {},
     },
+    /** Time: the backoff before a broken stream is opened again (systemClock unless given). */
+    private readonly clock: Clock = systemClock,
   ) {
     const request = api.lookupType('envoy.service.discovery.v3.DiscoveryRequest')!;
     const response = api.lookupType('envoy.service.discovery.v3.DiscoveryResponse')!;
@@ -118,7 +121,7 @@ export class AdsClient {
       this.onEvent({ kind: 'disconnected', ...(error !== undefined && { error: error.details || error.message }) });
       // A version from the broken stream is still what this client runs: ask with it, a new nonce will come.
       for (const subscription of this.subscriptions.values()) subscription.nonce = '';
-      this.retryTimer = setTimeout(() => this.start(), Math.random() * this.backoffMs);
+      this.cancelRetry = this.clock.setTimer(() => this.start(), Math.random() * this.backoffMs);
       this.backoffMs = Math.min(5_000, this.backoffMs * 2);
     };
     call.on('error', broken);
@@ -128,7 +131,7 @@ export class AdsClient {
 
   close(): void {
     this.stopped = true;
-    clearTimeout(this.retryTimer);
+    this.cancelRetry?.();
     this.call?.cancel();
     this.call = undefined;
     this.client.close();

@@ -1,5 +1,5 @@
 import * as grpc from '@grpc/grpc-js';
-import { startXdsProbe, type XdsProbe } from '@infermesh/testing';
+import { eventually, startXdsProbe, type XdsProbe } from '@infermesh/testing';
 import { type AdsEvent, AdsServer } from './ads-server';
 import { EnvoyApi } from './envoy-api-check';
 import { type MeshPolicy, type MeshService } from './mesh-policy';
@@ -76,6 +76,17 @@ describe(AdsServer.name, () => {
   /** `calls` calls of the gateway's xDS client to `xds:///router`, one after the other: how many each backend answered, and each error. */
   const tally = (calls: number) => client.tally(calls);
 
+  /** Recomputes the resources and waits until the client has answered each response it was sent (ACK or NACK). */
+  const refreshed = async () => {
+    const before = { ...sut.counters };
+    sut.refresh();
+    await eventually(
+      () =>
+        sut.counters.acks + sut.counters.nacks - before.acks - before.nacks >=
+        sut.counters.responses - before.responses,
+    );
+  };
+
   beforeAll(async () => {
     [stable, next] = await Promise.all([startBackend('stable'), startBackend('next')]);
     instances = [instance(stable, 'stable'), instance(next, 'next')];
@@ -136,8 +147,7 @@ describe(AdsServer.name, () => {
         { subset: 'next', weight: 50 },
       ],
     ]);
-    sut.refresh();
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    await refreshed();
 
     const counts = await tally(400);
 
@@ -153,8 +163,7 @@ describe(AdsServer.name, () => {
       [['edges', 0, 'loadBalancing'], { policy: 'round_robin' }],
     );
     instances = [instance(stable, 'stable'), { ...instance(next, 'stable'), id: 'next-as-stable' }];
-    sut.refresh();
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    await refreshed();
     next.failing = true;
     const servedBefore = stable.served;
 
@@ -182,11 +191,11 @@ describe(AdsServer.name, () => {
     const flaky = await startBackend('flaky'); // a new address: nothing ejected before
     flaky.failing = true;
     instances = [instance(stable, 'stable'), { ...instance(flaky, 'stable'), id: 'flaky' }];
-    sut.refresh();
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    await refreshed();
 
     const before = await tally(40); // round robin: about half go to the failing one, with no retry
-    await new Promise((resolve) => setTimeout(resolve, 1_200)); // past an interval: its failure share is seen
+    // The client's sweep, every interval (500 ms of its own clock, in its own process), sees the failure share.
+    await eventually(async () => (await tally(10))['stable'] === 10, 10_000);
     const after = await tally(40);
     flaky.server.forceShutdown();
 
@@ -199,8 +208,7 @@ describe(AdsServer.name, () => {
       [['edges', 0, 'fault'], { abort: { percent: 100, grpcStatus: 'RESOURCE_EXHAUSTED' } }],
       [['edges', 0, 'retry', 'attempts'], 1],
     );
-    sut.refresh();
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    await refreshed();
 
     expect(await tally(10)).toEqual({ 'error RESOURCE_EXHAUSTED': 10 });
   });
@@ -208,8 +216,7 @@ describe(AdsServer.name, () => {
   it('counts a NACK, and the client keeps its last good configuration', async () => {
     policy = policyWith([['edges', 0, 'split'], [{ subset: 'stable', weight: 100 }]]);
     instances = [instance(stable, 'stable'), instance(next, 'next')];
-    sut.refresh();
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    await refreshed();
     expect(await tally(5)).toEqual({ stable: 5 });
     const nacksBefore = sut.counters.nacks;
 
@@ -220,8 +227,7 @@ describe(AdsServer.name, () => {
     };
     cluster.load_balancing_policy.policies.pop();
     serve = () => resources;
-    sut.refresh();
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    await refreshed();
 
     expect(sut.counters.nacks).toBe(nacksBefore + 1);
     expect(events.find((e) => e.kind === 'nack')).toMatchObject({

@@ -1,3 +1,4 @@
+import { ManualClock } from '@infermesh/testing';
 import type { OutlierDetection } from './mesh-policy';
 import { type CallOutcome, OutlierDetector, SWEEP_SLACK_MS } from './outlier-detector';
 
@@ -18,15 +19,16 @@ function settings(overrides: Partial<OutlierDetection> = {}): OutlierDetection {
 
 /** A detector on a fake clock that starts at 0, with endpoints a, b, c and d unless told. */
 function setup(overrides: Partial<OutlierDetection> = {}, endpoints: string[] = ['a', 'b', 'c', 'd']) {
-  let time = 0;
-  const sut = new OutlierDetector<string>(settings(overrides), () => time);
+  const clock = new ManualClock();
+  const sut = new OutlierDetector<string>(settings(overrides), clock);
   sut.setEndpoints(endpoints);
   return {
     sut,
-    now: () => time,
-    /** Sets the clock to `at` ms and sweeps. */
+    now: () => clock.monotonic(),
+    /** Moves the clock on to `at` ms and sweeps. */
     sweepAt(at: number): string[] {
-      time = at;
+      if (at < clock.monotonic()) throw new Error(`time does not go back: ${at} ms is past`);
+      clock.advance(at - clock.monotonic());
       return sut.sweep();
     },
   };

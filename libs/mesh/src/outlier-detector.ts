@@ -1,4 +1,4 @@
-import { performance } from 'node:perf_hooks';
+import { type Clock, systemClock } from '@infermesh/clock';
 import type { OutlierDetection } from './mesh-policy';
 
 /**
@@ -29,7 +29,7 @@ export const DEFAULT_MAX_EJECTION_TIME_MS = 300_000;
 /**
  * A sweep ends the ejections that are up within this many milliseconds of it. The owner's interval
  * timer runs on Node's whole-millisecond loop clock and may fire a little before `interval` has passed
- * on performance.now(); without the slack, about half of the ejections made by a sweep would last one
+ * on the monotonic clock; without the slack, about half of the ejections made by a sweep would last one
  * interval too long.
  */
 export const SWEEP_SLACK_MS = 5;
@@ -81,11 +81,11 @@ export class OutlierDetector<K> {
 
   /**
    * @param settings the edge's outlier detection, from the mesh policy.
-   * @param now the time in milliseconds, on a monotonic clock.
+   * @param clock time, read on its monotonic clock (systemClock unless given).
    */
   constructor(
     settings: OutlierDetection,
-    private readonly now: () => number = () => performance.now(),
+    private readonly clock: Clock = systemClock,
   ) {
     this.settings = settings;
   }
@@ -140,11 +140,11 @@ export class OutlierDetector<K> {
       state.consecutiveGatewayFailures >= consecutiveGatewayFailures &&
       state.ejectedAt === undefined
     ) {
-      ejected = this.eject(state, 'consecutive_gateway_failures', this.now());
+      ejected = this.eject(state, 'consecutive_gateway_failures', this.clock.monotonic());
       state.consecutiveGatewayFailures = 0;
     }
     if (consecutiveFailures > 0 && state.consecutiveFailures >= consecutiveFailures && state.ejectedAt === undefined) {
-      ejected = this.eject(state, 'consecutive_failures', this.now());
+      ejected = this.eject(state, 'consecutive_failures', this.clock.monotonic());
       state.consecutiveFailures = 0;
     }
     return ejected;
@@ -168,7 +168,7 @@ export class OutlierDetector<K> {
    * endpoints it ejected.
    */
   sweep(): K[] {
-    const now = this.now();
+    const now = this.clock.monotonic();
     for (const state of this.endpoints.values()) {
       if (state.ejectedAt !== undefined && now - state.ejectedAt + SWEEP_SLACK_MS >= this.ejectionTimeMs(state)) {
         state.ejectedAt = undefined;

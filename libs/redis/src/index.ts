@@ -1,4 +1,5 @@
 import Redis from 'ioredis';
+import { type Clock, systemClock } from '@infermesh/clock';
 import type { JsonLogger } from '@infermesh/telemetry';
 
 export type { Redis };
@@ -30,16 +31,16 @@ export function createRedisClient(url: string, logger: JsonLogger, name: string)
   return client;
 }
 
-/** Resolves once the client is ready, or rejects after timeoutMs. */
-export async function waitForRedis(client: Redis, timeoutMs: number): Promise<void> {
+/** Resolves once the client is ready, or rejects after timeoutMs (on `clock`, systemClock unless given). */
+export async function waitForRedis(client: Redis, timeoutMs: number, clock: Clock = systemClock): Promise<void> {
   if (client.status === 'ready') return;
   await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => {
+    const cancel = clock.setTimer(() => {
       client.off('ready', onReady);
       reject(new Error(`redis not ready after ${timeoutMs} ms (status ${client.status})`));
     }, timeoutMs);
     const onReady = () => {
-      clearTimeout(timer);
+      cancel();
       resolve();
     };
     client.once('ready', onReady);

@@ -1,4 +1,5 @@
 import type { FactoryProvider } from '@nestjs/common';
+import { Clock } from '@infermesh/clock';
 import { createClient } from '@infermesh/grpc';
 import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { HealthDetails, ServiceIdentity } from '@infermesh/runtime';
@@ -28,10 +29,16 @@ class ManagedRegistryWatch extends RegistryWatch {
 export function registryWatchProvider(address: string): FactoryProvider<RegistryWatch> {
   return {
     provide: RegistryWatch,
-    inject: [JsonLogger, Metrics, HealthDetails, ServiceIdentity],
-    useFactory: (logger: JsonLogger, metrics: Metrics, details: HealthDetails, identity: ServiceIdentity) => {
+    inject: [JsonLogger, Metrics, HealthDetails, ServiceIdentity, Clock],
+    useFactory: (
+      logger: JsonLogger,
+      metrics: Metrics,
+      details: HealthDetails,
+      identity: ServiceIdentity,
+      clock: Clock,
+    ) => {
       const client = createClient(RegistryService, address, { maxMessageBytes: identity.settings.maxMessageBytes });
-      const watch = new ManagedRegistryWatch({ client, logger, metrics, address }, () => {
+      const watch = new ManagedRegistryWatch({ client, logger, metrics, address, clock }, () => {
         details.unregister('registry');
         client.close();
       });

@@ -5,7 +5,7 @@ import { createClient, type ServiceClient } from '@infermesh/grpc';
 import { RegistryService, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { HealthDetails, RuntimeModule, runtimeSettings } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { eventually as eventuallyWithin, type FakeRegistry, startFakeRegistry } from '@infermesh/testing';
+import { eventually as eventuallyWithin, type FakeRegistry, ManualClock, startFakeRegistry } from '@infermesh/testing';
 
 /** The watch reconnects with backoff: give conditions ten seconds. */
 const eventually = (condition: () => boolean) => eventuallyWithin(condition, 10_000, 5);
@@ -23,13 +23,13 @@ describe(RegistryWatch.name, () => {
   let logs: Record<string, unknown>[];
   let changes: string[][];
 
-  function startWatch(address = `127.0.0.1:${registry.port}`): RegistryWatch {
+  function startWatch(address = `127.0.0.1:${registry.port}`, clock?: ManualClock): RegistryWatch {
     logs = [];
     changes = [];
     metrics = new Metrics('router');
     const logger = new JsonLogger('router', 'info', (line) => logs.push(JSON.parse(line) as Record<string, unknown>));
     client = createClient(RegistryService, address);
-    sut = new RegistryWatch({ client, logger, metrics, address, backoff: { initialMs: 5, maxMs: 20 } });
+    sut = new RegistryWatch({ client, logger, metrics, address, backoff: { initialMs: 5, maxMs: 20 }, clock });
     sut.onChange((names) => changes.push([...names].sort()));
     sut.start();
     return sut;
@@ -123,26 +123,34 @@ describe(RegistryWatch.name, () => {
 
   it('keeps its models while the registry is down, says so, and logs it once however many reconnects fail', async () => {
     registry.put(mlp);
-    startWatch();
+    const clock = new ManualClock();
+    startWatch(undefined, clock);
     await sut.ready();
+    clock.advance(1_000); // connected a while: that time is no part of the outage
 
     await registry.stop();
     await eventually(() => !sut.status().connected);
     await eventually(() => registry.watchCalls.length === 1 && sut.status().lastError !== undefined);
-    // Several attempts, at a backoff of at most 20 ms.
-    let reconnects = 0;
-    await eventually(() => {
-      void metric('registry_watch_reconnects_total').then((value) => (reconnects = value));
-      return reconnects >= 3;
-    });
+    const lostAt = clock.now();
+    // Several attempts, each after its backoff of at most 20 ms.
+    for (let attempt = 1; attempt <= 3; attempt++) {
+      await eventually(() => clock.pendingInMs().length === 1);
+      expect(clock.pendingInMs()[0]).toBeLessThanOrEqual(20);
+      clock.advance(20);
+    }
+    await eventuallyWithin(async () => (await metric('registry_watch_reconnects_total')) === 3);
 
     expect(sut.model('mlp')?.name).toBe('models/mlp');
-    expect(sut.status()).toMatchObject({ connected: false, synced: true, revision: 1n });
-    expect(sut.status().disconnectedSince).toBeLessThanOrEqual(Date.now());
-    expect(sut.healthSection()).toMatchObject({ connected: false, revision: 1, models: 1, serving_last_config: true });
-    expect(sut.healthSection()['disconnected_for_ms']).toEqual(expect.any(Number));
+    expect(sut.status()).toMatchObject({ connected: false, synced: true, revision: 1n, disconnectedSince: lostAt });
+    expect(sut.healthSection()).toMatchObject({
+      connected: false,
+      revision: 1,
+      models: 1,
+      serving_last_config: true,
+      disconnected_for_ms: 60,
+    });
     expect(await metric('registry_watch_connected')).toBe(0);
-    expect(await metric('registry_watch_config_age_seconds')).toBeGreaterThan(0);
+    expect(await metric('registry_watch_config_age_seconds')).toBe(0.06);
     expect(messages('warn')).toEqual(['registry watch lost; serving the last configuration it saw and reconnecting']);
   });
 
@@ -207,14 +215,17 @@ describe(RegistryWatch.name, () => {
 
   it('cancels its stream on close and does not reconnect', async () => {
     registry.put(mlp);
-    startWatch();
+    const clock = new ManualClock();
+    startWatch(undefined, clock);
     await sut.ready();
     expect(registry.open).toBe(1);
 
     await sut.close();
     await eventually(() => registry.open === 0);
-    await new Promise((r) => setTimeout(r, 50));
 
+    // close() returns once the watch has stopped: no reconnect is waiting to happen.
+    expect(clock.pendingInMs()).toEqual([]);
+    clock.advance(60_000);
     expect(registry.watchCalls).toHaveLength(1);
     expect(sut.model('mlp')?.name).toBe('models/mlp');
     expect(messages('warn')).toEqual([]);

@@ -1,4 +1,5 @@
 import { equals } from '@bufbuild/protobuf';
+import { type Clock, systemClock } from '@infermesh/clock';
 import type { ServiceClient } from '@infermesh/grpc';
 import {
   type Model,
@@ -21,6 +22,8 @@ export interface RegistryWatchOptions {
   backoff?: { initialMs: number; maxMs: number };
   /** In [0, 1); the jitter of the backoff. */
   random?: () => number;
+  /** Time: the backoff waits and how long the watch has been disconnected (systemClock unless given). */
+  clock?: Clock;
 }
 
 /** Where the watch stands, for health details and readiness decisions. */
@@ -63,7 +66,7 @@ export class RegistryWatch implements KnownModels {
   private connected = false;
   private synced = false;
   private lastError: string | undefined;
-  private disconnectedSince: number | undefined = Date.now();
+  private disconnectedSince: number | undefined;
   private closed = false;
   private started: Promise<void> | undefined;
   private readonly abort = new AbortController();
@@ -71,9 +74,13 @@ export class RegistryWatch implements KnownModels {
   private resolveReady!: () => void;
   private readonly readyPromise = new Promise<void>((resolve) => (this.resolveReady = resolve));
 
+  private readonly clock: Clock;
+
   constructor(private readonly options: RegistryWatchOptions) {
     this.backoff = options.backoff ?? DEFAULT_BACKOFF;
     this.random = options.random ?? Math.random;
+    this.clock = options.clock ?? systemClock;
+    this.disconnectedSince = this.clock.now();
     const { metrics } = options;
     metrics.gauge(
       'registry_watch_connected',
@@ -88,7 +95,8 @@ export class RegistryWatch implements KnownModels {
       'registry_watch_config_age_seconds',
       'How long the models held may have been out of date: 0 while the watch is connected, else the time since it was.',
       [],
-      (gauge) => gauge.set(this.disconnectedSince === undefined ? 0 : (Date.now() - this.disconnectedSince) / 1000),
+      (gauge) =>
+        gauge.set(this.disconnectedSince === undefined ? 0 : (this.clock.now() - this.disconnectedSince) / 1000),
     );
     this.reconnects = metrics.counter(
       'registry_watch_reconnects_total',
@@ -175,7 +183,8 @@ export class RegistryWatch implements KnownModels {
       models: this.held.size,
       serving_last_config: !this.connected && this.synced,
     };
-    if (this.disconnectedSince !== undefined) section['disconnected_for_ms'] = Date.now() - this.disconnectedSince;
+    if (this.disconnectedSince !== undefined)
+      section['disconnected_for_ms'] = this.clock.now() - this.disconnectedSince;
     if (this.lastError !== undefined) section['last_error'] = this.lastError;
     return section;
   }
@@ -220,7 +229,7 @@ export class RegistryWatch implements KnownModels {
   }
 
   private onConnected(): void {
-    const downMs = this.disconnectedSince === undefined ? 0 : Date.now() - this.disconnectedSince;
+    const downMs = this.disconnectedSince === undefined ? 0 : this.clock.now() - this.disconnectedSince;
     const first = !this.synced;
     this.connected = true;
     this.lastError = undefined;
@@ -236,7 +245,7 @@ export class RegistryWatch implements KnownModels {
     const wasConnected = this.connected;
     this.connected = false;
     this.lastError = errorMessage(failure);
-    if (wasConnected) this.disconnectedSince = Date.now();
+    if (wasConnected) this.disconnectedSince = this.clock.now();
     this.options.logger.warn(
       this.synced
         ? 'registry watch lost; serving the last configuration it saw and reconnecting'
@@ -296,9 +305,9 @@ export class RegistryWatch implements KnownModels {
 
   private sleep(ms: number): Promise<void> {
     return new Promise<void>((resolve) => {
-      const timer = setTimeout(done, ms);
+      const cancel = this.clock.setTimer(done, ms);
       function done() {
-        clearTimeout(timer);
+        cancel();
         resolve();
       }
       this.wake = done;

@@ -1,4 +1,4 @@
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import {
   type AutoRolloutAnalysis,
   AutoRolloutPhase,
@@ -10,7 +10,7 @@ const MAX_STEPS = 100;
 /** The longest a step may last: a week. */
 const MAX_INTERVAL_MS = 7n * 24n * 3_600_000n;
 
-const invalid = (message: string) => RpcError.invalidArgument(`auto rollout: ${message}`);
+const invalid = (message: string) => Errors.invalidRequest(`auto rollout: ${message}`);
 
 /**
  * Checks an analysis: steps increasing above 0 up to a last step of 100, a positive interval and

@@ -1,4 +1,4 @@
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 
 // The registry's rules for resource names, `models/{model}` and `models/{model}/versions/{version}`:
 // the registry enforces them, and the services in front of it check them too (so that a path segment
@@ -21,6 +21,16 @@ export function versionName(modelId: string, versionId: string): string {
   return `models/${modelId}/versions/${versionId}`;
 }
 
+/** `models/{model}` of a model id from outside (a path segment, say); INVALID_ARGUMENT naming it when it is not one. */
+export function checkedModelName(modelId: string): string {
+  return modelName(checkModelId(modelId));
+}
+
+/** `models/{model}/versions/{version}` of ids from outside; INVALID_ARGUMENT naming the one that is not one. */
+export function checkedVersionName(modelId: string, versionId: string): string {
+  return versionName(checkModelId(modelId), checkVersionId(versionId));
+}
+
 /** Whether a string is a valid model id. */
 export function isModelId(modelId: string): boolean {
   return MODEL_ID.test(modelId);
@@ -34,7 +44,7 @@ export function isVersionId(versionId: string): boolean {
 /** The model id, unchanged; INVALID_ARGUMENT naming it when it is not one. */
 export function checkModelId(modelId: string): string {
   if (!isModelId(modelId)) {
-    throw RpcError.invalidArgument(
+    throw Errors.invalidRequest(
       `invalid model name "${modelId}": expected a letter or digit followed by up to 63 letters, digits, "_", "." or "-"`,
     );
   }
@@ -44,7 +54,7 @@ export function checkModelId(modelId: string): string {
 /** The version id, unchanged; INVALID_ARGUMENT naming it when it is not one. */
 export function checkVersionId(versionId: string): string {
   if (!isVersionId(versionId)) {
-    throw RpcError.invalidArgument(`invalid version id "${versionId}": expected a positive integer such as "1"`);
+    throw Errors.invalidRequest(`invalid version id "${versionId}": expected a positive integer such as "1"`);
   }
   return versionId;
 }

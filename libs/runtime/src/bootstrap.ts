@@ -3,6 +3,7 @@ import type { DescService } from '@bufbuild/protobuf';
 import type * as grpc from '@grpc/grpc-js';
 import type { INestApplication, INestApplicationContext } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
+import { Clock } from '@infermesh/clock';
 import {
   GrpcServer,
   HealthService,
@@ -112,6 +113,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   const { settings } = identity;
   const health = app.get(HealthService);
   const metrics = app.get(Metrics);
+  const clock = app.get(Clock);
 
   const filters = ownInboundFilters(settings, options.publicGrpc === true);
   const grpcServer = new GrpcServer({
@@ -121,6 +123,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
     faultInjection: filters.faultInjection,
     authorization: filters.authorization,
     public: options.publicGrpc === true,
+    clock,
   });
   // In the mesh, who may call what and the faults the policy injects here come in the service's
   // inbound listener: over its own xDS stream, or from where the service says. Behind a sidecar the
@@ -194,18 +197,18 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
           { host: settings.grpc.host, port: grpcPort },
           () => health.get() === ServingStatus.SERVING && !grpcServer.isDraining,
           logger,
+          clock,
         );
   announcer?.start();
   xds.start();
   let stopping: Promise<void> | undefined;
   if (gated) {
-    const waiting = setInterval(
+    const stopWaiting = clock.setRepeatingTimer(
       () => logger.warn('not serving yet: the authorization policy has not arrived from the mesh control plane'),
       10_000,
     );
-    waiting.unref();
     void authorized.then(() => {
-      clearInterval(waiting);
+      stopWaiting();
       if (stopping !== undefined) return;
       health.setAll(ServingStatus.SERVING);
       announcer?.heartbeatNow();

@@ -1,3 +1,4 @@
+import { type Clock, systemClock } from '@infermesh/clock';
 import { requestContext } from '@infermesh/telemetry';
 
 export interface LookupMemoOptions {
@@ -10,6 +11,8 @@ export interface LookupMemoOptions {
    * before anything is returned, and a failed lookup fails the caller.
    */
   keepStale: boolean;
+  /** Time: when answers expire (systemClock unless given). */
+  clock?: Clock;
 }
 
 /**
@@ -20,16 +23,19 @@ export interface LookupMemoOptions {
 export class LookupMemo<V> {
   private readonly answers = new Map<string, { value: V; expiresAt: number }>();
   private readonly pending = new Map<string, Promise<V>>();
+  private readonly clock: Clock;
 
   constructor(
     private readonly lookup: (key: string) => Promise<V>,
     private readonly options: LookupMemoOptions,
-  ) {}
+  ) {
+    this.clock = options.clock ?? systemClock;
+  }
 
   get(key: string): Promise<V> {
     const known = this.answers.get(key);
     if (known !== undefined) {
-      if (known.expiresAt > Date.now()) return Promise.resolve(known.value);
+      if (known.expiresAt > this.clock.monotonic()) return Promise.resolve(known.value);
       if (this.options.keepStale) {
         this.refresh(key).catch(() => undefined);
         return Promise.resolve(known.value);
@@ -50,7 +56,7 @@ export class LookupMemo<V> {
       .run({ requestId: requestContext.newRequestId() }, () => this.lookup(key))
       .then((value) => {
         if (this.options.ttlMs > 0 || this.options.keepStale)
-          this.answers.set(key, { value, expiresAt: Date.now() + this.options.ttlMs });
+          this.answers.set(key, { value, expiresAt: this.clock.monotonic() + this.options.ttlMs });
         return value;
       })
       .finally(() => this.pending.delete(key));

@@ -1,4 +1,5 @@
 import type { MessageInitShape } from '@bufbuild/protobuf';
+import { type Clock, systemClock } from '@infermesh/clock';
 import { createClient, type ServiceClient } from '@infermesh/grpc';
 import { type AnnounceRequestSchema, InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import type { JsonLogger } from '@infermesh/telemetry';
@@ -27,6 +28,8 @@ export class MeshAnnouncer {
     private readonly grpc: { host: string; port: number },
     private readonly serving: () => boolean,
     private readonly logger: JsonLogger,
+    /** Time: heartbeats and the backoff between attempts (systemClock unless given). */
+    private readonly clock: Clock = systemClock,
   ) {
     this.instanceId = meshInstanceId(service, settings);
   }
@@ -52,7 +55,7 @@ export class MeshAnnouncer {
   private async loop(): Promise<void> {
     let backoffMs = 100;
     while (!this.stopped) {
-      const started = Date.now();
+      const started = this.clock.monotonic();
       try {
         // A quick call first, so that the stream opens on a connection that works: a call made while
         // the registry is still starting would wait for grpc-js to give up on it.
@@ -73,7 +76,7 @@ export class MeshAnnouncer {
           });
       }
       if (this.stopped) return;
-      backoffMs = Date.now() - started > 10_000 ? 100 : Math.min(5_000, backoffMs * 2);
+      backoffMs = this.clock.monotonic() - started > 10_000 ? 100 : Math.min(5_000, backoffMs * 2);
       await this.sleep(Math.random() * backoffMs);
     }
   }
@@ -102,10 +105,10 @@ export class MeshAnnouncer {
 
   private sleep(ms: number): Promise<void> {
     return new Promise((resolve) => {
-      const timer = setTimeout(done, ms);
+      const cancel = this.clock.setTimer(done, ms);
       const previous = this.wake;
       function done() {
-        clearTimeout(timer);
+        cancel();
         resolve();
       }
       this.wake = () => {

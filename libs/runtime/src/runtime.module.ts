@@ -1,4 +1,5 @@
 import { type DynamicModule, Global, Module } from '@nestjs/common';
+import { Clock, systemClock } from '@infermesh/clock';
 import { configureTransportSecurity, HealthService } from '@infermesh/grpc';
 import { JsonLogger, Metrics, startTracing } from '@infermesh/telemetry';
 import { HealthDetails } from './health-details';
@@ -15,8 +16,9 @@ export class ServiceIdentity {
 
 /**
  * What every service shares: its identity and settings, its JSON logger, its Prometheus metrics, its
- * gRPC health state and the health details its components add to. Imported once by each service's
- * root module.
+ * gRPC health state, the health details its components add to, and its Clock (systemClock; a spec
+ * moves time with overrideProvider(Clock).useValue(new ManualClock())). Imported once by each
+ * service's root module.
  */
 @Global()
 @Module({})
@@ -32,6 +34,7 @@ export class RuntimeModule {
       module: RuntimeModule,
       providers: [
         { provide: ServiceIdentity, useValue: new ServiceIdentity(name, settings) },
+        { provide: Clock, useValue: systemClock },
         { provide: JsonLogger, useValue: logger },
         { provide: Metrics, useValue: new Metrics(name) },
         {
@@ -46,7 +49,7 @@ export class RuntimeModule {
           useFactory: (health: HealthService) => new HealthDetails(name, health),
         },
       ],
-      exports: [ServiceIdentity, JsonLogger, Metrics, HealthService, HealthDetails, MeshXds],
+      exports: [ServiceIdentity, Clock, JsonLogger, Metrics, HealthService, HealthDetails, MeshXds],
     };
   }
 }

@@ -1,4 +1,5 @@
 import type { MessageInitShape } from '@bufbuild/protobuf';
+import { type Clock, systemClock } from '@infermesh/clock';
 import { createHash } from 'node:crypto';
 import type { ServiceClient } from '@infermesh/grpc';
 import {
@@ -45,13 +46,19 @@ export async function registerModel(
   return version;
 }
 
+/** Waits `ms` on the clock between two looks at a system starting; the wait keeps the process alive. */
+export function pause(clock: Clock, ms: number): Promise<void> {
+  return new Promise((resolve) => clock.setTimer(resolve, ms, { keepAlive: true }));
+}
+
 /** Waits until every named version is READY; fails early when one is FAILED. */
 export async function waitForVersionsReady(
   registry: ServiceClient<typeof RegistryService>,
   names: readonly string[],
   timeoutMs: number,
+  clock: Clock = systemClock,
 ): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
+  const deadline = clock.monotonic() + timeoutMs;
   for (;;) {
     const { models } = await registry.listModels({}, { timeoutMs: 5_000 });
     const versions = new Map(models.flatMap((m) => m.versions).map((v) => [v.name, v]));
@@ -62,7 +69,7 @@ export async function waitForVersionsReady(
       if (version?.state !== VersionState.READY) pending.push(name);
     }
     if (pending.length === 0) return;
-    if (Date.now() > deadline) throw new Error(`not READY after ${timeoutMs} ms: ${pending.join(', ')}`);
-    await new Promise((r) => setTimeout(r, 200));
+    if (clock.monotonic() > deadline) throw new Error(`not READY after ${timeoutMs} ms: ${pending.join(', ')}`);
+    await pause(clock, 200);
   }
 }

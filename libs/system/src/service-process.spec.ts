@@ -1,5 +1,5 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { eventually } from '@infermesh/testing';
+import { eventually, ManualClock } from '@infermesh/testing';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
@@ -14,6 +14,7 @@ import {
 /**
  * A stand-in service: MODE=serve drains for 50 ms on SIGTERM, MODE=stubborn ignores SIGTERM,
  * MODE=crash exits with code 3 soon after starting. It says "ready" once its handlers are in place.
+ * Its timers are its own (the child's): the supervisor's time is the spec's ManualClock.
  */
 const SCRIPT = `
 const mode = process.env.MODE;
@@ -51,6 +52,7 @@ describe(ServiceProcess.name, () => {
   let lines: [ServiceName, string][];
   let exits: Exit[];
   let events: SupervisionEvent[];
+  let clock: ManualClock;
 
   function create(mode: 'serve' | 'stubborn' | 'crash', restart?: RestartPolicy): ServiceProcess {
     const sut = new ServiceProcess(
@@ -59,7 +61,7 @@ describe(ServiceProcess.name, () => {
       { MODE: mode, GREETING: 'hello' },
       (name, line) => lines.push([name, line]),
       (name, code, signal) => exits.push({ name, code, signal }),
-      { restart, onSupervision: (_name, event) => events.push(event) },
+      { restart, onSupervision: (_name, event) => events.push(event), clock },
     );
     started.push(sut);
     return sut;
@@ -77,6 +79,7 @@ describe(ServiceProcess.name, () => {
     lines = [];
     exits = [];
     events = [];
+    clock = new ManualClock();
   });
 
   afterEach(async () => {
@@ -135,14 +138,17 @@ describe(ServiceProcess.name, () => {
     const sut = create('stubborn');
     sut.start();
     await eventually(() => said('ready'));
-    const begun = Date.now();
+    let stopped = false;
 
-    await sut.stop(300);
+    const stop = sut.stop(300).then(() => (stopped = true));
+    await eventually(() => said('ignoring SIGTERM'));
+    clock.advance(299);
+    expect(sut.running).toBe(true);
+    expect(stopped).toBe(false);
+    clock.advance(1);
+    await stop;
 
-    expect(Date.now() - begun).toBeGreaterThanOrEqual(250);
-    expect(Date.now() - begun).toBeLessThan(3_000);
     expect(sut.running).toBe(false);
-    expect(said('ignoring SIGTERM')).toBe(true);
     expect(exits).toEqual([]);
   });
 
@@ -220,7 +226,12 @@ describe(ServiceProcess.name, () => {
       const firstPid = sut.pid!;
 
       process.kill(firstPid, 'SIGKILL');
-      await eventually(() => events.some((e) => e.kind === 'restarted'));
+      await eventually(() => sut.state === 'backoff');
+      expect(clock.pendingInMs()).toEqual([40]);
+      clock.advance(39);
+      expect(sut.state).toBe('backoff');
+      clock.advance(1);
+      expect(events.map((e) => e.kind)).toEqual(['restarting', 'restarted']);
       await eventually(() => lines.filter(([, line]) => line === 'ready').length === 2);
 
       expect(sut.running).toBe(true);
@@ -234,7 +245,7 @@ describe(ServiceProcess.name, () => {
         exit: {
           code: null,
           signal: 'SIGKILL',
-          ranMs: expect.any(Number),
+          ranMs: 0, // the spec's clock did not move while it ran
           lastLine: expect.stringMatching(/^(ready|a line on stderr)$/),
         },
       });
@@ -245,8 +256,13 @@ describe(ServiceProcess.name, () => {
       const sut = create('crash', policy);
 
       sut.start();
-      await eventually(() => sut.state === 'crash-loop', 10_000);
-      await new Promise((resolve) => setTimeout(resolve, 300)); // no restart comes after giving up
+      for (const backoffMs of [40, 80, 100]) {
+        await eventually(() => sut.state === 'backoff');
+        expect(clock.pendingInMs()).toEqual([backoffMs]);
+        clock.advance(backoffMs);
+      }
+      await eventually(() => sut.state === 'crash-loop');
+      expect(clock.pendingInMs()).toEqual([]); // no restart comes after giving up
 
       expect(events.map((e) => (e.kind === 'restarting' ? `restarting in ${e.delayMs}` : e.kind))).toEqual([
         'restarting in 40',
@@ -271,9 +287,11 @@ describe(ServiceProcess.name, () => {
       sut.start();
       for (let round = 1; round <= 3; round += 1) {
         await eventually(() => lines.filter(([, line]) => line === 'ready').length === round);
-        await new Promise((resolve) => setTimeout(resolve, 350));
+        clock.advance(350); // a healthy run
         process.kill(sut.pid!, 'SIGKILL');
-        await eventually(() => events.filter((e) => e.kind === 'restarted').length === round);
+        await eventually(() => sut.state === 'backoff');
+        clock.advance(40);
+        expect(events.filter((e) => e.kind === 'restarted')).toHaveLength(round);
       }
 
       const firstOfASeries = expect.objectContaining({ delayMs: 40, quickExits: 1 }) as unknown;
@@ -286,15 +304,16 @@ describe(ServiceProcess.name, () => {
       sut.start();
       await eventually(() => said('ready'));
       await sut.kill();
-      await new Promise((resolve) => setTimeout(resolve, 100));
       expect(sut.state).toBe('stopped');
+      expect(clock.pendingInMs()).toEqual([]);
 
       sut.start();
       await eventually(() => lines.filter(([, line]) => line === 'ready').length === 2);
       process.kill(sut.pid!, 'SIGKILL');
       await eventually(() => sut.state === 'backoff');
       await sut.stop();
-      await new Promise((resolve) => setTimeout(resolve, 500));
+      expect(clock.pendingInMs()).toEqual([]);
+      clock.advance(1_000);
 
       expect(sut.state).toBe('stopped');
       expect(events.map((e) => e.kind)).toEqual(['restarting']);

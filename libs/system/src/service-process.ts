@@ -1,3 +1,4 @@
+import { type Clock, systemClock } from '@infermesh/clock';
 import { MESH_SERVICES, type MeshService } from '@infermesh/mesh';
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
@@ -80,6 +81,8 @@ export interface ServiceProcessOptions {
   restart?: RestartPolicy | undefined;
   /** Told of every restart and of a crash loop. */
   onSupervision?: ((name: ServiceName, event: SupervisionEvent) => void) | undefined;
+  /** Time: how long a run lasted, the restart back-off, the stop grace period (systemClock unless given). */
+  clock?: Clock | undefined;
 }
 
 /** Where a service stands: running, waiting to be restarted, given up on, or stopped. */
@@ -94,7 +97,8 @@ export class ServiceProcess {
   private lastLine = '';
   private quickExits = 0;
   private restarts = 0;
-  private restartTimer: NodeJS.Timeout | undefined;
+  /** Calls off the restart waiting for its back-off; undefined when none waits. */
+  private cancelRestartTimer: (() => void) | undefined;
   private crashLooping = false;
   /** stop() or kill() was called and no start() since: an exit is never followed by a restart. */
   private stopRequested = false;
@@ -110,7 +114,11 @@ export class ServiceProcess {
       signal: NodeJS.Signals | null,
     ) => void = () => undefined,
     private readonly options: ServiceProcessOptions = {},
-  ) {}
+  ) {
+    this.clock = options.clock ?? systemClock;
+  }
+
+  private readonly clock: Clock;
 
   get running(): boolean {
     return this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
@@ -118,7 +126,7 @@ export class ServiceProcess {
 
   get state(): ServiceState {
     if (this.running) return 'running';
-    if (this.restartTimer !== undefined) return 'backoff';
+    if (this.cancelRestartTimer !== undefined) return 'backoff';
     return this.crashLooping ? 'crash-loop' : 'stopped';
   }
 
@@ -144,7 +152,7 @@ export class ServiceProcess {
     // The IPC channel closes when this process dies, however it dies: the service then shuts down.
     const child = spawn(process.execPath, [this.entry], { env: this.env, stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
     this.child = child;
-    this.startedAt = Date.now();
+    this.startedAt = this.clock.monotonic();
     this.lastLine = '';
     for (const stream of [child.stdout, child.stderr]) {
       if (stream !== null) {
@@ -161,7 +169,12 @@ export class ServiceProcess {
           this.onUnexpectedExit(this.name, code, signal);
           // The last lines may still be in the pipes: read them before saying why it ended.
           setImmediate(() =>
-            this.superviseExit({ code, signal, ranMs: Date.now() - this.startedAt, lastLine: this.lastLine }),
+            this.superviseExit({
+              code,
+              signal,
+              ranMs: this.clock.monotonic() - this.startedAt,
+              lastLine: this.lastLine,
+            }),
           );
         }
         resolve(code);
@@ -180,17 +193,22 @@ export class ServiceProcess {
     }
     const delayMs = Math.min(policy.maxBackoffMs, policy.initialBackoffMs * 2 ** (this.quickExits - 1));
     this.options.onSupervision?.(this.name, { kind: 'restarting', exit, delayMs, quickExits: this.quickExits });
-    this.restartTimer = setTimeout(() => {
-      this.restartTimer = undefined;
-      this.restarts += 1;
-      this.spawn();
-      this.options.onSupervision?.(this.name, { kind: 'restarted', pid: this.pid, restarts: this.restarts });
-    }, delayMs);
+    // The supervisor waits for it even when it has nothing else to do.
+    this.cancelRestartTimer = this.clock.setTimer(
+      () => {
+        this.cancelRestartTimer = undefined;
+        this.restarts += 1;
+        this.spawn();
+        this.options.onSupervision?.(this.name, { kind: 'restarted', pid: this.pid, restarts: this.restarts });
+      },
+      delayMs,
+      { keepAlive: true },
+    );
   }
 
   private cancelRestart(): void {
-    if (this.restartTimer !== undefined) clearTimeout(this.restartTimer);
-    this.restartTimer = undefined;
+    this.cancelRestartTimer?.();
+    this.cancelRestartTimer = undefined;
   }
 
   /** SIGTERM and wait for a graceful exit; SIGKILL after graceMs. A restart waiting for its back-off is called off. */
@@ -201,9 +219,9 @@ export class ServiceProcess {
     if (child === undefined || !this.running) return;
     this.exitExpected = true;
     child.kill('SIGTERM');
-    const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
+    const cancelKill = this.clock.setTimer(() => child.kill('SIGKILL'), graceMs);
     await this.exited;
-    clearTimeout(timer);
+    cancelKill();
   }
 
   /** SIGKILL: the process dies without any clean-up, as in a crash, but one asked for: it is not restarted. */

@@ -1,4 +1,5 @@
 import type { MessageInitShape } from '@bufbuild/protobuf';
+import { type Clock, systemClock } from '@infermesh/clock';
 import { createClient, type TransportSecurity } from '@infermesh/grpc';
 import { DEFAULT_TRUST_DOMAIN, IdentityIssuer, LocalCa } from '@infermesh/identity';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
@@ -10,7 +11,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { registerModel, waitForVersionsReady } from './model-registration';
+import { pause, registerModel, waitForVersionsReady } from './model-registration';
 import {
   type LogSink,
   type RestartPolicy,
@@ -208,6 +209,8 @@ export interface SystemOptions {
   restartPolicy?: RestartPolicy | undefined;
   /** Told of each restart and crash loop (the line to log: describeSupervisionEvent). */
   onSupervision?: ((name: ServiceName, event: SupervisionEvent, instance?: number) => void) | undefined;
+  /** Time: start-up deadlines, restart back-offs, identity renewals (systemClock unless given). */
+  clock?: Clock | undefined;
 }
 
 /** Which metrics port belongs to which service. */
@@ -233,9 +236,11 @@ export class System {
   readonly replicaProcesses: ReadonlyMap<ReplicatedService, readonly ServiceProcess[]>;
   readonly host: string;
   private readonly workers: readonly WorkerOptions[];
+  private readonly clock: Clock;
 
   constructor(readonly options: SystemOptions) {
     this.host = options.host ?? '127.0.0.1';
+    this.clock = options.clock ?? systemClock;
     this.workers = options.workers ?? [{}];
     if (this.workers.length === 0) throw new Error('a system needs at least one worker');
     const extraPorts = options.ports.moreWorkers?.length ?? 0;
@@ -255,6 +260,7 @@ export class System {
         options.onUnexpectedExit,
         {
           restart: options.restartPolicy,
+          clock: this.clock,
           onSupervision: (name, event) => options.onSupervision?.(name, event, several ? i : undefined),
         },
       );
@@ -294,6 +300,7 @@ export class System {
             options.onUnexpectedExit,
             {
               restart: options.restartPolicy,
+              clock: this.clock,
               onSupervision: (name, event) => options.onSupervision?.(name, event, count > 1 ? i : undefined),
             },
           );
@@ -317,6 +324,7 @@ export class System {
                 options.onUnexpectedExit,
                 {
                   restart: options.restartPolicy,
+                  clock: this.clock,
                   onSupervision: options.onSupervision,
                 },
               ),
@@ -378,7 +386,7 @@ export class System {
         else if (name !== 'gateway') this.process(name).start();
       }
       const timeoutMs = options.readyTimeoutMs ?? 60_000;
-      const deadline = Date.now() + timeoutMs;
+      const deadline = this.clock.now() + timeoutMs;
       await this.waitForHealth('registry', deadline);
       const registry = createClient(RegistryService, `${this.host}:${options.ports.registry}`, {
         peer: 'registry',
@@ -397,7 +405,7 @@ export class System {
           );
           names.push(version.name);
         }
-        await waitForVersionsReady(registry, names, Math.max(1, deadline - Date.now()));
+        await waitForVersionsReady(registry, names, Math.max(1, deadline - this.clock.now()), this.clock);
       } finally {
         registry.close();
       }
@@ -497,6 +505,7 @@ export class System {
     const issuer = new IdentityIssuer({
       ca,
       rootDir: join(this.options.dataDir, 'identity'),
+      clock: this.clock,
       ...(mtls.lifetimeMs !== undefined && { lifetimeMs: mtls.lifetimeMs }),
       onIssued: (event) => this.options.onIdentity?.({ instance: event.identity.instance, notAfter: event.notAfter }),
       onError: (event) =>
@@ -514,7 +523,7 @@ export class System {
   /** Starts one service again and waits until its health check says SERVING. */
   async restart(name: ServiceName, timeoutMs = 30_000): Promise<void> {
     this.process(name).start();
-    await this.waitForHealth(name, Date.now() + timeoutMs);
+    await this.waitForHealth(name, this.clock.now() + timeoutMs);
   }
 
   /** Starts worker `index` again and waits until its health check says SERVING. */
@@ -524,7 +533,7 @@ export class System {
       this.workerProcess(index),
       `worker ${index}`,
       this.workerPorts(index).grpc,
-      Date.now() + timeoutMs,
+      this.clock.now() + timeoutMs,
     );
   }
 
@@ -553,8 +562,8 @@ export class System {
         } catch {
           // not listening yet
         }
-        if (Date.now() > deadline) throw new Error(`${name} did not report SERVING in time`);
-        await new Promise((r) => setTimeout(r, 100));
+        if (this.clock.now() > deadline) throw new Error(`${name} did not report SERVING in time`);
+        await pause(this.clock, 100);
       }
     } finally {
       health.close();
@@ -574,9 +583,9 @@ export class System {
           .then((r) => r.instances.filter((i) => i.serving).length)
           .catch(() => 0);
         if (serving >= count) return;
-        if (Date.now() > deadline)
+        if (this.clock.now() > deadline)
           throw new Error(`${serving} of ${count} services announced themselves to the mesh's control plane in time`);
-        await new Promise((r) => setTimeout(r, 100));
+        await pause(this.clock, 100);
       }
     } finally {
       instances.close();
@@ -592,9 +601,9 @@ export class System {
       } catch {
         // not listening yet
       }
-      if (Date.now() > deadline)
+      if (this.clock.now() > deadline)
         throw new Error(`the gateway was not ready at ${this.gatewayUrl}/v2/health/ready in time`);
-      await new Promise((r) => setTimeout(r, 100));
+      await pause(this.clock, 100);
     }
   }
 

@@ -44,7 +44,7 @@ describe(JsonLogger.name, () => {
     sut.info('before');
     await requestContext.run({ requestId: 'req-7' }, async () => {
       sut.info('sync');
-      await new Promise((resolve) => setTimeout(resolve, 1));
+      await new Promise((resolve) => setImmediate(resolve)); // a hop through the event loop
       sut.info('after an await');
     });
     sut.info('after');
@@ -60,7 +60,7 @@ describe(JsonLogger.name, () => {
 
     await requestContext.run({ requestId: 'r', span: sampled }, async () => {
       sut.info('sync');
-      await new Promise((resolve) => setTimeout(resolve, 1));
+      await new Promise((resolve) => setImmediate(resolve)); // a hop through the event loop
       sut.error('after an await', new Error('boom'));
     });
     requestContext.run({ requestId: 'r', span: unsampled }, () => sut.warn('unsampled'));
@@ -91,16 +91,25 @@ describe(JsonLogger.name, () => {
   it('keeps concurrent requests apart', async () => {
     const { sut, entries } = capture();
 
-    await Promise.all(
-      ['a', 'b'].map((id, i) =>
-        requestContext.run({ requestId: id }, async () => {
-          await new Promise((resolve) => setTimeout(resolve, 5 - i * 5));
-          sut.info(id);
-        }),
-      ),
-    );
+    // a starts first and logs last: b logs in between, then lets a go on.
+    let releaseA!: () => void;
+    const aMayLog = new Promise<void>((resolve) => (releaseA = resolve));
+    await Promise.all([
+      requestContext.run({ requestId: 'a' }, async () => {
+        await aMayLog;
+        sut.info('a');
+      }),
+      requestContext.run({ requestId: 'b' }, async () => {
+        await new Promise((resolve) => setImmediate(resolve));
+        sut.info('b');
+        releaseA();
+      }),
+    ]);
 
-    for (const entry of entries()) expect(entry['request_id']).toBe(entry['msg']);
+    expect(entries().map((e) => [e['msg'], e['request_id']])).toEqual([
+      ['b', 'b'],
+      ['a', 'a'],
+    ]);
   });
 
   it.each<[LogLevel, string[]]>([

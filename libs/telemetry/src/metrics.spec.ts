@@ -156,7 +156,7 @@ describe(Metrics.name, () => {
     });
 
     await requestContext.run({ requestId: 'r', span: sampled }, async () => {
-      await new Promise((resolve) => setTimeout(resolve, 1));
+      await new Promise((resolve) => setImmediate(resolve)); // a hop through the event loop
       sut.observe(latency, { code: 'OK' }, 0.05);
     });
     sut.observe(latency, { code: 'OK' }, 3, sampled); // an explicit span, outside any request: the +Inf bucket

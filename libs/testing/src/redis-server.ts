@@ -3,6 +3,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { eventually } from './eventually';
 import { freePort } from './free-port';
 
 export interface RedisServer {
@@ -30,12 +31,16 @@ export async function startRedisServer(): Promise<RedisServer> {
     ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir],
     { stdio: 'ignore' },
   );
-  const deadline = Date.now() + 10_000;
-  while (!(await canConnect(port))) {
-    if (child.exitCode !== null) throw new Error(`redis-server exited with code ${child.exitCode}`);
-    if (Date.now() > deadline) throw new Error(`redis-server did not listen on ${port} within 10 s`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
+  await eventually(
+    async () => {
+      if (child.exitCode !== null) throw new Error(`redis-server exited with code ${child.exitCode}`);
+      return canConnect(port);
+    },
+    10_000,
+    50,
+  ).catch((error: unknown) => {
+    throw child.exitCode === null ? new Error(`redis-server did not listen on ${port} within 10 s`) : error;
+  });
   return {
     url: `redis://127.0.0.1:${port}`,
     port,

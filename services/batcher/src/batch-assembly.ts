@@ -1,6 +1,5 @@
 import { create } from '@bufbuild/protobuf';
-import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import {
   DataType,
   type InferenceRequest,
@@ -94,11 +93,8 @@ export function splitResponse(
   for (const output of response.outputs) {
     const first = output.shape[0];
     if (first === undefined || Number(first) !== total) {
-      throw new RpcError(
-        // The model broke the batch contract; nothing in the clients' inputs is at fault.
-        status.INTERNAL,
+      throw Errors.batchSplitMismatch(
         `model "${response.modelName}" version ${response.modelVersion} returned output "${output.name}" with batch dimension ${first ?? '(none)'} for a batch of ${total} items; its outputs must follow the inputs' first dimension to be batched (set its batching max_batch_size to 0)`,
-        { reason: 'BATCH_SPLIT_MISMATCH' },
       );
     }
     const offsets = itemOffsets(output, total, response);
@@ -131,12 +127,8 @@ export function splitResponse(
 function itemOffsets(output: Tensor, total: number, response: InferenceResponse): number[] {
   const offsets = new Array<number>(total + 1);
   const bad = (what: string) =>
-    new RpcError(
-      status.INTERNAL,
+    Errors.batchSplitMismatch(
       `model "${response.modelName}" version ${response.modelVersion} returned output "${output.name}" with ${what}`,
-      {
-        reason: 'BATCH_SPLIT_MISMATCH',
-      },
     );
   if (output.datatype !== DataType.BYTES) {
     const itemBytes = elementCount(output.shape.slice(1)) * datatypeInfo(output.datatype).byteSize;

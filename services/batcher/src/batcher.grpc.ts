@@ -1,5 +1,5 @@
 import { Injectable } from '@nestjs/common';
-import { type CallContext, RpcError, type ServiceImpl } from '@infermesh/grpc';
+import { type CallContext, type ServiceImpl, Errors } from '@infermesh/grpc';
 import type { BatcherService, InferRequest } from '@infermesh/proto/gen/infermesh/batcher/v1/batcher_pb';
 import { Scheduler } from './scheduler';
 
@@ -9,7 +9,7 @@ export class BatcherGrpcController implements ServiceImpl<typeof BatcherService>
   constructor(private readonly scheduler: Scheduler) {}
 
   async infer(request: InferRequest, ctx: CallContext) {
-    if (request.request === undefined) throw RpcError.invalidArgument('the call carries no request');
-    return { response: await this.scheduler.infer(request.request, ctx) };
+    if (request.request === undefined) throw Errors.invalidRequest('the call carries no request');
+    return { response: await this.scheduler.enqueue(request.request, ctx) };
   }
 }

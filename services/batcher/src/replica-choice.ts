@@ -47,6 +47,9 @@ export function powerOfTwo(random: () => number = Math.random): ReplicaChoice {
   };
 }
 
+/** The Nest token of the batcher's ReplicaChoice: the strategy BATCHER_REPLICA_CHOICE names. */
+export const REPLICA_CHOICE = Symbol('REPLICA_CHOICE');
+
 /** The strategy a configuration names. */
 export function replicaChoice(name: ReplicaChoiceName, random?: () => number): ReplicaChoice {
   return name === 'power_of_two' ? powerOfTwo(random) : leastOutstanding;

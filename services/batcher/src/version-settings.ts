@@ -1,7 +1,7 @@
 import { equals } from '@bufbuild/protobuf';
-import { status } from '@grpc/grpc-js';
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
-import { createClient, RpcError, toRpcError } from '@infermesh/grpc';
+import { Clock } from '@infermesh/clock';
+import { createClient, toRpcError, Errors } from '@infermesh/grpc';
 import {
   BatchingSchema,
   type Model,
@@ -37,6 +37,7 @@ export class VersionSettings implements OnApplicationShutdown {
   constructor(
     @Inject(BATCHER_CONFIG) private readonly config: BatcherConfig,
     private readonly watch: RegistryWatch,
+    clock: Clock,
   ) {
     this.client = createClient(RegistryService, config.registryAddress);
     this.memo = new LookupMemo(
@@ -47,17 +48,17 @@ export class VersionSettings implements OnApplicationShutdown {
             { model: `models/${model}`, versionId },
             { timeoutMs: LOOKUP_TIMEOUT_MS },
           );
-          if (version === undefined) throw new Error('the registry answered without a version');
+          if (version === undefined) throw Errors.internal('the registry answered without a version');
           return batchingPolicy(version, config.defaults);
         } catch (error) {
           const rpcError = toRpcError(error);
           if (rpcError.reason !== undefined) throw rpcError; // e.g. VERSION_NOT_FOUND, as the registry said it
-          throw RpcError.unavailable(
+          throw Errors.upstreamUnavailable(
             `the batching settings of model "${model}" version ${versionId} cannot be read from the registry: ${rpcError.message}`,
           );
         }
       },
-      { ttlMs: config.settingsTtlMs, keepStale: true },
+      { ttlMs: config.settingsTtlMs, keepStale: true, clock },
     );
     watch.onChange((models) => {
       // A model the watch came to hold is read from it from now on, and one it dropped afresh.
@@ -94,22 +95,20 @@ export class VersionSettings implements OnApplicationShutdown {
 
   private watchedPolicy(versionName: string, modelId: string, versionId: string, model: Model): BatchingPolicy {
     if (model.unloaded) {
-      throw new RpcError(status.UNAVAILABLE, `model "${modelId}" is unloaded`, {
-        reason: 'MODEL_NOT_READY',
-        metadata: { model: modelId },
-      });
+      throw Errors.modelNotReady(`model "${modelId}" is unloaded`, { metadata: { model: modelId } });
     }
     const version = model.versions.find((v) => versionIdOf(v.name) === versionId);
     if (version === undefined) {
-      throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', {
-        model: modelId,
-        version: versionId,
+      throw Errors.versionNotFound(`model "${modelId}" has no version ${versionId}`, {
+        metadata: {
+          model: modelId,
+          version: versionId,
+        },
       });
     }
     if (!ACCEPTED.has(version.state)) {
       const state = (VersionState[version.state] ?? String(version.state)).replace(/^VERSION_STATE_/, '');
-      throw new RpcError(status.UNAVAILABLE, `version ${versionId} of model "${modelId}" is ${state}, not READY`, {
-        reason: 'MODEL_NOT_READY',
+      throw Errors.modelNotReady(`version ${versionId} of model "${modelId}" is ${state}, not READY`, {
         metadata: { model: modelId, version: versionId, state },
       });
     }

@@ -1,10 +1,11 @@
 import { type Env } from '@infermesh/config';
-import { configureTransportSecurity, GrpcServer, RpcError, type TransportSecurity } from '@infermesh/grpc';
+import { configureTransportSecurity, GrpcServer, type TransportSecurity, Errors } from '@infermesh/grpc';
 import { LocalCa, writeIdentityFiles } from '@infermesh/identity';
 import { type AnnouncedInstance, InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import { WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { MeshXds } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { ManualClock } from '@infermesh/testing';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -74,9 +75,9 @@ describe('WorkerPool behind a sidecar', () => {
     const server = new GrpcServer({ logger, metrics: new Metrics('fake_worker'), maxMessageBytes: 1 << 20 });
     server.add(WorkerService, {
       listModels: async () => ({ workerId: `${service}-0`, models: [], placedModels: [] }),
-      infer: () => Promise.reject(RpcError.invalidArgument('not in this test')),
-      loadModel: () => Promise.reject(RpcError.invalidArgument('not in this test')),
-      unloadModel: () => Promise.reject(RpcError.invalidArgument('not in this test')),
+      infer: () => Promise.reject(Errors.invalidRequest('not in this test')),
+      loadModel: () => Promise.reject(Errors.invalidRequest('not in this test')),
+      unloadModel: () => Promise.reject(Errors.invalidRequest('not in this test')),
     });
     // The server takes the process's credentials when it binds; the batcher's process then goes back to plaintext.
     configureTransportSecurity(identityOf(dir));
@@ -106,7 +107,7 @@ describe('WorkerPool behind a sidecar', () => {
     const directory = new GrpcServer({ logger, metrics: new Metrics('fake_control_plane'), maxMessageBytes: 1 << 20 });
     directory.add(InstanceService, {
       listInstances: async () => ({ instances: listed }),
-      announce: () => Promise.reject(RpcError.invalidArgument('not in this test')),
+      announce: () => Promise.reject(Errors.invalidRequest('not in this test')),
     });
     controlPlane = `127.0.0.1:${await directory.listen('127.0.0.1', 0)}`;
     servers.push(directory);
@@ -137,7 +138,13 @@ describe('WorkerPool behind a sidecar', () => {
       INFERMESH_SIDECAR_PORT: '15006',
     });
     const metrics = new Metrics('batcher');
-    pool = new WorkerPool(config, logger, metrics, new MeshXds('batcher', undefined, logger, metrics));
+    pool = new WorkerPool(
+      config,
+      logger,
+      metrics,
+      new MeshXds('batcher', undefined, logger, metrics),
+      new ManualClock(),
+    );
     await pool.refresh();
     expect(pool.workers.map((w) => w.address)).toEqual([`127.0.0.1:${port}`]);
     return pool.workers[0]!.reachable;

@@ -1,5 +1,13 @@
 import { Inject, Injectable, type OnApplicationBootstrap, type OnApplicationShutdown } from '@nestjs/common';
-import { type CallOptions, type ClientOptions, createClient, type ServiceClient, toRpcError } from '@infermesh/grpc';
+import { Clock } from '@infermesh/clock';
+import {
+  type CallOptions,
+  type ClientOptions,
+  createClient,
+  Errors,
+  type ServiceClient,
+  toRpcError,
+} from '@infermesh/grpc';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
@@ -51,7 +59,7 @@ export class WorkerHandle {
     this.outstanding += 1;
     try {
       const { response } = await this.client.infer({ request }, options);
-      if (response === undefined) throw new Error(`worker ${this.address} answered without a response`);
+      if (response === undefined) throw Errors.internal(`worker ${this.address} answered without a response`);
       return response;
     } finally {
       this.outstanding -= 1;
@@ -102,12 +110,14 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
   /** How a failed batch is retried: the policy's batcher → worker edge in the mesh. */
   retry: EdgeRetry = STATIC_WORKER_RETRY;
   /** Ejects workers that fail (the policy's outlier detection of the edge, in the mesh): they get no batch until it ends. */
-  private readonly outliers = new OutlierDetector<string>(NO_EJECTION);
-  private sweeper: NodeJS.Timeout | undefined;
+  private readonly outliers: OutlierDetector<string>;
+  /** Stops the sweeps that end ejections. */
+  private stopSweeps: (() => void) | undefined;
   private readonly ejectionsCounter: Counter;
   /** In the mesh: where to ask which workers there are. */
   private readonly directory: ServiceClient<typeof InstanceService> | undefined;
-  private timer: NodeJS.Timeout | undefined;
+  /** Stops the periodic polls. */
+  private stopPolls: (() => void) | undefined;
   private polling: Promise<void> | undefined;
   private readonly listeners: (() => void)[] = [];
   private readonly reachableGauge: Gauge;
@@ -118,7 +128,9 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     private readonly logger: JsonLogger,
     metrics: Metrics,
     xds: MeshXds,
+    private readonly clock: Clock,
   ) {
+    this.outliers = new OutlierDetector<string>(NO_EJECTION, clock);
     this.workerClient = workerClientOptions(config.runtime);
     this.workers =
       config.workerAddresses === 'mesh'
@@ -154,9 +166,11 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
     if (settings.retry !== undefined) this.retry = settings.retry;
     if (settings.outlierDetection !== undefined) {
       this.outliers.configure(settings.outlierDetection);
-      clearInterval(this.sweeper);
-      this.sweeper = setInterval(() => this.ejected(this.outliers.sweep()), settings.outlierDetection.interval);
-      this.sweeper.unref();
+      this.stopSweeps?.();
+      this.stopSweeps = this.clock.setRepeatingTimer(
+        () => this.ejected(this.outliers.sweep()),
+        settings.outlierDetection.interval,
+      );
     }
   }
 
@@ -176,13 +190,12 @@ export class WorkerPool implements OnApplicationBootstrap, OnApplicationShutdown
 
   async onApplicationBootstrap(): Promise<void> {
     await this.poll();
-    this.timer = setInterval(() => void this.poll(), this.config.workerPollMs);
-    this.timer.unref();
+    this.stopPolls = this.clock.setRepeatingTimer(() => void this.poll(), this.config.workerPollMs);
   }
 
   onApplicationShutdown(): void {
-    clearInterval(this.timer);
-    clearInterval(this.sweeper);
+    this.stopPolls?.();
+    this.stopSweeps?.();
     for (const worker of this.workers) worker.client.close();
     this.directory?.close();
   }

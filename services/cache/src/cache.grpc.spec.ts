@@ -1,6 +1,5 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
 import {
   LookupRequestSchema,
   type StoreRequest,
@@ -8,6 +7,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { eventually, rpcRejection } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
 import { CacheGrpcController } from './cache.grpc';
 import { loadCacheConfig } from './cache.config';
@@ -52,24 +52,26 @@ describe(CacheGrpcController.name, () => {
   });
 
   it('answers the lookup without waiting for its stores, and a store that fails fails nothing but itself', async () => {
+    /** The writes under way: each fails when the test says (had the lookup waited for them, it would never answer). */
+    const writes: ((error: Error) => void)[] = [];
     class StalledWrites extends EmbeddedResultStore {
       override set(): Promise<void> {
-        return new Promise((_, reject) => setTimeout(() => reject(new Error('redis is gone')), 50));
+        return new Promise((_, reject) => writes.push(reject));
       }
     }
     const { sut, metrics } = make(new StalledWrites(1024));
-    const answered = await Promise.race([
-      sut.lookup(
-        create(LookupRequestSchema, {
-          key: randomBytes(32),
-          stores: [store(randomBytes(32), '1'), store(randomBytes(32), '2')],
-        }),
-      ),
-      new Promise((r) => setTimeout(() => r('waited for the stores'), 40)),
-    ]);
+    const answered = await sut.lookup(
+      create(LookupRequestSchema, {
+        key: randomBytes(32),
+        stores: [store(randomBytes(32), '1'), store(randomBytes(32), '2')],
+      }),
+    );
     expect(answered).toEqual({ found: false });
-    await new Promise((r) => setTimeout(r, 80));
-    expect(await metrics.render()).toContain('infermesh_test_stores_total{outcome="error"} 2');
+    expect(writes).toHaveLength(2);
+
+    for (const fail of writes) fail(new Error('redis is gone'));
+    const errors = 'infermesh_test_stores_total{outcome="error"} 2';
+    await eventually(async () => (await metrics.render()).includes(errors));
   });
 
   it('refuses a lookup carrying a malformed store before it stores or looks up anything', async () => {
@@ -77,11 +79,10 @@ describe(CacheGrpcController.name, () => {
     const good = randomBytes(32);
     const malformed = [create(StoreRequestSchema, { key: randomBytes(32) }), store(randomBytes(8), '1')];
     for (const bad of malformed) {
-      const error = await sut
-        .lookup(create(LookupRequestSchema, { key: randomBytes(32), stores: [store(good, '1'), bad] }))
-        .catch((e: unknown) => e);
-      expect(error).toBeInstanceOf(RpcError);
-      expect((error as RpcError).code).toBe(status.INVALID_ARGUMENT);
+      const error = await rpcRejection(
+        sut.lookup(create(LookupRequestSchema, { key: randomBytes(32), stores: [store(good, '1'), bad] })),
+      );
+      expect(error.code).toBe(status.INVALID_ARGUMENT);
     }
     expect(await sut.lookup(create(LookupRequestSchema, { key: good }))).toEqual({ found: false });
   });

@@ -1,7 +1,7 @@
 import { Injectable } from '@nestjs/common';
 import type { ServiceImpl } from '@infermesh/grpc';
 import type { CacheService, LookupRequest, StoreRequest } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import { checkKey, ResultCache } from './result-cache';
 
 /** gRPC transport of the cache service. */
@@ -29,6 +29,6 @@ export class CacheGrpcController implements ServiceImpl<typeof CacheService> {
 }
 
 function checkStore(request: StoreRequest): void {
-  if (request.response === undefined) throw RpcError.invalidArgument('store needs a response');
+  if (request.response === undefined) throw Errors.invalidRequest('store needs a response');
   checkKey(request.key);
 }

@@ -1,4 +1,5 @@
 import { type DynamicModule, Module } from '@nestjs/common';
+import { Clock } from '@infermesh/clock';
 import { createRedisClient } from '@infermesh/redis';
 import { RuntimeModule } from '@infermesh/runtime';
 import { JsonLogger } from '@infermesh/telemetry';
@@ -19,10 +20,10 @@ export class CacheModule {
         { provide: CACHE_CONFIG, useValue: config },
         {
           provide: ResultStore,
-          inject: [JsonLogger],
-          useFactory: (logger: JsonLogger): ResultStore =>
+          inject: [JsonLogger, Clock],
+          useFactory: (logger: JsonLogger, clock: Clock): ResultStore =>
             config.redisUrl === undefined
-              ? new EmbeddedResultStore(config.maxBytes)
+              ? new EmbeddedResultStore(config.maxBytes, clock)
               : new RedisResultStore(createRedisClient(config.redisUrl, logger, 'cache'), config.redisKeyPrefix),
         },
         ResultCache,

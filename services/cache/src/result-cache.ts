@@ -1,6 +1,6 @@
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
 import { fromBinary, toBinary } from '@bufbuild/protobuf';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import {
   type InferenceResponse,
   InferenceResponseSchema,
@@ -86,7 +86,7 @@ export class ResultCache implements OnApplicationShutdown {
       return true;
     } catch (error) {
       this.stores.inc({ outcome: 'error' });
-      throw RpcError.unavailable(`cache store failed: ${error instanceof Error ? error.message : String(error)}`);
+      throw Errors.upstreamUnavailable(`cache store failed: ${error instanceof Error ? error.message : String(error)}`);
     }
   }
 
@@ -98,5 +98,5 @@ export class ResultCache implements OnApplicationShutdown {
 /** Refuses a key that is not a SHA-256 (INVALID_ARGUMENT). */
 export function checkKey(key: Uint8Array): void {
   if (key.byteLength !== 32)
-    throw RpcError.invalidArgument(`cache key must be 32 bytes (a SHA-256), got ${key.byteLength}`);
+    throw Errors.invalidRequest(`cache key must be 32 bytes (a SHA-256), got ${key.byteLength}`);
 }

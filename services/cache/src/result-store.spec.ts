@@ -1,6 +1,6 @@
-import { createRedisClient, type Redis } from '@infermesh/redis';
+import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
 import { JsonLogger } from '@infermesh/telemetry';
-import { type RedisServer, startRedisServer, ManualClock } from '@infermesh/testing';
+import { eventually, type RedisServer, startRedisServer, ManualClock } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
 import type { ResultStore } from './result-store';
 import { EmbeddedResultStore, ENTRY_OVERHEAD_BYTES } from './result-store.embedded';
@@ -8,12 +8,16 @@ import { RedisResultStore } from './result-store.redis';
 
 const logger = new JsonLogger('test', 'error');
 
-/** One contract, run against every implementation. */
-function contract(name: string, make: () => Promise<ResultStore>) {
+/**
+ * One contract, run against every implementation: `make` gives a store and the ManualClock it keeps
+ * time by, or none when the store keeps its own (Redis).
+ */
+function contract(name: string, make: () => Promise<{ sut: ResultStore; clock: ManualClock | undefined }>) {
   describe(`ResultStore contract: ${name}`, () => {
     let sut: ResultStore;
+    let clock: ManualClock | undefined;
     beforeEach(async () => {
-      sut = await make();
+      ({ sut, clock } = await make());
     });
 
     it('returns what was stored under the same key', async () => {
@@ -36,8 +40,15 @@ function contract(name: string, make: () => Promise<ResultStore>) {
     it('forgets an entry after its time to live', async () => {
       const key = randomBytes(32);
       await sut.set(key, Buffer.from('short'), 30);
-      await new Promise((r) => setTimeout(r, 80));
-      expect(await sut.get(key)).toBeUndefined();
+      if (clock !== undefined) {
+        clock.advance(29);
+        expect((await sut.get(key))?.toString()).toBe('short');
+        clock.advance(2);
+        expect(await sut.get(key)).toBeUndefined();
+      } else {
+        // Redis expires keys on its own clock: wait for it.
+        await eventually(async () => (await sut.get(key)) === undefined);
+      }
     });
 
     it('keeps binary values byte for byte', async () => {
@@ -49,7 +60,10 @@ function contract(name: string, make: () => Promise<ResultStore>) {
   });
 }
 
-contract('embedded', async () => new EmbeddedResultStore(1024 * 1024));
+contract('embedded', async () => {
+  const clock = new ManualClock();
+  return { sut: new EmbeddedResultStore(1024 * 1024, clock), clock };
+});
 
 let redisServer: RedisServer;
 const clients: Redis[] = [];
@@ -63,8 +77,8 @@ afterAll(async () => {
 contract('redis', async () => {
   const client = createRedisClient(redisServer.url, logger, 'test');
   clients.push(client);
-  await new Promise((resolve) => client.once('ready', resolve));
-  return new RedisResultStore(client, `test:${randomBytes(4).toString('hex')}:`);
+  await waitForRedis(client, 5_000);
+  return { sut: new RedisResultStore(client, `test:${randomBytes(4).toString('hex')}:`), clock: undefined };
 });
 
 describe(EmbeddedResultStore.name, () => {

@@ -1,9 +1,20 @@
 import { Injectable } from '@nestjs/common';
+import { Clock } from '@infermesh/clock';
 import { LATENCY_BUCKETS_SECONDS, Metrics, ModelLabels, requestContext, ServedModels } from '@infermesh/telemetry';
 import type { Span } from '@opentelemetry/api';
 import type { Counter, Histogram } from 'prom-client';
 
 export type Protocol = 'rest' | 'grpc';
+
+/** A request being timed (GatewayMetrics.startRequest). */
+export interface RequestTimer {
+  /**
+   * Records the request's duration under its endpoint and status code; in a sampled trace, with the
+   * request's span as its bucket's exemplar. `span` is the current one by default: a caller that
+   * records after the request's context has gone (a response's `close` event) passes the request's span.
+   */
+  end(endpoint: string, code: string, span?: Span): void;
+}
 
 /** Outcomes of an inference the router answered: its answer names a model version it resolved. */
 const SERVED_OUTCOMES: ReadonlySet<string> = new Set(['ok', 'cached', 'degraded']);
@@ -25,7 +36,10 @@ export class GatewayMetrics {
   private readonly served = new ServedModels();
   private readonly modelLabels = new ModelLabels(this.served);
 
-  constructor(private readonly metrics: Metrics) {
+  constructor(
+    private readonly metrics: Metrics,
+    private readonly clock: Clock,
+  ) {
     this.requestSeconds = metrics.histogram(
       'request_duration_seconds',
       'Duration of public API requests, by protocol, endpoint (route template or RPC) and status code.',
@@ -51,24 +65,18 @@ export class GatewayMetrics {
     );
   }
 
-  /**
-   * Records a request's duration; in a sampled trace, with the request's span as its bucket's
-   * exemplar. `span` is the current one by default: a caller that records after the request's
-   * context has gone (a response's `close` event) passes the request's span.
-   */
-  observeRequest(
-    protocol: Protocol,
-    endpoint: string,
-    code: string,
-    startNs: bigint,
-    span: Span | undefined = requestContext.current()?.span,
-  ): void {
-    this.metrics.observe(
-      this.requestSeconds,
-      { protocol, endpoint, code },
-      Number(process.hrtime.bigint() - startNs) / 1e9,
-      span,
-    );
+  /** Starts timing a request of `protocol` now, on the monotonic clock. */
+  startRequest(protocol: Protocol): RequestTimer {
+    const startMs = this.clock.monotonic();
+    return {
+      end: (endpoint, code, span = requestContext.current()?.span) =>
+        this.metrics.observe(
+          this.requestSeconds,
+          { protocol, endpoint, code },
+          (this.clock.monotonic() - startMs) / 1000,
+          span,
+        ),
+    };
   }
 
   /**

@@ -18,8 +18,8 @@ import type { StoreDownPolicy } from '@infermesh/rate-limit';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
 import { resolve } from 'node:path';
 import { z } from 'zod';
-import { parseKey } from './api-keys/api-key-secret';
-import { DEFAULT_TENSOR_LIMITS, type TensorLimits } from './tensor-limits';
+import { parseKey } from './auth/api-keys/api-key-secret';
+import { DEFAULT_TENSOR_LIMITS, type TensorLimits } from './inference/tensor-limits';
 
 /** The scopes by their names in GATEWAY_API_KEYS: `infer` (inference, model metadata) and `admin` (the admin API). */
 export const SCOPE_NAMES: ReadonlyMap<string, Scope> = new Map([

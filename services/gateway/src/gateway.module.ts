@@ -1,38 +1,45 @@
 import { type DynamicModule, type MiddlewareConsumer, Module, type NestModule } from '@nestjs/common';
 import { APP_FILTER, APP_GUARD } from '@nestjs/core';
+import { Clock, systemClock } from '@infermesh/clock';
 import { RateLimiter } from '@infermesh/rate-limit';
 import { createRedisClient, waitForRedis } from '@infermesh/redis';
 import { RuntimeModule } from '@infermesh/runtime';
 import { JsonLogger } from '@infermesh/telemetry';
-import { ApiKeyAuth } from './api-key-auth';
-import { ApiKeyGuard } from './api-key.guard';
-import { ApiKeys } from './api-keys/api-keys';
-import type { ApiKeyStore } from './api-keys/api-key-store';
-import { EmbeddedApiKeyStore } from './api-keys/api-key-store.embedded';
-import { RedisApiKeyStore } from './api-keys/api-key-store.redis';
-import { ApiKeysAdmin } from './api-keys-admin';
-import { ApiKeysAdminGrpcController } from './api-keys-admin.grpc';
-import { ApiKeysAdminHttpController } from './api-keys-admin.http';
-import { BodyBudget } from './body-budget';
+import { ApiKeyAuth } from './auth/api-key-auth';
+import { ApiKeyGuard } from './auth/api-key.guard';
+import { ApiKeys } from './auth/api-keys/api-keys';
+import type { ApiKeyStore } from './auth/api-keys/api-key-store';
+import { EmbeddedApiKeyStore } from './auth/api-keys/api-key-store.embedded';
+import { RedisApiKeyStore } from './auth/api-keys/api-key-store.redis';
+import { ApiKeysAdmin } from './admin/api-keys-admin';
+import { ApiKeysAdminGrpcController } from './admin/api-keys-admin.grpc';
+import { ApiKeysAdminHttpController } from './admin/api-keys-admin.http';
+import { BodyBudget } from './requests/body-budget';
 import { GATEWAY_CONFIG, type GatewayConfig } from './gateway.config';
-import { GatewayGrpcController } from './gateway.grpc';
-import { GatewayHttpController } from './gateway.http';
+import { GatewayGrpcController } from './inference/gateway.grpc';
+import { GatewayHttpController } from './inference/gateway.http';
 import { GatewayMetrics } from './gateway-metrics';
-import { HttpErrorFilter } from './http-error.filter';
-import { ModelCatalog } from './model-catalog';
-import { ModelInference } from './model-inference';
-import { createRateLimiter, RateLimits } from './rate-limits';
-import { RegistryClient } from './registry.client';
-import { RegistryAdminGrpcController } from './registry-admin.grpc';
-import { RegistryAdminHttpController } from './registry-admin.http';
-import { RequestTracking } from './request-tracking.middleware';
-import { RouterClient } from './router.client';
+import { HttpErrorFilter } from './requests/http-error.filter';
+import { ModelLookup } from './inference/model-lookup';
+import { ModelInference } from './inference/model-inference';
+import { createRateLimiter, RateLimits } from './auth/rate-limits';
+import { RegistryClient } from './upstreams/registry.client';
+import { RegistryAdminGrpcController } from './admin/registry-admin.grpc';
+import { RegistryAdminHttpController } from './admin/registry-admin.http';
+import { RequestTracking } from './requests/request-tracking.middleware';
+import { RouterClient } from './upstreams/router.client';
 import { ServerStatus } from './server-status';
-import { UpstreamHealth } from './upstream-health';
+import { UpstreamHealth } from './upstreams/upstream-health.client';
+
+/** What a gateway runs on besides its configuration. */
+export interface GatewayOptions {
+  /** Time and timers: systemClock unless given (specs give a ManualClock). */
+  clock?: Clock;
+}
 
 @Module({})
 export class GatewayModule implements NestModule {
-  static forRoot(config: GatewayConfig): DynamicModule {
+  static forRoot(config: GatewayConfig, options: GatewayOptions = {}): DynamicModule {
     const maxMessageBytes = config.runtime.maxMessageBytes;
     return {
       module: GatewayModule,
@@ -40,6 +47,7 @@ export class GatewayModule implements NestModule {
       controllers: [GatewayHttpController, RegistryAdminHttpController, ApiKeysAdminHttpController],
       providers: [
         { provide: GATEWAY_CONFIG, useValue: config },
+        { provide: Clock, useValue: options.clock ?? systemClock },
         {
           provide: RouterClient,
           inject: [JsonLogger],
@@ -52,30 +60,33 @@ export class GatewayModule implements NestModule {
         },
         {
           provide: UpstreamHealth,
-          useFactory: () =>
+          inject: [Clock],
+          useFactory: (clock: Clock) =>
             new UpstreamHealth({
               upstreams: { router: config.routerAddress, registry: config.registryAddress },
               timeoutMs: config.upstreamProbeTimeoutMs,
               cacheMs: config.upstreamProbeCacheMs,
+              clock,
             }),
         },
         {
           provide: ApiKeys,
-          inject: [JsonLogger],
-          useFactory: async (logger: JsonLogger) =>
-            new ApiKeys(await openApiKeyStore(config, logger), { cacheMs: config.apiKeyCacheMs }),
+          inject: [JsonLogger, Clock],
+          useFactory: async (logger: JsonLogger, clock: Clock) =>
+            new ApiKeys(await openApiKeyStore(config, logger), { cacheMs: config.apiKeyCacheMs, clock }),
         },
         {
           provide: RateLimiter,
-          inject: [JsonLogger, GatewayMetrics],
-          useFactory: (logger: JsonLogger, metrics: GatewayMetrics) => createRateLimiter(config, logger, metrics),
+          inject: [JsonLogger, GatewayMetrics, Clock],
+          useFactory: (logger: JsonLogger, metrics: GatewayMetrics, clock: Clock) =>
+            createRateLimiter(config, logger, metrics, clock),
         },
         GatewayMetrics,
         BodyBudget,
         ApiKeyAuth,
         ApiKeysAdmin,
         RateLimits,
-        ModelCatalog,
+        ModelLookup,
         ModelInference,
         ServerStatus,
         GatewayGrpcController,

@@ -4,11 +4,11 @@ import { GRPCInferenceService } from '@infermesh/proto/gen/inference/grpc_servic
 import { ApiKeyService } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
 import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { bind, bootstrap, type RunningService } from '@infermesh/runtime';
-import { ApiKeysAdminGrpcController } from './api-keys-admin.grpc';
+import { ApiKeysAdminGrpcController } from './admin/api-keys-admin.grpc';
 import type { GatewayConfig } from './gateway.config';
-import { GatewayGrpcController } from './gateway.grpc';
-import { GatewayModule } from './gateway.module';
-import { RegistryAdminGrpcController } from './registry-admin.grpc';
+import { GatewayGrpcController } from './inference/gateway.grpc';
+import { GatewayModule, type GatewayOptions } from './gateway.module';
+import { RegistryAdminGrpcController } from './admin/registry-admin.grpc';
 import { ServerReflectionGrpcController } from './server-reflection';
 
 /**
@@ -16,9 +16,9 @@ import { ServerReflectionGrpcController } from './server-reflection';
  * administrators, the registry's RegistryService and the gateway's own ApiKeyService, with server
  * reflection (open to all) describing them.
  */
-export function startGateway(config: GatewayConfig): Promise<RunningService> {
+export function startGateway(config: GatewayConfig, options: GatewayOptions = {}): Promise<RunningService> {
   return bootstrap({
-    module: GatewayModule.forRoot(config),
+    module: GatewayModule.forRoot(config, options),
     // The public API: clients outside the mesh, each call checked by its API key.
     publicGrpc: true,
     grpc: (app) => {

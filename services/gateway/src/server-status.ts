@@ -1,7 +1,7 @@
 import { Injectable } from '@nestjs/common';
 import { HealthService, ServingStatus } from '@infermesh/grpc';
 import { HealthDetails } from '@infermesh/runtime';
-import { UpstreamHealth } from './upstream-health';
+import { UpstreamHealth } from './upstreams/upstream-health.client';
 
 /** The version the gateway reports; a spec keeps it equal to package.json's. */
 export const SERVER_VERSION = '0.1.0';

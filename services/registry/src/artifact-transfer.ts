@@ -1,7 +1,6 @@
 import { create } from '@bufbuild/protobuf';
-import { status } from '@grpc/grpc-js';
 import { Inject, Injectable } from '@nestjs/common';
-import { RpcError } from '@infermesh/grpc';
+import { RpcError, Errors } from '@infermesh/grpc';
 import {
   type Artifact,
   ArtifactSchema,
@@ -53,12 +52,12 @@ export class ArtifactTransfer {
         if (request.expectedSha256 !== '') {
           const given = request.expectedSha256.toLowerCase();
           if (!SHA256_HEX.test(given)) {
-            throw RpcError.invalidArgument(
+            throw Errors.invalidRequest(
               `expected_sha256 must be 64 hexadecimal digits, got "${request.expectedSha256}"`,
             );
           }
           if (expected !== undefined && expected !== given) {
-            throw RpcError.invalidArgument(`expected_sha256 changed during the upload, from ${expected} to ${given}`);
+            throw Errors.invalidRequest(`expected_sha256 changed during the upload, from ${expected} to ${given}`);
           }
           expected = given;
         }
@@ -84,23 +83,21 @@ export class ArtifactTransfer {
     } catch (error) {
       if (error instanceof ArtifactTooLargeError) {
         outcome = 'too_large';
-        throw RpcError.invalidArgument(
+        throw Errors.invalidArtifact(
           `the artifact is larger than the registry's limit of ${error.maxBytes} bytes (REGISTRY_MAX_ARTIFACT_BYTES); nothing was stored`,
-          'INVALID_ARTIFACT',
-          { maxBytes: String(error.maxBytes) },
+          { metadata: { maxBytes: String(error.maxBytes) } },
         );
       }
       if (error instanceof ArtifactDigestMismatchError) {
         outcome = 'digest_mismatch';
-        throw RpcError.invalidArgument(
+        throw Errors.invalidArtifact(
           `the uploaded bytes hash to ${error.actualSha256}, not the expected_sha256 ${error.expectedSha256}; nothing was stored`,
-          'INVALID_ARTIFACT',
-          { expectedSha256: error.expectedSha256, actualSha256: error.actualSha256 },
+          { metadata: { expectedSha256: error.expectedSha256, actualSha256: error.actualSha256 } },
         );
       }
       if (signal.aborted) {
         outcome = 'cancelled';
-        throw new RpcError(status.CANCELLED, 'the upload was cancelled; nothing was stored');
+        throw Errors.cancelled('the upload was cancelled; nothing was stored');
       }
       if (error instanceof RpcError) outcome = 'invalid';
       throw error;
@@ -116,21 +113,17 @@ export class ArtifactTransfer {
       await this.onnx.load(bytes);
     } catch (error) {
       const reason = (error instanceof Error ? error.message : String(error)).trim();
-      throw RpcError.invalidArgument(
-        `onnxruntime cannot load the artifact: ${reason}; nothing was stored`,
-        'INVALID_ARTIFACT',
-      );
+      throw Errors.invalidArtifact(`onnxruntime cannot load the artifact: ${reason}; nothing was stored`);
     }
   }
 
   /** The artifact's bytes in chunks no larger than the download chunk size. */
   async *download(sha256: string): AsyncGenerator<Uint8Array> {
     const address = sha256.toLowerCase();
-    if (!SHA256_HEX.test(address))
-      throw RpcError.invalidArgument(`sha256 must be 64 hexadecimal digits, got "${sha256}"`);
+    if (!SHA256_HEX.test(address)) throw Errors.invalidRequest(`sha256 must be 64 hexadecimal digits, got "${sha256}"`);
     const chunks = await this.artifacts.read(address, this.config.downloadChunkBytes);
     if (chunks === undefined)
-      throw RpcError.notFound(`artifact ${address} not found`, 'ARTIFACT_NOT_FOUND', { sha256: address });
+      throw Errors.artifactNotFound(`artifact ${address} not found`, { metadata: { sha256: address } });
     yield* chunks;
   }
 }

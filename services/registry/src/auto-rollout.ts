@@ -1,7 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import { timestampDate, timestampFromDate } from '@bufbuild/protobuf/wkt';
-import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import {
   type AutoRollout,
   type AutoRolloutAnalysis,
@@ -207,37 +206,30 @@ export function startAutoRollout(
   const modelId = model.name.slice('models/'.length);
   if (model.autoRollout?.phase === AutoRolloutPhase.PROGRESSING) {
     const current = model.autoRollout;
-    throw new RpcError(
-      status.FAILED_PRECONDITION,
+    throw Errors.rolloutInProgress(
       `auto rollout: model "${modelId}" already has one in progress (version ${current.canaryVersion}); pause it (rollout pause) or let it end first`,
-      { reason: 'ROLLOUT_IN_PROGRESS', metadata: { model: modelId, version: current.canaryVersion } },
+      { metadata: { model: modelId, version: current.canaryVersion } },
     );
   }
   const version = model.versions.find((v) => versionIdOf(v.name) === versionId);
   if (version === undefined)
-    throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', {
-      model: modelId,
-      version: versionId,
+    throw Errors.versionNotFound(`model "${modelId}" has no version ${versionId}`, {
+      metadata: {
+        model: modelId,
+        version: versionId,
+      },
     });
   if (version.state !== VersionState.READY) {
-    throw new RpcError(
-      status.FAILED_PRECONDITION,
+    throw Errors.versionNotReady(
       `auto rollout: version ${versionId} of model "${modelId}" is ${VersionState[version.state]}; it must be READY (loaded and warmed up) to take traffic`,
-      {
-        reason: 'VERSION_NOT_READY',
-        metadata: { model: modelId, version: versionId },
-      },
+      { metadata: { model: modelId, version: versionId } },
     );
   }
   const stable = stableVersionOutside(model, versionId);
   if (stable === undefined) {
-    throw new RpcError(
-      status.FAILED_PRECONDITION,
+    throw Errors.noStableVersion(
       `auto rollout: model "${modelId}" has no READY stable version besides ${versionId} to compare the canary with; pin the serving version (rollout stable) before registering the next one, so that it keeps serving`,
-      {
-        reason: 'NO_STABLE_VERSION',
-        metadata: { model: modelId, version: versionId },
-      },
+      { metadata: { model: modelId, version: versionId } },
     );
   }
   if (model.autoRollout?.phase === AutoRolloutPhase.PAUSED)
@@ -294,20 +286,15 @@ export function resumeAutoRollout(model: Model, marks: StepMarks, now: Date): Mo
   const modelId = model.name.slice('models/'.length);
   const rollout = model.autoRollout;
   if (rollout?.phase !== AutoRolloutPhase.PAUSED) {
-    throw new RpcError(
-      status.FAILED_PRECONDITION,
+    throw Errors.noPausedRollout(
       `auto rollout: model "${modelId}" has no paused automatic rollout to resume${rollout === undefined ? '' : ` (it is ${phaseName(rollout.phase)})`}`,
-      {
-        reason: 'NO_PAUSED_ROLLOUT',
-        metadata: { model: modelId },
-      },
+      { metadata: { model: modelId } },
     );
   }
   if (model.rollout?.canary?.version !== rollout.canaryVersion) {
-    throw new RpcError(
-      status.FAILED_PRECONDITION,
+    throw Errors.canaryReplaced(
       `auto rollout: version ${rollout.canaryVersion} is no longer the canary of model "${modelId}" (a manual change replaced it); start a new automatic rollout`,
-      { reason: 'CANARY_REPLACED', metadata: { model: modelId, version: rollout.canaryVersion } },
+      { metadata: { model: modelId, version: rollout.canaryVersion } },
     );
   }
   model.rollout = checkRollout(withCanaryPercent(model, rollout.analysis!.steps[rollout.step]!), model);

@@ -1,7 +1,7 @@
 import { timestampDate } from '@bufbuild/protobuf/wkt';
 import { randomUUID } from 'node:crypto';
 import { Inject, Injectable, type BeforeApplicationShutdown, type OnApplicationBootstrap } from '@nestjs/common';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import {
   AutoRolloutPhase,
   type Model,
@@ -24,7 +24,7 @@ import {
 import { Clock } from '@infermesh/clock';
 import { ModelCatalog } from './model-catalog';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
-import { parseModelName } from './resource-names';
+import { parseModelName } from './resource-name-check';
 import { RolloutTraffic } from './rollout-traffic';
 
 /** A step's figures are written back at most this often while it waits (every decision at once). */
@@ -39,7 +39,7 @@ const FIGURES_REFRESH_MS = 5_000;
  */
 @Injectable()
 export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationShutdown {
-  private timer: NodeJS.Timeout | undefined;
+  private cancelTimer: (() => void) | undefined;
   private running: Promise<void> | undefined;
   private readonly decisions: Counter<'model' | 'decision'>;
   /** When each rollout step's waiting figures were last written, by rollout id and step. */
@@ -61,13 +61,12 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
   }
 
   onApplicationBootstrap(): void {
-    this.timer = setInterval(() => this.tick(), this.config.rollouts.tickMs);
-    this.timer.unref();
+    this.cancelTimer = this.clock.setRepeatingTimer(() => void this.tick(), this.config.rollouts.tickMs);
   }
 
   async beforeApplicationShutdown(): Promise<void> {
-    clearInterval(this.timer);
-    this.timer = undefined;
+    this.cancelTimer?.();
+    this.cancelTimer = undefined;
     await this.running;
   }
 
@@ -76,7 +75,7 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
     const modelId = parseModelName(request.model, 'model');
     if (request.resume) {
       if (request.version !== '' || request.analysis !== undefined)
-        throw RpcError.invalidArgument(
+        throw Errors.invalidRequest(
           'auto rollout: resume takes neither a version nor an analysis: it goes on with those of the paused rollout',
         );
       const model = await this.catalog.getModel(request.model);
@@ -90,8 +89,7 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
       );
       return this.decided(stored!);
     }
-    if (request.version === '')
-      throw RpcError.invalidArgument('auto rollout: the request names no version to roll out');
+    if (request.version === '') throw Errors.invalidRequest('auto rollout: the request names no version to roll out');
     const analysis = checkAnalysis(request.analysis);
     const model = await this.catalog.getModel(request.model);
     const stable = stableVersionOutside(model, request.version) ?? '';

@@ -7,6 +7,7 @@ import {
   type Signature,
   SignatureSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { thrownBy } from '@infermesh/testing';
 import { checkBatching, sameBatching } from './batching-check';
 
 /** A model taking input FP32 [-1, 4] and returning output FP32 [-1, 3], batching up to maxBatchSize. */
@@ -21,15 +22,7 @@ function signature(maxBatchSize = 32): Signature {
 type Init = MessageInitShape<typeof BatchingSchema>;
 const check = (init: Init, sig = signature()) => checkBatching(create(BatchingSchema, init), sig);
 
-function refusal(init: Init, sig = signature()): RpcError {
-  try {
-    check(init, sig);
-  } catch (error) {
-    if (error instanceof RpcError) return error;
-    throw error;
-  }
-  throw new Error('expected the batching to be refused');
-}
+const refusal = (init: Init, sig = signature()): RpcError => thrownBy(() => check(init, sig), RpcError);
 
 describe(checkBatching.name, () => {
   it('accepts every field within its limits and returns the batching with its preferred sizes in ascending order', () => {

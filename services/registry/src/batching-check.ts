@@ -1,5 +1,5 @@
 import { create, equals } from '@bufbuild/protobuf';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import { type Batching, BatchingSchema, type Signature } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 
 /** The longest max_queue_delay_us a version may declare: 10 s. */
@@ -7,7 +7,7 @@ const MAX_QUEUE_DELAY_US = 10_000_000n;
 /** The most priority levels a version may declare. */
 const MAX_PRIORITY_LEVELS = 16;
 
-const invalid = (message: string) => RpcError.invalidArgument(`batching: ${message}`);
+const invalid = (message: string) => Errors.invalidRequest(`batching: ${message}`);
 
 /**
  * Checks a version's batching against its signature and returns what to store: undefined when it

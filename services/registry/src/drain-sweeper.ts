@@ -1,4 +1,5 @@
 import { Inject, Injectable, type BeforeApplicationShutdown, type OnApplicationBootstrap } from '@nestjs/common';
+import { Clock } from '@infermesh/clock';
 import { JsonLogger } from '@infermesh/telemetry';
 import { ModelCatalog } from './model-catalog';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
@@ -10,23 +11,23 @@ import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
  */
 @Injectable()
 export class DrainSweeper implements OnApplicationBootstrap, BeforeApplicationShutdown {
-  private timer: NodeJS.Timeout | undefined;
+  private cancelTimer: (() => void) | undefined;
   private running: Promise<void> | undefined;
 
   constructor(
     private readonly catalog: ModelCatalog,
     @Inject(REGISTRY_CONFIG) private readonly config: RegistryConfig,
     private readonly logger: JsonLogger,
+    private readonly clock: Clock,
   ) {}
 
   onApplicationBootstrap(): void {
-    this.timer = setInterval(() => this.tick(), this.config.drainSweepIntervalMs);
-    this.timer.unref();
+    this.cancelTimer = this.clock.setRepeatingTimer(() => this.tick(), this.config.drainSweepIntervalMs);
   }
 
   async beforeApplicationShutdown(): Promise<void> {
-    clearInterval(this.timer);
-    this.timer = undefined;
+    this.cancelTimer?.();
+    this.cancelTimer = undefined;
     await this.running;
   }
 

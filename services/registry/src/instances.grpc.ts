@@ -1,6 +1,5 @@
 import { Injectable } from '@nestjs/common';
-import { status } from '@grpc/grpc-js';
-import { type CallContext, RpcError } from '@infermesh/grpc';
+import { type CallContext, Errors } from '@infermesh/grpc';
 import type { MeshInstance } from '@infermesh/mesh';
 import type { AnnounceRequest, Instance } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
 import { JsonLogger } from '@infermesh/telemetry';
@@ -9,8 +8,7 @@ import { MeshInstances } from './mesh-instances';
 
 /** An announced instance, checked: INVALID_ARGUMENT naming the field otherwise. */
 function instanceOf(given: Instance | undefined): MeshInstance {
-  const bad = (field: string, why: string) =>
-    new RpcError(status.INVALID_ARGUMENT, `instance.${field}: ${why}`, { reason: 'INVALID_INSTANCE' });
+  const bad = (field: string, why: string) => Errors.invalidInstance(`instance.${field}: ${why}`);
   if (given === undefined) throw bad('(all)', 'the first message of Announce must name the instance');
   if (!MeshInstances.isService(given.service))
     throw bad(

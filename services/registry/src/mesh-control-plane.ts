@@ -1,5 +1,6 @@
 import { Inject, Injectable, type OnModuleDestroy } from '@nestjs/common';
 import * as grpc from '@grpc/grpc-js';
+import { Clock } from '@infermesh/clock';
 import { AdsServer, EnvoyApi, inboundApiListener, subsetOf, xdsResources } from '@infermesh/mesh';
 import { createRedisClient, type Redis } from '@infermesh/redis';
 import { type InboundListenerSource, meshInstanceId } from '@infermesh/runtime';
@@ -25,7 +26,7 @@ export class MeshControlPlane implements OnModuleDestroy {
   readonly instances: MeshInstances;
   private readonly policyFile: MeshPolicyFile | undefined;
   private readonly ads: AdsServer | undefined;
-  private readonly sweeper: NodeJS.Timeout;
+  private readonly stopSweeping: () => void;
   private plaintextServer: grpc.Server | undefined;
   private readonly ownInbound: ((listener: unknown) => void)[] = [];
   /** With Redis: the instances shared with the other replicas of the registry. */
@@ -35,8 +36,9 @@ export class MeshControlPlane implements OnModuleDestroy {
     @Inject(REGISTRY_CONFIG) private readonly config: RegistryConfig,
     logger: JsonLogger,
     metrics: Metrics,
+    clock: Clock,
   ) {
-    this.instances = new MeshInstances(config.mesh.instanceTimeoutMs);
+    this.instances = new MeshInstances(config.mesh.instanceTimeoutMs, clock);
     metrics.gauge(
       'mesh_instances',
       'Instances announced to the control plane, by service and whether they serve.',
@@ -46,11 +48,10 @@ export class MeshControlPlane implements OnModuleDestroy {
         for (const i of this.instances.list()) gauge.inc({ service: i.service, serving: String(i.healthy) });
       },
     );
-    this.sweeper = setInterval(
+    this.stopSweeping = clock.setRepeatingTimer(
       () => this.instances.sweep(),
       Math.max(100, Math.floor(config.mesh.instanceTimeoutMs / 3)),
     );
-    this.sweeper.unref();
     if (config.redisUrl !== undefined) {
       // Several replicas of the registry each serve every instance, whichever it announced itself to.
       const client = createRedisClient(config.redisUrl, logger, 'registry-mesh');
@@ -64,6 +65,7 @@ export class MeshControlPlane implements OnModuleDestroy {
           config.mesh.instanceTimeoutMs,
           SHARE_POLL_MS,
           logger,
+          clock,
         ),
         client,
       };
@@ -195,7 +197,7 @@ export class MeshControlPlane implements OnModuleDestroy {
   }
 
   async onModuleDestroy(): Promise<void> {
-    clearInterval(this.sweeper);
+    this.stopSweeping();
     if (this.mirror !== undefined) {
       await this.mirror.mirror.stop();
       this.mirror.client.disconnect();

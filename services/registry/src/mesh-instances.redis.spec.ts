@@ -1,8 +1,7 @@
-import type { Clock } from '@infermesh/clock';
 import type { MeshInstance } from '@infermesh/mesh';
 import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
 import { JsonLogger } from '@infermesh/telemetry';
-import { eventually, type RedisServer, startRedisServer, ManualClock } from '@infermesh/testing';
+import { ManualClock, type RedisServer, startRedisServer } from '@infermesh/testing';
 import { MeshInstances } from './mesh-instances';
 import { RedisInstanceMirror } from './mesh-instances.redis';
 
@@ -16,12 +15,20 @@ const worker = (id: string, address = '10.0.0.1'): MeshInstance => ({
 });
 const ids = (instances: MeshInstances) => instances.list().map((i) => i.id);
 
-/** Two replicas of the registry, each with its own instances and its own Redis connection, against a real redis-server. */
+/** How often each replica reads the others' instances: one period of the specs' clock. */
+const POLL_MS = 50;
+
+/**
+ * Replicas of the registry, each with its own instances and its own Redis connection, against a real
+ * redis-server, on one ManualClock: they read each other's instances when the spec moves the clock on
+ * (sync), and the spec waits for the Redis round trips that start (settled), never for time.
+ */
 describe(RedisInstanceMirror.name, () => {
   let redis: RedisServer;
   const logger = new JsonLogger('registry', 'error');
   const clients: Redis[] = [];
   const mirrors: RedisInstanceMirror[] = [];
+  let clock: ManualClock;
 
   beforeAll(async () => {
     redis = await startRedisServer();
@@ -31,16 +38,18 @@ describe(RedisInstanceMirror.name, () => {
     await redis.stop();
   });
 
+  beforeEach(() => {
+    clock = new ManualClock();
+  });
+
   afterEach(async () => {
     await Promise.all(mirrors.splice(0).map((m) => m.stop()));
     for (const client of clients.splice(0)) client.disconnect();
   });
 
-  async function replica(
-    name: string,
-    ttlMs = 5_000,
-    clock?: Clock,
-  ): Promise<{ instances: MeshInstances; mirror: RedisInstanceMirror; client: Redis }> {
+  type Replica = { instances: MeshInstances; mirror: RedisInstanceMirror; client: Redis };
+
+  async function replica(name: string, ttlMs = 60_000): Promise<Replica> {
     const client = createRedisClient(redis.url, logger, name);
     await waitForRedis(client, 5_000);
     clients.push(client);
@@ -51,14 +60,28 @@ describe(RedisInstanceMirror.name, () => {
       `test-${expect.getState().currentTestName?.replace(/\W+/g, '-')}:`,
       name,
       ttlMs,
-      50,
+      POLL_MS,
       logger,
       clock,
     );
     mirrors.push(mirror);
     mirror.start();
+    await mirror.settled();
     return { instances, mirror, client };
   }
+
+  /** Every replica has written what changed on it; then one poll period passes and each has read the others. */
+  async function sync(...replicas: Replica[]): Promise<void> {
+    await Promise.all(replicas.map((r) => r.mirror.settled()));
+    clock.advance(POLL_MS);
+    await Promise.all(replicas.map((r) => r.mirror.settled()));
+  }
+
+  const listed = (r: Replica) =>
+    r.instances
+      .list()
+      .map((i) => `${i.id}@${i.address}`)
+      .join();
 
   it('each replica lists the instances announced to the others, and forgets them when their announcement ends', async () => {
     const a = await replica('registry-a');
@@ -68,25 +91,27 @@ describe(RedisInstanceMirror.name, () => {
 
     const token = a.instances.announce(worker('worker-0'));
     b.instances.announce(worker('worker-1', '10.0.0.2'));
+    await sync(a, b);
 
-    await eventually(
-      () => ids(b.instances).join() === 'worker-0,worker-1' && ids(a.instances).join() === 'worker-0,worker-1',
-    );
+    expect([ids(a.instances).join(), ids(b.instances).join()]).toEqual(['worker-0,worker-1', 'worker-0,worker-1']);
     expect(b.instances.list().find((i) => i.id === 'worker-0')).toEqual(worker('worker-0'));
     expect(bChanges).toBeGreaterThanOrEqual(2);
     a.instances.withdraw('worker-0', token);
-    await eventually(() => ids(b.instances).join() === 'worker-1');
+    await sync(a, b);
+    expect(ids(b.instances)).toEqual(['worker-1']);
   });
 
   it('a heartbeat that changes health reaches the other replicas', async () => {
     const a = await replica('registry-a');
     const b = await replica('registry-b');
     const token = a.instances.announce(worker('worker-0'));
-    await eventually(() => b.instances.list().length === 1);
+    await sync(a, b);
+    expect(b.instances.list()).toHaveLength(1);
 
     a.instances.heartbeat('worker-0', token, false);
+    await sync(a, b);
 
-    await eventually(() => b.instances.list()[0]?.healthy === false);
+    expect(b.instances.list()[0]?.healthy).toBe(false);
   });
 
   it('an instance that moved to another replica stays when its old announcement ends late', async () => {
@@ -94,51 +119,40 @@ describe(RedisInstanceMirror.name, () => {
     const b = await replica('registry-b');
     const c = await replica('registry-c');
     const old = a.instances.announce(worker('worker-0', '10.0.0.1'));
-    await eventually(() => c.instances.list()[0]?.address === '10.0.0.1');
-    await new Promise((r) => setTimeout(r, 5));
+    await sync(a, b, c);
+    expect(listed(c)).toBe('worker-0@10.0.0.1');
+    clock.advance(5);
     b.instances.announce(worker('worker-0', '10.0.0.9'));
 
     // While the old announcement on A lasts, A's refreshes do not overwrite the newer one: every
-    // replica, A included, lists the instance where it announced itself last.
-    await eventually(() =>
-      [a, b, c].every(
-        (r) =>
-          r.instances
-            .list()
-            .map((i) => `${i.id}@${i.address}`)
-            .join() === 'worker-0@10.0.0.9',
-      ),
-    );
-    await new Promise((r) => setTimeout(r, 300));
-    expect(
-      [a, b, c].map((r) =>
-        r.instances
-          .list()
-          .map((i) => i.address)
-          .join(),
-      ),
-    ).toEqual(['10.0.0.9', '10.0.0.9', '10.0.0.9']);
+    // replica, A included, lists the instance where it announced itself last, poll after poll.
+    for (let poll = 0; poll < 3; poll += 1) {
+      await sync(a, b, c);
+      expect([a, b, c].map(listed)).toEqual(['worker-0@10.0.0.9', 'worker-0@10.0.0.9', 'worker-0@10.0.0.9']);
+    }
     a.instances.withdraw('worker-0', old);
 
     // A's withdrawal removes only its own entry: the newer announcement, on B, is still listed.
-    await new Promise((r) => setTimeout(r, 300));
+    await sync(a, b, c);
+    await sync(a, b, c);
     expect(c.instances.list().map((i) => `${i.id}@${i.address}`)).toEqual(['worker-0@10.0.0.9']);
   });
 
   it('the instances of a replica that died (no cleanup) expire after the instance timeout', async () => {
-    const clock = new ManualClock(Date.now());
-    const a = await replica('registry-a', 2_000, clock);
-    const b = await replica('registry-b', 2_000, clock);
+    const a = await replica('registry-a', 2_000);
+    const b = await replica('registry-b', 2_000);
     a.instances.announce(worker('worker-0'));
-    await eventually(() => b.instances.list().length === 1);
+    await sync(a, b);
+    expect(b.instances.list()).toHaveLength(1);
 
     // A loses Redis for good (as a killed process does): its entry stays there until it expires.
     a.client.disconnect();
     clock.advance(1_000);
-    await new Promise((r) => setTimeout(r, 200));
+    await sync(b);
     expect(b.instances.list()).toHaveLength(1);
-    clock.advance(1_500);
+    clock.advance(1_000);
+    await sync(b);
 
-    await eventually(() => b.instances.list().length === 0);
+    expect(b.instances.list()).toHaveLength(0);
   });
 });

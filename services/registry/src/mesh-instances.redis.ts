@@ -59,7 +59,7 @@ function parseEntry(text: string): SharedEntry | undefined {
  */
 export class RedisInstanceMirror {
   private readonly key: string;
-  private timer: NodeJS.Timeout | undefined;
+  private stopPolling: (() => void) | undefined;
   /** The entries this replica last wrote, by instance id: what it removes when they go. */
   private written = new Map<string, string>();
   /** While the others' instances are being applied: the change that makes is not this replica's to write. */
@@ -88,16 +88,20 @@ export class RedisInstanceMirror {
   }
 
   start(): void {
-    this.timer = setInterval(() => this.syncSoon(), this.pollMs);
-    this.timer.unref();
+    this.stopPolling = this.clock.setRepeatingTimer(() => this.syncSoon(), this.pollMs);
     this.syncSoon();
+  }
+
+  /** Resolves once no sync runs or waits to run: what this replica holds is written, and the others' read. */
+  async settled(): Promise<void> {
+    while (this.running !== undefined) await this.running;
   }
 
   /** Stops sharing and takes this replica's instances out of the hash (they announce again elsewhere). */
   async stop(): Promise<void> {
-    clearInterval(this.timer);
+    this.stopPolling?.();
     this.unsubscribe();
-    await this.running;
+    await this.settled();
     await Promise.all(
       [...this.written].map(([id, value]) =>
         this.redis.eval(DELETE_IF_UNCHANGED, 1, this.key, id, value).catch(() => undefined),

@@ -43,7 +43,7 @@ export async function openTestCatalog(clock: Clock, env: Env = {}): Promise<Test
     clock,
     config,
     logger,
-    new ModelWatch(store, config, logger, metrics),
+    new ModelWatch(store, config, logger, metrics, clock),
     metrics,
   );
   return {

@@ -1,8 +1,7 @@
 import { create, equals, toJsonString } from '@bufbuild/protobuf';
 import { timestampFromDate } from '@bufbuild/protobuf/wkt';
-import { status } from '@grpc/grpc-js';
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
-import { RpcError } from '@infermesh/grpc';
+import { RpcError, Errors } from '@infermesh/grpc';
 import {
   AutoRolloutPhase,
   type CachePolicy,
@@ -39,7 +38,7 @@ import { ModelWatch } from './model-watch';
 import { maxBatchSizeFor, readOnnxSignature } from './onnx-signature';
 import { checkProcessing, sameProcessing } from './processing-check';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
-import { parseModelName, parseVersionName } from './resource-names';
+import { parseModelName, parseVersionName } from './resource-name-check';
 import { applyRolloutAction } from './rollout-actions';
 import { checkRollout } from './rollout-check';
 import { checkWarmUp, sameWarmUp } from './warm-up-check';
@@ -85,7 +84,7 @@ export class ModelCatalog implements OnApplicationShutdown {
     private readonly watch: ModelWatch,
     metrics: Metrics,
   ) {
-    registerGauges(metrics, models, logger);
+    registerGauges(metrics, models, logger, clock);
   }
 
   /**
@@ -99,7 +98,7 @@ export class ModelCatalog implements OnApplicationShutdown {
     const versionId = checkVersionId(request.versionId);
     const sha256 = request.artifactSha256.toLowerCase();
     if (!SHA256_HEX.test(sha256)) {
-      throw RpcError.invalidArgument(`artifact_sha256 must be 64 hexadecimal digits, got "${request.artifactSha256}"`);
+      throw Errors.invalidRequest(`artifact_sha256 must be 64 hexadecimal digits, got "${request.artifactSha256}"`);
     }
     const name = versionName(modelId, versionId);
     const existing = findVersion(await this.store(() => this.models.get(modelId)), versionId);
@@ -107,13 +106,11 @@ export class ModelCatalog implements OnApplicationShutdown {
 
     const bytes = await this.artifacts.readAll(sha256);
     if (bytes === undefined) {
-      throw RpcError.notFound(
-        `artifact ${sha256} is not in the registry; upload it with UploadArtifact first`,
-        'ARTIFACT_NOT_FOUND',
-        {
+      throw Errors.artifactNotFound(`artifact ${sha256} is not in the registry; upload it with UploadArtifact first`, {
+        metadata: {
           sha256,
         },
-      );
+      });
     }
     const signature = readOnnxSignature(bytes);
     const now = timestampFromDate(this.clock.date());
@@ -178,38 +175,32 @@ export class ModelCatalog implements OnApplicationShutdown {
     if (versionId !== '') checkVersionId(versionId);
     const found = await this.existingModel(modelId);
     if (found.unloaded) {
-      throw new RpcError(
-        status.UNAVAILABLE,
+      throw Errors.modelNotReady(
         `model "${modelId}" is unloaded; load it again with \`infermesh models load ${modelId}\` or POST /v2/repository/models/${modelId}/load`,
-        { reason: 'MODEL_NOT_READY', metadata: { model: modelId, unloaded: 'true' } },
+        { metadata: { model: modelId, unloaded: 'true' } },
       );
     }
     if (versionId !== '') {
       const version = findVersion(found, versionId);
       if (version === undefined) {
-        throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', {
-          model: modelId,
-          version: versionId,
+        throw Errors.versionNotFound(`model "${modelId}" has no version ${versionId}`, {
+          metadata: {
+            model: modelId,
+            version: versionId,
+          },
         });
       }
       if (version.state !== VersionState.READY) {
-        throw new RpcError(
-          status.UNAVAILABLE,
+        throw Errors.modelNotReady(
           `version ${versionId} of model "${modelId}" is ${stateName(version.state)}, not READY`,
-          {
-            reason: 'MODEL_NOT_READY',
-            metadata: { model: modelId, version: versionId, state: stateName(version.state) },
-          },
+          { metadata: { model: modelId, version: versionId, state: stateName(version.state) } },
         );
       }
       return version;
     }
     const stable = stableVersion(found);
     if (stable === undefined) {
-      throw new RpcError(status.UNAVAILABLE, `model "${modelId}" has no READY version`, {
-        reason: 'MODEL_NOT_READY',
-        metadata: { model: modelId },
-      });
+      throw Errors.modelNotReady(`model "${modelId}" has no READY version`, { metadata: { model: modelId } });
     }
     return stable;
   }
@@ -227,11 +218,9 @@ export class ModelCatalog implements OnApplicationShutdown {
         now,
       );
       if (action.case === 'pause' && !paused) {
-        throw new RpcError(
-          status.FAILED_PRECONDITION,
-          `rollout: model "${modelId}" has no automatic rollout in progress to pause`,
-          { reason: 'NO_ROLLOUT_IN_PROGRESS', metadata: { model: modelId } },
-        );
+        throw Errors.noRolloutInProgress(`rollout: model "${modelId}" has no automatic rollout in progress to pause`, {
+          metadata: { model: modelId },
+        });
       }
       return model;
     });
@@ -248,12 +237,12 @@ export class ModelCatalog implements OnApplicationShutdown {
     const modelId = parseModelName(model, 'model');
     if (policy !== undefined) {
       if (policy.ttlMs < 0n || policy.ttlMs > MAX_CACHE_TTL_MS) {
-        throw RpcError.invalidArgument(
+        throw Errors.invalidRequest(
           `cache: ttl_ms is ${policy.ttlMs}; it must be from 0 (the router's default) to ${MAX_CACHE_TTL_MS} (7 days)`,
         );
       }
       if (policy.maxEntryBytes < 0n)
-        throw RpcError.invalidArgument(`cache: max_entry_bytes is ${policy.maxEntryBytes}; it cannot be negative`);
+        throw Errors.invalidRequest(`cache: max_entry_bytes is ${policy.maxEntryBytes}; it cannot be negative`);
     }
     const empty = policy === undefined || equals(CachePolicySchema, policy, create(CachePolicySchema));
     const stored = await this.mutate(modelId, (current) => {
@@ -272,9 +261,9 @@ export class ModelCatalog implements OnApplicationShutdown {
   async setRollout(model: string, policy: RolloutPolicy | undefined): Promise<Model> {
     const modelId = parseModelName(model, 'model');
     const fallback = policy?.fallbackModel ?? '';
-    if (fallback === modelId) throw RpcError.invalidArgument(`rollout: model "${modelId}" cannot be its own fallback`);
+    if (fallback === modelId) throw Errors.invalidRequest(`rollout: model "${modelId}" cannot be its own fallback`);
     if (fallback !== '' && (await this.store(() => this.models.get(fallback))) === undefined) {
-      throw RpcError.invalidArgument(`rollout: the fallback model "${fallback}" does not exist`);
+      throw Errors.invalidRequest(`rollout: the fallback model "${fallback}" does not exist`);
     }
     const now = this.clock.date();
     const stored = await this.mutate(modelId, (current) => {
@@ -307,7 +296,7 @@ export class ModelCatalog implements OnApplicationShutdown {
   ): Promise<ModelVersion> {
     const { modelId, versionId } = parseVersionName(name, 'name');
     if (!REPORTABLE_STATES.has(state)) {
-      throw RpcError.invalidArgument(`a worker may report LOADING, READY or FAILED, not ${stateName(state)}`);
+      throw Errors.invalidRequest(`a worker may report LOADING, READY or FAILED, not ${stateName(state)}`);
     }
     const stateReason = state === VersionState.FAILED ? reason || 'failed (no reason given)' : '';
     const coldReason = state === VersionState.READY ? bounded(warmUpError) : '';
@@ -406,14 +395,9 @@ export class ModelCatalog implements OnApplicationShutdown {
       if (hasEnded(version)) return undefined;
       const why = whyServing(model, versionId);
       if (why !== undefined) {
-        throw new RpcError(
-          status.FAILED_PRECONDITION,
-          `version ${versionId} of model ${modelId} still serves traffic: ${why}`,
-          {
-            reason: 'VERSION_IN_USE',
-            metadata: { model: modelId, version: versionId },
-          },
-        );
+        throw Errors.versionInUse(`version ${versionId} of model ${modelId} still serves traffic: ${why}`, {
+          metadata: { model: modelId, version: versionId },
+        });
       }
       if (version.state === VersionState.READY || version.state === VersionState.DRAINING) {
         // Loaded: it drains first. A DRAINING version keeps the time it started to.
@@ -445,10 +429,9 @@ export class ModelCatalog implements OnApplicationShutdown {
       .filter((m) => m.rollout?.fallbackModel === modelId)
       .map((m) => `"${m.name.slice('models/'.length)}"`);
     if (dependents.length > 0) {
-      throw new RpcError(
-        status.FAILED_PRECONDITION,
+      throw Errors.modelInUse(
         `model "${modelId}" is the fallback model of model ${dependents.join(', ')}; change ${dependents.length === 1 ? 'its' : 'their'} rollout policy first`,
-        { reason: 'MODEL_IN_USE', metadata: { model: modelId } },
+        { metadata: { model: modelId } },
       );
     }
     const now = this.clock.date();
@@ -458,14 +441,13 @@ export class ModelCatalog implements OnApplicationShutdown {
         const loaded = model.versions.filter((v) => LOADED_STATES.has(v.state));
         if (loaded.length === 0) return;
         const states = loaded.map((v) => `version ${versionIdOf(v.name)} is ${stateName(v.state)}`).join(', ');
-        throw new RpcError(
-          status.FAILED_PRECONDITION,
+        throw Errors.modelInUse(
           `model "${modelId}" is still loaded (${states}); unload it first: \`infermesh models unload ${modelId}\` or POST /v2/repository/models/${modelId}/unload, and wait for it to drain`,
-          { reason: 'MODEL_IN_USE', metadata: { model: modelId } },
+          { metadata: { model: modelId } },
         );
       }),
     );
-    if (!deleted) throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
+    if (!deleted) throw Errors.modelNotFound(`model "${modelId}" not found`, { metadata: { model: modelId } });
     this.logger.info('model deleted', { model: modelId });
     void this.watch.notify();
   }
@@ -494,7 +476,7 @@ export class ModelCatalog implements OnApplicationShutdown {
   private async existingModel(modelId: string): Promise<Model> {
     const model = await this.store(() => this.models.get(modelId));
     if (model === undefined)
-      throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
+      throw Errors.modelNotFound(`model "${modelId}" not found`, { metadata: { model: modelId } });
     return model;
   }
 
@@ -547,7 +529,7 @@ export class ModelCatalog implements OnApplicationShutdown {
     } catch (error) {
       if (error instanceof RpcError) throw error;
       this.logger.warn('model store operation failed', { err: error instanceof Error ? error.message : String(error) });
-      throw RpcError.unavailable(
+      throw Errors.upstreamUnavailable(
         `the registry's model store is unavailable: ${error instanceof Error ? error.message : String(error)}`,
       );
     }
@@ -559,17 +541,18 @@ function findVersion(model: Model | undefined, versionId: string): ModelVersion 
 }
 
 function existing(model: Model | undefined, modelId: string): Model {
-  if (model === undefined)
-    throw RpcError.notFound(`model "${modelId}" not found`, 'MODEL_NOT_FOUND', { model: modelId });
+  if (model === undefined) throw Errors.modelNotFound(`model "${modelId}" not found`, { metadata: { model: modelId } });
   return model;
 }
 
 function existingVersion(model: Model, modelId: string, versionId: string): ModelVersion {
   const version = findVersion(model, versionId);
   if (version === undefined) {
-    throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', {
-      model: modelId,
-      version: versionId,
+    throw Errors.versionNotFound(`model "${modelId}" has no version ${versionId}`, {
+      metadata: {
+        model: modelId,
+        version: versionId,
+      },
     });
   }
   return version;
@@ -585,54 +568,34 @@ function checkSameVersion(existing: ModelVersion, sha256: string, request: Creat
   const { maxBatchSize } = request;
   const existingSha = existing.artifact?.sha256 ?? '';
   if (existingSha !== sha256) {
-    throw new RpcError(
-      status.ALREADY_EXISTS,
+    throw Errors.alreadyExists(
       `${existing.name} already exists with artifact ${existingSha}; register the new artifact as a new version`,
-      {
-        reason: 'ALREADY_EXISTS',
-        metadata: { version: existing.name, sha256: existingSha },
-      },
+      { metadata: { version: existing.name, sha256: existingSha } },
     );
   }
   const existingBatch = existing.signature?.maxBatchSize ?? 0;
   if (maxBatchSize !== undefined && maxBatchSize !== existingBatch) {
-    throw new RpcError(
-      status.ALREADY_EXISTS,
+    throw Errors.alreadyExists(
       `${existing.name} already exists with max_batch_size ${existingBatch}, not ${maxBatchSize}`,
-      {
-        reason: 'ALREADY_EXISTS',
-        metadata: { version: existing.name },
-      },
+      { metadata: { version: existing.name } },
     );
   }
   if (!sameProcessing(existing.processing, request.processing)) {
-    throw new RpcError(
-      status.ALREADY_EXISTS,
+    throw Errors.alreadyExists(
       `${existing.name} already exists with a different processing; register the new processing as a new version`,
-      {
-        reason: 'ALREADY_EXISTS',
-        metadata: { version: existing.name },
-      },
+      { metadata: { version: existing.name } },
     );
   }
   if (!sameBatching(existing.batching, request.batching)) {
-    throw new RpcError(
-      status.ALREADY_EXISTS,
+    throw Errors.alreadyExists(
       `${existing.name} already exists with a different batching; register the new batching as a new version`,
-      {
-        reason: 'ALREADY_EXISTS',
-        metadata: { version: existing.name },
-      },
+      { metadata: { version: existing.name } },
     );
   }
   if (!sameWarmUp(existing.warmUp, request.warmUp, existing.signature!)) {
-    throw new RpcError(
-      status.ALREADY_EXISTS,
+    throw Errors.alreadyExists(
       `${existing.name} already exists with a different warm_up; register the new warm-up as a new version`,
-      {
-        reason: 'ALREADY_EXISTS',
-        metadata: { version: existing.name },
-      },
+      { metadata: { version: existing.name } },
     );
   }
   return existing;
@@ -642,13 +605,13 @@ function checkSameVersion(existing: ModelVersion, sha256: string, request: Creat
  * Gauges of the models and versions in the store, read at scrape time so that they are right whichever
  * replica made the changes. One store read serves both gauges of a scrape.
  */
-function registerGauges(metrics: Metrics, store: ModelStore, logger: JsonLogger): void {
+function registerGauges(metrics: Metrics, store: ModelStore, logger: JsonLogger, clock: Clock): void {
   let last: Model[] = [];
   let pending: { at: number; models: Promise<Model[]> } | undefined;
   const snapshot = (): Promise<Model[]> => {
-    if (pending === undefined || Date.now() - pending.at > 1_000) {
+    if (pending === undefined || clock.monotonic() - pending.at > 1_000) {
       pending = {
-        at: Date.now(),
+        at: clock.monotonic(),
         models: store.list().then(
           (models) => (last = models),
           (error: unknown) => {

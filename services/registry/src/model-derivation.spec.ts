@@ -293,7 +293,7 @@ describe(ModelDerivation.name, () => {
 
       expect([error.code, error.reason, error.message]).toEqual([
         status.FAILED_PRECONDITION,
-        'MODEL_NOT_READY',
+        'VERSION_NOT_READY',
         'models/m has no READY version to derive from; name one (models/{model}/versions/{version})',
       ]);
       expect(await versionIds('m')).toEqual(['1']);

@@ -1,7 +1,7 @@
 import { create, equals } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { Inject, Injectable } from '@nestjs/common';
-import { RpcError } from '@infermesh/grpc';
+import { RpcError, Errors } from '@infermesh/grpc';
 import {
   DEFAULT_QUANTIZED_OPS,
   describeAccuracy,
@@ -42,7 +42,7 @@ import { ModelCatalog } from './model-catalog';
 import { OnnxRuntime, type OnnxSession } from './onnx-runtime.adapter';
 import { readOnnxSignature } from './onnx-signature';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
-import { parseModelName } from './resource-names';
+import { parseModelName } from './resource-name-check';
 import { checkWarmUp, sampleLabel } from './warm-up-check';
 
 /** The gate when the request sets none: 2 % relative L2 error. */
@@ -113,13 +113,9 @@ export class ModelDerivation {
   async quantize(request: QuantizeModelVersionRequest, signal?: AbortSignal): Promise<ModelVersion> {
     if (this.waiting >= this.config.maxQueuedDerivations + 1) {
       this.derivations.inc({ method: QUANTIZATION_METHOD, outcome: 'refused_busy' });
-      throw new RpcError(
-        status.RESOURCE_EXHAUSTED,
+      throw Errors.overloaded(
         `the registry already runs a derivation and has ${this.config.maxQueuedDerivations} waiting (REGISTRY_MAX_QUEUED_DERIVATIONS); try again later`,
-        {
-          reason: 'OVERLOADED',
-          retryDelayMs: 5_000,
-        },
+        { retryDelayMs: 5_000 },
       );
     }
     this.waiting += 1;
@@ -139,8 +135,7 @@ export class ModelDerivation {
     let outcome: DerivationOutcome = 'error';
     try {
       const version = await this.derive(request, () => {
-        if (signal?.aborted === true)
-          throw new RpcError(status.CANCELLED, 'the caller went away; nothing was registered');
+        if (signal?.aborted === true) throw Errors.cancelled('the caller went away; nothing was registered');
       });
       outcome = 'registered';
       return version;
@@ -157,7 +152,7 @@ export class ModelDerivation {
     stillWanted();
     const maxRelativeL2 = request.maxRelativeL2 ?? DEFAULT_MAX_RELATIVE_L2;
     if (!Number.isFinite(maxRelativeL2) || maxRelativeL2 < 0) {
-      throw RpcError.invalidArgument(`max_relative_l2 must be a number 0 or more, got ${maxRelativeL2}`);
+      throw Errors.invalidRequest(`max_relative_l2 must be a number 0 or more, got ${maxRelativeL2}`);
     }
     const perChannel = request.settings?.perChannel ?? true;
     const quantizeConv = request.settings?.quantizeConv ?? false;
@@ -172,21 +167,15 @@ export class ModelDerivation {
     const versionId = request.versionId !== '' ? checkVersionId(request.versionId) : nextVersionId(target);
     // Refused before any work.
     if (target?.versions.some((v) => versionIdOf(v.name) === versionId) === true) {
-      throw new RpcError(
-        status.ALREADY_EXISTS,
+      throw Errors.alreadyExists(
         `models/${targetModelId}/versions/${versionId} already exists; name another version or model`,
-        {
-          reason: 'ALREADY_EXISTS',
-          metadata: { version: `models/${targetModelId}/versions/${versionId}` },
-        },
+        { metadata: { version: `models/${targetModelId}/versions/${versionId}` } },
       );
     }
     const sourceBytes = Number(source.artifact!.sizeBytes);
     if (sourceBytes > this.config.maxDerivationBytes) {
-      throw new RpcError(
-        status.FAILED_PRECONDITION,
+      throw Errors.notQuantizable(
         `${source.name} is ${sourceBytes} bytes, above the ${this.config.maxDerivationBytes} the registry derives from (REGISTRY_MAX_DERIVATION_BYTES; a derivation holds about five times its source)`,
-        { reason: 'NOT_QUANTIZABLE' },
       );
     }
     stillWanted();
@@ -194,10 +183,7 @@ export class ModelDerivation {
     const sourceSha256 = source.artifact!.sha256;
     const bytes = await this.artifacts.readAll(sourceSha256);
     if (bytes === undefined)
-      throw RpcError.notFound(
-        `the artifact ${sourceSha256} of ${source.name} is missing from the store`,
-        'ARTIFACT_NOT_FOUND',
-      );
+      throw Errors.artifactNotFound(`the artifact ${sourceSha256} of ${source.name} is missing from the store`);
     let variant: DynamicQuantizationResult;
     try {
       variant = quantizeDynamic(bytes, {
@@ -207,9 +193,7 @@ export class ModelDerivation {
       });
     } catch (error) {
       if (!(error instanceof QuantizationError)) throw error;
-      throw new RpcError(status.FAILED_PRECONDITION, `${source.name} cannot be quantized: ${error.message}`, {
-        reason: 'NOT_QUANTIZABLE',
-      });
+      throw Errors.notQuantizable(`${source.name} cannot be quantized: ${error.message}`);
     }
     await this.checkLoads(variant.bytes, source, signature);
     stillWanted();
@@ -225,11 +209,9 @@ export class ModelDerivation {
       maxRelativeL2,
     });
     if (!(accuracy.relativeL2 <= maxRelativeL2)) {
-      throw new RpcError(
-        status.FAILED_PRECONDITION,
+      throw Errors.accuracyGate(
         `the int8 variant of ${source.name} is refused: its error is above the gate of relative L2 ${maxRelativeL2} (${describeAccuracy(report)}); nothing was registered`,
         {
-          reason: 'ACCURACY_GATE',
           metadata: {
             source: source.name,
             relative_l2: String(accuracy.relativeL2),
@@ -294,21 +276,19 @@ export class ModelDerivation {
     if (ids !== undefined) {
       const version = model.versions.find((v) => versionIdOf(v.name) === ids.versionId);
       if (version === undefined) {
-        throw RpcError.notFound(`${model.name} has no version ${ids.versionId}`, 'VERSION_NOT_FOUND', {
-          model: model.name,
-          version: ids.versionId,
+        throw Errors.versionNotFound(`${model.name} has no version ${ids.versionId}`, {
+          metadata: {
+            model: model.name,
+            version: ids.versionId,
+          },
         });
       }
       return version;
     }
     const serving = stableVersion(model);
     if (serving === undefined) {
-      throw new RpcError(
-        status.FAILED_PRECONDITION,
+      throw Errors.versionNotReady(
         `${model.name} has no READY version to derive from; name one (models/{model}/versions/{version})`,
-        {
-          reason: 'MODEL_NOT_READY',
-        },
       );
     }
     return serving;
@@ -331,10 +311,8 @@ export class ModelDerivation {
   ): { samples: WarmUpSample[]; synthetic: boolean } {
     for (const spec of signature.inputs) {
       if (spec.datatype === DataType.BYTES) {
-        throw new RpcError(
-          status.FAILED_PRECONDITION,
+        throw Errors.notQuantizable(
           `input "${spec.name}" is BYTES: the registry compares models on numeric inputs only`,
-          { reason: 'NOT_QUANTIZABLE' },
         );
       }
     }
@@ -345,7 +323,7 @@ export class ModelDerivation {
         0,
       );
       if (elements > MAX_CALIBRATION_ELEMENTS) {
-        throw RpcError.invalidArgument(
+        throw Errors.invalidRequest(
           `calibration: the samples have ${elements} input elements in all, above the limit of ${MAX_CALIBRATION_ELEMENTS} (MAX_CALIBRATION_ELEMENTS); give fewer or smaller samples`,
         );
       }
@@ -360,10 +338,8 @@ export class ModelDerivation {
     const fits = Math.floor(MAX_CALIBRATION_ELEMENTS / SYNTHETIC_CALIBRATION_SAMPLES / Math.max(item, 1));
     const batch = signature.maxBatchSize > 0 ? Math.min(SYNTHETIC_CALIBRATION_BATCH, signature.maxBatchSize, fits) : 1;
     if (batch < 1 || (signature.maxBatchSize <= 0 && fits < 1)) {
-      throw new RpcError(
-        status.FAILED_PRECONDITION,
+      throw Errors.notQuantizable(
         `one item of the model's inputs has ${item} elements, too many for ${SYNTHETIC_CALIBRATION_SAMPLES} synthetic samples within ${MAX_CALIBRATION_ELEMENTS} (MAX_CALIBRATION_ELEMENTS); give calibration samples`,
-        { reason: 'NOT_QUANTIZABLE' },
       );
     }
     const samples = Array.from({ length: SYNTHETIC_CALIBRATION_SAMPLES }, (_, i) =>
@@ -386,21 +362,15 @@ export class ModelDerivation {
     const same = (a: readonly TensorSpec[], b: readonly TensorSpec[]) =>
       a.length === b.length && a.every((spec, i) => equals(TensorSpecSchema, spec, b[i]!));
     if (!same(read.inputs, signature.inputs) || !same(read.outputs, signature.outputs)) {
-      throw new RpcError(
-        status.INTERNAL,
+      throw Errors.internal(
         `the int8 variant of ${source.name} does not keep its inputs and outputs; nothing was registered`,
-        { reason: 'INTERNAL' },
       );
     }
     try {
       await this.onnx.load(variant);
     } catch (error) {
-      throw new RpcError(
-        status.FAILED_PRECONDITION,
+      throw Errors.notQuantizable(
         `onnxruntime cannot load the int8 variant of ${source.name}: ${error instanceof Error ? error.message : String(error)}`,
-        {
-          reason: 'NOT_QUANTIZABLE',
-        },
       );
     }
   }
@@ -434,28 +404,21 @@ export class ModelDerivation {
         } catch (error) {
           const why = `the source cannot run on calibration ${sampleLabel(sample, i)}: ${error instanceof Error ? error.message : String(error)}`;
           // Synthetic inputs the model does not take are not the caller's mistake: it can give its own.
-          if (calibration.synthetic)
-            throw new RpcError(status.FAILED_PRECONDITION, `${why}; give calibration samples the model takes`, {
-              reason: 'NOT_QUANTIZABLE',
-            });
-          throw RpcError.invalidArgument(why);
+          if (calibration.synthetic) throw Errors.notQuantizable(`${why}; give calibration samples the model takes`);
+          throw Errors.invalidRequest(why);
         }
         let actual: Tensor[];
         try {
           actual = await candidate.run(inputs);
         } catch (error) {
-          throw new RpcError(
-            status.FAILED_PRECONDITION,
+          throw Errors.notQuantizable(
             `the int8 variant of ${sourceName} fails on calibration ${sampleLabel(sample, i)}, which the source runs: ${error instanceof Error ? error.message : String(error)}; nothing was registered`,
-            { reason: 'NOT_QUANTIZABLE' },
           );
         }
         const comparison = compareOutputs(expected, actual);
         if (comparison.mismatched > 0) {
-          throw new RpcError(
-            status.FAILED_PRECONDITION,
+          throw Errors.notQuantizable(
             `the int8 variant of ${sourceName} answers calibration ${sampleLabel(sample, i)} with outputs of another shape or datatype than the source's; nothing was registered`,
-            { reason: 'NOT_QUANTIZABLE' },
           );
         }
         total = total === undefined ? comparison : addComparisons(total, comparison);

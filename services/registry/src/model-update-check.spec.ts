@@ -2,19 +2,15 @@ import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
 import { ModelSchema, VersionPolicySchema, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { thrownBy } from '@infermesh/testing';
 import { checkLabels, checkUpdateMask, checkVersionPolicy } from './model-update-check';
 import { RETIRING_REASON } from './version-lifecycle';
 
 /** The INVALID_ARGUMENT message a check throws. */
 function refusal(check: () => unknown): string {
-  try {
-    check();
-  } catch (error) {
-    expect(error).toBeInstanceOf(RpcError);
-    expect((error as RpcError).code).toBe(status.INVALID_ARGUMENT);
-    return (error as RpcError).message;
-  }
-  throw new Error('the check accepted it');
+  const error = thrownBy(check, RpcError);
+  expect(error.code).toBe(status.INVALID_ARGUMENT);
+  return error.message;
 }
 
 const model = create(ModelSchema, {

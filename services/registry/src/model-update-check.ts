@@ -1,4 +1,4 @@
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import type { Model, VersionPolicy } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { isVersionId, versionIdOf } from '@infermesh/rollout';
 import { hasEnded, stateName } from './version-lifecycle';
@@ -17,11 +17,11 @@ const MAX_LABELS = 64;
  */
 export function checkUpdateMask(paths: readonly string[]): Set<UpdatableField> {
   const allowed = UPDATABLE_FIELDS.join(', ');
-  if (paths.length === 0) throw RpcError.invalidArgument(`update_mask names no field; name one or more of ${allowed}`);
+  if (paths.length === 0) throw Errors.invalidRequest(`update_mask names no field; name one or more of ${allowed}`);
   const fields = new Set<UpdatableField>();
   for (const path of paths) {
     if (!(UPDATABLE_FIELDS as readonly string[]).includes(path)) {
-      throw RpcError.invalidArgument(
+      throw Errors.invalidRequest(
         `update_mask: "${path}" cannot be changed with UpdateModel; only ${allowed} can (versions, rollout and cache have their own RPCs)`,
       );
     }
@@ -34,13 +34,13 @@ export function checkUpdateMask(paths: readonly string[]): Set<UpdatableField> {
 export function checkLabels(labels: Readonly<Record<string, string>>): Record<string, string> {
   const entries = Object.entries(labels);
   if (entries.length > MAX_LABELS)
-    throw RpcError.invalidArgument(`labels: ${entries.length} labels; a model has at most ${MAX_LABELS}`);
+    throw Errors.invalidRequest(`labels: ${entries.length} labels; a model has at most ${MAX_LABELS}`);
   for (const [key, value] of entries) {
     if (!LABEL_KEY.test(key)) {
-      throw RpcError.invalidArgument(`labels: key "${key}" must be 1 to 63 characters of a-z, 0-9, "_", "." and "-"`);
+      throw Errors.invalidRequest(`labels: key "${key}" must be 1 to 63 characters of a-z, 0-9, "_", "." and "-"`);
     }
     if ([...value].length > MAX_LABEL_VALUE_CHARS) {
-      throw RpcError.invalidArgument(
+      throw Errors.invalidRequest(
         `labels: the value of "${key}" has ${[...value].length} characters; at most ${MAX_LABEL_VALUE_CHARS}`,
       );
     }
@@ -61,32 +61,32 @@ export function checkVersionPolicy(policy: VersionPolicy | undefined, model: Mod
       return undefined;
     case 'latest':
       if (selection.value < 1)
-        throw RpcError.invalidArgument(`version_policy: latest is ${selection.value}; it must be at least 1`);
+        throw Errors.invalidRequest(`version_policy: latest is ${selection.value}; it must be at least 1`);
       return policy;
     case 'all':
       return policy;
     case 'specific': {
       const versions = selection.value.versions;
       if (versions.length === 0)
-        throw RpcError.invalidArgument(
+        throw Errors.invalidRequest(
           'version_policy: specific names no version; name at least one, or use latest or all',
         );
       const seen = new Set<string>();
       for (const id of versions) {
         if (!isVersionId(id))
-          throw RpcError.invalidArgument(
+          throw Errors.invalidRequest(
             `version_policy: "${id}" is not a version id; expected a positive integer such as "1"`,
           );
-        if (seen.has(id)) throw RpcError.invalidArgument(`version_policy: version ${id} is named more than once`);
+        if (seen.has(id)) throw Errors.invalidRequest(`version_policy: version ${id} is named more than once`);
         seen.add(id);
         const version = model.versions.find((v) => versionIdOf(v.name) === id);
         if (version === undefined) {
-          throw RpcError.invalidArgument(
+          throw Errors.invalidRequest(
             `version_policy: model "${modelId}" has no version ${id}; its versions are ${model.versions.map((v) => versionIdOf(v.name)).join(', ') || 'none'}`,
           );
         }
         if (hasEnded(version))
-          throw RpcError.invalidArgument(
+          throw Errors.invalidRequest(
             `version_policy: version ${id} is ${stateName(version.state)}, retired for good, and will never serve again`,
           );
       }

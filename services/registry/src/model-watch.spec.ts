@@ -6,7 +6,7 @@ import {
   WatchModelsResponseSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { rpcRejection } from '@infermesh/testing';
+import { ManualClock, rpcRejection } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -173,14 +173,18 @@ describe(ModelWatch.name, () => {
       const prefix = `test:${randomBytes(4).toString('hex')}:`;
       const [mine, theirs] = [await redisStore(prefix), await redisStore(prefix)];
       const config = loadRegistryConfig({ REGISTRY_WATCH_POLL_MS: '20' });
-      const sut = new ModelWatch(mine, config, logger, new Metrics('test'));
+      const clock = new ManualClock();
+      const sut = new ModelWatch(mine, config, logger, new Metrics('test'), clock);
       await theirs.update('mlp', () => model('mlp'));
       const watcher = follow(sut);
       expect(names(await watcher.next())).toEqual(['models/mlp']);
 
+      // Each change reaches the watcher at the next look at the store, one REGISTRY_WATCH_POLL_MS on.
       const stored = await theirs.update('tiny', () => model('tiny', { team: 'nlp' }));
+      clock.advance(20);
       expect(await watcher.next()).toEqual(create(WatchModelsResponseSchema, { revision: 2n, models: [stored!] }));
       await theirs.delete('mlp');
+      clock.advance(20);
       expect(await watcher.next()).toEqual(
         create(WatchModelsResponseSchema, { revision: 3n, deleted: ['models/mlp'] }),
       );

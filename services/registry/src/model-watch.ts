@@ -1,11 +1,12 @@
 import { create } from '@bufbuild/protobuf';
 import { Inject, Injectable, type BeforeApplicationShutdown } from '@nestjs/common';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import {
   type Model,
   type WatchModelsResponse,
   WatchModelsResponseSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { Clock, systemClock } from '@infermesh/clock';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { ModelStore } from './model-store';
 import { REGISTRY_CONFIG, type RegistryConfig } from './registry.config';
@@ -70,7 +71,7 @@ export class ModelWatch implements BeforeApplicationShutdown {
   private viewLoading: Promise<void> | undefined;
   /** Bumped whenever the loop stops, so that a read started before does not install a stale view. */
   private generation = 0;
-  private timer: NodeJS.Timeout | undefined;
+  private cancelTimer: (() => void) | undefined;
   private polling: Promise<void> | undefined;
   private pollAgain = false;
   private closed = false;
@@ -82,6 +83,7 @@ export class ModelWatch implements BeforeApplicationShutdown {
     @Inject(REGISTRY_CONFIG) private readonly config: RegistryConfig,
     private readonly logger: JsonLogger,
     metrics: Metrics,
+    private readonly clock: Clock = systemClock,
   ) {
     metrics.gauge('watchers', 'Open WatchModels streams.', [], (gauge) => gauge.set(this.watchers.size));
   }
@@ -93,7 +95,7 @@ export class ModelWatch implements BeforeApplicationShutdown {
    * shuts down.
    */
   async *watch(fromRevision: bigint, signal: AbortSignal): AsyncGenerator<WatchModelsResponse> {
-    if (this.closed) throw RpcError.unavailable('the registry is shutting down; watch another replica or retry');
+    if (this.closed) throw Errors.upstreamUnavailable('the registry is shutting down; watch another replica or retry');
     while (this.view === undefined) await this.loadView();
     const view = this.view;
     const watcher = new Watcher(() => this.snapshot());
@@ -156,10 +158,9 @@ export class ModelWatch implements BeforeApplicationShutdown {
           storeRevision,
           models: new Map(models.map((m) => [m.name, m])),
         };
-        this.timer = setInterval(() => void this.poll(), this.config.watchPollMs);
-        this.timer.unref();
+        this.cancelTimer = this.clock.setRepeatingTimer(() => void this.poll(), this.config.watchPollMs);
       } catch (error) {
-        throw RpcError.unavailable(
+        throw Errors.upstreamUnavailable(
           `the registry's model store is unavailable: ${error instanceof Error ? error.message : String(error)}`,
         );
       } finally {
@@ -167,14 +168,15 @@ export class ModelWatch implements BeforeApplicationShutdown {
       }
     })();
     return this.viewLoading.then(() => {
-      if (this.closed) throw RpcError.unavailable('the registry is shutting down; watch another replica or retry');
+      if (this.closed)
+        throw Errors.upstreamUnavailable('the registry is shutting down; watch another replica or retry');
     });
   }
 
   private stopLoop(): void {
     this.generation += 1;
-    clearInterval(this.timer);
-    this.timer = undefined;
+    this.cancelTimer?.();
+    this.cancelTimer = undefined;
     this.view = undefined;
   }
 

@@ -9,6 +9,7 @@ import {
   node,
 } from '@infermesh/model-builder';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { thrownBy } from '@infermesh/testing';
 import { onnx } from 'onnx-proto';
 import { maxBatchSizeFor, readOnnxSignature } from './onnx-signature';
 
@@ -30,16 +31,10 @@ const fp32 = (name: string, dims: onnx.TensorShapeProto.IDimension[]): onnx.IVal
 });
 
 function invalidArtifact(bytes: Uint8Array): RpcError {
-  try {
-    readOnnxSignature(bytes);
-  } catch (error) {
-    expect(error).toBeInstanceOf(RpcError);
-    const rpcError = error as RpcError;
-    expect(rpcError.code).toBe(status.INVALID_ARGUMENT);
-    expect(rpcError.reason).toBe('INVALID_ARTIFACT');
-    return rpcError;
-  }
-  throw new Error('expected the artifact to be refused');
+  const error = thrownBy(() => readOnnxSignature(bytes), RpcError);
+  expect(error.code).toBe(status.INVALID_ARGUMENT);
+  expect(error.reason).toBe('INVALID_ARTIFACT');
+  return error;
 }
 
 describe(readOnnxSignature.name, () => {

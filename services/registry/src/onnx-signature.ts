@@ -1,5 +1,5 @@
 import { create } from '@bufbuild/protobuf';
-import { RpcError } from '@infermesh/grpc';
+import { Errors, type RpcError } from '@infermesh/grpc';
 import { type TensorSpec, TensorSpecSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { datatypeFromOnnx } from '@infermesh/tensors';
 import { onnx } from 'onnx-proto';
@@ -13,7 +13,7 @@ export interface OnnxSignature {
 }
 
 function invalid(message: string): RpcError {
-  return RpcError.invalidArgument(message, 'INVALID_ARTIFACT');
+  return Errors.invalidArtifact(message);
 }
 
 /**
@@ -54,10 +54,10 @@ export function readOnnxSignature(bytes: Uint8Array): OnnxSignature {
 export function maxBatchSizeFor(signature: OnnxSignature, defaultMaxBatchSize: number, requested?: number): number {
   if (requested === undefined) return signature.unbatchable.length === 0 ? defaultMaxBatchSize : 0;
   if (!Number.isInteger(requested) || requested < 0) {
-    throw RpcError.invalidArgument(`max_batch_size must be 0 or more, got ${requested}`);
+    throw Errors.invalidRequest(`max_batch_size must be 0 or more, got ${requested}`);
   }
   if (requested > 0 && signature.unbatchable.length > 0) {
-    throw RpcError.invalidArgument(
+    throw Errors.invalidRequest(
       `max_batch_size ${requested} needs a dynamic first dimension on every input and output, but ${signature.unbatchable
         .map((name) => `"${name}"`)
         .join(', ')} ${signature.unbatchable.length === 1 ? 'has' : 'have'} none; use 0 or leave it unset`,

@@ -7,6 +7,7 @@ import {
   type Signature,
   SignatureSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { thrownBy } from '@infermesh/testing';
 import { checkProcessing, sameProcessing } from './processing-check';
 
 /** An image classifier: image FP32 [-1, 8, 8, 3], mask INT64 [-1, 8], scores FP32 [-1, 3], ... */
@@ -32,15 +33,7 @@ function signature(maxBatchSize = 64): Signature {
 type Init = MessageInitShape<typeof ProcessingSchema>;
 const check = (init: Init, sig = signature()) => checkProcessing(create(ProcessingSchema, init), sig);
 
-function refusal(init: Init, sig = signature()): RpcError {
-  try {
-    check(init, sig);
-  } catch (error) {
-    if (error instanceof RpcError) return error;
-    throw error;
-  }
-  throw new Error('expected the processing to be refused');
-}
+const refusal = (init: Init, sig = signature()): RpcError => thrownBy(() => check(init, sig), RpcError);
 
 describe(checkProcessing.name, () => {
   it('accepts scalar and per-channel normalizations and labels matching the classes, and returns them', () => {

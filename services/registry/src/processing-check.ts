@@ -1,5 +1,5 @@
 import { create, equals } from '@bufbuild/protobuf';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import { DataType, type TensorSpec } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   type Processing,
@@ -13,7 +13,7 @@ const NORMALIZABLE = new Set([DataType.FP16, DataType.FP32, DataType.FP64]);
 /** Outputs whose values cannot be ranked as class scores. */
 const UNRANKABLE = new Set([DataType.BOOL, DataType.BYTES]);
 
-const invalid = (message: string) => RpcError.invalidArgument(`processing: ${message}`);
+const invalid = (message: string) => Errors.invalidRequest(`processing: ${message}`);
 const quoted = (names: Iterable<string>) => [...names].map((n) => `"${n}"`).join(', ');
 
 /**

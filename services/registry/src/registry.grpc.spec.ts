@@ -1,5 +1,6 @@
 import { status } from '@grpc/grpc-js';
-import { createClient, RpcError, type ServiceClient } from '@infermesh/grpc';
+import type { Clock } from '@infermesh/clock';
+import { createClient, type ServiceClient } from '@infermesh/grpc';
 import {
   buildClassifierModel,
   buildMultiIoModel,
@@ -25,7 +26,7 @@ import {
   WatchModelsResponseSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { bind, bootstrap, type RunningService } from '@infermesh/runtime';
-import { type RedisServer, startRedisServer } from '@infermesh/testing';
+import { eventually, ManualClock, type RedisServer, rpcRejection, startRedisServer } from '@infermesh/testing';
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -66,15 +67,6 @@ async function download(client: Client, sha: string): Promise<Buffer> {
   return Buffer.concat(chunks);
 }
 
-async function rpcError(promise: Promise<unknown>): Promise<RpcError> {
-  const error = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  if (!(error instanceof RpcError)) throw new Error(`expected an RpcError, got ${String(error)}`);
-  return error;
-}
-
 function fixedBatchModel(): Uint8Array {
   return encodeModel('fixed', {
     nodes: [node('Add', ['input', 'bias'], ['output'], 'add')],
@@ -97,7 +89,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
   let running: RunningService;
   let sut: Client;
 
-  async function start(env: Record<string, string> = {}): Promise<void> {
+  async function start(env: Record<string, string> = {}, clock?: Clock): Promise<void> {
     const config = loadRegistryConfig({
       REGISTRY_GRPC_PORT: '0',
       REGISTRY_METRICS_PORT: '0',
@@ -110,7 +102,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     // Each test gets its own keyspace on the shared redis-server.
     config.redisKeyPrefix = `test:${basename(dataDir)}:`;
     running = await bootstrap({
-      module: RegistryModule.forRoot(config),
+      module: RegistryModule.forRoot(config, { clock }),
       grpc: (app) => [bind(RegistryService, app.get(RegistryGrpcController))],
       beforeShutdown: (app) => void app.get(ModelWatch).close(),
     });
@@ -172,11 +164,11 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect(version!.createTime).toBeDefined();
 
     for (const versionId of ['', '1']) {
-      const notReady = await rpcError(sut.resolveModelVersion({ model: 'models/tiny', versionId }));
+      const notReady = await rpcRejection(sut.resolveModelVersion({ model: 'models/tiny', versionId }));
       expect([notReady.code, notReady.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
     }
     await sut.reportVersionState({ name: 'models/tiny/versions/1', state: VersionState.LOADING, workerId: 'worker-1' });
-    expect((await rpcError(sut.resolveModelVersion({ model: 'models/tiny' }))).message).toMatch(
+    expect((await rpcRejection(sut.resolveModelVersion({ model: 'models/tiny' }))).message).toMatch(
       /version 1|no READY version/,
     );
 
@@ -214,22 +206,22 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     const again = await register('tiny', '1', buildTinyModel().bytes);
     expect(again).toEqual(first);
 
-    const conflict = await rpcError(register('tiny', '1', buildMultiIoModel().bytes));
+    const conflict = await rpcRejection(register('tiny', '1', buildMultiIoModel().bytes));
     expect([conflict.code, conflict.reason]).toEqual([status.ALREADY_EXISTS, 'ALREADY_EXISTS']);
     expect((await sut.getModel({ name: 'models/tiny' })).model!.versions).toHaveLength(1);
   });
 
   it('refuses an artifact that is not an ONNX model and registers nothing', async () => {
-    const error = await rpcError(register('broken', '1', Buffer.from('garbage bytes, not a model')));
+    const error = await rpcRejection(register('broken', '1', Buffer.from('garbage bytes, not a model')));
     expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_ARTIFACT']);
     expect(error.message).toMatch(/not a valid ONNX model/);
-    const missing = await rpcError(sut.getModel({ name: 'models/broken' }));
+    const missing = await rpcRejection(sut.getModel({ name: 'models/broken' }));
     expect([missing.code, missing.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
     expect((await sut.listModels({})).models).toEqual([]);
   });
 
   it('refuses a version whose artifact was never uploaded', async () => {
-    const error = await rpcError(
+    const error = await rpcRejection(
       sut.createModelVersion({ parent: 'models/tiny', versionId: '1', artifactSha256: sha256(Buffer.from('nope')) }),
     );
     expect([error.code, error.reason]).toEqual([status.NOT_FOUND, 'ARTIFACT_NOT_FOUND']);
@@ -238,7 +230,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
   it('gives a model with a fixed first dimension max batch size 0, and lets the request override the default', async () => {
     expect((await register('fixed', '1', fixedBatchModel())).signature!.maxBatchSize).toBe(0);
     expect((await register('tiny', '1', buildTinyModel().bytes, 8)).signature!.maxBatchSize).toBe(8);
-    const error = await rpcError(register('fixed', '2', fixedBatchModel(), 8));
+    const error = await rpcRejection(register('fixed', '2', fixedBatchModel(), 8));
     expect(error.code).toBe(status.INVALID_ARGUMENT);
   });
 
@@ -267,7 +259,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
   it('refuses processing that does not fit the signature, naming the problem, and registers nothing', async () => {
     const { artifact } = await upload(sut, buildClassifierModel().bytes);
     const attempt = (processing: MessageInitShape<typeof ProcessingSchema>) =>
-      rpcError(
+      rpcRejection(
         sut.createModelVersion({
           parent: 'models/classifier',
           versionId: '1',
@@ -290,7 +282,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       expect(error.code).toBe(status.INVALID_ARGUMENT);
       expect(error.message).toContain(message);
     }
-    const missing = await rpcError(sut.getModel({ name: 'models/classifier' }));
+    const missing = await rpcRejection(sut.getModel({ name: 'models/classifier' }));
     expect(missing.code).toBe(status.NOT_FOUND);
   });
 
@@ -299,7 +291,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     const base = { parent: 'models/classifier', versionId: '1', artifactSha256: artifact!.sha256 };
     await sut.createModelVersion({ ...base, processing: CLASSIFIER_PROCESSING });
     for (const processing of [undefined, { outputLabels: [{ output: 'scores', labels: ['a', 'b', 'c', 'd', 'e'] }] }]) {
-      const conflict = await rpcError(
+      const conflict = await rpcRejection(
         sut.createModelVersion({ ...base, ...(processing !== undefined && { processing }) }),
       );
       expect([conflict.code, conflict.reason]).toEqual([status.ALREADY_EXISTS, 'ALREADY_EXISTS']);
@@ -379,7 +371,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       ],
     ];
     for (const [artifactSha256, batching, message, maxBatchSize] of cases) {
-      const error = await rpcError(
+      const error = await rpcRejection(
         sut.createModelVersion({
           parent: 'models/batched',
           versionId: '1',
@@ -391,7 +383,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       expect(error.code).toBe(status.INVALID_ARGUMENT);
       expect(error.message).toContain(message);
     }
-    const missing = await rpcError(sut.getModel({ name: 'models/batched' }));
+    const missing = await rpcRejection(sut.getModel({ name: 'models/batched' }));
     expect(missing.code).toBe(status.NOT_FOUND);
   });
 
@@ -404,7 +396,9 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       { ...BATCHING, maxQueueDelayUs: 3_000n },
       { ...BATCHING, preferredBatchSizes: [4] },
     ]) {
-      const conflict = await rpcError(sut.createModelVersion({ ...base, ...(batching !== undefined && { batching }) }));
+      const conflict = await rpcRejection(
+        sut.createModelVersion({ ...base, ...(batching !== undefined && { batching }) }),
+      );
       expect([conflict.code, conflict.reason]).toEqual([status.ALREADY_EXISTS, 'ALREADY_EXISTS']);
       expect(conflict.message).toBe(
         'models/tiny/versions/1 already exists with a different batching; register the new batching as a new version',
@@ -430,7 +424,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     const warmUp = { samples: [{ name: '16 kHz', inputs: [audio, rate(16000n)] }] };
     const base = { parent: 'models/vad', versionId: '1', artifactSha256: artifact!.sha256 };
 
-    const refused = await rpcError(
+    const refused = await rpcRejection(
       sut.createModelVersion({
         ...base,
         warmUp: { samples: [{ inputs: [{ ...audio, shape: [1n, -1n] }, rate(16000n)] }] },
@@ -440,7 +434,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect(refused.message).toBe(
       'warm_up: samples[0] input "audio" has shape [1,-1] but the model expects [-1,-1]; give a concrete size (0 or more) for each -1',
     );
-    expect((await rpcError(sut.getModel({ name: 'models/vad' }))).code).toBe(status.NOT_FOUND);
+    expect((await rpcRejection(sut.getModel({ name: 'models/vad' }))).code).toBe(status.NOT_FOUND);
 
     const { version } = await sut.createModelVersion({ ...base, warmUp });
     expect(version!.warmUp!.samples[0]!.inputs.map((i) => [i.name, i.datatype])).toEqual([
@@ -453,7 +447,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect(stored.warmUp).toEqual(version!.warmUp);
     expect((await sut.createModelVersion({ ...base, warmUp })).version!.name).toBe('models/vad/versions/1');
     for (const other of [undefined, { samples: [{ name: '16 kHz', inputs: [audio, rate(8000n)] }] }]) {
-      const conflict = await rpcError(
+      const conflict = await rpcRejection(
         sut.createModelVersion({ ...base, ...(other !== undefined && { warmUp: other }) }),
       );
       expect([conflict.code, conflict.message]).toEqual([
@@ -543,21 +537,25 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       ],
     ];
     for (const [policy, message] of cases) {
-      const error = await rpcError(sut.setRolloutPolicy({ model: 'models/tiny', policy }));
+      const error = await rpcRejection(sut.setRolloutPolicy({ model: 'models/tiny', policy }));
       expect([error.code, error.message]).toEqual([status.INVALID_ARGUMENT, message]);
     }
     await register('tiny', '3', buildTinyModel().bytes);
-    const over = await rpcError(
+    const over = await rpcRejection(
       sut.setRolloutPolicy({
         model: 'models/tiny',
         policy: { canary: { version: '3', percent: 60 }, variants: [{ version: '1', percent: 50 }] },
       }),
     );
     expect(over.message).toBe("rollout: the canary's and the variants' percents add up to 110, more than 100");
-    expect((await rpcError(sut.setRolloutPolicy({ model: 'models/none', policy: kept }))).code).toBe(status.NOT_FOUND);
-    const self = await rpcError(sut.setRolloutPolicy({ model: 'models/tiny', policy: { fallbackModel: 'tiny' } }));
+    expect((await rpcRejection(sut.setRolloutPolicy({ model: 'models/none', policy: kept }))).code).toBe(
+      status.NOT_FOUND,
+    );
+    const self = await rpcRejection(sut.setRolloutPolicy({ model: 'models/tiny', policy: { fallbackModel: 'tiny' } }));
     expect(self.message).toBe('rollout: model "tiny" cannot be its own fallback');
-    const unknown = await rpcError(sut.setRolloutPolicy({ model: 'models/tiny', policy: { fallbackModel: 'small' } }));
+    const unknown = await rpcRejection(
+      sut.setRolloutPolicy({ model: 'models/tiny', policy: { fallbackModel: 'small' } }),
+    );
     expect([unknown.code, unknown.message]).toEqual([
       status.INVALID_ARGUMENT,
       'rollout: the fallback model "small" does not exist',
@@ -584,11 +582,11 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
 
     const weighted = await rollout({ case: 'setWeights', value: { percents: { '2': 50 } } });
     expect([weighted!.canary!.percent, weighted!.variants[0]!.percent, weighted!.stableVersion]).toEqual([50, 20, '1']);
-    const tooMuch = await rpcError(
+    const tooMuch = await rpcRejection(
       sut.updateRollout({ model: 'models/tiny', action: { case: 'setWeights', value: { percents: { '3': 60 } } } }),
     );
     expect(tooMuch.message).toBe("rollout: the canary's and the variants' percents add up to 110, more than 100");
-    const stranger = await rpcError(
+    const stranger = await rpcRejection(
       sut.updateRollout({ model: 'models/tiny', action: { case: 'setWeights', value: { percents: { '4': 1 } } } }),
     );
     expect(stranger.message).toBe(
@@ -598,7 +596,9 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     const promoted = await rollout({ case: 'promote', value: '' });
     expect(promoted).toEqual(create(RolloutPolicySchema, { stableVersion: '2', shadow: { version: '4', percent: 5 } }));
     expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/2');
-    const nothing = await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'promote', value: '' } }));
+    const nothing = await rpcRejection(
+      sut.updateRollout({ model: 'models/tiny', action: { case: 'promote', value: '' } }),
+    );
     expect([nothing.code, nothing.message]).toEqual([
       status.FAILED_PRECONDITION,
       'rollout: model "tiny" has no canary to promote',
@@ -611,7 +611,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     );
     expect((await sut.resolveModelVersion({ model: 'models/tiny' })).version!.name).toBe('models/tiny/versions/3');
     expect(
-      (await rpcError(sut.updateRollout({ model: 'models/tiny', action: { case: 'rollback', value: true } }))).code,
+      (await rpcRejection(sut.updateRollout({ model: 'models/tiny', action: { case: 'rollback', value: true } }))).code,
     ).toBe(status.FAILED_PRECONDITION);
   });
 
@@ -625,12 +625,12 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     await stop();
     await start();
     expect((await sut.getModel({ name: 'models/tiny' })).model!.cache).toEqual(create(CachePolicySchema, policy));
-    const long = await rpcError(sut.setCachePolicy({ model: 'models/tiny', policy: { ttlMs: 604_800_001n } }));
+    const long = await rpcRejection(sut.setCachePolicy({ model: 'models/tiny', policy: { ttlMs: 604_800_001n } }));
     expect([long.code, long.message]).toEqual([
       status.INVALID_ARGUMENT,
       "cache: ttl_ms is 604800001; it must be from 0 (the router's default) to 604800000 (7 days)",
     ]);
-    const negative = await rpcError(sut.setCachePolicy({ model: 'models/tiny', policy: { maxEntryBytes: -1n } }));
+    const negative = await rpcRejection(sut.setCachePolicy({ model: 'models/tiny', policy: { maxEntryBytes: -1n } }));
     expect(negative.message).toBe('cache: max_entry_bytes is -1; it cannot be negative');
     expect((await sut.setCachePolicy({ model: 'models/tiny', policy: { enabled: false } })).model!.cache?.enabled).toBe(
       false,
@@ -639,7 +639,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
   });
 
   it('refuses an upload over the size limit, naming the limit, and stores nothing', async () => {
-    const error = await rpcError(upload(sut, randomBytes(MAX_ARTIFACT_BYTES + 1), 64 * 1024));
+    const error = await rpcRejection(upload(sut, randomBytes(MAX_ARTIFACT_BYTES + 1), 64 * 1024));
     expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_ARTIFACT']);
     expect(error.message).toContain(`${MAX_ARTIFACT_BYTES} bytes (REGISTRY_MAX_ARTIFACT_BYTES)`);
     expect(readdirSync(join(dataDir, 'artifacts')).filter((f) => f !== '.incoming')).toEqual([]);
@@ -648,25 +648,25 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
 
   it('refuses an upload whose bytes do not match expected_sha256, and stores nothing', async () => {
     const bytes = randomBytes(5000);
-    const error = await rpcError(upload(sut, bytes, 1000, sha256(Buffer.from('other'))));
+    const error = await rpcRejection(upload(sut, bytes, 1000, sha256(Buffer.from('other'))));
     expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_ARTIFACT']);
-    const missing = await rpcError(download(sut, sha256(bytes)));
+    const missing = await rpcRejection(download(sut, sha256(bytes)));
     expect([missing.code, missing.reason]).toEqual([status.NOT_FOUND, 'ARTIFACT_NOT_FOUND']);
   });
 
   it('stores nothing from an upload the client cancels midway', async () => {
     const controller = new AbortController();
+    const incoming = join(dataDir, 'artifacts', '.incoming');
     async function* cancelled(): AsyncGenerator<UploadMessage> {
       yield { chunk: randomBytes(1000) };
       yield { chunk: randomBytes(1000) };
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      // Cancelled once the registry has begun to store the upload.
+      await eventually(() => readdirSync(incoming).length > 0);
       controller.abort();
     }
-    const error = await rpcError(sut.uploadArtifact(cancelled(), { signal: controller.signal }));
+    const error = await rpcRejection(sut.uploadArtifact(cancelled(), { signal: controller.signal }));
     expect(error.code).toBe(status.CANCELLED);
-    const incoming = join(dataDir, 'artifacts', '.incoming');
-    for (let i = 0; i < 50 && readdirSync(incoming).length > 0; i += 1)
-      await new Promise((resolve) => setTimeout(resolve, 20));
+    await eventually(() => readdirSync(incoming).length === 0);
     expect(readdirSync(incoming)).toEqual([]);
     expect(readdirSync(join(dataDir, 'artifacts')).filter((f) => f !== '.incoming')).toEqual([]);
   });
@@ -703,13 +703,13 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect(failed.version).toMatchObject({ state: VersionState.FAILED, stateReason: 'out of memory' });
     expect((await sut.getModel({ name: 'models/tiny' })).model!.versions[0]!.stateReason).toBe('out of memory');
 
-    const noVersion = await rpcError(ready('tiny', '2'));
+    const noVersion = await rpcRejection(ready('tiny', '2'));
     expect([noVersion.code, noVersion.reason]).toEqual([status.NOT_FOUND, 'VERSION_NOT_FOUND']);
-    const noModel = await rpcError(ready('nope', '1'));
+    const noModel = await rpcRejection(ready('nope', '1'));
     expect([noModel.code, noModel.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
-    const resolveMissing = await rpcError(sut.resolveModelVersion({ model: 'models/tiny', versionId: '7' }));
+    const resolveMissing = await rpcRejection(sut.resolveModelVersion({ model: 'models/tiny', versionId: '7' }));
     expect([resolveMissing.code, resolveMissing.reason]).toEqual([status.NOT_FOUND, 'VERSION_NOT_FOUND']);
-    const resolveUnknown = await rpcError(sut.resolveModelVersion({ model: 'models/nope' }));
+    const resolveUnknown = await rpcRejection(sut.resolveModelVersion({ model: 'models/nope' }));
     expect([resolveUnknown.code, resolveUnknown.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
   });
 
@@ -726,7 +726,7 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       () => sut.reportVersionState({ name: 'models/tiny/versions/1', state: VersionState.RETIRED }),
       () => download(sut, 'not-a-sha'),
     ];
-    for (const call of cases) expect((await rpcError(call())).code).toBe(status.INVALID_ARGUMENT);
+    for (const call of cases) expect((await rpcRejection(call())).code).toBe(status.INVALID_ARGUMENT);
   });
 
   it('keeps models, versions and states across a restart', async () => {
@@ -751,10 +751,10 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       [unknownOp, /^onnxruntime cannot load the artifact: .*NoSuchOperator.*; nothing was stored$/s],
     ];
     for (const [bytes, message] of cases) {
-      const error = await rpcError(upload(sut, bytes, 100, sha256(bytes)));
+      const error = await rpcRejection(upload(sut, bytes, 100, sha256(bytes)));
       expect([error.code, error.reason]).toEqual([status.INVALID_ARGUMENT, 'INVALID_ARTIFACT']);
       expect(error.message).toMatch(message);
-      expect((await rpcError(download(sut, sha256(bytes)))).reason).toBe('ARTIFACT_NOT_FOUND');
+      expect((await rpcRejection(download(sut, sha256(bytes)))).reason).toBe('ARTIFACT_NOT_FOUND');
     }
     expect(readdirSync(join(dataDir, 'artifacts')).filter((f) => f !== '.incoming')).toEqual([]);
     expect(readdirSync(join(dataDir, 'artifacts', '.incoming'))).toEqual([]);
@@ -786,14 +786,14 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     expect(model!.versions.map((v) => v.state)).toEqual([VersionState.READY, VersionState.READY]);
     expect((await sut.getModel({ name: 'models/tiny' })).model).toEqual(model);
 
-    const bad = await rpcError(
+    const bad = await rpcRejection(
       sut.updateModel({ model: { name: 'models/tiny' }, updateMask: { paths: ['versions'] } }),
     );
     expect([bad.code, bad.message]).toEqual([
       status.INVALID_ARGUMENT,
       'update_mask: "versions" cannot be changed with UpdateModel; only labels, pinned, version_policy, unloaded can (versions, rollout and cache have their own RPCs)',
     ]);
-    const missing = await rpcError(
+    const missing = await rpcRejection(
       sut.updateModel({ model: { name: 'models/none' }, updateMask: { paths: ['pinned'] } }),
     );
     expect([missing.code, missing.reason]).toEqual([status.NOT_FOUND, 'MODEL_NOT_FOUND']);
@@ -804,38 +804,45 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
       await register('tiny', id, buildTinyModel().bytes);
       await ready('tiny', id);
     }
-    const inUse = await rpcError(sut.retireModelVersion({ name: 'models/tiny/versions/2' }));
+    const inUse = await rpcRejection(sut.retireModelVersion({ name: 'models/tiny/versions/2' }));
     expect([inUse.code, inUse.reason]).toEqual([status.FAILED_PRECONDITION, 'VERSION_IN_USE']);
     expect(inUse.message).toMatch(
       /^version 2 of model tiny still serves traffic: it is the latest READY version under version policy latest 1/,
     );
     const retired = await sut.retireModelVersion({ name: 'models/tiny/versions/1' });
     expect(retired.version).toMatchObject({ name: 'models/tiny/versions/1', state: VersionState.DRAINING });
-    expect((await rpcError(sut.retireModelVersion({ name: 'models/tiny/versions/3' }))).reason).toBe(
+    expect((await rpcRejection(sut.retireModelVersion({ name: 'models/tiny/versions/3' }))).reason).toBe(
       'VERSION_NOT_FOUND',
     );
 
-    const loaded = await rpcError(sut.deleteModel({ name: 'models/tiny' }));
+    const loaded = await rpcRejection(sut.deleteModel({ name: 'models/tiny' }));
     expect([loaded.code, loaded.reason]).toEqual([status.FAILED_PRECONDITION, 'MODEL_IN_USE']);
     expect(loaded.message).toContain('`infermesh models unload tiny` or POST /v2/repository/models/tiny/unload');
 
     await register('never-loaded', '1', buildTinyModel().bytes);
     await sut.deleteModel({ name: 'models/never-loaded' });
-    expect((await rpcError(sut.getModel({ name: 'models/never-loaded' }))).reason).toBe('MODEL_NOT_FOUND');
-    expect((await rpcError(sut.deleteModel({ name: 'models/never-loaded' }))).code).toBe(status.NOT_FOUND);
+    expect((await rpcRejection(sut.getModel({ name: 'models/never-loaded' }))).reason).toBe('MODEL_NOT_FOUND');
+    expect((await rpcRejection(sut.deleteModel({ name: 'models/never-loaded' }))).code).toBe(status.NOT_FOUND);
   });
 
   it('retires drained versions after REGISTRY_DRAIN_GRACE_MS without being asked', async () => {
+    const clock = new ManualClock();
     await stop();
-    await start({ REGISTRY_DRAIN_GRACE_MS: '100' });
+    await start({ REGISTRY_DRAIN_GRACE_MS: '10000' }, clock);
     for (const id of ['1', '2']) {
       await register('tiny', id, buildTinyModel().bytes);
       await ready('tiny', id);
     }
     const states = async () =>
       (await sut.getModel({ name: 'models/tiny' })).model!.versions.map((v) => VersionState[v.state]);
-    for (let i = 0; i < 200 && (await states())[0] === 'DRAINING'; i += 1)
-      await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(await states()).toEqual(['DRAINING', 'READY']);
+
+    // The grace passes on the registry's clock; then its sweeper, one sweep period (1 s) at a time.
+    clock.advance(10_000);
+    await eventually(async () => {
+      clock.advance(1_000);
+      return (await states())[0] !== 'DRAINING';
+    });
     expect(await states()).toEqual(['RETIRED', 'READY']);
   });
 
@@ -866,10 +873,9 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     await current.return?.();
 
     controller.abort();
-    expect((await rpcError(stream.next())).code).toBe(status.CANCELLED);
+    expect((await rpcRejection(stream.next())).code).toBe(status.CANCELLED);
     const metrics = async () => (await fetch(`http://127.0.0.1:${running.metricsPort}/metrics`)).text();
-    for (let i = 0; i < 100 && !/^infermesh_registry_watchers 0$/m.test(await metrics()); i += 1)
-      await new Promise((resolve) => setTimeout(resolve, 20));
+    await eventually(async () => /^infermesh_registry_watchers 0$/m.test(await metrics()));
     expect(await metrics()).toMatch(/^infermesh_registry_watchers 0$/m);
   });
 
@@ -921,7 +927,7 @@ describe(`${RegistryGrpcController.name} with Redis down`, () => {
       const { artifact } = await upload(sut, buildTinyModel().bytes);
       await sut.createModelVersion({ parent: 'models/tiny', versionId: '1', artifactSha256: artifact!.sha256 });
       await redis.stop();
-      const error = await rpcError(sut.getModel({ name: 'models/tiny' }));
+      const error = await rpcRejection(sut.getModel({ name: 'models/tiny' }));
       expect(error.code).toBe(status.UNAVAILABLE);
       expect(error.message).toMatch(/model store is unavailable/);
       // Artifacts live on the filesystem and stay available.

@@ -24,9 +24,15 @@ import { PrometheusRolloutTraffic } from './rollout-traffic.prometheus';
 import { EmbeddedTrafficLedger, TrafficLedger } from './traffic-ledger';
 import { RedisTrafficLedger } from './traffic-ledger.redis';
 
+/** What the registry runs with besides its configuration. */
+export interface RegistryModuleOptions {
+  /** The time every expiry, grace period and schedule of the registry follows; systemClock by default. */
+  clock?: Clock;
+}
+
 @Module({})
 export class RegistryModule {
-  static forRoot(config: RegistryConfig): DynamicModule {
+  static forRoot(config: RegistryConfig, options: RegistryModuleOptions = {}): DynamicModule {
     return {
       module: RegistryModule,
       imports: [RuntimeModule.forRoot('registry', config.runtime)],
@@ -68,7 +74,7 @@ export class RegistryModule {
         },
         AutoRollouts,
         { provide: ArtifactStore, useFactory: (): ArtifactStore => new FilesystemArtifactStore(config.artifactDir) },
-        { provide: Clock, useValue: systemClock },
+        { provide: Clock, useValue: options.clock ?? systemClock },
         OnnxRuntime,
         ModelWatch,
         ModelCatalog,

@@ -1,6 +1,5 @@
 import { create } from '@bufbuild/protobuf';
-import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import {
   type Model,
   type RolloutPolicy,
@@ -12,7 +11,7 @@ import {
 import { compareVersionIds, versionIdOf } from '@infermesh/rollout';
 import { isRetiring } from './version-lifecycle';
 
-const invalid = (message: string) => RpcError.invalidArgument(`rollout: ${message}`);
+const invalid = (message: string) => Errors.invalidRequest(`rollout: ${message}`);
 
 /**
  * The policy an UpdateRollout action makes of the model's current one (checked by the caller like
@@ -31,7 +30,7 @@ export function applyRolloutAction(model: Model, action: UpdateRolloutRequest['a
     case 'promote': {
       const version = action.value === '' ? current.canary?.version : action.value;
       if (version === undefined)
-        throw new RpcError(status.FAILED_PRECONDITION, `rollout: model "${modelId}" has no canary to promote`);
+        throw Errors.noRolloutInProgress(`rollout: model "${modelId}" has no canary to promote`);
       if (!trial.includes(version))
         throw invalid(
           `version ${version} is neither the canary nor a variant of model "${modelId}"; it has ${trial.join(', ') || 'none'}`,
@@ -40,10 +39,7 @@ export function applyRolloutAction(model: Model, action: UpdateRolloutRequest['a
     }
     case 'rollback': {
       if (trial.length === 0)
-        throw new RpcError(
-          status.FAILED_PRECONDITION,
-          `rollout: model "${modelId}" has no canary or variant to roll back`,
-        );
+        throw Errors.noRolloutInProgress(`rollout: model "${modelId}" has no canary or variant to roll back`);
       let stable = current.stableVersion;
       if (stable === '') {
         // A version that left the serving set when the trial took over drains for a while and may
@@ -56,8 +52,7 @@ export function applyRolloutAction(model: Model, action: UpdateRolloutRequest['a
           )
           .sort((a, b) => compareVersionIds(versionIdOf(b.name), versionIdOf(a.name)))[0];
         if (before === undefined)
-          throw new RpcError(
-            status.FAILED_PRECONDITION,
+          throw Errors.noStableVersion(
             `rollout: model "${modelId}" has no READY (or still draining) version outside its rollout to roll back to`,
           );
         stable = versionIdOf(before.name);
@@ -84,7 +79,7 @@ export function applyRolloutAction(model: Model, action: UpdateRolloutRequest['a
       // Pauses the model's automatic rollout (the catalog does); the policy stays.
       return current;
     case undefined:
-      throw RpcError.invalidArgument('the request names no action: promote, rollback, set_weights or pause');
+      throw Errors.invalidRequest('the request names no action: promote, rollback, set_weights or pause');
   }
 }
 

@@ -1,5 +1,5 @@
 import { create, equals } from '@bufbuild/protobuf';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import {
   type Model,
   type RolloutPolicy,
@@ -9,7 +9,7 @@ import {
 import { versionIdOf } from '@infermesh/rollout';
 import { isRetiring } from './version-lifecycle';
 
-const invalid = (message: string) => RpcError.invalidArgument(`rollout: ${message}`);
+const invalid = (message: string) => Errors.invalidRequest(`rollout: ${message}`);
 /** States a version never leaves: a rollout naming one would never send it a request. */
 const ENDED = new Set([VersionState.FAILED, VersionState.RETIRED]);
 

@@ -1,6 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import type { OnApplicationShutdown } from '@nestjs/common';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import {
   type ReportTrafficRequest,
   type TrafficCounters,
@@ -8,7 +8,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { addCounters, emptyCounters } from '@infermesh/rollout';
 import { LATENCY_BUCKETS_SECONDS } from '@infermesh/telemetry';
-import { parseVersionName } from './resource-names';
+import { parseVersionName } from './resource-name-check';
 
 /** The most versions one report may carry. */
 export const MAX_REPORTED_VERSIONS = 10_000;
@@ -76,12 +76,12 @@ export class EmbeddedTrafficLedger extends TrafficLedger {
 export function trafficDeltas(request: ReportTrafficRequest): TrafficDelta[] {
   const bounds = request.latencyBoundsSeconds;
   if (bounds.length !== LATENCY_BUCKETS_SECONDS.length || bounds.some((b, i) => b !== LATENCY_BUCKETS_SECONDS[i])) {
-    throw RpcError.invalidArgument(
+    throw Errors.invalidRequest(
       `traffic report: latency_bounds_seconds is [${bounds.join(', ')}]; the registry counts under [${LATENCY_BUCKETS_SECONDS.join(', ')}]`,
     );
   }
   if (request.versions.length > MAX_REPORTED_VERSIONS) {
-    throw RpcError.invalidArgument(
+    throw Errors.invalidRequest(
       `traffic report: ${request.versions.length} versions; at most ${MAX_REPORTED_VERSIONS} per report`,
     );
   }
@@ -89,7 +89,7 @@ export function trafficDeltas(request: ReportTrafficRequest): TrafficDelta[] {
     const { modelId, versionId } = parseVersionName(entry.name, `versions[${i}].name`);
     const counters = entry.counters ?? create(TrafficCountersSchema);
     if (counters.latencyCounts.length > bounds.length + 1) {
-      throw RpcError.invalidArgument(
+      throw Errors.invalidRequest(
         `traffic report: versions[${i}] has ${counters.latencyCounts.length} latency counts; at most ${bounds.length + 1} (one per bound and one above)`,
       );
     }

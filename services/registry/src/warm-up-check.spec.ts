@@ -9,6 +9,7 @@ import {
   WarmUpSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { encodeBytesElements } from '@infermesh/tensors';
+import { thrownBy } from '@infermesh/testing';
 import { checkWarmUp, MAX_WARM_UP_DATA_BYTES, MAX_WARM_UP_SAMPLES, sameWarmUp } from './warm-up-check';
 
 /** A voice-activity model's signature: audio FP32 [-1, -1] and sr INT64 [1]; it does not batch. */
@@ -53,15 +54,8 @@ const srIn = (rate = 16000): InputInit => ({
 });
 const vadSample = (rate = 16000) => [{ name: '16 kHz', inputs: [audioIn, srIn(rate)] }];
 
-function refusal(init: Init, signature = vad()): RpcError {
-  try {
-    checkWarmUp(create(WarmUpSchema, init), signature);
-  } catch (error) {
-    if (error instanceof RpcError) return error;
-    throw error;
-  }
-  throw new Error('expected the warm-up to be refused');
-}
+const refusal = (init: Init, signature = vad()): RpcError =>
+  thrownBy(() => checkWarmUp(create(WarmUpSchema, init), signature), RpcError);
 
 describe(checkWarmUp.name, () => {
   it('accepts samples that fit the signature and fills in each input datatype from it', () => {

@@ -1,5 +1,5 @@
 import { create, equals } from '@bufbuild/protobuf';
-import { RpcError } from '@infermesh/grpc';
+import { Errors, type RpcError } from '@infermesh/grpc';
 import { DataType, type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   type Signature,
@@ -44,7 +44,7 @@ const quoted = (names: Iterable<string>) => [...names].map((n) => `"${n}"`).join
  */
 export function checkWarmUp(warmUp: WarmUp | undefined, signature: Signature, field = 'warm_up'): WarmUp | undefined {
   if (warmUp === undefined || warmUp.samples.length === 0) return undefined;
-  const invalid: Refusal = (message) => RpcError.invalidArgument(`${field}: ${message}`);
+  const invalid: Refusal = (message) => Errors.invalidRequest(`${field}: ${message}`);
   if (warmUp.samples.length > MAX_WARM_UP_SAMPLES) {
     throw invalid(
       `${warmUp.samples.length} samples are given, above the limit of ${MAX_WARM_UP_SAMPLES} (MAX_WARM_UP_SAMPLES)`,

@@ -7,7 +7,7 @@ import {
   InferenceResponseSchema,
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { eventually } from '@infermesh/testing';
+import { eventually, ManualClock } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
 import type { RouterConfig } from './router.config';
 import { CacheAdapter, CARRIED_MAX_BYTES, STORE_DELAY_MS } from './upstreams.adapter';
@@ -37,6 +37,7 @@ describe(CacheAdapter.name, () => {
   let server: GrpcServer;
   let cache: RecordingCache;
   let sut: CacheAdapter;
+  let clock: ManualClock;
 
   beforeEach(async () => {
     cache = new RecordingCache();
@@ -47,9 +48,11 @@ describe(CacheAdapter.name, () => {
     });
     server.add(CacheService, cache);
     const port = await server.listen('127.0.0.1', 0);
+    clock = new ManualClock(Date.now());
     sut = new CacheAdapter(
       { upstreams: { cache: `127.0.0.1:${port}` } } as RouterConfig,
       new JsonLogger('test', 'error', () => undefined),
+      clock,
     );
   });
 
@@ -72,14 +75,20 @@ describe(CacheAdapter.name, () => {
       [],
     ]);
     expect(cache.lookups[1]!.stores[0]!.ttlMs).toBe(60_000n);
-    await new Promise((r) => setTimeout(r, STORE_DELAY_MS * 2));
+    // Carried: no Store call waits for STORE_DELAY_MS any more.
+    expect(clock.pendingInMs()).toEqual([]);
+    clock.advance(STORE_DELAY_MS);
+    await sut.lookup(randomBytes(32), 1_000); // after anything the timer would have sent
     expect(cache.stores).toHaveLength(0);
   });
 
   it('sends an answer by itself when no lookup comes to carry it', async () => {
     const key = randomBytes(32);
     await sut.store(key, answer(16), 60_000, 1_000);
+    expect(clock.pendingInMs()).toEqual([STORE_DELAY_MS]);
+    clock.advance(STORE_DELAY_MS - 1);
     expect(cache.stores).toHaveLength(0);
+    clock.advance(1);
     await eventually(() => cache.stores.length === 1);
     expect(Buffer.from(cache.stores[0]!.key)).toEqual(key);
     await sut.lookup(randomBytes(32), 1_000);

@@ -1,10 +1,9 @@
 import { Inject, Injectable } from '@nestjs/common';
 import { status } from '@grpc/grpc-js';
-import { RpcError, toRpcError } from '@infermesh/grpc';
+import { Clock } from '@infermesh/clock';
+import { RpcError, toRpcError, Errors } from '@infermesh/grpc';
 import type { InferenceRequest, InferenceResponse } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { Metrics, ModelLabels, requestContext, UNKNOWN_LABEL } from '@infermesh/telemetry';
-import { performance } from 'node:perf_hooks';
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Counter, Gauge } from 'prom-client';
 import { CircuitBreaker, type CircuitState } from './circuit-breaker';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
@@ -89,6 +88,7 @@ export class GuardedBatcher {
     @Inject(ROUTER_CONFIG) private readonly config: RouterConfig,
     private readonly labels: ModelLabels,
     metrics: Metrics,
+    private readonly clock: Clock,
   ) {
     this.retries = metrics.counter(
       'batcher_retries_total',
@@ -128,19 +128,18 @@ export class GuardedBatcher {
     const { attempts, baseMs, maxMs } = this.config.retry;
     for (let retry = 0; ; retry++) {
       if (!breaker.tryAcquire()) {
-        throw new RpcError(
-          status.UNAVAILABLE,
+        throw Errors.circuitOpen(
           `model "${model}" version ${version} is failing: its circuit is open after ${this.config.breaker.failureThreshold} consecutive failures; the next attempt goes through in ${Math.ceil(breaker.retryInMs / 1000)} s`,
-          { reason: 'CIRCUIT_OPEN', retryDelayMs: breaker.retryInMs },
+          { retryDelayMs: breaker.retryInMs },
         );
       }
       const { deadlineMs, signal } = requestContext.current() ?? {};
-      const started = performance.now();
-      const budgetMs = deadlineMs === undefined ? Infinity : deadlineMs - Date.now();
+      const started = this.clock.monotonic();
+      const budgetMs = deadlineMs === undefined ? Infinity : deadlineMs - this.clock.now();
       let error: RpcError;
       try {
         const response = await this.batcher.infer(request);
-        const ms = performance.now() - started;
+        const ms = this.clock.monotonic() - started;
         guarded.latencyMs =
           guarded.latencyMs === undefined ? ms : (1 - LATENCY_SMOOTHING) * guarded.latencyMs + LATENCY_SMOOTHING * ms;
         breaker.succeeded();
@@ -157,10 +156,10 @@ export class GuardedBatcher {
       }
       if (error.code !== status.UNAVAILABLE || retry >= attempts) throw error;
       const delayMs = Math.random() * Math.min(maxMs, baseMs * 2 ** retry);
-      if (deadlineMs !== undefined && Date.now() + delayMs >= deadlineMs) throw error;
+      if (deadlineMs !== undefined && this.clock.now() + delayMs >= deadlineMs) throw error;
       this.retries.inc({ model: this.labels.model(model) });
-      await sleep(delayMs, undefined, signal === undefined ? undefined : { signal }).catch(() => {
-        throw new RpcError(status.CANCELLED, 'the call was cancelled');
+      await this.clock.sleep(delayMs, signal).catch(() => {
+        throw Errors.cancelled('the call was cancelled');
       });
     }
   }
@@ -172,6 +171,7 @@ export class GuardedBatcher {
       const breaker = new CircuitBreaker({
         failureThreshold: this.config.breaker.failureThreshold,
         cooldownMs: this.config.breaker.cooldownMs,
+        clock: this.clock,
         onTransition: (state) => this.transitions.inc({ ...this.labels.of(model, version), state }),
       });
       entry = { model, version, breaker, latencyMs: undefined };

@@ -1,9 +1,10 @@
 import 'reflect-metadata';
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import type { DynamicModule, INestApplicationContext, Type } from '@nestjs/common';
+import type { Abstract, DynamicModule, INestApplicationContext, Type } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import { GrpcServer, RpcError, type ServiceImpl } from '@infermesh/grpc';
+import { Clock } from '@infermesh/clock';
+import { GrpcServer, RpcError, type ServiceImpl, Errors } from '@infermesh/grpc';
 import { CacheService } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import {
   DataType,
@@ -23,7 +24,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import { cacheKey } from '@infermesh/tensors';
-import { freePort, rpcRejection } from '@infermesh/testing';
+import { eventually, freePort, ManualClock, rpcRejection } from '@infermesh/testing';
 import { stickyBucket } from '@infermesh/rollout';
 import { InferenceRouter } from './inference-router';
 import { loadRouterConfig } from './router.config';
@@ -87,15 +88,14 @@ class FakeRegistry {
   async resolve(model: string, versionId: string): Promise<ModelVersion> {
     this.calls.push({ model, versionId });
     const versions = MODELS[model];
-    if (versions === undefined) throw RpcError.notFound(`model "${model}" not found`, 'MODEL_NOT_FOUND');
+    if (versions === undefined) throw Errors.modelNotFound(`model "${model}" not found`);
     if (versionId === '') {
       const ready = versions.findLast((v) => v.state === VersionState.READY);
-      if (ready === undefined) throw RpcError.unavailable(`no version of model "${model}" is ready`, 'MODEL_NOT_READY');
+      if (ready === undefined) throw Errors.modelNotReady(`no version of model "${model}" is ready`);
       return ready;
     }
     const found = versions.find((v) => v.name.endsWith(`/versions/${versionId}`));
-    if (found === undefined)
-      throw RpcError.notFound(`model "${model}" has no version ${versionId}`, 'VERSION_NOT_FOUND');
+    if (found === undefined) throw Errors.versionNotFound(`model "${model}" has no version ${versionId}`);
     return found;
   }
 
@@ -106,7 +106,7 @@ class FakeRegistry {
   async getModel(model: string): Promise<Model> {
     this.calls.push({ model, versionId: '' });
     const versions = MODELS[model];
-    if (versions === undefined) throw RpcError.notFound(`model "${model}" not found`, 'MODEL_NOT_FOUND');
+    if (versions === undefined) throw Errors.modelNotFound(`model "${model}" not found`);
     return create(ModelSchema, {
       name: `models/${model}`,
       versions,
@@ -151,7 +151,7 @@ class FakeBatcher {
     this.requests.push(request);
     if (this.hold !== undefined) await this.hold;
     if (request.modelVersion === this.failingVersion)
-      throw RpcError.unavailable(`version ${request.modelVersion} is down`);
+      throw Errors.upstreamUnavailable(`version ${request.modelVersion} is down`);
     const failure = this.failures.shift();
     if (failure !== undefined) throw failure;
     const names = request.outputNames.length > 0 ? request.outputNames : signature.outputs.map((o) => o.name);
@@ -176,7 +176,7 @@ const inferRequest = (init: MessageInitShape<typeof InferenceRequestSchema> = {}
   });
 
 /** The router module as main.ts builds it, with the given providers replaced. */
-function overridden(module: DynamicModule, replacements: Map<Type, object>): DynamicModule {
+function overridden(module: DynamicModule, replacements: Map<Type | Abstract<unknown>, object>): DynamicModule {
   return {
     ...module,
     providers: [
@@ -196,17 +196,21 @@ interface Harness {
 
 const running: INestApplicationContext[] = [];
 
-/** Starts the router's Nest context; `keep` names the adapters left real (pointed at real addresses in env). */
-async function startRouter(env: Record<string, string> = {}, keep: Type[] = []): Promise<Harness> {
+/**
+ * Starts the router's Nest context; `keep` names the adapters left real (pointed at real addresses in
+ * env); its time is `clock` when given, else the system's.
+ */
+async function startRouter(env: Record<string, string> = {}, keep: Type[] = [], clock?: Clock): Promise<Harness> {
   const registry = new FakeRegistry();
   const cache = new FakeCache();
   const batcher = new FakeBatcher();
-  const replacements = new Map<Type, object>([
+  const replacements = new Map<Type | Abstract<unknown>, object>([
     [RegistryAdapter, registry],
     [CacheAdapter, cache],
     [BatcherAdapter, batcher],
   ]);
   for (const k of keep) replacements.delete(k);
+  if (clock !== undefined) replacements.set(Clock, clock);
   // The registry watch finds no registry there: the router asks the fake registry above instead
   // (version-resolver.spec.ts tests the router following the watch).
   const config = loadRouterConfig({
@@ -370,7 +374,7 @@ describe(InferenceRouter.name, () => {
         ROUTER_RETRY_ATTEMPTS: '0',
         ROUTER_BREAKER_FAILURES: '1',
       });
-      batcher.failures.push(new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL' }));
+      batcher.failures.push(Errors.queueFull('the queue is full'));
       await expect(sut.infer(inferRequest({ modelName: 'ab', routingKey: 'k' }))).resolves.toMatchObject({
         modelName: 'mlp',
         degraded: true,
@@ -405,9 +409,6 @@ describe(InferenceRouter.name, () => {
 
   describe('shadow traffic', () => {
     const shadowLabels = { model: 'sh', primary: '1', shadow: '2' };
-    const eventually = async (condition: () => Promise<boolean>) => {
-      for (let i = 0; i < 200 && !(await condition()); i++) await new Promise((r) => setTimeout(r, 10));
-    };
 
     it('mirrors a request to the shadow version after answering it, and counts how the outputs agree', async () => {
       const { sut, batcher, app } = await startRouter({ ROUTER_CACHE_ENABLED: 'false' });
@@ -563,7 +564,7 @@ describe(InferenceRouter.name, () => {
 
     it('bypasses a failing cache: the request succeeds through the batcher and counts as bypass', async () => {
       const { sut, cache, batcher, app } = await startRouter();
-      cache.failWith = RpcError.unavailable('cache down');
+      cache.failWith = Errors.upstreamUnavailable('cache down');
 
       const response = await sut.infer(inferRequest());
 
@@ -575,16 +576,13 @@ describe(InferenceRouter.name, () => {
     });
 
     it('bypasses a slow cache after ROUTER_CACHE_TIMEOUT_MS and counts it as bypass', async () => {
-      // A real gRPC cache service that answers after 2 s, reached through the real CacheAdapter.
+      // A real gRPC cache service, reached through the real CacheAdapter, whose lookups answer only
+      // once the router has given up on them: the router's own deadline on a real call is under test.
+      let lookupsAbandoned = 0;
       const slowCache: ServiceImpl<typeof CacheService> = {
         async lookup(_request, ctx) {
-          await new Promise<void>((resolve) => {
-            const timer = setTimeout(resolve, 2_000);
-            ctx.signal.addEventListener('abort', () => {
-              clearTimeout(timer);
-              resolve();
-            });
-          });
+          await new Promise<void>((resolve) => ctx.signal.addEventListener('abort', () => resolve()));
+          lookupsAbandoned += 1;
           return { found: false };
         },
         async store() {
@@ -604,11 +602,10 @@ describe(InferenceRouter.name, () => {
           [CacheAdapter],
         );
 
-        const started = Date.now();
         const response = await sut.infer(inferRequest());
 
-        expect(Date.now() - started).toBeLessThan(1_500);
         expect(response).toMatchObject({ modelVersion: '2', cached: false });
+        await eventually(() => lookupsAbandoned === 1);
         expect(batcher.requests).toHaveLength(1);
         expect(await counter(app, 'cache_requests_total', { outcome: 'bypass' })).toBe(1);
       } finally {
@@ -619,7 +616,7 @@ describe(InferenceRouter.name, () => {
     it('answers even when storing the result fails', async () => {
       const { sut, cache } = await startRouter();
       cache.store = async () => {
-        throw RpcError.unavailable('cache down');
+        throw Errors.upstreamUnavailable('cache down');
       };
 
       await expect(sut.infer(inferRequest())).resolves.toMatchObject({ modelVersion: '2', cached: false });
@@ -665,8 +662,9 @@ describe(InferenceRouter.name, () => {
       batcher.hold = new Promise((r) => (release = r));
 
       const answers = Promise.all(['a', 'b', 'c'].map((id) => sut.infer(inferRequest({ id }))));
-      for (let i = 0; i < 100 && batcher.requests.length === 0; i++) await new Promise((r) => setTimeout(r, 5));
-      await new Promise((r) => setTimeout(r, 20));
+      // b and c have joined a's inference, which waits in the batcher.
+      await eventually(async () => (await counter(app, 'cache_requests_total', { outcome: 'coalesced' })) === 2);
+      expect(batcher.requests).toHaveLength(1);
       release();
       const responses = await answers;
 
@@ -695,7 +693,7 @@ describe(InferenceRouter.name, () => {
   });
 
   describe('batcher failures', () => {
-    const unavailable = () => RpcError.unavailable('no worker has model "mlp" version 2 ready', 'MODEL_NOT_READY');
+    const unavailable = () => Errors.modelNotReady('no worker has model "mlp" version 2 ready');
     // No cache on these paths: every request reaches the batcher.
     const env = { ROUTER_CACHE_ENABLED: 'false', ROUTER_RETRY_BASE_MS: '5', ROUTER_RETRY_MAX_MS: '20' };
 
@@ -715,9 +713,7 @@ describe(InferenceRouter.name, () => {
 
     it('does not retry other errors, a full queue included', async () => {
       const { sut, batcher } = await startRouter(env);
-      batcher.failures.push(
-        new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL', retryDelayMs: 100 }),
-      );
+      batcher.failures.push(Errors.queueFull('the queue is full', { retryDelayMs: 100 }));
 
       const error = await rpcRejection(sut.infer(inferRequest()));
 
@@ -726,18 +722,23 @@ describe(InferenceRouter.name, () => {
     });
 
     it('does not retry past the request deadline', async () => {
-      const { sut, batcher } = await startRouter({ ...env, ROUTER_RETRY_BASE_MS: '1000', ROUTER_RETRY_MAX_MS: '1000' });
+      const clock = new ManualClock();
+      const { sut, batcher } = await startRouter(
+        { ...env, ROUTER_RETRY_BASE_MS: '1000', ROUTER_RETRY_MAX_MS: '1000' },
+        [],
+        clock,
+      );
       batcher.failures.push(unavailable(), unavailable());
 
-      // The jittered wait draws 500 ms, with 30 ms left: the error goes back at once instead.
+      // The jittered wait draws 500 ms, with 30 ms left: the error goes back at once instead (the
+      // clock does not move: a wait for the retry would never end).
       const random = jest.spyOn(Math, 'random').mockReturnValue(0.5);
       try {
-        const started = Date.now();
         const error = await rpcRejection(
-          requestContext.run({ requestId: 'r', deadlineMs: Date.now() + 30 }, () => sut.infer(inferRequest())),
+          requestContext.run({ requestId: 'r', deadlineMs: clock.now() + 30 }, () => sut.infer(inferRequest())),
         );
 
-        expect(Date.now() - started).toBeLessThan(200);
+        expect(clock.pendingInMs()).not.toContain(500); // no retry waiting
         expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'MODEL_NOT_READY']);
         expect(batcher.requests).toHaveLength(1);
       } finally {
@@ -746,25 +747,32 @@ describe(InferenceRouter.name, () => {
     });
 
     it('opens the circuit of a version after ROUTER_BREAKER_FAILURES consecutive failures, then probes it after the cool-down', async () => {
-      const { sut, batcher, app } = await startRouter({
-        ...env,
-        ROUTER_RETRY_ATTEMPTS: '0',
-        ROUTER_BREAKER_FAILURES: '3',
-        ROUTER_BREAKER_COOLDOWN_MS: '300',
-      });
+      const clock = new ManualClock();
+      const { sut, batcher, app } = await startRouter(
+        {
+          ...env,
+          ROUTER_RETRY_ATTEMPTS: '0',
+          ROUTER_BREAKER_FAILURES: '3',
+          ROUTER_BREAKER_COOLDOWN_MS: '300',
+        },
+        [],
+        clock,
+      );
       batcher.failures.push(unavailable(), unavailable(), unavailable());
       for (let i = 0; i < 3; i++) await rpcRejection(sut.infer(inferRequest()));
 
       const open = await rpcRejection(sut.infer(inferRequest()));
       expect([open.code, open.reason]).toEqual([status.UNAVAILABLE, 'CIRCUIT_OPEN']);
       expect(open.message).toContain('model "mlp" version 2');
-      expect(open.retryDelayMs).toBeGreaterThan(0);
+      expect(open.retryDelayMs).toBe(300);
       expect(batcher.requests).toHaveLength(3);
       expect(await counter(app, 'circuit_state', { model: 'mlp', version: '2' })).toBe(2);
       // Another version of the model has a circuit of its own.
       await expect(sut.infer(inferRequest({ modelVersion: '1' }))).resolves.toMatchObject({ modelVersion: '1' });
 
-      await new Promise((r) => setTimeout(r, 350));
+      clock.advance(299);
+      expect((await rpcRejection(sut.infer(inferRequest()))).reason).toBe('CIRCUIT_OPEN');
+      clock.advance(1);
       await expect(sut.infer(inferRequest())).resolves.toMatchObject({ modelVersion: '2' });
       expect(await counter(app, 'circuit_state', { model: 'mlp', version: '2' })).toBe(0);
       expect(await counter(app, 'circuit_transitions_total', { model: 'mlp', version: '2', state: 'open' })).toBe(1);
@@ -772,18 +780,10 @@ describe(InferenceRouter.name, () => {
     });
 
     it.each<[string, RpcError, number | undefined]>([
-      ['a refusal of bad input', RpcError.invalidArgument('bad tensor', 'INVALID_TENSOR'), undefined],
-      [
-        'a full queue',
-        new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL' }),
-        undefined,
-      ],
+      ['a refusal of bad input', Errors.invalidTensor('bad tensor'), undefined],
+      ['a full queue', Errors.queueFull('the queue is full'), undefined],
       ['a cancelled call', new RpcError(status.CANCELLED, 'the call was cancelled'), undefined],
-      [
-        'a deadline the queue could not meet',
-        new RpcError(status.DEADLINE_EXCEEDED, 'cannot be met', { reason: 'DEADLINE_INFEASIBLE' }),
-        5_000,
-      ],
+      ['a deadline the queue could not meet', Errors.deadlineInfeasible('cannot be met'), 5_000],
       ['a timeout of a caller that gave 5 ms', new RpcError(status.DEADLINE_EXCEEDED, 'deadline exceeded'), 5],
       [
         'a timeout of a caller that gave 500 ms (under ROUTER_BREAKER_TIMEOUT_MIN_BUDGET_MS)',
@@ -829,7 +829,7 @@ describe(InferenceRouter.name, () => {
 
     it('does not let refusals of bad input hide a failing version: they neither count nor reset its failures', async () => {
       const { sut, batcher } = await startRouter({ ...env, ROUTER_RETRY_ATTEMPTS: '0', ROUTER_BREAKER_FAILURES: '2' });
-      batcher.failures.push(unavailable(), RpcError.invalidArgument('bad tensor', 'INVALID_TENSOR'), unavailable());
+      batcher.failures.push(unavailable(), Errors.invalidTensor('bad tensor'), unavailable());
       for (let i = 0; i < 3; i++) await rpcRejection(sut.infer(inferRequest()));
 
       const open = await rpcRejection(sut.infer(inferRequest()));

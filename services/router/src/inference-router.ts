@@ -1,7 +1,8 @@
 import { Inject, Injectable } from '@nestjs/common';
+import { Clock } from '@infermesh/clock';
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import { RpcError, toRpcError } from '@infermesh/grpc';
+import { RpcError, toRpcError, Errors } from '@infermesh/grpc';
 import {
   type InferenceRequest,
   InferenceRequestSchema,
@@ -54,6 +55,7 @@ export class InferenceRouter {
     private readonly logger: JsonLogger,
     private readonly labels: ModelLabels,
     private readonly metrics: Metrics,
+    private readonly clock: Clock,
   ) {
     this.requests = metrics.counter(
       'requests_total',
@@ -70,7 +72,7 @@ export class InferenceRouter {
       'Requests by model, the version that serves them, and how it was chosen: explicit, stable, canary or variant.',
       ['model', 'version', 'route'],
     );
-    this.local = new LocalResultCache(config.cache.local.maxBytes, config.cache.local.ttlMs);
+    this.local = new LocalResultCache(config.cache.local.maxBytes, config.cache.local.ttlMs, clock);
     metrics.gauge('local_cache_bytes', "Bytes held by the router's own result cache.", [], (gauge) =>
       gauge.set(this.local.size),
     );
@@ -93,7 +95,7 @@ export class InferenceRouter {
   }
 
   async infer(request: InferenceRequest): Promise<InferenceResponse> {
-    const start = process.hrtime.bigint();
+    const start = this.clock.monotonic();
     const model = request.modelName;
     try {
       return await this.routeAndServe(request, start);
@@ -128,13 +130,13 @@ export class InferenceRouter {
   }
 
   /** Resolves the version that serves the request, checks the request against it, and answers it. */
-  private async routeAndServe(request: InferenceRequest, start: bigint): Promise<InferenceResponse> {
+  private async routeAndServe(request: InferenceRequest, start: number): Promise<InferenceResponse> {
     const model = request.modelName;
     let version = '';
     /** The version's resource name, once resolved: its traffic is reported to the registry under it. */
     let versionName = '';
     try {
-      if (model === '') throw RpcError.invalidArgument('the request names no model');
+      if (model === '') throw Errors.invalidRequest('the request names no model');
       const resolved = await this.resolver.resolve(model, request.modelVersion, request.routingKey);
       versionName = resolved.version.name;
       version = versionIdOf(versionName);
@@ -147,7 +149,7 @@ export class InferenceRouter {
       this.check(model, resolved.version, request);
       const routed = create(InferenceRequestSchema, { ...request, modelVersion: version });
       const response = await this.serve(routed, resolved.version.artifact?.sha256 ?? '', resolved.cache);
-      const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+      const seconds = (this.clock.monotonic() - start) / 1000;
       this.requests.inc({ ...this.labels.of(model, version), outcome: 'OK' });
       this.metrics.observe(
         this.duration,
@@ -168,21 +170,17 @@ export class InferenceRouter {
 
   private check(model: string, version: ModelVersion, request: InferenceRequest): void {
     if (version.state !== VersionState.READY) {
-      throw RpcError.unavailable(
-        `model "${model}" version ${versionIdOf(version.name)} is not ready`,
-        'MODEL_NOT_READY',
-      );
+      throw Errors.modelNotReady(`model "${model}" version ${versionIdOf(version.name)} is not ready`);
     }
     const signature = version.signature;
-    if (signature === undefined) throw RpcError.unavailable(`model "${model}" has no signature yet`, 'MODEL_NOT_READY');
+    if (signature === undefined) throw Errors.modelNotReady(`model "${model}" has no signature yet`);
     const problem = checkInputs(model, signature.inputs, request.inputs, signature.maxBatchSize);
-    if (problem !== undefined) throw RpcError.invalidArgument(problem, 'INVALID_TENSOR');
+    if (problem !== undefined) throw Errors.invalidTensor(problem);
     const outputs = new Set(signature.outputs.map((o) => o.name));
     for (const name of request.outputNames) {
       if (!outputs.has(name)) {
-        throw RpcError.invalidArgument(
+        throw Errors.invalidTensor(
           `model "${model}" has no output "${name}"; its outputs are ${[...outputs].map((o) => `"${o}"`).join(', ')}`,
-          'INVALID_TENSOR',
         );
       }
     }

@@ -1,5 +1,5 @@
 import { Injectable } from '@nestjs/common';
-import { RpcError, type ServiceImpl } from '@infermesh/grpc';
+import { type ServiceImpl, Errors } from '@infermesh/grpc';
 import type { InferRequest, RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
 import { InferenceRouter } from './inference-router';
 
@@ -9,7 +9,7 @@ export class RouterGrpcController implements ServiceImpl<typeof RouterService> {
   constructor(private readonly router: InferenceRouter) {}
 
   async infer(request: InferRequest) {
-    if (request.request === undefined) throw RpcError.invalidArgument('the call carries no request');
+    if (request.request === undefined) throw Errors.invalidRequest('the call carries no request');
     return { response: await this.router.infer(request.request) };
   }
 }

@@ -1,4 +1,5 @@
 import { Inject, Injectable } from '@nestjs/common';
+import { Clock } from '@infermesh/clock';
 import { create } from '@bufbuild/protobuf';
 import { toRpcError } from '@infermesh/grpc';
 import {
@@ -9,7 +10,6 @@ import {
 import type { ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { versionIdOf } from '@infermesh/rollout';
 import { JsonLogger, Metrics, ModelLabels, requestContext, spans } from '@infermesh/telemetry';
-import { performance } from 'node:perf_hooks';
 import type { Counter, Histogram } from 'prom-client';
 import { GuardedBatcher } from './guarded-batcher';
 import { compareOutputs } from '@infermesh/tensors';
@@ -43,6 +43,7 @@ export class ShadowTraffic {
     private readonly modelLabels: ModelLabels,
     private readonly traffic: TrafficReporter,
     metrics: Metrics,
+    private readonly clock: Clock,
   ) {
     const labels: Labels[] = ['model', 'primary', 'shadow'];
     this.requests = metrics.counter(
@@ -96,7 +97,7 @@ export class ShadowTraffic {
       shadow: this.modelLabels.version(model, shadowVersion),
     };
     const mirrored = create(InferenceRequestSchema, { ...request, modelVersion: shadowVersion });
-    const start = performance.now();
+    const start = this.clock.monotonic();
     // Traced as a step of the request it mirrors, outliving it.
     const ambient = requestContext.current();
     const span = spans.child('shadow', ambient?.span, {
@@ -109,7 +110,7 @@ export class ShadowTraffic {
       .run(
         {
           requestId: `${ambient?.requestId ?? 'shadow'}-shadow`,
-          deadlineMs: Date.now() + this.config.shadowTimeoutMs,
+          deadlineMs: this.clock.now() + this.config.shadowTimeoutMs,
           ...(span !== undefined && { span }),
         },
         () => this.batcher.infer(mirrored),
@@ -117,7 +118,7 @@ export class ShadowTraffic {
       .then(
         (response) => {
           this.requests.inc({ ...labels, outcome: 'ok' });
-          this.latencyDiff.observe(labels, (performance.now() - start - servedMs) / 1000);
+          this.latencyDiff.observe(labels, (this.clock.monotonic() - start - servedMs) / 1000);
           const comparison = compareOutputs(served.outputs, response.outputs);
           this.items.inc(labels, comparison.items);
           this.agreed.inc(labels, comparison.agreed);

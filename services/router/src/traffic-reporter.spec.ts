@@ -3,7 +3,8 @@ import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import type { DynamicModule, INestApplicationContext, Type } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import { RpcError } from '@infermesh/grpc';
+import { Clock } from '@infermesh/clock';
+import { RpcError, Errors } from '@infermesh/grpc';
 import {
   DataType,
   type InferenceRequest,
@@ -19,13 +20,13 @@ import {
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { latencyIndex } from '@infermesh/rollout';
 import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics } from '@infermesh/telemetry';
-import { eventually, type FakeRegistry, rpcRejection, startFakeRegistry } from '@infermesh/testing';
+import { eventually, type FakeRegistry, ManualClock, rpcRejection, startFakeRegistry } from '@infermesh/testing';
 import { hostname } from 'node:os';
 import { InferenceRouter } from './inference-router';
 import { loadRouterConfig } from './router.config';
 import { RouterModule } from './router.module';
 import { FINAL_REPORT_TIMEOUT_MS, MAX_PENDING_VERSIONS, TrafficReporter } from './traffic-reporter';
-import { BatcherAdapter, CacheAdapter } from './upstreams.adapter';
+import { BatcherAdapter, CacheAdapter, RegistryAdapter } from './upstreams.adapter';
 
 // The registry is a real gRPC server (libs/testing's FakeRegistry: its WatchModels, and a
 // ReportTraffic that records what it takes), reached through the router's own RegistryAdapter; the
@@ -46,20 +47,22 @@ const ready = (model: string, id: string) => ({
 
 /**
  * Runs requests the way a worker does, each row answered with class 0, unless the test says
- * otherwise for a version ("mlp/2"): errors its next calls throw, a delay before it answers, or that
- * it answers class 1 for every row after the first.
+ * otherwise for a version ("mlp/2"): errors its next calls throw, the time it takes (on the router's
+ * ManualClock), or that it answers class 1 for every row after the first.
  */
 class FakeBatcher {
   readonly requests: InferenceRequest[] = [];
   readonly failures = new Map<string, RpcError[]>();
-  readonly delaysMs = new Map<string, number>();
+  readonly durationsMs = new Map<string, number>();
   readonly disagreeing = new Set<string>();
+
+  constructor(private readonly clock: ManualClock | undefined) {}
 
   async infer(request: InferenceRequest): Promise<InferenceResponse> {
     this.requests.push(request);
     const version = `${request.modelName}/${request.modelVersion}`;
-    const delayMs = this.delaysMs.get(version);
-    if (delayMs !== undefined) await new Promise((r) => setTimeout(r, delayMs));
+    const durationMs = this.durationsMs.get(version);
+    if (durationMs !== undefined) this.clock!.advance(durationMs);
     const failure = this.failures.get(version)?.shift();
     if (failure !== undefined) throw failure;
     const rows = Number(request.inputs[0]!.shape[0]);
@@ -138,9 +141,13 @@ describe(TrafficReporter.name, () => {
     await registry.stop();
   });
 
-  /** Starts the router's Nest context against the fake registry; reports wait for report() unless the env says an interval. */
-  async function start(env: Record<string, string> = {}): Promise<void> {
-    batcher = new FakeBatcher();
+  /**
+   * Starts the router's Nest context against the fake registry; reports wait for report() unless the
+   * env says an interval. Its time is `clock` when given (started at the real time: report deadlines
+   * go to grpc-js, which keeps them on the real clock), else the system's.
+   */
+  async function start(env: Record<string, string> = {}, clock?: ManualClock): Promise<void> {
+    batcher = new FakeBatcher(clock);
     logLines = [];
     const config = loadRouterConfig({
       ROUTER_LOG_LEVEL: 'error',
@@ -162,6 +169,7 @@ describe(TrafficReporter.name, () => {
       providers: [
         ...(module.providers ?? []).filter((p) => !replacements.has(p as Type)),
         ...[...replacements].map(([provide, useValue]) => ({ provide, useValue })),
+        ...(clock === undefined ? [] : [{ provide: Clock, useValue: clock }]),
       ],
     };
     app = await NestFactory.createApplicationContext(withFakes, { logger: false, abortOnError: false });
@@ -179,10 +187,10 @@ describe(TrafficReporter.name, () => {
     await start();
     for (let i = 0; i < 3; i++) await router.infer(inferRequest('mlp', '1'));
     batcher.failures.set('mlp/2', [
-      RpcError.unavailable('the worker is gone'),
+      Errors.upstreamUnavailable('the worker is gone'),
       new RpcError(status.INTERNAL, 'the model broke'),
-      new RpcError(status.RESOURCE_EXHAUSTED, 'the queue is full', { reason: 'QUEUE_FULL' }),
-      RpcError.invalidArgument('a bad tensor'),
+      Errors.queueFull('the queue is full'),
+      Errors.invalidRequest('a bad tensor'),
       new RpcError(status.CANCELLED, 'the client went away'),
     ]);
     for (let i = 0; i < 5; i++) await rpcRejection(router.infer(inferRequest('mlp', '2')));
@@ -211,10 +219,10 @@ describe(TrafficReporter.name, () => {
   });
 
   it('counts the latency of successful requests only, under the bound of their duration', async () => {
-    await start();
-    batcher.delaysMs.set('mlp/1', 30);
-    batcher.delaysMs.set('mlp/2', 30);
-    batcher.failures.set('mlp/2', [RpcError.unavailable('down'), RpcError.unavailable('down')]);
+    await start({}, new ManualClock(Date.now()));
+    batcher.durationsMs.set('mlp/1', 30);
+    batcher.durationsMs.set('mlp/2', 30);
+    batcher.failures.set('mlp/2', [Errors.upstreamUnavailable('down'), Errors.upstreamUnavailable('down')]);
     for (let i = 0; i < 2; i++) await router.infer(inferRequest('mlp', '1'));
     for (let i = 0; i < 2; i++) await rpcRejection(router.infer(inferRequest('mlp', '2')));
 
@@ -223,8 +231,8 @@ describe(TrafficReporter.name, () => {
     const one = countersIn(reports[0], 'models/mlp/versions/1')!;
     expect(one.latencyCounts).toHaveLength(LATENCY_BUCKETS_SECONDS.length + 1);
     expect(total(one.latencyCounts)).toBe(2n);
-    // At least 30 ms each: nothing under the bounds below 30 ms.
-    expect(total(one.latencyCounts.slice(0, latencyIndex(0.03, LATENCY_BUCKETS_SECONDS)))).toBe(0n);
+    // 30 ms each: both under the first bound of at least 30 ms.
+    expect(one.latencyCounts[latencyIndex(0.03, LATENCY_BUCKETS_SECONDS)]).toBe(2n);
     const two = countersIn(reports[0], 'models/mlp/versions/2')!;
     expect(two).toMatchObject({ requests: 2n, errors: 2n });
     expect(total(two.latencyCounts)).toBe(0n);
@@ -253,10 +261,11 @@ describe(TrafficReporter.name, () => {
   });
 
   it('carries the counts of a refused report into the next, and warns at most once a minute', async () => {
-    await start();
+    const clock = new ManualClock(Date.now());
+    await start({}, clock);
     refusals.push(
       new RpcError(status.UNIMPLEMENTED, 'ReportTraffic is not served'),
-      RpcError.unavailable('the registry is restarting'),
+      Errors.upstreamUnavailable('the registry is restarting'),
     );
     await router.infer(inferRequest('mlp', '1'));
     await sut.report();
@@ -283,12 +292,11 @@ describe(TrafficReporter.name, () => {
     expect(reports[1]!.versions.map((v) => [v.name, v.counters?.requests])).toEqual([['models/mlp/versions/2', 1n]]);
 
     // A minute after the last warning, a refusal is logged again, with those refused since.
-    const realNow = Date.now.bind(Date);
-    refusals.push(RpcError.unavailable('down'), RpcError.unavailable('down'));
+    refusals.push(Errors.upstreamUnavailable('down'), Errors.upstreamUnavailable('down'));
     await router.infer(inferRequest('mlp', '1'));
     await sut.report();
     expect(warnings()).toHaveLength(1);
-    jest.spyOn(Date, 'now').mockImplementation(() => realNow() + 61_000);
+    clock.advance(61_000);
     await sut.report();
     expect(warnings()).toHaveLength(2);
     expect(warnings()[1]).toMatchObject({ refused_reports: 3, pending_versions: 1 });
@@ -304,24 +312,36 @@ describe(TrafficReporter.name, () => {
     await sut.report();
     await registry.start(port);
 
-    for (let i = 0; i < 50 && reports.length === 0; i++) {
-      await sut.report();
-      if (reports.length === 0) await new Promise((r) => setTimeout(r, 100));
-    }
+    // Until the router's channel has reconnected: each refused report keeps the counts.
+    await eventually(
+      async () => {
+        await sut.report();
+        return reports.length > 0;
+      },
+      10_000,
+      100,
+    );
 
     expect(reports).toHaveLength(1);
     expect(countersIn(reports[0], 'models/mlp/versions/1')).toMatchObject({ requests: 2n });
   });
 
   it('sends nothing while nothing was counted, and reports what was every ROUTER_TRAFFIC_REPORT_INTERVAL_MS', async () => {
-    await start({ ROUTER_TRAFFIC_REPORT_INTERVAL_MS: '20' });
-    await new Promise((r) => setTimeout(r, 200));
-    expect(reportCalls).toBe(0);
+    const clock = new ManualClock(Date.now());
+    await start({ ROUTER_TRAFFIC_REPORT_INTERVAL_MS: '20' }, clock);
+    const sent = jest.spyOn(app!.get(RegistryAdapter), 'reportTraffic');
+    for (let i = 0; i < 10; i++) clock.advance(20);
+    expect(sent).not.toHaveBeenCalled();
 
     await router.infer(inferRequest('mlp', '1'));
+    clock.advance(19);
+    expect(sent).not.toHaveBeenCalled();
+    clock.advance(1);
+    expect(sent).toHaveBeenCalledTimes(1);
     await eventually(() => reports.length === 1);
-    await new Promise((r) => setTimeout(r, 200));
+    for (let i = 0; i < 10; i++) clock.advance(20);
 
+    expect(sent).toHaveBeenCalledTimes(1);
     expect(reportCalls).toBe(1);
     expect(countersIn(reports[0], 'models/mlp/versions/1')).toMatchObject({ requests: 1n });
   });
@@ -343,19 +363,27 @@ describe(TrafficReporter.name, () => {
   });
 
   it('shuts down within its deadline when the registry does not answer', async () => {
-    await start();
+    const clock = new ManualClock(Date.now());
+    await start({}, clock);
     hold = new Promise<never>(() => undefined);
     await router.infer(inferRequest('mlp', '1'));
     const before = sut.report();
     await eventually(() => reportCalls === 1);
     await router.infer(inferRequest('mlp', '2'));
 
-    const started = Date.now();
-    await app!.close();
+    let closed = false;
+    const closing = app!.close().then(() => (closed = true));
     app = undefined;
+    // The report on its way gets FINAL_REPORT_TIMEOUT_MS; then there is no time left for the last one.
+    await eventually(() => clock.pendingInMs().includes(FINAL_REPORT_TIMEOUT_MS));
+    clock.advance(FINAL_REPORT_TIMEOUT_MS - 1);
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(closed).toBe(false);
+    clock.advance(1);
+    await closing;
 
-    expect(Date.now() - started).toBeLessThan(FINAL_REPORT_TIMEOUT_MS + 600);
-    await before;
+    expect(reportCalls).toBe(1);
+    await before; // the held call ends at its deadline, which grpc-js keeps on the real clock
   });
 
   it(`keeps the counts of at most ${MAX_PENDING_VERSIONS} versions, dropping the oldest, counted`, async () => {

@@ -1,5 +1,6 @@
 import { type BeforeApplicationShutdown, Inject, Injectable, type OnApplicationBootstrap } from '@nestjs/common';
 import { status } from '@grpc/grpc-js';
+import { Clock } from '@infermesh/clock';
 import { type RpcError, toRpcError } from '@infermesh/grpc';
 import type { TrafficCounters } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { addCounters, emptyCounters, isServiceError, latencyIndex } from '@infermesh/rollout';
@@ -36,7 +37,7 @@ const WARN_EVERY_MS = 60_000;
 export class TrafficReporter implements OnApplicationBootstrap, BeforeApplicationShutdown {
   /** Counts since the last accepted report, by version resource name, the oldest first. */
   private pending = new Map<string, TrafficCounters>();
-  private timer: NodeJS.Timeout | undefined;
+  private stopTimer: (() => void) | undefined;
   private sending: Promise<void> | undefined;
   private lastWarnMs = -Infinity;
   /** Reports refused since the last warning. */
@@ -51,6 +52,7 @@ export class TrafficReporter implements OnApplicationBootstrap, BeforeApplicatio
     identity: ServiceIdentity,
     private readonly logger: JsonLogger,
     metrics: Metrics,
+    private readonly clock: Clock,
   ) {
     // The instance id the router announces itself to the mesh with (or would: <service>-<host>-<pid>).
     this.reporter = meshInstanceId(identity.name, identity.settings.mesh);
@@ -72,8 +74,7 @@ export class TrafficReporter implements OnApplicationBootstrap, BeforeApplicatio
   }
 
   onApplicationBootstrap(): void {
-    this.timer = setInterval(() => void this.report(), this.config.trafficReportIntervalMs);
-    this.timer.unref();
+    this.stopTimer = this.clock.setRepeatingTimer(() => void this.report(), this.config.trafficReportIntervalMs);
   }
 
   /** A request answered successfully by the version (`models/{m}/versions/{v}`) in `seconds`. */
@@ -106,23 +107,23 @@ export class TrafficReporter implements OnApplicationBootstrap, BeforeApplicatio
    * is on its way, this waits for it.
    */
   report(): Promise<void> {
-    this.sending ??= this.send(Date.now() + REPORT_TIMEOUT_MS).finally(() => (this.sending = undefined));
+    this.sending ??= this.send(this.clock.now() + REPORT_TIMEOUT_MS).finally(() => (this.sending = undefined));
     return this.sending;
   }
 
   /** The last report: after the router's calls drained, before its registry client closes. */
   async beforeApplicationShutdown(): Promise<void> {
-    clearInterval(this.timer);
-    const deadlineMs = Date.now() + FINAL_REPORT_TIMEOUT_MS;
+    this.stopTimer?.();
+    const deadlineMs = this.clock.now() + FINAL_REPORT_TIMEOUT_MS;
     if (this.sending !== undefined) {
-      let timer: NodeJS.Timeout | undefined;
+      let cancel = (): void => undefined;
       await Promise.race([
         this.sending,
-        new Promise((resolve) => (timer = setTimeout(resolve, FINAL_REPORT_TIMEOUT_MS))),
+        new Promise((resolve) => (cancel = this.clock.setTimer(() => resolve(undefined), FINAL_REPORT_TIMEOUT_MS))),
       ]);
-      clearTimeout(timer);
+      cancel();
     }
-    if (Date.now() < deadlineMs) await this.send(deadlineMs);
+    if (this.clock.now() < deadlineMs) await this.send(deadlineMs);
   }
 
   private async send(deadlineMs: number): Promise<void> {
@@ -178,7 +179,7 @@ export class TrafficReporter implements OnApplicationBootstrap, BeforeApplicatio
 
   private warnRefused(error: RpcError): void {
     this.refusedSinceWarn += 1;
-    const now = Date.now();
+    const now = this.clock.monotonic();
     if (now - this.lastWarnMs < WARN_EVERY_MS) return;
     const why =
       error.code === status.UNIMPLEMENTED

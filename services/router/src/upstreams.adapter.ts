@@ -1,5 +1,6 @@
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
+import { Clock } from '@infermesh/clock';
 import { createClient, toRpcError } from '@infermesh/grpc';
 import { BatcherService } from '@infermesh/proto/gen/infermesh/batcher/v1/batcher_pb';
 import { CacheService, type StoreRequest, StoreRequestSchema } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
@@ -70,11 +71,13 @@ export class CacheAdapter implements OnApplicationShutdown {
   private pending: StoreRequest[] = [];
   private pendingBytes = 0;
   private pendingTimeoutMs = 0;
-  private flushTimer: NodeJS.Timeout | undefined;
+  /** Calls off the Store of what waits; undefined when nothing waits. */
+  private cancelFlush: (() => void) | undefined;
 
   constructor(
     @Inject(ROUTER_CONFIG) config: RouterConfig,
     private readonly logger: JsonLogger,
+    private readonly clock: Clock,
   ) {
     this.client = createClient(CacheService, config.upstreams.cache);
   }
@@ -97,7 +100,7 @@ export class CacheAdapter implements OnApplicationShutdown {
     this.pendingBytes += bytes;
     this.pendingTimeoutMs = Math.max(this.pendingTimeoutMs, timeoutMs);
     if (this.pendingBytes > PENDING_MAX_BYTES) void this.flush();
-    else this.flushTimer ??= setTimeout(() => void this.flush(), STORE_DELAY_MS).unref();
+    else this.cancelFlush ??= this.clock.setTimer(() => void this.flush(), STORE_DELAY_MS);
   }
 
   private takePending(): StoreRequest[] {
@@ -105,8 +108,8 @@ export class CacheAdapter implements OnApplicationShutdown {
     this.pending = [];
     this.pendingBytes = 0;
     this.pendingTimeoutMs = 0;
-    clearTimeout(this.flushTimer);
-    this.flushTimer = undefined;
+    this.cancelFlush?.();
+    this.cancelFlush = undefined;
     return stores;
   }
 

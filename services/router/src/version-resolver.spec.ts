@@ -1,9 +1,10 @@
 import 'reflect-metadata';
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
-import type { DynamicModule, INestApplicationContext, Type } from '@nestjs/common';
+import type { Abstract, DynamicModule, INestApplicationContext, Type } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import { RpcError } from '@infermesh/grpc';
+import { Clock } from '@infermesh/clock';
+import { RpcError, Errors } from '@infermesh/grpc';
 import {
   type Model,
   ModelSchema,
@@ -13,7 +14,14 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { HealthDetails } from '@infermesh/runtime';
-import { type FakeRegistry, freePort, rpcRejection, startFakeRegistry } from '@infermesh/testing';
+import {
+  eventually,
+  type FakeRegistry,
+  freePort,
+  ManualClock,
+  rpcRejection,
+  startFakeRegistry,
+} from '@infermesh/testing';
 import { loadRouterConfig } from './router.config';
 import { RouterModule } from './router.module';
 import { BatcherAdapter, CacheAdapter, RegistryAdapter } from './upstreams.adapter';
@@ -74,8 +82,11 @@ describe(VersionResolver.name, () => {
   let app: INestApplicationContext;
   let registry: FakeRegistryAdapter;
 
-  /** Starts the router's Nest context; its registry watch follows `watchAddress`, by default an address nothing listens on. */
-  async function start(resolveTtlMs: number, watchAddress?: string): Promise<VersionResolver> {
+  /**
+   * Starts the router's Nest context; its registry watch follows `watchAddress`, by default an address
+   * nothing listens on; its time is `clock` when given, else the system's.
+   */
+  async function start(resolveTtlMs: number, watchAddress?: string, clock?: Clock): Promise<VersionResolver> {
     registry = new FakeRegistryAdapter();
     const module = RouterModule.forRoot(
       loadRouterConfig({
@@ -84,11 +95,12 @@ describe(VersionResolver.name, () => {
         ROUTER_REGISTRY_ADDRESS: watchAddress ?? `127.0.0.1:${await freePort()}`,
       }),
     );
-    const replacements = new Map<Type, object>([
+    const replacements = new Map<Type | Abstract<unknown>, object>([
       [RegistryAdapter, registry],
       [CacheAdapter, unused],
       [BatcherAdapter, unused],
     ]);
+    if (clock !== undefined) replacements.set(Clock, clock);
     const withFakes: DynamicModule = {
       ...module,
       providers: [
@@ -106,16 +118,16 @@ describe(VersionResolver.name, () => {
   });
 
   it('reuses an answer within ROUTER_RESOLVE_TTL_MS, then serves it once more while it asks the registry again', async () => {
-    const now = jest.spyOn(Date, 'now').mockReturnValue(1_000_000);
-    const sut = await start(500);
+    const clock = new ManualClock();
+    const sut = await start(500, undefined, clock);
 
     expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
     registry.latest = '2';
-    now.mockReturnValue(1_000_499);
+    clock.advance(499);
     expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
     expect(registry.calls).toHaveLength(1);
 
-    now.mockReturnValue(1_000_501);
+    clock.advance(2);
     expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
     expect(registry.calls).toHaveLength(2);
     await new Promise((r) => setImmediate(r));
@@ -123,14 +135,16 @@ describe(VersionResolver.name, () => {
   });
 
   it('keeps serving the last answer while the registry is down', async () => {
-    const now = jest.spyOn(Date, 'now').mockReturnValue(1_000_000);
-    const sut = await start(500);
+    const clock = new ManualClock();
+    const sut = await start(500, undefined, clock);
     await sut.resolve('mlp', '');
+    const asked = registry.calls.length;
     registry.manual = true;
 
-    now.mockReturnValue(1_060_000);
+    clock.advance(60_000);
     expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
-    registry.fail(RpcError.unavailable('the registry is down'));
+    expect(registry.calls.length).toBeGreaterThan(asked); // expired: asked again, in the background
+    registry.fail(Errors.upstreamUnavailable('the registry is down'));
     await new Promise((r) => setImmediate(r));
     expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/1');
   });
@@ -186,7 +200,7 @@ describe(VersionResolver.name, () => {
         (e: unknown) => e,
       ),
     );
-    registry.fail(RpcError.notFound('model "mlp" not found', 'MODEL_NOT_FOUND'));
+    registry.fail(Errors.modelNotFound('model "mlp" not found'));
     for (const error of await Promise.all(lookups)) {
       expect(error).toBeInstanceOf(RpcError);
       expect((error as RpcError).code).toBe(status.NOT_FOUND);
@@ -210,12 +224,7 @@ describe(VersionResolver.name, () => {
     /** Waits until the router's watch has applied every change made so far. */
     async function applied(): Promise<void> {
       const watch = app.get(RegistryWatch);
-      const deadline = Date.now() + 10_000;
-      while (watch.revision !== watched.revision) {
-        if (Date.now() > deadline)
-          throw new Error(`the watch is at revision ${watch.revision}, the registry at ${watched.revision}`);
-        await new Promise((r) => setTimeout(r, 5));
-      }
+      await eventually(() => watch.revision === watched.revision, 10_000, 5);
     }
 
     beforeEach(async () => {
@@ -362,11 +371,7 @@ describe(VersionResolver.name, () => {
       const watch = app.get(RegistryWatch);
 
       await watched.stop();
-      const deadline = Date.now() + 10_000;
-      while (watch.status().connected) {
-        if (Date.now() > deadline) throw new Error('the watch did not notice the registry going away');
-        await new Promise((r) => setTimeout(r, 5));
-      }
+      await eventually(() => !watch.status().connected, 10_000, 5);
 
       expect((await sut.resolve('mlp', '')).version.name).toBe('models/mlp/versions/2');
       expect(registry.calls).toEqual([]);

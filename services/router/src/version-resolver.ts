@@ -1,6 +1,6 @@
 import { Inject, Injectable } from '@nestjs/common';
-import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { Clock } from '@infermesh/clock';
+import { Errors } from '@infermesh/grpc';
 import {
   type CachePolicy,
   type Model,
@@ -49,10 +49,11 @@ export class VersionResolver implements KnownModels {
     registry: RegistryAdapter,
     private readonly watch: RegistryWatch,
     @Inject(ROUTER_CONFIG) config: RouterConfig,
+    clock: Clock,
   ) {
     // Past its time an answer still serves while a fresh one is fetched, and stays while the
     // registry is down: the data plane keeps its last configuration.
-    const options = { ttlMs: config.resolveTtlMs, keepStale: true };
+    const options = { ttlMs: config.resolveTtlMs, keepStale: true, clock };
     this.versions = new LookupMemo(async (key) => {
       const [model, versionId] = key.split('\u0000') as [string, string];
       const version = await registry.resolve(model, versionId);
@@ -107,15 +108,16 @@ function resolveWatched(modelId: string, model: Model, versionId: string, routin
   checkVersionId(versionId);
   const version = model.versions.find((v) => versionIdOf(v.name) === versionId);
   if (version === undefined) {
-    throw RpcError.notFound(`model "${modelId}" has no version ${versionId}`, 'VERSION_NOT_FOUND', {
-      model: modelId,
-      version: versionId,
+    throw Errors.versionNotFound(`model "${modelId}" has no version ${versionId}`, {
+      metadata: {
+        model: modelId,
+        version: versionId,
+      },
     });
   }
   if (version.state !== VersionState.READY) {
     const state = stateName(version.state);
-    throw new RpcError(status.UNAVAILABLE, `version ${versionId} of model "${modelId}" is ${state}, not READY`, {
-      reason: 'MODEL_NOT_READY',
+    throw Errors.modelNotReady(`version ${versionId} of model "${modelId}" is ${state}, not READY`, {
       metadata: { model: modelId, version: versionId, state },
     });
   }
@@ -127,10 +129,7 @@ function routed(modelId: string, model: Model, routingKey: string): Resolved {
   checkLoaded(modelId, model);
   const chosen = route(model, routingKey);
   if (chosen === undefined) {
-    throw new RpcError(status.UNAVAILABLE, `model "${modelId}" has no READY version`, {
-      reason: 'MODEL_NOT_READY',
-      metadata: { model: modelId },
-    });
+    throw Errors.modelNotReady(`model "${modelId}" has no READY version`, { metadata: { model: modelId } });
   }
   return { version: chosen.version, route: chosen.kind, shadow: shadowOf(model, chosen.version), cache: model.cache };
 }
@@ -138,10 +137,7 @@ function routed(modelId: string, model: Model, routingKey: string): Resolved {
 /** An unloaded model (Triton's explicit model control) serves no version until it is loaded again. */
 function checkLoaded(modelId: string, model: Model): void {
   if (model.unloaded) {
-    throw new RpcError(status.UNAVAILABLE, `model "${modelId}" is unloaded`, {
-      reason: 'MODEL_NOT_READY',
-      metadata: { model: modelId },
-    });
+    throw Errors.modelNotReady(`model "${modelId}" is unloaded`, { metadata: { model: modelId } });
   }
 }
 

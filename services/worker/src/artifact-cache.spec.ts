@@ -2,6 +2,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { ManualClock } from '@infermesh/testing';
 import { ArtifactCache, ArtifactVerificationError } from './artifact-cache';
 
 const sha256 = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex');
@@ -70,14 +71,16 @@ describe(ArtifactCache.name, () => {
 
   it('keeps its copies within maxBytes, deleting the least recently used first', async () => {
     const evicted: string[] = [];
-    const bounded = new ArtifactCache(dir, 2500, (sha) => evicted.push(sha));
+    const clock = new ManualClock();
+    const bounded = new ArtifactCache(dir, 2500, (sha) => evicted.push(sha), clock);
     const [a, b, c] = [randomBytes(1000), randomBytes(1000), randomBytes(1000)];
+    // A second between uses: file times may have whole seconds only.
     await bounded.fetch(sha256(a), () => chunked(a));
-    await new Promise((r) => setTimeout(r, 20));
+    clock.advance(1_000);
     await bounded.fetch(sha256(b), () => chunked(b));
-    await new Promise((r) => setTimeout(r, 20));
+    clock.advance(1_000);
     await bounded.fetch(sha256(a), () => chunked(a)); // a used again: b is now the least recent
-    await new Promise((r) => setTimeout(r, 20));
+    clock.advance(1_000);
     await bounded.fetch(sha256(c), () => chunked(c));
     expect(evicted).toEqual([sha256(b)]);
     expect(existsSync(bounded.pathOf(sha256(a)))).toBe(true);

@@ -1,3 +1,4 @@
+import { type Clock, systemClock } from '@infermesh/clock';
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, open, readdir, readFile, rename, rm, stat, utimes } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -14,7 +15,7 @@ const SHA256_HEX = /^[0-9a-f]{64}$/;
  * is verified against its SHA-256 when it is downloaded and again when it is read back, so neither
  * a bad transfer nor a damaged file ever reaches the runtime. The copies take at most `maxBytes` of
  * disk: after each download the least recently used others are deleted until they fit (the newest
- * is kept even when it alone is larger).
+ * is kept even when it alone is larger). A copy's modification time is when it was last used.
  */
 export class ArtifactCache {
   constructor(
@@ -22,6 +23,8 @@ export class ArtifactCache {
     readonly maxBytes = Number.MAX_SAFE_INTEGER,
     /** Told about each copy deleted to stay within maxBytes. */
     private readonly onEvicted: (sha256: string, bytes: number) => void = () => undefined,
+    /** Time: when a copy was last used (systemClock unless given). */
+    private readonly clock: Clock = systemClock,
   ) {}
 
   pathOf(sha256: string): string {
@@ -39,8 +42,7 @@ export class ArtifactCache {
     const cached = await readIfPresent(file);
     if (cached !== undefined) {
       if (sha256Hex(cached) === sha256) {
-        const now = new Date();
-        await utimes(file, now, now).catch(() => undefined); // last use, for pruning
+        await this.used(file);
         return cached;
       }
       await rm(file, { force: true }); // damaged: fetch it again
@@ -71,6 +73,7 @@ export class ArtifactCache {
       );
     }
     await rename(partial, file);
+    await this.used(file);
     await this.prune(file);
     return Buffer.concat(chunks);
   }
@@ -79,6 +82,12 @@ export class ArtifactCache {
   async usage(): Promise<{ files: number; bytes: number }> {
     const entries = await this.entries();
     return { files: entries.length, bytes: entries.reduce((n, e) => n + e.bytes, 0) };
+  }
+
+  /** Marks a copy used now: its modification time, for pruning. */
+  private async used(file: string): Promise<void> {
+    const now = this.clock.date();
+    await utimes(file, now, now).catch(() => undefined);
   }
 
   /** Deletes least recently used copies other than `keep` until the rest fit in maxBytes. */

@@ -1,4 +1,5 @@
 import { Inject, Injectable, type OnApplicationBootstrap, type OnApplicationShutdown } from '@nestjs/common';
+import { Clock } from '@infermesh/clock';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { execFile } from 'node:child_process';
 import { accessSync, constants } from 'node:fs';
@@ -62,7 +63,7 @@ export function findNvidiaSmi(path = process.env['PATH'] ?? ''): string | undefi
  */
 @Injectable()
 export class GpuMetrics implements OnApplicationBootstrap, OnApplicationShutdown {
-  private timer: NodeJS.Timeout | undefined;
+  private stopTimer: (() => void) | undefined;
   private readonly executable = findNvidiaSmi();
   private gauges:
     { utilization: Gauge<'gpu' | 'name'>; used: Gauge<'gpu' | 'name'>; total: Gauge<'gpu' | 'name'> } | undefined;
@@ -72,6 +73,7 @@ export class GpuMetrics implements OnApplicationBootstrap, OnApplicationShutdown
     @Inject(WORKER_CONFIG) private readonly config: WorkerConfig,
     private readonly metrics: Metrics,
     private readonly logger: JsonLogger,
+    private readonly clock: Clock,
   ) {}
 
   onApplicationBootstrap(): void {
@@ -87,12 +89,11 @@ export class GpuMetrics implements OnApplicationBootstrap, OnApplicationShutdown
       total: this.metrics.gauge('gpu_memory_total_bytes', 'GPU memory in all (nvidia-smi).', labels),
     };
     this.sample();
-    this.timer = setInterval(() => this.sample(), this.config.gpuMetricsIntervalMs);
-    this.timer.unref();
+    this.stopTimer = this.clock.setRepeatingTimer(() => this.sample(), this.config.gpuMetricsIntervalMs);
   }
 
   onApplicationShutdown(): void {
-    clearInterval(this.timer);
+    this.stopTimer?.();
   }
 
   private sample(): void {

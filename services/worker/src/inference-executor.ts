@@ -1,7 +1,7 @@
 import { Inject, Injectable } from '@nestjs/common';
+import { Clock } from '@infermesh/clock';
 import { create } from '@bufbuild/protobuf';
-import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { RpcError, Errors } from '@infermesh/grpc';
 import {
   type InferenceRequest,
   type InferenceResponse,
@@ -42,6 +42,7 @@ export class InferenceExecutor {
     private readonly lifecycle: ModelLifecycle,
     private readonly sync: ModelSync,
     private readonly metrics: Metrics,
+    private readonly clock: Clock,
   ) {
     this.computeSeconds = metrics.histogram(
       'inference_compute_seconds',
@@ -83,34 +84,28 @@ export class InferenceExecutor {
   }
 
   private async run(request: InferenceRequest, deadlineMs: number | undefined): Promise<InferenceResponse> {
-    if (this.draining)
-      throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down; send the request to another worker', {
-        reason: 'WORKER_DRAINING',
-      });
+    if (this.draining) throw Errors.workerDraining('the worker is shutting down; send the request to another worker');
     const { modelName: model, modelVersion: version } = request;
-    if (model === '') throw RpcError.invalidArgument('the request names no model');
+    if (model === '') throw Errors.invalidRequest('the request names no model');
     if (version === '')
-      throw RpcError.invalidArgument(`the request for model "${model}" carries no resolved model version`);
+      throw Errors.invalidRequest(`the request for model "${model}" carries no resolved model version`);
     assertPlaced(this.config, model, version);
     const name = versionName(model, version);
     const entry = this.table.get(name) ?? (await this.sync.lookup(name));
     if (entry === undefined) {
-      throw RpcError.notFound(
+      throw Errors.modelNotFound(
         this.table.hasModel(model)
           ? `version ${version} of model "${model}" is not registered for this worker`
           : `model "${model}" is not registered for this worker`,
-        'MODEL_NOT_FOUND',
-        { model, version },
+        { metadata: { model, version } },
       );
     }
     await this.loaded(entry, deadlineMs);
     return entry.use(async (session) => {
       const problem = checkInputs(model, session.inputs, request.inputs, entry.maxBatchSize);
-      if (problem !== undefined) throw RpcError.invalidArgument(problem, 'INVALID_TENSOR', { model, version });
-      if (deadlineMs !== undefined && deadlineMs <= Date.now()) {
-        throw new RpcError(status.DEADLINE_EXCEEDED, 'the request deadline passed before the model ran', {
-          reason: 'DEADLINE_EXCEEDED',
-        });
+      if (problem !== undefined) throw Errors.invalidTensor(problem, { metadata: { model, version } });
+      if (deadlineMs !== undefined && deadlineMs <= this.clock.now()) {
+        throw Errors.deadlineExceeded('the request deadline passed before the model ran');
       }
       const batch = Number(request.inputs[0]?.shape[0] ?? 1n);
       const { processing } = entry;
@@ -145,35 +140,32 @@ export class InferenceExecutor {
 
   /** Returns with the entry READY (loading it if need be), synchronously before the caller uses it. */
   private async loaded(entry: WorkerModel, deadlineMs: number | undefined): Promise<void> {
-    const loadDeadline = Math.min(Date.now() + this.config.loadTimeoutMs, deadlineMs ?? Infinity);
+    const loadDeadline = Math.min(this.clock.now() + this.config.loadTimeoutMs, deadlineMs ?? Infinity);
     while (entry.state !== ModelState.READY) {
-      const remaining = loadDeadline - Date.now();
+      const remaining = loadDeadline - this.clock.now();
       if (remaining <= 0) throw this.loadTimedOut(entry, deadlineMs);
-      let timer: NodeJS.Timeout | undefined;
-      const timedOut = new Promise<'timeout'>((resolve) => (timer = setTimeout(() => resolve('timeout'), remaining)));
+      let cancel = (): void => undefined;
+      const timedOut = new Promise<'timeout'>(
+        (resolve) => (cancel = this.clock.setTimer(() => resolve('timeout'), remaining)),
+      );
       try {
         if ((await Promise.race([this.lifecycle.ensureLoaded(entry), timedOut])) === 'timeout')
           throw this.loadTimedOut(entry, deadlineMs);
       } finally {
-        clearTimeout(timer);
+        cancel();
       }
     }
   }
 
   private loadTimedOut(entry: WorkerModel, deadlineMs: number | undefined): RpcError {
-    if (deadlineMs !== undefined && deadlineMs <= Date.now() + 1) {
-      return new RpcError(
-        status.DEADLINE_EXCEEDED,
+    if (deadlineMs !== undefined && deadlineMs <= this.clock.now() + 1) {
+      return Errors.deadlineExceeded(
         `the request deadline passed while version ${entry.version} of model "${entry.model}" was loading`,
-        {
-          reason: 'DEADLINE_EXCEEDED',
-        },
       );
     }
-    return new RpcError(
-      status.UNAVAILABLE,
+    return Errors.modelNotReady(
       `version ${entry.version} of model "${entry.model}" is still loading after ${this.config.loadTimeoutMs} ms (WORKER_LOAD_TIMEOUT_MS)`,
-      { reason: 'MODEL_NOT_READY', metadata: { model: entry.model, version: entry.version } },
+      { metadata: { model: entry.model, version: entry.version } },
     );
   }
 }

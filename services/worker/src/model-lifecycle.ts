@@ -1,6 +1,6 @@
 import { Inject, Injectable } from '@nestjs/common';
 import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { RpcError, Errors } from '@infermesh/grpc';
 import { VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
@@ -165,8 +165,7 @@ export class ModelLifecycle {
     if (entry.retired) throw notReady(entry, 'is no longer served by this worker');
     if (entry.state === ModelState.READY) return;
     if (entry.state === ModelState.FAILED) throw notReady(entry, `failed to load: ${entry.reason}`);
-    if (this.stopped)
-      throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down', { reason: 'WORKER_DRAINING' });
+    if (this.stopped) throw Errors.workerDraining('the worker is shutting down');
     const start = process.hrtime.bigint();
     const seconds = () => Number(process.hrtime.bigint() - start) / 1e9;
     entry.state = ModelState.LOADING;
@@ -201,8 +200,7 @@ export class ModelLifecycle {
       const memoryBytes = Math.max(bytes.byteLength, process.memoryUsage.rss() - rssBefore);
       this.measuredBytes.set(entry.record.artifact?.sha256 ?? '', memoryBytes);
       await this.makeRoom(entry, memoryBytes);
-      if (this.stopped)
-        throw new RpcError(status.UNAVAILABLE, 'the worker is shutting down', { reason: 'WORKER_DRAINING' });
+      if (this.stopped) throw Errors.workerDraining('the worker is shutting down');
       if (entry.retired) throw notReady(entry, 'was retired while it loaded');
       entry.ready(session, memoryBytes, warmUpError);
       session = undefined;
@@ -277,15 +275,11 @@ export class ModelLifecycle {
     const victims = chooseEvictions(candidates, this.table.usedBytes - entry.memoryBytes, bytes, budget);
     if (victims === undefined) {
       const held = this.table.list().filter((e) => e !== entry && e.memoryBytes > 0);
-      throw new RpcError(
-        status.RESOURCE_EXHAUSTED,
+      throw Errors.memoryBudgetExceeded(
         `version ${entry.version} of model "${entry.model}" needs ${formatBytes(bytes)} but the worker's memory budget ` +
           `(WORKER_MEMORY_BUDGET_BYTES) is ${formatBytes(budget)}, of which ${formatBytes(this.table.usedBytes)} is held by ` +
           `${held.length} loaded version(s) that are pinned or in use`,
-        {
-          reason: 'MEMORY_BUDGET_EXCEEDED',
-          metadata: { model: entry.model, version: entry.version, budget_bytes: String(budget) },
-        },
+        { metadata: { model: entry.model, version: entry.version, budget_bytes: String(budget) } },
       );
     }
     const freed: Promise<void>[] = [];
@@ -342,8 +336,7 @@ export class ModelLifecycle {
       if (error instanceof RpcError && error.code === status.NOT_FOUND) {
         throw new LoadFailure(`artifact ${sha256} is not in the registry: ${error.message}`);
       }
-      throw new RpcError(status.UNAVAILABLE, `could not download the artifact of ${entry.name}: ${message(error)}`, {
-        reason: 'MODEL_NOT_READY',
+      throw Errors.modelNotReady(`could not download the artifact of ${entry.name}: ${message(error)}`, {
         metadata: { model: entry.model, version: entry.version },
       });
     }
@@ -368,8 +361,7 @@ export class ModelLifecycle {
 }
 
 function notReady(entry: WorkerModel, detail: string): RpcError {
-  return new RpcError(status.UNAVAILABLE, `version ${entry.version} of model "${entry.model}" ${detail}`, {
-    reason: 'MODEL_NOT_READY',
+  return Errors.modelNotReady(`version ${entry.version} of model "${entry.model}" ${detail}`, {
     metadata: { model: entry.model, version: entry.version },
   });
 }

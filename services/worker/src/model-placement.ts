@@ -1,9 +1,5 @@
-import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import type { WorkerConfig } from './worker.config';
-
-/** The ErrorInfo reason of a request for a model outside the worker's placement (WORKER_MODELS). */
-export const MODEL_NOT_PLACED = 'MODEL_NOT_PLACED';
 
 /** Whether this worker serves the model: WORKER_MODELS names it, or names nothing (every model). */
 export function isPlaced(config: Pick<WorkerConfig, 'placedModels'>, model: string): boolean {
@@ -21,12 +17,8 @@ export function assertPlaced(
 ): void {
   if (isPlaced(config, model)) return;
   const served = [...config.placedModels].map((m) => `"${m}"`).join(', ');
-  throw new RpcError(
-    status.FAILED_PRECONDITION,
+  throw Errors.modelNotPlaced(
     `model "${model}" is not placed on worker ${config.workerId}, which serves only ${served} (WORKER_MODELS); send it to a worker that serves it`,
-    {
-      reason: MODEL_NOT_PLACED,
-      metadata: { model, ...(version !== undefined && { version }), worker_id: config.workerId },
-    },
+    { metadata: { model, ...(version !== undefined && { version }), worker_id: config.workerId } },
   );
 }

@@ -1,6 +1,5 @@
 import { create } from '@bufbuild/protobuf';
-import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import {
   DataType,
   type Tensor,
@@ -45,7 +44,7 @@ const RANKABLE = new Set([
 const FLOATING = new Set([DataType.FP16, DataType.FP32, DataType.FP64, DataType.BF16]);
 
 const invalid = (message: string, metadata: Record<string, string>) =>
-  RpcError.invalidArgument(message, 'INVALID_TENSOR', metadata);
+  Errors.invalidTensor(message, { metadata: metadata });
 
 /**
  * The pre- and post-processing a model version declares in the registry (ModelVersion.processing),
@@ -206,13 +205,9 @@ export class ModelProcessing {
     this.checkCount(name, count, perRow);
     const size = datatypeInfo(output.datatype).byteSize;
     if (output.data.byteLength !== rows * perRow * size) {
-      throw new RpcError(
-        status.INTERNAL,
+      throw Errors.internal(
         `output "${name}" has ${output.data.byteLength} bytes of data but shape ${formatShape(output.shape)} needs ${rows * perRow * size}`,
-        {
-          reason: 'INTERNAL',
-          metadata,
-        },
+        { metadata },
       );
     }
     const view = new DataView(output.data.buffer, output.data.byteOffset, output.data.byteLength);

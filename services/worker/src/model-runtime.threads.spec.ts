@@ -8,9 +8,10 @@ import {
   TINY_BIAS,
   TINY_WEIGHT,
 } from '@infermesh/model-builder';
-import { RpcError } from '@infermesh/grpc';
+import type { RpcError } from '@infermesh/grpc';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { DataType, decodeBytesElements, encodeBytesElements } from '@infermesh/tensors';
+import { eventually, ManualClock, rpcRejection as rejection } from '@infermesh/testing';
 import * as ort from 'onnxruntime-node';
 import { join } from 'node:path';
 import type { Worker } from 'node:worker_threads';
@@ -51,25 +52,17 @@ const mlpInput = (rows: number, seed = 0) =>
     [rows, 512],
   );
 
-async function rejection(promise: Promise<unknown>): Promise<RpcError> {
-  const error = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(error).toBeInstanceOf(RpcError);
-  return error as RpcError;
-}
-
 const exited = (thread: Worker) => new Promise<number>((resolve) => thread.once('exit', resolve));
 
 /** A runtime whose threads die on a run of an input named "crash" (execution-thread.crash-fixture.js). */
-const crashingRuntime = (instancesPerModel: number, died: string[], restartDelayMs = 50) =>
+const crashingRuntime = (instancesPerModel: number, died: string[], restartDelayMs = 50, clock?: ManualClock) =>
   new ThreadsModelRuntime({
     instancesPerModel,
     intraOpThreads: 1,
     onThreadCrash: (reason) => died.push(reason),
     restartDelayMs,
     threadFile: join(__dirname, 'execution-thread.crash-fixture.js'),
+    clock,
   });
 
 describe(ThreadsModelRuntime.name, () => {
@@ -233,8 +226,8 @@ describe(ThreadsModelRuntime.name, () => {
     expect(other.status).toBe('fulfilled');
     expect(died).toHaveLength(1);
     expect(died[0]).toContain('70');
-    for (let i = 0; i < 200 && session.occupancy.instances < 2; i++) await new Promise((r) => setTimeout(r, 10));
-    expect(session.occupancy.instances).toBe(2);
+    await eventually(() => session.occupancy.instances === 2); // the replacement thread has started
+
     expect(session.threads.filter((t) => before.includes(t))).toHaveLength(1);
     const runs = await Promise.all([0, 1, 2, 3].map((i) => session.run([mlpInput(8, i)], [])));
     expect(runs.every((r) => r.outputs[0]!.shape[0] === 8n)).toBe(true);
@@ -275,7 +268,8 @@ describe(ThreadsModelRuntime.name, () => {
     expect((await load(sut, buildTinyModel().bytes)).holdsModelBytes).toBe(true);
 
     const died: string[] = [];
-    const crashing = crashingRuntime(1, died, 60_000);
+    const clock = new ManualClock();
+    const crashing = crashingRuntime(1, died, 60_000, clock);
     const session = (await crashing.load(buildTinyModel().bytes, ['cpu'], () =>
       Promise.reject(new Error('artifact refused: bytes hash to 00')),
     )) as ThreadsModelSession;
@@ -288,6 +282,7 @@ describe(ThreadsModelRuntime.name, () => {
     expect([error.code, error.reason]).toEqual([status.UNAVAILABLE, 'EXECUTION_FAILED']);
     expect(error.message).toContain('artifact refused');
     expect(died.at(-1)).toContain('a replacement execution thread failed to start: artifact refused');
+    expect(clock.pendingInMs()).toEqual([60_000]); // it tries again after restartDelayMs
   });
 
   it('runs requests on two instances at once', async () => {

@@ -1,6 +1,6 @@
 import { create } from '@bufbuild/protobuf';
-import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { type Clock, systemClock } from '@infermesh/clock';
+import { type RpcError, Errors } from '@infermesh/grpc';
 import {
   type Tensor,
   type TensorSpec,
@@ -24,6 +24,8 @@ export interface ThreadsRuntimeOptions {
   restartDelayMs?: number;
   /** The thread entry: EXECUTION_THREAD_FILE unless a test wraps it. */
   threadFile?: string;
+  /** Time: the wait before a replacement starts again, how long close() waits (systemClock unless given). */
+  clock?: Clock;
 }
 
 /**
@@ -116,7 +118,7 @@ export class ThreadsModelRuntime extends ModelRuntime {
       };
       let first: { thread: ExecutionThread; ready: Extract<FromThread, { type: 'ready' }> };
       try {
-        first = await ExecutionThread.start(spec);
+        first = await ExecutionThread.start(spec, this.options.clock ?? systemClock);
       } catch (error) {
         const message = errorMessage(error);
         if (/failed to load (shared )?library|backend not found/i.test(message))
@@ -169,6 +171,7 @@ export class ThreadsModelSession implements ModelSession {
   private readonly queue: Job[] = [];
   private starting = 0;
   private released = false;
+  private readonly clock: Clock;
 
   constructor(
     private readonly spec: ThreadSpec,
@@ -177,6 +180,7 @@ export class ThreadsModelSession implements ModelSession {
     /** The model's bytes again, for a replacement thread, when the session does not keep them. */
     private readonly reload?: () => Promise<Uint8Array>,
   ) {
+    this.clock = options.clock ?? systemClock;
     this.executionProvider = spec.provider;
     this.inputs = ready.inputs.map(toSpec);
     this.outputs = ready.outputs.map(toSpec);
@@ -200,7 +204,9 @@ export class ThreadsModelSession implements ModelSession {
   /** Adopts the first instance and starts the others. */
   async start(first: ExecutionThread, count: number): Promise<void> {
     this.adopt(first);
-    const others = await Promise.allSettled(Array.from({ length: count - 1 }, () => ExecutionThread.start(this.spec)));
+    const others = await Promise.allSettled(
+      Array.from({ length: count - 1 }, () => ExecutionThread.start(this.spec, this.clock)),
+    );
     for (const other of others) if (other.status === 'fulfilled') this.adopt(other.value.thread);
     const failed = others.find((o) => o.status === 'rejected');
     if (failed !== undefined)
@@ -217,9 +223,8 @@ export class ThreadsModelSession implements ModelSession {
   async run(inputs: readonly Tensor[], outputNames: readonly string[]): Promise<RunResult> {
     for (const name of outputNames) {
       if (!this.outputNames.includes(name)) {
-        throw RpcError.invalidArgument(
+        throw Errors.invalidTensor(
           `the model has no output "${name}"; its outputs are ${this.outputNames.map((n) => `"${n}"`).join(', ')}`,
-          'INVALID_TENSOR',
         );
       }
     }
@@ -291,7 +296,7 @@ export class ThreadsModelSession implements ModelSession {
     const spec = this.spec;
     const model = spec.model !== undefined ? Promise.resolve(spec.model) : this.reload!();
     model
-      .then((bytes) => ExecutionThread.start({ ...spec, model: bytes }))
+      .then((bytes) => ExecutionThread.start({ ...spec, model: bytes }, this.clock))
       .then(
         ({ thread }) => {
           this.starting -= 1;
@@ -306,7 +311,7 @@ export class ThreadsModelSession implements ModelSession {
             for (const job of this.queue.splice(0))
               job.reject(unavailable(`no execution thread is running: ${errorMessage(error)}`));
           }
-          setTimeout(() => this.replace(), this.options.restartDelayMs ?? 1_000).unref();
+          this.clock.setTimer(() => this.replace(), this.options.restartDelayMs ?? 1_000);
         },
       );
   }
@@ -324,14 +329,20 @@ class ExecutionThread {
   private ended = false;
   private lastError: string | undefined;
 
-  private constructor(readonly worker: Worker) {}
+  private constructor(
+    readonly worker: Worker,
+    private readonly clock: Clock,
+  ) {}
 
   /** Starts a thread and waits until its session is ready; rejects with the session's error. */
-  static start(spec: ThreadSpec): Promise<{ thread: ExecutionThread; ready: Extract<FromThread, { type: 'ready' }> }> {
+  static start(
+    spec: ThreadSpec,
+    clock: Clock,
+  ): Promise<{ thread: ExecutionThread; ready: Extract<FromThread, { type: 'ready' }> }> {
     const worker = new Worker(spec.file, {
       workerData: { model: spec.model, provider: spec.provider, intraOpThreads: spec.intraOpThreads },
     });
-    const thread = new ExecutionThread(worker);
+    const thread = new ExecutionThread(worker, clock);
     return new Promise((resolve, reject) => {
       let lastError: unknown;
       const onError = (error: unknown) => (lastError = error);
@@ -396,13 +407,12 @@ class ExecutionThread {
     }
     if (this.ended) return;
     await new Promise<void>((resolve) => {
-      const timer = setTimeout(() => {
+      const cancel = this.clock.setTimer(() => {
         this.worker.unref();
         resolve();
       }, CLOSE_TIMEOUT_MS);
-      timer.unref();
       this.worker.once('exit', () => {
-        clearTimeout(timer);
+        cancel();
         resolve();
       });
     });
@@ -428,7 +438,7 @@ class ExecutionThread {
             computeMs: Number(process.hrtime.bigint() - job.startedAt) / 1e6,
             instance: this.worker.threadId,
           });
-        else job.reject(RpcError.invalidArgument(`the model refused the input: ${message.message}`, 'INVALID_TENSOR'));
+        else job.reject(Errors.invalidTensor(`the model refused the input: ${message.message}`));
         return;
       }
       case 'ready':
@@ -448,7 +458,7 @@ class ExecutionThread {
 }
 
 function unavailable(message: string): RpcError {
-  return new RpcError(status.UNAVAILABLE, message, { reason: 'EXECUTION_FAILED' });
+  return Errors.executionFailed(message);
 }
 
 function toSpec(meta: ThreadMetadata): TensorSpec {

@@ -1,5 +1,6 @@
 import { clone } from '@bufbuild/protobuf';
 import { Inject, Injectable, type OnApplicationBootstrap, type OnApplicationShutdown } from '@nestjs/common';
+import { Clock } from '@infermesh/clock';
 import {
   type Model,
   type ModelVersion,
@@ -52,8 +53,9 @@ interface Wanted {
  */
 @Injectable()
 export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown {
-  private timer: NodeJS.Timeout | undefined;
-  private debounce: NodeJS.Timeout | undefined;
+  private stopTimer: (() => void) | undefined;
+  /** Calls off the sync a change has asked for; undefined when none waits. */
+  private cancelDebounce: (() => void) | undefined;
   private running: Promise<void> | undefined;
   private again: Promise<void> | undefined;
   private stopped = false;
@@ -73,6 +75,7 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
     private readonly table: ModelTable,
     private readonly logger: JsonLogger,
     metrics: Metrics,
+    private readonly clock: Clock,
   ) {
     this.syncFailures = metrics.counter(
       'registry_sync_failures_total',
@@ -82,12 +85,11 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
 
   onApplicationBootstrap(): void {
     void this.syncNow();
-    this.timer = setInterval(() => void this.syncNow(), this.config.syncIntervalMs);
-    this.timer.unref();
+    this.stopTimer = this.clock.setRepeatingTimer(() => void this.syncNow(), this.config.syncIntervalMs);
     this.watch.onChange(() => {
-      if (this.stopped || this.debounce !== undefined) return;
-      this.debounce = setTimeout(() => {
-        this.debounce = undefined;
+      if (this.stopped || this.cancelDebounce !== undefined) return;
+      this.cancelDebounce = this.clock.setTimer(() => {
+        this.cancelDebounce = undefined;
         void this.syncNow();
       }, CHANGE_DEBOUNCE_MS);
     });
@@ -123,7 +125,7 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
         const pinned = this.table.list().filter((e) => e.pinned);
         if (pinned.every((e) => e.state === ModelState.READY)) return;
       }
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      await this.clock.sleep(50);
     }
   }
 
@@ -135,8 +137,8 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
 
   async onApplicationShutdown(): Promise<void> {
     this.stopped = true;
-    clearInterval(this.timer);
-    clearTimeout(this.debounce);
+    this.stopTimer?.();
+    this.cancelDebounce?.();
     await this.lifecycle.shutdown();
     await this.running;
     await this.again;
@@ -181,7 +183,7 @@ export class ModelSync implements OnApplicationBootstrap, OnApplicationShutdown 
           this.logger.warn('ignoring a version with a malformed name', { name: version.name });
           continue;
         }
-        entry = new WorkerModel(version.name, ids.modelId, ids.versionId, version, pinned);
+        entry = new WorkerModel(version.name, ids.modelId, ids.versionId, version, pinned, this.clock);
         this.table.add(entry);
       } else {
         entry.record = version;

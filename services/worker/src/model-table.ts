@@ -1,4 +1,5 @@
 import { Injectable } from '@nestjs/common';
+import { type Clock, systemClock } from '@infermesh/clock';
 import type { ModelVersion } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { Metrics } from '@infermesh/telemetry';
@@ -37,6 +38,8 @@ export class WorkerModel {
     /** The registry's record: artifact, signature, processing. Refreshed by every sync. */
     public record: ModelVersion,
     public pinned: boolean,
+    /** Time: when it was last used (systemClock unless given). */
+    private readonly clock: Clock = systemClock,
   ) {}
 
   get executionProvider(): string {
@@ -78,12 +81,12 @@ export class WorkerModel {
     const session = this.session;
     if (session === undefined) throw new Error(`${this.name} has no session`);
     this.inflight += 1;
-    this.lastUsedMs = Date.now();
+    this.lastUsedMs = this.clock.now();
     try {
       return await work(session);
     } finally {
       this.inflight -= 1;
-      this.lastUsedMs = Date.now();
+      this.lastUsedMs = this.clock.now();
       if (this.inflight === 0) for (const resolve of this.idleWaiters.splice(0)) resolve();
     }
   }

@@ -1,6 +1,5 @@
 import { create } from '@bufbuild/protobuf';
-import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { DataType, datatypeFromOrt, datatypeName } from '@infermesh/tensors';
 
@@ -43,18 +42,16 @@ export function toWireTensor(tensor: Tensor): WireTensor {
   const dims = tensor.shape.map(Number);
   const kind = ORT_TYPES[tensor.datatype];
   if (kind === undefined) {
-    throw new RpcError(
-      status.UNIMPLEMENTED,
+    throw Errors.datatypeUnsupported(
       `tensor "${tensor.name}": datatype ${datatypeName(tensor.datatype)} is not supported by ONNX Runtime, which serves this model`,
-      { reason: 'DATATYPE_UNSUPPORTED', metadata: { tensor: tensor.name, datatype: datatypeName(tensor.datatype) } },
+      { metadata: { tensor: tensor.name, datatype: datatypeName(tensor.datatype) } },
     );
   }
   if (kind.byteSize > 0) {
     const needed = dims.reduce((a, b) => a * b, 1) * kind.byteSize;
     if (tensor.data.byteLength !== needed) {
-      throw RpcError.invalidArgument(
+      throw Errors.invalidTensor(
         `tensor "${tensor.name}" has ${tensor.data.byteLength} bytes of data but its shape needs ${needed}`,
-        'INVALID_TENSOR',
       );
     }
   }
@@ -65,9 +62,7 @@ export function toWireTensor(tensor: Tensor): WireTensor {
 export function fromWireTensor(wire: WireTensor): Tensor {
   const datatype = datatypeFromOrt(wire.type);
   if (datatype === undefined) {
-    throw new RpcError(status.INTERNAL, `output "${wire.name}" has type ${wire.type}, which has no KServe datatype`, {
-      reason: 'INTERNAL',
-    });
+    throw Errors.internal(`output "${wire.name}" has type ${wire.type}, which has no KServe datatype`);
   }
   return create(TensorSchema, {
     name: wire.name,

@@ -1,6 +1,6 @@
 import { Inject, Injectable } from '@nestjs/common';
 import { create } from '@bufbuild/protobuf';
-import { type CallContext, RpcError, type ServiceImpl } from '@infermesh/grpc';
+import { type CallContext, type ServiceImpl, Errors } from '@infermesh/grpc';
 import {
   type InferRequest,
   type LoadedModel,
@@ -29,7 +29,7 @@ export class WorkerGrpcController implements ServiceImpl<typeof WorkerService> {
   ) {}
 
   async infer(request: InferRequest, ctx: CallContext) {
-    if (request.request === undefined) throw RpcError.invalidArgument('infer needs a request');
+    if (request.request === undefined) throw Errors.invalidRequest('infer needs a request');
     return { response: await this.executor.infer(request.request, ctx.deadlineMs) };
   }
 
@@ -60,13 +60,11 @@ export class WorkerGrpcController implements ServiceImpl<typeof WorkerService> {
   private async find(name: string): Promise<WorkerModel> {
     const ids = splitVersionName(name);
     if (ids === undefined) {
-      throw RpcError.invalidArgument(
-        `"${name}" is not a model version name; expected models/{model}/versions/{version}`,
-      );
+      throw Errors.invalidRequest(`"${name}" is not a model version name; expected models/{model}/versions/{version}`);
     }
     assertPlaced(this.config, ids.modelId, ids.versionId);
     const entry = this.table.get(name) ?? (await this.sync.lookup(name));
-    if (entry === undefined) throw RpcError.notFound(`${name} is not registered for this worker`, 'MODEL_NOT_FOUND');
+    if (entry === undefined) throw Errors.modelNotFound(`${name} is not registered for this worker`);
     return entry;
   }
 }

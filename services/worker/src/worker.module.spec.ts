@@ -25,7 +25,7 @@ import { RegistryWatch } from '@infermesh/registry-watch';
 import { bind, bootstrap } from '@infermesh/runtime';
 import { DataType } from '@infermesh/tensors';
 import { Metrics } from '@infermesh/telemetry';
-import { FakeRegistry, freePort, rpcRejection } from '@infermesh/testing';
+import { eventually, FakeRegistry, freePort, rpcRejection } from '@infermesh/testing';
 import { createHash } from 'node:crypto';
 import * as ort from 'onnxruntime-node';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -52,6 +52,8 @@ class InMemoryRegistry extends ModelRegistry {
   readonly artifacts = new Map<string, Uint8Array>();
   readonly reports: { name: string; state: VersionState; reason: string; warmUpError: string }[] = [];
   downloads = 0;
+  /** ListModels calls: one per sync while the watch is not connected. */
+  lists = 0;
   /** Serves WatchModels, told of each change to a model. */
   private readonly watched = new FakeRegistry();
 
@@ -97,6 +99,7 @@ class InMemoryRegistry extends ModelRegistry {
   }
 
   async listModels(): Promise<Model[]> {
+    this.lists += 1;
     const ids = new Set([...this.versions.keys()].map((name) => name.split('/')[1]!));
     return [...ids].map((id) => this.model(id));
   }
@@ -224,13 +227,8 @@ async function startWorker(registry: InMemoryRegistry, env: Record<string, strin
 
 type Worker = Awaited<ReturnType<typeof startWorker>>;
 
-async function until(check: () => Promise<boolean>, timeoutMs = 20_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
+/** Loads take a while: conditions get 20 s. */
+const until = (check: () => Promise<boolean>) => eventually(check, 20_000, 25);
 
 const states = async (client: ServiceClient<typeof WorkerService>): Promise<Record<string, string>> =>
   Object.fromEntries((await client.listModels({})).models.map((m) => [m.name.split('/')[1]!, ModelState[m.state]]));
@@ -586,10 +584,10 @@ describe(WorkerModule.name, () => {
     registry.change('elsewhere', { pinned: true }); // the registry's pin does not place a model either
     worker = await startWorker(registry, { WORKER_MODELS: 'tiny' });
     await until(async () => registry.versions.get('models/tiny/versions/1')!.state === VersionState.READY);
-    await new Promise((r) => setTimeout(r, 300)); // several syncs
+    const listed = registry.lists;
+    await until(async () => registry.lists >= listed + 3); // several syncs
 
-    const listed = await worker.client.listModels({});
-    expect(listed.placedModels).toEqual(['tiny']);
+    expect((await worker.client.listModels({})).placedModels).toEqual(['tiny']);
     expect(await states(worker.client)).toEqual({ tiny: 'READY' });
     expect(registry.reports.filter((r) => r.name.includes('elsewhere'))).toEqual([]);
     expect(registry.versions.get('models/elsewhere/versions/1')!.state).toBe(VersionState.REGISTERED);
@@ -609,9 +607,13 @@ describe(WorkerModule.name, () => {
 
   it('keeps answering while the registry is down and says which models it does not know', async () => {
     const registry = new InMemoryRegistry();
-    registry.listModels = () => Promise.reject(new Error('connection refused'));
+    let attempts = 0;
+    registry.listModels = () => {
+      attempts += 1;
+      return Promise.reject(new Error('connection refused'));
+    };
     worker = await startWorker(registry, {});
-    await new Promise((r) => setTimeout(r, 300)); // several sync intervals against the dead registry
+    await until(async () => attempts >= 3); // several syncs against the dead registry
     expect((await worker.health.check({ service: '' })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
     expect(await worker.client.listModels({})).toMatchObject({
       workerId: 'worker-under-test',

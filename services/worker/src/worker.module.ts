@@ -1,4 +1,5 @@
 import { type DynamicModule, Module } from '@nestjs/common';
+import { Clock } from '@infermesh/clock';
 import { registryWatchProvider } from '@infermesh/registry-watch';
 import { RuntimeModule } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
@@ -37,8 +38,8 @@ export class WorkerModule {
         },
         {
           provide: ModelRuntime,
-          inject: [Metrics, JsonLogger],
-          useFactory: (metrics: Metrics, logger: JsonLogger): ModelRuntime => {
+          inject: [Metrics, JsonLogger, Clock],
+          useFactory: (metrics: Metrics, logger: JsonLogger, clock: Clock): ModelRuntime => {
             const failures = metrics.counter(
               'execution_thread_failures_total',
               'Execution threads that died unasked or failed to restart; each is replaced.',
@@ -46,6 +47,7 @@ export class WorkerModule {
             return new ThreadsModelRuntime({
               instancesPerModel: config.instancesPerModel,
               intraOpThreads: config.intraOpThreads,
+              clock,
               onThreadCrash: (reason) => {
                 failures.inc();
                 logger.warn('execution thread failed; replacing it', { reason });
@@ -55,13 +57,13 @@ export class WorkerModule {
         },
         {
           provide: ArtifactCache,
-          inject: [Metrics],
-          useFactory: (metrics: Metrics) => {
+          inject: [Metrics, Clock],
+          useFactory: (metrics: Metrics, clock: Clock) => {
             const evictions = metrics.counter(
               'artifact_cache_evictions_total',
               'Local artifact copies deleted to keep the cache within WORKER_ARTIFACT_CACHE_BYTES.',
             );
-            return new ArtifactCache(config.artifactDir, config.artifactCacheBytes, () => evictions.inc());
+            return new ArtifactCache(config.artifactDir, config.artifactCacheBytes, () => evictions.inc(), clock);
           },
         },
         ModelTable,

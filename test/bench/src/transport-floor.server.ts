@@ -1,6 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import { countBuffersInHeapLimit } from '@infermesh/config';
-import { GrpcServer, RpcError, type ServiceImpl } from '@infermesh/grpc';
+import { GrpcServer, type ServiceImpl, Errors } from '@infermesh/grpc';
 import { InferenceResponseSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
@@ -18,7 +18,7 @@ const OUTPUT_WIDTH = 512;
 const outputs = new Map<number, Uint8Array>();
 
 const refuse = () => {
-  throw RpcError.invalidArgument('the transport-floor server answers Infer only');
+  throw Errors.invalidRequest('the transport-floor server answers Infer only');
 };
 const impl: ServiceImpl<typeof WorkerService> = {
   infer: async ({ request }) => {

@@ -1,3 +1,4 @@
+import type { Clock } from '@infermesh/clock';
 import type { Env } from '@infermesh/config';
 
 /** Where the CLI writes text: process.stdout and process.stderr, or a buffer in the specs. */
@@ -14,4 +15,6 @@ export interface CliIo {
   readonly stderr: TextSink;
   /** The compiled repository (dist/) that `infermesh up` starts the services from. */
   readonly distDir: string;
+  /** The time that --timeout waits follow and that times are shown against; systemClock when absent. */
+  readonly clock?: Clock;
 }

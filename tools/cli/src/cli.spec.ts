@@ -3,7 +3,7 @@ import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { runCli } from './cli';
 import { runCapturing } from './testing/cli-runner';
-import { type RunningFakeRegistry, startFakeRegistry } from './testing/fake-registry';
+import { type FakeGateway, startFakeGateway } from './testing/fake-gateway';
 
 const API_KEY = 'admin-key-0123456789abcdef';
 
@@ -133,10 +133,10 @@ describe(runCli.name, () => {
   });
 
   describe('reaching the gateway', () => {
-    let running: RunningFakeRegistry;
+    let running: FakeGateway;
 
     beforeEach(async () => {
-      running = await startFakeRegistry(API_KEY);
+      running = await startFakeGateway(API_KEY);
     });
 
     afterEach(async () => {

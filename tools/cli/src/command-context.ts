@@ -1,4 +1,5 @@
 import type { DescMessage, MessageShape } from '@bufbuild/protobuf';
+import { type Clock, systemClock } from '@infermesh/clock';
 import type { ParsedArgs } from './args';
 import { loadGatewayClientConfig } from './cli.config';
 import { CliError, EXIT } from './cli-errors';
@@ -15,6 +16,11 @@ export class CommandContext {
     readonly io: CliIo,
     readonly args: ParsedArgs,
   ) {}
+
+  /** The time of --timeout waits and of what is shown against now. */
+  get clock(): Clock {
+    return this.io.clock ?? systemClock;
+  }
 
   /** --json: the protobuf JSON of the result on stdout, and no progress. */
   get json(): boolean {

@@ -6,17 +6,17 @@ import {
 import { KEYS_GROUP } from './keys.command';
 import { runCapturing } from './testing/cli-runner';
 import type { FakeApiKeys } from './testing/fake-api-keys';
-import { type RunningFakeRegistry, startFakeRegistry } from './testing/fake-registry';
+import { type FakeGateway, startFakeGateway } from './testing/fake-gateway';
 
 const API_KEY = 'admin-key-0123456789abcdef';
 const SECRET = `im_0123456789a0_${'s'.repeat(43)}`;
 
 describe(`infermesh ${KEYS_GROUP.name}`, () => {
-  let running: RunningFakeRegistry;
+  let running: FakeGateway;
   let keys: FakeApiKeys;
 
   beforeEach(async () => {
-    running = await startFakeRegistry(API_KEY);
+    running = await startFakeGateway(API_KEY);
     keys = running.apiKeys;
   });
 

@@ -28,7 +28,7 @@ export async function quantize(ctx: CommandContext): Promise<void> {
   const calibration =
     calibrationFile === undefined ? [] : (await readWarmUpFile(calibrationFile, '--calibration')).samples;
   const timeoutMs = parseSeconds(args.value('timeout') ?? String(DEFAULT_QUANTIZE_TIMEOUT_S), '--timeout') * 1000;
-  const started = performance.now();
+  const started = ctx.clock.monotonic();
   const session = ctx.gateway();
   const { version: derived } = await session.registry.quantizeModelVersion(
     {
@@ -56,9 +56,13 @@ export async function quantize(ctx: CommandContext): Promise<void> {
     session,
     derived.name,
     label,
-    Math.max(1, timeoutMs - (performance.now() - started)),
+    Math.max(1, timeoutMs - (ctx.clock.monotonic() - started)),
   );
-  ctx.result(ModelVersionSchema, ready, () => `${label} is READY in ${formatSeconds(performance.now() - started)}\n`);
+  ctx.result(
+    ModelVersionSchema,
+    ready,
+    () => `${label} is READY in ${formatSeconds(ctx.clock.monotonic() - started)}\n`,
+  );
 }
 
 /** "dynamic_int8, 3 nodes quantized, 1 kept in float; relative L2 0.0108, ... (gate 0.02); artifact 6.0 MiB". */

@@ -45,7 +45,7 @@ export interface RegisterRequest {
  * labels the model when asked, then follows the registry until the version is READY.
  */
 export async function registerModel(ctx: CommandContext, request: RegisterRequest): Promise<void> {
-  const started = performance.now();
+  const started = ctx.clock.monotonic();
   const sizeBytes = await fileSize(request.file);
   // Read before anything is uploaded, so that a bad file costs nothing.
   const warmUp = request.warmUpFile === undefined ? undefined : await readWarmUpFile(request.warmUpFile);
@@ -76,7 +76,7 @@ export async function registerModel(ctx: CommandContext, request: RegisterReques
   } finally {
     progress.finish();
   }
-  const uploadedMs = performance.now() - started;
+  const uploadedMs = ctx.clock.monotonic() - started;
 
   const { version } = await session.registry.createModelVersion(
     {
@@ -109,7 +109,7 @@ export async function registerModel(ctx: CommandContext, request: RegisterReques
     `${request.model} version ${versionId}`,
     request.timeoutMs,
   );
-  const totalMs = performance.now() - started;
+  const totalMs = ctx.clock.monotonic() - started;
   if (ready.warmUpError !== '') {
     ctx.note(`warning: ${request.model} version ${versionId} serves without warm-up: ${ready.warmUpError}\n`);
   }
@@ -172,7 +172,7 @@ export async function followUntilReady(
 ): Promise<ModelVersion> {
   const trail = new StateTrail(ctx, label);
   try {
-    return await waitForReady(session, versionName, { timeoutMs, onState: (v) => trail.show(v) });
+    return await waitForReady(session, versionName, { timeoutMs, clock: ctx.clock, onState: (v) => trail.show(v) });
   } finally {
     trail.end();
   }

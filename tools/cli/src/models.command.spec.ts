@@ -3,8 +3,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { create, type MessageInitShape, toJson } from '@bufbuild/protobuf';
-import { status } from '@grpc/grpc-js';
-import { RpcError } from '@infermesh/grpc';
+import { Errors } from '@infermesh/grpc';
 import {
   type CreateModelVersionRequest,
   type DeleteModelRequest,
@@ -17,8 +16,9 @@ import {
   VersionState,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
-import { runCapturing } from './testing/cli-runner';
-import { type FakeRegistry, type RunningFakeRegistry, startFakeRegistry } from './testing/fake-registry';
+import { type CaptureOptions, runCapturing } from './testing/cli-runner';
+import { type FakeRegistry, ManualClock } from '@infermesh/testing';
+import { type FakeGateway, startFakeGateway } from './testing/fake-gateway';
 import { MODELS_GROUP } from './models.command';
 
 const API_KEY = 'admin-key-0123456789abcdef';
@@ -48,12 +48,12 @@ const LINEAGE: MessageInitShape<typeof LineageSchema> = {
 };
 
 describe(`infermesh ${MODELS_GROUP.name}`, () => {
-  let running: RunningFakeRegistry;
+  let running: FakeGateway;
   let registry: FakeRegistry;
   let dir: string;
 
   beforeEach(async () => {
-    running = await startFakeRegistry(API_KEY);
+    running = await startFakeGateway(API_KEY);
     registry = running.registry;
     dir = mkdtempSync(join(tmpdir(), 'infermesh-cli-'));
   });
@@ -63,7 +63,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     rmSync(dir, { recursive: true, force: true });
   });
 
-  const sut = (argv: string[], options: { tty?: boolean } = {}) =>
+  const sut = (argv: string[], options: CaptureOptions = {}) =>
     runCapturing(argv, { INFERMESH_GATEWAY: running.address, INFERMESH_API_KEY: API_KEY }, options);
 
   function modelFile(bytes: number): { path: string; bytes: Buffer; sha256: string } {
@@ -104,7 +104,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     });
 
     it("numbers the version one above the model's highest, overrides the max batch size, pins the model and adds labels", async () => {
-      registry.seed({
+      registry.put({
         name: 'models/mlp',
         labels: { team: 'a', owner: 'ml' },
         versions: [
@@ -140,7 +140,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
           updateMask: { paths: ['pinned', 'labels'] },
         },
       ]);
-      expect(registry.model('models/mlp')).toMatchObject({
+      expect(registry.models.get('models/mlp')).toMatchObject({
         pinned: true,
         labels: { team: 'b', owner: 'ml', task: 'cls' },
       });
@@ -176,8 +176,16 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     it('exits 1 with a message when the version is not READY within --timeout', async () => {
       const file = modelFile(10);
       loadsThrough('models/mlp/versions/1', [VersionState.LOADING]);
+      // The half second passes on the CLI's clock once it has shown the version LOADING, not before.
+      const clock = new ManualClock();
+      const onStderr = (text: string) => {
+        if (text.includes('mlp version 1: LOADING')) clock.advance(500);
+      };
 
-      const run = await sut(['models', 'register', file.path, '--name', 'mlp', '--timeout', '0.5']);
+      const run = await sut(['models', 'register', file.path, '--name', 'mlp', '--timeout', '0.5'], {
+        clock,
+        onStderr,
+      });
 
       expect(run.code).toBe(1);
       expect(run.stderr).toContain(
@@ -186,7 +194,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     });
 
     it('exits 1 without waiting when the model is unloaded', async () => {
-      registry.seed({
+      registry.put({
         name: 'models/mlp',
         unloaded: true,
         versions: [{ name: 'models/mlp/versions/1', state: VersionState.REGISTERED }],
@@ -311,7 +319,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
 
   describe('quantize', () => {
     beforeEach(() => {
-      registry.seed({
+      registry.put({
         name: 'models/mlp',
         versions: [
           {
@@ -328,7 +336,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
      * adds it to its model, created when new, as the real registry does before it answers.
      */
     function derives(versionName: string, lineage: MessageInitShape<typeof LineageSchema>, sizeBytes: number): void {
-      registry.quantizeAnswer = () => {
+      registry.handlers.quantizeModelVersion = async () => {
         const version = create(ModelVersionSchema, {
           name: versionName,
           state: VersionState.REGISTERED,
@@ -336,8 +344,8 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
           lineage,
         });
         const modelName = versionName.slice(0, versionName.indexOf('/versions/'));
-        (registry.model(modelName) ?? registry.seed({ name: modelName })).versions.push(version);
-        return version;
+        (registry.models.get(modelName) ?? registry.put({ name: modelName })).versions.push(version);
+        return { version };
       };
     }
 
@@ -483,7 +491,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       [['--new-version', '0'], '--new-version must be a positive integer version id, got "0"'],
       [['--timeout', '0'], '--timeout must be a number of seconds above 0, got "0"'],
     ])('refuses %j with exit 2 and the usage, asking the registry nothing', async (flags, message) => {
-      registry.quantizeAnswer = () => {
+      registry.handlers.quantizeModelVersion = async () => {
         throw new Error('the registry was asked');
       };
 
@@ -527,8 +535,8 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     it("exits 1 with the registry's message when it refuses the variant", async () => {
       const refusal =
         'the int8 variant of models/mlp/versions/1 is off by relative L2 0.0712 on 4 synthetic samples, above the gate 0.02; nothing was registered';
-      registry.quantizeAnswer = () => {
-        throw new RpcError(status.FAILED_PRECONDITION, refusal, { reason: 'ACCURACY_GATE' });
+      registry.handlers.quantizeModelVersion = async () => {
+        throw Errors.accuracyGate(refusal);
       };
 
       const run = await sut(['models', 'quantize', 'mlp', '--version', '1']);
@@ -541,7 +549,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
 
   describe('list and show', () => {
     beforeEach(() => {
-      registry.seed({
+      registry.put({
         name: 'models/mlp',
         pinned: true,
         versions: [
@@ -549,7 +557,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
           { name: 'models/mlp/versions/2', state: VersionState.LOADING },
         ],
       });
-      registry.seed({
+      registry.put({
         name: 'models/tiny',
         unloaded: true,
         versions: [{ name: 'models/tiny/versions/1', state: VersionState.REGISTERED }],
@@ -597,7 +605,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     });
 
     it('shows the lineage of a derived version, and none for a version that was uploaded', async () => {
-      registry.seed({
+      registry.put({
         name: 'models/mlp_int8',
         versions: [
           { name: 'models/mlp_int8/versions/1', state: VersionState.READY },
@@ -623,7 +631,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
     });
 
     it('shows the default quantization settings of a lineage that leaves them unset', async () => {
-      registry.seed({
+      registry.put({
         name: 'models/mlp_int8',
         versions: [
           {
@@ -651,12 +659,12 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
 
   describe('load, unload, retire, delete and set-policy', () => {
     beforeEach(() => {
-      registry.seed({ name: 'models/mlp', versions: [{ name: 'models/mlp/versions/1', state: VersionState.READY }] });
+      registry.put({ name: 'models/mlp', versions: [{ name: 'models/mlp/versions/1', state: VersionState.READY }] });
     });
 
     it('unloads and loads a model with UpdateModel on "unloaded"', async () => {
       const unload = await sut(['models', 'unload', 'mlp']);
-      const unloaded = registry.model('models/mlp')?.unloaded;
+      const unloaded = registry.models.get('models/mlp')?.unloaded;
       const load = await sut(['models', 'load', 'mlp']);
 
       expect(registry.requests<UpdateModelRequest>('updateModel')).toMatchObject([
@@ -664,7 +672,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
         { model: { name: 'models/mlp', unloaded: false }, updateMask: { paths: ['unloaded'] } },
       ]);
       expect(unloaded).toBe(true);
-      expect(registry.model('models/mlp')?.unloaded).toBe(false);
+      expect(registry.models.get('models/mlp')?.unloaded).toBe(false);
       expect(unload).toMatchObject({
         code: 0,
         stdout: 'mlp is unloaded: its versions drain and stop serving; `infermesh models load mlp` loads it again.\n',
@@ -689,7 +697,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       const run = await sut(['models', 'delete', 'mlp', '--json']);
 
       expect(registry.requests<DeleteModelRequest>('deleteModel')).toMatchObject([{ name: 'models/mlp' }]);
-      expect(registry.model('models/mlp')).toBeUndefined();
+      expect(registry.models.get('models/mlp')).toBeUndefined();
       expect(run).toEqual({ code: 0, stderr: '', stdout: '{}\n' });
     });
 

@@ -203,11 +203,11 @@ export async function autoRollout(ctx: CommandContext): Promise<void> {
   const { model } = await session.registry.startAutoRollout(request, session.call());
   if (model === undefined) throw new Error(`the gateway returned no model for "${name}"`);
   if (!args.switch('wait')) {
-    ctx.result(ModelSchema, model, () => formatFullRollout(model, Date.now()));
+    ctx.result(ModelSchema, model, () => formatFullRollout(model, ctx.clock.now()));
     return;
   }
   const last = await follow(ctx, session, model);
-  ctx.result(ModelSchema, last, () => formatFullRollout(last, Date.now()));
+  ctx.result(ModelSchema, last, () => formatFullRollout(last, ctx.clock.now()));
   const rollout = last.autoRollout!;
   const label = `${modelIdOf(last.name)} version ${rollout.canaryVersion}`;
   if (rollout.phase === AutoRolloutPhase.ROLLED_BACK)

@@ -15,7 +15,8 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { keepStable, ROLLOUT_GROUP } from './rollout.command';
 import { runCapturing } from './testing/cli-runner';
-import { type FakeRegistry, type RunningFakeRegistry, startFakeRegistry } from './testing/fake-registry';
+import type { FakeRegistry } from '@infermesh/testing';
+import { type FakeGateway, startFakeGateway } from './testing/fake-gateway';
 
 const API_KEY = 'admin-key-0123456789abcdef';
 
@@ -23,11 +24,11 @@ const versions = (...states: VersionState[]) =>
   states.map((state, i) => ({ name: `models/mlp/versions/${i + 1}`, state }));
 
 describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
-  let running: RunningFakeRegistry;
+  let running: FakeGateway;
   let registry: FakeRegistry;
 
   beforeEach(async () => {
-    running = await startFakeRegistry(API_KEY);
+    running = await startFakeGateway(API_KEY);
     registry = running.registry;
   });
 
@@ -38,7 +39,7 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
   const sut = (...argv: string[]) =>
     runCapturing(['rollout', ...argv], { INFERMESH_GATEWAY: running.address, INFERMESH_API_KEY: API_KEY });
   const seed = (states: VersionState[], rollout?: MessageInitShape<typeof RolloutPolicySchema>) =>
-    registry.seed({ name: 'models/mlp', versions: versions(...states), ...(rollout !== undefined && { rollout }) });
+    registry.put({ name: 'models/mlp', versions: versions(...states), ...(rollout !== undefined && { rollout }) });
   const policiesSet = () => registry.requests<SetRolloutPolicyRequest>('setRolloutPolicy');
 
   describe('stable', () => {
@@ -275,7 +276,7 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
     const started = () => registry.requests<StartAutoRolloutRequest>('startAutoRollout');
     /** Version 1 stable and READY, version 2 READY: the canary to be. */
     const seedTwo = () =>
-      registry.seed({
+      registry.put({
         name: 'models/mlp',
         versions: versions(VersionState.READY, VersionState.READY),
         rollout: { stableVersion: '1' },
@@ -442,7 +443,7 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
       });
 
       it("passes the registry's refusal on with exit 1", async () => {
-        registry.seed({ name: 'models/mlp', versions: versions(VersionState.READY, VersionState.LOADING) });
+        registry.put({ name: 'models/mlp', versions: versions(VersionState.READY, VersionState.LOADING) });
 
         const run = await sut('auto', 'mlp', '--version', '2');
 
@@ -634,7 +635,7 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
       ];
 
       it('shows the automatic rollout: phase, versions, step, time in step, reason, figures and each gate', async () => {
-        registry.seed({
+        registry.put({
           name: 'models/mlp',
           versions: versions(VersionState.READY, VersionState.READY),
           rollout: { stableVersion: '1' },
@@ -671,7 +672,7 @@ describe(`infermesh ${ROLLOUT_GROUP.name}`, () => {
       });
 
       it('lists the decisions oldest first with their figures, and the whole model with --json', async () => {
-        registry.seed({
+        registry.put({
           name: 'models/mlp',
           versions: versions(VersionState.READY, VersionState.READY),
           autoRollout: rolledBack,

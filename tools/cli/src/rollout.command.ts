@@ -69,7 +69,7 @@ async function setPolicy(
   const session = ctx.gateway();
   const { model } = await session.registry.setRolloutPolicy({ model: current.name, policy }, session.call());
   if (model === undefined) throw new Error(`the gateway returned no model for ${current.name}`);
-  ctx.result(ModelSchema, model, () => formatFullRollout(model, Date.now()));
+  ctx.result(ModelSchema, model, () => formatFullRollout(model, ctx.clock.now()));
 }
 
 async function update(
@@ -82,12 +82,12 @@ async function update(
     session.call(),
   );
   if (model === undefined) throw new Error(`the gateway returned no model for "${ctx.args.positionals[0]}"`);
-  ctx.result(ModelSchema, model, () => formatFullRollout(model, Date.now()));
+  ctx.result(ModelSchema, model, () => formatFullRollout(model, ctx.clock.now()));
 }
 
 async function show(ctx: CommandContext): Promise<void> {
   const model = await getModel(ctx, ctx.args.positionals[0]!);
-  ctx.result(ModelSchema, model, () => formatFullRollout(model, Date.now()));
+  ctx.result(ModelSchema, model, () => formatFullRollout(model, ctx.clock.now()));
 }
 
 async function history(ctx: CommandContext): Promise<void> {

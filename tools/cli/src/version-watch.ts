@@ -1,3 +1,4 @@
+import type { Clock } from '@infermesh/clock';
 import { RpcError } from '@infermesh/grpc';
 import { type ModelVersion, VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { modelIdOf, modelNameOf, versionIdOf } from '@infermesh/rollout';
@@ -7,6 +8,8 @@ import { formatSeconds, stateName } from './output/format';
 
 export interface WaitForReadyOptions {
   timeoutMs: number;
+  /** What `timeoutMs` is measured on. */
+  clock: Clock;
   /** Called with the version when it is first seen and each time its state changes. */
   onState?: (version: ModelVersion) => void;
 }
@@ -27,7 +30,7 @@ export async function waitForReady(
   const label = `${modelId} version ${versionIdOf(versionName)}`;
   const controller = new AbortController();
   let timedOut = false;
-  const timer = setTimeout(() => {
+  const cancelTimer = options.clock.setTimer(() => {
     timedOut = true;
     controller.abort();
   }, options.timeoutMs);
@@ -73,6 +76,6 @@ export async function waitForReady(
     }
     throw error;
   } finally {
-    clearTimeout(timer);
+    cancelTimer();
   }
 }

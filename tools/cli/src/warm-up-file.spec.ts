@@ -1,20 +1,13 @@
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { decodeBytesElements } from '@infermesh/tensors';
+import { thrownBy } from '@infermesh/testing';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CommandFailure } from './cli-errors';
 import { MAX_WARM_UP_FILE_BYTES, parseWarmUp, readWarmUpFile } from './warm-up-file';
 
-const refusal = (json: unknown) => {
-  try {
-    parseWarmUp(json, 'samples.json');
-  } catch (error) {
-    if (error instanceof CommandFailure) return error.message;
-    throw error;
-  }
-  throw new Error('expected the warm-up file to be refused');
-};
+const refusal = (json: unknown) => thrownBy(() => parseWarmUp(json, 'samples.json'), CommandFailure).message;
 
 describe(parseWarmUp.name, () => {
   it('reads one sample of KServe-style named tensors, nested or flat data, into raw little-endian bytes', () => {

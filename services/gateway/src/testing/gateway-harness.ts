@@ -1,7 +1,6 @@
 import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { timestampNow } from '@bufbuild/protobuf/wkt';
-import { status } from '@grpc/grpc-js';
-import { GrpcServer, HealthService, RpcError, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
+import { Errors, GrpcServer, HealthService, type ServiceImpl, ServingStatus } from '@infermesh/grpc';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import {
   DataType,
@@ -18,12 +17,13 @@ import {
 import { RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
 import type { RunningService } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { freePortList } from '@infermesh/testing';
+import { freePortList, type ManualClock } from '@infermesh/testing';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadGatewayConfig } from '../gateway.config';
+import type { GatewayOptions } from '../gateway.module';
 import { startGateway } from '../gateway.start';
 
 // What the gateway's specs run it with. The router and the registry are other services: fakes stand
@@ -31,9 +31,14 @@ import { startGateway } from '../gateway.start';
 
 export interface FakeRouter {
   requests: { request: InferenceRequest; requestId: string; deadlineMs: number | undefined }[];
+  /** What requests for model "held" wait for: they are answered when it resolves, or never while it is unset. */
+  hold?: Promise<void>;
 }
 
-/** An identity model: every input comes back as an output of the same name, served by version "3". */
+/**
+ * An identity model: every input comes back as an output of the same name, served by version "3".
+ * Model "held" is answered only once `state.hold` resolves; its call may end first (its deadline, a cancellation).
+ */
 export function fakeRouter(state: FakeRouter): ServiceImpl<typeof RouterService> {
   return {
     async infer({ request }, ctx) {
@@ -41,17 +46,17 @@ export function fakeRouter(state: FakeRouter): ServiceImpl<typeof RouterService>
       state.requests.push({ request: req, requestId: ctx.requestId, deadlineMs: ctx.deadlineMs });
       switch (req.modelName) {
         case 'missing':
-          throw RpcError.notFound('model "missing" not found', 'MODEL_NOT_FOUND');
+          throw Errors.modelNotFound('model "missing" not found');
         case 'busy':
-          throw new RpcError(status.RESOURCE_EXHAUSTED, 'the queue of model "busy" is full', {
-            reason: 'QUEUE_FULL',
-            retryDelayMs: 1500,
+          throw Errors.queueFull('the queue of model "busy" is full', { retryDelayMs: 1500 });
+        case 'held':
+          await new Promise<void>((resolve) => {
+            void state.hold?.then(resolve);
+            ctx.signal.addEventListener('abort', () => resolve(), { once: true });
           });
-        case 'slow':
-          await new Promise((r) => setTimeout(r, 1_000));
           break;
         case 'strict':
-          throw RpcError.invalidArgument('input "x" has shape [3] but model "strict" expects [4]', 'INVALID_TENSOR');
+          throw Errors.invalidTensor('input "x" has shape [3] but model "strict" expects [4]');
       }
       const outputs = req.inputs
         .filter((t) => req.outputNames.length === 0 || req.outputNames.includes(t.name))
@@ -102,11 +107,11 @@ export const MODELS: Model[] = [
 export function fakeRegistry() {
   const find = (name: string) => {
     const model = MODELS.find((m) => m.name === name);
-    if (model === undefined) throw RpcError.notFound(`model "${name.slice(7)}" not found`, 'MODEL_NOT_FOUND');
+    if (model === undefined) throw Errors.modelNotFound(`model "${name.slice(7)}" not found`);
     return model;
   };
   const notUsed = () => {
-    throw new RpcError(status.UNIMPLEMENTED, 'not used by the gateway');
+    throw Errors.notImplemented('not used by the gateway');
   };
   return {
     uploadArtifact: notUsed,
@@ -133,12 +138,11 @@ export function fakeRegistry() {
       const found = find(model);
       if (versionId === '') {
         const ready = found.versions.findLast((v) => v.state === VersionState.READY);
-        if (ready === undefined)
-          throw new RpcError(status.UNAVAILABLE, `no version of ${model} is ready`, { reason: 'MODEL_NOT_READY' });
+        if (ready === undefined) throw Errors.modelNotReady(`no version of ${model} is ready`);
         return { version: ready };
       }
       const v = found.versions.find((x) => x.name.endsWith(`/versions/${versionId}`));
-      if (v === undefined) throw RpcError.notFound(`${model} has no version ${versionId}`, 'VERSION_NOT_FOUND');
+      if (v === undefined) throw Errors.versionNotFound(`${model} has no version ${versionId}`);
       return { version: v };
     },
   };
@@ -163,6 +167,15 @@ export async function startUpstream(add: (server: GrpcServer) => void, typeName:
   health.set('', ServingStatus.SERVING);
   health.set(typeName, ServingStatus.SERVING);
   return { address: `127.0.0.1:${port}`, health, stop: () => server.shutdown(100) };
+}
+
+/**
+ * Moves a gateway's ManualClock on to the wall clock's time. The deadlines the gateway sets reach
+ * real gRPC calls, which grpc-js keeps in real time: a spec moves its clock there before each test,
+ * and the clock stands still during it unless the spec moves it.
+ */
+export function catchUpWithWallClock(clock: ManualClock): void {
+  clock.advance(Math.max(0, Date.now() - clock.now()));
 }
 
 /** The fake router and registry, both serving. */
@@ -197,12 +210,13 @@ export async function startFakeUpstreams(): Promise<FakeUpstreams> {
 /**
  * A gateway on free loopback ports in front of `routerAddress` and `registryAddress`, logging errors
  * only, with its own data folder (removed when it stops) unless `env` names one. `env` gives
- * GATEWAY_API_KEYS and anything else to set.
+ * GATEWAY_API_KEYS and anything else to set; `options` its clock.
  */
 export async function startTestGateway(
   routerAddress: string,
   registryAddress: string,
   env: Record<string, string>,
+  options: GatewayOptions = {},
 ): Promise<RunningService> {
   const [grpc, metrics, httpPort] = await freePortList(3);
   const dataDir = mkdtempSync(join(tmpdir(), 'gateway-spec-'));
@@ -217,7 +231,7 @@ export async function startTestGateway(
     GATEWAY_DATA_DIR: dataDir,
     ...env,
   });
-  const gateway = await startGateway(config).catch((error: unknown) => {
+  const gateway = await startGateway(config, options).catch((error: unknown) => {
     rmSync(dataDir, { recursive: true, force: true });
     throw error;
   });

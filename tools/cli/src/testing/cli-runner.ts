@@ -1,3 +1,4 @@
+import type { Clock } from '@infermesh/clock';
 import type { Env } from '@infermesh/config';
 import { runCli } from '../cli';
 
@@ -7,19 +8,31 @@ export interface CliRun {
   stderr: string;
 }
 
-/** Runs `infermesh` in-process with `env`, capturing what it writes; `tty` makes stderr a terminal. */
-export async function runCapturing(
-  argv: readonly string[],
-  env: Env,
-  options: { tty?: boolean } = {},
-): Promise<CliRun> {
+export interface CaptureOptions {
+  /** Makes stderr a terminal. */
+  tty?: boolean;
+  /** The CLI's time (a ManualClock, say); systemClock by default. */
+  clock?: Clock;
+  /** Hears each text written to stderr as it is written, before the run ends. */
+  onStderr?: (text: string) => void;
+}
+
+/** Runs `infermesh` in-process with `env`, capturing what it writes. */
+export async function runCapturing(argv: readonly string[], env: Env, options: CaptureOptions = {}): Promise<CliRun> {
   let stdout = '';
   let stderr = '';
   const code = await runCli(argv, {
     env,
     stdout: { write: (text: string) => (stdout += text), isTTY: options.tty === true },
-    stderr: { write: (text: string) => (stderr += text), isTTY: options.tty === true },
+    stderr: {
+      write: (text: string) => {
+        stderr += text;
+        options.onStderr?.(text);
+      },
+      isTTY: options.tty === true,
+    },
     distDir: '/nonexistent/dist',
+    ...(options.clock !== undefined && { clock: options.clock }),
   });
   return { code, stdout, stderr };
 }

@@ -1,9 +1,8 @@
 import { clone, create } from '@bufbuild/protobuf';
 import { timestampNow } from '@bufbuild/protobuf/wkt';
-import { status } from '@grpc/grpc-js';
-import { type CallContext, RpcError, type ServiceImpl } from '@infermesh/grpc';
+import { type CallContext, type ServiceImpl, Errors } from '@infermesh/grpc';
 import { type ApiKey, ApiKeySchema, type ApiKeyService } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
-import type { RecordedCall } from './fake-registry';
+import type { RecordedCall } from '@infermesh/testing';
 
 type Impl = ServiceImpl<typeof ApiKeyService>;
 
@@ -30,7 +29,7 @@ export class FakeApiKeys implements Impl {
   createApiKey: Impl['createApiKey'] = async (request, ctx) => {
     this.admit('createApiKey', request, ctx);
     if (request.key === undefined || request.key.scopes.length === 0) {
-      throw RpcError.invalidArgument('key.scopes must name at least one scope: SCOPE_INFER, SCOPE_ADMIN');
+      throw Errors.invalidRequest('key.scopes must name at least one scope: SCOPE_INFER, SCOPE_ADMIN');
     }
     const id = (this.next++).toString(16).padStart(12, '0');
     const key = clone(ApiKeySchema, request.key);
@@ -48,7 +47,7 @@ export class FakeApiKeys implements Impl {
   revokeApiKey: Impl['revokeApiKey'] = async (request, ctx) => {
     this.admit('revokeApiKey', request, ctx);
     const key = this.keys.get(request.name);
-    if (key === undefined) throw RpcError.notFound(`API key ${request.name} does not exist`, 'INVALID_REQUEST');
+    if (key === undefined) throw Errors.apiKeyNotFound(`API key ${request.name} does not exist`);
     key.revokeTime ??= timestampNow();
     return { key };
   };
@@ -64,11 +63,8 @@ export class FakeApiKeys implements Impl {
     const authorization = ctx.metadata['authorization'];
     this.calls.push({ method, request, authorization });
     if (authorization === `Bearer ${this.inferOnlyKey}`) {
-      throw new RpcError(status.PERMISSION_DENIED, 'this API key lacks the admin scope', {
-        reason: 'PERMISSION_DENIED',
-      });
+      throw Errors.permissionDenied('this API key lacks the admin scope');
     }
-    if (authorization !== `Bearer ${this.apiKey}`)
-      throw new RpcError(status.UNAUTHENTICATED, 'invalid API key', { reason: 'UNAUTHENTICATED' });
+    if (authorization !== `Bearer ${this.apiKey}`) throw Errors.unauthenticated('invalid API key');
   }
 }
