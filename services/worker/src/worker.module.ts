@@ -45,6 +45,7 @@ export class WorkerModule {
             );
             return new ThreadsModelRuntime({
               instancesPerModel: config.instancesPerModel,
+              executionThreads: config.executionThreads,
               intraOpThreads: config.intraOpThreads,
               onThreadCrash: (reason) => {
                 failures.inc();
