@@ -1,21 +1,31 @@
 'use strict';
-// One execution instance of a model: a worker thread holding one onnxruntime-node InferenceSession.
-// Plain CommonJS that requires only onnxruntime-node and node built-ins, so that the same file runs
-// under jest (from source) and in the compiled service (model-runtime.threads.ts locates it).
+// An execution thread: a worker thread that holds onnxruntime-node InferenceSessions, one per execution
+// instance of each model it hosts (a model with N instances has a session on N threads). The threads
+// are shared by the worker's models, so that the cost of a thread (a V8 isolate and a Node
+// environment) is the worker's, not each model's. Plain CommonJS that requires only onnxruntime-node
+// and node built-ins, so that the same file runs under jest (from source) and in the compiled service
+// (model-runtime.threads.ts locates it).
 //
 // Protocol (structured clone; tensor data as whole ArrayBuffers, transferred both ways):
-//   workerData        { model: Uint8Array, provider, intraOpThreads }
-//   thread -> main    { type: 'ready', inputs, outputs, outputNames } | { type: 'failed', message }
-//   main -> thread    { type: 'run', id, feeds: WireTensor[], fetches: string[] } | { type: 'close' }
+//   thread -> main    { type: 'started' } once onnxruntime-node is loaded
+//   main -> thread    { type: 'load', session, model: Uint8Array, provider, intraOpThreads }
+//   thread -> main    { type: 'loaded', session, inputs, outputs, outputNames } | { type: 'failed', session, message }
+//   main -> thread    { type: 'run', id, session, feeds: WireTensor[], fetches: string[] }
 //   thread -> main    { type: 'result', id, outputs: WireTensor[] } | { type: 'refused', id, message }
+//   main -> thread    { type: 'unload', session }  ->  { type: 'unloaded', session }
+//   main -> thread    { type: 'close' }
+// `session` is an id the service chooses. Runs of different sessions may be in progress at once (a
+// session.run() does not hold the thread while it computes); the service sends a session one run at
+// a time and nothing for it after 'unload'.
 // WireTensor: { name, type (onnxruntime type name), dims: number[], data: ArrayBuffer }; for 'string'
 // tensors the data is the KServe BYTES layout (4-byte little-endian length, then the bytes, per element),
 // decoded and encoded here so that the service's event loop never touches the elements.
 //
-// The thread always ends itself: after 'failed', or on 'close' once the run in progress (if any) has
-// finished and the session is released. It is never terminated from outside while onnxruntime may be
-// running: tearing down a thread under a pending native run aborts the whole process.
-const { parentPort, workerData } = require('node:worker_threads');
+// A session is released on 'unload' once its run in progress (if any) has finished. The thread ends
+// itself on 'close', once every run has finished and every session is released. It is never
+// terminated from outside while onnxruntime may be running: tearing down a thread under a pending
+// native run aborts the whole process.
+const { parentPort } = require('node:worker_threads');
 const ort = require('onnxruntime-node');
 
 const ARRAYS = {
@@ -33,8 +43,8 @@ const ARRAYS = {
   float64: Float64Array,
 };
 
-let session;
-let running;
+/** session id -> { session, running: Promise | undefined } */
+const sessions = new Map();
 let closing = false;
 
 function firstLine(error) {
@@ -112,6 +122,7 @@ function fromOrt(name, tensor, transfer) {
 
 async function run(message) {
   const { id, feeds, fetches } = message;
+  const session = sessions.get(message.session).session;
   let results;
   try {
     const inputs = {};
@@ -139,11 +150,20 @@ async function run(message) {
   }
 }
 
+async function unload(id) {
+  const entry = sessions.get(id);
+  if (entry !== undefined) {
+    sessions.delete(id);
+    await entry.running;
+    await entry.session.release().catch(() => undefined);
+  }
+  parentPort.postMessage({ type: 'unloaded', session: id });
+}
+
 async function close() {
   if (closing) return;
   closing = true;
-  await running;
-  await session.release().catch(() => undefined);
+  await Promise.all([...sessions.keys()].map(unload));
   parentPort.close(); // nothing left to do: the thread ends
 }
 
@@ -153,9 +173,9 @@ function metadata(meta) {
     : { name: meta.name, isTensor: false, type: '', shape: [] };
 }
 
-async function main() {
-  const { model, provider, intraOpThreads } = workerData;
-  delete workerData.model;
+async function load(message) {
+  const { session: id, model, provider, intraOpThreads } = message;
+  let session;
   try {
     session = await ort.InferenceSession.create(model, {
       executionProviders: [provider],
@@ -169,36 +189,53 @@ async function main() {
       extra: { session: { intra_op: { allow_spinning: '0' } } },
     });
   } catch (error) {
-    parentPort.postMessage({ type: 'failed', message: firstLine(error) });
-    parentPort.close();
+    parentPort.postMessage({ type: 'failed', session: id, message: firstLine(error) });
     return;
   } finally {
     // The session holds what it needs. Free this thread's copy of the model now (detaching its buffer
-    // frees it) rather than at the isolate's next full GC, which an idle thread may not run for a long
+    // frees it) rather than at the isolate's next full GC, which a quiet thread may not run for a long
     // time: until then the copy doubles what the model holds. (Bytes shared with the service, in a
     // SharedArrayBuffer, are not this thread's to free.)
     if (model.buffer instanceof ArrayBuffer) model.buffer.transfer(0);
   }
-  parentPort.on('message', (message) => {
-    switch (message.type) {
-      case 'run':
-        // The service sends one run at a time and nothing after 'close'.
-        running = run(message).finally(() => (running = undefined));
-        break;
-      case 'close':
-        void close();
-        break;
-      default:
-        // Nothing else is sent; an exception here would end the thread under a possibly running session.
-        break;
-    }
-  });
+  if (closing) {
+    await session.release().catch(() => undefined);
+    return;
+  }
+  sessions.set(id, { session, running: undefined });
   parentPort.postMessage({
-    type: 'ready',
+    type: 'loaded',
+    session: id,
     inputs: session.inputMetadata.map(metadata),
     outputs: session.outputMetadata.map(metadata),
     outputNames: [...session.outputNames],
   });
 }
 
-void main();
+parentPort.on('message', (message) => {
+  switch (message.type) {
+    case 'load':
+      void load(message);
+      break;
+    case 'run': {
+      const entry = sessions.get(message.session);
+      if (entry === undefined) {
+        parentPort.postMessage({ type: 'refused', id: message.id, message: 'the session is not loaded on this thread' });
+        break;
+      }
+      // The service sends a session one run at a time and nothing for it after 'unload'.
+      entry.running = run(message).finally(() => (entry.running = undefined));
+      break;
+    }
+    case 'unload':
+      void unload(message.session);
+      break;
+    case 'close':
+      void close();
+      break;
+    default:
+      // Nothing else is sent; an exception here would end the thread under a possibly running session.
+      break;
+  }
+});
+parentPort.postMessage({ type: 'started' });

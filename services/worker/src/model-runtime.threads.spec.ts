@@ -14,7 +14,6 @@ import { DataType, decodeBytesElements, encodeBytesElements } from '@infermesh/t
 import { eventually, ManualClock, rpcRejection as rejection } from '@infermesh/testing';
 import * as ort from 'onnxruntime-node';
 import { join } from 'node:path';
-import type { Worker } from 'node:worker_threads';
 import { ModelLoadError, PREPARATION_MODEL } from './model-runtime';
 import { ThreadsModelRuntime, type ThreadsModelSession } from './model-runtime.threads';
 
@@ -52,8 +51,6 @@ const mlpInput = (rows: number, seed = 0) =>
     [rows, 512],
   );
 
-const exited = (thread: Worker) => new Promise<number>((resolve) => thread.once('exit', resolve));
-
 /** A runtime whose threads die on a run of an input named "crash" (execution-thread.crash-fixture.js). */
 const crashingRuntime = (instancesPerModel: number, died: string[], restartDelayMs = 50, clock?: ManualClock) =>
   new ThreadsModelRuntime({
@@ -83,6 +80,7 @@ describe(ThreadsModelRuntime.name, () => {
   afterEach(async () => {
     await Promise.all(open.splice(0).map((s) => s.release()));
   });
+  afterAll(() => Promise.all([sut.close(), two.close()]));
 
   it('runs the tiny model: input · W + b', async () => {
     const session = await load(sut, buildTinyModel().bytes);
@@ -227,7 +225,6 @@ describe(ThreadsModelRuntime.name, () => {
     expect(died).toHaveLength(1);
     expect(died[0]).toContain('70');
     await eventually(() => session.occupancy.instances === 2); // the replacement thread has started
-
     expect(session.threads.filter((t) => before.includes(t))).toHaveLength(1);
     const runs = await Promise.all([0, 1, 2, 3].map((i) => session.run([mlpInput(8, i)], [])));
     expect(runs.every((r) => r.outputs[0]!.shape[0] === 8n)).toBe(true);
@@ -316,16 +313,18 @@ describe(ThreadsModelRuntime.name, () => {
     expect(decodeBytesElements(output!.data)!.map((b) => b.toString('utf8'))).toEqual(values);
   });
 
-  it('lets a run in progress finish when the session is released, then ends its threads', async () => {
+  it('lets a run in progress finish when the session is released; the thread stays to serve other models', async () => {
     const session = await load(sut, MLP.bytes);
-    const exits = session.threads.map(exited);
+    const [thread] = session.threads;
     const running = session.run([mlpInput(512)], []);
     await session.release();
     const {
       outputs: [output],
     } = await running;
     expect(output!.shape).toEqual([512n, 512n]);
-    expect(await Promise.all(exits)).toEqual([0]);
+    const next = await load(sut, buildTinyModel().bytes);
+    expect(next.threads).toEqual([thread]);
+    expect((await next.run([fp32('input', [1, 2, 3, 4], [1, 4])], [])).outputs).toHaveLength(1);
   });
 
   it('refuses a BF16 tensor with UNIMPLEMENTED naming the tensor', async () => {
@@ -341,15 +340,86 @@ describe(ThreadsModelRuntime.name, () => {
     expect(error.message).toMatch(/tensor "input": datatype BF16 is not supported/);
   });
 
-  it("ends the model's threads on release and refuses to run after", async () => {
+  it('frees the model on release and refuses to run after; its threads serve the next model', async () => {
     const session = await load(two, buildTinyModel().bytes);
-    const exits = session.threads.map(exited);
-    expect(exits).toHaveLength(2);
+    const threads = session.threads;
+    expect(threads).toHaveLength(2);
     await session.release();
-    await Promise.all(exits);
     expect(session.occupancy).toEqual({ busy: 0, instances: 0, queued: 0 });
     const error = await rejection(session.run([fp32('input', [1, 2, 3, 4], [1, 4])], []));
     expect(error.code).toBe(status.UNAVAILABLE);
+    const next = await load(two, buildTinyModel().bytes);
+    expect(new Set(next.threads)).toEqual(new Set(threads));
+  });
+
+  it("shares its threads among models: each model's instances are sessions on different threads", async () => {
+    const runtime = new ThreadsModelRuntime({ instancesPerModel: 2, intraOpThreads: 1 });
+    try {
+      const first = (await runtime.load(MLP.bytes, ['cpu'])) as ThreadsModelSession;
+      const second = (await runtime.load(buildTinyModel().bytes, ['cpu'])) as ThreadsModelSession;
+      expect(runtime.threadCount).toBe(2);
+      expect(new Set(first.threads).size).toBe(2);
+      expect(new Set(second.threads)).toEqual(new Set(first.threads));
+      // Both models run at once on the same threads, each within its own instances.
+      const runs = [0, 1, 2].map((i) => first.run([mlpInput(64, i)], []));
+      const tiny = second.run([fp32('input', [1, 2, 3, 4], [1, 4])], []);
+      expect(first.occupancy).toEqual({ busy: 2, instances: 2, queued: 1 });
+      expect(second.occupancy).toEqual({ busy: 1, instances: 2, queued: 0 });
+      await Promise.all([...runs, tiny]);
+      await Promise.all([first.release(), second.release()]);
+    } finally {
+      await runtime.close();
+    }
+  });
+
+  it('starts its threads in prepare(), before any model loads, and more only when a model needs more instances', async () => {
+    const runtime = new ThreadsModelRuntime({ instancesPerModel: 1, executionThreads: 3, intraOpThreads: 1 });
+    const wide = new ThreadsModelRuntime({ instancesPerModel: 2, intraOpThreads: 1 });
+    try {
+      expect(runtime.threadCount).toBe(0);
+      await runtime.prepare(['cpu']);
+      expect(runtime.threadCount).toBe(3);
+      const sessions = await Promise.all([0, 1, 2].map(() => runtime.load(buildTinyModel().bytes, ['cpu'])));
+      expect(runtime.threadCount).toBe(3);
+      // Spread over the threads, the least busy first.
+      expect(new Set(sessions.flatMap((s) => (s as ThreadsModelSession).threads)).size).toBe(3);
+      await Promise.all(sessions.map((s) => s.release()));
+
+      // Without prepare(), the first load starts the threads its instances need.
+      const session = await wide.load(buildTinyModel().bytes, ['cpu']);
+      expect(wide.threadCount).toBe(2);
+      await session.release();
+    } finally {
+      await Promise.all([runtime.close(), wide.close()]);
+    }
+  });
+
+  it('a thread that dies fails only its running requests; every model it hosted loads its instance again', async () => {
+    const died: string[] = [];
+    const crashing = crashingRuntime(1, died);
+    try {
+      const mlp = (await crashing.load(MLP.bytes, ['cpu'])) as ThreadsModelSession;
+      const tiny = (await crashing.load(buildTinyModel().bytes, ['cpu'])) as ThreadsModelSession;
+      expect(tiny.threads).toEqual(mlp.threads);
+      const [before] = mlp.threads;
+
+      const crashed = await rejection(tiny.run([fp32('crash', [0], [1])], []));
+      expect([crashed.code, crashed.reason]).toEqual([status.UNAVAILABLE, 'EXECUTION_FAILED']);
+      // Both models serve again, on the replacement thread.
+      const [big, small] = await Promise.all([
+        mlp.run([mlpInput(4)], []),
+        tiny.run([fp32('input', [1, 2, 3, 4], [1, 4])], []),
+      ]);
+      expect(big.outputs[0]!.shape).toEqual([4n, 512n]);
+      expect(floats(small.outputs[0]!)).toHaveLength(3);
+      expect(died).toHaveLength(1);
+      expect(crashing.threadCount).toBe(1);
+      expect(mlp.threads).toEqual(tiny.threads);
+      expect(mlp.threads[0]).not.toBe(before);
+      await Promise.all([mlp.release(), tiny.release()]);
+    } finally {
+      await crashing.close();
+    }
   });
 });
 

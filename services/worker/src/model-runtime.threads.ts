@@ -10,12 +10,18 @@ import { datatypeFromOrt } from '@infermesh/tensors';
 import { existsSync, readdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { Worker } from 'node:worker_threads';
-import { ModelLoadError, ModelRuntime, type ModelSession, type RunResult } from './model-runtime';
+import { ModelLoadError, ModelRuntime, type ModelSession, PREPARATION_MODEL, type RunResult } from './model-runtime';
 import { fromWireTensor, toWireTensor, transferables, type WireTensor } from './ort-tensors';
 
 export interface ThreadsRuntimeOptions {
-  /** Execution threads per loaded model, each with its own session (Triton's instance_group count). */
+  /** Execution instances per loaded model, each a session on a thread of its own (Triton's instance_group count). */
   instancesPerModel: number;
+  /**
+   * Execution threads started by prepare(), before any model loads, and shared by every model: a model's
+   * instances are sessions on that many of them. At least instancesPerModel (the default); more start
+   * when a load needs more threads than are running.
+   */
+  executionThreads?: number;
   /** Threads one session uses inside an operator. */
   intraOpThreads: number;
   /** Told when an execution thread dies unasked; the runtime replaces it. */
@@ -44,7 +50,7 @@ export const EXECUTION_THREAD_FILE = (() => {
   }
 })();
 
-/** What an execution thread says about its session once it is ready. */
+/** What an execution thread says about a session once it is ready. */
 interface ThreadMetadata {
   name: string;
   isTensor: boolean;
@@ -52,14 +58,21 @@ interface ThreadMetadata {
   shape: number[];
 }
 
+interface Loaded {
+  inputs: ThreadMetadata[];
+  outputs: ThreadMetadata[];
+  outputNames: string[];
+}
+
 type FromThread =
-  | { type: 'ready'; inputs: ThreadMetadata[]; outputs: ThreadMetadata[]; outputNames: string[] }
-  | { type: 'failed'; message: string }
+  | { type: 'started' }
+  | ({ type: 'loaded'; session: number } & Loaded)
+  | { type: 'failed'; session: number; message: string }
+  | { type: 'unloaded'; session: number }
   | { type: 'result'; id: number; outputs: WireTensor[] }
   | { type: 'refused'; id: number; message: string };
 
-interface ThreadSpec {
-  file: string;
+interface SessionSpec {
   /** The model's bytes; dropped once the instances have started when the session can reload them. */
   model: Uint8Array | undefined;
   provider: string;
@@ -69,18 +82,25 @@ interface ThreadSpec {
 /** How long close() waits for a thread to end itself before leaving it to end with the process. */
 const CLOSE_TIMEOUT_MS = 60_000;
 
+/** Session ids, unique in the process (a thread hosts sessions of several models). */
+let nextSessionId = 1;
+
 /**
- * onnxruntime-node sessions in worker threads: each loaded model gets `instancesPerModel` execution
- * threads, each with its own session created from the model bytes. A request runs on an idle
- * instance or waits, first in first out, for the next one to come free, so a model never runs more
- * batches at once than it has instances. The service's event loop only converts tensors to and from
- * transferable buffers; a thread that dies fails only the request it was running and is replaced.
- * (onnxruntime-node 1.30's session.run() itself no longer holds the JS thread while it computes;
- * older releases did, and nothing here depends on which.)
+ * onnxruntime-node sessions in worker threads shared by the worker's models: prepare() starts
+ * `executionThreads` threads before any model loads, and each loaded model gets `instancesPerModel`
+ * sessions created from its bytes, each on a different thread (the least busy ones; more threads
+ * start when fewer are running). A thread costs a V8 isolate and a Node environment once for the
+ * worker, not once per model. A request runs on an idle instance of its model or waits, first in
+ * first out, for the next one to come free, so a model never runs more batches at once than it has
+ * instances; instances of different models run at once on one thread (onnxruntime-node 1.30's
+ * session.run() does not hold the thread's JavaScript while it computes). The service's event loop
+ * only converts tensors to and from transferable buffers. A thread that dies fails only the requests
+ * it was running; it is replaced, and each model that had an instance on it loads one again.
  */
 export class ThreadsModelRuntime extends ModelRuntime {
   /** Providers whose libraries are missing from this machine: not tried again. */
   private readonly unavailable = new Map<string, string>();
+  private readonly pool: ExecutionPool;
 
   constructor(private readonly options: ThreadsRuntimeOptions) {
     super();
@@ -92,15 +112,49 @@ export class ThreadsModelRuntime extends ModelRuntime {
         );
       }
     }
+    this.pool = new ExecutionPool(
+      options.threadFile ?? EXECUTION_THREAD_FILE,
+      Math.max(options.executionThreads ?? options.instancesPerModel, options.instancesPerModel),
+      options,
+    );
   }
 
-  async load(
+  /** The execution threads running now. */
+  get threadCount(): number {
+    return this.pool.size;
+  }
+
+  /**
+   * Starts the execution threads and pays onnxruntime's start-up costs on each (a session of the
+   * preparation model, released), so that a model's load is charged only what the model itself costs.
+   */
+  override async prepare(executionProviders: readonly string[]): Promise<void> {
+    await this.pool.ensure();
+    const session = await this.create(PREPARATION_MODEL, executionProviders, undefined, this.pool.size);
+    await session.release();
+  }
+
+  load(
     model: Uint8Array,
     executionProviders: readonly string[],
     reload?: () => Promise<Uint8Array>,
   ): Promise<ModelSession> {
+    return this.create(model, executionProviders, reload, this.options.instancesPerModel);
+  }
+
+  /** Ends every execution thread once its runs are done (the sessions on them are released). */
+  close(): Promise<void> {
+    return this.pool.close();
+  }
+
+  private async create(
+    model: Uint8Array,
+    executionProviders: readonly string[],
+    reload: (() => Promise<Uint8Array>) | undefined,
+    instances: number,
+  ): Promise<ThreadsModelSession> {
     // Each thread receives its own clone: the caller's bytes when they own their buffer, else a compact
-    // copy. Kept to start replacement threads only when there is no `reload` to fetch them again.
+    // copy. Kept to start replacement instances only when there is no `reload` to fetch them again.
     const bytes =
       model.byteOffset === 0 && model.byteLength === model.buffer.byteLength ? model : new Uint8Array(model);
     const failures: string[] = [];
@@ -110,16 +164,20 @@ export class ThreadsModelRuntime extends ModelRuntime {
         failures.push(`${provider}: ${missing}`);
         continue;
       }
-      const spec: ThreadSpec = {
-        file: this.options.threadFile ?? EXECUTION_THREAD_FILE,
-        model: bytes,
-        provider,
-        intraOpThreads: this.options.intraOpThreads,
-      };
-      let first: { thread: ExecutionThread; ready: Extract<FromThread, { type: 'ready' }> };
+      const spec: SessionSpec = { model: bytes, provider, intraOpThreads: this.options.intraOpThreads };
+      const id = nextSessionId++;
+      let threads: ExecutionThread[];
       try {
-        first = await ExecutionThread.start(spec, this.options.clock ?? systemClock);
+        threads = await this.pool.acquire(instances, new Set());
       } catch (error) {
+        throw new ModelLoadError(`an execution thread failed to start: ${errorMessage(error)}`);
+      }
+      const first = threads[0]!;
+      let loaded: Loaded;
+      try {
+        loaded = await first.load(id, spec);
+      } catch (error) {
+        for (const other of threads.slice(1)) other.unreserve();
         const message = errorMessage(error);
         if (/failed to load (shared )?library|backend not found/i.test(message))
           this.unavailable.set(provider, message);
@@ -128,13 +186,14 @@ export class ThreadsModelRuntime extends ModelRuntime {
       }
       let session: ThreadsModelSession;
       try {
-        session = new ThreadsModelSession(spec, first.ready, this.options, reload);
+        session = new ThreadsModelSession(id, spec, loaded, this.pool, this.options, reload);
       } catch (error) {
-        await first.thread.close();
+        for (const other of threads.slice(1)) other.unreserve();
+        await first.unload(id);
         throw error;
       }
       try {
-        await session.start(first.thread, this.options.instancesPerModel);
+        await session.start(first, threads.slice(1));
       } catch (error) {
         await session.release();
         throw error instanceof ModelLoadError ? error : new ModelLoadError(errorMessage(error));
@@ -142,6 +201,88 @@ export class ThreadsModelRuntime extends ModelRuntime {
       return session;
     }
     throw new ModelLoadError(`no execution provider could load the model (${failures.join('; ')})`);
+  }
+}
+
+/**
+ * The execution threads: started up to their number by ensure(), more by acquire() when a load needs
+ * more; one that dies is replaced (when the pool is below its number) and every session that had an
+ * instance on it is told.
+ */
+class ExecutionPool {
+  private readonly threads: ExecutionThread[] = [];
+  private readonly starting = new Set<Promise<ExecutionThread>>();
+  private closed = false;
+
+  constructor(
+    private readonly file: string,
+    private readonly count: number,
+    private readonly options: ThreadsRuntimeOptions,
+  ) {}
+
+  get size(): number {
+    return this.threads.length;
+  }
+
+  /** Starts threads up to the pool's number; rejects when one fails to start. */
+  async ensure(): Promise<void> {
+    while (this.threads.length + this.starting.size < this.count) void this.spawn().catch(() => undefined);
+    await this.settled();
+    if (this.threads.length < this.count) await this.spawn();
+  }
+
+  /** `count` running threads, none of `exclude`, those hosting the fewest sessions first; starts more if needed. */
+  async acquire(count: number, exclude: ReadonlySet<ExecutionThread>): Promise<ExecutionThread[]> {
+    await this.settled();
+    const candidates = () =>
+      this.threads.filter((t) => !exclude.has(t)).sort((a, b) => a.sessionCount - b.sessionCount);
+    const missing = count - candidates().length;
+    if (missing > 0) await Promise.all(Array.from({ length: missing }, () => this.spawn()));
+    const chosen = candidates().slice(0, count);
+    if (chosen.length < count) throw new Error('execution threads died as they started');
+    // Counted as busy until the caller loads its session there (or lets go), so that loads choosing
+    // threads at the same time spread out.
+    for (const thread of chosen) thread.reserved += 1;
+    return chosen;
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.settled();
+    await Promise.all(this.threads.splice(0).map((t) => t.close()));
+  }
+
+  /** Waits for the threads being started. */
+  private async settled(): Promise<void> {
+    while (this.starting.size > 0) await Promise.allSettled([...this.starting]);
+  }
+
+  private spawn(): Promise<ExecutionThread> {
+    const started = ExecutionThread.start(this.file, this.options.clock ?? systemClock).then((thread) => {
+      if (this.closed) {
+        void thread.close();
+        throw new Error('the execution threads are closed');
+      }
+      this.threads.push(thread);
+      thread.onCrash = (reason) => this.crashed(thread, reason);
+      return thread;
+    });
+    this.starting.add(started);
+    const done = () => this.starting.delete(started);
+    started.then(done, done);
+    return started;
+  }
+
+  private crashed(thread: ExecutionThread, reason: string): void {
+    const index = this.threads.indexOf(thread);
+    if (index >= 0) this.threads.splice(index, 1);
+    this.options.onThreadCrash?.(reason);
+    if (!this.closed && this.threads.length + this.starting.size < this.count) {
+      this.spawn().catch((error: unknown) =>
+        this.options.onThreadCrash?.(`a replacement execution thread failed to start: ${errorMessage(error)}`),
+      );
+    }
+    for (const session of thread.hosted) session.lost(thread);
   }
 }
 
@@ -160,7 +301,7 @@ interface ThreadResult {
   instance: number;
 }
 
-/** A model's execution instances and the queue of requests waiting for one. */
+/** A model's execution instances (its sessions on the pool's threads) and the queue of requests waiting for one. */
 export class ThreadsModelSession implements ModelSession {
   readonly inputs: readonly TensorSpec[];
   readonly outputs: readonly TensorSpec[];
@@ -169,22 +310,25 @@ export class ThreadsModelSession implements ModelSession {
   private readonly instances = new Set<ExecutionThread>();
   private readonly idle: ExecutionThread[] = [];
   private readonly queue: Job[] = [];
-  private starting = 0;
+  /** Instances lost and not yet loaded again; replaced one at a time. */
+  private lostCount = 0;
+  private replacing = false;
   private released = false;
-  private readonly clock: Clock;
 
   constructor(
-    private readonly spec: ThreadSpec,
-    ready: Extract<FromThread, { type: 'ready' }>,
+    /** The session's id on each of its threads. */
+    private readonly id: number,
+    private readonly spec: SessionSpec,
+    loaded: Loaded,
+    private readonly pool: ExecutionPool,
     private readonly options: ThreadsRuntimeOptions,
-    /** The model's bytes again, for a replacement thread, when the session does not keep them. */
+    /** The model's bytes again, for a replacement instance, when the session does not keep them. */
     private readonly reload?: () => Promise<Uint8Array>,
   ) {
-    this.clock = options.clock ?? systemClock;
     this.executionProvider = spec.provider;
-    this.inputs = ready.inputs.map(toSpec);
-    this.outputs = ready.outputs.map(toSpec);
-    this.outputNames = ready.outputNames;
+    this.inputs = loaded.inputs.map(toSpec);
+    this.outputs = loaded.outputs.map(toSpec);
+    this.outputNames = loaded.outputNames;
   }
 
   get instanceCount(): number {
@@ -201,21 +345,21 @@ export class ThreadsModelSession implements ModelSession {
     return [...this.instances].map((i) => i.worker);
   }
 
-  /** Adopts the first instance and starts the others. */
-  async start(first: ExecutionThread, count: number): Promise<void> {
+  /** Adopts the first instance and loads the others on `others`. */
+  async start(first: ExecutionThread, others: readonly ExecutionThread[]): Promise<void> {
     this.adopt(first);
-    const others = await Promise.allSettled(
-      Array.from({ length: count - 1 }, () => ExecutionThread.start(this.spec, this.clock)),
-    );
-    for (const other of others) if (other.status === 'fulfilled') this.adopt(other.value.thread);
-    const failed = others.find((o) => o.status === 'rejected');
+    const loads = await Promise.allSettled(others.map((thread) => thread.load(this.id, this.spec)));
+    loads.forEach((load, i) => {
+      if (load.status === 'fulfilled') this.adopt(others[i]!);
+    });
+    const failed = loads.find((o) => o.status === 'rejected');
     if (failed !== undefined)
       throw new ModelLoadError(`an execution instance failed to start: ${errorMessage(failed.reason)}`);
     // Every thread has its own copy: the service's can go, to be fetched again if a thread dies.
     if (this.reload !== undefined) this.spec.model = undefined;
   }
 
-  /** Whether the session still holds the model's bytes (for replacement threads). */
+  /** Whether the session still holds the model's bytes (for replacement instances). */
   get holdsModelBytes(): boolean {
     return this.spec.model !== undefined;
   }
@@ -238,6 +382,7 @@ export class ThreadsModelSession implements ModelSession {
     return { outputs: result.outputs.map(fromWireTensor), computeMs: result.computeMs, instance: result.instance };
   }
 
+  /** Lets the runs in progress finish, then releases the model's sessions; its threads go on serving others. */
   async release(): Promise<void> {
     if (this.released) return;
     this.released = true;
@@ -245,16 +390,26 @@ export class ThreadsModelSession implements ModelSession {
     const instances = [...this.instances];
     this.instances.clear();
     this.idle.length = 0;
-    await Promise.all(instances.map((i) => i.close()));
+    await Promise.all(instances.map((i) => i.unload(this.id, this)));
+  }
+
+  /** Told by the pool that `thread`, which hosted an instance, died (its request, if any, has failed). */
+  lost(thread: ExecutionThread): void {
+    if (!this.instances.delete(thread)) return;
+    const index = this.idle.indexOf(thread);
+    if (index >= 0) this.idle.splice(index, 1);
+    if (this.released) return;
+    this.lostCount += 1;
+    void this.replace();
   }
 
   private adopt(thread: ExecutionThread): void {
     if (this.released) {
-      void thread.close();
+      void thread.unload(this.id);
       return;
     }
+    thread.hosted.add(this);
     this.instances.add(thread);
-    thread.onCrash = (reason) => this.crashed(thread, reason);
     this.idle.push(thread);
     this.dispatch();
   }
@@ -263,7 +418,7 @@ export class ThreadsModelSession implements ModelSession {
     while (this.idle.length > 0 && this.queue.length > 0) {
       const thread = this.idle.pop()!;
       const job = this.queue.shift()!;
-      thread.run(job.feeds, job.fetches).then(
+      thread.run(this.id, job.feeds, job.fetches).then(
         (result) => {
           job.resolve(result);
           this.finished(thread);
@@ -277,53 +432,57 @@ export class ThreadsModelSession implements ModelSession {
   }
 
   private finished(thread: ExecutionThread): void {
-    if (!this.instances.has(thread)) return; // crashed or released meanwhile
+    if (!this.instances.has(thread)) return; // lost or released meanwhile
     this.idle.push(thread);
     this.dispatch();
   }
 
-  private crashed(thread: ExecutionThread, reason: string): void {
-    if (!this.instances.delete(thread)) return;
-    const index = this.idle.indexOf(thread);
-    if (index >= 0) this.idle.splice(index, 1);
-    this.options.onThreadCrash?.(reason);
-    this.replace();
-  }
-
-  private replace(): void {
-    if (this.released) return;
-    this.starting += 1;
-    const spec = this.spec;
-    const model = spec.model !== undefined ? Promise.resolve(spec.model) : this.reload!();
-    model
-      .then((bytes) => ExecutionThread.start({ ...spec, model: bytes }, this.clock))
-      .then(
-        ({ thread }) => {
-          this.starting -= 1;
-          this.adopt(thread);
-        },
-        (error: unknown) => {
-          this.starting -= 1;
+  /** Loads the lost instances again, one at a time, each on a thread that hosts none of this model's. */
+  private async replace(): Promise<void> {
+    if (this.replacing) return;
+    this.replacing = true;
+    try {
+      while (this.lostCount > 0 && !this.released) {
+        try {
+          const bytes = this.spec.model ?? (await this.reload!());
+          const [thread] = await this.pool.acquire(1, this.instances);
+          await thread!.load(this.id, { ...this.spec, model: bytes });
+          this.lostCount -= 1;
+          this.adopt(thread!);
+        } catch (error) {
           if (this.released) return;
           this.options.onThreadCrash?.(`a replacement execution thread failed to start: ${errorMessage(error)}`);
-          if (this.instances.size === 0 && this.starting === 0) {
+          if (this.instances.size === 0) {
             // Nothing can run the waiting requests soon: let them go elsewhere.
             for (const job of this.queue.splice(0))
               job.reject(unavailable(`no execution thread is running: ${errorMessage(error)}`));
           }
-          this.clock.setTimer(() => this.replace(), this.options.restartDelayMs ?? 1_000);
-        },
-      );
+          await (this.options.clock ?? systemClock).sleep(this.options.restartDelayMs ?? 1_000);
+        }
+      }
+    } finally {
+      this.replacing = false;
+    }
   }
 }
 
-/** One worker thread holding one session; runs one request at a time. */
+/**
+ * One worker thread holding sessions of any number of models; runs one request of each at a time.
+ * Referenced (keeping the process alive) only while it hosts a session or has work in progress.
+ */
 class ExecutionThread {
-  /** Called once when the thread dies without being closed, after its request has failed. */
+  /** Called once when the thread dies without being closed, after its requests have failed. */
   onCrash: ((reason: string) => void) | undefined;
-  private job:
-    | { id: number; startedAt: bigint; resolve: (result: ThreadResult) => void; reject: (error: unknown) => void }
-    | undefined;
+  /** The sessions with an instance loaded (or loading) here. */
+  readonly hosted = new Set<ThreadsModelSession>();
+  private readonly jobs = new Map<
+    number,
+    { startedAt: bigint; resolve: (result: ThreadResult) => void; reject: (error: unknown) => void }
+  >();
+  private readonly loads = new Map<number, { resolve: (loaded: Loaded) => void; reject: (error: unknown) => void }>();
+  private readonly unloads = new Map<number, () => void>();
+  /** Sessions loaded or loading here, by id. */
+  private readonly sessionIds = new Set<number>();
   private nextId = 1;
   private closing = false;
   private ended = false;
@@ -334,14 +493,21 @@ class ExecutionThread {
     private readonly clock: Clock,
   ) {}
 
-  /** Starts a thread and waits until its session is ready; rejects with the session's error. */
-  static start(
-    spec: ThreadSpec,
-    clock: Clock,
-  ): Promise<{ thread: ExecutionThread; ready: Extract<FromThread, { type: 'ready' }> }> {
-    const worker = new Worker(spec.file, {
-      workerData: { model: spec.model, provider: spec.provider, intraOpThreads: spec.intraOpThreads },
-    });
+  /** Threads acquired for a session not yet loading here: load() or unreserve() ends each. */
+  reserved = 0;
+
+  /** Sessions loaded, loading or about to load here. */
+  get sessionCount(): number {
+    return this.sessionIds.size + this.reserved;
+  }
+
+  unreserve(): void {
+    if (this.reserved > 0) this.reserved -= 1;
+  }
+
+  /** Starts a thread and waits until it has loaded onnxruntime-node. */
+  static start(file: string, clock: Clock): Promise<ExecutionThread> {
+    const worker = new Worker(file);
     const thread = new ExecutionThread(worker, clock);
     return new Promise((resolve, reject) => {
       let lastError: unknown;
@@ -350,25 +516,16 @@ class ExecutionThread {
         cleanup();
         reject(
           new Error(
-            `the execution thread exited with code ${code} before its session was ready${lastError === undefined ? '' : `: ${errorMessage(lastError)}`}`,
+            `the execution thread exited with code ${code} as it started${lastError === undefined ? '' : `: ${errorMessage(lastError)}`}`,
           ),
         );
       };
       const onMessage = (message: FromThread) => {
+        if (message.type !== 'started') return;
         cleanup();
-        if (message.type === 'ready') {
-          thread.listen();
-          resolve({ thread, ready: message });
-        } else {
-          // A thread that failed to create its session ends itself; nothing of it is left running.
-          reject(
-            new Error(
-              message.type === 'failed'
-                ? message.message
-                : `unexpected ${message.type} from a starting execution thread`,
-            ),
-          );
-        }
+        thread.listen();
+        thread.updateRef();
+        resolve(thread);
       };
       const cleanup = () => {
         worker.off('error', onError);
@@ -381,22 +538,57 @@ class ExecutionThread {
     });
   }
 
-  run(feeds: WireTensor[], fetches: readonly string[]): Promise<ThreadResult> {
-    if (this.job !== undefined) throw new Error('an execution thread runs one request at a time');
+  /** Creates a session of the model here; rejects with the session's error. */
+  load(id: number, spec: SessionSpec): Promise<Loaded> {
+    this.unreserve();
+    if (this.ended) return Promise.reject(new Error(`execution thread ${this.worker.threadId} has ended`));
+    this.sessionIds.add(id);
+    this.updateRef();
+    return new Promise<Loaded>((resolve, reject) => {
+      this.loads.set(id, { resolve, reject });
+      this.worker.postMessage({
+        type: 'load',
+        session: id,
+        model: spec.model,
+        provider: spec.provider,
+        intraOpThreads: spec.intraOpThreads,
+      });
+    }).catch((error: unknown) => {
+      this.forget(id);
+      throw error;
+    });
+  }
+
+  /** Releases the session here once its run in progress (if any) is done. */
+  unload(id: number, session?: ThreadsModelSession): Promise<void> {
+    if (this.ended || !this.sessionIds.has(id)) {
+      this.forget(id, session);
+      return Promise.resolve();
+    }
+    return new Promise<void>((resolve) => {
+      this.unloads.set(id, resolve);
+      this.worker.postMessage({ type: 'unload', session: id });
+    }).finally(() => this.forget(id, session));
+  }
+
+  run(session: number, feeds: WireTensor[], fetches: readonly string[]): Promise<ThreadResult> {
+    if (this.ended) return Promise.reject(unavailable(`execution thread ${this.worker.threadId} has ended`));
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
-      this.job = { id, startedAt: process.hrtime.bigint(), resolve, reject };
+      this.jobs.set(id, { startedAt: process.hrtime.bigint(), resolve, reject });
+      this.updateRef();
       try {
-        this.worker.postMessage({ type: 'run', id, feeds, fetches: [...fetches] }, transferables(feeds));
+        this.worker.postMessage({ type: 'run', id, session, feeds, fetches: [...fetches] }, transferables(feeds));
       } catch (error) {
-        this.job = undefined;
+        this.jobs.delete(id);
+        this.updateRef();
         reject(error instanceof Error ? error : new Error(String(error)));
       }
     });
   }
 
   /**
-   * Asks the thread to end: it finishes the run in progress, releases its session and ends itself.
+   * Asks the thread to end: it finishes the runs in progress, releases its sessions and ends itself.
    * The thread is never terminated from outside (see execution-thread.js); one that does not end
    * within CLOSE_TIMEOUT_MS is left to end with the process and no longer keeps it alive.
    */
@@ -406,6 +598,7 @@ class ExecutionThread {
       if (!this.ended) this.worker.postMessage({ type: 'close' });
     }
     if (this.ended) return;
+    this.worker.ref();
     await new Promise<void>((resolve) => {
       const cancel = this.clock.setTimer(() => {
         this.worker.unref();
@@ -416,6 +609,19 @@ class ExecutionThread {
         resolve();
       });
     });
+  }
+
+  private forget(id: number, session?: ThreadsModelSession): void {
+    this.sessionIds.delete(id);
+    if (session !== undefined) this.hosted.delete(session);
+    this.updateRef();
+  }
+
+  /** An idle thread without sessions does not keep the process alive. */
+  private updateRef(): void {
+    if (this.ended || this.closing) return;
+    if (this.sessionIds.size > 0 || this.jobs.size > 0) this.worker.ref();
+    else this.worker.unref();
   }
 
   private listen(): void {
@@ -429,9 +635,10 @@ class ExecutionThread {
     switch (message.type) {
       case 'result':
       case 'refused': {
-        const job = this.job;
-        if (job === undefined || job.id !== message.id) return;
-        this.job = undefined;
+        const job = this.jobs.get(message.id);
+        if (job === undefined) return;
+        this.jobs.delete(message.id);
+        this.updateRef();
         if (message.type === 'result')
           job.resolve({
             outputs: message.outputs,
@@ -441,8 +648,22 @@ class ExecutionThread {
         else job.reject(Errors.invalidTensor(`the model refused the input: ${message.message}`));
         return;
       }
-      case 'ready':
-      case 'failed':
+      case 'loaded':
+      case 'failed': {
+        const load = this.loads.get(message.session);
+        if (load === undefined) return;
+        this.loads.delete(message.session);
+        if (message.type === 'loaded') load.resolve(message);
+        else load.reject(new Error(message.message));
+        return;
+      }
+      case 'unloaded': {
+        const resolve = this.unloads.get(message.session);
+        this.unloads.delete(message.session);
+        resolve?.();
+        return;
+      }
+      case 'started':
         return;
     }
   }
@@ -450,9 +671,16 @@ class ExecutionThread {
   private exited(code: number): void {
     this.ended = true;
     const reason = `execution thread ${this.worker.threadId} exited with code ${code}${this.lastError === undefined ? '' : `: ${this.lastError}`}`;
-    const job = this.job;
-    this.job = undefined;
-    job?.reject(unavailable(`the request's execution thread failed (${reason}); it can be retried`));
+    const jobs = [...this.jobs.values()];
+    this.jobs.clear();
+    for (const job of jobs)
+      job.reject(unavailable(`the request's execution thread failed (${reason}); it can be retried`));
+    const loads = [...this.loads.values()];
+    this.loads.clear();
+    for (const load of loads) load.reject(new Error(reason));
+    const unloads = [...this.unloads.values()];
+    this.unloads.clear();
+    for (const resolve of unloads) resolve();
     if (!this.closing) this.onCrash?.(reason);
   }
 }

@@ -32,6 +32,7 @@ const shape = {
   WORKER_ARTIFACT_CACHE_BYTES: byteSize('10GiB'),
   WORKER_SYNC_INTERVAL_MS: positiveInt(5_000),
   WORKER_INSTANCES_PER_MODEL: positiveInt(1),
+  WORKER_EXECUTION_THREADS: z.coerce.number().int().positive().optional(),
   WORKER_INTRA_OP_THREADS: z.coerce.number().int().positive().optional(),
   WORKER_MEMORY_BUDGET_BYTES: byteSize(Math.floor(totalmem() / 2)),
   WORKER_PINNED_MODELS: nameList(/^[^\s,/]+$/, 'expected model names separated by commas'),
@@ -51,6 +52,12 @@ export function loadWorkerConfig(env: Env) {
       `WORKER_PINNED_MODELS: ${unplacedPins.map((m) => `"${m}"`).join(', ')} not in WORKER_MODELS, the models this worker serves (got ${JSON.stringify(e.WORKER_PINNED_MODELS.join(','))})`,
     ]);
   }
+  const executionThreads = e.WORKER_EXECUTION_THREADS ?? e.WORKER_INSTANCES_PER_MODEL;
+  if (executionThreads < e.WORKER_INSTANCES_PER_MODEL) {
+    throw new ConfigError([
+      `WORKER_EXECUTION_THREADS: ${executionThreads} is fewer than WORKER_INSTANCES_PER_MODEL (${e.WORKER_INSTANCES_PER_MODEL}); each instance of a model needs a thread of its own`,
+    ]);
+  }
   return {
     runtime: runtimeSettings('WORKER', e),
     registryAddress: e.WORKER_REGISTRY_ADDRESS,
@@ -63,8 +70,14 @@ export function loadWorkerConfig(env: Env) {
     artifactCacheBytes: e.WORKER_ARTIFACT_CACHE_BYTES,
     /** How often the models are synced without a change from the registry watch (its backstop), and the registry listed while the watch is down. */
     syncIntervalMs: e.WORKER_SYNC_INTERVAL_MS,
-    /** Execution threads per loaded model, each with its own session (Triton's instance_group count). */
+    /** Execution instances per loaded model, each a session on a thread of its own (Triton's instance_group count). */
     instancesPerModel: e.WORKER_INSTANCES_PER_MODEL,
+    /**
+     * Execution threads started before the first model loads and shared by every model (a thread is a
+     * V8 isolate and a Node environment: its cost is the worker's, not each model's). By default as
+     * many as a model has instances; more start if a load needs them.
+     */
+    executionThreads,
     /** ONNX Runtime intra-op threads per instance; by default the cores shared out among a model's instances. */
     intraOpThreads: e.WORKER_INTRA_OP_THREADS ?? defaultIntraOpThreads(e.WORKER_INSTANCES_PER_MODEL),
     /** What loaded models may be charged in all; idle unpinned ones are evicted to make room. */

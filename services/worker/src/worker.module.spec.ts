@@ -812,6 +812,18 @@ describe(loadWorkerConfig.name, () => {
     expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2', WORKER_INTRA_OP_THREADS: '3' }).intraOpThreads).toBe(3);
   });
 
+  it('starts as many execution threads as a model has instances by default, never fewer', () => {
+    expect(loadWorkerConfig({}).executionThreads).toBe(1);
+    expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '3' }).executionThreads).toBe(3);
+    expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2', WORKER_EXECUTION_THREADS: '4' }).executionThreads).toBe(
+      4,
+    );
+    expect(() => loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2', WORKER_EXECUTION_THREADS: '1' })).toThrow(
+      /WORKER_EXECUTION_THREADS: 1 is fewer than WORKER_INSTANCES_PER_MODEL \(2\)/,
+    );
+    expect(() => loadWorkerConfig({ WORKER_EXECUTION_THREADS: '0' })).toThrow(/WORKER_EXECUTION_THREADS/);
+  });
+
   it('reads the placement: the models the worker serves, which must include the pinned ones', () => {
     expect([...loadWorkerConfig({ WORKER_MODELS: ' primary , backup,' }).placedModels]).toEqual(['primary', 'backup']);
     expect([...loadWorkerConfig({ WORKER_MODELS: 'primary', WORKER_PINNED_MODELS: 'primary' }).pinnedModels]).toEqual([

@@ -46,6 +46,7 @@ export class WorkerModule {
             );
             return new ThreadsModelRuntime({
               instancesPerModel: config.instancesPerModel,
+              executionThreads: config.executionThreads,
               intraOpThreads: config.intraOpThreads,
               clock,
               onThreadCrash: (reason) => {

@@ -32,7 +32,7 @@ const ROUNDS: Record<string, number> = { mlp: 80, cnn: 16 };
 const INFER_PATH = `/${WorkerService.typeName}/Infer`;
 /** The models whose unloading is measured, each on a worker of its own that serves no request. */
 const UNLOADED = ['mlp', 'mlp-int8'] as const;
-/** How long after a model is unloaded the worker's resident memory is read: its threads have ended by then. */
+/** How long after a model is unloaded the worker's resident memory is read: its sessions are freed by then (the execution threads stay, the worker's). */
 const UNLOAD_SETTLE_MS = 1_000;
 
 interface Pair {
