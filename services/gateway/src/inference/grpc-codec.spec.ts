@@ -1,6 +1,7 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
+import { thrownBy } from '@infermesh/testing';
 import { ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { DataType, InferenceResponseSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { inferRequestFromGrpc, inferResponseToGrpc } from './grpc-codec';
@@ -51,14 +52,7 @@ describe('gRPC ModelInfer <-> internal tensors', () => {
     ]);
   });
 
-  const refusal = (init: Init): RpcError => {
-    try {
-      inferRequestFromGrpc(request(init));
-    } catch (error) {
-      return error as RpcError;
-    }
-    throw new Error('the request was accepted');
-  };
+  const refusal = (init: Init): RpcError => thrownBy(() => inferRequestFromGrpc(request(init)), RpcError);
 
   it.each<[string, Init, RegExp]>([
     ['no model name', { modelName: '', inputs: [{ name: 'a', datatype: 'FP32', shape: [0n] }] }, /model_name/],

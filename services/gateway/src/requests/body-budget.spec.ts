@@ -1,5 +1,6 @@
 import { status } from '@grpc/grpc-js';
 import { RpcError } from '@infermesh/grpc';
+import { thrownBy } from '@infermesh/testing';
 import { Metrics } from '@infermesh/telemetry';
 import { BodyBudget } from './body-budget';
 
@@ -12,15 +13,7 @@ describe(BodyBudget.name, () => {
     sut = new BodyBudget({ maxBodyBytesInFlight: 100 }, metrics);
   });
 
-  const refusal = (fn: () => unknown): RpcError => {
-    try {
-      fn();
-    } catch (error) {
-      if (error instanceof RpcError) return error;
-      throw error;
-    }
-    throw new Error('expected a refusal');
-  };
+  const refusal = (fn: () => unknown): RpcError => thrownBy(fn, RpcError);
 
   it('holds reservations up to the limit and refuses the one that would pass it, naming the limit', () => {
     const a = sut.reserve(60);
