@@ -6,7 +6,7 @@ import { FLOW_CONTROL_WINDOW_BYTES } from './flow-control';
 import { createClient } from './grpc-client';
 import { GrpcServer } from './grpc-server';
 import { HealthService } from './health';
-import { eventually } from './waiting.testing';
+import { eventually } from '@infermesh/clock/waiting.testing';
 
 const HTTP2_DEFAULT_WINDOW = 65_535;
 

@@ -11,7 +11,7 @@ import { GrpcServer } from './grpc-server';
 import type { CallContext, ServiceImpl } from './method-types';
 import { RpcError, Errors } from './rpc-error';
 import { toServiceDefinition } from './service-definition';
-import { deferred, eventually } from './waiting.testing';
+import { deferred, eventually } from '@infermesh/clock/waiting.testing';
 
 // ServerReflection is the bidirectional service at hand; here it is only a request and a response
 // type, each handler scripted by its test.

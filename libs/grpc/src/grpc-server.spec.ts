@@ -18,7 +18,7 @@ import { GrpcServer } from './grpc-server';
 import type { CallContext, ServiceClient, ServiceImpl } from './method-types';
 import { MAX_ERROR_MESSAGE_CHARS, RpcError, Errors } from './rpc-error';
 import { toServiceDefinition } from './service-definition';
-import { deferred, eventually } from './waiting.testing';
+import { deferred, eventually } from '@infermesh/clock/waiting.testing';
 
 type Registry = typeof RegistryService;
 type Impl = ServiceImpl<Registry>;

@@ -19,7 +19,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import type { RunningService } from '@infermesh/runtime';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { eventually, freePortList, ManualClock, rpcRejection } from '@infermesh/testing';
+import { type Deferred, deferred, eventually, freePortList, ManualClock, rpcRejection } from '@infermesh/testing';
 import { createHash } from 'node:crypto';
 import { type ClientRequest, request as httpRequest } from 'node:http';
 import { loadGatewayConfig } from '../gateway.config';
@@ -106,17 +106,6 @@ interface FakeState {
   /** DownloadArtifact waits on gate i after sending chunk i, but the last. */
   downloadGates: Deferred[];
   watchCancelled: Deferred;
-}
-
-interface Deferred {
-  promise: Promise<void>;
-  resolve(): void;
-}
-
-function deferred(): Deferred {
-  let resolve!: () => void;
-  const promise = new Promise<void>((r) => (resolve = r));
-  return { promise, resolve };
 }
 
 const inputOf = (method: string) =>
