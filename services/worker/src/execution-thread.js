@@ -11,12 +11,12 @@
 //   main -> thread    { type: 'load', session, model: Uint8Array, provider, intraOpThreads }
 //   thread -> main    { type: 'loaded', session, inputs, outputs, outputNames } | { type: 'failed', session, message }
 //   main -> thread    { type: 'run', id, session, feeds: WireTensor[], fetches: string[] }
-//   thread -> main    { type: 'result', id, outputs: WireTensor[] } | { type: 'refused', id, message }
+//   thread -> main    { type: 'result', id, outputs: WireTensor[], computeMs } | { type: 'refused', id, message }
 //   main -> thread    { type: 'unload', session }  ->  { type: 'unloaded', session }
 //   main -> thread    { type: 'close' }
-// `session` is an id the service chooses. Runs of different sessions may be in progress at once (a
-// session.run() does not hold the thread while it computes); the service sends a session one run at
-// a time and nothing for it after 'unload'.
+// `session` is an id the service chooses. onnxruntime-node 1.30's session.run() computes on this
+// thread, so the sessions a thread hosts run one at a time; the service sends a session one run at a
+// time and nothing for it after 'unload'. `computeMs` is the run itself, timed here.
 // WireTensor: { name, type (onnxruntime type name), dims: number[], data: ArrayBuffer }; for 'string'
 // tensors the data is the KServe BYTES layout (4-byte little-endian length, then the bytes, per element),
 // decoded and encoded here so that the service's event loop never touches the elements.
@@ -124,10 +124,13 @@ async function run(message) {
   const { id, feeds, fetches } = message;
   const session = sessions.get(message.session).session;
   let results;
+  let computeMs = 0;
   try {
     const inputs = {};
     for (const wire of feeds) inputs[wire.name] = toOrt(wire);
+    const start = performance.now();
     results = await session.run(inputs, fetches);
+    computeMs = performance.now() - start;
   } catch (error) {
     parentPort.postMessage({ type: 'refused', id, message: firstLine(error) });
     return;
@@ -143,10 +146,15 @@ async function run(message) {
     outputs.push(fromOrt(name, value, transfer));
   }
   try {
-    parentPort.postMessage({ type: 'result', id, outputs }, transfer);
+    parentPort.postMessage({ type: 'result', id, outputs, computeMs }, transfer);
   } catch {
     // A buffer the binding does not let go of: send copies instead.
-    parentPort.postMessage({ type: 'result', id, outputs: outputs.map((o) => ({ ...o, data: o.data.slice(0) })) });
+    parentPort.postMessage({
+      type: 'result',
+      id,
+      outputs: outputs.map((o) => ({ ...o, data: o.data.slice(0) })),
+      computeMs,
+    });
   }
 }
 

@@ -52,9 +52,16 @@ const mlpInput = (rows: number, seed = 0) =>
   );
 
 /** A runtime whose threads die on a run of an input named "crash" (execution-thread.crash-fixture.js). */
-const crashingRuntime = (instancesPerModel: number, died: string[], restartDelayMs = 50, clock?: ManualClock) =>
+const crashingRuntime = (
+  instancesPerModel: number,
+  died: string[],
+  restartDelayMs = 50,
+  clock?: ManualClock,
+  executionThreads?: number,
+) =>
   new ThreadsModelRuntime({
     instancesPerModel,
+    executionThreads,
     intraOpThreads: 1,
     onThreadCrash: (reason) => died.push(reason),
     restartDelayMs,
@@ -352,38 +359,63 @@ describe(ThreadsModelRuntime.name, () => {
     expect(new Set(next.threads)).toEqual(new Set(threads));
   });
 
-  it("shares its threads among models: each model's instances are sessions on different threads", async () => {
-    const runtime = new ThreadsModelRuntime({ instancesPerModel: 2, intraOpThreads: 1 });
+  it("runs each model on threads of its own: one model's request does not wait for another's run", async () => {
+    const runtime = new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1 });
+    try {
+      await runtime.prepare(['cpu']);
+      const mlp = (await runtime.load(MLP.bytes, ['cpu'])) as ThreadsModelSession;
+      const tiny = (await runtime.load(buildTinyModel().bytes, ['cpu'])) as ThreadsModelSession;
+      expect(runtime.threadCount).toBe(2);
+      expect(tiny.threads[0]).not.toBe(mlp.threads[0]);
+      // A large batch of the MLP computes for tens of milliseconds; the tiny model answers meanwhile.
+      const order: string[] = [];
+      const big = mlp.run([mlpInput(1024)], []).then(() => order.push('mlp'));
+      await tiny.run([fp32('input', [1, 2, 3, 4], [1, 4])], []).then(() => order.push('tiny'));
+      await big;
+      expect(order).toEqual(['tiny', 'mlp']);
+      // The thread started for the tiny model ends with it; the prepared one stays.
+      await tiny.release();
+      await eventually(() => runtime.threadCount === 1);
+      await mlp.release();
+      expect(runtime.threadCount).toBe(1);
+    } finally {
+      await runtime.close();
+    }
+  });
+
+  it('shares threads among models past executionThreads: each model within its instances, one run at a time per thread', async () => {
+    const runtime = new ThreadsModelRuntime({ instancesPerModel: 2, executionThreads: 2, intraOpThreads: 1 });
     try {
       const first = (await runtime.load(MLP.bytes, ['cpu'])) as ThreadsModelSession;
       const second = (await runtime.load(buildTinyModel().bytes, ['cpu'])) as ThreadsModelSession;
       expect(runtime.threadCount).toBe(2);
       expect(new Set(first.threads).size).toBe(2);
       expect(new Set(second.threads)).toEqual(new Set(first.threads));
-      // Both models run at once on the same threads, each within its own instances.
       const runs = [0, 1, 2].map((i) => first.run([mlpInput(64, i)], []));
       const tiny = second.run([fp32('input', [1, 2, 3, 4], [1, 4])], []);
       expect(first.occupancy).toEqual({ busy: 2, instances: 2, queued: 1 });
       expect(second.occupancy).toEqual({ busy: 1, instances: 2, queued: 0 });
       await Promise.all([...runs, tiny]);
       await Promise.all([first.release(), second.release()]);
+      expect(runtime.threadCount).toBe(2); // never fewer than one model's instances
     } finally {
       await runtime.close();
     }
   });
 
-  it('starts its threads in prepare(), before any model loads, and more only when a model needs more instances', async () => {
+  it("starts one model's threads in prepare(), one for each further instance up to the limit, then shares", async () => {
     const runtime = new ThreadsModelRuntime({ instancesPerModel: 1, executionThreads: 3, intraOpThreads: 1 });
     const wide = new ThreadsModelRuntime({ instancesPerModel: 2, intraOpThreads: 1 });
     try {
       expect(runtime.threadCount).toBe(0);
       await runtime.prepare(['cpu']);
+      expect(runtime.threadCount).toBe(1);
+      const sessions = await Promise.all([0, 1, 2, 3].map(() => runtime.load(buildTinyModel().bytes, ['cpu'])));
       expect(runtime.threadCount).toBe(3);
-      const sessions = await Promise.all([0, 1, 2].map(() => runtime.load(buildTinyModel().bytes, ['cpu'])));
-      expect(runtime.threadCount).toBe(3);
-      // Spread over the threads, the least busy first.
-      expect(new Set(sessions.flatMap((s) => (s as ThreadsModelSession).threads)).size).toBe(3);
+      const threads = sessions.map((s) => (s as ThreadsModelSession).threads[0]);
+      expect(new Set(threads).size).toBe(3); // the fourth shares one of the three
       await Promise.all(sessions.map((s) => s.release()));
+      await eventually(() => runtime.threadCount === 1);
 
       // Without prepare(), the first load starts the threads its instances need.
       const session = await wide.load(buildTinyModel().bytes, ['cpu']);
@@ -396,7 +428,7 @@ describe(ThreadsModelRuntime.name, () => {
 
   it('a thread that dies fails only its running requests; every model it hosted loads its instance again', async () => {
     const died: string[] = [];
-    const crashing = crashingRuntime(1, died);
+    const crashing = crashingRuntime(1, died, 50, undefined, 1);
     try {
       const mlp = (await crashing.load(MLP.bytes, ['cpu'])) as ThreadsModelSession;
       const tiny = (await crashing.load(buildTinyModel().bytes, ['cpu'])) as ThreadsModelSession;

@@ -17,9 +17,9 @@ export interface ThreadsRuntimeOptions {
   /** Execution instances per loaded model, each a session on a thread of its own (Triton's instance_group count). */
   instancesPerModel: number;
   /**
-   * Execution threads started by prepare(), before any model loads, and shared by every model: a model's
-   * instances are sessions on that many of them. At least instancesPerModel (the default); more start
-   * when a load needs more threads than are running.
+   * The most execution threads to run (at least instancesPerModel); none: no limit. Each instance of
+   * each model gets a thread of its own while the limit allows; past it, models share the threads
+   * hosting the fewest sessions, and models sharing a thread run one at a time.
    */
   executionThreads?: number;
   /** Threads one session uses inside an operator. */
@@ -69,7 +69,7 @@ type FromThread =
   | ({ type: 'loaded'; session: number } & Loaded)
   | { type: 'failed'; session: number; message: string }
   | { type: 'unloaded'; session: number }
-  | { type: 'result'; id: number; outputs: WireTensor[] }
+  | { type: 'result'; id: number; outputs: WireTensor[]; computeMs: number }
   | { type: 'refused'; id: number; message: string };
 
 interface SessionSpec {
@@ -86,14 +86,17 @@ const CLOSE_TIMEOUT_MS = 60_000;
 let nextSessionId = 1;
 
 /**
- * onnxruntime-node sessions in worker threads shared by the worker's models: prepare() starts
- * `executionThreads` threads before any model loads, and each loaded model gets `instancesPerModel`
- * sessions created from its bytes, each on a different thread (the least busy ones; more threads
- * start when fewer are running). A thread costs a V8 isolate and a Node environment once for the
- * worker, not once per model. A request runs on an idle instance of its model or waits, first in
- * first out, for the next one to come free, so a model never runs more batches at once than it has
- * instances; instances of different models run at once on one thread (onnxruntime-node 1.30's
- * session.run() does not hold the thread's JavaScript while it computes). The service's event loop
+ * onnxruntime-node sessions in worker threads: each loaded model gets `instancesPerModel` sessions
+ * created from its bytes, each on a different thread. prepare() starts the first model's threads
+ * before any model loads, so that what a thread costs (a V8 isolate and a Node environment, ONNX
+ * Runtime's start-up) is the worker's, not charged to a model. Each instance gets a thread hosting no
+ * other session, started for it if need be, up to `executionThreads`; past that limit models share
+ * the threads hosting the fewest sessions. onnxruntime-node 1.30's session.run() computes on the
+ * thread's JavaScript thread, so models sharing a thread run one at a time: a request of one waits
+ * for the other's run in progress. A thread started beyond the prepared ones ends when its last
+ * session is released, and its memory goes back. A request runs on an idle instance of its model or
+ * waits, first in first out, for the next one to come free, so a model never runs more batches at
+ * once than it has instances. The service's event loop
  * only converts tensors to and from transferable buffers. A thread that dies fails only the requests
  * it was running; it is replaced, and each model that had an instance on it loads one again.
  */
@@ -114,7 +117,8 @@ export class ThreadsModelRuntime extends ModelRuntime {
     }
     this.pool = new ExecutionPool(
       options.threadFile ?? EXECUTION_THREAD_FILE,
-      Math.max(options.executionThreads ?? options.instancesPerModel, options.instancesPerModel),
+      options.instancesPerModel,
+      Math.max(options.executionThreads ?? Infinity, options.instancesPerModel),
       options,
     );
   }
@@ -125,8 +129,9 @@ export class ThreadsModelRuntime extends ModelRuntime {
   }
 
   /**
-   * Starts the execution threads and pays onnxruntime's start-up costs on each (a session of the
-   * preparation model, released), so that a model's load is charged only what the model itself costs.
+   * Starts the first model's execution threads and pays onnxruntime's start-up costs on each (a
+   * session of the preparation model, released), so that its load is charged only what the model
+   * itself costs.
    */
   override async prepare(executionProviders: readonly string[]): Promise<void> {
     await this.pool.ensure();
@@ -205,9 +210,10 @@ export class ThreadsModelRuntime extends ModelRuntime {
 }
 
 /**
- * The execution threads: started up to their number by ensure(), more by acquire() when a load needs
- * more; one that dies is replaced (when the pool is below its number) and every session that had an
- * instance on it is told.
+ * The execution threads: `prepared` started by ensure(), more by acquire() up to `limit` when a load
+ * finds no thread hosting nothing; a thread beyond the prepared ones ends when it hosts nothing again.
+ * One that dies is replaced (when the pool is below its prepared number) and every session that had
+ * an instance on it is told.
  */
 class ExecutionPool {
   private readonly threads: ExecutionThread[] = [];
@@ -216,7 +222,8 @@ class ExecutionPool {
 
   constructor(
     private readonly file: string,
-    private readonly count: number,
+    private readonly prepared: number,
+    private readonly limit: number,
     private readonly options: ThreadsRuntimeOptions,
   ) {}
 
@@ -224,19 +231,25 @@ class ExecutionPool {
     return this.threads.length;
   }
 
-  /** Starts threads up to the pool's number; rejects when one fails to start. */
+  /** Starts threads up to the prepared number; rejects when one fails to start. */
   async ensure(): Promise<void> {
-    while (this.threads.length + this.starting.size < this.count) void this.spawn().catch(() => undefined);
+    while (this.threads.length + this.starting.size < this.prepared) void this.spawn().catch(() => undefined);
     await this.settled();
-    if (this.threads.length < this.count) await this.spawn();
+    if (this.threads.length < this.prepared) await this.spawn();
   }
 
-  /** `count` running threads, none of `exclude`, those hosting the fewest sessions first; starts more if needed. */
+  /**
+   * `count` running threads, none of `exclude`: threads hosting no session, started if need be while
+   * the pool is below its limit, then those hosting the fewest.
+   */
   async acquire(count: number, exclude: ReadonlySet<ExecutionThread>): Promise<ExecutionThread[]> {
     await this.settled();
     const candidates = () =>
       this.threads.filter((t) => !exclude.has(t)).sort((a, b) => a.sessionCount - b.sessionCount);
-    const missing = count - candidates().length;
+    const free = candidates().filter((t) => t.sessionCount === 0).length;
+    const room = this.limit - this.threads.length - this.starting.size;
+    // Distinct threads are a must (an instance each); a thread of its own, only while the limit allows.
+    const missing = Math.max(count - candidates().length, Math.min(count - free, room));
     if (missing > 0) await Promise.all(Array.from({ length: missing }, () => this.spawn()));
     const chosen = candidates().slice(0, count);
     if (chosen.length < count) throw new Error('execution threads died as they started');
@@ -265,6 +278,7 @@ class ExecutionPool {
       }
       this.threads.push(thread);
       thread.onCrash = (reason) => this.crashed(thread, reason);
+      thread.onIdle = () => this.idle(thread);
       return thread;
     });
     this.starting.add(started);
@@ -273,11 +287,20 @@ class ExecutionPool {
     return started;
   }
 
+  /** A thread that hosts nothing any more: it ends when the pool has more than its prepared threads. */
+  private idle(thread: ExecutionThread): void {
+    if (this.closed || this.threads.length <= this.prepared) return;
+    const index = this.threads.indexOf(thread);
+    if (index < 0) return;
+    this.threads.splice(index, 1);
+    void thread.close();
+  }
+
   private crashed(thread: ExecutionThread, reason: string): void {
     const index = this.threads.indexOf(thread);
     if (index >= 0) this.threads.splice(index, 1);
     this.options.onThreadCrash?.(reason);
-    if (!this.closed && this.threads.length + this.starting.size < this.count) {
+    if (!this.closed && this.threads.length + this.starting.size < this.prepared) {
       this.spawn().catch((error: unknown) =>
         this.options.onThreadCrash?.(`a replacement execution thread failed to start: ${errorMessage(error)}`),
       );
@@ -295,7 +318,7 @@ interface Job {
 
 interface ThreadResult {
   outputs: WireTensor[];
-  /** From handing the inputs to the thread to receiving its outputs. */
+  /** The run itself, timed on its thread. */
   computeMs: number;
   /** The thread that ran it. */
   instance: number;
@@ -473,11 +496,13 @@ export class ThreadsModelSession implements ModelSession {
 class ExecutionThread {
   /** Called once when the thread dies without being closed, after its requests have failed. */
   onCrash: ((reason: string) => void) | undefined;
+  /** Called when the thread hosts no session (loaded, loading or reserved) any more. */
+  onIdle: (() => void) | undefined;
   /** The sessions with an instance loaded (or loading) here. */
   readonly hosted = new Set<ThreadsModelSession>();
   private readonly jobs = new Map<
     number,
-    { startedAt: bigint; resolve: (result: ThreadResult) => void; reject: (error: unknown) => void }
+    { resolve: (result: ThreadResult) => void; reject: (error: unknown) => void }
   >();
   private readonly loads = new Map<number, { resolve: (loaded: Loaded) => void; reject: (error: unknown) => void }>();
   private readonly unloads = new Map<number, () => void>();
@@ -503,6 +528,7 @@ class ExecutionThread {
 
   unreserve(): void {
     if (this.reserved > 0) this.reserved -= 1;
+    if (this.sessionCount === 0) this.onIdle?.();
   }
 
   /** Starts a thread and waits until it has loaded onnxruntime-node. */
@@ -540,7 +566,7 @@ class ExecutionThread {
 
   /** Creates a session of the model here; rejects with the session's error. */
   load(id: number, spec: SessionSpec): Promise<Loaded> {
-    this.unreserve();
+    if (this.reserved > 0) this.reserved -= 1; // the reservation becomes the session: the thread stays busy
     if (this.ended) return Promise.reject(new Error(`execution thread ${this.worker.threadId} has ended`));
     this.sessionIds.add(id);
     this.updateRef();
@@ -575,7 +601,7 @@ class ExecutionThread {
     if (this.ended) return Promise.reject(unavailable(`execution thread ${this.worker.threadId} has ended`));
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
-      this.jobs.set(id, { startedAt: process.hrtime.bigint(), resolve, reject });
+      this.jobs.set(id, { resolve, reject });
       this.updateRef();
       try {
         this.worker.postMessage({ type: 'run', id, session, feeds, fetches: [...fetches] }, transferables(feeds));
@@ -612,9 +638,10 @@ class ExecutionThread {
   }
 
   private forget(id: number, session?: ThreadsModelSession): void {
-    this.sessionIds.delete(id);
+    const hosted = this.sessionIds.delete(id);
     if (session !== undefined) this.hosted.delete(session);
     this.updateRef();
+    if (hosted && this.sessionCount === 0 && !this.ended) this.onIdle?.();
   }
 
   /** An idle thread without sessions does not keep the process alive. */
@@ -642,7 +669,7 @@ class ExecutionThread {
         if (message.type === 'result')
           job.resolve({
             outputs: message.outputs,
-            computeMs: Number(process.hrtime.bigint() - job.startedAt) / 1e6,
+            computeMs: message.computeMs,
             instance: this.worker.threadId,
           });
         else job.reject(Errors.invalidTensor(`the model refused the input: ${message.message}`));

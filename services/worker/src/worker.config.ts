@@ -1,6 +1,14 @@
-import { address, byteSize, ConfigError, type Env, parseEnv, positiveInt } from '@infermesh/config';
+import {
+  address,
+  byteSize,
+  ConfigError,
+  defaultIntraOpThreads,
+  type Env,
+  parseEnv,
+  positiveInt,
+} from '@infermesh/config';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
-import { availableParallelism, hostname, totalmem } from 'node:os';
+import { hostname, totalmem } from 'node:os';
 import { resolve } from 'node:path';
 import { z } from 'zod';
 
@@ -52,8 +60,8 @@ export function loadWorkerConfig(env: Env) {
       `WORKER_PINNED_MODELS: ${unplacedPins.map((m) => `"${m}"`).join(', ')} not in WORKER_MODELS, the models this worker serves (got ${JSON.stringify(e.WORKER_PINNED_MODELS.join(','))})`,
     ]);
   }
-  const executionThreads = e.WORKER_EXECUTION_THREADS ?? e.WORKER_INSTANCES_PER_MODEL;
-  if (executionThreads < e.WORKER_INSTANCES_PER_MODEL) {
+  const executionThreads = e.WORKER_EXECUTION_THREADS;
+  if (executionThreads !== undefined && executionThreads < e.WORKER_INSTANCES_PER_MODEL) {
     throw new ConfigError([
       `WORKER_EXECUTION_THREADS: ${executionThreads} is fewer than WORKER_INSTANCES_PER_MODEL (${e.WORKER_INSTANCES_PER_MODEL}); each instance of a model needs a thread of its own`,
     ]);
@@ -73,12 +81,12 @@ export function loadWorkerConfig(env: Env) {
     /** Execution instances per loaded model, each a session on a thread of its own (Triton's instance_group count). */
     instancesPerModel: e.WORKER_INSTANCES_PER_MODEL,
     /**
-     * Execution threads started before the first model loads and shared by every model (a thread is a
-     * V8 isolate and a Node environment: its cost is the worker's, not each model's). By default as
-     * many as a model has instances; more start if a load needs them.
+     * The most execution threads the worker runs; undefined: no limit, each instance of each model on a
+     * thread of its own (a thread is a V8 isolate and a Node environment). Past the limit, models share
+     * threads and run one at a time on each.
      */
     executionThreads,
-    /** ONNX Runtime intra-op threads per instance; by default the cores shared out among a model's instances. */
+    /** ONNX Runtime intra-op threads per instance; by default the cores but one shared out among a model's instances. */
     intraOpThreads: e.WORKER_INTRA_OP_THREADS ?? defaultIntraOpThreads(e.WORKER_INSTANCES_PER_MODEL),
     /** What loaded models may be charged in all; idle unpinned ones are evicted to make room. */
     memoryBudgetBytes: e.WORKER_MEMORY_BUDGET_BYTES,
@@ -100,11 +108,6 @@ export function loadWorkerConfig(env: Env) {
     /** Time allowed for one artifact download. */
     downloadTimeoutMs: 10 * 60_000,
   };
-}
-
-/** As many intra-op threads as leaves instances × threads within the machine's cores, at least 1. */
-export function defaultIntraOpThreads(instancesPerModel: number, cores = availableParallelism()): number {
-  return Math.max(1, Math.floor(cores / instancesPerModel));
 }
 
 export type WorkerConfig = ReturnType<typeof loadWorkerConfig>;

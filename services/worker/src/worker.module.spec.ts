@@ -805,16 +805,16 @@ describe(loadWorkerConfig.name, () => {
     expect(sut.artifactDir).toMatch(/\.infermesh\/worker-artifacts$/);
   });
 
-  it('shares the cores out among instances by default', () => {
+  it("shares the cores but one (the event loop's) out among instances by default", () => {
     expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2' }).intraOpThreads).toBe(
-      Math.max(1, Math.floor(availableParallelism() / 2)),
+      Math.max(1, Math.floor((availableParallelism() - 1) / 2)),
     );
     expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2', WORKER_INTRA_OP_THREADS: '3' }).intraOpThreads).toBe(3);
   });
 
-  it('starts as many execution threads as a model has instances by default, never fewer', () => {
-    expect(loadWorkerConfig({}).executionThreads).toBe(1);
-    expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '3' }).executionThreads).toBe(3);
+  it('runs a thread for each instance of each model unless told a limit, never below the instances of one', () => {
+    expect(loadWorkerConfig({}).executionThreads).toBeUndefined();
+    expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '3' }).executionThreads).toBeUndefined();
     expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2', WORKER_EXECUTION_THREADS: '4' }).executionThreads).toBe(
       4,
     );
