@@ -2,4 +2,3 @@ export * from './env';
 export * from './node-version';
 export * from './tracing-env';
 export * from './heap';
-export * from './operator-threads';

@@ -1,14 +1,6 @@
-import {
-  address,
-  byteSize,
-  ConfigError,
-  defaultIntraOpThreads,
-  type Env,
-  parseEnv,
-  positiveInt,
-} from '@infermesh/config';
+import { address, byteSize, ConfigError, type Env, parseEnv, positiveInt } from '@infermesh/config';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
-import { hostname, totalmem } from 'node:os';
+import { availableParallelism, hostname, totalmem } from 'node:os';
 import { resolve } from 'node:path';
 import { z } from 'zod';
 
@@ -86,7 +78,7 @@ export function loadWorkerConfig(env: Env) {
      * threads and run one at a time on each.
      */
     executionThreads,
-    /** ONNX Runtime intra-op threads per instance; by default the cores but one shared out among a model's instances. */
+    /** ONNX Runtime intra-op threads per instance; by default the cores shared out among a model's instances. */
     intraOpThreads: e.WORKER_INTRA_OP_THREADS ?? defaultIntraOpThreads(e.WORKER_INSTANCES_PER_MODEL),
     /** What loaded models may be charged in all; idle unpinned ones are evicted to make room. */
     memoryBudgetBytes: e.WORKER_MEMORY_BUDGET_BYTES,
@@ -108,6 +100,11 @@ export function loadWorkerConfig(env: Env) {
     /** Time allowed for one artifact download. */
     downloadTimeoutMs: 10 * 60_000,
   };
+}
+
+/** As many intra-op threads as leaves instances × threads within the machine's cores, at least 1. */
+export function defaultIntraOpThreads(instancesPerModel: number, cores = availableParallelism()): number {
+  return Math.max(1, Math.floor(cores / instancesPerModel));
 }
 
 export type WorkerConfig = ReturnType<typeof loadWorkerConfig>;

@@ -805,9 +805,9 @@ describe(loadWorkerConfig.name, () => {
     expect(sut.artifactDir).toMatch(/\.infermesh\/worker-artifacts$/);
   });
 
-  it("shares the cores but one (the event loop's) out among instances by default", () => {
+  it('shares the cores out among instances by default', () => {
     expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2' }).intraOpThreads).toBe(
-      Math.max(1, Math.floor((availableParallelism() - 1) / 2)),
+      Math.max(1, Math.floor(availableParallelism() / 2)),
     );
     expect(loadWorkerConfig({ WORKER_INSTANCES_PER_MODEL: '2', WORKER_INTRA_OP_THREADS: '3' }).intraOpThreads).toBe(3);
   });

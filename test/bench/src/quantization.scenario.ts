@@ -1,6 +1,5 @@
 import { create, toBinary } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import { defaultIntraOpThreads } from '@infermesh/config';
 import { createClient } from '@infermesh/grpc';
 import { buildCnnModel, CNN_INPUT_SHAPE } from '@infermesh/model-builder';
 import {
@@ -11,6 +10,7 @@ import {
 import { InferRequestSchema, ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { DataType } from '@infermesh/tensors';
 import * as ort from 'onnxruntime-node';
+import { availableParallelism } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startFixture } from '../../e2e/support/system-fixture';
 import { workerSession } from './in-process';
@@ -47,7 +47,7 @@ interface Pair {
 /**
  * Int8 variants derived by the registry (QuantizeModelVersion, as `infermesh models quantize` asks
  * for them) against their FP32 sources, each model served by a worker of its own (the worker's
- * defaults on this machine: one instance per model, its operators on the cores but one):
+ * defaults on this machine: one instance per model with every core):
  * - items/s at batch 32 through WorkerService.Infer with CONCURRENCY requests in flight (the worker's
  *   throughput) and with one (a caller that waits for each answer), source and variant measured
  *   alternately round by round;
@@ -61,8 +61,7 @@ interface Pair {
  * convolutions in float (the default) and quantized too (--conv).
  */
 export async function quantization(): Promise<Record<string, unknown>> {
-  // The worker's default (the cores but one), given to the in-process sessions too.
-  const intraOpThreads = defaultIntraOpThreads(1);
+  const intraOpThreads = availableParallelism();
   const cnn = { ...buildCnnModel(), name: 'cnn' };
   const pairs: Pair[] = [
     { key: 'mlp', source: 'mlp', variant: 'mlp-int8', item: [512] },
@@ -80,6 +79,7 @@ export async function quantization(): Promise<Record<string, unknown>> {
     env: {
       ROUTER_CACHE_ENABLED: 'false',
       WORKER_INSTANCES_PER_MODEL: '1',
+      WORKER_INTRA_OP_THREADS: String(intraOpThreads),
     },
     // Then a quiet worker each for the MLP and its variant, never sent a request: what unloading gives
     // back is read there, not where the load's garbage also comes and goes.
