@@ -496,7 +496,7 @@ export class ThreadsModelSession implements ModelSession {
 class ExecutionThread {
   /** Called once when the thread dies without being closed, after its requests have failed. */
   onCrash: ((reason: string) => void) | undefined;
-  /** Called when the thread hosts no session (loaded, loading or reserved) any more. */
+  /** Called when the thread hosts no session any more (idleIfEmpty). */
   onIdle: (() => void) | undefined;
   /** The sessions with an instance loaded (or loading) here. */
   readonly hosted = new Set<ThreadsModelSession>();
@@ -528,7 +528,7 @@ class ExecutionThread {
 
   unreserve(): void {
     if (this.reserved > 0) this.reserved -= 1;
-    if (this.sessionCount === 0) this.onIdle?.();
+    this.idleIfEmpty();
   }
 
   /** Starts a thread and waits until it has loaded onnxruntime-node. */
@@ -641,7 +641,12 @@ class ExecutionThread {
     const hosted = this.sessionIds.delete(id);
     if (session !== undefined) this.hosted.delete(session);
     this.updateRef();
-    if (hosted && this.sessionCount === 0 && !this.ended) this.onIdle?.();
+    if (hosted) this.idleIfEmpty();
+  }
+
+  /** Tells the pool when the thread hosts nothing (loaded, loading or reserved) any more. */
+  private idleIfEmpty(): void {
+    if (this.sessionCount === 0 && !this.ended) this.onIdle?.();
   }
 
   /** An idle thread without sessions does not keep the process alive. */
