@@ -59,6 +59,8 @@ function seedInit(schema: DescMessage): unknown {
       return { name: 'tiny' };
     case 'infermesh.cache.v1.LookupRequest':
       return { key: new Uint8Array(32) };
+    case 'infermesh.cache.v1.LookupsRequest':
+      return { id: 1, request: { key: new Uint8Array(32) }, timeoutMs: 1_000 };
     // Names of a model that does not exist, so that a mutation is unlikely to change the models served.
     case 'infermesh.worker.v1.LoadModelRequest':
     case 'infermesh.worker.v1.UnloadModelRequest':
@@ -94,7 +96,7 @@ interface Outcome {
   details: string;
 }
 
-/** One call with raw request bytes; its status. Server streams are read to their end or deadline. */
+/** One call with raw request bytes; its status. Response streams are read to their end or deadline. */
 function rawCall(
   client: grpc.Client,
   path: string,
@@ -115,6 +117,13 @@ function rawCall(
       stream.on('data', () => undefined);
       stream.on('error', (error: grpc.ServiceError) => done(error));
       stream.on('end', () => done(null));
+    } else if (kind === 'bidi_streaming') {
+      const stream = client.makeBidiStreamRequest(path, identity, identity, metadata, options);
+      stream.on('data', () => undefined);
+      stream.on('error', (error: grpc.ServiceError) => done(error));
+      stream.on('end', () => done(null));
+      stream.write(bytes);
+      stream.end();
     } else {
       const stream = client.makeClientStreamRequest(path, identity, identity, metadata, options, (error) =>
         done(error),

@@ -100,4 +100,55 @@ describe('killing one service at a time', () => {
     await fixture.system.restart('cache');
     expect((await infer()).status).toBe(200);
   });
+
+  it('loses no request while the cache is frozen, killed and restarted under load, then answers from it again', async () => {
+    // The router's lookups travel on one stream to the cache: a cache that stops answering (SIGSTOP)
+    // must cost lookups their timeout, one that dies must fail the stream's lookups over to the
+    // model, and the restarted one must be found again by a new stream.
+    const outcomes = { ok: 0, failed: [] as string[] };
+    let running = true;
+    const clients = Array.from({ length: 4 }, async () => {
+      while (running) {
+        const { status, body } = await infer();
+        if (status === 200) outcomes.ok += 1;
+        else outcomes.failed.push(`${status} ${body.error ?? ''}`);
+      }
+    });
+    const cache = () => fixture.system.process('cache');
+    const pause = (ms: number) => new Promise((r) => setTimeout(r, ms));
+    try {
+      await pause(500);
+      process.kill(cache().pid!, 'SIGSTOP');
+      await pause(1_500);
+      process.kill(cache().pid!, 'SIGCONT');
+      await pause(500);
+      await cache().kill();
+      await pause(1_500);
+      await fixture.system.restart('cache');
+      await pause(1_000);
+    } finally {
+      running = false;
+      await Promise.all(clients);
+    }
+    expect(outcomes.failed).toEqual([]);
+    expect(outcomes.ok).toBeGreaterThan(50);
+
+    // The same request twice: the second is answered from a cache (the router's own, or the
+    // restarted service, whichever has it) — the first was stored through the new stream.
+    const body = { inputs: [{ name: 'input', shape: [1, 4], datatype: 'FP32', data: [-1, -2, -3, -4] }] };
+    const once = async () => {
+      const res = await fetch(`${fixture.system.gatewayUrl}/v2/models/tiny/infer`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+      return (await res.json()) as { parameters?: { cached?: boolean } };
+    };
+    expect((await once()).parameters?.cached).toBe(false);
+    expect((await once()).parameters?.cached).toBe(true);
+    const lookups = await fetch(fixture.system.metricsUrl('cache')).then((r) => r.text());
+    expect(lookups).toMatch(
+      /grpc_server_handling_seconds_count\{[^}]*method="CacheService\/Lookup"[^}]*code="OK"[^}]*\} [1-9]/,
+    );
+  }, 60_000);
 });

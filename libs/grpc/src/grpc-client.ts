@@ -1,7 +1,8 @@
 import { CLIENT_FLOW_CONTROL_OPTIONS } from './flow-control';
 import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import { requestContext, spans } from '@infermesh/telemetry';
+import { type RequestContext, requestContext, spans } from '@infermesh/telemetry';
+import { CarriedCalls, type CarriedRequest, type CarriedResult, checkCarrier } from './carried-calls';
 import { boundedDeadline } from './deadline';
 import type { CallOptions, ServiceClient } from './method-types';
 import { Errors, RpcError, isServiceError } from './rpc-error';
@@ -48,7 +49,13 @@ function registerXdsOnce(address: string): void {
 export function createClient<S extends DescService>(
   service: S,
   address: string,
-  options: ClientOptions = {},
+  options: ClientOptions & {
+    /**
+     * Unary methods whose calls go carried on a stream method of the service (carried-calls.ts),
+     * by the unary method's local name: `{ lookup: 'lookups' }`.
+     */
+    carried?: Partial<Record<keyof S['method'] & string, keyof S['method'] & string>>;
+  } = {},
 ): ServiceClient<S> {
   registerXdsOnce(address);
   const maxBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
@@ -64,11 +71,53 @@ export function createClient<S extends DescService>(
     ...secureChannelOptions(address, options.peer, options.transport),
     ...options.channelOptions,
   });
-  const result: Record<string, unknown> = { close: () => client.close() };
+  const carriers: CarriedCalls[] = [];
+  const result: Record<string, unknown> = {
+    close: () => {
+      for (const carrier of carriers) carrier.close();
+      client.close();
+    },
+  };
   for (const method of service.methods) {
     result[method.localName] = clientMethod(client, method);
   }
+  const raw = client as unknown as RawClient;
+  for (const [unaryName, streamName] of Object.entries(options.carried ?? {}) as [string, string][]) {
+    const unary = service.methods.find((m) => m.localName === unaryName);
+    const stream = service.methods.find((m) => m.localName === streamName);
+    if (unary === undefined || stream === undefined) {
+      throw new Error(`${service.typeName} has no method ${unary === undefined ? unaryName : streamName}`);
+    }
+    checkCarrier(stream, unary);
+    const carrier = new CarriedCalls(
+      unary,
+      () =>
+        raw[streamName]!.call(client, new grpc.Metadata(), {}) as grpc.ClientDuplexStream<
+          CarriedRequest,
+          CarriedResult
+        >,
+      (callOptions) => deadlineOf(callOptions, requestContext.current()),
+    );
+    carriers.push(carrier);
+    result[unaryName] = (request: unknown, callOptions?: CallOptions) => carrier.call(request, callOptions);
+  }
   return result as ServiceClient<S>;
+}
+
+/**
+ * A call's deadline: the earliest of its own (deadlineMs, timeoutMs) and the ambient request's;
+ * undefined when none is set. Throws DEADLINE_EXCEEDED when it has passed: the call is not made.
+ */
+function deadlineOf(options: CallOptions | undefined, ambient: RequestContext | undefined): number | undefined {
+  const candidates = [options?.deadlineMs, ambient?.deadlineMs];
+  if (options?.timeoutMs !== undefined) candidates.push(Date.now() + options.timeoutMs);
+  const deadlines = candidates.filter((d): d is number => d !== undefined && !Number.isNaN(d));
+  if (deadlines.length === 0) return undefined;
+  const deadline = Math.min(...deadlines);
+  if (deadline <= Date.now()) {
+    throw Errors.deadlineExceeded('the request deadline passed before the call was made');
+  }
+  return deadline;
 }
 
 interface Prepared {
@@ -83,15 +132,9 @@ function prepare(options: CallOptions | undefined): Prepared {
   for (const [key, value] of Object.entries(options?.metadata ?? {})) metadata.set(key, value);
   const requestId = options?.metadata?.['x-request-id'] ?? ambient?.requestId;
   if (requestId !== undefined) metadata.set('x-request-id', requestId);
-  const candidates = [options?.deadlineMs, ambient?.deadlineMs];
-  if (options?.timeoutMs !== undefined) candidates.push(Date.now() + options.timeoutMs);
-  const deadlines = candidates.filter((d): d is number => d !== undefined && !Number.isNaN(d));
+  const deadline = deadlineOf(options, ambient);
   const callOptions: grpc.CallOptions = {};
-  if (deadlines.length > 0) {
-    const deadline = Math.min(...deadlines);
-    if (deadline <= Date.now()) {
-      throw Errors.deadlineExceeded('the request deadline passed before the call was made');
-    }
+  if (deadline !== undefined) {
     // grpc-js cannot send a deadline beyond ~11,000 years (it throws outside any call), and a peer
     // cannot time more than ~24.8 days: a longer one is sent as MAX_DEADLINE_MS.
     callOptions.deadline = boundedDeadline(deadline);
@@ -197,6 +240,9 @@ function clientMethod(client: Record<string, unknown>, method: DescMethod) {
         }
       };
     case 'bidi_streaming':
-      throw new Error(`${method.parent.typeName}.${method.name}: bidirectional streaming is not supported`);
+      // Only as the carrier of a unary method's calls (ClientOptions.carried).
+      return () => {
+        throw new Error(`${method.parent.typeName}.${method.name}: bidirectional streaming is not supported`);
+      };
   }
 }

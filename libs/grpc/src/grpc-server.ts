@@ -1,4 +1,4 @@
-import type { DescMethod, DescService } from '@bufbuild/protobuf';
+import { create, type DescMethod, type DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { type Clock, systemClock } from '@infermesh/clock';
 import {
@@ -15,7 +15,8 @@ import type { Attributes, Span } from '@opentelemetry/api';
 import type { Http2Server, IncomingHttpHeaders, OutgoingHttpHeaders, ServerHttp2Stream } from 'node:http2';
 import type { TLSSocket } from 'node:tls';
 import type { Counter, Histogram } from 'prom-client';
-import { boundTimeoutHeader } from './deadline';
+import { type CarriedRequest, type CarriedResult, checkCarrier } from './carried-calls';
+import { boundTimeoutHeader, delayUntil } from './deadline';
 import { openServerWindows } from './flow-control';
 import type { CallContext, ServiceImpl } from './method-types';
 import { Errors, type RpcError, toRpcError } from './rpc-error';
@@ -92,6 +93,8 @@ export class GrpcServer {
   private readonly shedTrailers = new WeakMap<RpcError, OutgoingHttpHeaders>();
 
   private readonly clock: Clock;
+  /** The streams carrying calls, each by what ends it once its calls are answered (shutdown). */
+  private readonly carriers = new Set<() => void>();
 
   constructor(private readonly options: GrpcServerOptions) {
     this.clock = options.clock ?? systemClock;
@@ -199,14 +202,34 @@ export class GrpcServer {
     return true;
   }
 
-  add<S extends DescService>(service: S, impl: ServiceImpl<S>): this {
+  /**
+   * Hosts a service. `carried` names the stream methods that carry a unary method's calls
+   * (carried-calls.ts), by the stream method's local name: `{ lookups: 'lookup' }`. Each is served
+   * from the unary method's handler, and has none of its own.
+   */
+  add<S extends DescService, C extends keyof S['method'] & string = never>(
+    service: S,
+    impl: Omit<ServiceImpl<S>, C>,
+    carried?: Record<C, keyof S['method'] & string>,
+  ): this {
     const definition = toServiceDefinition(service);
     const handlers: Record<string, grpc.UntypedHandleCall> = {};
-    for (const method of service.methods) {
+    const handlerOf = (method: DescMethod) => {
       const handler = (impl as Record<string, unknown>)[method.localName];
       if (typeof handler !== 'function') throw new Error(`${service.typeName}.${method.name} has no handler`);
-      const bound = (handler as (...args: unknown[]) => unknown).bind(impl);
-      handlers[method.localName] = this.wrap(method, bound);
+      return (handler as (...args: unknown[]) => unknown).bind(impl);
+    };
+    for (const method of service.methods) {
+      const carries = (carried as Record<string, string> | undefined)?.[method.localName];
+      if (carries === undefined) {
+        handlers[method.localName] = this.wrap(method, handlerOf(method));
+        continue;
+      }
+      const unary = service.methods.find((m) => m.localName === carries);
+      if (unary === undefined)
+        throw new Error(`${service.typeName} has no method ${carries} for ${method.name} to carry`);
+      checkCarrier(method, unary);
+      handlers[method.localName] = this.carrier(method, unary, handlerOf(unary));
     }
     this.server.addService(definition, handlers);
     return this;
@@ -231,9 +254,13 @@ export class GrpcServer {
     });
   }
 
-  /** Stops accepting calls, lets in-flight calls finish within graceMs, then cancels the rest. */
+  /**
+   * Stops accepting calls, lets in-flight calls finish within graceMs, then cancels the rest. A
+   * stream carrying calls answers those it has received, refuses any more, and ends.
+   */
   async shutdown(graceMs: number): Promise<void> {
     this.draining = true;
+    for (const drain of this.carriers) drain();
     await new Promise<void>((resolve) => {
       const cancel = this.clock.setTimer(() => {
         this.server.forceShutdown();
@@ -327,36 +354,45 @@ export class GrpcServer {
     });
   }
 
+  /** Records a call that ended: its duration by method and code, and its span. */
+  private finished(name: string, start: bigint, code: grpc.status, callSpan?: Span, message?: string): void {
+    this.options.metrics.observe(
+      this.duration,
+      { method: name, code: grpc.status[code] ?? String(code) },
+      Number(process.hrtime.bigint() - start) / 1e9,
+      callSpan,
+    );
+    spans.endCall(callSpan, code, message);
+  }
+
+  /** Records a call that failed (logged when INTERNAL: the server's own fault) and gives its error. */
+  private failed(name: string, start: bigint, error: unknown, callSpan?: Span): RpcError {
+    const rpcError = toRpcError(error);
+    if (rpcError.code === grpc.status.INTERNAL) {
+      this.options.logger.error(`${name} failed`, error instanceof Error ? error : new Error(String(error)));
+    }
+    this.finished(name, start, rpcError.code, callSpan, rpcError.message);
+    return rpcError;
+  }
+
+  /** Answering a call threw (grpc-js could not send it): logged; the call ends without an answer of ours. */
+  private answerFailed(name: string, error: unknown): void {
+    this.options.logger.error(
+      `${name}: the answer could not be sent`,
+      error instanceof Error ? error : new Error(String(error)),
+    );
+  }
+
   private wrap(method: DescMethod, handler: (...args: unknown[]) => unknown): grpc.UntypedHandleCall {
     const name = `${method.parent.name}/${method.name}`;
     // The span of each call, named and described as the RPC semantic conventions say; health checks
     // (probes, supervisors) belong to no request and make none.
     const path = `/${method.parent.typeName}/${method.name}`;
     const span = path.startsWith(HEALTH_PREFIX) ? undefined : { name: path.slice(1), attributes: rpcAttributes(path) };
-    const finish = (start: bigint, code: grpc.status, callSpan?: Span, message?: string) => {
-      this.options.metrics.observe(
-        this.duration,
-        { method: name, code: grpc.status[code] ?? String(code) },
-        Number(process.hrtime.bigint() - start) / 1e9,
-        callSpan,
-      );
-      spans.endCall(callSpan, code, message);
-    };
-    const fail = (start: bigint, error: unknown, callSpan?: Span): Partial<grpc.ServiceError> => {
-      const rpcError = toRpcError(error);
-      if (rpcError.code === grpc.status.INTERNAL) {
-        this.options.logger.error(`${name} failed`, error instanceof Error ? error : new Error(String(error)));
-      }
-      finish(start, rpcError.code, callSpan, rpcError.message);
-      return rpcError.toStatus();
-    };
-
-    /** Answering a call threw (grpc-js could not send it): logged; the call ends without an answer of ours. */
-    const answerFailed = (error: unknown) =>
-      this.options.logger.error(
-        `${name}: the answer could not be sent`,
-        error instanceof Error ? error : new Error(String(error)),
-      );
+    const finish = (start: bigint, code: grpc.status, callSpan?: Span) => this.finished(name, start, code, callSpan);
+    const fail = (start: bigint, error: unknown, callSpan?: Span): Partial<grpc.ServiceError> =>
+      this.failed(name, start, error, callSpan).toStatus();
+    const answerFailed = (error: unknown) => this.answerFailed(name, error);
     /** Runs a call's work in its context, then answers with its response or its error (unary and client streaming). */
     const respond = (
       start: bigint,
@@ -450,6 +486,133 @@ export class GrpcServer {
           );
         };
     }
+  }
+
+  /**
+   * Serves the calls of `unary` that a stream of `stream` carries (carried-calls.ts): each message as
+   * a call of its own (the unary handler in its context, its span from the trace context it carries,
+   * its duration and code under the unary method's name), answered on the stream by id as it ends.
+   * The stream itself is recorded under its own name when it ends: when the client ends it, once
+   * every call received is answered; when the server shuts down, the same, calls received meanwhile
+   * refused with SHUTTING_DOWN. A message that does not decode fails the stream (INVALID_ARGUMENT):
+   * it names no call to fail.
+   */
+  private carrier(
+    stream: DescMethod,
+    unary: DescMethod,
+    handler: (...args: unknown[]) => unknown,
+  ): grpc.UntypedHandleCall {
+    const streamName = `${stream.parent.name}/${stream.name}`;
+    const name = `${unary.parent.name}/${unary.name}`;
+    const path = `/${unary.parent.typeName}/${unary.name}`;
+    const attributes = rpcAttributes(path);
+    const empty = create(unary.input);
+    return (call: grpc.ServerDuplexStream<CarriedRequest, CarriedResult>) => {
+      const start = process.hrtime.bigint();
+      const controller = new AbortController();
+      let inFlight = 0;
+      let receiving = true;
+      let ended = false;
+      const end = (error?: RpcError) => {
+        if (ended) return;
+        ended = true;
+        this.carriers.delete(drain);
+        if (error === undefined) {
+          this.finished(streamName, start, grpc.status.OK);
+          call.end();
+        } else {
+          call.emit('error', this.failed(streamName, start, error).toStatus());
+        }
+      };
+      const drain = () => {
+        receiving = false;
+        if (inFlight === 0) end();
+      };
+      this.carriers.add(drain);
+      call.once('cancelled', () => {
+        controller.abort(Errors.cancelled('the client cancelled the stream'));
+        if (!ended) {
+          ended = true;
+          this.carriers.delete(drain);
+          this.finished(streamName, start, grpc.status.CANCELLED);
+        }
+      });
+      call.on('end', drain);
+      call.on('data', (message: CarriedRequest | MalformedMessage) => {
+        if (ended) return;
+        if (message instanceof MalformedMessage) {
+          end(message.toError());
+          return;
+        }
+        if (!receiving) {
+          const refusal = Errors.shuttingDown('the server is shutting down; call again on a new stream');
+          call.write({ id: message.id, status: refusal.toRpcStatus() });
+          return;
+        }
+        inFlight++;
+        const callStart = process.hrtime.bigint();
+        const requestId = sanitizeRequestId(message.requestId === '' ? undefined : message.requestId);
+        const deadlineMs = message.timeoutMs > 0 ? Date.now() + message.timeoutMs : undefined;
+        const span =
+          spans.enabled && message.traceparent !== ''
+            ? spans.server(
+                path.slice(1),
+                {
+                  traceparent: message.traceparent,
+                  ...(message.tracestate !== '' && { tracestate: message.tracestate }),
+                },
+                attributes,
+                false,
+              )
+            : undefined;
+        // Its own signal, as a call's: aborted when its deadline passes (it is then answered
+        // DEADLINE_EXCEEDED, whatever its handler does later) or the stream is cancelled.
+        const signal = new AbortController();
+        const onCancel = () => signal.abort(controller.signal.reason);
+        controller.signal.addEventListener('abort', onCancel, { once: true });
+        let settled = false;
+        const answer = (result: () => CarriedResult) => {
+          if (settled) return;
+          settled = true;
+          clearTimeout(timer);
+          controller.signal.removeEventListener('abort', onCancel);
+          inFlight--;
+          try {
+            if (!ended) call.write(result());
+          } catch (error) {
+            this.answerFailed(name, error);
+          }
+          if (!receiving && inFlight === 0) end();
+        };
+        const fail = (error: unknown) => () => ({
+          id: message.id,
+          status: this.failed(name, callStart, error, span).toRpcStatus(),
+        });
+        const timer =
+          deadlineMs === undefined
+            ? undefined
+            : setTimeout(() => {
+                const expired = Errors.deadlineExceeded(`${name} was not answered within its deadline`);
+                signal.abort(expired);
+                answer(fail(expired));
+              }, delayUntil(deadlineMs));
+        const ctx: CallContext = { requestId, deadlineMs, signal: signal.signal, metadata: {} };
+        const context: RequestContext = {
+          requestId,
+          signal: signal.signal,
+          ...(deadlineMs !== undefined && { deadlineMs }),
+          ...(span !== undefined && { span }),
+        };
+        guarded(() => requestContext.run(context, () => handler(message.request ?? empty, ctx))).then(
+          (response) =>
+            answer(() => {
+              this.finished(name, callStart, grpc.status.OK, span);
+              return { id: message.id, response };
+            }),
+          (error: unknown) => answer(fail(error)),
+        );
+      });
+    };
   }
 
   private callContext(call: AnyCall, spanOf: { name: string; attributes: Attributes } | undefined) {

@@ -41,14 +41,18 @@ describe('gRPC spans', () => {
       maxMessageBytes: 1 << 20,
       public: isPublic,
     });
-    server.add(CacheService, {
-      lookup: async (request, ctx) => {
-        seen.push(ctx);
-        if (request.key.length === 0) throw new Error('boom');
-        return { found: false };
+    server.add(
+      CacheService,
+      {
+        lookup: async (request, ctx) => {
+          seen.push(ctx);
+          if (request.key.length === 0) throw new Error('boom');
+          return { found: false };
+        },
+        store: async () => ({ stored: false }),
       },
-      store: async () => ({ stored: false }),
-    });
+      { lookups: 'lookup' },
+    );
     const health = new HealthService();
     health.set('', ServingStatus.SERVING);
     server.add(Health, health);
@@ -96,6 +100,29 @@ describe('gRPC spans', () => {
       'rpc.method': 'Lookup',
       'rpc.grpc.status_code': 0,
     });
+  });
+
+  it('makes the same child span for a call carried on a stream, and none for one of an unsampled request', async () => {
+    const carried = createClient(CacheService, `127.0.0.1:${ports[0]}`, {
+      transport: null,
+      carried: { lookup: 'lookups' },
+    });
+    try {
+      const request = spans.server('request', {}, {}, true)!;
+      await requestContext.run({ requestId: 'r1c', span: request }, () => carried.lookup({ key: KEY }));
+      spans.end(request);
+      const server = (await exported()).find((s) => s.name !== 'request')!;
+      expect(server.name).toBe('infermesh.cache.v1.CacheService/Lookup');
+      expect(server.parentSpanContext?.spanId).toBe(request.spanContext().spanId);
+      expect(server.attributes).toMatchObject({ 'rpc.method': 'Lookup', 'rpc.grpc.status_code': 0 });
+      expect(seen.at(-1)!.requestId).toBe('r1c');
+
+      const unsampled = spans.server('edge', { traceparent: `00-${'1'.repeat(32)}-${'2'.repeat(16)}-00` }, {}, true)!;
+      await requestContext.run({ requestId: 'r3c', span: unsampled }, () => carried.lookup({ key: KEY }));
+      expect(await exported()).toEqual([]);
+    } finally {
+      carried.close();
+    }
   });
 
   it("marks a failed call's span with its status", async () => {

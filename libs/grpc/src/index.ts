@@ -7,3 +7,4 @@ export * from './health';
 export * from './deadline';
 export * from './transport-security';
 export * from './error-catalogue';
+export * from './carried-calls';

@@ -2,7 +2,7 @@ import { anyPack, anyUnpack } from '@bufbuild/protobuf/wkt';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { Metadata, status, type ServiceError } from '@grpc/grpc-js';
 import { ErrorInfoSchema, RetryInfoSchema } from '@infermesh/proto/gen/google/rpc/error_details_pb';
-import { StatusSchema } from '@infermesh/proto/gen/google/rpc/status_pb';
+import { type Status, StatusSchema } from '@infermesh/proto/gen/google/rpc/status_pb';
 import { boundedText } from '@infermesh/tensors';
 import {
   ERROR_CATALOGUE,
@@ -77,6 +77,17 @@ export class RpcError extends Error {
 
   /** The grpc-js status object for a call's callback or emit. */
   toStatus(): Partial<ServiceError> {
+    const trailer = new Metadata();
+    const st = this.toRpcStatus();
+    if (st.details.length > 0) {
+      const body = toBinary(StatusSchema, st);
+      trailer.set(DETAILS_KEY, Buffer.from(body.buffer, body.byteOffset, body.byteLength));
+    }
+    return { code: this.code, details: this.message, metadata: trailer };
+  }
+
+  /** This error as a google.rpc.Status: its code, its message, ErrorInfo and RetryInfo when it has them. */
+  toRpcStatus(): Status {
     const details = [];
     if (this.wireReason !== undefined) {
       details.push(
@@ -95,37 +106,45 @@ export class RpcError extends Error {
         ),
       );
     }
-    const trailer = new Metadata();
-    if (details.length > 0) {
-      const body = toBinary(StatusSchema, create(StatusSchema, { code: this.code, message: this.message, details }));
-      trailer.set(DETAILS_KEY, Buffer.from(body.buffer, body.byteOffset, body.byteLength));
-    }
-    return { code: this.code, details: this.message, metadata: trailer };
+    return create(StatusSchema, { code: this.code, message: this.message, details });
   }
 
   /** Rebuilds an RpcError from a failed call, reading ErrorInfo and RetryInfo when present. */
   static fromServiceError(error: ServiceError): RpcError {
-    const options: ReceivedErrorOptions = {};
     const raw = error.metadata?.get(DETAILS_KEY)[0];
+    let details: Status | undefined;
     if (raw instanceof Buffer) {
       try {
-        const st = fromBinary(StatusSchema, raw);
-        for (const detail of st.details) {
-          const info = anyUnpack(detail, ErrorInfoSchema);
-          if (info !== undefined) {
-            options.reason = info.reason;
-            options.metadata = { ...info.metadata };
-          }
-          const retry = anyUnpack(detail, RetryInfoSchema);
-          if (retry?.retryDelay !== undefined) {
-            options.retryDelayMs = Number(retry.retryDelay.seconds) * 1000 + retry.retryDelay.nanos / 1e6;
-          }
-        }
+        details = fromBinary(StatusSchema, raw);
       } catch {
         // Undecodable details: keep the code and the message.
       }
     }
-    return new RpcError(error.code, error.details || error.message, options);
+    return RpcError.fromRpcStatus(details ?? create(StatusSchema), error.code, error.details || error.message);
+  }
+
+  /**
+   * Rebuilds an RpcError from a google.rpc.Status (a carried call's, or a failed call's details),
+   * reading ErrorInfo and RetryInfo when present; the code and message given override the status's.
+   */
+  static fromRpcStatus(st: Status, code: status = st.code, message: string = st.message): RpcError {
+    const options: ReceivedErrorOptions = {};
+    try {
+      for (const detail of st.details) {
+        const info = anyUnpack(detail, ErrorInfoSchema);
+        if (info !== undefined) {
+          options.reason = info.reason;
+          options.metadata = { ...info.metadata };
+        }
+        const retry = anyUnpack(detail, RetryInfoSchema);
+        if (retry?.retryDelay !== undefined) {
+          options.retryDelayMs = Number(retry.retryDelay.seconds) * 1000 + retry.retryDelay.nanos / 1e6;
+        }
+      }
+    } catch {
+      // Undecodable details: keep the code and the message.
+    }
+    return new RpcError(code, message, options);
   }
 }
 

@@ -61,7 +61,7 @@ describe('parseMeshPolicy', () => {
     });
     expect(gatewayRouter.timeoutMs).toBe(60_000);
     const routerCache = sut.edges[1]!;
-    expect(routerCache.timeoutMs).toBe(1_000);
+    expect(routerCache.timeoutMs).toBe(0); // lookups travel on a stream; the router times each itself
     expect(routerCache.retry.attempts).toBe(1);
     expect(routerCache.retry.backoff).toEqual({ base: 25, max: 250 }); // the rest of the retry from the defaults
     expect(sut.edges.find((e) => e.to === 'registry')!.timeoutMs).toBe(0);
@@ -168,8 +168,8 @@ describe('parseMeshPolicy', () => {
     ],
     [
       'a per-try timeout above the timeout',
-      [['edges', 1, 'retry', 'perTryTimeout'], '2s'],
-      "edges[1].retry.perTryTimeout: longer than the edge's timeout (1000 ms)",
+      [['edges', 0, 'retry', 'perTryTimeout'], '2m'],
+      "edges[0].retry.perTryTimeout: longer than the edge's timeout (60000 ms)",
     ],
     [
       'an ejection share above 100 %',

@@ -29,10 +29,19 @@ import { ServiceIdentity } from './runtime.module';
 export interface GrpcBinding {
   service: DescService;
   impl: object;
+  carried?: Record<string, string>;
 }
 
-export function bind<S extends DescService>(service: S, impl: ServiceImpl<S>): GrpcBinding {
-  return { service, impl };
+/**
+ * A service and its handlers; `carried` names its stream methods that carry a unary method's calls
+ * (GrpcServer.add), which have no handler of their own.
+ */
+export function bind<S extends DescService, C extends keyof S['method'] & string = never>(
+  service: S,
+  impl: Omit<ServiceImpl<S>, C>,
+  carried?: Record<C, keyof S['method'] & string>,
+): GrpcBinding {
+  return { service, impl, ...(carried !== undefined && { carried }) };
 }
 
 export interface BootstrapOptions {
@@ -159,8 +168,8 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
   grpcServer.add(Health, health);
   health.set('', ServingStatus.NOT_SERVING);
   const bindings = options.grpc(app);
-  for (const { service, impl } of bindings) {
-    grpcServer.add(service, impl as never);
+  for (const { service, impl, carried } of bindings) {
+    grpcServer.add(service, impl, carried);
     health.set(service.typeName, ServingStatus.NOT_SERVING);
   }
   for (const { definition, implementation } of options.untypedGrpc?.(app) ?? [])

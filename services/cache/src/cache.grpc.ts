@@ -4,9 +4,9 @@ import type { CacheService, LookupRequest, StoreRequest } from '@infermesh/proto
 import { Errors } from '@infermesh/grpc';
 import { checkKey, ResultCache } from './result-cache';
 
-/** gRPC transport of the cache service. */
+/** gRPC transport of the cache service; Lookups carries Lookup's calls (GrpcServer.add). */
 @Injectable()
-export class CacheGrpcController implements ServiceImpl<typeof CacheService> {
+export class CacheGrpcController implements Omit<ServiceImpl<typeof CacheService>, 'lookups'> {
   constructor(private readonly cache: ResultCache) {}
 
   /**

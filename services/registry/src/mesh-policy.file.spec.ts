@@ -21,11 +21,13 @@ describe(MeshPolicyFile.name, () => {
     const sut = new MeshPolicyFile(path, 1_000);
     expect(sut.reload()).toBeUndefined();
 
-    writeFileSync(path, SHIPPED.replace('timeout: 1s ', 'timeout: 2s '));
+    const edge = '    to: cache\n';
+    if (!SHIPPED.includes(edge)) throw new Error('the shipped policy has no router -> cache edge');
+    writeFileSync(path, SHIPPED.replace(edge, `${edge}    connectTimeout: 2s\n`));
     const change = sut.reload();
 
     expect(change?.kind).toBe('applied');
-    expect(sut.policy.edges.find((e) => e.to === 'cache')!.timeoutMs).toBe(2_000);
+    expect(sut.policy.edges.find((e) => e.to === 'cache')!.connectTimeoutMs).toBe(2_000);
   });
 
   it('refuses a change that does not validate, naming the field, and keeps the running policy', () => {

@@ -13,7 +13,7 @@ import type { RouterConfig } from './router.config';
 import { CacheAdapter, CARRIED_MAX_BYTES, STORE_DELAY_MS } from './upstreams.adapter';
 
 /** A cache service that records the calls it gets and finds nothing. */
-class RecordingCache implements ServiceImpl<typeof CacheService> {
+class RecordingCache implements Omit<ServiceImpl<typeof CacheService>, 'lookups'> {
   readonly lookups: LookupRequest[] = [];
   readonly stores: StoreRequest[] = [];
   lookup = async (request: LookupRequest) => {
@@ -46,7 +46,7 @@ describe(CacheAdapter.name, () => {
       metrics: new Metrics('test'),
       maxMessageBytes: 4 * 1024 * 1024,
     });
-    server.add(CacheService, cache);
+    server.add(CacheService, cache, { lookups: 'lookup' });
     const port = await server.listen('127.0.0.1', 0);
     clock = new ManualClock(Date.now());
     sut = new CacheAdapter(

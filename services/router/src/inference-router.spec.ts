@@ -579,7 +579,7 @@ describe(InferenceRouter.name, () => {
       // A real gRPC cache service, reached through the real CacheAdapter, whose lookups answer only
       // once the router has given up on them: the router's own deadline on a real call is under test.
       let lookupsAbandoned = 0;
-      const slowCache: ServiceImpl<typeof CacheService> = {
+      const slowCache: Omit<ServiceImpl<typeof CacheService>, 'lookups'> = {
         async lookup(_request, ctx) {
           await new Promise<void>((resolve) => ctx.signal.addEventListener('abort', () => resolve()));
           lookupsAbandoned += 1;
@@ -594,7 +594,7 @@ describe(InferenceRouter.name, () => {
         metrics: new Metrics('fake_cache'),
         maxMessageBytes: 1 << 20,
       });
-      server.add(CacheService, slowCache);
+      server.add(CacheService, slowCache, { lookups: 'lookup' });
       const port = await server.listen('127.0.0.1', 0);
       try {
         const { sut, batcher, app } = await startRouter(

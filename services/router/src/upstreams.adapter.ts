@@ -60,7 +60,8 @@ export const CARRIED_MAX_BYTES = 64 * 1024;
 const PENDING_MAX_BYTES = 1024 * 1024;
 
 /**
- * The result cache service. A miss costs one round trip: the answer computed after it is not stored
+ * The result cache service. A miss costs one round trip, a message each way on a stream that carries
+ * the router's lookups (not a call of its own): the answer computed after it is not stored
  * by a call of its own but carried to the cache by the router's next lookup (LookupRequest.stores),
  * or after STORE_DELAY_MS by a Store call when no lookup comes. Answers over CARRIED_MAX_BYTES go at
  * once by themselves. Storing stays best-effort: answers that a failed lookup carried are lost.
@@ -79,7 +80,9 @@ export class CacheAdapter implements OnApplicationShutdown {
     private readonly logger: JsonLogger,
     private readonly clock: Clock,
   ) {
-    this.client = createClient(CacheService, config.upstreams.cache);
+    // Lookups go carried on one stream (CacheService.Lookups): a message each way costs a fraction
+    // of a call of its own, on both sides.
+    this.client = createClient(CacheService, config.upstreams.cache, { carried: { lookup: 'lookups' } });
   }
 
   async lookup(key: Uint8Array, timeoutMs: number): Promise<InferenceResponse | undefined> {

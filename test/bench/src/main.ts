@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import { REPO_ROOT } from '../../e2e/support/system-fixture';
 import { batching } from './batching.scenario';
 import { cache } from './cache.scenario';
+import { carried } from './carried.scenario';
 import { gateway } from './gateway.scenario';
 import { latency } from './latency.scenario';
 import { mesh } from './mesh.scenario';
@@ -22,6 +23,7 @@ const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = {
   tracing,
   quantization,
   path,
+  carried,
 };
 
 async function main(): Promise<number> {

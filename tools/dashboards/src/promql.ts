@@ -67,9 +67,10 @@ export function oneOf(values: readonly string[]): string {
 
 /**
  * gRPC methods whose calls are long-lived streams (health and registry watches, mesh announcements,
- * server reflection): their durations are stream lifetimes, so latency panels leave them out.
+ * server reflection, the streams carrying cache lookups): their durations are stream lifetimes, so
+ * latency panels leave them out (the lookups they carry are recorded as CacheService/Lookup).
  */
-export const STREAMING_METHODS = 'method!~".+/(Watch|WatchModels|Announce|ServerReflectionInfo)"';
+export const STREAMING_METHODS = 'method!~".+/(Watch|WatchModels|Announce|ServerReflectionInfo|Lookups)"';
 
 /** gRPC status codes (the `code` label of grpc_server_handling_seconds) that are the server's fault. */
 export const GRPC_SERVER_ERROR_CODES = [
