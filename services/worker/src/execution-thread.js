@@ -7,7 +7,8 @@
 // (model-runtime.threads.ts locates it).
 //
 // Protocol (structured clone; tensor data as whole ArrayBuffers, transferred both ways):
-//   thread -> main    { type: 'started' } once onnxruntime-node is loaded
+//   thread -> main    { type: 'started', priorityKept? } once onnxruntime-node is loaded; priorityKept
+//                     says why the thread could not take the nice value it was started with (workerData.nice)
 //   main -> thread    { type: 'load', session, model: Uint8Array, provider, intraOpThreads }
 //   thread -> main    { type: 'loaded', session, inputs, outputs, outputNames } | { type: 'failed', session, message }
 //   main -> thread    { type: 'run', id, session, feeds: WireTensor[], fetches: string[] }
@@ -25,7 +26,34 @@
 // itself on 'close', once every run has finished and every session is released. It is never
 // terminated from outside while onnxruntime may be running: tearing down a thread under a pending
 // native run aborts the whole process.
-const { parentPort } = require('node:worker_threads');
+const { parentPort, workerData } = require('node:worker_threads');
+const { readlinkSync } = require('node:fs');
+const { getPriority, setPriority } = require('node:os');
+
+/**
+ * Schedules this thread `nice` steps below the thread that started it (at most 19), before
+ * onnxruntime starts any operator thread from it (Linux threads inherit their creator's nice value),
+ * so that under load the compute yields a core to the service's main thread. setpriority(2) takes a
+ * thread id on Linux, which a thread reads from /proc/thread-self. Returns why it could not, or
+ * undefined.
+ */
+function lowerPriority(nice) {
+  if (!nice) return undefined;
+  let tid;
+  try {
+    tid = Number(readlinkSync('/proc/thread-self').split('/').pop());
+  } catch (error) {
+    return `no /proc/thread-self to find the thread's id (${firstLine(error)})`;
+  }
+  try {
+    setPriority(tid, Math.min(19, getPriority(tid) + nice));
+  } catch (error) {
+    return `setpriority(${tid}) failed: ${firstLine(error)}`;
+  }
+  return undefined;
+}
+
+const priorityKept = lowerPriority(workerData?.nice);
 const ort = require('onnxruntime-node');
 
 const ARRAYS = {
@@ -246,4 +274,4 @@ parentPort.on('message', (message) => {
       break;
   }
 });
-parentPort.postMessage({ type: 'started' });
+parentPort.postMessage({ type: 'started', ...(priorityKept !== undefined && { priorityKept }) });

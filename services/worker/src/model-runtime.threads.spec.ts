@@ -13,6 +13,7 @@ import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/infere
 import { DataType, decodeBytesElements, encodeBytesElements } from '@infermesh/tensors';
 import { eventually, ManualClock, rpcRejection as rejection } from '@infermesh/testing';
 import * as ort from 'onnxruntime-node';
+import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ModelLoadError, PREPARATION_MODEL } from './model-runtime';
 import { ThreadsModelRuntime, type ThreadsModelSession } from './model-runtime.threads';
@@ -357,6 +358,29 @@ describe(ThreadsModelRuntime.name, () => {
     expect(error.code).toBe(status.UNAVAILABLE);
     const next = await load(two, buildTinyModel().bytes);
     expect(new Set(next.threads)).toEqual(new Set(threads));
+  });
+
+  it('runs the compute computeNice steps below the main thread, its operator threads too, and leaves the main thread as it was', async () => {
+    const niceOf = () =>
+      readdirSync('/proc/self/task').map((tid) => {
+        const stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
+        return { tid: Number(tid), nice: Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[16]) };
+      });
+    const before = new Set(niceOf().map((t) => t.tid));
+    const main = niceOf().find((t) => t.tid === process.pid)!.nice;
+    const runtime = new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 2, computeNice: 7 });
+    try {
+      const session = (await runtime.load(MLP.bytes, ['cpu'])) as ThreadsModelSession;
+      await session.run([mlpInput(8)], []);
+      const started = niceOf().filter((t) => !before.has(t.tid));
+      // The execution thread and the operator thread onnxruntime started from it (one besides the
+      // caller's, with 2 intra-op threads).
+      expect(started.filter((t) => t.nice === Math.min(19, main + 7)).length).toBeGreaterThanOrEqual(2);
+      expect(niceOf().find((t) => t.tid === process.pid)!.nice).toBe(main);
+      await session.release();
+    } finally {
+      await runtime.close();
+    }
   });
 
   it("runs each model on threads of its own: one model's request does not wait for another's run", async () => {

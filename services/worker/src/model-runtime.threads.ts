@@ -24,6 +24,14 @@ export interface ThreadsRuntimeOptions {
   executionThreads?: number;
   /** Threads one session uses inside an operator. */
   intraOpThreads: number;
+  /**
+   * How many nice steps below the main thread the execution threads are scheduled (at most nice 19),
+   * and so the operator threads onnxruntime starts from them (Linux threads inherit it). 0 or none:
+   * as the main thread.
+   */
+  computeNice?: number;
+  /** Told once when the execution threads could not be given computeNice (no /proc/thread-self: not Linux). */
+  onPriorityKept?: (reason: string) => void;
   /** Told when an execution thread dies unasked; the runtime replaces it. */
   onThreadCrash?: (reason: string) => void;
   /** Wait before starting a replacement again after one failed to start. */
@@ -65,7 +73,7 @@ interface Loaded {
 }
 
 type FromThread =
-  | { type: 'started' }
+  | { type: 'started'; priorityKept?: string }
   | ({ type: 'loaded'; session: number } & Loaded)
   | { type: 'failed'; session: number; message: string }
   | { type: 'unloaded'; session: number }
@@ -219,6 +227,7 @@ class ExecutionPool {
   private readonly threads: ExecutionThread[] = [];
   private readonly starting = new Set<Promise<ExecutionThread>>();
   private closed = false;
+  private priorityReported = false;
 
   constructor(
     private readonly file: string,
@@ -271,7 +280,15 @@ class ExecutionPool {
   }
 
   private spawn(): Promise<ExecutionThread> {
-    const started = ExecutionThread.start(this.file, this.options.clock ?? systemClock).then((thread) => {
+    const started = ExecutionThread.start(
+      this.file,
+      this.options.clock ?? systemClock,
+      this.options.computeNice ?? 0,
+    ).then((thread) => {
+      if (thread.priorityKept !== undefined && !this.priorityReported) {
+        this.priorityReported = true;
+        this.options.onPriorityKept?.(thread.priorityKept);
+      }
       if (this.closed) {
         void thread.close();
         throw new Error('the execution threads are closed');
@@ -531,9 +548,12 @@ class ExecutionThread {
     this.idleIfEmpty();
   }
 
-  /** Starts a thread and waits until it has loaded onnxruntime-node. */
-  static start(file: string, clock: Clock): Promise<ExecutionThread> {
-    const worker = new Worker(file);
+  /** Why the thread could not lower its priority as asked; undefined when it did (or was not asked). */
+  priorityKept: string | undefined;
+
+  /** Starts a thread (at `nice`, see ThreadsRuntimeOptions.computeNice) and waits until it has loaded onnxruntime-node. */
+  static start(file: string, clock: Clock, nice = 0): Promise<ExecutionThread> {
+    const worker = new Worker(file, { workerData: { nice } });
     const thread = new ExecutionThread(worker, clock);
     return new Promise((resolve, reject) => {
       let lastError: unknown;
@@ -548,6 +568,7 @@ class ExecutionThread {
       };
       const onMessage = (message: FromThread) => {
         if (message.type !== 'started') return;
+        thread.priorityKept = message.priorityKept;
         cleanup();
         thread.listen();
         thread.updateRef();

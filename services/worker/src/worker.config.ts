@@ -34,6 +34,7 @@ const shape = {
   WORKER_INSTANCES_PER_MODEL: positiveInt(1),
   WORKER_EXECUTION_THREADS: z.coerce.number().int().positive().optional(),
   WORKER_INTRA_OP_THREADS: z.coerce.number().int().positive().optional(),
+  WORKER_COMPUTE_NICE: z.coerce.number().int().min(0, 'expected 0 to 19').max(19, 'expected 0 to 19').default(10),
   WORKER_MEMORY_BUDGET_BYTES: byteSize(Math.floor(totalmem() / 2)),
   WORKER_PINNED_MODELS: nameList(/^[^\s,/]+$/, 'expected model names separated by commas'),
   WORKER_MODELS: nameList(/^[^\s,/]+$/, 'expected model names separated by commas'),
@@ -80,6 +81,12 @@ export function loadWorkerConfig(env: Env) {
     executionThreads,
     /** ONNX Runtime intra-op threads per instance; by default the cores shared out among a model's instances. */
     intraOpThreads: e.WORKER_INTRA_OP_THREADS ?? defaultIntraOpThreads(e.WORKER_INSTANCES_PER_MODEL),
+    /**
+     * How much lower than the rest of the process the execution threads (and the operator threads
+     * onnxruntime starts from them) are scheduled, as a nice value: under load the main thread, which
+     * takes requests, answers health checks and sends results, gets a core before the model's compute.
+     */
+    computeNice: e.WORKER_COMPUTE_NICE,
     /** What loaded models may be charged in all; idle unpinned ones are evicted to make room. */
     memoryBudgetBytes: e.WORKER_MEMORY_BUDGET_BYTES,
     /**

@@ -824,6 +824,13 @@ describe(loadWorkerConfig.name, () => {
     expect(() => loadWorkerConfig({ WORKER_EXECUTION_THREADS: '0' })).toThrow(/WORKER_EXECUTION_THREADS/);
   });
 
+  it('schedules the compute 10 nice steps below the main thread unless told otherwise, 0 to 19', () => {
+    expect(loadWorkerConfig({}).computeNice).toBe(10);
+    expect(loadWorkerConfig({ WORKER_COMPUTE_NICE: '0' }).computeNice).toBe(0);
+    expect(() => loadWorkerConfig({ WORKER_COMPUTE_NICE: '20' })).toThrow(/WORKER_COMPUTE_NICE.*expected 0 to 19/);
+    expect(() => loadWorkerConfig({ WORKER_COMPUTE_NICE: '-1' })).toThrow(/WORKER_COMPUTE_NICE.*expected 0 to 19/);
+  });
+
   it('reads the placement: the models the worker serves, which must include the pinned ones', () => {
     expect([...loadWorkerConfig({ WORKER_MODELS: ' primary , backup,' }).placedModels]).toEqual(['primary', 'backup']);
     expect([...loadWorkerConfig({ WORKER_MODELS: 'primary', WORKER_PINNED_MODELS: 'primary' }).pinnedModels]).toEqual([

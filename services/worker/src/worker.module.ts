@@ -48,11 +48,14 @@ export class WorkerModule {
               instancesPerModel: config.instancesPerModel,
               executionThreads: config.executionThreads,
               intraOpThreads: config.intraOpThreads,
+              computeNice: config.computeNice,
               clock,
               onThreadCrash: (reason) => {
                 failures.inc();
                 logger.warn('execution thread failed; replacing it', { reason });
               },
+              onPriorityKept: (reason) =>
+                logger.warn('execution threads run at the priority of the main thread', { reason }),
             });
           },
         },
