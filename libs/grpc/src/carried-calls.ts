@@ -1,8 +1,8 @@
-import { type DescField, type DescMessage, type DescMethod, ScalarType } from '@bufbuild/protobuf';
+import { type DescField, type DescMessage, type DescMethod, type DescService, ScalarType } from '@bufbuild/protobuf';
 import { type ClientDuplexStream, type ServiceError, status } from '@grpc/grpc-js';
 import type { Status } from '@infermesh/proto/gen/google/rpc/status_pb';
 import { StatusSchema } from '@infermesh/proto/gen/google/rpc/status_pb';
-import { requestContext, spans } from '@infermesh/telemetry';
+import { type RequestContext, requestContext, spans } from '@infermesh/telemetry';
 import { delayUntil } from './deadline';
 import type { CallOptions } from './method-types';
 import { Errors, RpcError } from './rpc-error';
@@ -45,6 +45,26 @@ export interface CarriedResult {
   id: number;
   response?: unknown;
   status?: Status;
+}
+
+/**
+ * The methods of `service` named `streamName` and `unaryName` (local names), once checked that the
+ * first can carry the second (checkCarrier): what GrpcServer.add and createClient build on.
+ */
+export function carrierMethods(
+  service: DescService,
+  streamName: string,
+  unaryName: string,
+): { stream: DescMethod; unary: DescMethod } {
+  const find = (name: string) => {
+    const method = service.methods.find((m) => m.localName === name);
+    if (method === undefined) throw new Error(`${service.typeName} has no method ${name} to carry calls or be carried`);
+    return method;
+  };
+  const stream = find(streamName);
+  const unary = find(unaryName);
+  checkCarrier(stream, unary);
+  return { stream, unary };
 }
 
 /** Throws unless `stream` can carry `unary` (the convention above), naming what is missing. */
@@ -100,7 +120,10 @@ export class CarriedCalls {
   constructor(
     private readonly method: DescMethod,
     private readonly open: () => ClientDuplexStream<CarriedRequest, CarriedResult>,
-    private readonly deadlineOf: (options: CallOptions | undefined) => number | undefined,
+    private readonly deadlineOf: (
+      options: CallOptions | undefined,
+      ambient: RequestContext | undefined,
+    ) => number | undefined,
     private readonly renewMs = CARRIER_RENEW_MS,
   ) {}
 
@@ -111,7 +134,7 @@ export class CarriedCalls {
     }
     if (this.closed) throw Errors.upstreamUnavailable(`the client of ${this.method.name} is closed`);
     const ambient = requestContext.current();
-    const deadline = this.deadlineOf(options);
+    const deadline = this.deadlineOf(options, ambient);
     const signal = options?.signal ?? ambient?.signal;
     if (signal?.aborted === true) throw Errors.cancelled(`${this.method.name} was cancelled`);
     const trace = ambient?.span === undefined ? undefined : spans.propagate(ambient.span);

@@ -2,7 +2,7 @@ import { CLIENT_FLOW_CONTROL_OPTIONS } from './flow-control';
 import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { type RequestContext, requestContext, spans } from '@infermesh/telemetry';
-import { CarriedCalls, type CarriedRequest, type CarriedResult, checkCarrier } from './carried-calls';
+import { CarriedCalls, type CarriedRequest, type CarriedResult, carrierMethods } from './carried-calls';
 import { boundedDeadline } from './deadline';
 import type { CallOptions, ServiceClient } from './method-types';
 import { Errors, RpcError, isServiceError } from './rpc-error';
@@ -83,12 +83,7 @@ export function createClient<S extends DescService>(
   }
   const raw = client as unknown as RawClient;
   for (const [unaryName, streamName] of Object.entries(options.carried ?? {}) as [string, string][]) {
-    const unary = service.methods.find((m) => m.localName === unaryName);
-    const stream = service.methods.find((m) => m.localName === streamName);
-    if (unary === undefined || stream === undefined) {
-      throw new Error(`${service.typeName} has no method ${unary === undefined ? unaryName : streamName}`);
-    }
-    checkCarrier(stream, unary);
+    const { unary } = carrierMethods(service, streamName, unaryName);
     const carrier = new CarriedCalls(
       unary,
       () =>
@@ -96,7 +91,7 @@ export function createClient<S extends DescService>(
           CarriedRequest,
           CarriedResult
         >,
-      (callOptions) => deadlineOf(callOptions, requestContext.current()),
+      deadlineOf,
     );
     carriers.push(carrier);
     result[unaryName] = (request: unknown, callOptions?: CallOptions) => carrier.call(request, callOptions);

@@ -15,7 +15,7 @@ import type { Attributes, Span } from '@opentelemetry/api';
 import type { Http2Server, IncomingHttpHeaders, OutgoingHttpHeaders, ServerHttp2Stream } from 'node:http2';
 import type { TLSSocket } from 'node:tls';
 import type { Counter, Histogram } from 'prom-client';
-import { type CarriedRequest, type CarriedResult, checkCarrier } from './carried-calls';
+import { type CarriedRequest, type CarriedResult, carrierMethods } from './carried-calls';
 import { boundTimeoutHeader, delayUntil } from './deadline';
 import { openServerWindows } from './flow-control';
 import type { CallContext, ServiceImpl } from './method-types';
@@ -225,10 +225,7 @@ export class GrpcServer {
         handlers[method.localName] = this.wrap(method, handlerOf(method));
         continue;
       }
-      const unary = service.methods.find((m) => m.localName === carries);
-      if (unary === undefined)
-        throw new Error(`${service.typeName} has no method ${carries} for ${method.name} to carry`);
-      checkCarrier(method, unary);
+      const { unary } = carrierMethods(service, method.localName, carries);
       handlers[method.localName] = this.carrier(method, unary, handlerOf(unary));
     }
     this.server.addService(definition, handlers);
@@ -509,8 +506,8 @@ export class GrpcServer {
     const empty = create(unary.input);
     return (call: grpc.ServerDuplexStream<CarriedRequest, CarriedResult>) => {
       const start = process.hrtime.bigint();
-      const controller = new AbortController();
-      let inFlight = 0;
+      /** The signal of each call received and not yet answered. */
+      const inFlight = new Set<AbortController>();
       let receiving = true;
       let ended = false;
       const end = (error?: RpcError) => {
@@ -526,11 +523,12 @@ export class GrpcServer {
       };
       const drain = () => {
         receiving = false;
-        if (inFlight === 0) end();
+        if (inFlight.size === 0) end();
       };
       this.carriers.add(drain);
       call.once('cancelled', () => {
-        controller.abort(Errors.cancelled('the client cancelled the stream'));
+        const cancelled = Errors.cancelled('the client cancelled the stream');
+        for (const signal of inFlight) signal.abort(cancelled);
         if (!ended) {
           ended = true;
           this.carriers.delete(drain);
@@ -549,7 +547,6 @@ export class GrpcServer {
           call.write({ id: message.id, status: refusal.toRpcStatus() });
           return;
         }
-        inFlight++;
         const callStart = process.hrtime.bigint();
         const requestId = sanitizeRequestId(message.requestId === '' ? undefined : message.requestId);
         const deadlineMs = message.timeoutMs > 0 ? Date.now() + message.timeoutMs : undefined;
@@ -568,30 +565,28 @@ export class GrpcServer {
         // Its own signal, as a call's: aborted when its deadline passes (it is then answered
         // DEADLINE_EXCEEDED, whatever its handler does later) or the stream is cancelled.
         const signal = new AbortController();
-        const onCancel = () => signal.abort(controller.signal.reason);
-        controller.signal.addEventListener('abort', onCancel, { once: true });
+        inFlight.add(signal);
         let settled = false;
         const answer = (result: () => CarriedResult) => {
           if (settled) return;
           settled = true;
-          clearTimeout(timer);
-          controller.signal.removeEventListener('abort', onCancel);
-          inFlight--;
+          cancelTimer?.();
+          inFlight.delete(signal);
           try {
             if (!ended) call.write(result());
           } catch (error) {
             this.answerFailed(name, error);
           }
-          if (!receiving && inFlight === 0) end();
+          if (!receiving && inFlight.size === 0) end();
         };
         const fail = (error: unknown) => () => ({
           id: message.id,
           status: this.failed(name, callStart, error, span).toRpcStatus(),
         });
-        const timer =
+        const cancelTimer =
           deadlineMs === undefined
             ? undefined
-            : setTimeout(() => {
+            : this.clock.setTimer(() => {
                 const expired = Errors.deadlineExceeded(`${name} was not answered within its deadline`);
                 signal.abort(expired);
                 answer(fail(expired));

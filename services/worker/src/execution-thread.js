@@ -1,8 +1,8 @@
 'use strict';
 // An execution thread: a worker thread that holds onnxruntime-node InferenceSessions, one per execution
-// instance of each model it hosts (a model with N instances has a session on N threads). The threads
-// are shared by the worker's models, so that the cost of a thread (a V8 isolate and a Node
-// environment) is the worker's, not each model's. Plain CommonJS that requires only onnxruntime-node
+// instance of each model it hosts (a model with N instances has a session on N threads). Each
+// instance gets a thread of its own unless WORKER_EXECUTION_THREADS caps them, when models share
+// threads (model-runtime.threads.ts). Plain CommonJS that requires only onnxruntime-node
 // and node built-ins, so that the same file runs under jest (from source) and in the compiled service
 // (model-runtime.threads.ts locates it).
 //
