@@ -9,7 +9,9 @@
 // Protocol (structured clone; tensor data as whole ArrayBuffers, transferred both ways):
 //   thread -> main    { type: 'started', priorityKept? } once onnxruntime-node is loaded; priorityKept
 //                     says why the thread could not take the nice value it was started with (workerData.nice)
-//   main -> thread    { type: 'load', session, model: Uint8Array, provider, intraOpThreads }
+//   main -> thread    { type: 'load', session, model: Uint8Array, provider, intraOpThreads, weightsDir? }
+//                     weightsDir: the directory the model's external data (its large weights, kept in
+//                     the artifact cache's copy of it: external-weights.ts) is read from
 //   thread -> main    { type: 'loaded', session, inputs, outputs, outputNames } | { type: 'failed', session, message }
 //   main -> thread    { type: 'run', id, session, feeds: WireTensor[], fetches: string[] }
 //   thread -> main    { type: 'result', id, outputs: WireTensor[], computeMs } | { type: 'refused', id, message }
@@ -210,7 +212,7 @@ function metadata(meta) {
 }
 
 async function load(message) {
-  const { session: id, model, provider, intraOpThreads } = message;
+  const { session: id, model, provider, intraOpThreads, weightsDir } = message;
   let session;
   try {
     session = await ort.InferenceSession.create(model, {
@@ -222,7 +224,12 @@ async function load(message) {
       logSeverityLevel: 4,
       // Pool threads that spin after a run keep cores busy that the event loop and other instances
       // need; a server sharing its cores among many sessions is better off letting them sleep.
-      extra: { session: { intra_op: { allow_spinning: '0' } } },
+      extra: {
+        session: {
+          intra_op: { allow_spinning: '0' },
+          ...(weightsDir === undefined ? {} : { model_external_initializers_file_folder_path: weightsDir }),
+        },
+      },
     });
   } catch (error) {
     parentPort.postMessage({ type: 'failed', session: id, message: firstLine(error) });

@@ -5,7 +5,10 @@ import { VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registr
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import type { Counter, Histogram } from 'prom-client';
+import { link, mkdtemp, rm } from 'node:fs/promises';
+import { join } from 'node:path';
 import { ArtifactCache, ArtifactVerificationError } from './artifact-cache';
+import { externalWeights } from './external-weights';
 import { chooseEvictions, formatBytes } from './memory-budget';
 import { ModelRegistry } from './model-registry';
 import { ModelRuntime, type ModelSession } from './model-runtime';
@@ -13,6 +16,8 @@ import { ModelTable, type WorkerModel } from './model-table';
 import { warmUpPlan } from '@infermesh/tensors';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
+/** The name of the artifact's link in the directory a session reads its external weights from. */
+const WEIGHTS_FILE = 'model.onnx';
 const LOAD_BUCKETS_SECONDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
 
 /** Why a loaded version was unloaded, as the unloads counter labels it. */
@@ -189,9 +194,7 @@ export class ModelLifecycle {
       await this.makeRoom(entry, Math.max(bytes.byteLength, this.estimateBytes(entry)));
       const rssBefore = process.memoryUsage.rss();
       try {
-        // The runtime lets go of the bytes once the session runs, and reads them again (verified) from
-        // the artifact cache, or the registry, only to replace an execution thread that died.
-        session = await this.runtime.load(bytes, this.config.executionProviders, () => this.fetchArtifact(entry));
+        session = await this.createSession(entry, bytes);
       } catch (error) {
         throw new LoadFailure(`could not create a session: ${message(error)}`);
       }
@@ -323,6 +326,38 @@ export class ModelLifecycle {
   }
 
   /** The version's verified artifact; a mismatch or an artifact the registry lacks is a LoadFailure. */
+  /**
+   * The version's session. Its large weights are read from the artifact cache's verified copy of
+   * `bytes` as external data, which the runtime maps, packs and lets go, rather than from `bytes`,
+   * which it copies twice first (external-weights.ts). The session is told of a directory of its own
+   * that holds only a hard link to that copy: the runtime refuses external paths that leave it, so a
+   * model can read no file but its own. From `bytes` when the model has no large weight or the copy
+   * cannot serve (deleted meanwhile to make room: the load is not lost). The runtime lets go of the
+   * bytes once the session runs, and reads them again (verified) from the artifact cache, or the
+   * registry, only to replace an execution thread that died (from the bytes, then).
+   */
+  private async createSession(entry: WorkerModel, bytes: Buffer): Promise<ModelSession> {
+    const providers = this.config.executionProviders;
+    const reload = () => this.fetchArtifact(entry);
+    const external = externalWeights(bytes, WEIGHTS_FILE);
+    if (external !== undefined) {
+      let dir: string | undefined;
+      try {
+        dir = await mkdtemp(join(this.artifacts.dir, '.load-'));
+        await link(this.artifacts.pathOf(entry.record.artifact?.sha256 ?? ''), join(dir, WEIGHTS_FILE));
+        return await this.runtime.load(external, providers, reload, { weightsDir: dir });
+      } catch (error) {
+        this.logger.warn('could not read the weights from the artifact cache; loading the model from its bytes', {
+          name: entry.name,
+          err: message(error),
+        });
+      } finally {
+        if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+      }
+    }
+    return this.runtime.load(bytes, providers, reload);
+  }
+
   private async fetchArtifact(entry: WorkerModel): Promise<Buffer> {
     const sha256 = entry.record.artifact?.sha256 ?? '';
     if (sha256 === '') throw new LoadFailure('the registry records no artifact for this version');

@@ -10,7 +10,14 @@ import { datatypeFromOrt } from '@infermesh/tensors';
 import { existsSync, readdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { Worker } from 'node:worker_threads';
-import { ModelLoadError, ModelRuntime, type ModelSession, PREPARATION_MODEL, type RunResult } from './model-runtime';
+import {
+  type LoadOptions,
+  ModelLoadError,
+  ModelRuntime,
+  type ModelSession,
+  PREPARATION_MODEL,
+  type RunResult,
+} from './model-runtime';
 import { fromWireTensor, toWireTensor, transferables, type WireTensor } from './ort-tensors';
 
 export interface ThreadsRuntimeOptions {
@@ -85,6 +92,8 @@ interface SessionSpec {
   model: Uint8Array | undefined;
   provider: string;
   intraOpThreads: number;
+  /** Where the model's external data is read from (LoadOptions.weightsDir). */
+  weightsDir: string | undefined;
 }
 
 /** How long close() waits for a thread to end itself before leaving it to end with the process. */
@@ -143,7 +152,7 @@ export class ThreadsModelRuntime extends ModelRuntime {
    */
   override async prepare(executionProviders: readonly string[]): Promise<void> {
     await this.pool.ensure();
-    const session = await this.create(PREPARATION_MODEL, executionProviders, undefined, this.pool.size);
+    const session = await this.create(PREPARATION_MODEL, executionProviders, undefined, this.pool.size, undefined);
     await session.release();
   }
 
@@ -151,8 +160,9 @@ export class ThreadsModelRuntime extends ModelRuntime {
     model: Uint8Array,
     executionProviders: readonly string[],
     reload?: () => Promise<Uint8Array>,
+    options: LoadOptions = {},
   ): Promise<ModelSession> {
-    return this.create(model, executionProviders, reload, this.options.instancesPerModel);
+    return this.create(model, executionProviders, reload, this.options.instancesPerModel, options.weightsDir);
   }
 
   /** Ends every execution thread once its runs are done (the sessions on them are released). */
@@ -165,6 +175,7 @@ export class ThreadsModelRuntime extends ModelRuntime {
     executionProviders: readonly string[],
     reload: (() => Promise<Uint8Array>) | undefined,
     instances: number,
+    weightsDir: string | undefined,
   ): Promise<ThreadsModelSession> {
     // Each thread receives its own clone: the caller's bytes when they own their buffer, else a compact
     // copy. Kept to start replacement instances only when there is no `reload` to fetch them again.
@@ -177,7 +188,7 @@ export class ThreadsModelRuntime extends ModelRuntime {
         failures.push(`${provider}: ${missing}`);
         continue;
       }
-      const spec: SessionSpec = { model: bytes, provider, intraOpThreads: this.options.intraOpThreads };
+      const spec: SessionSpec = { model: bytes, provider, intraOpThreads: this.options.intraOpThreads, weightsDir };
       const id = nextSessionId++;
       let threads: ExecutionThread[];
       try {
@@ -395,8 +406,12 @@ export class ThreadsModelSession implements ModelSession {
     const failed = loads.find((o) => o.status === 'rejected');
     if (failed !== undefined)
       throw new ModelLoadError(`an execution instance failed to start: ${errorMessage(failed.reason)}`);
-    // Every thread has its own copy: the service's can go, to be fetched again if a thread dies.
-    if (this.reload !== undefined) this.spec.model = undefined;
+    // Every thread has its own copy: the service's can go, to be fetched again if a thread dies; the
+    // weights' directory goes with it (what `reload` returns holds its weights).
+    if (this.reload !== undefined) {
+      this.spec.model = undefined;
+      this.spec.weightsDir = undefined;
+    }
   }
 
   /** Whether the session still holds the model's bytes (for replacement instances). */
@@ -599,6 +614,7 @@ class ExecutionThread {
         model: spec.model,
         provider: spec.provider,
         intraOpThreads: spec.intraOpThreads,
+        weightsDir: spec.weightsDir,
       });
     }).catch((error: unknown) => {
       this.forget(id);

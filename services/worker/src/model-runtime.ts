@@ -36,6 +36,15 @@ export class ModelLoadError extends Error {
  * Where models run: ThreadsModelRuntime (model-runtime.threads.ts) runs each session in worker
  * threads, off the service's event loop; tensors stay raw bytes across the port.
  */
+export interface LoadOptions {
+  /**
+   * The directory the model's external data (initializers stored outside it) is read from while the
+   * session starts; with `reload`, instances started later (in place of one that died) load what
+   * `reload` returns, without it.
+   */
+  weightsDir?: string;
+}
+
 export abstract class ModelRuntime {
   /**
    * Creates a session, trying the execution providers in order; throws ModelLoadError. With `reload`,
@@ -47,6 +56,7 @@ export abstract class ModelRuntime {
     model: Uint8Array,
     executionProviders: readonly string[],
     reload?: () => Promise<Uint8Array>,
+    options?: LoadOptions,
   ): Promise<ModelSession>;
 
   /**

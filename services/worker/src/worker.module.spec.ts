@@ -28,11 +28,12 @@ import { Metrics } from '@infermesh/telemetry';
 import { eventually, FakeRegistry, freePort, rpcRejection } from '@infermesh/testing';
 import { createHash } from 'node:crypto';
 import * as ort from 'onnxruntime-node';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { InferenceExecutor } from './inference-executor';
 import { ModelRegistry } from './model-registry';
+import { ModelLoadError, ModelRuntime } from './model-runtime';
 import { ModelSync } from './model-sync';
 import { loadWorkerConfig } from './worker.config';
 import { WorkerGrpcController } from './worker.grpc';
@@ -323,6 +324,49 @@ describe(WorkerModule.name, () => {
     const { model } = await worker.client.loadModel({ name: 'models/pinned/versions/1', pin: true });
     expect(model).toMatchObject({ state: ModelState.READY, pinned: true, instances: 1 });
     expect(await states(worker.client)).toEqual({ pinned: 'READY', big: 'UNLOADED' });
+  });
+
+  it('reads large weights from the cached artifact through a link of their own, gone after the load, and from the bytes when that cannot serve', async () => {
+    // 4 -> 8192 -> 3: both weights (128 and 96 KiB) are large enough to be read as external data.
+    const wide = buildMlpModel({ sizes: [4, 8192, 3], name: 'wide' });
+    const other = buildMlpModel({ sizes: [4, 8192, 3], name: 'other', seed: 7 });
+    const registry = new InMemoryRegistry();
+    worker = await startWorker(registry, {});
+    const runtime = worker.running.app.get(ModelRuntime);
+    const loads = jest.spyOn(runtime, 'load');
+    const x = Float32Array.from({ length: 8 }, (_, i) => Math.cos(i));
+    const answer = async (model: string) => {
+      const { response } = await worker!.client.infer({
+        request: {
+          modelName: model,
+          modelVersion: '1',
+          inputs: [{ name: 'input', datatype: DataType.FP32, shape: [2n, 4n], data: new Uint8Array(x.buffer) }],
+        },
+      });
+      return Buffer.from(response!.outputs[0]!.data);
+    };
+    const inProcess = async (bytes: Uint8Array) => {
+      const session = await ort.InferenceSession.create(bytes);
+      try {
+        const outputs = await session.run({ input: new ort.Tensor('float32', x, [2, 4]) });
+        return Buffer.from((Object.values(outputs)[0]!.data as Float32Array).buffer);
+      } finally {
+        await session.release();
+      }
+    };
+
+    registry.add('wide', wide.bytes);
+    expect(await answer('wide')).toEqual(await inProcess(wide.bytes));
+    const weightsDir = loads.mock.calls.at(-1)![3]?.weightsDir;
+    expect(weightsDir).toMatch(/[/\\]\.load-[^/\\]+$/);
+    expect(existsSync(weightsDir!)).toBe(false);
+
+    // The copy cannot serve (as when it was deleted to make room meanwhile): the load goes on from the bytes.
+    loads.mockImplementationOnce(() => Promise.reject(new ModelLoadError('the file is gone')));
+    registry.add('other', other.bytes);
+    expect(await answer('other')).toEqual(await inProcess(other.bytes));
+    expect(loads.mock.calls.slice(-2).map((call) => call[3]?.weightsDir !== undefined)).toEqual([true, false]);
+    expect(registry.reports.filter((r) => r.state === VersionState.FAILED)).toEqual([]);
   });
 
   it("refuses an artifact whose bytes do not match the registry's SHA-256 and never loads it", async () => {
