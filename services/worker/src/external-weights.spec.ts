@@ -16,8 +16,8 @@ describe('externalWeights', () => {
   it('points each large initializer at its own bytes in the file and keeps the small ones inside', () => {
     const small = externalWeights(MLP.bytes, 'ext.onnx')!;
     expect(small.byteLength).toBeLessThan(EXTERNAL_WEIGHT_MIN_BYTES);
-    const before = onnx.ModelProto.decode(MLP.bytes).graph!.initializer;
-    const after = onnx.ModelProto.decode(small).graph!.initializer;
+    const before = onnx.ModelProto.decode(MLP.bytes).graph!.initializer!;
+    const after = onnx.ModelProto.decode(small).graph!.initializer!;
     expect(after.map((t) => t.name)).toEqual(before.map((t) => t.name));
     let moved = 0;
     for (const [i, tensor] of after.entries()) {
@@ -29,7 +29,7 @@ describe('externalWeights', () => {
       moved += 1;
       expect(tensor.dataLocation).toBe(onnx.TensorProto.DataLocation.EXTERNAL);
       expect(tensor.rawData!.byteLength).toBe(0);
-      const entries = Object.fromEntries(tensor.externalData.map((e) => [e.key, e.value]));
+      const entries = Object.fromEntries(tensor.externalData!.map((e) => [e.key, e.value]));
       expect(entries['location']).toBe('ext.onnx');
       const offset = Number(entries['offset']);
       expect(Buffer.from(MLP.bytes.subarray(offset, offset + Number(entries['length'])))).toEqual(Buffer.from(raw));
