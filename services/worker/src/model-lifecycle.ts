@@ -5,7 +5,7 @@ import { VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registr
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import type { Counter, Histogram } from 'prom-client';
-import { link, mkdtemp, rm } from 'node:fs/promises';
+import { link, mkdtemp, readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ArtifactCache, ArtifactVerificationError } from './artifact-cache';
 import { externalWeights } from './external-weights';
@@ -18,6 +18,8 @@ import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
 /** The name of the artifact's link in the directory a session reads its external weights from. */
 const WEIGHTS_FILE = 'model.onnx';
+/** The prefix of those directories, in the artifact cache's. */
+const LOAD_DIR_PREFIX = '.load-';
 const LOAD_BUCKETS_SECONDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
 
 /** Why a loaded version was unloaded, as the unloads counter labels it. */
@@ -336,6 +338,8 @@ export class ModelLifecycle {
    * bytes once the session runs, and reads them again (verified) from the artifact cache, or the
    * registry, only to replace an execution thread that died (from the bytes, then).
    */
+  private staleLoadDirs: Promise<void> | undefined;
+
   private async createSession(entry: WorkerModel, bytes: Buffer): Promise<ModelSession> {
     const providers = this.config.executionProviders;
     const reload = () => this.fetchArtifact(entry);
@@ -343,7 +347,10 @@ export class ModelLifecycle {
     if (external !== undefined) {
       let dir: string | undefined;
       try {
-        dir = await mkdtemp(join(this.artifacts.dir, '.load-'));
+        // Those a worker that stopped mid-load left (their links would keep evicted copies on disk)
+        // go before this process makes any.
+        await (this.staleLoadDirs ??= removeLoadDirs(this.artifacts.dir));
+        dir = await mkdtemp(join(this.artifacts.dir, LOAD_DIR_PREFIX));
         await link(this.artifacts.pathOf(entry.record.artifact?.sha256 ?? ''), join(dir, WEIGHTS_FILE));
         return await this.runtime.load(external, providers, reload, { weightsDir: dir });
       } catch (error) {
@@ -403,4 +410,11 @@ function notReady(entry: WorkerModel, detail: string): RpcError {
 
 export function message(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
+}
+
+async function removeLoadDirs(dir: string): Promise<void> {
+  const names = await readdir(dir).catch(() => [] as string[]);
+  await Promise.all(
+    names.filter((n) => n.startsWith(LOAD_DIR_PREFIX)).map((n) => rm(join(dir, n), { recursive: true, force: true })),
+  );
 }

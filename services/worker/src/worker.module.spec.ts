@@ -28,7 +28,7 @@ import { Metrics } from '@infermesh/telemetry';
 import { eventually, FakeRegistry, freePort, rpcRejection } from '@infermesh/testing';
 import { createHash } from 'node:crypto';
 import * as ort from 'onnxruntime-node';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { InferenceExecutor } from './inference-executor';
@@ -331,7 +331,12 @@ describe(WorkerModule.name, () => {
     const wide = buildMlpModel({ sizes: [4, 8192, 3], name: 'wide' });
     const other = buildMlpModel({ sizes: [4, 8192, 3], name: 'other', seed: 7 });
     const registry = new InMemoryRegistry();
-    worker = await startWorker(registry, {});
+    // What a worker that stopped mid-load left in its artifact directory.
+    const artifactDir = mkdtempSync(join(tmpdir(), 'worker-artifacts-'));
+    const stale = join(artifactDir, '.load-left');
+    mkdirSync(stale);
+    writeFileSync(join(stale, 'model.onnx'), wide.bytes);
+    worker = await startWorker(registry, { WORKER_ARTIFACT_DIR: artifactDir });
     const runtime = worker.running.app.get(ModelRuntime);
     const loads = jest.spyOn(runtime, 'load');
     const x = Float32Array.from({ length: 8 }, (_, i) => Math.cos(i));
@@ -360,6 +365,7 @@ describe(WorkerModule.name, () => {
     const weightsDir = loads.mock.calls.at(-1)![3]?.weightsDir;
     expect(weightsDir).toMatch(/[/\\]\.load-[^/\\]+$/);
     expect(existsSync(weightsDir!)).toBe(false);
+    expect(readdirSync(artifactDir).filter((name) => name.startsWith('.load-'))).toEqual([]);
 
     // The copy cannot serve (as when it was deleted to make room meanwhile): the load goes on from the bytes.
     loads.mockImplementationOnce(() => Promise.reject(new ModelLoadError('the file is gone')));
@@ -367,6 +373,7 @@ describe(WorkerModule.name, () => {
     expect(await answer('other')).toEqual(await inProcess(other.bytes));
     expect(loads.mock.calls.slice(-2).map((call) => call[3]?.weightsDir !== undefined)).toEqual([true, false]);
     expect(registry.reports.filter((r) => r.state === VersionState.FAILED)).toEqual([]);
+    rmSync(artifactDir, { recursive: true, force: true });
   });
 
   it("refuses an artifact whose bytes do not match the registry's SHA-256 and never loads it", async () => {
