@@ -327,7 +327,9 @@ export class ModelLifecycle {
     return '';
   }
 
-  /** The version's verified artifact; a mismatch or an artifact the registry lacks is a LoadFailure. */
+  /** Removes, once, the load directories a worker that stopped mid-load left (see createSession). */
+  private staleLoadDirs: Promise<void> | undefined;
+
   /**
    * The version's session. Its large weights are read from the artifact cache's verified copy of
    * `bytes` as external data, which the runtime maps, packs and lets go, rather than from `bytes`,
@@ -338,8 +340,6 @@ export class ModelLifecycle {
    * bytes once the session runs, and reads them again (verified) from the artifact cache, or the
    * registry, only to replace an execution thread that died (from the bytes, then).
    */
-  private staleLoadDirs: Promise<void> | undefined;
-
   private async createSession(entry: WorkerModel, bytes: Buffer): Promise<ModelSession> {
     const providers = this.config.executionProviders;
     const reload = () => this.fetchArtifact(entry);
@@ -365,6 +365,7 @@ export class ModelLifecycle {
     return this.runtime.load(bytes, providers, reload);
   }
 
+  /** The version's verified artifact; a mismatch or an artifact the registry lacks is a LoadFailure. */
   private async fetchArtifact(entry: WorkerModel): Promise<Buffer> {
     const sha256 = entry.record.artifact?.sha256 ?? '';
     if (sha256 === '') throw new LoadFailure('the registry records no artifact for this version');

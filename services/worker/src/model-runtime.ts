@@ -32,10 +32,7 @@ export class ModelLoadError extends Error {
   override readonly name = 'ModelLoadError';
 }
 
-/**
- * Where models run: ThreadsModelRuntime (model-runtime.threads.ts) runs each session in worker
- * threads, off the service's event loop; tensors stay raw bytes across the port.
- */
+/** How ModelRuntime.load creates a session. */
 export interface LoadOptions {
   /**
    * The directory the model's external data (initializers stored outside it) is read from while the
@@ -45,6 +42,10 @@ export interface LoadOptions {
   weightsDir?: string;
 }
 
+/**
+ * Where models run: ThreadsModelRuntime (model-runtime.threads.ts) runs each session in worker
+ * threads, off the service's event loop; tensors stay raw bytes across the port.
+ */
 export abstract class ModelRuntime {
   /**
    * Creates a session, trying the execution providers in order; throws ModelLoadError. With `reload`,
