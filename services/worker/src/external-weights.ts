@@ -1,3 +1,5 @@
+import { BinaryReader, BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
+
 /** Initializers smaller than this stay inside the model: copying them costs less than mapping them. */
 export const EXTERNAL_WEIGHT_MIN_BYTES = 64 * 1024;
 
@@ -8,8 +10,6 @@ const TENSOR_RAW_DATA = 9;
 const TENSOR_EXTERNAL_DATA = 13;
 const TENSOR_DATA_LOCATION = 14;
 const DATA_LOCATION_EXTERNAL = 1;
-
-const LEN = 2;
 
 /**
  * The model with its graph's large initializers (raw data of EXTERNAL_WEIGHT_MIN_BYTES or more) turned
@@ -41,26 +41,28 @@ export function externalWeights(model: Uint8Array, fileName: string): Uint8Array
     });
     return moved === 0 ? undefined : out;
   } catch {
-    return undefined; // not a protobuf this reads: the runtime gets the bytes as they are
+    return undefined; // not a protobuf: the runtime gets the bytes as they are, and names what is wrong
   }
 }
 
 /** A TensorProto's bytes with its raw data replaced by a reference to it in `fileName`; undefined to keep it. */
 function externalTensor(model: Uint8Array, start: number, end: number, fileName: string): Uint8Array | undefined {
-  let raw: [number, number] | undefined;
+  let raw: Field | undefined;
   for (const f of fields(model, start, end)) {
     if (f.field === TENSOR_EXTERNAL_DATA || f.field === TENSOR_DATA_LOCATION) return undefined;
-    if (f.field === TENSOR_RAW_DATA && f.wire === LEN) raw = [f.valueStart, f.end];
+    if (f.field === TENSOR_RAW_DATA && f.wire === WireType.LengthDelimited) raw = f;
   }
-  if (raw === undefined || raw[1] - raw[0] < EXTERNAL_WEIGHT_MIN_BYTES) return undefined;
-  const parts: Uint8Array[] = [];
+  if (raw === undefined || raw.end - raw.valueStart < EXTERNAL_WEIGHT_MIN_BYTES) return undefined;
+  const writer = new BinaryWriter();
   for (const f of fields(model, start, end))
-    if (f.field !== TENSOR_RAW_DATA) parts.push(model.subarray(f.start, f.end));
-  const entry = (key: string, value: string) =>
-    lengthDelimited(TENSOR_EXTERNAL_DATA, concat([lengthDelimited(1, utf8(key)), lengthDelimited(2, utf8(value))]));
-  parts.push(entry('location', fileName), entry('offset', String(raw[0])), entry('length', String(raw[1] - raw[0])));
-  parts.push(varint((TENSOR_DATA_LOCATION << 3) | 0), varint(DATA_LOCATION_EXTERNAL));
-  return concat(parts);
+    if (f.field !== TENSOR_RAW_DATA) writer.raw(model.subarray(f.start, f.end));
+  const entries = { location: fileName, offset: String(raw.valueStart), length: String(raw.end - raw.valueStart) };
+  for (const [key, value] of Object.entries(entries)) {
+    writer.tag(TENSOR_EXTERNAL_DATA, WireType.LengthDelimited).fork();
+    writer.tag(1, WireType.LengthDelimited).string(key).tag(2, WireType.LengthDelimited).string(value).join();
+  }
+  writer.tag(TENSOR_DATA_LOCATION, WireType.Varint).int32(DATA_LOCATION_EXTERNAL);
+  return writer.finish();
 }
 
 /**
@@ -73,17 +75,18 @@ function rewrite(
   end: number,
   replace: (field: number, start: number, end: number) => Uint8Array | undefined,
 ): Uint8Array {
-  const parts: Uint8Array[] = [];
+  const writer = new BinaryWriter();
   for (const f of fields(model, start, end)) {
-    const content = f.wire === LEN ? replace(f.field, f.valueStart, f.end) : undefined;
-    parts.push(content === undefined ? model.subarray(f.start, f.end) : lengthDelimited(f.field, content));
+    const content = f.wire === WireType.LengthDelimited ? replace(f.field, f.valueStart, f.end) : undefined;
+    if (content === undefined) writer.raw(model.subarray(f.start, f.end));
+    else writer.tag(f.field, WireType.LengthDelimited).bytes(content);
   }
-  return concat(parts);
+  return writer.finish();
 }
 
 interface Field {
   field: number;
-  wire: number;
+  wire: WireType;
   /** Where the field (its tag) starts. */
   start: number;
   /** Where a length-delimited field's content starts. */
@@ -91,60 +94,19 @@ interface Field {
   end: number;
 }
 
+/** The fields of the message in bytes[start, end), in order; throws on bytes that are not one. */
 function* fields(bytes: Uint8Array, start: number, end: number): Generator<Field> {
-  let pos = start;
-  while (pos < end) {
-    const fieldStart = pos;
-    const [tag, afterTag] = readVarint(bytes, pos);
-    const wire = tag % 8;
-    const field = Math.floor(tag / 8);
-    let valueStart = afterTag;
-    let next: number;
-    if (wire === 0) next = readVarint(bytes, afterTag)[1];
-    else if (wire === 1) next = afterTag + 8;
-    else if (wire === 5) next = afterTag + 4;
-    else if (wire === LEN) {
-      const [length, afterLength] = readVarint(bytes, afterTag);
-      valueStart = afterLength;
-      next = afterLength + length;
-    } else throw new Error(`wire type ${wire}`);
-    if (field === 0 || next > end) throw new Error('truncated');
-    yield { field, wire, start: fieldStart, valueStart, end: next };
-    pos = next;
+  const reader = new BinaryReader(bytes.subarray(start, end));
+  while (reader.pos < reader.len) {
+    const fieldStart = reader.pos;
+    const [field, wire] = reader.tag();
+    let valueStart = reader.pos;
+    if (wire === WireType.LengthDelimited) {
+      const length = reader.uint32();
+      valueStart = reader.pos;
+      reader.pos += length;
+      if (reader.pos > reader.len) throw new RangeError('premature EOF');
+    } else reader.skip(wire, field);
+    yield { field, wire, start: start + fieldStart, valueStart: start + valueStart, end: start + reader.pos };
   }
-}
-
-function readVarint(bytes: Uint8Array, pos: number): [number, number] {
-  let value = 0;
-  for (let shift = 1; pos < bytes.byteLength && shift < 2 ** 63; shift *= 128) {
-    const byte = bytes[pos++]!;
-    value += (byte & 0x7f) * shift;
-    if (byte < 0x80) {
-      if (!Number.isSafeInteger(value)) throw new Error('varint');
-      return [value, pos];
-    }
-  }
-  throw new Error('varint');
-}
-
-function varint(value: number): Uint8Array {
-  const out: number[] = [];
-  while (value >= 0x80) {
-    out.push((value % 128) | 0x80);
-    value = Math.floor(value / 128);
-  }
-  out.push(value);
-  return Uint8Array.from(out);
-}
-
-function lengthDelimited(field: number, content: Uint8Array): Uint8Array {
-  return concat([varint(field * 8 + LEN), varint(content.byteLength), content]);
-}
-
-function utf8(text: string): Uint8Array {
-  return new TextEncoder().encode(text);
-}
-
-function concat(parts: Uint8Array[]): Uint8Array {
-  return Buffer.concat(parts);
 }
