@@ -1,5 +1,6 @@
 export * from './rpc-error';
 export * from './service-definition';
+export * from './message-encoding';
 export * from './method-types';
 export * from './grpc-server';
 export * from './grpc-client';

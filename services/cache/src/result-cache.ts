@@ -1,6 +1,6 @@
 import { Inject, Injectable, type OnApplicationShutdown } from '@nestjs/common';
-import { fromBinary, toBinary } from '@bufbuild/protobuf';
-import { Errors } from '@infermesh/grpc';
+import { fromBinary } from '@bufbuild/protobuf';
+import { encodeMessage, Errors } from '@infermesh/grpc';
 import {
   type InferenceResponse,
   InferenceResponseSchema,
@@ -72,10 +72,9 @@ export class ResultCache implements OnApplicationShutdown {
 
   async store(key: Uint8Array, response: InferenceResponse, ttlMs: number): Promise<boolean> {
     checkKey(key);
-    // The encoding is a buffer of its own, of its exact size: wrapped, not copied (a copy of a few KB
-    // would land in Node's shared buffer pool, and keep a whole pool slab alive while cached).
-    const encoded = toBinary(InferenceResponseSchema, response);
-    const value = Buffer.from(encoded.buffer, encoded.byteOffset, encoded.byteLength);
+    // A buffer of its own, of its exact size: a slice of Node's shared buffer pool would keep a whole
+    // pool slab alive while cached.
+    const value = encodeMessage(InferenceResponseSchema, response, { ownBuffer: true });
     if (value.length > this.config.maxEntryBytes) {
       this.stores.inc({ outcome: 'too_large' });
       return false;
