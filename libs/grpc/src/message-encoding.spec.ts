@@ -272,7 +272,7 @@ describe('encodeMessage', () => {
   it('writes proto2 messages (required fields, groups, defaults) as toBinary does', () => {
     expectSameBytes(legacy, create(legacy, { id: 0, numbers: [1, -2, 300], inner: { depth: 4 } }));
     expectSameBytes(legacy, create(legacy, { id: 5, name: 'unnamed' }));
-    expectSameBytes(required, create(required, { id: 0, note: 'n' }));
+    expectSameBytes(required, create(required, { id: 0, note: 'n', blob: new Uint8Array([1]) }));
   });
 
   it('refuses what toBinary refuses, naming the field', () => {
@@ -300,6 +300,12 @@ describe('encodeMessage', () => {
 
     expect(bytes.buffer.byteLength).toBe(bytes.byteLength);
     expect(bytes.equals(Buffer.from(toBinary(fewer, message)))).toBe(true);
+
+    const withoutBytes = registry.getMessage('infermesh.test.encoding.WithIntKeys')!;
+    const keyed = create(withoutBytes, { byNumber: { 3: 'three' } });
+    const whole = encodeMessage(withoutBytes, keyed, { ownBuffer: true });
+    expect(whole.buffer.byteLength).toBe(whole.byteLength);
+    expect(whole.equals(Buffer.from(toBinary(withoutBytes, keyed)))).toBe(true);
   });
 
   it('refuses a message of another type', () => {

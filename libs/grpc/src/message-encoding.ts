@@ -1,4 +1,4 @@
-import { create, toBinary, ScalarType, type DescField, type DescMessage } from '@bufbuild/protobuf';
+import { create, protoInt64, toBinary, ScalarType, type DescField, type DescMessage } from '@bufbuild/protobuf';
 import { BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
 import { FeatureSet_FieldPresence, isWrapperDesc } from '@bufbuild/protobuf/wkt';
 
@@ -6,18 +6,25 @@ import { FeatureSet_FieldPresence, isWrapperDesc } from '@bufbuild/protobuf/wkt'
  * Binary protobuf encoding that sizes a message first and then writes it once into a buffer of
  * exactly that size. The bytes are those of @bufbuild/protobuf's `toBinary`, which grows its buffer
  * by doubling, shifts every nested message longer than 127 bytes to widen its length prefix and
- * slices the result: for a message carrying a tensor, five copies of the tensor's bytes where this
- * makes one.
+ * slices the result: for a message carrying a tensor, about five copies of the tensor's bytes where
+ * this makes one.
  *
- * The common proto3 shapes are encoded here: strings, bytes, bools, 32-bit integers and enums,
+ * The common proto3 shapes are encoded here: strings, bytes, bools, varint integers and enums,
  * nested messages, repeated fields, maps with string keys, oneofs, optional fields and unknown
- * fields. Other scalars and packed lists are encoded by protobuf-es's `BinaryWriter` during the
- * sizing pass and copied in. A message type with a field protobuf-es represents differently from
- * its wire form (wrapper and Struct fields, delimited encoding, required fields, maps with other
- * keys) is encoded whole by `toBinary`.
+ * fields. Floating-point, fixed-width and zigzag numbers are encoded by protobuf-es's `BinaryWriter`
+ * during the sizing pass and copied in. `toBinary` encodes whole each message type with a field
+ * protobuf-es represents differently from its wire form (wrapper and Struct fields, delimited
+ * encoding, required fields, maps with other keys), and each type that carries no bytes field at
+ * any depth: without such a payload its buffer grows little, and its single pass costs less than two
+ * (a worker's ListModelsResponse listing 200 models: 70 µs against 115 to 130 µs).
  */
 export function encodeMessage(schema: DescMessage, message: object, options: EncodeOptions = {}): Buffer {
   const codec = messageCodec(schema);
+  if (wholeByProtobufEs.has(schema)) {
+    // A buffer of its own, of its exact size.
+    const bytes = toBinary(schema, message as never);
+    return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  }
   const encoding = new Encoding();
   const size = codec.size(message as Fields, encoding);
   encoding.buf = options.ownBuffer ? Buffer.allocUnsafeSlow(size) : Buffer.allocUnsafe(size);
@@ -61,6 +68,19 @@ class Encoding {
     buf[this.pos++] = value;
   }
 
+  /** Writes the next varint the sizing pass recorded, as its low and high 32 bits. */
+  varint64(): void {
+    let lo = this.nextSize() >>> 0;
+    let hi = this.nextSize() >>> 0;
+    const buf = this.buf;
+    while (hi !== 0 || lo > 0x7f) {
+      buf[this.pos++] = (lo & 0x7f) | 0x80;
+      lo = ((lo >>> 7) | (hi << 25)) >>> 0;
+      hi >>>= 7;
+    }
+    buf[this.pos++] = lo;
+  }
+
   raw(bytes: Uint8Array): void {
     this.buf.set(bytes, this.pos);
     this.pos += bytes.byteLength;
@@ -78,16 +98,30 @@ class Encoding {
 
   string(value: string, length: number): void {
     const buf = this.buf;
-    if (length === value.length && length < 64) {
-      for (let i = 0; i < length; i++) buf[this.pos + i] = value.charCodeAt(i);
+    const pos = this.pos;
+    if (length === value.length && length < SHORT_STRING) {
+      for (let i = 0; i < length; i++) buf[pos + i] = value.charCodeAt(i);
     } else {
-      buf.write(value, this.pos, length, 'utf8');
+      buf.write(value, pos, length, 'utf8');
     }
-    this.pos += length;
+    this.pos = pos + length;
   }
 }
 
 const EMPTY = Buffer.alloc(0);
+
+/** Strings shorter than this are measured and copied by a loop in JavaScript when they are ASCII, not by a call into Node. */
+const SHORT_STRING = 64;
+
+function utf8Length(value: string): number {
+  const length = value.length;
+  if (length < SHORT_STRING) {
+    let i = 0;
+    while (i < length && value.charCodeAt(i) < 0x80) i++;
+    if (i === length) return length;
+  }
+  return Buffer.byteLength(value, 'utf8');
+}
 
 /** Sizes and writes one message, one field or one value; `size` also records what `write` reads back. */
 interface Codec<T> {
@@ -105,12 +139,42 @@ function tagOf(fieldNo: number, wireType: WireType): number {
 
 const messageCodecs = new WeakMap<DescMessage, Codec<Fields>>();
 
+/** Message types `toBinary` encodes whole. */
+const wholeByProtobufEs = new WeakSet<DescMessage>();
+
 function messageCodec(desc: DescMessage): Codec<Fields> {
   let codec = messageCodecs.get(desc);
   if (codec === undefined) {
-    codec = desc.fields.some(needsProtobufEs) ? protobufEsCodec(desc) : compileMessage(desc);
+    codec =
+      desc.fields.some(needsProtobufEs) || !carriesBytes(desc, new Set())
+        ? protobufEsCodec(desc)
+        : compileMessage(desc);
   }
   return codec;
+}
+
+/** Whether a message of this type can hold a bytes field, at any depth. */
+function carriesBytes(desc: DescMessage, visiting: Set<DescMessage>): boolean {
+  if (visiting.has(desc)) return false;
+  visiting.add(desc);
+  return desc.fields.some((field) => {
+    switch (field.fieldKind) {
+      case 'scalar':
+        return field.scalar === ScalarType.BYTES;
+      case 'enum':
+        return false;
+      case 'message':
+        return carriesBytes(field.message, visiting);
+      case 'list':
+        return field.listKind === 'message'
+          ? carriesBytes(field.message, visiting)
+          : field.listKind === 'scalar' && field.scalar === ScalarType.BYTES;
+      case 'map':
+        return field.mapKind === 'message'
+          ? carriesBytes(field.message, visiting)
+          : field.mapKind === 'scalar' && field.scalar === ScalarType.BYTES;
+    }
+  });
 }
 
 /** A field whose value protobuf-es holds in another form than its wire form, or writes in a way not done here. */
@@ -136,6 +200,7 @@ function usesStruct(field: { message: DescMessage; parent: DescMessage }): boole
 }
 
 function protobufEsCodec(desc: DescMessage): Codec<Fields> {
+  wholeByProtobufEs.add(desc);
   const codec: Codec<Fields> = {
     size(message, encoding) {
       const bytes = toBinary(desc, message as never);
@@ -266,19 +331,12 @@ function singularValue(field: DescField, fieldNo: number): Codec<unknown> {
       return stringValue(fieldNo);
     case ScalarType.BYTES:
       return bytesValue(fieldNo, context);
-    case ScalarType.BOOL: {
-      const tag = tagOf(fieldNo, WireType.Varint);
-      return {
-        size: () => varintSize(tag) + 1,
-        write(value, encoding) {
-          encoding.varint(tag);
-          encoding.buf[encoding.pos++] = value ? 1 : 0;
-        },
-      };
-    }
+    case ScalarType.BOOL:
     case ScalarType.INT32:
     case ScalarType.UINT32:
-      return int32Value(fieldNo, scalar, context);
+    case ScalarType.INT64:
+    case ScalarType.UINT64:
+      return varintValue(fieldNo, varintOf(scalar, context));
     default:
       return protobufEsValue(fieldNo, scalar, context);
   }
@@ -324,7 +382,7 @@ function stringValue(fieldNo: number): Codec<unknown> {
   const tagSize = varintSize(tag);
   return {
     size(value, encoding) {
-      const length = Buffer.byteLength(typeof value === 'string' ? value : String(value), 'utf8');
+      const length = utf8Length(typeof value === 'string' ? value : String(value));
       encoding.sizes.push(length);
       return tagSize + varintSize(length) + length;
     },
@@ -356,12 +414,18 @@ function bytesValue(fieldNo: number, context: string): Codec<unknown> {
   };
 }
 
-/** int32, uint32 and enums, checked as protobuf-es checks them. */
-function int32Value(fieldNo: number, scalar: ScalarType.INT32 | ScalarType.UINT32, context: string): Codec<unknown> {
-  const tag = tagOf(fieldNo, WireType.Varint);
-  const tagSize = varintSize(tag);
-  const [min, max, kind] = scalar === ScalarType.INT32 ? [-0x80000000, 0x7fffffff, 'int32'] : [0, 0xffffffff, 'uint32'];
-  const check = (value: unknown): number => {
+/**
+ * Checks a value of a varint kind as protobuf-es does, records its low and high 32 bits (a negative
+ * int32 sign-extended to 64, as the wire has it) for the writing pass, and returns its encoded size.
+ */
+type VarintOf = (value: unknown, encoding: Encoding) => number;
+
+function varintOf(scalar: ScalarType, context: string): VarintOf {
+  const record = (encoding: Encoding, lo: number, hi: number): number => {
+    encoding.sizes.push(lo, hi);
+    return varint64Size(lo, hi);
+  };
+  const int32 = (value: unknown, min: number, max: number, kind: string): number => {
     const n = typeof value === 'string' ? Number(value) : value;
     if (typeof n !== 'number')
       throw new Error(`cannot encode field ${context} to binary: invalid ${kind}: ${typeof n}`);
@@ -370,25 +434,49 @@ function int32Value(fieldNo: number, scalar: ScalarType.INT32 | ScalarType.UINT3
     }
     return n;
   };
+  const int64 = (encode: () => { lo: number; hi: number }, encoding: Encoding): number => {
+    let bits: { lo: number; hi: number };
+    try {
+      bits = encode();
+    } catch (error) {
+      throw new Error(
+        `cannot encode field ${context} to binary: ${error instanceof Error ? error.message : String(error)}`,
+      );
+    }
+    return record(encoding, bits.lo, bits.hi);
+  };
+  switch (scalar) {
+    case ScalarType.BOOL:
+      return (value, encoding) => record(encoding, value ? 1 : 0, 0);
+    case ScalarType.UINT32:
+      return (value, encoding) => record(encoding, int32(value, 0, 0xffffffff, 'uint32'), 0);
+    case ScalarType.INT64:
+      return (value, encoding) => int64(() => protoInt64.enc(value as bigint), encoding);
+    case ScalarType.UINT64:
+      return (value, encoding) => int64(() => protoInt64.uEnc(value as bigint), encoding);
+    default: {
+      // int32 and enums.
+      return (value, encoding) => {
+        const n = int32(value, -0x80000000, 0x7fffffff, 'int32');
+        return record(encoding, n, n < 0 ? -1 : 0);
+      };
+    }
+  }
+}
+
+function varint64Size(lo: number, hi: number): number {
+  hi >>>= 0;
+  return hi === 0 ? varintSize(lo >>> 0) : Math.ceil((64 - Math.clz32(hi)) / 7);
+}
+
+function varintValue(fieldNo: number, varint: VarintOf): Codec<unknown> {
+  const tag = tagOf(fieldNo, WireType.Varint);
+  const tagSize = varintSize(tag);
   return {
-    // A negative int32 is sign-extended to ten bytes.
-    size: (value) => {
-      const n = check(value);
-      return tagSize + (n < 0 ? 10 : varintSize(n));
-    },
-    write(value, encoding) {
-      let n = check(value);
+    size: (value, encoding) => tagSize + varint(value, encoding),
+    write(_value, encoding) {
       encoding.varint(tag);
-      if (n >= 0) {
-        encoding.varint(n);
-        return;
-      }
-      const buf = encoding.buf;
-      for (let i = 0; i < 9; i++) {
-        buf[encoding.pos++] = (n & 0x7f) | 0x80;
-        n >>= 7;
-      }
-      buf[encoding.pos++] = 1;
+      encoding.varint64();
     },
   };
 }
@@ -495,8 +583,10 @@ function listField(field: Extract<DescField, { fieldKind: 'list' }>): Codec<Fiel
       },
     };
   }
-  // Numbers, bools and enums: protobuf-es writes the whole list, packed or not, in the sizing pass.
   const context = `${field.parent.typeName}.${field.name}`;
+  if (isVarint(scalar)) return varintList(name, fieldNo, field.packed, varintOf(scalar, context));
+  // Floating-point, fixed-width and zigzag numbers: protobuf-es writes the whole list, packed or not,
+  // in the sizing pass.
   const writeScalar = scalarWriter(scalar);
   const packed = field.packed;
   const wireType = wireTypeOf(scalar);
@@ -518,6 +608,57 @@ function listField(field: Extract<DescField, { fieldKind: 'list' }>): Codec<Fiel
     },
     write(message, encoding) {
       if ((message[name] as unknown[]).length > 0) encoding.chunk();
+    },
+  };
+}
+
+function isVarint(scalar: ScalarType): boolean {
+  switch (scalar) {
+    case ScalarType.BOOL:
+    case ScalarType.INT32:
+    case ScalarType.UINT32:
+    case ScalarType.INT64:
+    case ScalarType.UINT64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/** A list of bools, enums or non-zigzag integers: packed, one length-delimited run of varints, or a tag before each. */
+function varintList(name: string, fieldNo: number, packed: boolean, varint: VarintOf): Codec<Fields> {
+  if (!packed) {
+    const item = varintValue(fieldNo, varint);
+    return {
+      size(message, encoding) {
+        let size = 0;
+        for (const value of message[name] as unknown[]) size += item.size(value, encoding);
+        return size;
+      },
+      write(message, encoding) {
+        for (const value of message[name] as unknown[]) item.write(value, encoding);
+      },
+    };
+  }
+  const tag = tagOf(fieldNo, WireType.LengthDelimited);
+  const tagSize = varintSize(tag);
+  return {
+    size(message, encoding) {
+      const items = message[name] as unknown[];
+      if (items.length === 0) return 0;
+      const slot = encoding.sizes.length;
+      encoding.sizes.push(0);
+      let length = 0;
+      for (const value of items) length += varint(value, encoding);
+      encoding.sizes[slot] = length;
+      return tagSize + varintSize(length) + length;
+    },
+    write(message, encoding) {
+      const items = message[name] as unknown[];
+      if (items.length === 0) return;
+      encoding.varint(tag);
+      encoding.varint(encoding.nextSize());
+      for (let i = 0; i < items.length; i++) encoding.varint64();
     },
   };
 }
