@@ -333,47 +333,50 @@ describe(WorkerModule.name, () => {
     const registry = new InMemoryRegistry();
     // What a worker that stopped mid-load left in its artifact directory.
     const artifactDir = mkdtempSync(join(tmpdir(), 'worker-artifacts-'));
-    const stale = join(artifactDir, '.load-left');
-    mkdirSync(stale);
-    writeFileSync(join(stale, 'model.onnx'), wide.bytes);
-    worker = await startWorker(registry, { WORKER_ARTIFACT_DIR: artifactDir });
-    const runtime = worker.running.app.get(ModelRuntime);
-    const loads = jest.spyOn(runtime, 'load');
-    const x = Float32Array.from({ length: 8 }, (_, i) => Math.cos(i));
-    const answer = async (model: string) => {
-      const { response } = await worker!.client.infer({
-        request: {
-          modelName: model,
-          modelVersion: '1',
-          inputs: [{ name: 'input', datatype: DataType.FP32, shape: [2n, 4n], data: new Uint8Array(x.buffer) }],
-        },
-      });
-      return Buffer.from(response!.outputs[0]!.data);
-    };
-    const inProcess = async (bytes: Uint8Array) => {
-      const session = await ort.InferenceSession.create(bytes);
-      try {
-        const outputs = await session.run({ input: new ort.Tensor('float32', x, [2, 4]) });
-        return Buffer.from((Object.values(outputs)[0]!.data as Float32Array).buffer);
-      } finally {
-        await session.release();
-      }
-    };
+    try {
+      const stale = join(artifactDir, '.load-left');
+      mkdirSync(stale);
+      writeFileSync(join(stale, 'model.onnx'), wide.bytes);
+      worker = await startWorker(registry, { WORKER_ARTIFACT_DIR: artifactDir });
+      const runtime = worker.running.app.get(ModelRuntime);
+      const loads = jest.spyOn(runtime, 'load');
+      const x = Float32Array.from({ length: 8 }, (_, i) => Math.cos(i));
+      const answer = async (model: string) => {
+        const { response } = await worker!.client.infer({
+          request: {
+            modelName: model,
+            modelVersion: '1',
+            inputs: [{ name: 'input', datatype: DataType.FP32, shape: [2n, 4n], data: new Uint8Array(x.buffer) }],
+          },
+        });
+        return Buffer.from(response!.outputs[0]!.data);
+      };
+      const inProcess = async (bytes: Uint8Array) => {
+        const session = await ort.InferenceSession.create(bytes);
+        try {
+          const outputs = await session.run({ input: new ort.Tensor('float32', x, [2, 4]) });
+          return Buffer.from((Object.values(outputs)[0]!.data as Float32Array).buffer);
+        } finally {
+          await session.release();
+        }
+      };
 
-    registry.add('wide', wide.bytes);
-    expect(await answer('wide')).toEqual(await inProcess(wide.bytes));
-    const weightsDir = loads.mock.calls.at(-1)![3]?.weightsDir;
-    expect(weightsDir).toMatch(/[/\\]\.load-[^/\\]+$/);
-    expect(existsSync(weightsDir!)).toBe(false);
-    expect(readdirSync(artifactDir).filter((name) => name.startsWith('.load-'))).toEqual([]);
+      registry.add('wide', wide.bytes);
+      expect(await answer('wide')).toEqual(await inProcess(wide.bytes));
+      const weightsDir = loads.mock.calls.at(-1)![3]?.weightsDir;
+      expect(weightsDir).toMatch(/[/\\]\.load-[^/\\]+$/);
+      expect(existsSync(weightsDir!)).toBe(false);
+      expect(readdirSync(artifactDir).filter((name) => name.startsWith('.load-'))).toEqual([]);
 
-    // The copy cannot serve (as when it was deleted to make room meanwhile): the load goes on from the bytes.
-    loads.mockImplementationOnce(() => Promise.reject(new ModelLoadError('the file is gone')));
-    registry.add('other', other.bytes);
-    expect(await answer('other')).toEqual(await inProcess(other.bytes));
-    expect(loads.mock.calls.slice(-2).map((call) => call[3]?.weightsDir !== undefined)).toEqual([true, false]);
-    expect(registry.reports.filter((r) => r.state === VersionState.FAILED)).toEqual([]);
-    rmSync(artifactDir, { recursive: true, force: true });
+      // The copy cannot serve (as when it was deleted to make room meanwhile): the load goes on from the bytes.
+      loads.mockImplementationOnce(() => Promise.reject(new ModelLoadError('the file is gone')));
+      registry.add('other', other.bytes);
+      expect(await answer('other')).toEqual(await inProcess(other.bytes));
+      expect(loads.mock.calls.slice(-2).map((call) => call[3]?.weightsDir !== undefined)).toEqual([true, false]);
+      expect(registry.reports.filter((r) => r.state === VersionState.FAILED)).toEqual([]);
+    } finally {
+      rmSync(artifactDir, { recursive: true, force: true });
+    }
   });
 
   it("refuses an artifact whose bytes do not match the registry's SHA-256 and never loads it", async () => {
