@@ -326,20 +326,10 @@ function singularValue(field: DescField, fieldNo: number): Codec<unknown> {
   if (field.fieldKind === 'map' && field.mapKind === 'message') return messageValue(field.message, fieldNo);
   const scalar = scalarTypeOf(field);
   const context = `${field.parent.typeName}.${field.name}`;
-  switch (scalar) {
-    case ScalarType.STRING:
-      return stringValue(fieldNo);
-    case ScalarType.BYTES:
-      return bytesValue(fieldNo, context);
-    case ScalarType.BOOL:
-    case ScalarType.INT32:
-    case ScalarType.UINT32:
-    case ScalarType.INT64:
-    case ScalarType.UINT64:
-      return varintValue(fieldNo, varintOf(scalar, context));
-    default:
-      return protobufEsValue(fieldNo, scalar, context);
-  }
+  if (scalar === ScalarType.STRING) return stringValue(fieldNo);
+  if (scalar === ScalarType.BYTES) return bytesValue(fieldNo, context);
+  if (isVarint(scalar)) return varintValue(fieldNo, varintOf(scalar, context));
+  return protobufEsValue(fieldNo, scalar, context);
 }
 
 function scalarTypeOf(field: DescField): ScalarType {
@@ -420,7 +410,7 @@ function bytesValue(fieldNo: number, context: string): Codec<unknown> {
  */
 type VarintOf = (value: unknown, encoding: Encoding) => number;
 
-function varintOf(scalar: ScalarType, context: string): VarintOf {
+function varintOf(scalar: VarintScalar, context: string): VarintOf {
   const record = (encoding: Encoding, lo: number, hi: number): number => {
     encoding.sizes.push(lo, hi);
     return varint64Size(lo, hi);
@@ -454,13 +444,12 @@ function varintOf(scalar: ScalarType, context: string): VarintOf {
       return (value, encoding) => int64(() => protoInt64.enc(value as bigint), encoding);
     case ScalarType.UINT64:
       return (value, encoding) => int64(() => protoInt64.uEnc(value as bigint), encoding);
-    default: {
+    case ScalarType.INT32:
       // int32 and enums.
       return (value, encoding) => {
         const n = int32(value, -0x80000000, 0x7fffffff, 'int32');
         return record(encoding, n, n < 0 ? -1 : 0);
       };
-    }
   }
 }
 
@@ -495,26 +484,17 @@ function withContext(context: string, write: () => void): Uint8Array {
   }
 }
 
-function scalarWriter(scalar: ScalarType): (writer: BinaryWriter, value: never) => void {
+/** Scalars written by protobuf-es's BinaryWriter: floating-point, fixed-width and zigzag numbers. */
+type WriterScalar = Exclude<ScalarType, VarintScalar | ScalarType.STRING | ScalarType.BYTES>;
+
+function scalarWriter(scalar: WriterScalar): (writer: BinaryWriter, value: never) => void {
   switch (scalar) {
-    case ScalarType.STRING:
-      return (writer, value) => writer.string(value);
-    case ScalarType.BOOL:
-      return (writer, value) => writer.bool(value);
     case ScalarType.DOUBLE:
       return (writer, value) => writer.double(value);
     case ScalarType.FLOAT:
       return (writer, value) => writer.float(value);
-    case ScalarType.INT32:
-      return (writer, value) => writer.int32(value);
-    case ScalarType.INT64:
-      return (writer, value) => writer.int64(value);
-    case ScalarType.UINT64:
-      return (writer, value) => writer.uint64(value);
     case ScalarType.FIXED64:
       return (writer, value) => writer.fixed64(value);
-    case ScalarType.BYTES:
-      return (writer, value) => writer.bytes(value);
     case ScalarType.FIXED32:
       return (writer, value) => writer.fixed32(value);
     case ScalarType.SFIXED32:
@@ -523,18 +503,13 @@ function scalarWriter(scalar: ScalarType): (writer: BinaryWriter, value: never) 
       return (writer, value) => writer.sfixed64(value);
     case ScalarType.SINT64:
       return (writer, value) => writer.sint64(value);
-    case ScalarType.UINT32:
-      return (writer, value) => writer.uint32(value);
     case ScalarType.SINT32:
       return (writer, value) => writer.sint32(value);
   }
 }
 
-function wireTypeOf(scalar: ScalarType): WireType {
+function wireTypeOf(scalar: WriterScalar): WireType {
   switch (scalar) {
-    case ScalarType.BYTES:
-    case ScalarType.STRING:
-      return WireType.LengthDelimited;
     case ScalarType.DOUBLE:
     case ScalarType.FIXED64:
     case ScalarType.SFIXED64:
@@ -543,13 +518,14 @@ function wireTypeOf(scalar: ScalarType): WireType {
     case ScalarType.SFIXED32:
     case ScalarType.FLOAT:
       return WireType.Bit32;
-    default:
+    case ScalarType.SINT32:
+    case ScalarType.SINT64:
       return WireType.Varint;
   }
 }
 
-/** A 64-bit, zigzag, fixed-width or floating-point value, encoded by protobuf-es in the sizing pass. */
-function protobufEsValue(fieldNo: number, scalar: ScalarType, context: string): Codec<unknown> {
+/** A floating-point, fixed-width or zigzag value, encoded by protobuf-es in the sizing pass. */
+function protobufEsValue(fieldNo: number, scalar: WriterScalar, context: string): Codec<unknown> {
   const wireType = wireTypeOf(scalar);
   const writeScalar = scalarWriter(scalar);
   return {
@@ -569,19 +545,7 @@ function listField(field: Extract<DescField, { fieldKind: 'list' }>): Codec<Fiel
   const fieldNo = field.number;
   const scalar = scalarTypeOf(field);
   if (field.listKind === 'message' || scalar === ScalarType.STRING || scalar === ScalarType.BYTES) {
-    const item = singularValue(field, fieldNo);
-    return {
-      size(message, encoding) {
-        const items = message[name] as unknown[];
-        let size = 0;
-        for (const value of items) size += item.size(value, encoding);
-        return size;
-      },
-      write(message, encoding) {
-        const items = message[name] as unknown[];
-        for (const value of items) item.write(value, encoding);
-      },
-    };
+    return eachItem(name, singularValue(field, fieldNo));
   }
   const context = `${field.parent.typeName}.${field.name}`;
   if (isVarint(scalar)) return varintList(name, fieldNo, field.packed, varintOf(scalar, context));
@@ -612,7 +576,23 @@ function listField(field: Extract<DescField, { fieldKind: 'list' }>): Codec<Fiel
   };
 }
 
-function isVarint(scalar: ScalarType): boolean {
+/** A list written item after item, each with its tag. */
+function eachItem(name: string, item: Codec<unknown>): Codec<Fields> {
+  return {
+    size(message, encoding) {
+      let size = 0;
+      for (const value of message[name] as unknown[]) size += item.size(value, encoding);
+      return size;
+    },
+    write(message, encoding) {
+      for (const value of message[name] as unknown[]) item.write(value, encoding);
+    },
+  };
+}
+
+type VarintScalar = ScalarType.BOOL | ScalarType.INT32 | ScalarType.UINT32 | ScalarType.INT64 | ScalarType.UINT64;
+
+function isVarint(scalar: ScalarType): scalar is VarintScalar {
   switch (scalar) {
     case ScalarType.BOOL:
     case ScalarType.INT32:
@@ -627,19 +607,7 @@ function isVarint(scalar: ScalarType): boolean {
 
 /** A list of bools, enums or non-zigzag integers: packed, one length-delimited run of varints, or a tag before each. */
 function varintList(name: string, fieldNo: number, packed: boolean, varint: VarintOf): Codec<Fields> {
-  if (!packed) {
-    const item = varintValue(fieldNo, varint);
-    return {
-      size(message, encoding) {
-        let size = 0;
-        for (const value of message[name] as unknown[]) size += item.size(value, encoding);
-        return size;
-      },
-      write(message, encoding) {
-        for (const value of message[name] as unknown[]) item.write(value, encoding);
-      },
-    };
-  }
+  if (!packed) return eachItem(name, varintValue(fieldNo, varint));
   const tag = tagOf(fieldNo, WireType.LengthDelimited);
   const tagSize = varintSize(tag);
   return {
