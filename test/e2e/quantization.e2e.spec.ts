@@ -153,8 +153,8 @@ describe('quantized models', () => {
     },
   );
 
-  it('derives an int8 variant of the demo MLP under another model: READY, a quarter of the bytes, its lineage and figures recorded and shown, answering within the gate', async () => {
-    const result = await cli(['models', 'quantize', 'mlp', '--as', 'mlp-int8']);
+  it('derives an int8 variant of the demo MLP under another model, on one operator thread: READY, a quarter of the bytes, its lineage and figures recorded and shown, answering within the gate', async () => {
+    const result = await cli(['models', 'quantize', 'mlp', '--as', 'mlp-int8', '--intra-op-threads', '1']);
     expect(result.code).toBe(0);
     expect(result.stderr).toMatch(
       /mlp-int8 version 1 derived from models\/mlp\/versions\/1: dynamic_int8, 3 nodes quantized, 0 kept in float; relative L2 0\.0\d+, max abs diff [\d.e-]+, top-1 agreement [\d.]+ % \(\d+ of 32\), 4 synthetic samples \(gate 0\.02\); artifact 6\.\d MiB/,
@@ -166,6 +166,7 @@ describe('quantized models', () => {
     expect(variant.state).toBe(VersionState.READY);
     expect(Number(variant.artifact!.sizeBytes) / Number(source.artifact!.sizeBytes)).toBeLessThan(0.3);
     expect(variant.signature).toEqual(source.signature);
+    expect(variant.execution?.intraOpThreads).toBe(1);
     const lineage = variant.lineage!;
     expect(lineage).toMatchObject({
       sourceVersion: 'models/mlp/versions/1',
@@ -183,6 +184,7 @@ describe('quantized models', () => {
     expect(lineage.accuracy!.relativeL2).toBeLessThanOrEqual(0.02);
 
     const show = await cli(['models', 'show', 'mlp-int8']);
+    expect(show.stdout).toContain('Operator threads: 1 per instance');
     expect(show.stdout).toContain(`Derived from: models/mlp/versions/1 (sha256 ${source.artifact!.sha256})`);
     expect(show.stdout).toContain('Method: dynamic_int8, a scale per output channel, Conv in float');
     expect(show.stdout).toContain('Quantized: fc0_matmul (MatMul), fc1_matmul (MatMul), fc2_matmul (MatMul)');

@@ -31,6 +31,7 @@ import { Gauge } from 'prom-client';
 import { ArtifactStore, SHA256_HEX } from './artifact-store';
 import { pauseAutoRollout } from './auto-rollout';
 import { checkBatching, sameBatching } from './batching-check';
+import { checkExecution, sameExecution } from './execution-check';
 import { Clock } from '@infermesh/clock';
 import { ModelStore, type ModelMutation } from './model-store';
 import { checkLabels, checkUpdateMask, checkVersionPolicy } from './model-update-check';
@@ -130,6 +131,7 @@ export class ModelCatalog implements OnApplicationShutdown {
     version.processing = checkProcessing(request.processing, version.signature!);
     version.batching = checkBatching(request.batching, version.signature!);
     version.warmUp = checkWarmUp(request.warmUp, version.signature!);
+    version.execution = checkExecution(request.execution);
     let created = false;
     const stored = await this.mutate(modelId, (current) => {
       created = false;
@@ -595,6 +597,12 @@ function checkSameVersion(existing: ModelVersion, sha256: string, request: Creat
   if (!sameWarmUp(existing.warmUp, request.warmUp, existing.signature!)) {
     throw Errors.alreadyExists(
       `${existing.name} already exists with a different warm_up; register the new warm-up as a new version`,
+      { metadata: { version: existing.name } },
+    );
+  }
+  if (!sameExecution(existing.execution, request.execution)) {
+    throw Errors.alreadyExists(
+      `${existing.name} already exists with a different execution; register the new execution as a new version`,
       { metadata: { version: existing.name } },
     );
   }

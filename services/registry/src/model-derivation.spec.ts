@@ -16,6 +16,7 @@ import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_
 import {
   BatchingSchema,
   CreateModelVersionRequestSchema,
+  ExecutionSchema,
   ProcessingSchema,
   QuantizeModelVersionRequestSchema,
   VersionState,
@@ -49,6 +50,7 @@ interface CreateInit {
   processing?: MessageInitShape<typeof ProcessingSchema>;
   batching?: MessageInitShape<typeof BatchingSchema>;
   warmUp?: MessageInitShape<typeof WarmUpSchema>;
+  execution?: MessageInitShape<typeof ExecutionSchema>;
 }
 
 /** The small MLP of the tests: 64 -> 128 -> 32, about 49 KB of float weights. */
@@ -216,7 +218,12 @@ describe(ModelDerivation.name, () => {
           },
         ],
       };
-      const source = await register('classifier', '3', buildClassifierModel(), { maxBatchSize: 12, batching, warmUp });
+      const source = await register('classifier', '3', buildClassifierModel(), {
+        maxBatchSize: 12,
+        batching,
+        warmUp,
+        execution: { intraOpThreads: 2 },
+      });
       expect(source.processing).toEqual(create(ProcessingSchema, CLASSIFIER_PROCESSING));
 
       const derived = await quantize({ source: 'models/classifier/versions/3' });
@@ -227,7 +234,22 @@ describe(ModelDerivation.name, () => {
       expect(derived.batching).toEqual(create(BatchingSchema, batching));
       expect(derived.warmUp).toEqual(source.warmUp);
       expect(derived.warmUp!.samples).toHaveLength(1);
+      expect(derived.execution).toEqual(create(ExecutionSchema, { intraOpThreads: 2 }));
       expect(derived.lineage!.quantizedNodes.map((q) => q.node)).toEqual(['matmul']);
+    });
+
+    it('runs with the operator threads the request asks for, refusing more than 256 before any work', async () => {
+      await register('mlp', '1', mlp, { execution: { intraOpThreads: 2 } });
+      const one = await quantize({ source: 'models/mlp/versions/1', execution: { intraOpThreads: 1 } });
+      expect(one.execution).toEqual(create(ExecutionSchema, { intraOpThreads: 1 }));
+      const stored = storedArtifacts().length;
+      const error = await rpcRejection(
+        quantize({ source: 'models/mlp/versions/1', execution: { intraOpThreads: 257 } }),
+      );
+      expect(error.code).toBe(status.INVALID_ARGUMENT);
+      expect(error.message).toBe("execution: intra_op_threads is 257; it can be at most 256 (0: the worker's default)");
+      expect(storedArtifacts()).toHaveLength(stored);
+      expect(await versionIds('mlp')).toEqual(['1', '2']);
     });
 
     it('records the settings it was derived with: Convs stay in float unless asked, saying why, and are quantized when asked', async () => {

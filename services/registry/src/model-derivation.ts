@@ -38,6 +38,7 @@ import {
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import { ArtifactStore, chunksOf } from './artifact-store';
+import { checkExecution } from './execution-check';
 import { ModelCatalog } from './model-catalog';
 import { OnnxRuntime, type OnnxSession } from './onnx-runtime.adapter';
 import { readOnnxSignature } from './onnx-signature';
@@ -157,6 +158,7 @@ export class ModelDerivation {
     const perChannel = request.settings?.perChannel ?? true;
     const quantizeConv = request.settings?.quantizeConv ?? false;
     const reduceRange = request.settings?.reduceRange ?? false;
+    checkExecution(request.execution);
     const source = await this.source(request.source);
     const signature = source.signature!;
     const sourceModelId = splitVersionName(source.name)!.modelId;
@@ -250,6 +252,7 @@ export class ModelDerivation {
         processing: source.processing,
         batching: source.batching,
         warmUp: source.warmUp,
+        execution: request.execution ?? source.execution,
       },
       lineage,
     );

@@ -17,6 +17,7 @@ import {
   type Artifact,
   BatchingSchema,
   CachePolicySchema,
+  ExecutionSchema,
   RolloutPolicySchema,
   ProcessingSchema,
   RegistryService,
@@ -385,6 +386,36 @@ describe.each(['embedded', 'redis'] as const)(`${RegistryGrpcController.name} en
     }
     const missing = await rpcRejection(sut.getModel({ name: 'models/batched' }));
     expect(missing.code).toBe(status.NOT_FOUND);
+  });
+
+  it('registers a version with the operator threads it asks for, refusing more than 256 and another number for an existing version', async () => {
+    const { artifact } = await upload(sut, buildTinyModel().bytes);
+    const base = { parent: 'models/tiny', versionId: '1', artifactSha256: artifact!.sha256 };
+    const refused = await rpcRejection(sut.createModelVersion({ ...base, execution: { intraOpThreads: 300 } }));
+    expect([refused.code, refused.message]).toEqual([
+      status.INVALID_ARGUMENT,
+      "execution: intra_op_threads is 300; it can be at most 256 (0: the worker's default)",
+    ]);
+    const { version } = await sut.createModelVersion({ ...base, execution: { intraOpThreads: 1 } });
+    expect(version!.execution).toEqual(create(ExecutionSchema, { intraOpThreads: 1 }));
+    // The same again is the same version; another number, or none, is another version.
+    await sut.createModelVersion({ ...base, execution: { intraOpThreads: 1 } });
+    for (const execution of [undefined, { intraOpThreads: 2 }]) {
+      const conflict = await rpcRejection(
+        sut.createModelVersion({ ...base, ...(execution !== undefined && { execution }) }),
+      );
+      expect([conflict.code, conflict.message]).toEqual([
+        status.ALREADY_EXISTS,
+        'models/tiny/versions/1 already exists with a different execution; register the new execution as a new version',
+      ]);
+    }
+    // Asking for nothing (0) stores nothing.
+    const { version: plain } = await sut.createModelVersion({
+      ...base,
+      versionId: '2',
+      execution: { intraOpThreads: 0 },
+    });
+    expect(plain!.execution).toBeUndefined();
   });
 
   it('refuses to register an existing version again with a different batching', async () => {

@@ -6,6 +6,7 @@ import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import type { Counter, Histogram } from 'prom-client';
 import { link, mkdtemp, readdir, rm } from 'node:fs/promises';
+import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { ArtifactCache, ArtifactVerificationError } from './artifact-cache';
 import { externalWeights } from './external-weights';
@@ -182,6 +183,7 @@ export class ModelLifecycle {
       name: entry.name,
       sha256: entry.record.artifact?.sha256,
       pinned: entry.pinned,
+      intra_op_threads: this.execution(entry).intraOpThreads,
     });
     if (entry.record.state === VersionState.REGISTERED) await this.report(entry, VersionState.LOADING, '');
 
@@ -343,6 +345,7 @@ export class ModelLifecycle {
   private async createSession(entry: WorkerModel, bytes: Buffer): Promise<ModelSession> {
     const providers = this.config.executionProviders;
     const reload = () => this.fetchArtifact(entry);
+    const { intraOpThreads } = this.execution(entry);
     const external = externalWeights(bytes, WEIGHTS_FILE);
     if (external !== undefined) {
       let dir: string | undefined;
@@ -352,7 +355,7 @@ export class ModelLifecycle {
         await (this.staleLoadDirs ??= removeLoadDirs(this.artifacts.dir));
         dir = await mkdtemp(join(this.artifacts.dir, LOAD_DIR_PREFIX));
         await link(this.artifacts.pathOf(entry.record.artifact?.sha256 ?? ''), join(dir, WEIGHTS_FILE));
-        return await this.runtime.load(external, providers, reload, { weightsDir: dir });
+        return await this.runtime.load(external, providers, reload, { weightsDir: dir, intraOpThreads });
       } catch (error) {
         this.logger.warn('could not read the weights from the artifact cache; loading the model from its bytes', {
           name: entry.name,
@@ -362,7 +365,16 @@ export class ModelLifecycle {
         if (dir !== undefined) await rm(dir, { recursive: true, force: true });
       }
     }
-    return this.runtime.load(bytes, providers, reload);
+    return this.runtime.load(bytes, providers, reload, { intraOpThreads });
+  }
+
+  /**
+   * How the version's instances run: its own operator threads (at most this machine's cores: more
+   * would only take turns on them), else the worker's.
+   */
+  private execution(entry: WorkerModel): { intraOpThreads: number } {
+    const asked = entry.record.execution?.intraOpThreads ?? 0;
+    return { intraOpThreads: asked === 0 ? this.config.intraOpThreads : Math.min(asked, availableParallelism()) };
   }
 
   /** The version's verified artifact; a mismatch or an artifact the registry lacks is a LoadFailure. */

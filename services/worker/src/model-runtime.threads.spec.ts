@@ -383,6 +383,27 @@ describe(ThreadsModelRuntime.name, () => {
     }
   });
 
+  it("gives a session the operator threads its load asks for, else the runtime's", async () => {
+    const tasks = () => new Set(readdirSync('/proc/self/task'));
+    const runtime = new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1 });
+    try {
+      // Each load starts an execution thread of its own, and onnxruntime starts from it the session's
+      // operator threads but one (the execution thread computes too).
+      const started = async (load: () => Promise<unknown>) => {
+        const before = tasks();
+        const session = (await load()) as ThreadsModelSession;
+        await session.run([mlpInput(64)], []);
+        return [...tasks()].filter((tid) => !before.has(tid)).length;
+      };
+      // The first load also starts what the runtime starts once.
+      await started(() => runtime.load(MLP.bytes, ['cpu']));
+      expect(await started(() => runtime.load(MLP.bytes, ['cpu']))).toBe(1);
+      expect(await started(() => runtime.load(MLP.bytes, ['cpu'], undefined, { intraOpThreads: 3 }))).toBe(3);
+    } finally {
+      await runtime.close();
+    }
+  });
+
   it("runs each model on threads of its own: one model's request does not wait for another's run", async () => {
     const runtime = new ThreadsModelRuntime({ instancesPerModel: 1, intraOpThreads: 1 });
     try {

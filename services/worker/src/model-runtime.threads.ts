@@ -29,7 +29,7 @@ export interface ThreadsRuntimeOptions {
    * hosting the fewest sessions, and models sharing a thread run one at a time.
    */
   executionThreads?: number;
-  /** Threads one session uses inside an operator. */
+  /** Threads one session uses inside an operator, unless its load asks for another number (LoadOptions). */
   intraOpThreads: number;
   /**
    * How many nice steps below the main thread the execution threads are scheduled (at most nice 19),
@@ -152,7 +152,7 @@ export class ThreadsModelRuntime extends ModelRuntime {
    */
   override async prepare(executionProviders: readonly string[]): Promise<void> {
     await this.pool.ensure();
-    const session = await this.create(PREPARATION_MODEL, executionProviders, undefined, this.pool.size, undefined);
+    const session = await this.create(PREPARATION_MODEL, executionProviders, undefined, this.pool.size, {});
     await session.release();
   }
 
@@ -162,7 +162,7 @@ export class ThreadsModelRuntime extends ModelRuntime {
     reload?: () => Promise<Uint8Array>,
     options: LoadOptions = {},
   ): Promise<ModelSession> {
-    return this.create(model, executionProviders, reload, this.options.instancesPerModel, options.weightsDir);
+    return this.create(model, executionProviders, reload, this.options.instancesPerModel, options);
   }
 
   /** Ends every execution thread once its runs are done (the sessions on them are released). */
@@ -175,7 +175,7 @@ export class ThreadsModelRuntime extends ModelRuntime {
     executionProviders: readonly string[],
     reload: (() => Promise<Uint8Array>) | undefined,
     instances: number,
-    weightsDir: string | undefined,
+    { weightsDir, intraOpThreads = this.options.intraOpThreads }: LoadOptions,
   ): Promise<ThreadsModelSession> {
     // Each thread receives its own clone: the caller's bytes when they own their buffer, else a compact
     // copy. Kept to start replacement instances only when there is no `reload` to fetch them again.
@@ -188,7 +188,7 @@ export class ThreadsModelRuntime extends ModelRuntime {
         failures.push(`${provider}: ${missing}`);
         continue;
       }
-      const spec: SessionSpec = { model: bytes, provider, intraOpThreads: this.options.intraOpThreads, weightsDir };
+      const spec: SessionSpec = { model: bytes, provider, intraOpThreads, weightsDir };
       const id = nextSessionId++;
       let threads: ExecutionThread[];
       try {

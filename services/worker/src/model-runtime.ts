@@ -40,6 +40,8 @@ export interface LoadOptions {
    * `reload` returns, without it.
    */
   weightsDir?: string;
+  /** The operator threads of each instance; unset: the runtime's. */
+  intraOpThreads?: number;
 }
 
 /**

@@ -13,6 +13,7 @@ import {
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
+  type ExecutionSchema,
   type Model,
   ModelSchema,
   type ModelVersion,
@@ -66,6 +67,7 @@ class InMemoryRegistry extends ModelRegistry {
       serve?: Uint8Array;
       version?: string;
       warmUp?: MessageInitShape<typeof WarmUpSchema>;
+      execution?: MessageInitShape<typeof ExecutionSchema>;
     } = {},
   ): string {
     const sha256 = createHash('sha256').update(bytes).digest('hex');
@@ -79,6 +81,7 @@ class InMemoryRegistry extends ModelRegistry {
         artifact: { sha256, sizeBytes: BigInt(bytes.byteLength), format: 'onnx' },
         signature: { maxBatchSize: options.maxBatchSize ?? 8 },
         ...(options.warmUp !== undefined && { warmUp: options.warmUp }),
+        ...(options.execution !== undefined && { execution: options.execution }),
       }),
     );
     this.changed(model);
@@ -324,6 +327,22 @@ describe(WorkerModule.name, () => {
     const { model } = await worker.client.loadModel({ name: 'models/pinned/versions/1', pin: true });
     expect(model).toMatchObject({ state: ModelState.READY, pinned: true, instances: 1 });
     expect(await states(worker.client)).toEqual({ pinned: 'READY', big: 'UNLOADED' });
+  });
+
+  it("loads a version with the operator threads it asks for, at most the machine's cores, else with WORKER_INTRA_OP_THREADS", async () => {
+    const registry = new InMemoryRegistry();
+    worker = await startWorker(registry, { WORKER_INTRA_OP_THREADS: '1' });
+    const loads = jest.spyOn(worker.running.app.get(ModelRuntime), 'load');
+    const threadsOfLoad = async (model: string, execution?: MessageInitShape<typeof ExecutionSchema>) => {
+      const name = registry.add(model, buildTinyModel().bytes, { ...(execution !== undefined && { execution }) });
+      await until(async () => registry.versions.get(name)?.state === VersionState.READY);
+      return loads.mock.calls.at(-1)![3]?.intraOpThreads;
+    };
+    expect(await threadsOfLoad('own')).toBe(1);
+    expect(await threadsOfLoad('two', { intraOpThreads: 2 })).toBe(Math.min(2, availableParallelism()));
+    expect(await threadsOfLoad('many', { intraOpThreads: 256 })).toBe(availableParallelism());
+    expect(loads).toHaveBeenCalledTimes(3);
+    expect((await worker.client.infer(request('many'))).response?.outputs[0]?.shape).toEqual([1n, 3n]);
   });
 
   it('reads large weights from the cached artifact through a link of their own, gone after the load, and from the bytes when that cannot serve', async () => {

@@ -67,7 +67,7 @@ describe(completionScript.name, () => {
     expect(run).toMatchObject({ code: 0, stderr: '' });
     expect(run.stdout).toMatch(/^#compdef infermesh\n/);
     expect(run.stdout).toContain(
-      "('models register') candidates=('--name' '--version' '--max-batch-size' '--pin' '--label' '--warmup' '--timeout' '--gateway' '--api-key' '--json' '--help'); leaf=1 ;;",
+      "('models register') candidates=('--name' '--version' '--max-batch-size' '--pin' '--label' '--warmup' '--intra-op-threads' '--timeout' '--gateway' '--api-key' '--json' '--help'); leaf=1 ;;",
     );
     expect(run.stdout).toContain('compdef _infermesh infermesh');
   });

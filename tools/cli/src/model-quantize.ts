@@ -3,7 +3,7 @@ import { type Lineage, ModelVersionSchema } from '@infermesh/proto/gen/infermesh
 import { versionIdOf } from '@infermesh/rollout';
 import { parseNonNegative, parseSeconds, parseVersionId } from './args';
 import type { CommandContext } from './command-context';
-import { followUntilReady } from './model-register';
+import { executionOf, followUntilReady } from './model-register';
 import { formatBytes, formatSeconds } from './output/format';
 import { readWarmUpFile } from './warm-up-file';
 
@@ -28,6 +28,7 @@ export async function quantize(ctx: CommandContext): Promise<void> {
   const calibration =
     calibrationFile === undefined ? [] : (await readWarmUpFile(calibrationFile, '--calibration')).samples;
   const timeoutMs = parseSeconds(args.value('timeout') ?? String(DEFAULT_QUANTIZE_TIMEOUT_S), '--timeout') * 1000;
+  const execution = executionOf(args);
   const started = ctx.clock.monotonic();
   const session = ctx.gateway();
   const { version: derived } = await session.registry.quantizeModelVersion(
@@ -42,6 +43,7 @@ export async function quantize(ctx: CommandContext): Promise<void> {
         ...(args.switch('conv') && { quantizeConv: true }),
         ...(args.switch('reduce-range') && { reduceRange: true }),
       },
+      ...(execution !== undefined && { execution }),
     },
     session.call(timeoutMs),
   );

@@ -6,12 +6,14 @@ import { status } from '@grpc/grpc-js';
 import type { MessageInitShape } from '@bufbuild/protobuf';
 import { RpcError } from '@infermesh/grpc';
 import {
+  type ExecutionSchema,
   type Model,
   type ModelVersion,
   ModelVersionSchema,
   type UploadArtifactRequestSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { nextVersionId } from '@infermesh/rollout';
+import { type FlagSpec, type ParsedArgs, parseInteger } from './args';
 import { CommandFailure } from './cli-errors';
 import type { CommandContext } from './command-context';
 import type { GatewaySession } from './gateway-session';
@@ -19,6 +21,21 @@ import { formatBytes, formatSeconds, stateName } from './output/format';
 import { ProgressBar, type ProgressMode } from './progress-bar';
 import { waitForReady } from './version-watch';
 import { readWarmUpFile } from './warm-up-file';
+
+/** `--intra-op-threads`, of `models register` and `models quantize`: how the workers run the version. */
+export const INTRA_OP_THREADS_FLAG: FlagSpec = {
+  name: 'intra-op-threads',
+  kind: 'value',
+  placeholder: '<n>',
+  description:
+    "Operator threads of each instance of the version (default: the worker's WORKER_INTRA_OP_THREADS); 1 suits small and int8 models",
+};
+
+/** The execution `--intra-op-threads` asks for; undefined when it is not given. */
+export function executionOf(args: ParsedArgs): MessageInitShape<typeof ExecutionSchema> | undefined {
+  const threads = args.value(INTRA_OP_THREADS_FLAG.name);
+  return threads === undefined ? undefined : { intraOpThreads: parseInteger(threads, '--intra-op-threads', 1) };
+}
 
 /** The size of the chunks an artifact is uploaded in. */
 export const UPLOAD_CHUNK_BYTES = 1024 * 1024;
@@ -37,6 +54,8 @@ export interface RegisterRequest {
   timeoutMs: number;
   /** A warm-up file (readWarmUpFile): what the workers run the version on before it serves. */
   warmUpFile: string | undefined;
+  /** How the workers run the version; unset: their defaults. */
+  execution?: MessageInitShape<typeof ExecutionSchema>;
 }
 
 /**
@@ -85,6 +104,7 @@ export async function registerModel(ctx: CommandContext, request: RegisterReques
       artifactSha256: sha256,
       ...(request.maxBatchSize !== undefined && { maxBatchSize: request.maxBatchSize }),
       ...(warmUp !== undefined && { warmUp }),
+      ...(request.execution !== undefined && { execution: request.execution }),
     },
     session.call(CREATE_TIMEOUT_MS),
   );

@@ -128,11 +128,13 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
         'team=b',
         '--label',
         'task=cls',
+        '--intra-op-threads',
+        '1',
       ]);
 
       expect(run).toMatchObject({ code: 0, stdout: expect.stringMatching(/^mlp version 11 is READY/) });
       expect(registry.requests<CreateModelVersionRequest>('createModelVersion')).toMatchObject([
-        { versionId: '11', maxBatchSize: 4 },
+        { versionId: '11', maxBatchSize: 4, execution: { intraOpThreads: 1 } },
       ]);
       expect(registry.requests<UpdateModelRequest>('updateModel')).toMatchObject([
         {
@@ -154,6 +156,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
 
       expect(run.code).toBe(0);
       expect(registry.requests<CreateModelVersionRequest>('createModelVersion')).toMatchObject([{ versionId: '5' }]);
+      expect(registry.requests<CreateModelVersionRequest>('createModelVersion')[0]!.execution).toBeUndefined();
     });
 
     it('prints the reason and exits 1 when the version FAILED', async () => {
@@ -313,6 +316,9 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       );
       expect(badLabel.code).toBe(2);
       expect(badLabel.stderr).toMatch(/^infermesh: --label must look like key=value, got "team"\n/);
+      const badThreads = await sut(['models', 'register', file.path, '--name', 'mlp', '--intra-op-threads', '0']);
+      expect(badThreads.code).toBe(2);
+      expect(badThreads.stderr).toMatch(/^infermesh: --intra-op-threads must be an integer of at least 1, got "0"\n/);
       expect(registry.calls).toEqual([]);
     });
   });
@@ -386,6 +392,8 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
         '--per-tensor',
         '--conv',
         '--reduce-range',
+        '--intra-op-threads',
+        '1',
       ]);
 
       expect(run.code).toBe(0);
@@ -397,6 +405,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
         calibration: expect.any(Array),
         maxRelativeL2: 0.05,
         settings: { perChannel: false, quantizeConv: true, reduceRange: true },
+        execution: { intraOpThreads: 1 },
       });
       expect(
         request.calibration.map((s) => [s.name, s.inputs.map((i) => [i.name, i.datatype, i.shape, i.contents.case])]),
@@ -554,7 +563,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
         pinned: true,
         versions: [
           { name: 'models/mlp/versions/1', state: VersionState.READY },
-          { name: 'models/mlp/versions/2', state: VersionState.LOADING },
+          { name: 'models/mlp/versions/2', state: VersionState.LOADING, execution: { intraOpThreads: 1 } },
         ],
       });
       registry.put({
@@ -601,7 +610,10 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       expect(run.stdout).toContain('Model:           tiny\n');
       expect(run.stdout).toContain('Unloaded:        yes (no version serves until `infermesh models load`)\n');
       expect(run.stdout).toContain('Version 1: REGISTERED\n');
+      expect(run.stdout).toContain("  Operator threads: the worker's default\n");
       expect(registry.requests('getModel')).toMatchObject([{ name: 'models/tiny' }]);
+      const mlp = await sut(['models', 'show', 'mlp']);
+      expect(mlp.stdout).toMatch(/Version 2: LOADING\n[^]*  Operator threads: 1 per instance\n/);
     });
 
     it('shows the lineage of a derived version, and none for a version that was uploaded', async () => {

@@ -13,7 +13,7 @@ import { UsageError } from './cli-errors';
 import type { CommandContext, CommandHandler } from './command-context';
 import { GATEWAY_FLAGS } from './gateway-flags';
 import { DEFAULT_QUANTIZE_TIMEOUT_S, quantize } from './model-quantize';
-import { registerModel } from './model-register';
+import { executionOf, INTRA_OP_THREADS_FLAG, registerModel } from './model-register';
 import { formatModelDetails, formatModelList, formatVersionPolicy, stateName } from './output/format';
 
 const DEFAULT_REGISTER_TIMEOUT_S = 300;
@@ -38,6 +38,7 @@ async function register(ctx: CommandContext): Promise<void> {
     labels,
     timeoutMs: parseSeconds(args.value('timeout') ?? String(DEFAULT_REGISTER_TIMEOUT_S), '--timeout') * 1000,
     warmUpFile: args.value('warmup'),
+    execution: executionOf(args),
   });
 }
 
@@ -193,6 +194,7 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
           description:
             'Warm-up samples the workers run before the version serves: JSON of named tensors as in a KServe v2 request',
         },
+        INTRA_OP_THREADS_FLAG,
         {
           name: 'timeout',
           kind: 'value',
@@ -262,6 +264,10 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
           name: 'reduce-range',
           kind: 'switch',
           description: 'Weights in 7 bits, for workers on x86 CPUs with AVX2 but not VNNI',
+        },
+        {
+          ...INTRA_OP_THREADS_FLAG,
+          description: "Operator threads of each instance of the variant (default: its source's)",
         },
         {
           name: 'timeout',

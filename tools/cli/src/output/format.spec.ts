@@ -103,6 +103,7 @@ describe('output format', () => {
         '  Max batch size: 8',
         '  Batching: max batch 4, max queue delay 500 us, preferred sizes 2, 4, 2 priority levels (default the lowest), queue up to 64 requests',
         '  Warm-up: synthetic (no samples given); warmed up',
+        "  Operator threads: the worker's default",
         '  Processing:',
         '    input image: (x - mean) / std, mean [0.485, 0.456, 0.406], std [0.229, 0.224, 0.225]',
         '    output scores: 2 class labels',
@@ -110,7 +111,9 @@ describe('output format', () => {
       ].join('\n'),
     );
     expect(text).toContain('Version 3: FAILED (input "image" has an unsupported type)\n  Batching: defaults');
-    expect(text).toContain('  Warm-up: synthetic (no samples given)\n  Processing: none');
+    expect(text).toContain(
+      "  Warm-up: synthetic (no samples given)\n  Operator threads: the worker's default\n  Processing: none",
+    );
     expect(text).not.toContain('Version 1:');
   });
 

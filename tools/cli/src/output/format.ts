@@ -226,6 +226,8 @@ function formatVersion(version: ModelVersion): string {
   }
   lines.push(`  Batching: ${formatBatching(version.batching)}`);
   lines.push(`  Warm-up: ${formatWarmUp(version)}`);
+  const threads = version.execution?.intraOpThreads ?? 0;
+  lines.push(`  Operator threads: ${threads === 0 ? "the worker's default" : `${threads} per instance`}`);
   const processing = formatProcessing(version.processing);
   lines.push(
     processing.length === 1
