@@ -23,12 +23,18 @@ const CONCURRENCY = 4;
 /**
  * Calls each of the CONCURRENCY clients makes in a row in one round of a path (each sends its next
  * as soon as its answer comes), so that the worker waits for work only at the round's start and end;
- * one in flight: one client, the same number of calls.
+ * one in flight: one client, the same number of calls. In-process: CONCURRENCY × CALLS_PER_CLIENT
+ * runs one after the other. Each round's start (the worker idle until the first request arrives)
+ * and end (fewer than CONCURRENCY in flight) are not the worker's throughput, and weigh most on the
+ * fastest model: at 4 calls a client a round of the int8 MLP lasted about 35 ms. Its items/s ratio to
+ * its source averaged 1.74 over eight runs at 4 calls a client, 1.79 over seven at 16 (within this
+ * machine's spread: 1.56 to 1.88, and 1.58 to 2.02).
  */
-const CALLS_PER_CLIENT = 4;
+const CALLS_PER_CLIENT = 16;
 const WARMUP_ROUNDS = 3;
 /** Rounds per model and path, each of CONCURRENCY × CALLS_PER_CLIENT calls of BATCH items: about 40,000 items of the MLP, 8,000 of the CNN. */
-const ROUNDS: Record<string, number> = { mlp: 80, cnn: 16 };
+const ROUNDS: Record<string, number> = { mlp: 20, cnn: 4 };
+const RUNS_PER_ROUND = CONCURRENCY * CALLS_PER_CLIENT;
 const INFER_PATH = `/${WorkerService.typeName}/Infer`;
 /** The models whose unloading is measured, each on a worker of its own that serves no request. */
 const UNLOADED = ['mlp', 'mlp-int8'] as const;
@@ -42,6 +48,8 @@ interface Pair {
   variant: string;
   /** The shape of one item. */
   item: readonly number[];
+  /** The variant registered with these operator threads (`--intra-op-threads`); unset: the worker's. */
+  variantIntraOpThreads?: number;
 }
 
 /**
@@ -57,14 +65,16 @@ interface Pair {
  * - for the MLP and its variant, how much of the worker's resident memory unloading gives back;
  * - beside them, the same two models in-process (onnxruntime-node with the worker's session
  *   settings), so that the worker's ratio can be read against the runtime's own.
- * Models: the demo MLP (512-2048-2048-512), and the generated CNN (3×48×192 input) twice: with its
- * convolutions in float (the default) and quantized too (--conv).
+ * Models: the demo MLP (512-2048-2048-512), its variant twice: with the worker's operator threads and
+ * registered with one (`--intra-op-threads 1`, mlp_one_thread_*), and the generated CNN (3×48×192
+ * input) twice: with its convolutions in float (the default) and quantized too (--conv).
  */
 export async function quantization(): Promise<Record<string, unknown>> {
   const intraOpThreads = availableParallelism();
   const cnn = { ...buildCnnModel(), name: 'cnn' };
   const pairs: Pair[] = [
     { key: 'mlp', source: 'mlp', variant: 'mlp-int8', item: [512] },
+    { key: 'mlp_one_thread', source: 'mlp', variant: 'mlp-int8-1t', item: [512], variantIntraOpThreads: 1 },
     { key: 'cnn', source: 'cnn', variant: 'cnn-int8', item: CNN_INPUT_SHAPE },
     { key: 'cnn_conv', source: 'cnn', variant: 'cnn-int8-conv', item: CNN_INPUT_SHAPE },
   ];
@@ -107,6 +117,9 @@ export async function quantization(): Promise<Record<string, unknown>> {
           source: `models/${pair.source}/versions/1`,
           targetModel: `models/${pair.variant}`,
           settings: { quantizeConv: pair.key === 'cnn_conv' },
+          ...(pair.variantIntraOpThreads !== undefined && {
+            execution: { intraOpThreads: pair.variantIntraOpThreads },
+          }),
         },
         { timeoutMs: 120_000 },
       );
@@ -175,11 +188,13 @@ export async function quantization(): Promise<Record<string, unknown>> {
         };
         return async () => void (await Promise.all(Array.from({ length: concurrency }, client)));
       };
-      const inProcess = async (model: string) => {
-        const session = await workerSession(await download(registry, model), intraOpThreads);
+      const inProcess = async (model: string, threads = intraOpThreads) => {
+        const session = await workerSession(await download(registry, model), threads);
         sessions.push(session);
         const feeds = { input: new ort.Tensor('float32', input, shape) };
-        return async () => void (await session.run(feeds));
+        return async () => {
+          for (let run = 0; run < RUNS_PER_ROUND; run++) await session.run(feeds);
+        };
       };
       const paths = {
         source_worker: viaWorker(pair.source, CONCURRENCY),
@@ -187,7 +202,7 @@ export async function quantization(): Promise<Record<string, unknown>> {
         source_worker_c1: viaWorker(pair.source, 1),
         variant_worker_c1: viaWorker(pair.variant, 1),
         source_inprocess: await inProcess(pair.source),
-        variant_inprocess: await inProcess(pair.variant),
+        variant_inprocess: await inProcess(pair.variant, pair.variantIntraOpThreads),
       };
       const elapsed = {
         source_worker: 0,
@@ -197,15 +212,24 @@ export async function quantization(): Promise<Record<string, unknown>> {
         source_inprocess: 0,
         variant_inprocess: 0,
       };
+      /** This process's CPU seconds in the variant's in-process rounds (its operator threads included). */
+      let variantInProcessCpu = 0;
       const n = ROUNDS[pair.source]!;
       for (let i = 0; i < WARMUP_ROUNDS + n; i++) {
         for (const name of Object.keys(paths) as (keyof typeof paths)[]) {
           const start = process.hrtime.bigint();
+          const cpu = process.cpuUsage();
           await paths[name]();
-          if (i >= WARMUP_ROUNDS) elapsed[name] += Number(process.hrtime.bigint() - start) / 1e9;
+          if (i < WARMUP_ROUNDS) continue;
+          elapsed[name] += Number(process.hrtime.bigint() - start) / 1e9;
+          if (name === 'variant_inprocess') {
+            const { user, system } = process.cpuUsage(cpu);
+            variantInProcessCpu += (user + system) / 1e6;
+          }
         }
       }
-      const itemsPerS = (seconds: number) => (BATCH * n * CONCURRENCY * CALLS_PER_CLIENT) / seconds;
+      const itemsPerS = (seconds: number) => (BATCH * n * RUNS_PER_ROUND) / seconds;
+      const msPerRun = (seconds: number) => round((1000 * seconds) / (n * RUNS_PER_ROUND), 3);
       const accuracy = derived[pair.key]!.lineage!.accuracy!;
       const sourceName = `models/${pair.source}/versions/1`;
       const variantName = `models/${pair.variant}/versions/1`;
@@ -218,6 +242,9 @@ export async function quantization(): Promise<Record<string, unknown>> {
         [`${pair.key}_rel_l2`]: round(accuracy.relativeL2, 5),
         [`${pair.key}_items_ratio_b32_one_in_flight`]: round(elapsed.source_worker_c1 / elapsed.variant_worker_c1),
         [`${pair.key}_inprocess_items_ratio_b32`]: round(elapsed.source_inprocess / elapsed.variant_inprocess),
+        // A batch of the variant in-process: how long it takes, and the CPU it takes on every thread.
+        [`${pair.key}_variant_inprocess_ms_b32`]: msPerRun(elapsed.variant_inprocess),
+        [`${pair.key}_variant_inprocess_cpu_ms_b32`]: msPerRun(variantInProcessCpu),
         [`${pair.key}_artifact_ratio`]: round(
           sizes.get(`models/${pair.variant}`)! / sizes.get(`models/${pair.source}`)!,
         ),
