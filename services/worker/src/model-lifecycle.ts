@@ -179,11 +179,12 @@ export class ModelLifecycle {
     entry.state = ModelState.LOADING;
     entry.reason = '';
     this.table.changed();
+    const intraOpThreads = this.intraOpThreads(entry);
     this.logger.info('loading model version', {
       name: entry.name,
       sha256: entry.record.artifact?.sha256,
       pinned: entry.pinned,
-      intra_op_threads: this.execution(entry).intraOpThreads,
+      intra_op_threads: intraOpThreads,
     });
     if (entry.record.state === VersionState.REGISTERED) await this.report(entry, VersionState.LOADING, '');
 
@@ -198,7 +199,7 @@ export class ModelLifecycle {
       await this.makeRoom(entry, Math.max(bytes.byteLength, this.estimateBytes(entry)));
       const rssBefore = process.memoryUsage.rss();
       try {
-        session = await this.createSession(entry, bytes);
+        session = await this.createSession(entry, bytes, intraOpThreads);
       } catch (error) {
         throw new LoadFailure(`could not create a session: ${message(error)}`);
       }
@@ -333,7 +334,7 @@ export class ModelLifecycle {
   private staleLoadDirs: Promise<void> | undefined;
 
   /**
-   * The version's session. Its large weights are read from the artifact cache's verified copy of
+   * The version's session, `intraOpThreads` operator threads to each instance. Its large weights are read from the artifact cache's verified copy of
    * `bytes` as external data, which the runtime maps, packs and lets go, rather than from `bytes`,
    * which it copies twice first (external-weights.ts). The session is told of a directory of its own
    * that holds only a hard link to that copy: the runtime refuses external paths that leave it, so a
@@ -342,10 +343,9 @@ export class ModelLifecycle {
    * bytes once the session runs, and reads them again (verified) from the artifact cache, or the
    * registry, only to replace an execution thread that died (from the bytes, then).
    */
-  private async createSession(entry: WorkerModel, bytes: Buffer): Promise<ModelSession> {
+  private async createSession(entry: WorkerModel, bytes: Buffer, intraOpThreads: number): Promise<ModelSession> {
     const providers = this.config.executionProviders;
     const reload = () => this.fetchArtifact(entry);
-    const { intraOpThreads } = this.execution(entry);
     const external = externalWeights(bytes, WEIGHTS_FILE);
     if (external !== undefined) {
       let dir: string | undefined;
@@ -369,12 +369,12 @@ export class ModelLifecycle {
   }
 
   /**
-   * How the version's instances run: its own operator threads (at most this machine's cores: more
-   * would only take turns on them), else the worker's.
+   * The operator threads of each of the version's instances: its own (at most this machine's cores:
+   * more would only take turns on them), else the worker's.
    */
-  private execution(entry: WorkerModel): { intraOpThreads: number } {
+  private intraOpThreads(entry: WorkerModel): number {
     const asked = entry.record.execution?.intraOpThreads ?? 0;
-    return { intraOpThreads: asked === 0 ? this.config.intraOpThreads : Math.min(asked, availableParallelism()) };
+    return asked === 0 ? this.config.intraOpThreads : Math.min(asked, availableParallelism());
   }
 
   /** The version's verified artifact; a mismatch or an artifact the registry lacks is a LoadFailure. */
