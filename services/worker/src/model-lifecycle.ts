@@ -334,9 +334,9 @@ export class ModelLifecycle {
   private staleLoadDirs: Promise<void> | undefined;
 
   /**
-   * The version's session, `intraOpThreads` operator threads to each instance. Its large weights are read from the artifact cache's verified copy of
-   * `bytes` as external data, which the runtime maps, packs and lets go, rather than from `bytes`,
-   * which it copies twice first (external-weights.ts). The session is told of a directory of its own
+   * The version's session, `intraOpThreads` operator threads to each instance. Its large weights are
+   * read from the artifact cache's verified copy of `bytes` as external data, which the runtime maps,
+   * packs and lets go, rather than from `bytes`, which it copies twice first (external-weights.ts). The session is told of a directory of its own
    * that holds only a hard link to that copy: the runtime refuses external paths that leave it, so a
    * model can read no file but its own. From `bytes` when the model has no large weight or the copy
    * cannot serve (deleted meanwhile to make room: the load is not lost). The runtime lets go of the
