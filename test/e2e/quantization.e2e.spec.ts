@@ -172,7 +172,7 @@ describe('quantized models', () => {
       sourceVersion: 'models/mlp/versions/1',
       sourceSha256: source.artifact!.sha256,
       method: 'dynamic_int8',
-      settings: { perChannel: true, quantizeConv: false },
+      settings: { perChannel: true, quantizeConv: false, reduceRange: true },
     });
     expect(lineage.quantizedNodes.map((n) => [n.node, n.opType, Number(n.elements)])).toEqual([
       ['fc0_matmul', 'MatMul', 512 * 2048],
@@ -186,7 +186,7 @@ describe('quantized models', () => {
     const show = await cli(['models', 'show', 'mlp-int8']);
     expect(show.stdout).toContain('Operator threads: 1 per instance');
     expect(show.stdout).toContain(`Derived from: models/mlp/versions/1 (sha256 ${source.artifact!.sha256})`);
-    expect(show.stdout).toContain('Method: dynamic_int8, a scale per output channel, Conv in float');
+    expect(show.stdout).toContain('Method: dynamic_int8, a scale per output channel, 7-bit weights, Conv in float');
     expect(show.stdout).toContain('Quantized: fc0_matmul (MatMul), fc1_matmul (MatMul), fc2_matmul (MatMul)');
     expect(show.stdout).toMatch(
       /Accuracy: relative L2 0\.0\d+, max abs diff .*, 4 synthetic samples; gate relative L2 0\.02/,

@@ -159,7 +159,7 @@ describe(ModelDerivation.name, () => {
         sourceVersion: 'models/m/versions/1',
         sourceSha256: source.artifact!.sha256,
         method: 'dynamic_int8',
-        settings: { perChannel: true, quantizeConv: false },
+        settings: { perChannel: true, quantizeConv: false, reduceRange: true },
         floatNodes: [],
       });
       expect(lineage.sourceSha256).toBe(sha256Of(mlp.bytes));
@@ -282,10 +282,16 @@ describe(ModelDerivation.name, () => {
       expect(withConv.artifact!.sha256).not.toBe((await catalog.getModel('models/cnn')).versions[1]!.artifact!.sha256);
     });
 
-    it('records 7-bit weights when asked for a reduced range', async () => {
+    it('records 8-bit weights when asked for the full range', async () => {
       await register('m', '1');
-      const lineage = (await quantize({ source: 'models/m/versions/1', settings: { reduceRange: true } })).lineage!;
-      expect(lineage.settings).toMatchObject({ perChannel: true, quantizeConv: false, reduceRange: true });
+      // The gate is wide: on an x86 CPU without VNNI full-range weights overflow onnxruntime's kernel.
+      const full = await quantize({
+        source: 'models/m/versions/1',
+        settings: { reduceRange: false },
+        maxRelativeL2: 10,
+      });
+      const lineage = full.lineage!;
+      expect(lineage.settings).toMatchObject({ perChannel: true, quantizeConv: false, reduceRange: false });
       expect(lineage.quantizedNodeCount).toBe(2);
       expect(lineage.floatNodeCount).toBe(0);
     });

@@ -157,7 +157,7 @@ export class ModelDerivation {
     }
     const perChannel = request.settings?.perChannel ?? true;
     const quantizeConv = request.settings?.quantizeConv ?? false;
-    const reduceRange = request.settings?.reduceRange ?? false;
+    const reduceRange = request.settings?.reduceRange ?? true;
     checkExecution(request.execution);
     const source = await this.source(request.source);
     const signature = source.signature!;

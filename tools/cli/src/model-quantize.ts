@@ -41,7 +41,7 @@ export async function quantize(ctx: CommandContext): Promise<void> {
       settings: {
         ...(args.switch('per-tensor') && { perChannel: false }),
         ...(args.switch('conv') && { quantizeConv: true }),
-        ...(args.switch('reduce-range') && { reduceRange: true }),
+        ...(args.switch('full-range') && { reduceRange: false }),
       },
       ...(execution !== undefined && { execution }),
     },

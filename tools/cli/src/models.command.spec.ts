@@ -29,7 +29,7 @@ const LINEAGE: MessageInitShape<typeof LineageSchema> = {
   sourceVersion: 'models/mlp/versions/1',
   sourceSha256: 'ab'.repeat(32),
   method: 'dynamic_int8',
-  settings: { perChannel: false, quantizeConv: true },
+  settings: { perChannel: false, quantizeConv: true, reduceRange: false },
   quantizedNodes: [
     { node: 'fc1', opType: 'MatMul', weight: 'fc1.weight', elements: 4096n },
     { node: 'fc2', opType: 'Gemm', weight: 'fc2.weight', elements: 1024n },
@@ -391,7 +391,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
         '0.05',
         '--per-tensor',
         '--conv',
-        '--reduce-range',
+        '--full-range',
         '--intra-op-threads',
         '1',
       ]);
@@ -404,7 +404,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
         versionId: '3',
         calibration: expect.any(Array),
         maxRelativeL2: 0.05,
-        settings: { perChannel: false, quantizeConv: true, reduceRange: true },
+        settings: { perChannel: false, quantizeConv: true, reduceRange: false },
         execution: { intraOpThreads: 1 },
       });
       expect(
@@ -633,7 +633,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       expect(derived).toContain(
         [
           `  Derived from: models/mlp/versions/1 (sha256 ${'ab'.repeat(32)})`,
-          '  Method: dynamic_int8, one scale per weight, Conv quantized',
+          '  Method: dynamic_int8, one scale per weight, 8-bit weights, Conv quantized',
           '  Quantized: fc1 (MatMul), fc2 (Gemm), stem (Conv)',
           '  Kept in float:',
           '    proj (MatMul): its weight is computed, not a constant initializer',
@@ -657,7 +657,7 @@ describe(`infermesh ${MODELS_GROUP.name}`, () => {
       const run = await sut(['models', 'show', 'mlp_int8']);
 
       expect(run.stdout).toContain(
-        '  Method: dynamic_int8, a scale per output channel, Conv in float\n  Quantized: none\n  Accuracy: ',
+        '  Method: dynamic_int8, a scale per output channel, 7-bit weights, Conv in float\n  Quantized: none\n  Accuracy: ',
       );
       expect(run.stdout).not.toContain('Kept in float');
     });

@@ -261,9 +261,9 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
           description: 'Quantize Conv weights too: smaller, but slower than float on CPU',
         },
         {
-          name: 'reduce-range',
+          name: 'full-range',
           kind: 'switch',
-          description: 'Weights in 7 bits, for workers on x86 CPUs with AVX2 but not VNNI',
+          description: 'Weights in 8 bits, not 7: only for workers that all have VNNI or are ARM',
         },
         {
           ...INTRA_OP_THREADS_FLAG,

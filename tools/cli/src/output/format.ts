@@ -251,7 +251,7 @@ function formatLineage(lineage: Lineage): string[] {
   const settings = lineage.settings;
   const lines = [
     `  Derived from: ${lineage.sourceVersion} (sha256 ${lineage.sourceSha256})`,
-    `  Method: ${lineage.method}, ${settings?.perChannel === false ? 'one scale per weight' : 'a scale per output channel'}${settings?.reduceRange === true ? ', 7-bit weights' : ''}, Conv ${settings?.quantizeConv === true ? 'quantized' : 'in float'}`,
+    `  Method: ${lineage.method}, ${settings?.perChannel === false ? 'one scale per weight' : 'a scale per output channel'}${settings?.reduceRange === false ? ', 8-bit weights' : ', 7-bit weights'}, Conv ${settings?.quantizeConv === true ? 'quantized' : 'in float'}`,
     `  Quantized: ${lineage.quantizedNodes.map((n) => `${n.node} (${n.opType})`).join(', ') || 'none'}${more(lineage.quantizedNodeCount, lineage.quantizedNodes.length)}`,
   ];
   if (lineage.floatNodes.length > 0) {
