@@ -11,3 +11,4 @@ export * from './warm-up-models';
 export * from './cnn-model';
 export * from './quantized-forms';
 export * from './rollout-models';
+export * from './integer-probe-model';

@@ -27,8 +27,9 @@ export interface DynamicQuantizationOptions {
    * Weights in 7 bits (-63 to 63) rather than 8. Default true: onnxruntime's uint8 × int8 kernel on
    * x86 CPUs with AVX2 but not VNNI adds pairs of products in 16 bits, which full-range weights
    * overflow (on such a CPU the demo MLP's relative L2 error is 9 to 17 % with 8-bit weights, 1.5 %
-   * with 7-bit ones), and whoever quantizes cannot know every CPU the model will run on. 7-bit weights cannot overflow on any CPU,
-   * at about twice the rounding error of 8-bit ones; false suits a fleet of VNNI or ARM CPUs only.
+   * with 7-bit ones), and whoever quantizes cannot know every CPU the model will run on. 7-bit
+   * weights cannot overflow it, at about twice the rounding error of 8-bit ones; false suits workers
+   * whose x86 CPUs all have VNNI.
    */
   reduceRange?: boolean;
 }

@@ -1,6 +1,9 @@
 import { Inject, Injectable } from '@nestjs/common';
+import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { RpcError, Errors } from '@infermesh/grpc';
+import { buildIntegerProbeModel, INTEGER_PROBE_DEPTH, INTEGER_PROBE_EXACT } from '@infermesh/model-builder';
+import { DataType, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { VersionState } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
@@ -45,6 +48,8 @@ class LoadFailure extends Error {}
 export class ModelLifecycle {
   private queue: Promise<unknown> = Promise.resolve();
   private prepared: Promise<void> | undefined;
+  /** Whether onnxruntime's uint8 × int8 kernel saturates on this CPU: probed once, when first asked. */
+  private integerProductsSaturate: Promise<boolean> | undefined;
   private stopped = false;
   private readonly abort = new AbortController();
   private readonly releases = new Set<Promise<void>>();
@@ -196,6 +201,7 @@ export class ModelLifecycle {
           err: message(error),
         });
       }));
+      await this.warnOfFullRangeWeights(entry);
       await this.makeRoom(entry, Math.max(bytes.byteLength, this.estimateBytes(entry)));
       const rssBefore = process.memoryUsage.rss();
       try {
@@ -303,6 +309,43 @@ export class ModelLifecycle {
       freed.push(this.unload(victimEntry, 'evicted'));
     }
     await Promise.all(freed);
+  }
+
+  /**
+   * Warns when `entry` is an int8 variant with full-range (8-bit) weights (derived with --full-range)
+   * and this CPU's uint8 × int8 kernel adds pairs of products in 16 bits (x86 without VNNI): they
+   * overflow it, and the version answers with a larger error than the registry measured on its own
+   * CPU. It still loads: the operator decides.
+   */
+  private async warnOfFullRangeWeights(entry: WorkerModel): Promise<void> {
+    if (entry.record.lineage?.settings?.reduceRange !== false) return;
+    if (!(await (this.integerProductsSaturate ??= this.probeIntegerProducts()))) return;
+    this.logger.warn(
+      "the version has 8-bit weights, which this CPU's integer kernel overflows (x86 without VNNI): its answers are less accurate than its recorded figures; derive it again without --full-range",
+      { name: entry.name, relative_l2_recorded: entry.record.lineage.accuracy?.relativeL2 },
+    );
+  }
+
+  /** Runs the integer probe (buildIntegerProbeModel) once; true when its answer is not exact. */
+  private async probeIntegerProducts(): Promise<boolean> {
+    try {
+      const session = await this.runtime.load(buildIntegerProbeModel().bytes, ['cpu']);
+      try {
+        const a = create(TensorSchema, {
+          name: 'a',
+          datatype: DataType.UINT8,
+          shape: [1n, BigInt(INTEGER_PROBE_DEPTH)],
+          data: new Uint8Array(INTEGER_PROBE_DEPTH).fill(255),
+        });
+        const y = (await session.run([a], ['y'])).outputs[0]!.data;
+        return new DataView(y.buffer, y.byteOffset, y.byteLength).getInt32(0, true) !== INTEGER_PROBE_EXACT;
+      } finally {
+        await session.release();
+      }
+    } catch (error) {
+      this.logger.warn('could not probe the integer kernel of this CPU', { err: message(error) });
+      return false;
+    }
   }
 
   /**

@@ -2,18 +2,21 @@ import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { createClient, type ServiceClient } from '@infermesh/grpc';
 import {
+  buildIntegerProbeModel,
   buildMlpModel,
   buildPaddedModel,
   buildReflectPadModel,
   buildSampleRateModel,
   buildTinyModel,
   encodeModel,
+  INTEGER_PROBE_EXACT,
   node,
 } from '@infermesh/model-builder';
 import { Health, HealthCheckResponse_ServingStatus } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { type Tensor, TensorSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import {
   type ExecutionSchema,
+  type LineageSchema,
   type Model,
   ModelSchema,
   type ModelVersion,
@@ -25,7 +28,7 @@ import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker
 import { RegistryWatch } from '@infermesh/registry-watch';
 import { bind, bootstrap } from '@infermesh/runtime';
 import { DataType } from '@infermesh/tensors';
-import { Metrics } from '@infermesh/telemetry';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { eventually, FakeRegistry, freePort, rpcRejection } from '@infermesh/testing';
 import { createHash } from 'node:crypto';
 import * as ort from 'onnxruntime-node';
@@ -68,6 +71,7 @@ class InMemoryRegistry extends ModelRegistry {
       version?: string;
       warmUp?: MessageInitShape<typeof WarmUpSchema>;
       execution?: MessageInitShape<typeof ExecutionSchema>;
+      lineage?: MessageInitShape<typeof LineageSchema>;
     } = {},
   ): string {
     const sha256 = createHash('sha256').update(bytes).digest('hex');
@@ -82,6 +86,7 @@ class InMemoryRegistry extends ModelRegistry {
         signature: { maxBatchSize: options.maxBatchSize ?? 8 },
         ...(options.warmUp !== undefined && { warmUp: options.warmUp }),
         ...(options.execution !== undefined && { execution: options.execution }),
+        ...(options.lineage !== undefined && { lineage: options.lineage }),
       }),
     );
     this.changed(model);
@@ -343,6 +348,29 @@ describe(WorkerModule.name, () => {
     expect(await threadsOfLoad('many', { intraOpThreads: 256 })).toBe(availableParallelism());
     expect(loads).toHaveBeenCalledTimes(3);
     expect((await worker.client.infer(request('many'))).response?.outputs[0]?.shape).toEqual([1n, 3n]);
+  });
+
+  it('warns when a version with 8-bit weights loads on a CPU whose integer kernel they overflow, and serves it', async () => {
+    // What onnxruntime computes on this CPU, asked directly: the warning follows it.
+    const probe = await ort.InferenceSession.create(buildIntegerProbeModel().bytes);
+    const answer = await probe.run({ a: new ort.Tensor('uint8', new Uint8Array(64).fill(255), [1, 64]) });
+    await probe.release();
+    const saturates = (answer['y']!.data as Int32Array)[0] !== INTEGER_PROBE_EXACT;
+    const registry = new InMemoryRegistry();
+    worker = await startWorker(registry, {});
+    const warn = jest.spyOn(worker.running.app.get(JsonLogger), 'warn');
+    registry.add('full', buildTinyModel().bytes, {
+      lineage: { settings: { reduceRange: false }, accuracy: { relativeL2: 0.01 } },
+    });
+    registry.add('reduced', buildTinyModel().bytes, { lineage: { settings: { reduceRange: true } } });
+    registry.add('plain', buildTinyModel().bytes);
+
+    await until(async () => [...registry.versions.values()].every((v) => v.state === VersionState.READY));
+    const warned = warn.mock.calls.filter(([text]) => String(text).includes('8-bit weights'));
+    expect(warned.map(([, fields]) => fields)).toEqual(
+      saturates ? [{ name: 'models/full/versions/1', relative_l2_recorded: 0.01 }] : [],
+    );
+    expect((await worker.client.infer(request('full'))).response?.outputs[0]?.shape).toEqual([1n, 3n]);
   });
 
   it('reads large weights from the cached artifact through a link of their own, gone after the load, and from the bytes when that cannot serve', async () => {

@@ -263,7 +263,7 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
         {
           name: 'full-range',
           kind: 'switch',
-          description: 'Weights in 8 bits, not 7: only for workers that all have VNNI or are ARM',
+          description: 'Weights in 8 bits, not 7: only for workers whose CPUs all have VNNI',
         },
         {
           ...INTRA_OP_THREADS_FLAG,
