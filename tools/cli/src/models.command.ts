@@ -209,8 +209,9 @@ export const MODELS_GROUP: GroupSpec<CommandHandler> = {
       summary: 'Derive an int8 variant of a version, checked against it on calibration inputs, and register it',
       details: [
         'The registry quantizes the version dynamically (the constant weights of its MatMul and Gemm nodes,',
-        'and with --conv of its Conv nodes, to 8-bit integers with a scale per output channel; activations',
-        'are quantized at run time), runs the variant beside its source on the calibration inputs, and',
+        'and with --conv of its Conv nodes, to int8 with a scale per output channel, in 7 bits unless',
+        '--full-range: x86 CPUs without VNNI overflow 8-bit weights; activations are quantized at run',
+        'time), runs the variant beside its source on the calibration inputs, and',
         'registers it only when its relative L2 error is within --max-rel-l2. It registers it as the next',
         'version of the same model, or with --as under another model (say, to be the fallback of the first).',
         'The variant records its lineage (source, SHA-256, method, settings, nodes left in float and why)',
