@@ -194,6 +194,7 @@ export class ModelLifecycle {
     if (entry.record.state === VersionState.REGISTERED) await this.report(entry, VersionState.LOADING, '');
 
     let session: ModelSession | undefined;
+    let overflows = false;
     try {
       const bytes = await this.fetchArtifact(entry);
       await (this.prepared ??= this.runtime.prepare(this.config.executionProviders).catch((error: unknown) => {
@@ -201,7 +202,7 @@ export class ModelLifecycle {
           err: message(error),
         });
       }));
-      await this.warnOfFullRangeWeights(entry);
+      overflows = await this.fullRangeWeightsOverflow(entry);
       await this.makeRoom(entry, Math.max(bytes.byteLength, this.estimateBytes(entry)));
       const rssBefore = process.memoryUsage.rss();
       try {
@@ -242,6 +243,12 @@ export class ModelLifecycle {
       load_ms: Math.round(seconds() * 1000),
       warmed: entry.warmUpError === '',
     });
+    if (overflows && entry.executionProvider === 'cpu') {
+      this.logger.warn(
+        "the version has 8-bit weights, which this CPU's integer kernel overflows (x86 without VNNI): its answers here can be far less accurate than 7-bit weights would give; derive it again without --full-range",
+        { name: entry.name, relative_l2_recorded: entry.record.lineage?.accuracy?.relativeL2 },
+      );
+    }
     // READY also when the version already is, from other workers: the registry keeps it READY while any worker has it.
     if (
       entry.record.state !== VersionState.READY ||
@@ -312,19 +319,16 @@ export class ModelLifecycle {
   }
 
   /**
-   * Warns when `entry` is an int8 variant with full-range (8-bit) weights (derived with --full-range)
+   * Whether `entry` is an int8 variant with full-range (8-bit) weights (derived with --full-range)
    * and this CPU's uint8 × int8 kernel adds pairs of products in 16 bits (x86 without VNNI): they
    * overflow it (the demo MLP's relative L2 error goes from 1.5 % with 7-bit weights to 9 to 17 %), and
-   * the registry's figures may have been measured on a CPU they do not overflow. It still loads: the
-   * operator decides.
+   * the registry's figures may have been measured on a CPU they do not overflow. Asked before the
+   * load, so that the probe is not charged to the version; the load warns once its session runs on
+   * the CPU, and still serves: the operator decides.
    */
-  private async warnOfFullRangeWeights(entry: WorkerModel): Promise<void> {
-    if (entry.record.lineage?.settings?.reduceRange !== false) return;
-    if (!(await (this.integerProductsSaturate ??= this.probeIntegerProducts()))) return;
-    this.logger.warn(
-      "the version has 8-bit weights, which this CPU's integer kernel overflows (x86 without VNNI): its answers here can be far less accurate than 7-bit weights would give; derive it again without --full-range",
-      { name: entry.name, relative_l2_recorded: entry.record.lineage.accuracy?.relativeL2 },
-    );
+  private async fullRangeWeightsOverflow(entry: WorkerModel): Promise<boolean> {
+    if (entry.record.lineage?.settings?.reduceRange !== false) return false;
+    return (this.integerProductsSaturate ??= this.probeIntegerProducts());
   }
 
   /** Runs the integer probe (buildIntegerProbeModel) once; true when its answer is not exact. */
