@@ -487,9 +487,29 @@ describe('observability against a live Prometheus', () => {
         ...empty.map((key) => `  empty: ${key} — ${MAY_BE_EMPTY[key] ?? 'NOT EXPLAINED'}`),
       ].join('\n'),
     );
+    if (unexplained.length > 0)
+      console.log(await whyEmpty(queries.filter((q) => unexplained.includes(`${q.board} / ${q.panel}`))));
     expect(errors).toEqual([]);
     expect(unexplained).toEqual([]);
   }, 60_000);
+
+  /**
+   * For a panel that should have had data: whether each metric its queries read exists at all in
+   * Prometheus (series by job, and their sum now), and how the routers used the result cache, so
+   * that a failure says whether nothing happened or nothing was scraped.
+   */
+  async function whyEmpty(empty: PanelQuery[]): Promise<string> {
+    const names = [...new Set(empty.flatMap((q) => q.expr.match(/\binfermesh_[a-z0-9_]+/g) ?? []))];
+    const lines: string[] = [];
+    for (const expr of [
+      ...names.map((name) => `sum by (job) (${name})`),
+      'sum by (outcome) (infermesh_router_cache_requests_total)',
+    ]) {
+      const result = await query(prometheus!, expr);
+      lines.push(`  ${expr}: ${JSON.stringify(result.data?.result ?? result.error)}`);
+    }
+    return ['unexplained empty panels, their metrics:', ...lines].join('\n');
+  }
 
   it('evaluates every rule expression of grafana/slo/rules.yaml: each parses and runs', async () => {
     const file = parse(readFileSync(RULES_FILE, 'utf8')) as RuleFile;
