@@ -7,3 +7,4 @@ export * from './eventually';
 export * from './thrown';
 export * from './relative-l2';
 export * from './manual-clock';
+export * from './integer-probe';

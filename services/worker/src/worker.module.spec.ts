@@ -2,7 +2,6 @@ import { create, type MessageInitShape } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import { createClient, type ServiceClient } from '@infermesh/grpc';
 import {
-  buildIntegerProbeModel,
   buildMlpModel,
   buildPaddedModel,
   buildReflectPadModel,
@@ -29,7 +28,7 @@ import { RegistryWatch } from '@infermesh/registry-watch';
 import { bind, bootstrap } from '@infermesh/runtime';
 import { DataType } from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
-import { eventually, FakeRegistry, freePort, rpcRejection } from '@infermesh/testing';
+import { eventually, FakeRegistry, freePort, integerProbeAnswer, rpcRejection } from '@infermesh/testing';
 import { createHash } from 'node:crypto';
 import * as ort from 'onnxruntime-node';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -352,10 +351,7 @@ describe(WorkerModule.name, () => {
 
   it('warns when a version with 8-bit weights loads on a CPU whose integer kernel they overflow, and serves it', async () => {
     // What onnxruntime computes on this CPU, asked directly: the warning follows it.
-    const probe = await ort.InferenceSession.create(buildIntegerProbeModel().bytes);
-    const answer = await probe.run({ a: new ort.Tensor('uint8', new Uint8Array(64).fill(255), [1, 64]) });
-    await probe.release();
-    const saturates = (answer['y']!.data as Int32Array)[0] !== INTEGER_PROBE_EXACT;
+    const saturates = (await integerProbeAnswer()) !== INTEGER_PROBE_EXACT;
     const registry = new InMemoryRegistry();
     worker = await startWorker(registry, {});
     const warn = jest.spyOn(worker.running.app.get(JsonLogger), 'warn');

@@ -1,13 +1,8 @@
 import { create, toBinary } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { createClient } from '@infermesh/grpc';
-import {
-  buildCnnModel,
-  buildIntegerProbeModel,
-  CNN_INPUT_SHAPE,
-  INTEGER_PROBE_DEPTH,
-  INTEGER_PROBE_EXACT,
-} from '@infermesh/model-builder';
+import { buildCnnModel, CNN_INPUT_SHAPE, INTEGER_PROBE_EXACT } from '@infermesh/model-builder';
+import { integerProbeAnswer } from '@infermesh/testing';
 import {
   type ModelVersion,
   RegistryService,
@@ -307,7 +302,7 @@ export async function quantization(): Promise<Record<string, unknown>> {
       batch: BATCH,
       intra_op_threads: intraOpThreads,
       cpu: cpus()[0]?.model ?? 'unknown',
-      integer_kernel_saturates: await integerKernelSaturates(),
+      integer_kernel_saturates: (await integerProbeAnswer()) !== INTEGER_PROBE_EXACT,
       empty_instance_memory_mib: round(instanceBytes / 2 ** 20, 1),
       ...figures,
     };
@@ -317,20 +312,6 @@ export async function quantization(): Promise<Record<string, unknown>> {
     for (const client of workers.values()) client.close();
     for (const client of raw.values()) client.close();
     await fixture.stop();
-  }
-}
-
-/**
- * Whether onnxruntime's uint8 × int8 kernel on this CPU adds pairs of products in 16 bits (x86
- * without VNNI), as the worker's probe asks: where it does, int8 arithmetic gains less over float.
- */
-async function integerKernelSaturates(): Promise<boolean> {
-  const session = await ort.InferenceSession.create(buildIntegerProbeModel().bytes);
-  try {
-    const a = new ort.Tensor('uint8', new Uint8Array(INTEGER_PROBE_DEPTH).fill(255), [1, INTEGER_PROBE_DEPTH]);
-    return (((await session.run({ a }))['y']!.data as Int32Array)[0] ?? 0) !== INTEGER_PROBE_EXACT;
-  } finally {
-    await session.release();
   }
 }
 
