@@ -665,10 +665,29 @@ async function guarded<T>(work: () => T | Promise<T>): Promise<T> {
 }
 
 /**
+ * Gives `configure` each HTTP/2 server a grpc-js server creates, before it listens. grpc-js offers no
+ * hook for it: its server creates its HTTP/2 servers in one method, which this wraps. Throws if that
+ * method is gone (a grpc-js version this code does not know).
+ */
+export function onHttp2Servers(server: grpc.Server, configure: (http2Server: Http2Server) => void): void {
+  const internals = server as unknown as { createHttp2Server?: (credentials: unknown) => Http2Server };
+  const createHttp2Server = internals.createHttp2Server;
+  if (typeof createHttp2Server !== 'function') {
+    throw new Error(
+      '@grpc/grpc-js has no Server.createHttp2Server: its HTTP/2 servers cannot be configured (deadline bound, flow-control windows, early refusals); check the grpc-js version',
+    );
+  }
+  internals.createHttp2Server = (credentials: unknown) => {
+    const http2Server = createHttp2Server.call(server, credentials);
+    configure(http2Server);
+    return http2Server;
+  };
+}
+
+/**
  * Bounds the deadline of every call the server receives to MAX_DEADLINE_MS before grpc-js reads it:
  * grpc-js reads `grpc-timeout` into a 32-bit integer, so that 25 to 50 days would expire a call at
- * once. grpc-js offers no hook before that reading; its server creates its HTTP/2 servers in one
- * method, whose result gets a first 'stream' listener here. Start-up fails if that method is gone.
+ * once. Each HTTP/2 server grpc-js creates gets a first 'stream' listener for it here.
  */
 function hookHttp2Servers(
   server: grpc.Server,
@@ -676,15 +695,7 @@ function hookHttp2Servers(
   onSecureConnection: (socket: TLSSocket) => void,
   answeredEarly: (stream: ServerHttp2Stream, headers: IncomingHttpHeaders) => boolean,
 ): void {
-  const internals = server as unknown as { createHttp2Server?: (credentials: unknown) => Http2Server };
-  const createHttp2Server = internals.createHttp2Server;
-  if (typeof createHttp2Server !== 'function') {
-    throw new Error(
-      '@grpc/grpc-js has no Server.createHttp2Server: received deadlines cannot be bounded; check the grpc-js version',
-    );
-  }
-  internals.createHttp2Server = (credentials: unknown) => {
-    const http2Server = createHttp2Server.call(server, credentials);
+  onHttp2Servers(server, (http2Server) => {
     http2Server.prependListener('stream', (_stream: ServerHttp2Stream, headers: IncomingHttpHeaders) =>
       boundTimeoutHeader(headers),
     );
@@ -698,8 +709,7 @@ function hookHttp2Servers(
     // A TLS server: a peer refused during the handshake (no certificate, another CA, expired) is reported here.
     http2Server.on('tlsClientError', onTlsError);
     http2Server.on('secureConnection', onSecureConnection);
-    return http2Server;
-  };
+  });
 }
 
 /**

@@ -4,6 +4,7 @@ export * from './message-encoding';
 export * from './method-types';
 export * from './grpc-server';
 export * from './grpc-client';
+export * from './flow-control';
 export * from './health';
 export * from './deadline';
 export * from './transport-security';

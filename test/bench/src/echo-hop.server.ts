@@ -1,5 +1,6 @@
 import * as grpc from '@grpc/grpc-js';
 import { countBuffersInHeapLimit } from '@infermesh/config';
+import { CLIENT_FLOW_CONTROL_OPTIONS, onHttp2Servers, openServerWindows } from '@infermesh/grpc';
 
 /**
  * One hop of the path benchmark's transport floor, a process of its own as each service is: a bare
@@ -9,8 +10,10 @@ import { countBuffersInHeapLimit } from '@infermesh/config';
  * answers with what it answers; the last hop (argv[3] '-') answers every request with argv[4] bytes
  * (built once). A chain of them carries the bytes a request and its answer carry through the
  * services, across as many hops, and costs what grpc-js and HTTP/2 cost for them, and nothing else.
- * It runs with the services' V8 settings (countBuffersInHeapLimit). Sends its port to the parent over
- * IPC; ends when the parent disconnects.
+ * It runs with the services' V8 settings (countBuffersInHeapLimit) and their HTTP/2 windows, receiving
+ * as a server and as a client (with HTTP/2's default 64 KiB, a 110 KiB request stopped at each hop for
+ * a window update the services' hops do not wait for). Sends its port to the parent over IPC; ends
+ * when the parent disconnects.
  */
 const identity = (bytes: Buffer) => bytes;
 /** Limits as the services' (their messages carry tensors of up to 64 MiB). */
@@ -20,9 +23,15 @@ function main(): void {
   countBuffersInHeapLimit();
   const [method, nextAddress, answerBytes] = process.argv.slice(2) as [string, string, string];
   const next =
-    nextAddress === '-' ? undefined : new grpc.Client(nextAddress, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
+    nextAddress === '-'
+      ? undefined
+      : new grpc.Client(nextAddress, grpc.credentials.createInsecure(), {
+          ...MESSAGE_LIMITS,
+          ...CLIENT_FLOW_CONTROL_OPTIONS,
+        });
   const answer = Buffer.alloc(Number(answerBytes));
   const server = new grpc.Server(MESSAGE_LIMITS);
+  onHttp2Servers(server, openServerWindows);
   server.register<Buffer, Buffer>(
     method,
     (call: grpc.ServerUnaryCall<Buffer, Buffer>, callback: grpc.sendUnaryData<Buffer>) => {

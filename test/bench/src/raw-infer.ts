@@ -1,6 +1,6 @@
 import { create, toBinary } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import { methodPath } from '@infermesh/grpc';
+import { CLIENT_FLOW_CONTROL_OPTIONS, methodPath } from '@infermesh/grpc';
 import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { API_KEY } from '../../e2e/support/system-fixture';
 
@@ -12,11 +12,23 @@ import { API_KEY } from '../../e2e/support/system-fixture';
 export const INFER_PATH = methodPath(GRPCInferenceService.method.modelInfer);
 export const SERVER_LIVE_PATH = methodPath(GRPCInferenceService.method.serverLive);
 export const identity = (bytes: Buffer) => bytes;
-export const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_send_message_length': 64 << 20 };
+const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_send_message_length': 64 << 20 };
 
-/** A bare grpc-js client of `address` (plaintext), on a connection of its own. */
+/**
+ * A bare grpc-js client of `address` (plaintext), on a connection of its own (grpc-js otherwise
+ * shares one connection among clients of the same address and options), that opens its HTTP/2
+ * receive window as the services' clients do (CLIENT_FLOW_CONTROL_OPTIONS). With grpc-js's default
+ * 64 KiB, every answer on a busy connection waited for the client to acknowledge the last 32 KiB: under
+ * the batching benchmark's overload, answers queued in the gateway for up to a second behind the
+ * window, and a ServerLive on the same connection took as long as an inference (gRPC's C and Go
+ * clients grow their window by themselves; grpc-js does not).
+ */
 export function rawClient(address: string): grpc.Client {
-  return new grpc.Client(address, grpc.credentials.createInsecure(), MESSAGE_LIMITS);
+  return new grpc.Client(address, grpc.credentials.createInsecure(), {
+    ...MESSAGE_LIMITS,
+    ...CLIENT_FLOW_CONTROL_OPTIONS,
+    'grpc.use_local_subchannel_pool': 1,
+  });
 }
 
 /**
