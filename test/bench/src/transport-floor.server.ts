@@ -1,6 +1,7 @@
 import { create } from '@bufbuild/protobuf';
 import { countBuffersInHeapLimit } from '@infermesh/config';
-import { GrpcServer, type ServiceImpl, Errors } from '@infermesh/grpc';
+import { GrpcServer, HealthService, type ServiceImpl, Errors, ServingStatus } from '@infermesh/grpc';
+import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { InferenceResponseSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
@@ -12,7 +13,8 @@ import { DataType } from '@infermesh/tensors';
  * [batch, OUTPUT_WIDTH] zeros (the MLP's output size), built once per batch size, so a call through
  * it costs what the client, grpc-js, HTTP/2 and protobuf cost for the MLP's bytes, and nothing else.
  * It runs with the worker's V8 and C library settings (countBuffersInHeapLimit, and WORKER_MALLOC_ENV
- * from the parent). Prints nothing; sends its port to the parent over IPC.
+ * from the parent), and answers grpc.health.v1 Check as every service does: the reference for the
+ * worker's health-check latency. Prints nothing; sends its port to the parent over IPC.
  */
 const OUTPUT_WIDTH = 512;
 const outputs = new Map<number, Uint8Array>();
@@ -46,6 +48,9 @@ async function main(): Promise<void> {
     maxMessageBytes: 64 << 20,
   });
   server.add(WorkerService, impl);
+  const health = new HealthService();
+  health.setAll(ServingStatus.SERVING);
+  server.add(Health, health);
   const port = await server.listen('127.0.0.1', 0);
   process.send?.({ port });
   process.on('disconnect', () => void server.shutdown(0).then(() => process.exit(0)));

@@ -29,7 +29,9 @@ const HEALTH_INTERVAL_MS = 5;
  * measured alternately, round by round. (c) is what the client, grpc-js, HTTP/2 and protobuf alone
  * cost for the MLP's bytes on this machine: in-process ÷ (in-process + floor) is the best ratio any
  * server could reach over this transport, and what the worker takes beyond compute and floor is its
- * own overhead. While (b) runs, a side client polls the worker's grpc.health.v1 Check every ~5 ms.
+ * own overhead. While (b) runs, a side client polls grpc.health.v1 Check every ~5 ms, of the worker
+ * and of (c) in turn: what a process that computes nothing takes to answer it on this machine under
+ * the same load is the reference for the worker's figure.
  */
 export async function worker(): Promise<Record<string, unknown>> {
   const model = buildMlpModel();
@@ -50,6 +52,7 @@ export async function worker(): Promise<Record<string, unknown>> {
   });
   const [{ port: floorPort }] = (await once(floorServer, 'message')) as [{ port: number }];
   const floorClient = createClient(WorkerService, `127.0.0.1:${floorPort}`);
+  const floorHealth = createClient(Health, `127.0.0.1:${floorPort}`);
 
   const inputFor = (batch: number, i: number) => {
     const data = new Float32Array(batch * 512);
@@ -79,25 +82,37 @@ export async function worker(): Promise<Record<string, unknown>> {
     floor: viaGrpc(floorClient),
   };
 
+  /** One health check's latency in ms. */
+  const check = async (of: typeof health) => {
+    const start = process.hrtime.bigint();
+    await of.check({ service: '' }, { timeoutMs: 5_000 });
+    return Number(process.hrtime.bigint() - start) / 1e6;
+  };
   // Health-check latency with the worker idle, as the reference for the figure under load.
   const idleHealthMs: number[] = [];
+  const idleFloorHealthMs: number[] = [];
   for (let i = 0; i < 200; i++) {
-    const start = process.hrtime.bigint();
-    await health.check({ service: '' }, { timeoutMs: 5_000 });
-    idleHealthMs.push(Number(process.hrtime.bigint() - start) / 1e6);
+    idleHealthMs.push(await check(health));
+    await sleep(HEALTH_INTERVAL_MS);
+    idleFloorHealthMs.push(await check(floorHealth));
     await sleep(HEALTH_INTERVAL_MS);
   }
 
   let polling = true;
   let measuring = false;
   const healthMs: number[] = [];
+  const floorHealthMs: number[] = [];
   const poller = (async () => {
     while (polling) {
-      const counted = measuring;
-      const start = process.hrtime.bigint();
-      await health.check({ service: '' }, { timeoutMs: 5_000 });
-      if (counted && measuring) healthMs.push(Number(process.hrtime.bigint() - start) / 1e6);
-      await sleep(HEALTH_INTERVAL_MS);
+      for (const [of, into] of [
+        [health, healthMs],
+        [floorHealth, floorHealthMs],
+      ] as const) {
+        const counted = measuring;
+        const ms = await check(of);
+        if (counted && measuring) into.push(ms);
+        await sleep(HEALTH_INTERVAL_MS);
+      }
     }
   })();
 
@@ -145,6 +160,7 @@ export async function worker(): Promise<Record<string, unknown>> {
     await poller.catch(() => undefined);
     client.close();
     floorClient.close();
+    floorHealth.close();
     floorServer.disconnect();
     health.close();
     await session.release();
@@ -167,6 +183,11 @@ export async function worker(): Promise<Record<string, unknown>> {
     health_max_ms: round(Math.max(...healthMs)),
     health_idle_p50_ms: round(quantile(idleHealthMs, 0.5)),
     health_idle_p99_ms: round(quantile(idleHealthMs, 0.99)),
+    /** The same checks of the transport-floor process, which computes nothing, meanwhile. */
+    health_floor_p50_ms: round(quantile(floorHealthMs, 0.5)),
+    health_floor_p99_ms: round(quantile(floorHealthMs, 0.99)),
+    health_floor_idle_p99_ms: round(quantile(idleFloorHealthMs, 0.99)),
+    health_p99_over_floor: round(quantile(healthMs, 0.99) / quantile(floorHealthMs, 0.99)),
   };
   process.stdout.write(
     `${table(
@@ -195,7 +216,7 @@ export async function worker(): Promise<Record<string, unknown>> {
           ];
         }),
       ),
-    )}\n\nhealth Check while the worker computes: p50 ${result.health_p50_ms} ms, p99 ${result.health_p99_ms} ms, max ${result.health_max_ms} ms (${healthMs.length} checks); idle: p50 ${result.health_idle_p50_ms} ms, p99 ${result.health_idle_p99_ms} ms\n`,
+    )}\n\nhealth Check while the worker computes: p50 ${result.health_p50_ms} ms, p99 ${result.health_p99_ms} ms, max ${result.health_max_ms} ms (${healthMs.length} checks); idle: p50 ${result.health_idle_p50_ms} ms, p99 ${result.health_idle_p99_ms} ms; the transport-floor process meanwhile: p50 ${result.health_floor_p50_ms} ms, p99 ${result.health_floor_p99_ms} ms (idle p99 ${result.health_floor_idle_p99_ms} ms)\n`,
   );
   return result;
 }
