@@ -4,6 +4,7 @@ import { createClient, toServiceDefinition } from '@infermesh/grpc';
 import { GRPCInferenceService, type ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { SERVICE_NAMES, type ServiceName } from '@infermesh/system';
 import { request as httpRequest } from 'node:http';
+import { connect as connectHttp2 } from 'node:http2';
 import { API_KEY, type Fixture, metricValue, startFixture } from './support/system-fixture';
 
 const float32 = (values: number[]) => new Uint8Array(new Float32Array(values).buffer);
@@ -14,6 +15,8 @@ const HUGE_NAME = 'n'.repeat(58_000);
 /** The body budget the gateway runs with here: room for one 60 MB upload at a time. */
 const BODY_BUDGET_BYTES = 96 * 2 ** 20;
 const UPLOAD_BYTES = 60_000_000;
+/** How long the gateway waits here for a gRPC call's message once its headers have come. */
+const RECEIVE_TIMEOUT_MS = 2_000;
 
 type InferInit = MessageInitShape<typeof ModelInferRequestSchema>;
 
@@ -72,6 +75,7 @@ describe('hostile requests at the edge', () => {
         GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: String(BODY_BUDGET_BYTES),
         GATEWAY_MAX_REQUEST_TIMEOUT_MS: '600000',
         GATEWAY_MAX_NAME_BYTES: '1024',
+        GATEWAY_GRPC_RECEIVE_TIMEOUT_MS: String(RECEIVE_TIMEOUT_MS),
       },
     });
     pids = new Map(SERVICE_NAMES.map((name) => [name, fixture.system.process(name).pid]));
@@ -451,6 +455,67 @@ describe('hostile requests at the edge', () => {
     // Once the flood is over, requests pass again.
     const after = await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT] });
     expect(after.status).toBe(200);
+  });
+
+  it('(9) holds gRPC calls opened and never sent only until their message is overdue, and only as many per connection as it announces', async () => {
+    const metricsUrl = fixture.system.metricsUrl('gateway');
+    const rss = () => metricValue(metricsUrl, 'process_resident_memory_bytes', { service: 'gateway' });
+    const baseline = await rss();
+    const CONNECTIONS = 4;
+    const STREAMS = 3_000;
+    // Before these bounds, each such call stayed open for as long as its connection (100,000 on one
+    // connection: 510 MiB more gateway memory, and a well-behaved request stalled for 7 s).
+    const result = await underLoad(async () => {
+      const sessions = Array.from({ length: CONNECTIONS }, () =>
+        connectHttp2(`http://${fixture.system.gatewayGrpcAddress}`),
+      );
+      const settings = await Promise.all(
+        sessions.map(
+          (session) =>
+            new Promise<{ maxConcurrentStreams?: number }>((resolve) => session.once('remoteSettings', resolve)),
+        ),
+      );
+      const statuses = new Map<string, number>();
+      let answered = 0;
+      let peak = baseline;
+      for (const session of sessions) {
+        session.on('error', () => undefined);
+        for (let i = 0; i < STREAMS; i++) {
+          // Headers, with a valid key, and never a message.
+          const stream = session.request(
+            {
+              ':method': 'POST',
+              ':path': '/inference.GRPCInferenceService/ModelInfer',
+              'content-type': 'application/grpc',
+              te: 'trailers',
+              ...AUTH,
+            },
+            { endStream: false },
+          );
+          stream.on('error', () => undefined);
+          stream.on('response', (headers) => {
+            const code = String(headers['grpc-status'] ?? 'none');
+            statuses.set(code, (statuses.get(code) ?? 0) + 1);
+            answered += 1;
+          });
+          stream.resume();
+        }
+      }
+      // The first wave, as many per connection as the gateway lets one hold, is answered once overdue.
+      const deadline = Date.now() + 10 * RECEIVE_TIMEOUT_MS;
+      while (answered < CONNECTIONS * 1_024 && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 250));
+        peak = Math.max(peak, await rss());
+      }
+      for (const session of sessions) session.destroy();
+      return { settings, statuses, answered, peak };
+    });
+    process.stdout.write(
+      `never-sent calls: ${result.answered} answered (${JSON.stringify(Object.fromEntries(result.statuses))}); gateway RSS ${Math.round(baseline / 2 ** 20)} MiB before, ${Math.round(result.peak / 2 ** 20)} MiB peak\n`,
+    );
+    expect(result.settings.map((s) => s.maxConcurrentStreams)).toEqual(new Array(CONNECTIONS).fill(1_024));
+    expect(result.answered).toBeGreaterThanOrEqual(CONNECTIONS * 1_024);
+    expect([...result.statuses.keys()]).toEqual([String(grpc.status.DEADLINE_EXCEEDED)]);
   });
 
   it('keeps every process alive through all of it', () => {

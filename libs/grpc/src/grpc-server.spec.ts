@@ -1,4 +1,11 @@
 import { createHash } from 'node:crypto';
+import {
+  connect as connectHttp2,
+  type ClientHttp2Session,
+  type ClientHttp2Stream,
+  type IncomingHttpHeaders,
+  type Settings,
+} from 'node:http2';
 import { createServer } from 'node:net';
 import { type MessageInitShape } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
@@ -14,7 +21,7 @@ import type { Histogram } from 'prom-client';
 import { ManualClock } from '@infermesh/clock/manual-clock.testing';
 import { MAX_DEADLINE_MS } from './deadline';
 import { createClient } from './grpc-client';
-import { GrpcServer } from './grpc-server';
+import { GrpcServer, type GrpcServerOptions } from './grpc-server';
 import type { CallContext, ServiceClient, ServiceImpl } from './method-types';
 import { MAX_ERROR_MESSAGE_CHARS, RpcError, Errors } from './rpc-error';
 import { toServiceDefinition } from './service-definition';
@@ -174,7 +181,12 @@ describe(GrpcServer.name, () => {
   let client: ServiceClient<Registry>;
   let address: string;
 
-  async function start(maxMessageBytes = 4 * 1024 * 1024, faultInjection = false, clock?: ManualClock): Promise<void> {
+  async function start(
+    maxMessageBytes = 4 * 1024 * 1024,
+    faultInjection = false,
+    clock?: ManualClock,
+    limits: Pick<GrpcServerOptions, 'receiveTimeoutMs' | 'maxConcurrentStreams'> = {},
+  ): Promise<void> {
     registry = new ScriptedRegistry();
     metrics = new Metrics('test');
     logs = [];
@@ -184,6 +196,7 @@ describe(GrpcServer.name, () => {
       maxMessageBytes,
       faultInjection,
       clock,
+      ...limits,
     });
     sut.add(RegistryService, registry);
     const port = await sut.listen('127.0.0.1', 0);
@@ -790,6 +803,81 @@ describe(GrpcServer.name, () => {
       expect(registry.calls).toHaveLength(0);
       shedding = false;
       expect((await client.getModel({ name: 'models/a' })).model?.name).toBe('models/a');
+    });
+  });
+
+  describe('calls opened and never sent', () => {
+    const GET_MODEL = '/infermesh.registry.v1.RegistryService/GetModel';
+    let clock: ManualClock;
+    let session: ClientHttp2Session;
+
+    beforeEach(async () => {
+      client.close();
+      await sut.shutdown(100);
+      clock = new ManualClock();
+      await start(4 * 1024 * 1024, false, clock, { receiveTimeoutMs: 1_000, maxConcurrentStreams: 8 });
+      session = connectHttp2(`http://${address}`);
+    });
+
+    afterEach(() => {
+      session.destroy();
+    });
+
+    const open = (endStream: boolean) =>
+      session.request(
+        { ':method': 'POST', ':path': GET_MODEL, 'content-type': 'application/grpc', te: 'trailers' },
+        { endStream },
+      );
+    /** The grpc-status a stream is answered with (trailers-only or trailers), once it closes. */
+    const outcome = (stream: ClientHttp2Stream) =>
+      new Promise<{ status?: string; message?: string }>((resolve) => {
+        const seen: { status?: string; message?: string } = {};
+        const read = (headers: IncomingHttpHeaders) => {
+          const [code, message] = [headers['grpc-status'], headers['grpc-message']];
+          if (typeof code === 'string') seen.status = code;
+          if (typeof message === 'string') seen.message = decodeURI(message);
+        };
+        stream.on('response', read);
+        stream.on('trailers', read);
+        stream.on('error', () => undefined);
+        stream.resume();
+        stream.on('close', () => resolve(seen));
+      });
+    /** A whole GetModel call on the raw session: once answered, the server has read every frame sent before it. */
+    const wholeCall = () => {
+      const stream = open(false);
+      const done = outcome(stream);
+      stream.end(Buffer.from([0, 0, 0, 0, 0])); // an empty message: GetModel with no name
+      return done;
+    };
+
+    it('answers DEADLINE_EXCEEDED to a unary call whose message never comes, once the timeout has passed, and serves the rest', async () => {
+      const stalled = Array.from({ length: 3 }, () => open(false));
+      const settled = new Array<boolean>(stalled.length).fill(false);
+      const outcomes = stalled.map((stream, i) => outcome(stream).then((o) => ((settled[i] = true), o)));
+      registry.onGetModel = async () => ({ model: { name: 'models/a' } });
+      expect((await wholeCall()).status).toBe(String(status.OK));
+
+      clock.advance(750);
+      expect((await wholeCall()).status).toBe(String(status.OK));
+      expect(settled).toEqual([false, false, false]);
+
+      clock.advance(500);
+      for (const answer of await Promise.all(outcomes)) {
+        expect(answer).toEqual({
+          status: String(status.DEADLINE_EXCEEDED),
+          message: 'the request did not arrive whole within 1000 ms of its headers',
+        });
+      }
+      expect(registry.calls).toHaveLength(2);
+      expect(await handledCount(metrics, 'RegistryService/GetModel', 'DEADLINE_EXCEEDED')).toBe(3);
+      expect((await client.getModel({ name: 'models/a' })).model?.name).toBe('models/a');
+    });
+
+    it('tells each connection the most calls it may have open, its windows still open', async () => {
+      const settings = await new Promise<Settings>((resolve) => session.once('remoteSettings', resolve));
+      expect(settings.maxConcurrentStreams).toBe(8);
+      expect(settings.initialWindowSize).toBe(16 * 1024 * 1024);
     });
   });
 

@@ -12,7 +12,13 @@ import {
   spans,
 } from '@infermesh/telemetry';
 import type { Attributes, Span } from '@opentelemetry/api';
-import type { Http2Server, IncomingHttpHeaders, OutgoingHttpHeaders, ServerHttp2Stream } from 'node:http2';
+import {
+  constants as http2Constants,
+  type Http2Server,
+  type IncomingHttpHeaders,
+  type OutgoingHttpHeaders,
+  type ServerHttp2Stream,
+} from 'node:http2';
 import type { TLSSocket } from 'node:tls';
 import type { Counter, Histogram } from 'prom-client';
 import { type CarriedRequest, type CarriedResult, carrierMethods } from './carried-calls';
@@ -20,7 +26,7 @@ import { boundTimeoutHeader, delayUntil } from './deadline';
 import { openServerWindows } from './flow-control';
 import type { CallContext, ServiceImpl } from './method-types';
 import { Errors, type RpcError, toRpcError } from './rpc-error';
-import { MalformedMessage, receivedBytes, toServiceDefinition } from './service-definition';
+import { MalformedMessage, methodPath, receivedBytes, toServiceDefinition } from './service-definition';
 import { serverCredentials, spiffeIdOf } from './transport-security';
 
 export interface GrpcServerOptions {
@@ -37,7 +43,16 @@ export interface GrpcServerOptions {
   authorization?: boolean;
   /** The port faces clients outside the mesh (the gateway's public API): plaintext, whatever the process's transport security. */
   public?: boolean;
-  /** Time: the shutdown grace period, injected delays, how often a refused handshake is logged (systemClock unless given). */
+  /**
+   * A unary call's request must have arrived whole this long after its headers, else the call is
+   * answered DEADLINE_EXCEEDED and its stream closed: a client that opens calls and never sends their
+   * message would otherwise hold each one, and the memory it takes, for as long as it keeps its
+   * connection. Unset: no bound (a mesh service, whose callers are the other services).
+   */
+  receiveTimeoutMs?: number;
+  /** The most calls one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). Unset: HTTP/2's default, unbounded. */
+  maxConcurrentStreams?: number;
+  /** Time: the shutdown grace period, injected delays, how often a refused handshake is logged, the receive timeout (systemClock unless given). */
   clock?: Clock;
 }
 
@@ -95,12 +110,20 @@ export class GrpcServer {
   private readonly clock: Clock;
   /** The streams carrying calls, each by what ends it once its calls are answered (shutdown). */
   private readonly carriers = new Set<() => void>();
+  /** The paths of unary methods: the calls whose request receiveTimeoutMs bounds. */
+  private readonly unaryPaths = new Set<string>();
+  /** Unary calls whose request has not arrived whole yet: their path and when their headers came (monotonic ms), oldest first. */
+  private readonly awaitingRequest = new Map<ServerHttp2Stream, { path: string; since: number }>();
+  private stopSweep: (() => void) | undefined;
 
   constructor(private readonly options: GrpcServerOptions) {
     this.clock = options.clock ?? systemClock;
     this.server = new grpc.Server({
       'grpc.max_receive_message_length': options.maxMessageBytes,
       'grpc.max_send_message_length': options.maxMessageBytes,
+      ...(options.maxConcurrentStreams !== undefined && {
+        'grpc.max_concurrent_streams': options.maxConcurrentStreams,
+      }),
       // In the mesh, every call passes the inbound filters: authorization, then faults the policy can
       // turn on at run time.
       ...((options.faultInjection === true || options.authorization === true) && {
@@ -150,6 +173,7 @@ export class GrpcServer {
         socket.once('close', () => this.peers.delete(key));
       },
       (stream, headers) => this.refuseEarly(stream, headers),
+      (stream, headers) => this.awaitRequest(stream, headers),
     );
     this.duration = options.metrics.histogram(
       'grpc_server_handling_seconds',
@@ -202,6 +226,46 @@ export class GrpcServer {
     return true;
   }
 
+  /** Notes a unary call's headers, to answer it DEADLINE_EXCEEDED if its request is not whole within receiveTimeoutMs. */
+  private awaitRequest(stream: ServerHttp2Stream, headers: IncomingHttpHeaders): void {
+    const timeoutMs = this.options.receiveTimeoutMs;
+    const path = headers[':path'];
+    if (timeoutMs === undefined || typeof path !== 'string' || !this.unaryPaths.has(path)) return;
+    this.awaitingRequest.set(stream, { path, since: this.clock.monotonic() });
+    const arrived = () => this.awaitingRequest.delete(stream);
+    stream.once('end', arrived);
+    stream.once('close', arrived);
+    // One timer for all calls, checking four times per timeout: a call waits at most 1.25 timeouts.
+    this.stopSweep ??= this.clock.setRepeatingTimer(() => this.expireRequests(timeoutMs), Math.max(10, timeoutMs / 4));
+  }
+
+  private expireRequests(timeoutMs: number): void {
+    const now = this.clock.monotonic();
+    for (const [stream, { path, since }] of this.awaitingRequest) {
+      if (now - since < timeoutMs) return;
+      this.awaitingRequest.delete(stream);
+      if (stream.destroyed) continue;
+      if (!stream.headersSent) {
+        stream.respond(
+          {
+            ':status': 200,
+            'content-type': 'application/grpc+proto',
+            'grpc-status': String(grpc.status.DEADLINE_EXCEEDED),
+            'grpc-message': encodeURI(`the request did not arrive whole within ${timeoutMs} ms of its headers`),
+          },
+          { endStream: true },
+        );
+      }
+      // The client may still be sending: the stream is reset so that it stops, and its memory is freed.
+      stream.close(http2Constants.NGHTTP2_NO_ERROR);
+      this.options.metrics.observe(
+        this.duration,
+        { method: methodLabel(path), code: grpc.status[grpc.status.DEADLINE_EXCEEDED] },
+        timeoutMs / 1000,
+      );
+    }
+  }
+
   /**
    * Hosts a service. `carried` names the stream methods that carry a unary method's calls
    * (carried-calls.ts), by the stream method's local name: `{ lookups: 'lookup' }`. Each is served
@@ -220,6 +284,7 @@ export class GrpcServer {
       return (handler as (...args: unknown[]) => unknown).bind(impl);
     };
     for (const method of service.methods) {
+      if (method.methodKind === 'unary') this.unaryPaths.add(methodPath(method));
       const carries = (carried as Record<string, string> | undefined)?.[method.localName];
       if (carries === undefined) {
         handlers[method.localName] = this.wrap(method, handlerOf(method));
@@ -257,6 +322,7 @@ export class GrpcServer {
    */
   async shutdown(graceMs: number): Promise<void> {
     this.draining = true;
+    this.stopSweep?.();
     for (const drain of this.carriers) drain();
     await new Promise<void>((resolve) => {
       const cancel = this.clock.setTimer(() => {
@@ -694,11 +760,13 @@ function hookHttp2Servers(
   onTlsError: (error: Error & { code?: string }, socket: TLSSocket) => void,
   onSecureConnection: (socket: TLSSocket) => void,
   answeredEarly: (stream: ServerHttp2Stream, headers: IncomingHttpHeaders) => boolean,
+  received: (stream: ServerHttp2Stream, headers: IncomingHttpHeaders) => void,
 ): void {
   onHttp2Servers(server, (http2Server) => {
-    http2Server.prependListener('stream', (_stream: ServerHttp2Stream, headers: IncomingHttpHeaders) =>
-      boundTimeoutHeader(headers),
-    );
+    http2Server.prependListener('stream', (stream: ServerHttp2Stream, headers: IncomingHttpHeaders) => {
+      boundTimeoutHeader(headers);
+      received(stream, headers);
+    });
     // A call answered here never reaches grpc-js: its 'stream' event is not passed on.
     const emit = http2Server.emit.bind(http2Server);
     http2Server.emit = (event: string | symbol, ...args: unknown[]): boolean =>

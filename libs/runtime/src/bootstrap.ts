@@ -6,6 +6,7 @@ import { NestFactory } from '@nestjs/core';
 import { Clock } from '@infermesh/clock';
 import {
   GrpcServer,
+  type GrpcServerOptions,
   HealthService,
   type InboundAuthorization,
   type InboundFaults,
@@ -70,6 +71,8 @@ export interface BootstrapOptions {
    * takes no client certificate and no mesh authorization, whatever the service's identity.
    */
   publicGrpc?: boolean;
+  /** Bounds of the gRPC port against callers that open calls and never send them (GrpcServerOptions); none: unbounded. */
+  grpcLimits?: Pick<GrpcServerOptions, 'receiveTimeoutMs' | 'maxConcurrentStreams'>;
   /**
    * Where the service's inbound listener (its authorization and injected faults) comes from when not
    * over its own xDS stream: the control plane itself, which cannot ask itself before it authorizes.
@@ -132,6 +135,7 @@ export async function bootstrap(options: BootstrapOptions): Promise<RunningServi
     faultInjection: filters.faultInjection,
     authorization: filters.authorization,
     public: options.publicGrpc === true,
+    ...options.grpcLimits,
     clock,
   });
   // In the mesh, who may call what and the faults the policy injects here come in the service's

@@ -61,6 +61,8 @@ const shape = {
     .positive()
     .max(MAX_DEADLINE_MS, `at most ${MAX_DEADLINE_MS} (24 days): no call can have a longer deadline`)
     .default(10 * 60_000),
+  GATEWAY_GRPC_RECEIVE_TIMEOUT_MS: positiveInt(30_000),
+  GATEWAY_GRPC_MAX_STREAMS_PER_CONNECTION: positiveInt(1_024),
   GATEWAY_MAX_BODY_BYTES: positiveInt(64 * 1024 * 1024),
   GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: byteSize('256MiB'),
   GATEWAY_MAX_NAME_BYTES: positiveInt(DEFAULT_TENSOR_LIMITS.maxNameBytes),
@@ -203,6 +205,13 @@ export function loadGatewayConfig(env: Env) {
     defaultTimeoutMs: e.GATEWAY_REQUEST_TIMEOUT_MS,
     /** The longest deadline a request gets: longer ones (gRPC deadline, x-request-timeout-ms, `timeout`) are cut to it. */
     maxTimeoutMs: e.GATEWAY_MAX_REQUEST_TIMEOUT_MS,
+    /** Bounds of the public gRPC port against clients that open calls and never send them. */
+    grpc: {
+      /** A unary call's request must have arrived whole this long after its headers (else DEADLINE_EXCEEDED). */
+      receiveTimeoutMs: e.GATEWAY_GRPC_RECEIVE_TIMEOUT_MS,
+      /** Calls one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). */
+      maxConcurrentStreams: e.GATEWAY_GRPC_MAX_STREAMS_PER_CONNECTION,
+    },
     /** Request body bytes held at once across all requests, REST and gRPC; beyond it, 429 / RESOURCE_EXHAUSTED. */
     maxBodyBytesInFlight: e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT,
     /** The largest REST request body accepted (artifact uploads excepted: the registry limits those). */

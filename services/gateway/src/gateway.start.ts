@@ -21,6 +21,7 @@ export function startGateway(config: GatewayConfig, options: GatewayOptions = {}
     module: GatewayModule.forRoot(config, options),
     // The public API: clients outside the mesh, each call checked by its API key.
     publicGrpc: true,
+    grpcLimits: config.grpc,
     grpc: (app) => {
       const api = [
         bind(GRPCInferenceService, app.get(GatewayGrpcController)),
