@@ -33,6 +33,24 @@ const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = {
   carried,
 };
 
+/**
+ * The result as one flat JSON object, the benchmark's last line: a nested object's figures under
+ * their path joined by '_' (overload.capacity_rps: overload_capacity_rps); lists (per-point tables)
+ * are left to the results file.
+ */
+function flatFigures(value: Record<string, unknown>, prefix = ''): Record<string, unknown> {
+  const flat: Record<string, unknown> = {};
+  for (const [key, figure] of Object.entries(value)) {
+    if (Array.isArray(figure)) continue;
+    if (figure !== null && typeof figure === 'object') {
+      Object.assign(flat, flatFigures(figure as Record<string, unknown>, `${prefix}${key}_`));
+    } else {
+      flat[`${prefix}${key}`] = figure;
+    }
+  }
+  return flat;
+}
+
 async function main(): Promise<number> {
   const name = process.argv[2];
   if (name === undefined || !(name in SCENARIOS)) {
@@ -44,7 +62,7 @@ async function main(): Promise<number> {
   mkdirSync(dir, { recursive: true });
   const file = join(dir, `${name}.json`);
   writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
-  process.stdout.write(`\nwrote ${file}\n${JSON.stringify(result)}\n`);
+  process.stdout.write(`\nwrote ${file}\n${JSON.stringify(flatFigures(result))}\n`);
   return 0;
 }
 
