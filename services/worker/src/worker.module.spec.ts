@@ -349,6 +349,30 @@ describe(WorkerModule.name, () => {
     expect((await worker.client.infer(request('many'))).response?.outputs[0]?.shape).toEqual([1n, 3n]);
   });
 
+  it("does not charge a version what the service's JavaScript allocates while it loads", async () => {
+    const registry = new InMemoryRegistry();
+    worker = await startWorker(registry, {});
+    const runtime = worker.running.app.get(ModelRuntime);
+    const load = runtime.load.bind(runtime);
+    // 64 MiB of array buffers and a million objects on the heap, written to (so resident), allocated
+    // while the session starts and held until the version is READY: the load's garbage, or other calls'.
+    const held: unknown[] = [];
+    jest.spyOn(runtime, 'load').mockImplementation(async (...args) => {
+      const session = await load(...args);
+      held.push(
+        new Uint8Array(64 * MiB).fill(1),
+        Array.from({ length: 1 << 20 }, (_, i) => ({ i })),
+      );
+      return session;
+    });
+    const name = registry.add('tiny', buildTinyModel().bytes);
+    await until(async () => registry.versions.get(name)?.state === VersionState.READY);
+    expect(held).toHaveLength(2);
+    const { models } = await worker.client.listModels({});
+    // What an execution instance of a tiny model costs is well under 16 MiB; the held bytes are not in it.
+    expect(Number(models.find((m) => m.name === name)!.memoryBytes)).toBeLessThan(16 * MiB);
+  });
+
   it('warns when a version with 8-bit weights loads on a CPU whose integer kernel they overflow, and serves it', async () => {
     // What onnxruntime computes on this CPU, asked directly: the warning follows it.
     const saturates = (await integerProbeAnswer()) !== INTEGER_PROBE_EXACT;
