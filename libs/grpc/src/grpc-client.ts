@@ -26,6 +26,14 @@ export interface ClientOptions {
 const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
 
 /**
+ * grpc-js channel (or server) options that let messages of up to `maxBytes` through both ways; by
+ * default the services' clients' limit, 64 MiB (their messages carry tensors).
+ */
+export function messageLimits(maxBytes = DEFAULT_MAX_MESSAGE_BYTES): grpc.ChannelOptions {
+  return { 'grpc.max_receive_message_length': maxBytes, 'grpc.max_send_message_length': maxBytes };
+}
+
+/**
  * A typed client of a generated service over grpc-js. Each call carries the ambient request id, and
  * its deadline is the earliest of the call's own and the ambient request's, so a budget shrinks as it
  * travels; a call whose budget is already spent fails with DEADLINE_EXCEEDED without being sent, and
@@ -58,11 +66,9 @@ export function createClient<S extends DescService>(
   } = {},
 ): ServiceClient<S> {
   registerXdsOnce(address);
-  const maxBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
   const Ctor = grpc.makeGenericClientConstructor(toServiceDefinition(service), service.typeName);
   const client = new Ctor(address, channelCredentials(address, options.peer, options.transport), {
-    'grpc.max_receive_message_length': maxBytes,
-    'grpc.max_send_message_length': maxBytes,
+    ...messageLimits(options.maxMessageBytes),
     // An upstream that restarts is reached again within about a second, not grpc-js's default of
     // up to two minutes of reconnect backoff.
     'grpc.initial_reconnect_backoff_ms': 200,

@@ -24,6 +24,7 @@ import type { Counter, Histogram } from 'prom-client';
 import { type CarriedRequest, type CarriedResult, carrierMethods } from './carried-calls';
 import { boundTimeoutHeader, delayUntil } from './deadline';
 import { openServerWindows } from './flow-control';
+import { messageLimits } from './grpc-client';
 import type { CallContext, ServiceImpl } from './method-types';
 import { Errors, type RpcError, toRpcError } from './rpc-error';
 import { MalformedMessage, methodPath, receivedBytes, toServiceDefinition } from './service-definition';
@@ -119,8 +120,7 @@ export class GrpcServer {
   constructor(private readonly options: GrpcServerOptions) {
     this.clock = options.clock ?? systemClock;
     this.server = new grpc.Server({
-      'grpc.max_receive_message_length': options.maxMessageBytes,
-      'grpc.max_send_message_length': options.maxMessageBytes,
+      ...messageLimits(options.maxMessageBytes),
       ...(options.maxConcurrentStreams !== undefined && {
         'grpc.max_concurrent_streams': options.maxConcurrentStreams,
       }),

@@ -1,6 +1,6 @@
 import * as grpc from '@grpc/grpc-js';
 import { countBuffersInHeapLimit } from '@infermesh/config';
-import { CLIENT_FLOW_CONTROL_OPTIONS, onHttp2Servers, openServerWindows } from '@infermesh/grpc';
+import { CLIENT_FLOW_CONTROL_OPTIONS, messageLimits, onHttp2Servers, openServerWindows } from '@infermesh/grpc';
 
 /**
  * One hop of the path benchmark's transport floor, a process of its own as each service is: a bare
@@ -16,8 +16,6 @@ import { CLIENT_FLOW_CONTROL_OPTIONS, onHttp2Servers, openServerWindows } from '
  * when the parent disconnects.
  */
 const identity = (bytes: Buffer) => bytes;
-/** Limits as the services' (their messages carry tensors of up to 64 MiB). */
-const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_send_message_length': 64 << 20 };
 
 function main(): void {
   countBuffersInHeapLimit();
@@ -26,11 +24,11 @@ function main(): void {
     nextAddress === '-'
       ? undefined
       : new grpc.Client(nextAddress, grpc.credentials.createInsecure(), {
-          ...MESSAGE_LIMITS,
+          ...messageLimits(),
           ...CLIENT_FLOW_CONTROL_OPTIONS,
         });
   const answer = Buffer.alloc(Number(answerBytes));
-  const server = new grpc.Server(MESSAGE_LIMITS);
+  const server = new grpc.Server(messageLimits());
   onHttp2Servers(server, openServerWindows);
   server.register<Buffer, Buffer>(
     method,

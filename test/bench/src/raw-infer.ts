@@ -1,6 +1,6 @@
 import { create, toBinary } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import { CLIENT_FLOW_CONTROL_OPTIONS, methodPath } from '@infermesh/grpc';
+import { CLIENT_FLOW_CONTROL_OPTIONS, messageLimits, methodPath } from '@infermesh/grpc';
 import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { API_KEY } from '../../e2e/support/system-fixture';
 
@@ -12,7 +12,6 @@ import { API_KEY } from '../../e2e/support/system-fixture';
 export const INFER_PATH = methodPath(GRPCInferenceService.method.modelInfer);
 export const SERVER_LIVE_PATH = methodPath(GRPCInferenceService.method.serverLive);
 export const identity = (bytes: Buffer) => bytes;
-const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_send_message_length': 64 << 20 };
 
 /**
  * A bare grpc-js client of `address` (plaintext), on a connection of its own (grpc-js otherwise
@@ -25,7 +24,7 @@ const MESSAGE_LIMITS = { 'grpc.max_receive_message_length': 64 << 20, 'grpc.max_
  */
 export function rawClient(address: string): grpc.Client {
   return new grpc.Client(address, grpc.credentials.createInsecure(), {
-    ...MESSAGE_LIMITS,
+    ...messageLimits(),
     ...CLIENT_FLOW_CONTROL_OPTIONS,
     'grpc.use_local_subchannel_pool': 1,
   });
