@@ -1,3 +1,4 @@
+import type { ChannelOptions } from '@grpc/grpc-js';
 import type { Http2Server, ServerHttp2Session } from 'node:http2';
 
 /**
@@ -13,6 +14,14 @@ import type { Http2Server, ServerHttp2Session } from 'node:http2';
  * by the message size limits and the gateway's body budget, not by this window.
  */
 export const FLOW_CONTROL_WINDOW_BYTES = 16 * 1024 * 1024;
+
+/** The services' clients' message size limit: their messages carry tensors. */
+const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+
+/** grpc-js channel (or server) options that let messages of up to `maxBytes` through both ways. */
+export function messageLimits(maxBytes = DEFAULT_MAX_MESSAGE_BYTES): ChannelOptions {
+  return { 'grpc.max_receive_message_length': maxBytes, 'grpc.max_send_message_length': maxBytes };
+}
 
 /** grpc-js channel options that open the window of what a client receives (each stream's and the connection's). */
 export const CLIENT_FLOW_CONTROL_OPTIONS = { 'grpc-node.flow_control_window': FLOW_CONTROL_WINDOW_BYTES } as const;

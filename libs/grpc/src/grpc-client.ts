@@ -1,4 +1,4 @@
-import { CLIENT_FLOW_CONTROL_OPTIONS } from './flow-control';
+import { CLIENT_FLOW_CONTROL_OPTIONS, messageLimits } from './flow-control';
 import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { type RequestContext, requestContext, spans } from '@infermesh/telemetry';
@@ -21,16 +21,6 @@ export interface ClientOptions {
    * supervisor's), or none (null: plaintext, to a public port).
    */
   transport?: TransportSecurity | null;
-}
-
-const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
-
-/**
- * grpc-js channel (or server) options that let messages of up to `maxBytes` through both ways; by
- * default the services' clients' limit, 64 MiB (their messages carry tensors).
- */
-export function messageLimits(maxBytes = DEFAULT_MAX_MESSAGE_BYTES): grpc.ChannelOptions {
-  return { 'grpc.max_receive_message_length': maxBytes, 'grpc.max_send_message_length': maxBytes };
 }
 
 /**

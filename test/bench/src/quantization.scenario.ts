@@ -14,7 +14,7 @@ import { availableParallelism, cpus } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startFixture } from '../../e2e/support/system-fixture';
 import { workerSession } from './in-process';
-import { rawClient } from './raw-infer';
+import { identity, rawClient } from './raw-infer';
 import { rssBytes } from './closed-loop';
 import { round, table } from './stats';
 
@@ -168,19 +168,21 @@ export async function quantization(): Promise<Record<string, unknown>> {
         const payload = encoded(model);
         const one = () =>
           new Promise<void>((resolve, reject) =>
-            raw.get(model)!.makeUnaryRequest(
-              INFER_PATH,
-              (b: Buffer) => b,
-              (b: Buffer) => b,
-              payload,
-              { deadline: Date.now() + 60_000 },
-              (error, answer) => {
-                if (error !== null) reject(new Error(`${model}: ${error.message}`));
-                else if ((answer?.length ?? 0) < BATCH * 4)
-                  reject(new Error(`${model} answered ${answer?.length} bytes`));
-                else resolve();
-              },
-            ),
+            raw
+              .get(model)!
+              .makeUnaryRequest(
+                INFER_PATH,
+                identity,
+                identity,
+                payload,
+                { deadline: Date.now() + 60_000 },
+                (error, answer) => {
+                  if (error !== null) reject(new Error(`${model}: ${error.message}`));
+                  else if ((answer?.length ?? 0) < BATCH * 4)
+                    reject(new Error(`${model} answered ${answer?.length} bytes`));
+                  else resolve();
+                },
+              ),
           );
         const client = async () => {
           for (let call = 0; call < CALLS_PER_CLIENT; call++) await one();
