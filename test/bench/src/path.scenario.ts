@@ -164,9 +164,10 @@ export async function path(): Promise<Record<string, unknown>> {
     `${table(['CPU µs a request', 'gateway', 'router', 'batcher', 'worker', 'cache', 'registry', 'model (worker)', 'model in-process'], cpuRows)}\n\n`,
   );
 
-  const summary = await profileSummary(cnn, env);
-  writeFileSync(join(REPO_ROOT, 'test', 'bench', 'results', 'path.profile.md'), summary);
-  process.stdout.write(`${summary}\n`);
+  const profile = await profileSummary(cnn, env);
+  writeFileSync(join(REPO_ROOT, 'test', 'bench', 'results', 'path.profile.md'), profile.markdown);
+  process.stdout.write(`${profile.markdown}\n`);
+  for (const size of SIZES) figures[`${size.key}_c16_profile_transport_share`] = profile.transportShare[size.key];
   return { scenario: 'path', hops: HOPS, phase_ms: PHASE_MS, rounds: ROUNDS, ...figures };
 }
 
@@ -213,12 +214,18 @@ async function measureInProcess(size: Size, intraOpThreads: number): Promise<{ p
 }
 
 /**
- * Each service's top self-time functions (--cpu-prof) while it serves both sizes at c=16, as markdown:
- * a system of its own, started with profiling on and stopped so that the profiles are written.
+ * Each service's top self-time functions (--cpu-prof) while it serves both sizes at c=16, and for each
+ * size where its busy time went by area (see AREAS), as markdown: a system of its own, started with
+ * profiling on and stopped so that the profiles are written. Also returns, per size, the share of all
+ * services' busy time that went to the transport (grpc-js, Node's HTTP/2 and streams, native code): what
+ * would be left of the chain's CPU if the services' own code cost nothing.
  */
-async function profileSummary(cnn: BuiltModel, env: Record<string, string>): Promise<string> {
+async function profileSummary(
+  cnn: BuiltModel,
+  env: Record<string, string>,
+): Promise<{ markdown: string; transportShare: Record<Size['key'], number> }> {
   const dir = mkdtempSync(join(tmpdir(), 'infermesh-path-profile-'));
-  const window = { from: 0, to: 0 };
+  const windows = new Map<Size['key'], Window>();
   const fixture = await startFixture({
     models: ['mlp', cnn],
     env: { ...env, NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${dir}` },
@@ -228,54 +235,138 @@ async function profileSummary(cnn: BuiltModel, env: Record<string, string>): Pro
     names = new Map(serviceProcesses(fixture.system).map((p) => [p.pid, p.name]));
     const gateway = rawClient(fixture.system.gatewayGrpcAddress);
     await unary(gateway, seededRequests(SIZES[0]!.model, SIZES[0]!.item)(0)); // connections open before the window
-    window.from = monotonicUs();
     for (const size of SIZES) {
       const withSeed = seededRequests(size.model, size.item);
+      const from = monotonicUs();
       await closedLoop([], 0, { concurrency: 16, durationMs: PROFILE_MS / SIZES.length }, (seed) =>
         unary(gateway, withSeed(seed)),
       );
+      windows.set(size.key, { from, to: monotonicUs() });
     }
-    window.to = monotonicUs();
     gateway.close();
   } finally {
     await fixture.stop();
   }
+  const whole = { from: windows.get(SIZES[0]!.key)!.from, to: windows.get(SIZES.at(-1)!.key)!.to };
+  const order = ['gateway', 'router', 'batcher', 'worker', 'cache', 'registry'];
+  const profiles = readdirSync(dir)
+    .flatMap((file) => {
+      // CPU.<date>.<time>.<pid>.<thread>.<seq>.cpuprofile; thread 0 is the main thread.
+      const [, , , pid, thread] = file.split('.');
+      const service = names.get(Number(pid));
+      return service === undefined || thread !== '0'
+        ? []
+        : [{ service, profile: JSON.parse(readFileSync(join(dir, file), 'utf8')) as CpuProfile }];
+    })
+    .sort((a, b) => order.indexOf(a.service) - order.indexOf(b.service));
+  rmSync(dir, { recursive: true, force: true });
+
   const lines = [
     '# Path benchmark: where each service spends its CPU',
     '',
-    `Top ${PROFILE_TOP} self-time functions of each service's main thread (\`--cpu-prof\`, the samples taken during ${PROFILE_MS / 1000} s of closed-loop load at c=16 through the gateway's gRPC: the small tensor, then the large one), as a share of the time it was busy; written by \`npm run bench -- path\`.`,
+    `From each service's main thread (\`--cpu-prof\`), the samples taken during ${PROFILE_MS / 1000} s of closed-loop load at c=16 through the gateway's gRPC: the small tensor, then the large one; written by \`npm run bench -- path\`.`,
+    '',
+    `Busy time is split by area: ${AREAS.map((a) => `**${a}**: ${AREA_MEANING[a]}`).join('; ')}. Transport is ${TRANSPORT.join(' + ')}: what would be left of the chain's CPU if the services' own code cost nothing.`,
     '',
   ];
-  const profiles = readdirSync(dir).flatMap((file) => {
-    // CPU.<date>.<time>.<pid>.<thread>.<seq>.cpuprofile; thread 0 is the main thread.
-    const [, , , pid, thread] = file.split('.');
-    const service = names.get(Number(pid));
-    return service === undefined || thread !== '0'
-      ? []
-      : [
-          {
-            service,
-            ...topSelfTime(JSON.parse(readFileSync(join(dir, file), 'utf8')) as CpuProfile, window, PROFILE_TOP),
-          },
-        ];
-  });
-  const order = ['gateway', 'router', 'batcher', 'worker', 'cache', 'registry'];
-  for (const profile of profiles.sort((a, b) => order.indexOf(a.service) - order.indexOf(b.service))) {
+  const transportShare = {} as Record<Size['key'], number>;
+  for (const size of SIZES) {
+    const rows = profiles.map(({ service, profile }) => ({ service, ...timeByArea(profile, windows.get(size.key)!) }));
+    const all = { service: 'all', busyUs: 0, us: Object.fromEntries(AREAS.map((a) => [a, 0])) as Record<Area, number> };
+    for (const row of rows) {
+      all.busyUs += row.busyUs;
+      for (const area of AREAS) all.us[area] += row.us[area];
+    }
+    transportShare[size.key] = round(TRANSPORT.reduce((n, a) => n + all.us[a], 0) / all.busyUs);
     lines.push(
-      `## ${profile.service}: busy ${Math.round(profile.busyMs)} ms`,
+      `## The ${size.key} tensor (${size.model}): busy time by area, % of each service's`,
+      '',
+      `Transport took ${Math.round(100 * transportShare[size.key])} % of all services' busy time.`,
+      '',
+      `| service | busy ms | ${AREAS.join(' | ')} |`,
+      `| --- | --- | ${AREAS.map(() => '---').join(' | ')} |`,
+      ...[...rows, all].map(
+        (row) =>
+          `| ${row.service} | ${Math.round(row.busyUs / 1000)} | ${AREAS.map((a) => (row.busyUs === 0 ? '0.0' : ((100 * row.us[a]) / row.busyUs).toFixed(1))).join(' | ')} |`,
+      ),
+      '',
+    );
+  }
+  lines.push(
+    `## Top ${PROFILE_TOP} self-time functions of each service, both tensors, as a share of its busy time`,
+    '',
+  );
+  for (const { service, profile } of profiles) {
+    const { busyMs, top } = topSelfTime(profile, whole, PROFILE_TOP);
+    lines.push(
+      `### ${service}: busy ${Math.round(busyMs)} ms`,
       '',
       '| self % of busy | function | file |',
       '| --- | --- | --- |',
     );
-    for (const top of profile.top) lines.push(`| ${top.percent.toFixed(1)} | ${top.name} | ${top.file} |`);
+    for (const entry of top) lines.push(`| ${entry.percent.toFixed(1)} | ${entry.name} | ${entry.file} |`);
     lines.push('');
   }
-  rmSync(dir, { recursive: true, force: true });
-  return lines.join('\n');
+  return { markdown: lines.join('\n'), transportShare };
+}
+
+/** Where a profile sample's time is counted. */
+const AREAS = ['own code', 'grpc-js', 'node', 'native', 'gc'] as const;
+type Area = (typeof AREAS)[number];
+const TRANSPORT: readonly Area[] = ['grpc-js', 'node', 'native'];
+const AREA_MEANING: Record<Area, string> = {
+  'own code':
+    "the services' JavaScript and the packages they call other than grpc-js (protobuf-es, prom-client, OpenTelemetry, pino, NestJS, onnxruntime-node's binding), with the Node built-ins those call",
+  'grpc-js': 'grpc-js (and grpc-js-xds), with the Node built-ins (HTTP/2, streams, timers) it calls',
+  node: "Node's JavaScript run from the event loop's native callbacks (HTTP/2 sessions, sockets, ticks) before either of the above",
+  native: 'native code V8 does not attribute to a function: (program), the event loop, nghttp2, system calls',
+  gc: 'the garbage collector',
+};
+
+interface Window {
+  from: number;
+  to: number;
+}
+
+/** The busy time of the samples taken within `window` and its split by area, in µs. */
+function timeByArea(profile: CpuProfile, window: Window): { busyUs: number; us: Record<Area, number> } {
+  const byId = new Map(profile.nodes.map((n) => [n.id, n]));
+  const parent = new Map<number, number>();
+  for (const node of profile.nodes) for (const child of node.children ?? []) parent.set(child, node.id);
+  /** The area of a node: that of the nearest frame, itself first, that is the services' or grpc-js's, else its own kind. */
+  const areaOf = new Map<number, Area>();
+  const classify = (id: number): Area => {
+    const known = areaOf.get(id);
+    if (known !== undefined) return known;
+    const { functionName, url } = byId.get(id)!.callFrame;
+    let area: Area;
+    if (url.includes('/node_modules/@grpc/')) area = 'grpc-js';
+    else if (url.startsWith('file://') || url.startsWith('/')) area = 'own code';
+    else {
+      const up = parent.get(id);
+      const inherited = up === undefined ? undefined : classify(up);
+      if (inherited === 'own code' || inherited === 'grpc-js') area = inherited;
+      else if (functionName === '(garbage collector)') area = 'gc';
+      else area = url.startsWith('node:') ? 'node' : 'native';
+    }
+    areaOf.set(id, area);
+    return area;
+  };
+  const us = Object.fromEntries(AREAS.map((a) => [a, 0])) as Record<Area, number>;
+  let busyUs = 0;
+  let at = profile.startTime;
+  for (const [i, id] of profile.samples.entries()) {
+    at += profile.timeDeltas[i] ?? 0;
+    if (at < window.from || at > window.to || byId.get(id)!.callFrame.functionName === '(idle)') continue;
+    const dt = profile.timeDeltas[i + 1] ?? 0;
+    us[classify(id)] += dt;
+    busyUs += dt;
+  }
+  return { busyUs, us };
 }
 
 interface CpuProfile {
-  nodes: { id: number; callFrame: { functionName: string; url: string } }[];
+  nodes: { id: number; callFrame: { functionName: string; url: string }; children?: number[] }[];
   /** Microseconds on the monotonic clock (process.hrtime's). */
   startTime: number;
   samples: number[];
@@ -288,7 +379,7 @@ const monotonicUs = () => Number(process.hrtime.bigint() / 1000n);
 /** The functions with the most self time in the samples taken within `window`, as a share of the time not idle, and that time. */
 function topSelfTime(
   profile: CpuProfile,
-  window: { from: number; to: number },
+  window: Window,
   count: number,
 ): { busyMs: number; top: { name: string; file: string; percent: number }[] } {
   const frames = new Map(profile.nodes.map((n) => [n.id, n.callFrame]));
