@@ -354,15 +354,27 @@ function timeByArea(profile: CpuProfile, window: Window): { busyUs: number; us: 
   };
   const us = Object.fromEntries(AREAS.map((a) => [a, 0])) as Record<Area, number>;
   let busyUs = 0;
+  forEachBusySample(profile, window, (node, dt) => {
+    us[classify(node.id)] += dt;
+    busyUs += dt;
+  });
+  return { busyUs, us };
+}
+
+/** Calls `visit` with each sample taken within `window` that is not idle: its node and the time it stands for, in µs. */
+function forEachBusySample(
+  profile: CpuProfile,
+  window: Window,
+  visit: (node: CpuProfile['nodes'][number], dt: number) => void,
+): void {
+  const byId = new Map(profile.nodes.map((n) => [n.id, n]));
   let at = profile.startTime;
   for (const [i, id] of profile.samples.entries()) {
     at += profile.timeDeltas[i] ?? 0;
-    if (at < window.from || at > window.to || byId.get(id)!.callFrame.functionName === '(idle)') continue;
-    const dt = profile.timeDeltas[i + 1] ?? 0;
-    us[classify(id)] += dt;
-    busyUs += dt;
+    const node = byId.get(id)!;
+    if (at < window.from || at > window.to || node.callFrame.functionName === '(idle)') continue;
+    visit(node, profile.timeDeltas[i + 1] ?? 0);
   }
-  return { busyUs, us };
 }
 
 interface CpuProfile {
@@ -382,22 +394,16 @@ function topSelfTime(
   window: Window,
   count: number,
 ): { busyMs: number; top: { name: string; file: string; percent: number }[] } {
-  const frames = new Map(profile.nodes.map((n) => [n.id, n.callFrame]));
   const self = new Map<string, number>();
   let busy = 0;
-  let at = profile.startTime;
-  for (const [i, id] of profile.samples.entries()) {
-    at += profile.timeDeltas[i] ?? 0;
-    const frame = frames.get(id)!;
-    if (at < window.from || at > window.to || frame.functionName === '(idle)') continue;
+  forEachBusySample(profile, window, ({ callFrame: frame }, dt) => {
     const key = `${frame.functionName || '(anonymous)'}\t${frame.url
       .replace(/^.*node_modules\//, '')
       .replace(/^.*\/dist\//, '')
       .replace(/^file:\/\//, '')}`;
-    const dt = profile.timeDeltas[i + 1] ?? 0;
     self.set(key, (self.get(key) ?? 0) + dt);
     busy += dt;
-  }
+  });
   const top = [...self.entries()]
     .sort((a, b) => b[1] - a[1])
     .slice(0, count)
