@@ -143,3 +143,31 @@ export async function waitFor<T>(
     await new Promise((r) => setTimeout(r, 250));
   }
 }
+
+/**
+ * How each job's scrapes went over the last `seconds`: scrapes made, how many failed (a scrape that
+ * runs past scrape_timeout fails, and a counter that appeared since the last good scrape is then not
+ * in Prometheus), and the longest one. A line for the test's log.
+ */
+export async function scrapeHealth(prometheus: Prometheus, seconds: number): Promise<string> {
+  const window = `${Math.ceil(seconds)}s`;
+  const byJob = async (expr: string) =>
+    new Map(
+      (
+        ((await query(prometheus, expr)).data?.result ?? []) as {
+          metric: Record<string, string>;
+          value: [number, string];
+        }[]
+      ).map((r) => [r.metric['job'] ?? '?', Number(r.value[1])]),
+    );
+  const made = await byJob(`count_over_time(up[${window}])`);
+  const good = await byJob(`sum_over_time(up[${window}])`);
+  const longest = await byJob(`max_over_time(scrape_duration_seconds[${window}])`);
+  const jobs = [...made.keys()].sort();
+  return `scrapes over the last ${window}: ${jobs
+    .map(
+      (job) =>
+        `${job} ${made.get(job)} (${(made.get(job) ?? 0) - (good.get(job) ?? 0)} failed, longest ${((longest.get(job) ?? 0) * 1000).toFixed(0)} ms)`,
+    )
+    .join(', ')}`;
+}
