@@ -1,6 +1,7 @@
 import * as grpc from '@grpc/grpc-js';
 import { countBuffersInHeapLimit } from '@infermesh/config';
 import { CLIENT_FLOW_CONTROL_OPTIONS, messageLimits, onHttp2Servers, openServerWindows } from '@infermesh/grpc';
+import { randomUUID } from 'node:crypto';
 
 /**
  * One hop of the path benchmark's transport floor, a process of its own as each service is: a bare
@@ -14,12 +15,29 @@ import { CLIENT_FLOW_CONTROL_OPTIONS, messageLimits, onHttp2Servers, openServerW
  * as a server and as a client (with HTTP/2's default 64 KiB, a 110 KiB request stopped at each hop for
  * a window update the services' hops do not wait for). Sends its port to the parent over IPC; ends
  * when the parent disconnects.
+ *
+ * With argv[5] 'context', each hop passes on what a call between the services carries beside its
+ * bytes, and nothing else: its deadline (grpc-timeout, from the call it received) and a request id
+ * (x-request-id: the one it received, or a new UUID as the gateway makes), in place of the caller's
+ * metadata. Without it, the caller's metadata is passed on as it came, and no deadline.
  */
 const identity = (bytes: Buffer) => bytes;
 
+/** What a hop in 'context' mode passes on: the call's deadline and request id. */
+function callContext(call: grpc.ServerUnaryCall<Buffer, Buffer>): {
+  metadata: grpc.Metadata;
+  options: grpc.CallOptions;
+} {
+  const metadata = new grpc.Metadata();
+  const [received] = call.metadata.get('x-request-id');
+  metadata.set('x-request-id', typeof received === 'string' ? received : randomUUID());
+  return { metadata, options: { deadline: call.getDeadline() } };
+}
+
 function main(): void {
   countBuffersInHeapLimit();
-  const [method, nextAddress, answerBytes] = process.argv.slice(2) as [string, string, string];
+  const [method, nextAddress, answerBytes, mode] = process.argv.slice(2) as [string, string, string, string?];
+  const withContext = mode === 'context';
   const next =
     nextAddress === '-'
       ? undefined
@@ -37,7 +55,8 @@ function main(): void {
         callback(null, answer);
         return;
       }
-      next.makeUnaryRequest(method, identity, identity, call.request, call.metadata, (error, response) =>
+      const { metadata, options } = withContext ? callContext(call) : { metadata: call.metadata, options: {} };
+      next.makeUnaryRequest(method, identity, identity, call.request, metadata, options, (error, response) =>
         callback(error, response),
       );
     },

@@ -9,7 +9,7 @@ import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
-import { addPhase, closedLoop, emptyPhase, serviceProcesses, threadsCpuUs } from './closed-loop';
+import { addPhase, closedLoop, emptyPhase, type Phase, serviceProcesses, threadsCpuUs } from './closed-loop';
 import { workerSession } from './in-process';
 import { INFER_PATH, rawClient, seededRequests, unary } from './raw-infer';
 import { quantile, round, table } from './stats';
@@ -35,11 +35,17 @@ interface Size {
   model: string;
   /** The shape of one item. */
   item: readonly number[];
+  /**
+   * Whether a second floor runs beside the first, its hops passing on a deadline and a request id as
+   * the services' calls do (echo-hop.server.ts, 'context'): how much of the chain's transport is what
+   * each call must carry beside its bytes.
+   */
+  contextFloor: boolean;
 }
 
 const SIZES: Size[] = [
-  { key: 'small', model: 'mlp', item: [512] },
-  { key: 'large', model: 'cnn', item: CNN_INPUT_SHAPE },
+  { key: 'small', model: 'mlp', item: [512], contextFloor: true },
+  { key: 'large', model: 'cnn', item: CNN_INPUT_SHAPE, contextFloor: false },
 ];
 
 /**
@@ -49,7 +55,8 @@ const SIZES: Size[] = [
  *   (the caches are asked and miss), with the CPU every service used (from /proc), the worker's split
  *   into the model's own (its execution threads, onnxruntime's included) and the rest;
  * - the floor: the same request bytes through HOPS bare grpc-js hops, chained processes that pass the
- *   bytes on (echo-hop.server.ts), the last answering with as many bytes as the real answer has;
+ *   bytes on (echo-hop.server.ts), the last answering with as many bytes as the real answer has; for
+ *   the small tensor also the context floor, whose hops pass on a deadline and a request id too;
  * - the same model in-process (onnxruntime-node with the worker's session settings): p50 at batch 1
  *   and CPU per item.
  * The real path and the floor run in alternating phases, so that the machine's noise hits both alike.
@@ -65,6 +72,7 @@ export async function path(): Promise<Record<string, unknown>> {
   const figures: Record<string, number> = {};
   const rows: (string | number)[][] = [];
   const cpuRows: (string | number)[][] = [];
+  const contextRows: (string | number)[][] = [];
   const fixture = await startFixture({ models: ['mlp', cnn], env });
   const hops: ChildProcess[] = [];
   try {
@@ -76,19 +84,26 @@ export async function path(): Promise<Record<string, unknown>> {
       if (answer.outputs.length !== 1) throw new Error(`${size.model} answered ${answer.outputs.length} outputs`);
       const answerBytes = (await real(1)).length;
 
-      hops.push(...(await startChain(answerBytes)));
-      const floorClient = rawClient(`127.0.0.1:${(hops.at(-1) as ChildProcess & { port: number }).port}`);
+      const floorChain = await startChain(answerBytes, 'bare');
+      hops.push(...floorChain);
+      const floorClient = rawClient(`127.0.0.1:${floorChain.at(-1)!.port}`);
       const floor = (seed: number) => unary(floorClient, withSeed(seed));
-      const floorProcesses = hops.slice(-HOPS).map((h, i) => ({ name: `hop${i}`, pid: h.pid! }));
+      const floorProcesses = floorChain.map((h, i) => ({ name: `hop${i}`, pid: h.pid! }));
+      const contextChain = size.contextFloor ? await startChain(answerBytes, 'context') : [];
+      hops.push(...contextChain);
+      const contextClient = size.contextFloor ? rawClient(`127.0.0.1:${contextChain.at(-1)!.port}`) : undefined;
+      const contextFloor = (seed: number) => unary(contextClient!, withSeed(seed));
+      const contextProcesses = contextChain.map((h, i) => ({ name: `hop${i}`, pid: h.pid! }));
       const inProcess = await measureInProcess(size, intraOpThreads);
 
       for (const concurrency of CONCURRENCY) {
         const load = { concurrency, durationMs: PHASE_MS };
-        const totals = { real: emptyPhase(), floor: emptyPhase(), modelUs: 0 };
+        const totals = { real: emptyPhase(), floor: emptyPhase(), context: emptyPhase(), modelUs: 0 };
         const worker = fixture.system.workerProcess(0).pid!;
         // Warm-up of both.
         await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, real);
         await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, floor);
+        if (contextClient !== undefined) await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, contextFloor);
         for (let r = 0; r < ROUNDS; r++) {
           const modelBefore = executionThreadsCpuUs(worker);
           const phase = await closedLoop(
@@ -100,6 +115,8 @@ export async function path(): Promise<Record<string, unknown>> {
           totals.modelUs += executionThreadsCpuUs(worker) - modelBefore;
           addPhase(totals.real, phase);
           addPhase(totals.floor, await closedLoop(floorProcesses, 0, load, floor));
+          if (contextClient !== undefined)
+            addPhase(totals.context, await closedLoop(contextProcesses, 0, load, contextFloor));
         }
         const key = `${size.key}_c${concurrency}`;
         const p50 = quantile(totals.real.latenciesMs, 0.5);
@@ -110,7 +127,7 @@ export async function path(): Promise<Record<string, unknown>> {
         const floorP50 = quantile(totals.floor.latenciesMs, 0.5);
         const point = {
           requests_per_s: round(requests / ((ROUNDS * PHASE_MS) / 1000), 1),
-          failures: totals.real.failures + totals.floor.failures,
+          failures: totals.real.failures + totals.floor.failures + totals.context.failures,
           p50_ms: round(p50),
           p99_ms: round(quantile(totals.real.latenciesMs, 0.99)),
           inprocess_p50_ms: round(inProcess.p50Ms),
@@ -123,7 +140,9 @@ export async function path(): Promise<Record<string, unknown>> {
           floor_cpu_us: round(floorCpuUs, 1),
           chain_cpu_over_floor: round(chainCpuUs / floorCpuUs),
         };
-        for (const [name, value] of Object.entries(point)) figures[`${key}_${name}`] = value;
+        const context =
+          contextClient === undefined ? undefined : contextFloorFigures(chainCpuUs, floorCpuUs, totals.context);
+        for (const [name, value] of Object.entries({ ...point, ...context })) figures[`${key}_${name}`] = value;
         for (const [service, us] of Object.entries(totals.real.cpuUsByName)) {
           figures[`${key}_cpu_us_${service}`] = round((service === 'worker' ? us - totals.modelUs : us) / requests, 1);
         }
@@ -141,6 +160,15 @@ export async function path(): Promise<Record<string, unknown>> {
           point.chain_cpu_over_floor,
           point.failures,
         ]);
+        if (context !== undefined)
+          contextRows.push([
+            key,
+            point.floor_cpu_us,
+            context.context_floor_cpu_us,
+            context.context_floor_over_floor,
+            point.chain_cpu_us,
+            context.chain_cpu_over_context_floor,
+          ]);
         cpuRows.push([
           key,
           ...['gateway', 'router', 'batcher', 'worker', 'cache', 'registry'].map(
@@ -151,6 +179,7 @@ export async function path(): Promise<Record<string, unknown>> {
         ]);
       }
       floorClient.close();
+      contextClient?.close();
     }
     gateway.close();
   } finally {
@@ -164,6 +193,10 @@ export async function path(): Promise<Record<string, unknown>> {
     `${table(['CPU µs a request', 'gateway', 'router', 'batcher', 'worker', 'cache', 'registry', 'model (worker)', 'model in-process'], cpuRows)}\n\n`,
   );
 
+  process.stdout.write(
+    `${table(['point', 'floor CPU µs', 'context floor CPU µs', 'context/floor', 'chain CPU µs', 'chain/context floor'], contextRows)}\n\n`,
+  );
+
   const profile = await profileSummary(cnn, env);
   writeFileSync(join(REPO_ROOT, 'test', 'bench', 'results', 'path.profile.md'), profile.markdown);
   process.stdout.write(`${profile.markdown}\n`);
@@ -171,12 +204,28 @@ export async function path(): Promise<Record<string, unknown>> {
   return { scenario: 'path', hops: HOPS, phase_ms: PHASE_MS, rounds: ROUNDS, ...figures };
 }
 
-/** HOPS echo-hop processes chained, the last answering `answerBytes`; the first (the caller's) last in the list. */
-async function startChain(answerBytes: number): Promise<(ChildProcess & { port: number })[]> {
+/**
+ * The context floor's figures of a point: its CPU per request, the chain's over it, and it over the
+ * bare floor (what carrying a deadline and a request id costs the hops).
+ */
+function contextFloorFigures(chainCpuUs: number, floorCpuUs: number, context: Phase) {
+  const contextCpuUs = context.cpuUs / context.latenciesMs.length;
+  return {
+    context_floor_cpu_us: round(contextCpuUs, 1),
+    context_floor_over_floor: round(contextCpuUs / floorCpuUs),
+    chain_cpu_over_context_floor: round(chainCpuUs / contextCpuUs),
+  };
+}
+
+/**
+ * HOPS echo-hop processes chained, the last answering `answerBytes`; the first (the caller's) last in
+ * the list. 'context': each hop passes on a deadline and a request id (echo-hop.server.ts).
+ */
+async function startChain(answerBytes: number, mode: 'bare' | 'context'): Promise<(ChildProcess & { port: number })[]> {
   const chain: (ChildProcess & { port: number })[] = [];
   let next = '-';
   for (let i = 0; i < HOPS; i++) {
-    const hop = fork(join(__dirname, 'echo-hop.server.js'), [INFER_PATH, next, String(answerBytes)], {
+    const hop = fork(join(__dirname, 'echo-hop.server.js'), [INFER_PATH, next, String(answerBytes), mode], {
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
     }) as ChildProcess & { port: number };
     const [{ port }] = (await once(hop, 'message')) as [{ port: number }];
