@@ -1,7 +1,7 @@
-import { create, type MessageInitShape } from '@bufbuild/protobuf';
+import { create, type MessageInitShape, toBinary } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { createClient, toServiceDefinition } from '@infermesh/grpc';
-import { GRPCInferenceService, type ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { SERVICE_NAMES, type ServiceName } from '@infermesh/system';
 import { request as httpRequest } from 'node:http';
 import { connect as connectHttp2 } from 'node:http2';
@@ -17,6 +17,8 @@ const BODY_BUDGET_BYTES = 96 * 2 ** 20;
 const UPLOAD_BYTES = 60_000_000;
 /** How long the gateway waits here for a gRPC call's message once its headers have come. */
 const RECEIVE_TIMEOUT_MS = 2_000;
+/** How long the gateway waits here for a gRPC call's answer to leave once it has begun. */
+const SEND_TIMEOUT_MS = 2_000;
 
 type InferInit = MessageInitShape<typeof ModelInferRequestSchema>;
 
@@ -76,6 +78,7 @@ describe('hostile requests at the edge', () => {
         GATEWAY_MAX_REQUEST_TIMEOUT_MS: '600000',
         GATEWAY_MAX_NAME_BYTES: '1024',
         GATEWAY_GRPC_RECEIVE_TIMEOUT_MS: String(RECEIVE_TIMEOUT_MS),
+        GATEWAY_GRPC_SEND_TIMEOUT_MS: String(SEND_TIMEOUT_MS),
       },
     });
     pids = new Map(SERVICE_NAMES.map((name) => [name, fixture.system.process(name).pid]));
@@ -516,6 +519,71 @@ describe('hostile requests at the edge', () => {
     expect(result.settings.map((s) => s.maxConcurrentStreams)).toEqual(new Array(CONNECTIONS).fill(1_024));
     expect(result.answered).toBeGreaterThanOrEqual(CONNECTIONS * 1_024);
     expect([...result.statuses.keys()]).toEqual([String(grpc.status.DEADLINE_EXCEEDED)]);
+  });
+
+  it('(10) drops the answers of gRPC calls whose client never reads them once they are overdue: every such call closed, none held open', async () => {
+    const metricsUrl = fixture.system.metricsUrl('gateway');
+    const dropped = () =>
+      metricValue(metricsUrl, 'infermesh_gateway_grpc_server_undelivered_answers_total', {
+        method: 'GRPCInferenceService/ModelInfer',
+      }).catch(() => 0);
+    const droppedBefore = await dropped();
+    const CONNECTIONS = 4;
+    const CALLS = 300;
+    // Whole, valid calls from clients whose HTTP/2 window is 0: the gateway may send them headers,
+    // never a byte of an answer. Before this bound each such call stayed open, its answer and its
+    // memory held, for as long as its connection (4 × 1,000 such calls: 161 MiB more gateway memory).
+    // One gRPC message (a flag byte, its length, the encoded request), sent whole by every call.
+    const encoded = toBinary(ModelInferRequestSchema, create(ModelInferRequestSchema, tinyGrpc()));
+    const frame = Buffer.alloc(5 + encoded.length);
+    frame.writeUInt32BE(encoded.length, 1);
+    frame.set(encoded, 5);
+    const result = await underLoad(async () => {
+      const sessions = Array.from({ length: CONNECTIONS }, () =>
+        connectHttp2(`http://${fixture.system.gatewayGrpcAddress}`, { settings: { initialWindowSize: 0 } }),
+      );
+      const outcomes = new Map<string, number>();
+      let closed = 0;
+      for (const session of sessions) {
+        session.on('error', () => undefined);
+        for (let i = 0; i < CALLS; i++) {
+          // Paced (200 calls/s), a load the gateway admits beside the well-behaved clients': not a flood.
+          if (i % 10 === 9) await new Promise((r) => setTimeout(r, 50));
+          const stream = session.request({
+            ':method': 'POST',
+            ':path': '/inference.GRPCInferenceService/ModelInfer',
+            'content-type': 'application/grpc',
+            te: 'trailers',
+            ...AUTH,
+          });
+          let status = 'none';
+          stream.on('error', () => undefined);
+          stream.on('response', (headers) => (status = String(headers['grpc-status'] ?? 'answer begun')));
+          stream.on('close', () => {
+            const outcome = stream.rstCode === 8 ? 'reset (CANCEL)' : `grpc-status ${status}`;
+            outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
+            closed += 1;
+          });
+          stream.end(frame);
+          stream.pause();
+        }
+      }
+      const deadline = Date.now() + 10 * SEND_TIMEOUT_MS;
+      while (closed < CONNECTIONS * CALLS && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 250));
+      }
+      for (const session of sessions) session.destroy();
+      return { outcomes, closed };
+    });
+    const resets = result.outcomes.get('reset (CANCEL)') ?? 0;
+    process.stdout.write(
+      `unread answers: ${result.closed} of ${CONNECTIONS * CALLS} calls closed (${JSON.stringify(Object.fromEntries(result.outcomes))})\n`,
+    );
+    expect(result.closed).toBe(CONNECTIONS * CALLS);
+    // Every call was either refused at once (the gateway's concurrency limit) or answered and then dropped.
+    expect([...result.outcomes.keys()].filter((k) => k !== 'reset (CANCEL)' && k !== 'grpc-status 8')).toEqual([]);
+    expect(resets).toBeGreaterThan(CALLS);
+    expect((await dropped()) - droppedBefore).toBe(resets);
   });
 
   it('keeps every process alive through all of it', () => {

@@ -1,6 +1,8 @@
 import { createHash } from 'node:crypto';
+import { once } from 'node:events';
 import {
   connect as connectHttp2,
+  constants as http2Constants,
   type ClientHttp2Session,
   type ClientHttp2Stream,
   type IncomingHttpHeaders,
@@ -185,7 +187,7 @@ describe(GrpcServer.name, () => {
     maxMessageBytes = 4 * 1024 * 1024,
     faultInjection = false,
     clock?: ManualClock,
-    limits: Pick<GrpcServerOptions, 'receiveTimeoutMs' | 'maxConcurrentStreams'> = {},
+    limits: Pick<GrpcServerOptions, 'receiveTimeoutMs' | 'sendTimeoutMs' | 'maxConcurrentStreams'> = {},
   ): Promise<void> {
     registry = new ScriptedRegistry();
     metrics = new Metrics('test');
@@ -806,7 +808,7 @@ describe(GrpcServer.name, () => {
     });
   });
 
-  describe('calls opened and never sent', () => {
+  describe('calls opened and never sent, and answers never read', () => {
     const GET_MODEL = '/infermesh.registry.v1.RegistryService/GetModel';
     let clock: ManualClock;
     let session: ClientHttp2Session;
@@ -815,7 +817,11 @@ describe(GrpcServer.name, () => {
       client.close();
       await sut.shutdown(100);
       clock = new ManualClock();
-      await start(4 * 1024 * 1024, false, clock, { receiveTimeoutMs: 1_000, maxConcurrentStreams: 8 });
+      await start(4 * 1024 * 1024, false, clock, {
+        receiveTimeoutMs: 1_000,
+        sendTimeoutMs: 1_000,
+        maxConcurrentStreams: 8,
+      });
       session = connectHttp2(`http://${address}`);
     });
 
@@ -872,6 +878,52 @@ describe(GrpcServer.name, () => {
       expect(registry.calls).toHaveLength(2);
       expect(await handledCount(metrics, 'RegistryService/GetModel', 'DEADLINE_EXCEEDED')).toBe(3);
       expect((await client.getModel({ name: 'models/a' })).model?.name).toBe('models/a');
+    });
+
+    it('resets the stream of an answer the client does not take once the send timeout has passed, and serves the rest', async () => {
+      // A client that never opens its window: the server may send it headers, never a byte of an answer.
+      const closedWindow = connectHttp2(`http://${address}`, { settings: { initialWindowSize: 0 } });
+      try {
+        registry.onGetModel = async () => ({ model: { name: 'models/a' } });
+        const unread = Array.from({ length: 3 }, () => {
+          const stream = closedWindow.request(
+            { ':method': 'POST', ':path': GET_MODEL, 'content-type': 'application/grpc', te: 'trailers' },
+            { endStream: false },
+          );
+          stream.on('error', () => undefined);
+          stream.end(Buffer.from([0, 0, 0, 0, 0]));
+          return {
+            answered: once(stream, 'response'),
+            closed: new Promise<number>((resolve) => stream.on('close', () => resolve(stream.rstCode ?? -1))),
+          };
+        });
+        await Promise.all(unread.map((u) => u.answered));
+        const settled = new Array<boolean>(unread.length).fill(false);
+        const resets = unread.map((u, i) => u.closed.then((code) => ((settled[i] = true), code)));
+
+        clock.advance(300); // a sweep sees the answers begun
+        clock.advance(750);
+        expect((await wholeCall()).status).toBe(String(status.OK));
+        expect(settled).toEqual([false, false, false]);
+
+        clock.advance(500);
+        expect(await Promise.all(resets)).toEqual([
+          http2Constants.NGHTTP2_CANCEL,
+          http2Constants.NGHTTP2_CANCEL,
+          http2Constants.NGHTTP2_CANCEL,
+        ]);
+        expect(await metrics.render()).toContain(
+          'test_grpc_server_undelivered_answers_total{method="RegistryService/GetModel"} 3',
+        );
+        // A call whose answer is read in time is not touched, however long its connection lives.
+        clock.advance(5_000);
+        expect((await wholeCall()).status).toBe(String(status.OK));
+        expect(await metrics.render()).toContain(
+          'test_grpc_server_undelivered_answers_total{method="RegistryService/GetModel"} 3',
+        );
+      } finally {
+        closedWindow.destroy();
+      }
     });
 
     it('tells each connection the most calls it may have open, its windows still open', async () => {

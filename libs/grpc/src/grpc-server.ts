@@ -50,6 +50,14 @@ export interface GrpcServerOptions {
    * connection. Unset: no bound (a mesh service, whose callers are the other services).
    */
   receiveTimeoutMs?: number;
+  /**
+   * A unary call's answer must have left whole this long after it began (its response headers sent),
+   * else its stream is reset (RST_STREAM CANCEL) and the answer dropped: a client that sends calls and
+   * never reads their answers (an HTTP/2 window it never opens) would otherwise hold each answer, and
+   * the call's memory, for as long as it keeps its connection, however little the answer. Unset: no
+   * bound (a mesh service).
+   */
+  sendTimeoutMs?: number;
   /** The most calls one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). Unset: HTTP/2's default, unbounded. */
   maxConcurrentStreams?: number;
   /** Time: the shutdown grace period, injected delays, how often a refused handshake is logged, the receive timeout (systemClock unless given). */
@@ -114,6 +122,12 @@ export class GrpcServer {
   private readonly unaryPaths = new Set<string>();
   /** Unary calls whose request has not arrived whole yet: their path and when their headers came (monotonic ms), oldest first. */
   private readonly awaitingRequest = new Map<ServerHttp2Stream, { path: string; since: number }>();
+  /**
+   * Unary calls whose request has arrived and whose stream is still open: their path, and the first
+   * sweep that saw their answer begun (monotonic ms; undefined: not begun yet).
+   */
+  private readonly answering = new Map<ServerHttp2Stream, { path: string; since: number | undefined }>();
+  private readonly abandoned: Counter<'method'>;
   private stopSweep: (() => void) | undefined;
 
   constructor(private readonly options: GrpcServerOptions) {
@@ -141,6 +155,11 @@ export class GrpcServer {
       'grpc_server_unauthorized_calls_total',
       "Calls refused by the mesh policy's authorization (PERMISSION_DENIED), or before it was received (UNAVAILABLE), by method and caller identity.",
       ['method', 'caller'],
+    );
+    this.abandoned = options.metrics.counter(
+      'grpc_server_undelivered_answers_total',
+      'Answers dropped because the client had not taken them within the send timeout (it does not read its answers): their streams were reset, by method.',
+      ['method'],
     );
     this.injected = options.metrics.counter(
       'grpc_server_injected_faults_total',
@@ -225,17 +244,53 @@ export class GrpcServer {
     return true;
   }
 
-  /** Notes a unary call's headers, to answer it DEADLINE_EXCEEDED if its request is not whole within receiveTimeoutMs. */
+  /**
+   * Notes a unary call's headers, to answer it DEADLINE_EXCEEDED if its request is not whole within
+   * receiveTimeoutMs, and then to reset its stream if its answer has not left within sendTimeoutMs.
+   */
   private awaitRequest(stream: ServerHttp2Stream, headers: IncomingHttpHeaders): void {
-    const timeoutMs = this.options.receiveTimeoutMs;
+    const { receiveTimeoutMs, sendTimeoutMs } = this.options;
     const path = headers[':path'];
-    if (timeoutMs === undefined || typeof path !== 'string' || !this.unaryPaths.has(path)) return;
-    this.awaitingRequest.set(stream, { path, since: this.clock.monotonic() });
-    const arrived = () => this.awaitingRequest.delete(stream);
-    stream.once('end', arrived);
-    stream.once('close', arrived);
+    if (receiveTimeoutMs === undefined && sendTimeoutMs === undefined) return;
+    if (typeof path !== 'string' || !this.unaryPaths.has(path)) return;
+    if (receiveTimeoutMs !== undefined) this.awaitingRequest.set(stream, { path, since: this.clock.monotonic() });
+    stream.once('end', () => {
+      this.awaitingRequest.delete(stream);
+      if (sendTimeoutMs !== undefined && !stream.closed) this.answering.set(stream, { path, since: undefined });
+    });
+    stream.once('close', () => {
+      this.awaitingRequest.delete(stream);
+      this.answering.delete(stream);
+    });
     // One timer for all calls, checking four times per timeout: a call waits at most 1.25 timeouts.
-    this.stopSweep ??= this.clock.setRepeatingTimer(() => this.expireRequests(timeoutMs), Math.max(10, timeoutMs / 4));
+    const everyMs = Math.max(10, Math.min(receiveTimeoutMs ?? Infinity, sendTimeoutMs ?? Infinity) / 4);
+    this.stopSweep ??= this.clock.setRepeatingTimer(() => {
+      if (receiveTimeoutMs !== undefined) this.expireRequests(receiveTimeoutMs);
+      if (sendTimeoutMs !== undefined) this.expireAnswers(sendTimeoutMs);
+    }, everyMs);
+  }
+
+  /**
+   * Resets the streams of the answers that have not left within timeoutMs of the first sweep that
+   * saw them begun (so within 1.25 timeouts of their start): the client is not reading them.
+   */
+  private expireAnswers(timeoutMs: number): void {
+    const now = this.clock.monotonic();
+    for (const [stream, entry] of this.answering) {
+      if (stream.destroyed) {
+        this.answering.delete(stream);
+        continue;
+      }
+      if (!stream.headersSent) continue;
+      if (entry.since === undefined) {
+        entry.since = now;
+        continue;
+      }
+      if (now - entry.since < timeoutMs) continue;
+      this.answering.delete(stream);
+      stream.close(http2Constants.NGHTTP2_CANCEL);
+      this.abandoned.inc({ method: methodLabel(entry.path) });
+    }
   }
 
   private expireRequests(timeoutMs: number): void {

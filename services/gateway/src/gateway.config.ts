@@ -62,6 +62,7 @@ const shape = {
     .max(MAX_DEADLINE_MS, `at most ${MAX_DEADLINE_MS} (24 days): no call can have a longer deadline`)
     .default(10 * 60_000),
   GATEWAY_GRPC_RECEIVE_TIMEOUT_MS: positiveInt(30_000),
+  GATEWAY_GRPC_SEND_TIMEOUT_MS: positiveInt(30_000),
   GATEWAY_GRPC_MAX_STREAMS_PER_CONNECTION: positiveInt(1_024),
   GATEWAY_MAX_BODY_BYTES: positiveInt(64 * 1024 * 1024),
   GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: byteSize('256MiB'),
@@ -205,10 +206,12 @@ export function loadGatewayConfig(env: Env) {
     defaultTimeoutMs: e.GATEWAY_REQUEST_TIMEOUT_MS,
     /** The longest deadline a request gets: longer ones (gRPC deadline, x-request-timeout-ms, `timeout`) are cut to it. */
     maxTimeoutMs: e.GATEWAY_MAX_REQUEST_TIMEOUT_MS,
-    /** Bounds of the public gRPC port against clients that open calls and never send them. */
+    /** Bounds of the public gRPC port against clients that open calls and never send them, or never read their answers. */
     grpc: {
       /** A unary call's request must have arrived whole this long after its headers (else DEADLINE_EXCEEDED). */
       receiveTimeoutMs: e.GATEWAY_GRPC_RECEIVE_TIMEOUT_MS,
+      /** A unary call's answer must have left whole this long after it began (else its stream is reset). */
+      sendTimeoutMs: e.GATEWAY_GRPC_SEND_TIMEOUT_MS,
       /** Calls one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). */
       maxConcurrentStreams: e.GATEWAY_GRPC_MAX_STREAMS_PER_CONNECTION,
     },

@@ -84,7 +84,7 @@ export function requestPathBoard(): dashboard.Dashboard {
           timeSeries({
             title: 'Refused at the edge',
             description:
-              'Requests per second the gateway refused before the router: by a rate limit (per key or per model), because their body did not fit GATEWAY_MAX_BODY_BYTES_IN_FLIGHT, or at its concurrency limit (outcome overloaded, GATEWAY_CONCURRENCY_LIMIT); and the rate-limit decisions taken by the GATEWAY_RATE_LIMIT_REDIS_DOWN policy while Redis was unreachable.',
+              'Requests per second the gateway refused before the router: by a rate limit (per key or per model), because their body did not fit GATEWAY_MAX_BODY_BYTES_IN_FLIGHT, or at its concurrency limit (outcome overloaded, GATEWAY_CONCURRENCY_LIMIT); the rate-limit decisions taken by the GATEWAY_RATE_LIMIT_REDIS_DOWN policy while Redis was unreachable; and the gRPC answers it dropped because their client had not read them within GATEWAY_GRPC_SEND_TIMEOUT_MS.',
             unit: 'reqps',
             queries: [
               {
@@ -102,6 +102,10 @@ export function requestPathBoard(): dashboard.Dashboard {
               {
                 expr: sumRate('infermesh_gateway_rate_limit_fallbacks_total', sel(INSTANCE), ['policy']),
                 legend: 'Redis down: {{policy}}',
+              },
+              {
+                expr: sumRate('infermesh_gateway_grpc_server_undelivered_answers_total', sel(INSTANCE)),
+                legend: 'answers never read (dropped)',
               },
             ],
           }),
