@@ -4,7 +4,7 @@ import { createClient, toServiceDefinition } from '@infermesh/grpc';
 import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { SERVICE_NAMES, type ServiceName } from '@infermesh/system';
 import { request as httpRequest } from 'node:http';
-import { connect as connectHttp2 } from 'node:http2';
+import { connect as connectHttp2, constants as http2Constants } from 'node:http2';
 import { API_KEY, type Fixture, metricValue, startFixture } from './support/system-fixture';
 
 const float32 = (values: number[]) => new Uint8Array(new Float32Array(values).buffer);
@@ -560,7 +560,8 @@ describe('hostile requests at the edge', () => {
           stream.on('error', () => undefined);
           stream.on('response', (headers) => (status = String(headers['grpc-status'] ?? 'answer begun')));
           stream.on('close', () => {
-            const outcome = stream.rstCode === 8 ? 'reset (CANCEL)' : `grpc-status ${status}`;
+            const outcome =
+              stream.rstCode === http2Constants.NGHTTP2_CANCEL ? 'reset (CANCEL)' : `grpc-status ${status}`;
             outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
             closed += 1;
           });

@@ -263,11 +263,13 @@ export class GrpcServer {
       this.answering.delete(stream);
     });
     // One timer for all calls, checking four times per timeout: a call waits at most 1.25 timeouts.
-    const everyMs = Math.max(10, Math.min(receiveTimeoutMs ?? Infinity, sendTimeoutMs ?? Infinity) / 4);
-    this.stopSweep ??= this.clock.setRepeatingTimer(() => {
-      if (receiveTimeoutMs !== undefined) this.expireRequests(receiveTimeoutMs);
-      if (sendTimeoutMs !== undefined) this.expireAnswers(sendTimeoutMs);
-    }, everyMs);
+    this.stopSweep ??= this.clock.setRepeatingTimer(
+      () => {
+        if (receiveTimeoutMs !== undefined) this.expireRequests(receiveTimeoutMs);
+        if (sendTimeoutMs !== undefined) this.expireAnswers(sendTimeoutMs);
+      },
+      Math.max(10, Math.min(receiveTimeoutMs ?? Infinity, sendTimeoutMs ?? Infinity) / 4),
+    );
   }
 
   /**

@@ -1,7 +1,7 @@
 import * as grpc from '@grpc/grpc-js';
 import { countBuffersInHeapLimit } from '@infermesh/config';
 import { CLIENT_FLOW_CONTROL_OPTIONS, messageLimits, onHttp2Servers, openServerWindows } from '@infermesh/grpc';
-import { randomUUID } from 'node:crypto';
+import { sanitizeRequestId } from '@infermesh/telemetry';
 
 /**
  * One hop of the path benchmark's transport floor, a process of its own as each service is: a bare
@@ -18,7 +18,7 @@ import { randomUUID } from 'node:crypto';
  *
  * With argv[5] 'context', each hop passes on what a call between the services carries beside its
  * bytes, and nothing else: its deadline (grpc-timeout, from the call it received) and a request id
- * (x-request-id: the one it received, or a new UUID as the gateway makes), in place of the caller's
+ * (x-request-id: the one it received, or a new one, as the services' sanitizeRequestId does), in place of the caller's
  * metadata. Without it, the caller's metadata is passed on as it came, and no deadline.
  */
 const identity = (bytes: Buffer) => bytes;
@@ -30,7 +30,7 @@ function callContext(call: grpc.ServerUnaryCall<Buffer, Buffer>): {
 } {
   const metadata = new grpc.Metadata();
   const [received] = call.metadata.get('x-request-id');
-  metadata.set('x-request-id', typeof received === 'string' ? received : randomUUID());
+  metadata.set('x-request-id', sanitizeRequestId(typeof received === 'string' ? received : undefined));
   return { metadata, options: { deadline: call.getDeadline() } };
 }
 
