@@ -1,1 +1,2 @@
 export * from './clock';
+export * from './overdue-sweep';

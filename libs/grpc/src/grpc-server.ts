@@ -1,6 +1,6 @@
 import { create, type DescMethod, type DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import { type Clock, systemClock } from '@infermesh/clock';
+import { type Clock, OverdueSweep, systemClock } from '@infermesh/clock';
 import {
   type JsonLogger,
   LATENCY_BUCKETS_SECONDS,
@@ -120,18 +120,17 @@ export class GrpcServer {
   private readonly carriers = new Set<() => void>();
   /** The paths of unary methods: the calls whose request receiveTimeoutMs bounds. */
   private readonly unaryPaths = new Set<string>();
-  /** Unary calls whose request has not arrived whole yet: their path and when their headers came (monotonic ms), oldest first. */
-  private readonly awaitingRequest = new Map<ServerHttp2Stream, { path: string; since: number }>();
-  /**
-   * Unary calls whose request has arrived and whose stream is still open: their path, and the first
-   * sweep that saw their answer begun (monotonic ms; undefined: not begun yet).
-   */
-  private readonly answering = new Map<ServerHttp2Stream, { path: string; since: number | undefined }>();
+  /** Unary calls whose request has not arrived whole yet, from their headers on (receiveTimeoutMs). */
+  private readonly awaitingRequest: OverdueSweep<ServerHttp2Stream> | undefined;
+  /** Unary calls whose request has arrived and whose stream is still open, from their answer's start on (sendTimeoutMs). */
+  private readonly answering: OverdueSweep<ServerHttp2Stream> | undefined;
   private readonly abandoned: Counter<'method'>;
-  private stopSweep: (() => void) | undefined;
 
   constructor(private readonly options: GrpcServerOptions) {
     this.clock = options.clock ?? systemClock;
+    if (options.receiveTimeoutMs !== undefined)
+      this.awaitingRequest = new OverdueSweep(this.clock, options.receiveTimeoutMs);
+    if (options.sendTimeoutMs !== undefined) this.answering = new OverdueSweep(this.clock, options.sendTimeoutMs);
     this.server = new grpc.Server({
       ...messageLimits(options.maxMessageBytes),
       ...(options.maxConcurrentStreams !== undefined && {
@@ -249,77 +248,56 @@ export class GrpcServer {
    * receiveTimeoutMs, and then to reset its stream if its answer has not left within sendTimeoutMs.
    */
   private awaitRequest(stream: ServerHttp2Stream, headers: IncomingHttpHeaders): void {
-    const { receiveTimeoutMs, sendTimeoutMs } = this.options;
+    const { awaitingRequest, answering } = this;
+    if (awaitingRequest === undefined && answering === undefined) return;
     const path = headers[':path'];
-    if (receiveTimeoutMs === undefined && sendTimeoutMs === undefined) return;
     if (typeof path !== 'string' || !this.unaryPaths.has(path)) return;
-    if (receiveTimeoutMs !== undefined) this.awaitingRequest.set(stream, { path, since: this.clock.monotonic() });
+    awaitingRequest?.watch(stream, () => this.requestOverdue(stream, path, awaitingRequest.timeoutMs));
     stream.once('end', () => {
-      this.awaitingRequest.delete(stream);
-      if (sendTimeoutMs !== undefined && !stream.closed) this.answering.set(stream, { path, since: undefined });
-    });
-    stream.once('close', () => {
-      this.awaitingRequest.delete(stream);
-      this.answering.delete(stream);
-    });
-    // One timer for all calls, checking four times per timeout: a call waits at most 1.25 timeouts.
-    this.stopSweep ??= this.clock.setRepeatingTimer(
-      () => {
-        if (receiveTimeoutMs !== undefined) this.expireRequests(receiveTimeoutMs);
-        if (sendTimeoutMs !== undefined) this.expireAnswers(sendTimeoutMs);
-      },
-      Math.max(10, Math.min(receiveTimeoutMs ?? Infinity, sendTimeoutMs ?? Infinity) / 4),
-    );
-  }
-
-  /**
-   * Resets the streams of the answers that have not left within timeoutMs of the first sweep that
-   * saw them begun (so within 1.25 timeouts of their start): the client is not reading them.
-   */
-  private expireAnswers(timeoutMs: number): void {
-    const now = this.clock.monotonic();
-    for (const [stream, entry] of this.answering) {
-      if (stream.destroyed) {
-        this.answering.delete(stream);
-        continue;
-      }
-      if (!stream.headersSent) continue;
-      if (entry.since === undefined) {
-        entry.since = now;
-        continue;
-      }
-      if (now - entry.since < timeoutMs) continue;
-      this.answering.delete(stream);
-      stream.close(http2Constants.NGHTTP2_CANCEL);
-      this.abandoned.inc({ method: methodLabel(entry.path) });
-    }
-  }
-
-  private expireRequests(timeoutMs: number): void {
-    const now = this.clock.monotonic();
-    for (const [stream, { path, since }] of this.awaitingRequest) {
-      if (now - since < timeoutMs) return;
-      this.awaitingRequest.delete(stream);
-      if (stream.destroyed) continue;
-      if (!stream.headersSent) {
-        stream.respond(
-          {
-            ':status': 200,
-            'content-type': 'application/grpc+proto',
-            'grpc-status': String(grpc.status.DEADLINE_EXCEEDED),
-            'grpc-message': encodeURI(`the request did not arrive whole within ${timeoutMs} ms of its headers`),
-          },
-          { endStream: true },
+      awaitingRequest?.forget(stream);
+      if (answering !== undefined && !stream.closed) {
+        // A client that never reads (its HTTP/2 window 0) gets headers but no byte: its answer has
+        // begun once they are sent, and must have left a timeout later.
+        answering.watch(
+          stream,
+          () => this.answerOverdue(stream, path),
+          () => stream.headersSent,
         );
       }
-      // The client may still be sending: the stream is reset so that it stops, and its memory is freed.
-      stream.close(http2Constants.NGHTTP2_NO_ERROR);
-      this.options.metrics.observe(
-        this.duration,
-        { method: methodLabel(path), code: grpc.status[grpc.status.DEADLINE_EXCEEDED] },
-        timeoutMs / 1000,
+    });
+    stream.once('close', () => {
+      awaitingRequest?.forget(stream);
+      answering?.forget(stream);
+    });
+  }
+
+  /** An answer that has not left within sendTimeoutMs of its start: the client is not reading it. */
+  private answerOverdue(stream: ServerHttp2Stream, path: string): void {
+    if (stream.destroyed) return;
+    stream.close(http2Constants.NGHTTP2_CANCEL);
+    this.abandoned.inc({ method: methodLabel(path) });
+  }
+
+  private requestOverdue(stream: ServerHttp2Stream, path: string, timeoutMs: number): void {
+    if (stream.destroyed) return;
+    if (!stream.headersSent) {
+      stream.respond(
+        {
+          ':status': 200,
+          'content-type': 'application/grpc+proto',
+          'grpc-status': String(grpc.status.DEADLINE_EXCEEDED),
+          'grpc-message': encodeURI(`the request did not arrive whole within ${timeoutMs} ms of its headers`),
+        },
+        { endStream: true },
       );
     }
+    // The client may still be sending: the stream is reset so that it stops, and its memory is freed.
+    stream.close(http2Constants.NGHTTP2_NO_ERROR);
+    this.options.metrics.observe(
+      this.duration,
+      { method: methodLabel(path), code: grpc.status[grpc.status.DEADLINE_EXCEEDED] },
+      timeoutMs / 1000,
+    );
   }
 
   /**
@@ -378,7 +356,8 @@ export class GrpcServer {
    */
   async shutdown(graceMs: number): Promise<void> {
     this.draining = true;
-    this.stopSweep?.();
+    this.awaitingRequest?.close();
+    this.answering?.close();
     for (const drain of this.carriers) drain();
     await new Promise<void>((resolve) => {
       const cancel = this.clock.setTimer(() => {

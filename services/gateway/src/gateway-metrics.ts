@@ -31,6 +31,7 @@ export class GatewayMetrics {
   private readonly requestSeconds: Histogram<'protocol' | 'endpoint' | 'code'>;
   private readonly inferences: Counter<'model' | 'version' | 'outcome'>;
   private readonly rateLimited: Counter<'bucket'>;
+  private readonly undeliveredResponses: Counter<'endpoint'>;
   /** Rate-limit decisions taken by the GATEWAY_RATE_LIMIT_REDIS_DOWN policy while Redis could not be reached. */
   readonly rateLimitFallbacks: Counter<'policy'>;
   private readonly served = new ServedModels();
@@ -58,6 +59,11 @@ export class GatewayMetrics {
       ['bucket'],
     );
     for (const bucket of ['key', 'model'] as const) this.rateLimited.inc({ bucket }, 0);
+    this.undeliveredResponses = metrics.counter(
+      'http_undelivered_responses_total',
+      'REST responses dropped because the client had not taken them within GATEWAY_HTTP_SEND_TIMEOUT_MS (it does not read them): their connections were closed, by endpoint.',
+      ['endpoint'],
+    );
     this.rateLimitFallbacks = metrics.counter(
       'rate_limit_fallbacks_total',
       'Rate-limit decisions taken while Redis could not be reached, by the GATEWAY_RATE_LIMIT_REDIS_DOWN policy that applied.',
@@ -94,5 +100,9 @@ export class GatewayMetrics {
 
   countRateLimited(bucket: 'key' | 'model'): void {
     this.rateLimited.inc({ bucket });
+  }
+
+  countUndeliveredResponse(endpoint: string): void {
+    this.undeliveredResponses.inc({ endpoint });
   }
 }

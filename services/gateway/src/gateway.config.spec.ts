@@ -9,7 +9,7 @@ describe(loadGatewayConfig.name, () => {
   it('applies the defaults', () => {
     const sut = loadGatewayConfig({ GATEWAY_API_KEYS: 'k1' });
     expect(sut).toMatchObject({
-      http: { host: '127.0.0.1', port: 8000 },
+      http: { host: '127.0.0.1', port: 8000, sendTimeoutMs: 30_000 },
       routerAddress: '127.0.0.1:50052',
       registryAddress: '127.0.0.1:50051',
       apiKeys: [{ key: 'k1', scopes: [Scope.INFER, Scope.ADMIN] }],

@@ -63,6 +63,7 @@ const shape = {
     .default(10 * 60_000),
   GATEWAY_GRPC_RECEIVE_TIMEOUT_MS: positiveInt(30_000),
   GATEWAY_GRPC_SEND_TIMEOUT_MS: positiveInt(30_000),
+  GATEWAY_HTTP_SEND_TIMEOUT_MS: positiveInt(30_000),
   GATEWAY_GRPC_MAX_STREAMS_PER_CONNECTION: positiveInt(1_024),
   GATEWAY_MAX_BODY_BYTES: positiveInt(64 * 1024 * 1024),
   GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: byteSize('256MiB'),
@@ -198,7 +199,12 @@ export function loadGatewayConfig(env: Env) {
   const dataDir = resolve(e.GATEWAY_DATA_DIR);
   return {
     runtime: runtimeSettings('GATEWAY', e),
-    http: { host: e.GATEWAY_HTTP_HOST, port: e.GATEWAY_HTTP_PORT },
+    http: {
+      host: e.GATEWAY_HTTP_HOST,
+      port: e.GATEWAY_HTTP_PORT,
+      /** A REST response must have left whole this long after it began (else its connection is closed). */
+      sendTimeoutMs: e.GATEWAY_HTTP_SEND_TIMEOUT_MS,
+    },
     routerAddress: e.GATEWAY_ROUTER_ADDRESS,
     registryAddress: e.GATEWAY_REGISTRY_ADDRESS,
     apiKeys: parseApiKeys(e.GATEWAY_API_KEYS),

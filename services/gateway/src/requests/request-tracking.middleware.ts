@@ -1,7 +1,9 @@
-import { Injectable, type NestMiddleware } from '@nestjs/common';
+import { Inject, Injectable, type NestMiddleware, type OnModuleDestroy } from '@nestjs/common';
+import { Clock, OverdueSweep } from '@infermesh/clock';
 import { sanitizeRequestId, spans } from '@infermesh/telemetry';
 import type { Span } from '@opentelemetry/api';
 import type { NextFunction, Request, Response } from 'express';
+import { GATEWAY_CONFIG, type GatewayConfig } from '../gateway.config';
 import { GatewayMetrics } from '../gateway-metrics';
 
 /** The sanitized request id of a REST request, set by RequestTracking. */
@@ -19,10 +21,27 @@ export function restSpan(res: Response): Span | undefined {
  * echoes it on the response, and records the request's duration under its route template. With
  * tracing on, the request is a span (HTTP semantic conventions): the child of the client's
  * `traceparent`, else the root of a new trace.
+ *
+ * A response must have left whole GATEWAY_HTTP_SEND_TIMEOUT_MS after it began (its headers written),
+ * else its connection is reset and the drop counted: a client that sends requests and never reads
+ * their responses would otherwise hold each one, with the request's share of the body budget, for as
+ * long as it keeps its connection (Node's HTTP server has no send timeout of its own).
  */
 @Injectable()
-export class RequestTracking implements NestMiddleware {
-  constructor(private readonly metrics: GatewayMetrics) {}
+export class RequestTracking implements NestMiddleware, OnModuleDestroy {
+  private readonly sending: OverdueSweep<Response>;
+
+  constructor(
+    private readonly metrics: GatewayMetrics,
+    @Inject(GATEWAY_CONFIG) config: GatewayConfig,
+    clock: Clock,
+  ) {
+    this.sending = new OverdueSweep(clock, config.http.sendTimeoutMs);
+  }
+
+  onModuleDestroy(): void {
+    this.sending.close();
+  }
 
   use(req: Request, res: Response, next: NextFunction): void {
     const timer = this.metrics.startRequest('rest');
@@ -38,9 +57,26 @@ export class RequestTracking implements NestMiddleware {
         )
       : undefined;
     if (span !== undefined) res.locals['span'] = span;
-    res.once('close', () => {
+    const endpointOf = () => {
       const route = (req.route as { path?: unknown } | undefined)?.path;
-      const endpoint = typeof route === 'string' ? `${req.method} ${route}` : 'unmatched';
+      return typeof route === 'string' ? `${req.method} ${route}` : 'unmatched';
+    };
+    this.sending.watch(
+      res,
+      () => {
+        if (res.destroyed) return;
+        this.metrics.countUndeliveredResponse(endpointOf());
+        // Reset (RST), not closed: what the kernel still holds for the client is dropped too.
+        if (res.socket !== null) res.socket.resetAndDestroy();
+        else res.destroy();
+      },
+      () => res.headersSent,
+    );
+    res.once('finish', () => this.sending.forget(res));
+    res.once('close', () => {
+      this.sending.forget(res);
+      const route = (req.route as { path?: unknown } | undefined)?.path;
+      const endpoint = endpointOf();
       const code = res.writableFinished ? String(res.statusCode) : '499';
       timer.end(endpoint, code, span);
       if (span !== undefined) {

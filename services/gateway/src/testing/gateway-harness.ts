@@ -154,11 +154,15 @@ export interface Upstream {
   stop(): Promise<void>;
 }
 
-export async function startUpstream(add: (server: GrpcServer) => void, typeName: string): Promise<Upstream> {
+export async function startUpstream(
+  add: (server: GrpcServer) => void,
+  typeName: string,
+  maxMessageBytes = 1 << 20,
+): Promise<Upstream> {
   const server = new GrpcServer({
     logger: new JsonLogger('fake', 'error'),
     metrics: new Metrics('fake'),
-    maxMessageBytes: 1 << 20,
+    maxMessageBytes,
   });
   const health = new HealthService();
   server.add(Health, health);
@@ -186,11 +190,13 @@ export interface FakeUpstreams {
   stop(): Promise<void>;
 }
 
-export async function startFakeUpstreams(): Promise<FakeUpstreams> {
+/** `maxMessageBytes`: the largest message the fake router takes and answers (1 MiB). */
+export async function startFakeUpstreams(maxMessageBytes?: number): Promise<FakeUpstreams> {
   const routerState: FakeRouter = { requests: [] };
   const router = await startUpstream(
     (s) => s.add(RouterService, fakeRouter(routerState)),
     'infermesh.router.v1.RouterService',
+    maxMessageBytes,
   );
   const registry = await startUpstream(
     (s) => s.add(RegistryService, fakeRegistry()),
