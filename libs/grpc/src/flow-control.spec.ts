@@ -1,6 +1,8 @@
 import { connect, createServer, type ClientHttp2Session, type ServerHttp2Session, type Settings } from 'node:http2';
 import type { AddressInfo } from 'node:net';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
+import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
+import { RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { FLOW_CONTROL_WINDOW_BYTES } from './flow-control';
 import { createClient } from './grpc-client';
@@ -11,7 +13,7 @@ import { eventually } from '@infermesh/clock/waiting.testing';
 const HTTP2_DEFAULT_WINDOW = 65_535;
 
 describe('HTTP/2 flow-control windows', () => {
-  it('a server lets each peer send 16 MiB, per stream and per connection, before it must wait for a window update', async () => {
+  it('a server lets each peer send FLOW_CONTROL_WINDOW_BYTES, per stream and per connection, before it must wait for a window update', async () => {
     const server = new GrpcServer({
       logger: new JsonLogger('test', 'error', () => undefined),
       metrics: new Metrics('test'),
@@ -32,7 +34,7 @@ describe('HTTP/2 flow-control windows', () => {
     }
   });
 
-  it('a client lets a server send 16 MiB per stream before it must wait for a window update', async () => {
+  it('a client lets a server send FLOW_CONTROL_WINDOW_BYTES per stream before it must wait for a window update', async () => {
     const sessions: ServerHttp2Session[] = [];
     const peer = createServer();
     const clientSettings = new Promise<Settings>((resolve) =>
@@ -52,6 +54,59 @@ describe('HTTP/2 flow-control windows', () => {
       client.close();
       for (const s of sessions) s.destroy();
       await new Promise((resolve) => peer.close(resolve));
+    }
+  });
+
+  it('carries large messages both ways at once: concurrent calls of 16 MB each way all finish', async () => {
+    // With windows wider than the sockets hold (16 MiB), both ends wrote more than the other read,
+    // Node's HTTP/2 stopped reading while its writes waited, and both calls ran into their deadline.
+    const server = new GrpcServer({
+      logger: new JsonLogger('test', 'error', () => undefined),
+      metrics: new Metrics('test'),
+      maxMessageBytes: 64 * 1024 * 1024,
+    });
+    server.add(RouterService, {
+      infer: ({ request }) => Promise.resolve({ response: { id: request!.id, outputs: request!.inputs } }),
+    });
+    const port = await server.listen('127.0.0.1', 0);
+    const client = createClient(RouterService, `127.0.0.1:${port}`, { maxMessageBytes: 64 * 1024 * 1024 });
+    const bytes = 16_000_000;
+    try {
+      const answers = await Promise.all(
+        [1, 2, 3, 4].map((seed) =>
+          client.infer(
+            {
+              request: {
+                id: String(seed),
+                inputs: [
+                  {
+                    name: 'x',
+                    datatype: DataType.UINT8,
+                    shape: [BigInt(bytes)],
+                    data: new Uint8Array(bytes).fill(seed),
+                  },
+                ],
+              },
+            },
+            { timeoutMs: 20_000 },
+          ),
+        ),
+      );
+      expect(
+        answers.map((a) => [
+          a.response?.id,
+          a.response?.outputs[0]?.data.byteLength,
+          a.response?.outputs[0]?.data[bytes - 1],
+        ]),
+      ).toEqual([
+        ['1', bytes, 1],
+        ['2', bytes, 2],
+        ['3', bytes, 3],
+        ['4', bytes, 4],
+      ]);
+    } finally {
+      client.close();
+      await server.shutdown(100);
     }
   });
 });

@@ -22,6 +22,7 @@ import { JsonLogger, Metrics, type RequestContext, requestContext } from '@infer
 import type { Histogram } from 'prom-client';
 import { ManualClock } from '@infermesh/clock/manual-clock.testing';
 import { MAX_DEADLINE_MS } from './deadline';
+import { FLOW_CONTROL_WINDOW_BYTES } from './flow-control';
 import { createClient } from './grpc-client';
 import { GrpcServer, type GrpcServerOptions } from './grpc-server';
 import type { CallContext, ServiceClient, ServiceImpl } from './method-types';
@@ -929,7 +930,7 @@ describe(GrpcServer.name, () => {
     it('tells each connection the most calls it may have open, its windows still open', async () => {
       const settings = await new Promise<Settings>((resolve) => session.once('remoteSettings', resolve));
       expect(settings.maxConcurrentStreams).toBe(8);
-      expect(settings.initialWindowSize).toBe(16 * 1024 * 1024);
+      expect(settings.initialWindowSize).toBe(FLOW_CONTROL_WINDOW_BYTES);
     });
   });
 

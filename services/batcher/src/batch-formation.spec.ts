@@ -62,6 +62,25 @@ describe(formBatch.name, () => {
     expect([below.items, below.full]).toEqual([1, false]);
   });
 
+  it('keeps a batch within the bytes one message to a worker carries, and sends a larger request alone', () => {
+    const sut = formBatch;
+    const queue = () =>
+      queueOf(
+        { maxBatchSize: 8 },
+        pending('a', { bytes: 16 }),
+        pending('b', { bytes: 16 }),
+        pending('huge', { bytes: 100 }),
+        pending('c', { bytes: 16 }),
+      );
+
+    const bounded = sut(queue(), 40);
+    const huge = sut(queueOf({ maxBatchSize: 8 }, pending('huge', { bytes: 100 }), pending('a', { bytes: 16 })), 40);
+
+    expect([names(bounded.entries), bounded.items, bounded.full]).toEqual([['a', 'b'], 2, true]);
+    expect([names(huge.entries), huge.full]).toEqual([['huge'], true]);
+    expect(names(sut(queue()).entries)).toEqual(['a', 'b', 'huge', 'c']);
+  });
+
   it('serves a higher priority level first, then arrival', () => {
     const sut = formBatch;
     const queue = queueOf(

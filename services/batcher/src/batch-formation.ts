@@ -18,9 +18,10 @@ export interface FormedBatch {
 /**
  * The next batch of a non-empty queue: the head request and those after it (by level, then arrival)
  * that share its batch key, up to the max batch size, or up to the largest preferred size the queue
- * can fill. A request that cannot join others goes alone.
+ * can fill, and with at most `maxBytes` of inputs (what one message to a worker can carry; the head
+ * request goes whatever its size: it came in one message). A request that cannot join others goes alone.
  */
-export function formBatch(queue: VersionQueue): FormedBatch {
+export function formBatch(queue: VersionQueue, maxBytes = Infinity): FormedBatch {
   const head = queue.head()!;
   const { maxBatchSize, preferredBatchSizes } = queue.policy;
   if (head.key === undefined || head.items >= maxBatchSize) return { entries: [head], items: head.items, full: true };
@@ -35,15 +36,17 @@ export function formBatch(queue: VersionQueue): FormedBatch {
   }
   const entries: PendingRequest[] = [];
   let items = 0;
+  let bytes = 0;
   let overflow = false;
   for (const entry of queue.inOrder()) {
     if (entry.key !== head.key) continue;
-    if (items + entry.items > target) {
+    if (items + entry.items > target || (entries.length > 0 && bytes + entry.bytes > maxBytes)) {
       overflow = true;
       continue;
     }
     entries.push(entry);
     items += entry.items;
+    bytes += entry.bytes;
     if (items === target) break;
   }
   return { entries, items, full: overflow || items >= maxBatchSize || preferredBatchSizes.includes(items) };

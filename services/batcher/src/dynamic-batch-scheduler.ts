@@ -95,6 +95,7 @@ export class DynamicBatchScheduler implements Scheduler, OnApplicationShutdown {
         request,
         requestId: call.requestId,
         items,
+        bytes: inputBytes(request),
         key,
         level,
         arrivedAtMs,
@@ -212,7 +213,7 @@ export class DynamicBatchScheduler implements Scheduler, OnApplicationShutdown {
       }
       if (room.length === 0) return; // every worker is full: a batch that finishes pumps again
       const worker = this.choice.choose(room);
-      const batch = formBatch(queue);
+      const batch = formBatch(queue, maxBatchBytes(this.config.runtime.maxMessageBytes));
       const waitMs = holdMs(batch, queue.policy, idle, this.clock.monotonic() - batch.entries[0]!.arrivedAtMs);
       if (waitMs > 0) {
         queue.cancelBatchTimer = this.clock.setTimer(() => this.pump(queue), waitMs);
@@ -275,6 +276,24 @@ export class DynamicBatchScheduler implements Scheduler, OnApplicationShutdown {
     void outcome.then(() => this.pumpAll());
   }
 }
+
+/** Bytes of a request's input tensors. */
+function inputBytes(request: InferenceRequest): number {
+  let bytes = 0;
+  for (const input of request.inputs) bytes += input.data.byteLength;
+  return bytes;
+}
+
+/**
+ * The most input bytes a batch carries to a worker: what one message may carry (the batcher's
+ * clients of the workers take BATCHER_MAX_MESSAGE_BYTES), less room for what the message holds
+ * beside its tensors (names, shapes, parameters). A larger batch fails whole: 5 requests of 16 MiB
+ * joined made an 80 MiB message, refused for all five (RESOURCE_EXHAUSTED) before it left.
+ */
+export function maxBatchBytes(maxMessageBytes: number): number {
+  return maxMessageBytes - Math.min(BATCH_MESSAGE_HEADROOM_BYTES, Math.floor(maxMessageBytes / 2));
+}
+const BATCH_MESSAGE_HEADROOM_BYTES = 64 * 1024;
 
 /**
  * The span of a batch (tracing on): a step of the oldest sampled request it carries (so that request's

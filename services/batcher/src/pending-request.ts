@@ -9,6 +9,8 @@ export interface PendingRequest {
   readonly requestId: string;
   /** Items along the batch dimension; 1 for a request that cannot join others. */
   readonly items: number;
+  /** Bytes of its input tensors: a batch's request to a worker carries the sum of its requests'. */
+  readonly bytes: number;
   /** Requests with the same key may share a batch; undefined for one that always goes alone. */
   readonly key: string | undefined;
   /** 1 is the highest priority; lowered when the version's levels shrink while it waits. */

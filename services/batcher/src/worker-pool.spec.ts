@@ -17,16 +17,25 @@ const runtimeOf = (env: Env) => loadBatcherConfig(env).runtime;
 const MESH = { BATCHER_WORKER_ADDRESSES: 'mesh', INFERMESH_MESH_CONTROL_PLANE: '127.0.0.1:50051' };
 
 describe(workerClientOptions.name, () => {
+  const LIMITS = { maxMessageBytes: 64 * 1024 * 1024 };
+
   it("leaves the process's own transport security without a sidecar, as before", () => {
-    expect(workerClientOptions(runtimeOf({}))).toStrictEqual({});
-    expect(workerClientOptions(runtimeOf(MESH))).toStrictEqual({});
-    expect(workerClientOptions(runtimeOf({ ...MESH, INFERMESH_TLS_DIR: IDENTITY_DIR }))).toStrictEqual({});
+    expect(workerClientOptions(runtimeOf({}))).toStrictEqual(LIMITS);
+    expect(workerClientOptions(runtimeOf(MESH))).toStrictEqual(LIMITS);
+    expect(workerClientOptions(runtimeOf({ ...MESH, INFERMESH_TLS_DIR: IDENTITY_DIR }))).toStrictEqual(LIMITS);
+  });
+
+  it('carries messages of up to BATCHER_MAX_MESSAGE_BYTES, as the batcher receives them', () => {
+    expect(workerClientOptions(runtimeOf({ BATCHER_MAX_MESSAGE_BYTES: '1000000' }))).toStrictEqual({
+      maxMessageBytes: 1_000_000,
+    });
   });
 
   it("behind a sidecar, presents the instance's identity and requires a worker's: the workers' sidecars speak mutual TLS", () => {
     expect(
       workerClientOptions(runtimeOf({ ...MESH, INFERMESH_SIDECAR_PORT: '15006', INFERMESH_TLS_DIR: IDENTITY_DIR })),
     ).toStrictEqual({
+      ...LIMITS,
       peer: 'worker',
       transport: {
         certFile: `${IDENTITY_DIR}/cert.pem`,
@@ -40,6 +49,7 @@ describe(workerClientOptions.name, () => {
 
   it('behind a sidecar without an identity (a mesh without mutual TLS), dials the workers in plaintext, not with the process default', () => {
     expect(workerClientOptions(runtimeOf({ ...MESH, INFERMESH_SIDECAR_PORT: '15006' }))).toStrictEqual({
+      ...LIMITS,
       peer: 'worker',
       transport: null,
     });

@@ -72,11 +72,13 @@ export class WorkerHandle {
  * its own sidecar (the process speaking plaintext) it dials the port each worker announced, that
  * worker's sidecar's inbound listener, which requires mutual TLS. It then presents the instance's
  * identity (none, plaintext, when the mesh has no mutual TLS) and accepts only a worker's. Without a
- * sidecar, the process's own transport security, as every client.
+ * sidecar, the process's own transport security, as every client. Either way its messages may be as
+ * large as those the batcher receives (BATCHER_MAX_MESSAGE_BYTES), which its batches are kept within.
  */
 export function workerClientOptions(runtime: RuntimeSettings): ClientOptions {
-  if (!behindSidecar(runtime)) return {};
-  return { peer: 'worker', transport: runtime.tls ?? null };
+  const limits = { maxMessageBytes: runtime.maxMessageBytes };
+  if (!behindSidecar(runtime)) return limits;
+  return { ...limits, peer: 'worker', transport: runtime.tls ?? null };
 }
 
 /**

@@ -20,19 +20,20 @@ export function policy(overrides: Partial<BatchingPolicy> = {}): BatchingPolicy 
 let nextId = 0;
 
 /**
- * A request as a version queue holds it, with `items` items of batch key `key` (or `alone`, one that
- * cannot join others) at priority `level`, arrived at `arrivedAtMs`.
+ * A request as a version queue holds it, with `items` items (`bytes` of inputs) of batch key `key`
+ * (or `alone`, one that cannot join others) at priority `level`, arrived at `arrivedAtMs`.
  */
 export function pending(
   name: string,
-  options: { items?: number; key?: string; alone?: boolean; level?: number; arrivedAtMs?: number } = {},
+  options: { items?: number; bytes?: number; key?: string; alone?: boolean; level?: number; arrivedAtMs?: number } = {},
 ): PendingRequest {
-  const { items = 1, key = 'k', alone = false, level = 1, arrivedAtMs = 0 } = options;
+  const { items = 1, bytes = 0, key = 'k', alone = false, level = 1, arrivedAtMs = 0 } = options;
   return {
     id: nextId++,
     request: create(InferenceRequestSchema, { id: name }),
     requestId: name,
     items,
+    bytes,
     key: alone ? undefined : key,
     level,
     arrivedAtMs,
