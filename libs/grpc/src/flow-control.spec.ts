@@ -1,12 +1,13 @@
 import { connect, createServer, type ClientHttp2Session, type ServerHttp2Session, type Settings } from 'node:http2';
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
+import type * as grpc from '@grpc/grpc-js';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { FLOW_CONTROL_WINDOW_BYTES } from './flow-control';
 import { createClient } from './grpc-client';
-import { GrpcServer } from './grpc-server';
+import { GrpcServer, onHttp2Servers } from './grpc-server';
 import { HealthService } from './health';
 import { eventually } from '@infermesh/clock/waiting.testing';
 
@@ -68,6 +69,12 @@ describe('HTTP/2 flow-control windows', () => {
     server.add(RouterService, {
       infer: ({ request }) => Promise.resolve({ response: { id: request!.id, outputs: request!.inputs } }),
     });
+    // The connections, to close them whatever state they are in: a stalled one never ends by itself,
+    // and would keep jest from exiting after a failure.
+    const sockets = new Set<Socket>();
+    onHttp2Servers((server as unknown as { server: grpc.Server }).server, (http2Server) =>
+      http2Server.on('connection', (socket: Socket) => sockets.add(socket)),
+    );
     const port = await server.listen('127.0.0.1', 0);
     const client = createClient(RouterService, `127.0.0.1:${port}`, { maxMessageBytes: 64 * 1024 * 1024 });
     const bytes = 16_000_000;
@@ -106,6 +113,7 @@ describe('HTTP/2 flow-control windows', () => {
       ]);
     } finally {
       client.close();
+      for (const socket of sockets) socket.destroy();
       await server.shutdown(100);
     }
   });
