@@ -46,6 +46,8 @@ export class DynamicBatchScheduler implements Scheduler, OnApplicationShutdown {
   private inflight = 0;
   /** Makes batch ids unique among batcher replicas (they appear in spans). */
   private readonly instanceTag = randomBytes(4).toString('hex');
+  /** The most input bytes one batch carries (maxBatchBytes). */
+  private readonly maxBatchBytes: number;
 
   constructor(
     private readonly pool: WorkerPool,
@@ -58,6 +60,7 @@ export class DynamicBatchScheduler implements Scheduler, OnApplicationShutdown {
     @Inject(BATCHER_CONFIG) private readonly config: BatcherConfig,
     private readonly clock: Clock,
   ) {
+    this.maxBatchBytes = maxBatchBytes(config.runtime.maxMessageBytes);
     pool.onPolled(() => this.pumpAll());
     // A version's new batching settings apply to the batches formed from now on, also those of the
     // requests already waiting; a version that no longer takes requests keeps its queue until it drains.
@@ -213,7 +216,7 @@ export class DynamicBatchScheduler implements Scheduler, OnApplicationShutdown {
       }
       if (room.length === 0) return; // every worker is full: a batch that finishes pumps again
       const worker = this.choice.choose(room);
-      const batch = formBatch(queue, maxBatchBytes(this.config.runtime.maxMessageBytes));
+      const batch = formBatch(queue, this.maxBatchBytes);
       const waitMs = holdMs(batch, queue.policy, idle, this.clock.monotonic() - batch.entries[0]!.arrivedAtMs);
       if (waitMs > 0) {
         queue.cancelBatchTimer = this.clock.setTimer(() => this.pump(queue), waitMs);

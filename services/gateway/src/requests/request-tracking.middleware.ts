@@ -57,30 +57,26 @@ export class RequestTracking implements NestMiddleware, OnModuleDestroy {
         )
       : undefined;
     if (span !== undefined) res.locals['span'] = span;
-    const endpointOf = () => {
-      const route = (req.route as { path?: unknown } | undefined)?.path;
-      return typeof route === 'string' ? `${req.method} ${route}` : 'unmatched';
-    };
     this.sending.watch(
       res,
       () => {
         if (res.destroyed) return;
-        this.metrics.countUndeliveredResponse(endpointOf());
+        this.metrics.countUndeliveredResponse(endpointOf(req, routeOf(req)));
         // Reset (RST), not closed: what the kernel still holds for the client is dropped too.
         if (res.socket !== null) res.socket.resetAndDestroy();
         else res.destroy();
       },
       () => res.headersSent,
     );
-    res.once('finish', () => this.sending.forget(res));
+    // A response ends with 'close', finished or not.
     res.once('close', () => {
       this.sending.forget(res);
-      const route = (req.route as { path?: unknown } | undefined)?.path;
-      const endpoint = endpointOf();
+      const route = routeOf(req);
+      const endpoint = endpointOf(req, route);
       const code = res.writableFinished ? String(res.statusCode) : '499';
       timer.end(endpoint, code, span);
       if (span !== undefined) {
-        if (typeof route === 'string') span.updateName(endpoint).setAttribute('http.route', route);
+        if (route !== undefined) span.updateName(endpoint).setAttribute('http.route', route);
         span.setAttribute('http.response.status_code', res.statusCode);
         spans.end(
           span,
@@ -94,4 +90,15 @@ export class RequestTracking implements NestMiddleware, OnModuleDestroy {
     });
     next();
   }
+}
+
+/** The route template a request matched; undefined before routing, or when none matched. */
+function routeOf(req: Request): string | undefined {
+  const route = (req.route as { path?: unknown } | undefined)?.path;
+  return typeof route === 'string' ? route : undefined;
+}
+
+/** A request's endpoint label: its method and route template, or `unmatched`. */
+function endpointOf(req: Request, route: string | undefined): string {
+  return route === undefined ? 'unmatched' : `${req.method} ${route}`;
 }
