@@ -60,7 +60,7 @@ function seedInit(schema: DescMessage): unknown {
     case 'infermesh.cache.v1.LookupRequest':
       return { key: new Uint8Array(32) };
     case 'infermesh.cache.v1.LookupsRequest':
-      return { id: 1, request: { key: new Uint8Array(32) }, timeoutMs: 1_000 };
+      return { calls: [{ id: 1, request: { key: new Uint8Array(32) }, timeoutMs: 1_000 }] };
     // Names of a model that does not exist, so that a mutation is unlikely to change the models served.
     case 'infermesh.worker.v1.LoadModelRequest':
     case 'infermesh.worker.v1.UnloadModelRequest':

@@ -8,7 +8,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Histogram } from 'prom-client';
-import { CarriedCalls, type CarriedRequest, type CarriedResult, checkCarrier } from './carried-calls';
+import { CarriedCalls, type CarriedRequest, type CarriedResponse, checkCarrier } from './carried-calls';
 import { createClient } from './grpc-client';
 import { GrpcServer } from './grpc-server';
 import type { CallContext, ServiceClient } from './method-types';
@@ -219,7 +219,7 @@ describe(CarriedCalls.name, () => {
           definition.path,
           definition.requestSerialize,
           definition.responseDeserialize,
-        ) as grpc.ClientDuplexStream<CarriedRequest, CarriedResult>;
+        ) as grpc.ClientDuplexStream<CarriedRequest, CarriedResponse>;
       },
       () => undefined,
       0, // every call on a stream of its own
@@ -235,9 +235,54 @@ describe(CarriedCalls.name, () => {
     }
   });
 
+  it('sends the calls of one turn as one message and answers those that end in one turn as one, within CARRIED_MESSAGE_BYTES', async () => {
+    const raw = new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
+    const definition = toServiceDefinition(CacheService)['lookups']!;
+    const sent: number[] = [];
+    const received: number[] = [];
+    const carried = new CarriedCalls(
+      CacheService.method.lookup,
+      () => {
+        const stream = raw.makeBidiStreamRequest(
+          definition.path,
+          definition.requestSerialize,
+          definition.responseDeserialize,
+        ) as grpc.ClientDuplexStream<CarriedRequest, CarriedResponse>;
+        const write = stream.write.bind(stream) as (message: CarriedRequest) => boolean;
+        stream.write = ((message: CarriedRequest) => {
+          sent.push(message.calls.length);
+          return write(message);
+        }) as typeof stream.write;
+        stream.on('data', (message: CarriedResponse) => received.push(message.results.length));
+        return stream;
+      },
+      () => undefined,
+    );
+    try {
+      const answers = await Promise.all(Array.from({ length: 16 }, (_, i) => carried.call({ key: key(1 + (i % 2)) })));
+      expect(answers.filter((a) => (a as LookupResponse).found)).toHaveLength(8);
+      expect(sent).toEqual([16]);
+      expect(received).toEqual([16]);
+
+      // A call of a later turn goes in a message of its own.
+      expect(((await carried.call({ key: key(1) })) as LookupResponse).found).toBe(true);
+      expect(sent).toEqual([16, 1]);
+
+      // Calls of about 0.6 MiB each: no message carries two (the server takes at most 1 MiB).
+      const large = () => new Uint8Array(600_000).fill(1);
+      sent.length = 0;
+      const mixed = await Promise.all([key(2), large(), large(), key(1)].map((k) => carried.call({ key: k })));
+      expect(mixed.map((a) => (a as LookupResponse).found)).toEqual([false, true, true, true]);
+      expect(sent).toEqual([2, 2]);
+    } finally {
+      carried.close();
+      raw.close();
+    }
+  });
+
   it('refuses a method pair that does not follow the convention, naming what is missing', () => {
     expect(() => checkCarrier(CacheService.method.lookups, CacheService.method.store)).toThrow(
-      /cannot carry Store: infermesh.cache.v1.LookupsRequest needs infermesh.cache.v1.StoreRequest request; infermesh.cache.v1.LookupsResponse needs infermesh.cache.v1.StoreResponse response/,
+      /cannot carry Store: infermesh.cache.v1.LookupsRequest.Call needs infermesh.cache.v1.StoreRequest request; infermesh.cache.v1.LookupsResponse.Result needs infermesh.cache.v1.StoreResponse response/,
     );
     expect(() => createClient(CacheService, '127.0.0.1:1', { carried: { store: 'lookup' }, transport: null })).toThrow(
       /Lookup is not bidirectional/,

@@ -1,9 +1,17 @@
-import { type DescField, type DescMessage, type DescMethod, type DescService, ScalarType } from '@bufbuild/protobuf';
+import {
+  create,
+  type DescField,
+  type DescMessage,
+  type DescMethod,
+  type DescService,
+  ScalarType,
+} from '@bufbuild/protobuf';
 import { type ClientDuplexStream, type ServiceError, status } from '@grpc/grpc-js';
 import type { Status } from '@infermesh/proto/gen/google/rpc/status_pb';
 import { StatusSchema } from '@infermesh/proto/gen/google/rpc/status_pb';
 import { type RequestContext, requestContext, spans } from '@infermesh/telemetry';
 import { delayUntil } from './deadline';
+import { encodedSize } from './message-encoding';
 import type { CallOptions } from './method-types';
 import { Errors, RpcError } from './rpc-error';
 
@@ -17,10 +25,16 @@ import { Errors, RpcError } from './rpc-error';
  * under the unary method's name, errors); the client offers the unary method's signature.
  *
  * The stream method `S` carrying unary method `U` follows one convention, checked when either side
- * is built (checkCarrier): S's request has `uint32 id`, `U.input request`, `string traceparent`,
- * `string tracestate`, `uint32 timeout_ms` and `string request_id` (what the call's metadata would
- * have said); its response has `uint32 id`, `U.output response` and `google.rpc.Status status`
- * (set when the call failed). Answers come in the order calls end, by id.
+ * is built (checkCarrier): S's request has `repeated Call calls`, each Call with `uint32 id`,
+ * `U.input request`, `string traceparent`, `string tracestate`, `uint32 timeout_ms` and `string
+ * request_id` (what the call's metadata would have said); its response has `repeated Result
+ * results`, each with `uint32 id`, `U.output response` and `google.rpc.Status status` (set when the
+ * call failed). Answers come in the order calls end, by id.
+ *
+ * Each side sends together, as one message, what it has to send in one turn of its event loop
+ * (CarriedOutbox). grpc-js writes a stream's messages one at a time, each once the one before it
+ * left the socket: one message per call cost a write, and a wake-up of the other side, per call,
+ * where unary calls made together share them.
  *
  * What is lost against unary calls: per-call load balancing and retries by the mesh (a stream goes
  * to one server, renewed every CARRIER_RENEW_MS so that calls follow the mesh's balancing), and
@@ -30,8 +44,8 @@ import { Errors, RpcError } from './rpc-error';
 /** How long a stream carries new calls; then new calls open another, and this one ends once answered. */
 export const CARRIER_RENEW_MS = 30_000;
 
-/** A carried call's request, as the stream method's request message has it. */
-export interface CarriedRequest {
+/** A carried call's request, as an element of the stream method's request message has it. */
+export interface CarriedCall {
   id: number;
   request: unknown;
   traceparent: string;
@@ -40,11 +54,69 @@ export interface CarriedRequest {
   requestId: string;
 }
 
-/** A carried call's answer, as the stream method's response message has it. */
+/** A carried call's answer, as an element of the stream method's response message has it. */
 export interface CarriedResult {
   id: number;
   response?: unknown;
   status?: Status;
+}
+
+/** A message of a carrying stream from the client: the calls made in one turn of its event loop. */
+export interface CarriedRequest {
+  calls: CarriedCall[];
+}
+
+/** A message of a carrying stream from the server: the answers of calls that ended in one turn. */
+export interface CarriedResponse {
+  results: CarriedResult[];
+}
+
+/** A message sent together carries at most about this many bytes of calls or answers; a larger one goes alone. */
+export const CARRIED_MESSAGE_BYTES = 1024 * 1024;
+
+/**
+ * What one side of a carrying stream sends: items queued in one turn of the event loop go together,
+ * as one message, at the end of that turn (setImmediate), or before it once they hold
+ * CARRIED_MESSAGE_BYTES. `sizeOf` measures an item in bytes (their encoding, about).
+ */
+export class CarriedOutbox<T> {
+  private items: T[] = [];
+  private bytes = 0;
+  private scheduled = false;
+
+  constructor(
+    private readonly send: (items: T[]) => void,
+    private readonly sizeOf: (item: T) => number,
+  ) {}
+
+  push(item: T): void {
+    const size = this.sizeOf(item);
+    if (this.items.length > 0 && this.bytes + size > CARRIED_MESSAGE_BYTES) this.flush();
+    this.items.push(item);
+    this.bytes += size;
+    if (!this.scheduled) {
+      this.scheduled = true;
+      setImmediate(() => {
+        this.scheduled = false;
+        this.flush();
+      });
+    }
+  }
+
+  /** Sends what waits, now. */
+  flush(): void {
+    if (this.items.length === 0) return;
+    const items = this.items;
+    this.items = [];
+    this.bytes = 0;
+    this.send(items);
+  }
+
+  /** Drops what waits: the stream is gone. */
+  clear(): void {
+    this.items = [];
+    this.bytes = 0;
+  }
 }
 
 /**
@@ -72,21 +144,34 @@ export function checkCarrier(stream: DescMethod, unary: DescMethod): void {
   const problems: string[] = [];
   if (stream.methodKind !== 'bidi_streaming') problems.push(`${stream.name} is not bidirectional`);
   if (unary.methodKind !== 'unary') problems.push(`${unary.name} is not unary`);
+  /** The message of a repeated message field, noting its absence. */
+  const elementOf = (message: DescMessage, name: string): DescMessage | undefined => {
+    const field = message.fields.find((f) => f.localName === name);
+    if (field?.fieldKind === 'list' && field.listKind === 'message') return field.message;
+    problems.push(`${message.typeName} needs repeated ${name}`);
+    return undefined;
+  };
   const expect = (message: DescMessage, name: string, fits: (field: DescField) => boolean, what: string) => {
     const field = message.fields.find((f) => f.localName === name);
     if (field === undefined || !fits(field)) problems.push(`${message.typeName} needs ${what}`);
   };
   const scalar = (type: ScalarType) => (f: DescField) => f.fieldKind === 'scalar' && f.scalar === type;
   const message = (typeName: string) => (f: DescField) => f.fieldKind === 'message' && f.message.typeName === typeName;
-  expect(stream.input, 'id', scalar(ScalarType.UINT32), 'uint32 id');
-  expect(stream.input, 'request', message(unary.input.typeName), `${unary.input.typeName} request`);
-  expect(stream.input, 'traceparent', scalar(ScalarType.STRING), 'string traceparent');
-  expect(stream.input, 'tracestate', scalar(ScalarType.STRING), 'string tracestate');
-  expect(stream.input, 'timeoutMs', scalar(ScalarType.UINT32), 'uint32 timeout_ms');
-  expect(stream.input, 'requestId', scalar(ScalarType.STRING), 'string request_id');
-  expect(stream.output, 'id', scalar(ScalarType.UINT32), 'uint32 id');
-  expect(stream.output, 'response', message(unary.output.typeName), `${unary.output.typeName} response`);
-  expect(stream.output, 'status', message(StatusSchema.typeName), `${StatusSchema.typeName} status`);
+  const call = elementOf(stream.input, 'calls');
+  if (call !== undefined) {
+    expect(call, 'id', scalar(ScalarType.UINT32), 'uint32 id');
+    expect(call, 'request', message(unary.input.typeName), `${unary.input.typeName} request`);
+    expect(call, 'traceparent', scalar(ScalarType.STRING), 'string traceparent');
+    expect(call, 'tracestate', scalar(ScalarType.STRING), 'string tracestate');
+    expect(call, 'timeoutMs', scalar(ScalarType.UINT32), 'uint32 timeout_ms');
+    expect(call, 'requestId', scalar(ScalarType.STRING), 'string request_id');
+  }
+  const result = elementOf(stream.output, 'results');
+  if (result !== undefined) {
+    expect(result, 'id', scalar(ScalarType.UINT32), 'uint32 id');
+    expect(result, 'response', message(unary.output.typeName), `${unary.output.typeName} response`);
+    expect(result, 'status', message(StatusSchema.typeName), `${StatusSchema.typeName} status`);
+  }
   if (problems.length > 0) {
     throw new Error(`${stream.parent.typeName}.${stream.name} cannot carry ${unary.name}: ${problems.join('; ')}`);
   }
@@ -101,8 +186,10 @@ interface Pending {
 
 /** One stream and the calls it carries. */
 interface Carrier {
-  call: ClientDuplexStream<CarriedRequest, CarriedResult>;
+  call: ClientDuplexStream<CarriedRequest, CarriedResponse>;
   pending: Map<number, Pending>;
+  /** Calls made and not yet sent. */
+  outbox: CarriedOutbox<CarriedCall>;
   openedAt: number;
   ended: boolean;
 }
@@ -119,7 +206,7 @@ export class CarriedCalls {
 
   constructor(
     private readonly method: DescMethod,
-    private readonly open: () => ClientDuplexStream<CarriedRequest, CarriedResult>,
+    private readonly open: () => ClientDuplexStream<CarriedRequest, CarriedResponse>,
     private readonly deadlineOf: (
       options: CallOptions | undefined,
       ambient: RequestContext | undefined,
@@ -138,6 +225,8 @@ export class CarriedCalls {
     const signal = options?.signal ?? ambient?.signal;
     if (signal?.aborted === true) throw Errors.cancelled(`${this.method.name} was cancelled`);
     const trace = ambient?.span === undefined ? undefined : spans.propagate(ambient.span);
+    // A message, not its init shape: sized here (CarriedOutbox), encoded as it is with the others.
+    const message = create(this.method.input, request as never);
     const carrier = this.current();
     const id = (this.nextId = (this.nextId + 1) >>> 0);
     return await new Promise((resolve, reject) => {
@@ -160,9 +249,9 @@ export class CarriedCalls {
       }
       signal?.addEventListener('abort', onAbort, { once: true });
       carrier.pending.set(id, { resolve, reject, release });
-      carrier.call.write({
+      carrier.outbox.push({
         id,
-        request,
+        request: message,
         traceparent: trace?.traceparent ?? '',
         tracestate: trace?.tracestate ?? '',
         timeoutMs: deadline === undefined ? 0 : Math.max(1, Math.min(deadline - Date.now(), 0xffffffff)),
@@ -187,17 +276,28 @@ export class CarriedCalls {
     const now = performance.now();
     const open = this.carrier;
     if (open !== undefined && !open.ended && now - open.openedAt < this.renewMs) return open;
-    if (open !== undefined && !open.ended) open.call.end(); // answered, then ended by the server
+    if (open !== undefined && !open.ended) {
+      open.outbox.flush();
+      open.call.end(); // answered, then ended by the server
+    }
     const call = this.open();
-    const carrier: Carrier = { call, pending: new Map(), openedAt: now, ended: false };
-    call.on('data', (result: CarriedResult) => {
-      const pending = carrier.pending.get(result.id);
-      if (pending === undefined) return; // given up already (deadline, cancellation)
-      carrier.pending.delete(result.id);
-      pending.release();
-      if (result.status !== undefined && result.status.code !== 0)
-        pending.reject(RpcError.fromRpcStatus(result.status));
-      else pending.resolve(result.response);
+    const outbox = new CarriedOutbox<CarriedCall>(
+      (calls) => {
+        if (!carrier.ended) call.write({ calls });
+      },
+      (c) => encodedSize(this.method.input, c.request as object),
+    );
+    const carrier: Carrier = { call, pending: new Map(), outbox, openedAt: now, ended: false };
+    call.on('data', ({ results }: CarriedResponse) => {
+      for (const result of results) {
+        const pending = carrier.pending.get(result.id);
+        if (pending === undefined) continue; // given up already (deadline, cancellation)
+        carrier.pending.delete(result.id);
+        pending.release();
+        if (result.status !== undefined && result.status.code !== 0)
+          pending.reject(RpcError.fromRpcStatus(result.status));
+        else pending.resolve(result.response);
+      }
     });
     call.on('error', (error: ServiceError) => {
       const failure = RpcError.fromServiceError(error);
@@ -224,6 +324,7 @@ export class CarriedCalls {
   /** Fails what a stream that ended still carries; new calls go on another. */
   private end(carrier: Carrier, error: RpcError): void {
     carrier.ended = true;
+    carrier.outbox.clear();
     if (this.carrier === carrier) this.carrier = undefined;
     const pending = [...carrier.pending.values()];
     carrier.pending.clear();

@@ -2,7 +2,7 @@ import { CLIENT_FLOW_CONTROL_OPTIONS, messageLimits } from './flow-control';
 import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { type RequestContext, requestContext, spans } from '@infermesh/telemetry';
-import { CarriedCalls, type CarriedRequest, type CarriedResult, carrierMethods } from './carried-calls';
+import { CarriedCalls, type CarriedRequest, type CarriedResponse, carrierMethods } from './carried-calls';
 import { boundedDeadline } from './deadline';
 import type { CallOptions, ServiceClient } from './method-types';
 import { Errors, RpcError, isServiceError } from './rpc-error';
@@ -85,7 +85,7 @@ export function createClient<S extends DescService>(
       () =>
         raw[streamName]!.call(client, new grpc.Metadata(), {}) as grpc.ClientDuplexStream<
           CarriedRequest,
-          CarriedResult
+          CarriedResponse
         >,
       deadlineOf,
     );

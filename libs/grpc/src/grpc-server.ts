@@ -21,11 +21,19 @@ import {
 } from 'node:http2';
 import type { TLSSocket } from 'node:tls';
 import type { Counter, Histogram } from 'prom-client';
-import { type CarriedRequest, type CarriedResult, carrierMethods } from './carried-calls';
+import {
+  type CarriedCall,
+  CarriedOutbox,
+  type CarriedRequest,
+  type CarriedResponse,
+  type CarriedResult,
+  carrierMethods,
+} from './carried-calls';
 import { boundTimeoutHeader, delayUntil } from './deadline';
 import { messageLimits, openServerWindows } from './flow-control';
 import type { CallContext, ServiceImpl } from './method-types';
 import { Errors, type RpcError, toRpcError } from './rpc-error';
+import { encodedSize } from './message-encoding';
 import { MalformedMessage, methodPath, receivedBytes, toServiceDefinition } from './service-definition';
 import { serverCredentials, spiffeIdOf } from './transport-security';
 
@@ -587,13 +595,13 @@ export class GrpcServer {
   }
 
   /**
-   * Serves the calls of `unary` that a stream of `stream` carries (carried-calls.ts): each message as
-   * a call of its own (the unary handler in its context, its span from the trace context it carries,
-   * its duration and code under the unary method's name), answered on the stream by id as it ends.
-   * The stream itself is recorded under its own name when it ends: when the client ends it, once
-   * every call received is answered; when the server shuts down, the same, calls received meanwhile
-   * refused with SHUTTING_DOWN. A message that does not decode fails the stream (INVALID_ARGUMENT):
-   * it names no call to fail.
+   * Serves the calls of `unary` that streams of `stream` carry (carried-calls.ts): each call as a call
+   * of its own (the unary handler in its context, its span from the trace context it carries, its
+   * duration and code under the unary method's name), answered on the stream by id as it ends, the
+   * answers of one turn of the event loop together. The stream itself is recorded under its own name
+   * when it ends: when the client ends it, once every call received is answered; when the server
+   * shuts down, the same, calls received meanwhile refused with SHUTTING_DOWN. A message that does not
+   * decode fails the stream (INVALID_ARGUMENT): it names no call to fail.
    */
   private carrier(
     stream: DescMethod,
@@ -605,15 +613,41 @@ export class GrpcServer {
     const path = `/${unary.parent.typeName}/${unary.name}`;
     const attributes = rpcAttributes(path);
     const empty = create(unary.input);
-    return (call: grpc.ServerDuplexStream<CarriedRequest, CarriedResult>) => {
+    return (call: grpc.ServerDuplexStream<CarriedRequest, CarriedResponse>) => {
       const start = process.hrtime.bigint();
       /** The signal of each call received and not yet answered. */
       const inFlight = new Set<AbortController>();
       let receiving = true;
       let ended = false;
+      const outbox = new CarriedOutbox<CarriedResult>(
+        (results) => {
+          if (ended) return;
+          try {
+            call.write({ results });
+          } catch (error) {
+            this.answerFailed(name, error);
+          }
+        },
+        (result) => (result.response === undefined ? 0 : encodedSize(unary.output, result.response as object)),
+      );
+      /** Queues an answer; one that cannot be encoded is answered with the error instead. */
+      const send = (result: CarriedResult) => {
+        try {
+          outbox.push(
+            result.response === undefined
+              ? result
+              : { ...result, response: create(unary.output, result.response as never) },
+          );
+        } catch (error) {
+          this.answerFailed(name, error);
+          outbox.push({ id: result.id, status: toRpcError(error).toRpcStatus() });
+        }
+      };
       const end = (error?: RpcError) => {
         if (ended) return;
+        if (error === undefined) outbox.flush();
         ended = true;
+        outbox.clear();
         this.carriers.delete(drain);
         if (error === undefined) {
           this.finished(streamName, start, grpc.status.OK);
@@ -632,6 +666,7 @@ export class GrpcServer {
         for (const signal of inFlight) signal.abort(cancelled);
         if (!ended) {
           ended = true;
+          outbox.clear();
           this.carriers.delete(drain);
           this.finished(streamName, start, grpc.status.CANCELLED);
         }
@@ -643,9 +678,13 @@ export class GrpcServer {
           end(message.toError());
           return;
         }
+        for (const carried of message.calls) serve(carried);
+      });
+      const serve = (message: CarriedCall) => {
+        if (ended) return;
         if (!receiving) {
           const refusal = Errors.shuttingDown('the server is shutting down; call again on a new stream');
-          call.write({ id: message.id, status: refusal.toRpcStatus() });
+          send({ id: message.id, status: refusal.toRpcStatus() });
           return;
         }
         const callStart = process.hrtime.bigint();
@@ -673,11 +712,7 @@ export class GrpcServer {
           settled = true;
           cancelTimer?.();
           inFlight.delete(signal);
-          try {
-            if (!ended) call.write(result());
-          } catch (error) {
-            this.answerFailed(name, error);
-          }
+          if (!ended) send(result());
           if (!receiving && inFlight.size === 0) end();
         };
         const fail = (error: unknown) => () => ({
@@ -707,7 +742,7 @@ export class GrpcServer {
             }),
           (error: unknown) => answer(fail(error)),
         );
-      });
+      };
     };
   }
 

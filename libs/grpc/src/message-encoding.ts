@@ -35,6 +35,17 @@ export function encodeMessage(schema: DescMessage, message: object, options: Enc
   return encoding.buf;
 }
 
+/**
+ * The size of a message's encoding, without writing it: encodeMessage's sizing pass (for a type
+ * `toBinary` encodes whole, that encoding's length). Throws as encodeMessage would for a value its
+ * field cannot hold.
+ */
+export function encodedSize(schema: DescMessage, message: object): number {
+  const codec = messageCodec(schema);
+  if (wholeByProtobufEs.has(schema)) return toBinary(schema, message as never).byteLength;
+  return codec.size(message as Fields, new Encoding());
+}
+
 export interface EncodeOptions {
   /**
    * The bytes get a buffer of their own, never a slice of Node's shared pool: for bytes that are
