@@ -19,8 +19,9 @@ import { Errors, RpcError } from './rpc-error';
  * Carried calls: a unary method served over one long-lived bidirectional stream, each message one
  * call. On grpc-js a unary call costs a stream of its own (headers, trailers, metadata, grpc-js's
  * call stack on both sides); a message on an open stream costs a fraction of that (on this project's
- * 2-core machine, a 120 B request answered with 2 KiB: about 400 µs of CPU, client and server
- * together, as a call at concurrency 1 and 140 µs at 16; about 90 and 50 µs as a message). The
+ * 2-core machine, a 120 B request answered with 2 KiB: about 480 µs of CPU, client and server
+ * together, as a call at concurrency 1 and 130 µs at 16; about 140 and 16 µs carried, `npm run bench
+ * -- carried`). The
  * server serves each carried call as it serves the unary one (its handler, span, duration metric
  * under the unary method's name, errors); the client offers the unary method's signature.
  *
