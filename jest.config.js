@@ -1,4 +1,4 @@
-// Unit specs live beside the code (*.spec.ts); e2e specs under test/e2e start the real services
+// Unit specs live beside the code (*.spec.ts, and those of the benchmarks' helpers under test/bench); e2e specs under test/e2e start the real services
 // from dist/ (npm test builds first) and a real redis-server.
 const shared = {
   // Node's environment, with the host realm's typed arrays so onnxruntime-node's outputs pass its own instanceof checks.
@@ -18,7 +18,7 @@ module.exports = {
     {
       ...shared,
       displayName: 'unit',
-      testMatch: ['<rootDir>/{libs,services,tools}/**/*.spec.ts'],
+      testMatch: ['<rootDir>/{libs,services,tools}/**/*.spec.ts', '<rootDir>/test/bench/**/*.spec.ts'],
     },
     {
       ...shared,

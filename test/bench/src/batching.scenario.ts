@@ -5,6 +5,7 @@ import { availableParallelism } from 'node:os';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { SERVICE_NAMES } from '@infermesh/system';
 import { metricValue, startFixture } from '../../e2e/support/system-fixture';
+import { type WarmUp, warmUp } from './closed-loop';
 import { identity, rawClient, SERVER_LIVE_PATH, seededRequests, unary } from './raw-infer';
 import { quantile, round, table } from './stats';
 
@@ -13,6 +14,8 @@ const CONCURRENCIES = [1, 8, 32, 64, 128];
 /** Each closed-loop point runs this long after its warm-up. */
 const POINT_MS = 4_000;
 const POINT_WARMUP_MS = 500;
+/** The concurrency the system is warmed up at before the points (warmUp). */
+const WARM_UP_CONCURRENCY = 64;
 const OVERLOAD_MS = 5_000;
 /** A request unanswered this long after the overload ends counts as never answered. */
 const ANSWER_GRACE_MS = 15_000;
@@ -88,9 +91,13 @@ export async function batching(): Promise<Record<string, unknown>> {
     );
   const points: Point[] = [];
   let inprocess: { b1: number; b64: number };
+  let warm: WarmUp;
   let overload: Record<string, number>;
   try {
     inprocess = await inProcessItemsPerSecond(model.bytes);
+    // The system at its steady state before any point is measured (warmUp), both models alike.
+    warm = await warmUp(WARM_UP_CONCURRENCY, (seed) => call(seed % 2 === 0 ? 'mlp' : 'mlp-off'));
+    process.stdout.write(`warm-up: ${JSON.stringify(warm)}\n`);
 
     for (const concurrency of CONCURRENCIES) {
       // Alternating the order per concurrency spreads the machine's drift over both modes.
@@ -206,6 +213,8 @@ export async function batching(): Promise<Record<string, unknown>> {
     point_seconds: POINT_MS / 1000,
     queue_size: QUEUE_SIZE,
     gateway_max_in_flight: GATEWAY_MAX_IN_FLIGHT,
+    /** What warmUp took before the first point: its duration, requests, and first and last throughput. */
+    warmup: { s: round(warm.ms / 1000, 1), requests: warm.requests, first_rps: warm.firstRps, last_rps: warm.lastRps },
     gain_c64: round(at('on', 64).throughput / at('off', 64).throughput, 2),
     p99_on_le_off: CONCURRENCIES.filter((c) => c >= 8).every((c) => at('on', c).p99 <= at('off', c).p99),
     // The overload's own figures (refusals' p99, unanswered, …) come in `overload`, which the last line

@@ -9,7 +9,7 @@ import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
-import { addPhase, closedLoop, emptyPhase, type Phase, serviceProcesses, threadsCpuUs } from './closed-loop';
+import { addPhase, closedLoop, emptyPhase, type Phase, serviceProcesses, threadsCpuUs, warmUp } from './closed-loop';
 import { workerSession } from './in-process';
 import { INFER_PATH, rawClient, seededRequests, unary } from './raw-infer';
 import { quantile, round, table } from './stats';
@@ -28,6 +28,8 @@ const IN_PROCESS_RUNS = 400;
 const executionThreadsCpuUs = (pid: number) => threadsCpuUs(pid, 'WorkerThread');
 /** Functions listed per service in the profile summary. */
 const PROFILE_TOP = 8;
+/** The concurrency each path is warmed up at (warmUp): the highest measured, which warms it soonest. */
+const WARM_UP_CONCURRENCY = 16;
 const PROFILE_MS = 6_000;
 
 interface Size {
@@ -59,7 +61,9 @@ const SIZES: Size[] = [
  *   the small tensor also the context floor, whose hops pass on a deadline and a request id too;
  * - the same model in-process (onnxruntime-node with the worker's session settings): p50 at batch 1
  *   and CPU per item.
- * The real path and the floor run in alternating phases, so that the machine's noise hits both alike.
+ * Each path is first brought to its steady state (warmUp; the services' warm-up is reported as
+ * <size>_warmup_s, _requests, _first_rps and _last_rps). The real path and the floor then run in
+ * alternating phases, so that the machine's noise hits both alike.
  * Per point: added_p50_ms (p50 through the path less the model's p50 in-process), chain_cpu_us (CPU
  * per request of all services less the model's own), floor_cpu_us and floor_p50_ms, and their
  * ratios. Then each service's top self-time functions under load (--cpu-prof), written beside the
@@ -95,6 +99,14 @@ export async function path(): Promise<Record<string, unknown>> {
       const contextFloor = (seed: number) => unary(contextClient!, withSeed(seed));
       const contextProcesses = contextChain.map((h, i) => ({ name: `hop${i}`, pid: h.pid! }));
       const inProcess = await measureInProcess(size, intraOpThreads);
+      // Every path at its steady state before any is measured (warmUp): what it took the services.
+      const warm = await warmUp(WARM_UP_CONCURRENCY, real);
+      figures[`${size.key}_warmup_s`] = round(warm.ms / 1000, 1);
+      figures[`${size.key}_warmup_requests`] = warm.requests;
+      figures[`${size.key}_warmup_first_rps`] = warm.firstRps;
+      figures[`${size.key}_warmup_last_rps`] = warm.lastRps;
+      await warmUp(WARM_UP_CONCURRENCY, floor);
+      if (contextClient !== undefined) await warmUp(WARM_UP_CONCURRENCY, contextFloor);
 
       for (const concurrency of CONCURRENCY) {
         const load = { concurrency, durationMs: PHASE_MS };
@@ -286,6 +298,7 @@ async function profileSummary(
     await unary(gateway, seededRequests(SIZES[0]!.model, SIZES[0]!.item)(0)); // connections open before the window
     for (const size of SIZES) {
       const withSeed = seededRequests(size.model, size.item);
+      await warmUp(WARM_UP_CONCURRENCY, (seed) => unary(gateway, withSeed(seed))); // profiled at its steady state
       const from = monotonicUs();
       await closedLoop([], 0, { concurrency: 16, durationMs: PROFILE_MS / SIZES.length }, (seed) =>
         unary(gateway, withSeed(seed)),
@@ -296,7 +309,6 @@ async function profileSummary(
   } finally {
     await fixture.stop();
   }
-  const whole = { from: windows.get(SIZES[0]!.key)!.from, to: windows.get(SIZES.at(-1)!.key)!.to };
   const order = ['gateway', 'router', 'batcher', 'worker', 'cache', 'registry'];
   const profiles = readdirSync(dir)
     .flatMap((file) => {
@@ -346,7 +358,7 @@ async function profileSummary(
     '',
   );
   for (const { service, profile } of profiles) {
-    const { busyMs, top } = topSelfTime(profile, whole, PROFILE_TOP);
+    const { busyMs, top } = topSelfTime(profile, [...windows.values()], PROFILE_TOP);
     lines.push(
       `### ${service}: busy ${Math.round(busyMs)} ms`,
       '',
@@ -437,22 +449,27 @@ interface CpuProfile {
 /** Now on the clock of a CPU profile's timestamps, in microseconds. */
 const monotonicUs = () => Number(process.hrtime.bigint() / 1000n);
 
-/** The functions with the most self time in the samples taken within `window`, as a share of the time not idle, and that time. */
+/**
+ * The functions with the most self time in the samples taken within `windows` (not between them,
+ * where the next size warms up), as a share of the time not idle, and that time.
+ */
 function topSelfTime(
   profile: CpuProfile,
-  window: Window,
+  windows: readonly Window[],
   count: number,
 ): { busyMs: number; top: { name: string; file: string; percent: number }[] } {
   const self = new Map<string, number>();
   let busy = 0;
-  forEachBusySample(profile, window, ({ callFrame: frame }, dt) => {
-    const key = `${frame.functionName || '(anonymous)'}\t${frame.url
-      .replace(/^.*node_modules\//, '')
-      .replace(/^.*\/dist\//, '')
-      .replace(/^file:\/\//, '')}`;
-    self.set(key, (self.get(key) ?? 0) + dt);
-    busy += dt;
-  });
+  for (const window of windows) {
+    forEachBusySample(profile, window, ({ callFrame: frame }, dt) => {
+      const key = `${frame.functionName || '(anonymous)'}\t${frame.url
+        .replace(/^.*node_modules\//, '')
+        .replace(/^.*\/dist\//, '')
+        .replace(/^file:\/\//, '')}`;
+      self.set(key, (self.get(key) ?? 0) + dt);
+      busy += dt;
+    });
+  }
   const top = [...self.entries()]
     .sort((a, b) => b[1] - a[1])
     .slice(0, count)

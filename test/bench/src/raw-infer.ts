@@ -31,8 +31,10 @@ export function rawClient(address: string): grpc.Client {
 }
 
 /**
- * Encoded ModelInferRequests of one item of `model`, its input all ones but the first element, the
- * seed: a request of its own for each seed (a copy of one encoding with the seed written in).
+ * Encoded ModelInferRequests of one item of `model`, its input all ones but the first two elements,
+ * which hold the seed (its low 16 bits and the rest, each exact as a float32, where the seed itself is
+ * not above 2^24): a request of its own for each seed (a copy of one encoding with the seed written
+ * in), so that no cache answers one.
  */
 export function seededRequests(model: string, item: readonly number[]): (seed: number) => Buffer {
   const data = new Float32Array(item.reduce((a, b) => a * b, 1)).fill(1);
@@ -49,7 +51,8 @@ export function seededRequests(model: string, item: readonly number[]): (seed: n
   const dataOffset = template.length - data.byteLength; // raw_input_contents is the request's last field
   return (seed) => {
     const bytes = Buffer.from(template);
-    bytes.writeFloatLE(seed, dataOffset);
+    bytes.writeFloatLE(seed % 65_536, dataOffset);
+    bytes.writeFloatLE(Math.floor(seed / 65_536), dataOffset + 4);
     return bytes;
   };
 }
