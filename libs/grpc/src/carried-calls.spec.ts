@@ -280,6 +280,19 @@ describe(CarriedCalls.name, () => {
     }
   });
 
+  it('fails a call its request cannot be encoded for by itself, not the others of its turn nor the stream', async () => {
+    const [bad, good] = await Promise.allSettled([
+      client.lookup({ key: 'not bytes' as unknown as Uint8Array }),
+      client.lookup({ key: key(1) }),
+    ]);
+    expect(bad).toMatchObject({
+      status: 'rejected',
+      reason: { code: grpc.status.INTERNAL, message: expect.stringMatching(/invalid bytes/) },
+    });
+    expect(good).toMatchObject({ status: 'fulfilled', value: { found: true } });
+    expect((await client.lookup({ key: key(1) })).found).toBe(true);
+  });
+
   it('refuses a method pair that does not follow the convention, naming what is missing', () => {
     expect(() => checkCarrier(CacheService.method.lookups, CacheService.method.store)).toThrow(
       /cannot carry Store: infermesh.cache.v1.LookupsRequest.Call needs infermesh.cache.v1.StoreRequest request; infermesh.cache.v1.LookupsResponse.Result needs infermesh.cache.v1.StoreResponse response/,

@@ -250,14 +250,24 @@ export class CarriedCalls {
       }
       signal?.addEventListener('abort', onAbort, { once: true });
       carrier.pending.set(id, { resolve, reject, release });
-      carrier.outbox.push({
-        id,
-        request: message,
-        traceparent: trace?.traceparent ?? '',
-        tracestate: trace?.tracestate ?? '',
-        timeoutMs: deadline === undefined ? 0 : Math.max(1, Math.min(deadline - Date.now(), 0xffffffff)),
-        requestId: options?.metadata?.['x-request-id'] ?? ambient?.requestId ?? '',
-      });
+      try {
+        carrier.outbox.push({
+          id,
+          request: message,
+          traceparent: trace?.traceparent ?? '',
+          tracestate: trace?.tracestate ?? '',
+          timeoutMs: deadline === undefined ? 0 : Math.max(1, Math.min(deadline - Date.now(), 0xffffffff)),
+          requestId: options?.metadata?.['x-request-id'] ?? ambient?.requestId ?? '',
+        });
+      } catch (error) {
+        // A request its method's message cannot hold (sized as it is queued) fails alone, not the
+        // message it would have shared, nor the stream.
+        giveUp(
+          Errors.internal(
+            `the request of ${this.method.name} cannot be encoded: ${error instanceof Error ? error.message : String(error)}`,
+          ),
+        );
+      }
     });
   }
 
