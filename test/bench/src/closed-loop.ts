@@ -178,18 +178,17 @@ export async function warmUp(
 }
 
 /**
- * Closed-loop load through the gateway's gRPC (see closedLoop): the tiny model, with a new input each
- * call so that no cache answers. The CPU is that of every service, by service name.
+ * Runs `load` with calls of the tiny model through the fixture's gateway gRPC, a new input each call
+ * (the seed in two elements, each exact as a float32, as seededRequests does) so that no cache answers.
  */
-export async function phase(fixture: Fixture, seedBase: number, options: LoadOptions): Promise<Phase> {
+async function withTinyCalls<T>(fixture: Fixture, load: (call: (seed: number) => Promise<unknown>) => Promise<T>) {
   const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
   try {
-    return await closedLoop(serviceProcesses(fixture.system), seedBase, options, (seed) =>
+    return await load((seed) =>
       grpc.modelInfer(
         create(ModelInferRequestSchema, {
           modelName: 'tiny',
           inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n] }],
-          // The seed in two elements, each exact as a float32 (seededRequests).
           rawInputContents: [new Uint8Array(new Float32Array([seed % 65_536, Math.floor(seed / 65_536), 2, 3]).buffer)],
         }),
         { metadata: { authorization: `Bearer ${API_KEY}` }, timeoutMs: 10_000 },
@@ -198,6 +197,19 @@ export async function phase(fixture: Fixture, seedBase: number, options: LoadOpt
   } finally {
     grpc.close();
   }
+}
+
+/**
+ * Closed-loop load through the gateway's gRPC (see closedLoop): the tiny model, with a new input each
+ * call so that no cache answers. The CPU is that of every service, by service name.
+ */
+export function phase(fixture: Fixture, seedBase: number, options: LoadOptions): Promise<Phase> {
+  return withTinyCalls(fixture, (call) => closedLoop(serviceProcesses(fixture.system), seedBase, options, call));
+}
+
+/** Brings a fixture to its steady state (warmUp) with calls of the tiny model through its gateway's gRPC. */
+export function warmUpTiny(fixture: Fixture, concurrency: number): Promise<WarmUp> {
+  return withTinyCalls(fixture, (call) => warmUp(concurrency, call));
 }
 
 /** A total's figures over `seconds` of measured load. */

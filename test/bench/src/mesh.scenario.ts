@@ -1,6 +1,6 @@
 import { join } from 'node:path';
 import { type Fixture, REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
-import { addPhase, emptyPhase, type Phase, phase, summarize } from './closed-loop';
+import { addPhase, emptyPhase, type Phase, phase, summarize, warmUpTiny } from './closed-loop';
 import { round, table } from './stats';
 
 const CONCURRENCY = 16;
@@ -31,7 +31,7 @@ export async function mesh(): Promise<Record<string, unknown>> {
     systems.xds = await startFixture({ models: ['tiny'], env, meshPolicyFile: policy });
     systems.mtls = await startFixture({ models: ['tiny'], env, meshPolicyFile: policy, mtls: {} });
     const modes = ['static', 'xds', 'mtls'] as const;
-    for (const [i, mode] of modes.entries()) await phase(systems[mode]!, i * 1e6, load); // warm-up
+    for (const mode of modes) await warmUpTiny(systems[mode]!, CONCURRENCY); // each at its steady state
     for (let r = 0; r < ROUNDS; r++) {
       // Each mode goes first, second and third equally often.
       const order = modes.map((_, i) => modes[(i + r) % modes.length]!);

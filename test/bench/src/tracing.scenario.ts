@@ -1,5 +1,5 @@
 import { type Fixture, startFixture } from '../../e2e/support/system-fixture';
-import { addPhase, emptyPhase, type Phase, phase, summarize } from './closed-loop';
+import { addPhase, emptyPhase, type Phase, phase, summarize, warmUpTiny } from './closed-loop';
 import { OtlpSink } from './otlp-sink';
 import { quantile, round, table } from './stats';
 
@@ -88,11 +88,11 @@ export async function tracing(): Promise<Record<string, unknown>> {
         },
       });
     }
-    // Spans of the start-up (registering and loading the model) are not the requests' spans.
+    for (const mode of MODES) await warmUpTiny(systems[mode]!, CONCURRENCY); // each at its steady state
+    // Spans of the start-up (registering and loading the model) and of the warm-up are not counted.
     await settle(Object.values(receivers));
     for (const receiver of Object.values(receivers)) await receiver.clear();
 
-    for (const [i, mode] of MODES.entries()) await run(mode, i * 1e6); // warm-up
     for (let r = 0; r < ROUNDS; r++) {
       // Each mode goes first, second and third equally often.
       const order = MODES.map((_, i) => MODES[(i + r) % MODES.length]!);
