@@ -78,7 +78,8 @@ export const CARRIED_MESSAGE_BYTES = 1024 * 1024;
 /**
  * What one side of a carrying stream sends: items queued in one turn of the event loop go together,
  * as one message, at the end of that turn (setImmediate), or before it once they hold
- * CARRIED_MESSAGE_BYTES. `sizeOf` measures an item in bytes (their encoding, about).
+ * CARRIED_MESSAGE_BYTES. `sizeOf` measures an item in bytes (their encoding, about). `send` drops
+ * what its stream can no longer carry.
  */
 export class CarriedOutbox<T> {
   private items: T[] = [];
@@ -111,12 +112,6 @@ export class CarriedOutbox<T> {
     this.items = [];
     this.bytes = 0;
     this.send(items);
-  }
-
-  /** Drops what waits: the stream is gone. */
-  clear(): void {
-    this.items = [];
-    this.bytes = 0;
   }
 }
 
@@ -335,7 +330,6 @@ export class CarriedCalls {
   /** Fails what a stream that ended still carries; new calls go on another. */
   private end(carrier: Carrier, error: RpcError): void {
     carrier.ended = true;
-    carrier.outbox.clear();
     if (this.carrier === carrier) this.carrier = undefined;
     const pending = [...carrier.pending.values()];
     carrier.pending.clear();

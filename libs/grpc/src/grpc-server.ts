@@ -647,7 +647,6 @@ export class GrpcServer {
         if (ended) return;
         if (error === undefined) outbox.flush();
         ended = true;
-        outbox.clear();
         this.carriers.delete(drain);
         if (error === undefined) {
           this.finished(streamName, start, grpc.status.OK);
@@ -666,19 +665,9 @@ export class GrpcServer {
         for (const signal of inFlight) signal.abort(cancelled);
         if (!ended) {
           ended = true;
-          outbox.clear();
           this.carriers.delete(drain);
           this.finished(streamName, start, grpc.status.CANCELLED);
         }
-      });
-      call.on('end', drain);
-      call.on('data', (message: CarriedRequest | MalformedMessage) => {
-        if (ended) return;
-        if (message instanceof MalformedMessage) {
-          end(message.toError());
-          return;
-        }
-        for (const carried of message.calls) serve(carried);
       });
       const serve = (message: CarriedCall) => {
         if (ended) return;
@@ -743,6 +732,15 @@ export class GrpcServer {
           (error: unknown) => answer(fail(error)),
         );
       };
+      call.on('end', drain);
+      call.on('data', (message: CarriedRequest | MalformedMessage) => {
+        if (ended) return;
+        if (message instanceof MalformedMessage) {
+          end(message.toError());
+          return;
+        }
+        for (const carried of message.calls) serve(carried);
+      });
     };
   }
 

@@ -5,6 +5,7 @@ import type { System } from '@infermesh/system';
 import { readdirSync, readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { API_KEY, type Fixture } from '../../e2e/support/system-fixture';
+import { seedElements } from './raw-infer';
 import { quantile, round } from './stats';
 
 /** Clock ticks per second of /proc/<pid>/stat's utime and stime (USER_HZ, 100 on Linux). */
@@ -179,7 +180,7 @@ export async function warmUp(
 
 /**
  * Runs `load` with calls of the tiny model through the fixture's gateway gRPC, a new input each call
- * (the seed in two elements, each exact as a float32, as seededRequests does) so that no cache answers.
+ * (the seed in two elements, seedElements) so that no cache answers.
  */
 async function withTinyCalls<T>(fixture: Fixture, load: (call: (seed: number) => Promise<unknown>) => Promise<T>) {
   const grpc = createClient(GRPCInferenceService, fixture.system.gatewayGrpcAddress);
@@ -189,7 +190,7 @@ async function withTinyCalls<T>(fixture: Fixture, load: (call: (seed: number) =>
         create(ModelInferRequestSchema, {
           modelName: 'tiny',
           inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, 4n] }],
-          rawInputContents: [new Uint8Array(new Float32Array([seed % 65_536, Math.floor(seed / 65_536), 2, 3]).buffer)],
+          rawInputContents: [new Uint8Array(new Float32Array([...seedElements(seed), 2, 3]).buffer)],
         }),
         { metadata: { authorization: `Bearer ${API_KEY}` }, timeoutMs: 10_000 },
       ),

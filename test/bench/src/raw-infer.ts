@@ -31,10 +31,17 @@ export function rawClient(address: string): grpc.Client {
 }
 
 /**
+ * A seed as two input elements, each exact as a float32: its low 16 bits and the rest. A float32
+ * holds every integer only up to 2^24, and the benchmarks' seeds go far above it.
+ */
+export function seedElements(seed: number): [number, number] {
+  return [seed % 65_536, Math.floor(seed / 65_536)];
+}
+
+/**
  * Encoded ModelInferRequests of one item of `model`, its input all ones but the first two elements,
- * which hold the seed (its low 16 bits and the rest, each exact as a float32, where the seed itself is
- * not above 2^24): a request of its own for each seed (a copy of one encoding with the seed written
- * in), so that no cache answers one.
+ * which hold the seed (seedElements): a request of its own for each seed (a copy of one encoding with
+ * the seed written in), so that no cache answers one.
  */
 export function seededRequests(model: string, item: readonly number[]): (seed: number) => Buffer {
   const data = new Float32Array(item.reduce((a, b) => a * b, 1)).fill(1);
@@ -51,8 +58,9 @@ export function seededRequests(model: string, item: readonly number[]): (seed: n
   const dataOffset = template.length - data.byteLength; // raw_input_contents is the request's last field
   return (seed) => {
     const bytes = Buffer.from(template);
-    bytes.writeFloatLE(seed % 65_536, dataOffset);
-    bytes.writeFloatLE(Math.floor(seed / 65_536), dataOffset + 4);
+    const [low, high] = seedElements(seed);
+    bytes.writeFloatLE(low, dataOffset);
+    bytes.writeFloatLE(high, dataOffset + 4);
     return bytes;
   };
 }
