@@ -514,17 +514,45 @@ describe(InferenceRouter.name, () => {
       expect(await counter(app, 'cache_requests_total', { outcome: 'miss' })).toBe(1);
     });
 
-    it('on a hit answers without the batcher, marked cached, with the request’s own id: from its own cache once it has seen the answer', async () => {
+    it('on a hit answers without the batcher, marked cached, with the request’s own id: from the shared cache, then from its own', async () => {
       const { sut, batcher, cache, app } = await startRouter();
       const first = await sut.infer(inferRequest({ id: 'first' }));
 
       const second = await sut.infer(inferRequest({ id: 'second' }));
+      const third = await sut.infer(inferRequest({ id: 'third' }));
 
       expect(batcher.requests).toHaveLength(1);
-      expect(second).toMatchObject({ id: 'second', cached: true, modelName: 'mlp', modelVersion: '2' });
-      expect(second.outputs).toEqual(first.outputs);
+      for (const [answer, id] of [
+        [second, 'second'],
+        [third, 'third'],
+      ] as const) {
+        expect(answer).toMatchObject({ id, cached: true, modelName: 'mlp', modelVersion: '2' });
+        expect(answer.outputs).toEqual(first.outputs);
+      }
+      expect(await counter(app, 'cache_requests_total', { outcome: 'hit' })).toBe(1);
       expect(await counter(app, 'cache_requests_total', { outcome: 'local_hit' })).toBe(1);
-      expect(cache.lookups).toHaveLength(1);
+      expect(cache.lookups).toHaveLength(2);
+    });
+
+    it('keeps in its own cache what it computed only while the shared cache cannot be asked', async () => {
+      const { sut, batcher, cache, app } = await startRouter();
+      await sut.infer(inferRequest({ id: 'computed' }));
+      cache.entries.clear();
+
+      await sut.infer(inferRequest({ id: 'again' }));
+      expect(batcher.requests).toHaveLength(2);
+
+      cache.failWith = Errors.upstreamUnavailable('the cache is down');
+      const data = new Uint8Array(16).fill(9);
+      const other = { inputs: [{ name: 'x', datatype: DataType.FP32, shape: [1n, 4n], data }] };
+      await sut.infer(inferRequest({ id: 'bypassed', ...other }));
+      const repeated = await sut.infer(inferRequest({ id: 'repeated', ...other }));
+
+      expect(batcher.requests).toHaveLength(3);
+      expect(repeated).toMatchObject({ id: 'repeated', cached: true });
+      expect(await counter(app, 'cache_requests_total', { outcome: 'bypass' })).toBe(1);
+      expect(await counter(app, 'cache_requests_total', { outcome: 'local_hit' })).toBe(1);
+      expect(cache.stores).toHaveLength(2);
     });
 
     it('on a hit in the shared cache (an answer another router stored) answers from it, then from its own cache', async () => {

@@ -18,9 +18,10 @@ export const OUTPUT_OVERHEAD_BYTES = 256;
 
 /**
  * The router's own small result cache in front of the shared cache service: answers a hot request
- * without a network hop. Entries are keyed like the shared cache (so they never cross versions,
- * artifacts or tenants), live `ttlMs`, and the least recently used go first once the bytes held pass
- * `maxBytes`.
+ * without a network hop. The router holds here what the shared cache answered it, and what it
+ * computed while the shared cache could not be asked (InferenceRouter). Entries are keyed like the
+ * shared cache (so they never cross versions, artifacts or tenants), live `ttlMs`, and the least
+ * recently used go first once the bytes held pass `maxBytes`.
  *
  * The budget bounds the memory the process really holds for the cache: an answer's tensors are
  * copied into storage of their exact size when stored (as received they are views into the gRPC
