@@ -226,7 +226,7 @@ describe('hostile callers and shared state', () => {
   it('keeps the router and the cache service within their memory budgets (RSS) under a sustained load of distinct inputs', async () => {
     // Each input is asked twice: the first time its answer is stored in the cache service, the
     // second time it is answered from there, and the router keeps that answer in its own cache.
-    const askedOnce: Float32Array[] = [];
+    const askedOnce: ReturnType<typeof distinctInput>[] = [];
     let distinct = 0;
     const inferAskedTwice = async () => {
       const again = askedOnce.shift();
