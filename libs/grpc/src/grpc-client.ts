@@ -73,6 +73,7 @@ export function createClient<S extends DescService>(
       for (const carrier of carriers) carrier.close();
       client.close();
     },
+    connect: () => void client.getChannel().getConnectivityState(true),
   };
   for (const method of service.methods) {
     result[method.localName] = clientMethod(client, method);

@@ -66,4 +66,9 @@ export type ServiceClient<S extends DescService> = {
 } & {
   /** Closes the channel. */
   close(): void;
+  /**
+   * Starts connecting now (resolving the target, the TCP and TLS handshakes) instead of on the first
+   * call, so that a first call bounded by a short deadline does not spend it there.
+   */
+  connect(): void;
 };
