@@ -50,7 +50,7 @@ describe(CacheAdapter.name, () => {
     const port = await server.listen('127.0.0.1', 0);
     clock = new ManualClock(Date.now());
     sut = new CacheAdapter(
-      { upstreams: { cache: `127.0.0.1:${port}` } } as RouterConfig,
+      { upstreams: { cache: `127.0.0.1:${port}` }, cache: { enabled: true } } as RouterConfig,
       new JsonLogger('test', 'error', () => undefined),
       clock,
     );

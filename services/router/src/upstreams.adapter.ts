@@ -84,7 +84,7 @@ export class CacheAdapter implements OnApplicationShutdown {
     // of a call of its own, on both sides.
     this.client = createClient(CacheService, config.upstreams.cache, { carried: { lookup: 'lookups' } });
     // A lookup has ROUTER_CACHE_TIMEOUT_MS: the first must not spend it resolving and connecting.
-    this.client.connect();
+    if (config.cache.enabled) this.client.connect();
   }
 
   async lookup(key: Uint8Array, timeoutMs: number): Promise<InferenceResponse | undefined> {
