@@ -54,7 +54,12 @@ class Upstream {
       }
     }
     latencies.sort((a, b) => a - b);
-    return { answered, refused, p50: latencies[Math.floor(latencies.length / 2)] ?? NaN };
+    return {
+      answered,
+      refused,
+      p50: latencies[Math.floor(latencies.length / 2)] ?? NaN,
+      p99: latencies[Math.floor(latencies.length * 0.99)] ?? NaN,
+    };
   }
 }
 
@@ -154,20 +159,77 @@ describe(ConcurrencyLimit.name, () => {
     expect(limit.limit).toBeGreaterThanOrEqual(300);
   });
 
-  it('samples only answered requests, and a probe only those admitted under it', () => {
+  it('comes down from a high limit to the knee within a second of a sudden overload', () => {
+    const limit = adaptive({ max: 2_048 });
+    const upstream = new Upstream(limit, clock);
+    // 250 in flight at 100 ms with room for all: the limit grows past them.
+    upstream.run({ knee: 10_000, baseMs: 100, perSecond: 1_000, offeredPerMs: 2.5, ms: 10_000 });
+    expect(limit.limit).toBeGreaterThanOrEqual(250);
+    // Then the upstream takes no more than 100 at once (1,000/s), and 3,000/s are offered.
+    const overload = { knee: 100, baseMs: 100, perSecond: 1_000, offeredPerMs: 3, ms: 100 };
+    const limits: number[] = [];
+    for (let t = 0; t < 1_000; t += overload.ms) {
+      upstream.run(overload);
+      limits.push(limit.limit);
+    }
+    expect(limits.at(-1)).toBeLessThanOrEqual(150);
+    expect(limits.at(-1)).toBeGreaterThanOrEqual(60);
+    // And it stays near there: most requests of the next 4 s take the upstream's own 100 ms, none
+    // waits behind the 400 that the limit let in at first.
+    const after = upstream.run({ ...overload, ms: 4_000 });
+    expect(after.p50).toBeLessThanOrEqual(125);
+    expect(after.p99).toBeLessThanOrEqual(250);
+    expect(after.answered).toBeGreaterThan(0.9 * 4_000);
+  });
+
+  it('measures a probe on whole cohorts: requests admitted at the limit, then at half of it', () => {
     const limit = adaptive({ min: 2, max: 4, windowSamples: 2, windowMs: 0 });
     const held = [0, 1, 2, 3].map(() => limit.tryAcquire()!);
-    expect(limit.tryAcquire()).toBeUndefined(); // refused: a probe starts, at half the limit
+    // Refused, but no probe yet: when the limit is first reached, no queue has formed behind it.
+    expect(limit.tryAcquire()).toBeUndefined();
+    expect(limit.snapshot().probing).toBe(false);
+    limit.release(held[0]!, 1_000);
+    limit.release(held[1]!, 1_000); // a window of 2 answers that refused requests
+    held[0] = limit.tryAcquire()!;
+    held[1] = limit.tryAcquire()!;
+    expect(limit.tryAcquire()).toBeUndefined(); // refused after a refusing window: a probe starts at the limit
+    expect(limit.snapshot()).toMatchObject({ probing: true, limit: 4 });
+    // Answers of requests admitted before the probe are not its samples.
+    for (const admitted of held.slice(0, 2)) limit.release(admitted, 1_000);
+    const full = [limit.tryAcquire()!, limit.tryAcquire()!];
+    // The full cohort (a quarter of the limit, at least a window's 2 samples) is admitted: the half
+    // one starts, at half the limit, once that much is free.
     expect(limit.snapshot()).toMatchObject({ probing: true, limit: 2 });
-    // Answers of requests admitted before the probe do not end it.
-    for (const admitted of held) limit.release(admitted, 1_000);
+    expect(limit.tryAcquire()).toBeUndefined();
+    for (const admitted of held.slice(2)) limit.release(admitted, 1_000);
+    limit.release(full[0]!, 100);
+    const half = [limit.tryAcquire()!];
+    limit.release(full[1]!); // failed: counted as answered, not sampled
+    half.push(limit.tryAcquire()!);
+    expect(limit.tryAcquire()).toBeUndefined();
+    limit.release(half[0]!, 40);
+    expect(limit.snapshot().probing).toBe(true); // until the last member of each is answered
+    limit.release(half[1]!, 60);
+    // 100 ms at the limit against 50 ms at half: a queue; by Little's law the knee is at half.
+    expect(limit.snapshot()).toMatchObject({ probing: false, baselineMs: 50, recentMs: 100, limit: 2 });
+  });
+
+  it('a probe that finds no queue leaves the limit where it is', () => {
+    const limit = adaptive({ min: 2, max: 8, windowSamples: 2, windowMs: 0 });
+    const held = Array.from({ length: 8 }, () => limit.tryAcquire()!);
+    expect(limit.tryAcquire()).toBeUndefined();
+    limit.release(held[0]!, 10);
+    limit.release(held[1]!, 10);
+    held[0] = limit.tryAcquire()!;
+    held[1] = limit.tryAcquire()!;
+    expect(limit.tryAcquire()).toBeUndefined();
     expect(limit.snapshot().probing).toBe(true);
-    const a = limit.tryAcquire()!;
-    const b = limit.tryAcquire()!;
-    limit.release(a); // failed: no sample
-    limit.release(b, 20);
-    expect(limit.snapshot().probing).toBe(true);
-    limit.release(limit.tryAcquire()!, 30);
-    expect(limit.snapshot()).toMatchObject({ probing: false, baselineMs: 25, limit: 4 });
+    for (const admitted of held) limit.release(admitted, 10);
+    const full = Array.from({ length: 2 }, () => limit.tryAcquire()!);
+    for (const admitted of full) limit.release(admitted, 110);
+    const half = Array.from({ length: 2 }, () => limit.tryAcquire()!);
+    for (const admitted of half) limit.release(admitted, 100);
+    // 110 ms at the limit against 100 ms at half: within the tolerance (1.25x).
+    expect(limit.snapshot()).toMatchObject({ probing: false, baselineMs: 100, recentMs: 110, limit: 8 });
   });
 });

@@ -13,7 +13,7 @@ export interface ConcurrencyLimitOptions {
   /** The shortest window of latency samples, and the fewest samples in one. */
   windowMs?: number;
   windowSamples?: number;
-  /** How often, while requests are refused, the baseline is measured again at half the limit. */
+  /** How often, while requests are refused, a probe measures the latency at the limit and at half of it. */
   probeIntervalMs?: number;
   /** Time: its monotonic clock measures windows and probe intervals (systemClock unless given). */
   clock?: Clock;
@@ -24,6 +24,11 @@ const DEFAULTS = { tolerance: 1.25, windowMs: 100, windowSamples: 10, probeInter
 const SMOOTHING = { down: 0.5, up: 0.2 };
 /** The limit a gateway starts with, within [min, max]: well above what one client needs, well below a flood. */
 const INITIAL_LIMIT = 128;
+/** The longest a probe's cohort takes admissions: when requests come slower than that, it is measured as it is. */
+const COHORT_MS = 1_000;
+
+/** The admission number of a request that belongs to no probe's cohort. */
+const OUTSIDE = -1;
 
 /** What the limit is now, and what it is made of. */
 export interface ConcurrencySnapshot {
@@ -36,25 +41,66 @@ export interface ConcurrencySnapshot {
 }
 
 /**
+ * Requests admitted one after another from a given moment, to be measured together: the mean latency
+ * of a whole cohort, once its last member is answered, is not biased towards the fast answers the way
+ * a window of whatever was answered in the last 100 ms is while a queue grows or drains.
+ */
+class Cohort {
+  admitted = 0;
+  released = 0;
+  samples = 0;
+  sumMs = 0;
+  open = true;
+
+  constructor(
+    /** The admission number its members carry. */
+    readonly id: number,
+    /** How many it admits at most. */
+    readonly size: number,
+    /** When it started to admit. */
+    readonly openedAt: number,
+  ) {}
+
+  get done(): boolean {
+    return !this.open && this.released === this.admitted;
+  }
+
+  get meanMs(): number {
+    return this.samples === 0 ? Number.NaN : this.sumMs / this.samples;
+  }
+}
+
+/** A probe's two cohorts: at the limit, then at half of it, from when the first has admitted all its members. */
+interface Probe {
+  full: Cohort;
+  half: Cohort | undefined;
+}
+
+/**
  * How many requests may be in flight at once, adapted to the latency they get: a gradient limiter
- * in the way of Envoy's adaptive concurrency filter and Netflix's concurrency-limits, with a baseline
+ * in the way of Envoy's adaptive concurrency filter and Netflix's concurrency-limits, with a probe
  * suited to batching upstreams.
  *
  * Answers are sampled in windows (at least `windowMs` and `windowSamples` answers). While a window's
  * mean latency stays within `tolerance` times the baseline, the limit grows by about its square root
  * each window, if the window used at least half of it; beyond, if the window refused requests, it
- * shrinks in proportion (by at most a quarter a window: half of it, smoothed). A limit that refuses nothing does
- * not shrink: slower answers below it are the upstream's own, not a queue the limit let build.
+ * shrinks in proportion (by at most a quarter a window: half of it, smoothed). A limit that refuses
+ * nothing does not shrink: slower answers below it are the upstream's own, not a queue the limit let build.
  *
  * The baseline is not the latency of an idle upstream: a batching upstream answers one request
  * alone in a few milliseconds, and a hundred together in tens, at ten times the throughput. It is
- * the latency at half the limit, measured by a probe: while requests are being refused, every
- * `probeIntervalMs` the limit is halved until a window of requests admitted under it has been
- * answered. Below the upstream's knee, half the requests take about as long (the batch delay and
- * compute dominate), and the limit stands; past it they wait in a queue, half of them take half as
- * long, and the limit comes down to the knee. So the limit neither follows a growing queue upwards
- * nor falls to what an idle upstream would need. Failed requests are not sampled: a fast failure
- * says nothing of capacity.
+ * measured by a probe, at most every `probeIntervalMs` while requests are being refused: a cohort of
+ * requests is admitted at the limit, then another at half the limit, and each cohort's mean latency
+ * is taken once all its members are answered (a window of whatever was answered lately is biased
+ * towards fast answers while a queue grows or drains). Below the upstream's knee, the half cohort
+ * takes about as long as the full one (batch delay and compute dominate) and the limit stands. Past
+ * it, requests wait in a queue, and by Little's law the knee is about the limit times the half
+ * cohort's latency over the full one's: the limit comes down to that at once, and the next probe
+ * follows after one window, until the two latencies are within `tolerance`. So a sudden overload is
+ * brought down to the knee in a few probes, each about one latency at the limit long, rather than by
+ * a quarter per window; and the limit neither follows a growing queue upwards nor falls to what an
+ * idle upstream would need. The half cohort's mean is the baseline of the windows that follow.
+ * Failed requests are not sampled: a fast failure says nothing of capacity.
  */
 export class ConcurrencyLimit {
   private current: number;
@@ -71,10 +117,17 @@ export class ConcurrencyLimit {
   private windowRefused = false;
   private recent = Number.NaN;
   private baseline = Number.NaN;
-  /** Admissions are numbered by probe: a probe's window samples only the requests admitted under it. */
-  private generation = 0;
-  private probing = false;
-  private lastProbe = Number.NEGATIVE_INFINITY;
+  /** Cohorts are numbered, and their members carry the number; every other admission carries OUTSIDE. */
+  private cohorts = 0;
+  /** A probe's two cohorts, at the limit and at half of it; undefined while no probe runs. */
+  private probe: Probe | undefined;
+  /** When the next probe may start. */
+  private nextProbeAt = Number.NEGATIVE_INFINITY;
+  /**
+   * Whether the last whole window refused requests too. A probe waits for that: when the limit is first
+   * reached, the queue behind it has not formed yet, and a probe then would find none.
+   */
+  private lastWindowRefused = false;
 
   constructor(private readonly options: ConcurrencyLimitOptions) {
     if (!(options.min >= 1 && options.max >= options.min))
@@ -90,10 +143,10 @@ export class ConcurrencyLimit {
     this.windowStart = this.clock.monotonic();
   }
 
-  /** The requests that may be in flight now: half the limit while a probe runs. */
+  /** The requests that may be in flight now: half the limit while a probe measures its half cohort. */
   get limit(): number {
     const limit = Math.floor(this.current);
-    return this.probing ? Math.max(this.options.min, Math.floor(limit / 2)) : limit;
+    return this.probe?.half === undefined ? limit : this.halfOf(limit);
   }
 
   get inFlight(): number {
@@ -106,7 +159,7 @@ export class ConcurrencyLimit {
       inFlight: this.inFlightNow,
       recentMs: this.recent,
       baselineMs: this.baseline,
-      probing: this.probing,
+      probing: this.probe !== undefined,
     };
   }
 
@@ -114,7 +167,12 @@ export class ConcurrencyLimit {
   refuses(): boolean {
     if (this.inFlightNow < this.limit) return false;
     this.windowRefused = true;
-    if (this.options.adaptive && !this.probing && this.clock.monotonic() - this.lastProbe >= this.probeIntervalMs)
+    if (
+      this.options.adaptive &&
+      this.probe === undefined &&
+      this.lastWindowRefused &&
+      this.clock.monotonic() >= this.nextProbeAt
+    )
       this.startProbe();
     return true;
   }
@@ -124,26 +182,92 @@ export class ConcurrencyLimit {
     if (this.refuses()) return undefined;
     this.inFlightNow += 1;
     if (this.inFlightNow > this.windowPeak) this.windowPeak = this.inFlightNow;
-    return this.generation;
+    return this.probe === undefined ? OUTSIDE : this.admitToProbe(this.probe);
   }
 
   /** Gives a place back; `latencyMs` when the request was answered, not when it failed. */
   release(admitted: number, latencyMs?: number): void {
     this.inFlightNow -= 1;
-    if (latencyMs === undefined || !this.options.adaptive) return;
-    // A probe measures only what was admitted at half the limit.
-    if (this.probing && admitted !== this.generation) return;
+    if (!this.options.adaptive) return;
+    const probe = this.probe;
+    if (probe !== undefined) {
+      // While a probe runs, only its cohorts are measured.
+      this.advance(probe);
+      const cohort = admitted === probe.full.id ? probe.full : admitted === probe.half?.id ? probe.half : undefined;
+      if (cohort === undefined) return;
+      cohort.released += 1;
+      if (latencyMs !== undefined) {
+        cohort.samples += 1;
+        cohort.sumMs += latencyMs;
+      }
+      if (probe.full.done && probe.half?.done === true) this.endProbe(probe.full, probe.half);
+      return;
+    }
+    if (latencyMs === undefined) return;
     this.windowCount += 1;
     this.windowSumMs += latencyMs;
     const now = this.clock.monotonic();
     if (this.windowCount >= this.windowSamples && now - this.windowStart >= this.windowMs) this.endWindow(now);
   }
 
+  private halfOf(limit: number): number {
+    return Math.max(this.options.min, Math.floor(limit / 2));
+  }
+
   private startProbe(): void {
-    this.probing = true;
-    this.generation += 1;
-    this.lastProbe = this.clock.monotonic();
-    this.resetWindow(this.lastProbe);
+    const limit = Math.floor(this.current);
+    this.probe = { full: new Cohort(++this.cohorts, this.cohortSize(limit), this.clock.monotonic()), half: undefined };
+  }
+
+  /** The admission number of a request admitted while a probe runs: its cohort's, or OUTSIDE. */
+  private admitToProbe(probe: Probe): number {
+    this.advance(probe);
+    const cohort = probe.half ?? probe.full;
+    // The half cohort's members wait behind no more than half the limit; a request let in under
+    // the full limit just before it started may not.
+    if (!cohort.open || (cohort === probe.half && this.inFlightNow > this.limit)) return OUTSIDE;
+    cohort.admitted += 1;
+    if (cohort.admitted >= cohort.size) cohort.open = false;
+    this.advance(probe);
+    return cohort.id;
+  }
+
+  /** Closes the cohort that has admitted for COHORT_MS; starts the half cohort once the full one is closed. */
+  private advance(probe: Probe): void {
+    const now = this.clock.monotonic();
+    const cohort = probe.half ?? probe.full;
+    if (cohort.open && now - cohort.openedAt >= COHORT_MS) cohort.open = false;
+    if (!probe.full.open && probe.half === undefined)
+      probe.half = new Cohort(++this.cohorts, this.cohortSize(this.halfOf(Math.floor(this.current))), now);
+  }
+
+  /**
+   * A quarter of the requests a limit lets in (at least a window's samples): members admitted one after
+   * another while the limit holds each wait behind all the others in flight, so a quarter of them
+   * measures what all would, in a quarter of the time it takes to admit them all.
+   */
+  private cohortSize(limit: number): number {
+    return Math.min(limit, Math.max(this.windowSamples, Math.ceil(limit / 4)));
+  }
+
+  private endProbe(full: Cohort, half: Cohort): void {
+    this.probe = undefined;
+    const now = this.clock.monotonic();
+    this.resetWindow(now);
+    this.lastWindowRefused = false;
+    this.nextProbeAt = now + this.probeIntervalMs;
+    const atLimit = full.meanMs;
+    const atHalf = half.meanMs;
+    // Cohorts that only failed measured nothing.
+    if (Number.isNaN(atLimit) || Number.isNaN(atHalf)) return;
+    this.recent = atLimit;
+    this.baseline = atHalf;
+    if (atLimit <= this.tolerance * atHalf) return;
+    // A queue at the limit: down to the knee where Little's law puts it, the limit times the half
+    // cohort's latency over the full one's (at most by half: the probe saw no lower), and probe
+    // again after one window.
+    this.current = Math.max(this.options.min, this.current * Math.max(0.5, atHalf / atLimit));
+    this.nextProbeAt = now + this.windowMs;
   }
 
   private resetWindow(now: number): void {
@@ -160,13 +284,9 @@ export class ConcurrencyLimit {
     const refused = this.windowRefused;
     this.resetWindow(now);
     this.recent = recent;
-    if (this.probing) {
-      this.probing = false;
-      this.baseline = recent;
-      return;
-    }
+    this.lastWindowRefused = refused;
     // A limit the requests did not come near tells nothing about a higher one: it does not grow.
-    if (used < this.current / 2) return;
+    if (used < (this.current * 3) / 4) return;
     const gradient = Number.isNaN(this.baseline)
       ? 1
       : Math.min(1, Math.max(0.5, (this.tolerance * this.baseline) / recent));
