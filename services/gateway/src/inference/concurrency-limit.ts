@@ -83,7 +83,7 @@ interface Probe {
  *
  * Answers are sampled in windows (at least `windowMs` and `windowSamples` answers). While a window's
  * mean latency stays within `tolerance` times the baseline, the limit grows by about its square root
- * each window, if the window used at least half of it; beyond, if the window refused requests, it
+ * each window, if the window used at least three quarters of it; beyond, if the window refused requests, it
  * shrinks in proportion (by at most a quarter a window: half of it, smoothed). A limit that refuses
  * nothing does not shrink: slower answers below it are the upstream's own, not a queue the limit let build.
  *
