@@ -153,7 +153,8 @@ describe('automatic rollouts through the whole system', () => {
         ],
         fixture.system.gatewayGrpcAddress,
       );
-      expect(cli.code).toBe(0);
+      // The CLI's output is part of the expectation so that a failure shows why the rollout ended.
+      expect({ code: cli.code, stderr: cli.stderr }).toMatchObject({ code: 0 });
       // --wait prints each decision as it comes.
       expect(cli.stderr).toMatch(/STARTED .*\n.*ADVANCED .*\n.*ADVANCED .*\n.*PROMOTED /);
     } finally {
@@ -168,8 +169,11 @@ describe('automatic rollouts through the whole system', () => {
     const old = promoted.versions.find((v) => v.name.endsWith('/versions/1'))!;
     expect(old.state === VersionState.RETIRED || old.stateReason.includes('retired')).toBe(true);
     expect(traffic.failures).toEqual([]);
+    const p99Ratios = promoted.rolloutHistory.flatMap(
+      (e) => e.figures?.gates.filter((g) => g.gate === 'p99_ratio').map((g) => g.value.toFixed(2)) ?? [],
+    );
     process.stdout.write(
-      `healthy canary: ${JSON.stringify(Object.fromEntries(traffic.served))} served, ${traffic.failures.length} failed\n`,
+      `healthy canary: ${JSON.stringify(Object.fromEntries(traffic.served))} served, ${traffic.failures.length} failed; p99 ratio per step ${p99Ratios.join(', ')}\n`,
     );
 
     const history = await runCli(['rollout', 'history', 'tiny'], fixture.system.gatewayGrpcAddress);

@@ -20,6 +20,19 @@ export function isServiceError(code: status): boolean {
   return SERVICE_ERROR_CODES.has(code);
 }
 
+/**
+ * The latency bounds automatic rollouts count under: 2^(k/8) seconds, from about 0.1 ms to 10 s,
+ * each 9 % above the last (the layout of Prometheus's native histograms, schema 3). A p99 read from
+ * these counts is within a few per cent of the latencies' own, so that a p99_ratio gate of 1.2 judges
+ * the versions and not the layout. The services' Prometheus histograms (LATENCY_BUCKETS_SECONDS) step
+ * 2 to 2.5× between bounds: a p99 interpolated there moves by up to that much when the latencies
+ * cross one bound, and a canary no slower than its stable version could fail any gate below 2.5×.
+ */
+export const ROLLOUT_LATENCY_BOUNDS_SECONDS: readonly number[] = Array.from(
+  { length: 134 },
+  (_, i) => 2 ** ((i - 106) / 8),
+);
+
 /** Zero counters with one latency count per bound plus one above the last. */
 export function emptyCounters(bounds: readonly number[]): TrafficCounters {
   return create(TrafficCountersSchema, { latencyCounts: new Array<bigint>(bounds.length + 1).fill(0n) });
@@ -27,8 +40,14 @@ export function emptyCounters(bounds: readonly number[]): TrafficCounters {
 
 /** The index of the latency count a duration falls under: the first bound at or above it, else the last count. */
 export function latencyIndex(seconds: number, bounds: readonly number[]): number {
-  for (let i = 0; i < bounds.length; i += 1) if (seconds <= bounds[i]!) return i;
-  return bounds.length;
+  let low = 0;
+  let high = bounds.length;
+  while (low < high) {
+    const middle = (low + high) >>> 1;
+    if (seconds <= bounds[middle]!) high = middle;
+    else low = middle + 1;
+  }
+  return low;
 }
 
 /** Adds `more` into `into` (latency counts index by index; `into` grows to the longer list). */
@@ -45,8 +64,9 @@ export function addCounters(into: TrafficCounters, more: TrafficCounters): Traff
 
 /**
  * What `now` counted since `before`, both whole counts since the same start. A count below its
- * baseline means the counting restarted (a registry without shared storage restarted): the whole of
- * `now` is then what it counted since.
+ * baseline means the counting restarted (a registry without shared storage restarted), and latency
+ * counts of another length that it counts under other bounds (a baseline kept by an older registry):
+ * the whole of `now` is then what it counted since.
  */
 export function countersSince(now: TrafficCounters, before: TrafficCounters | undefined): TrafficCounters {
   if (before === undefined) return create(TrafficCountersSchema, { ...now, latencyCounts: [...now.latencyCounts] });
@@ -56,6 +76,7 @@ export function countersSince(now: TrafficCounters, before: TrafficCounters | un
     now.failures < before.failures ||
     now.shadowItems < before.shadowItems ||
     now.shadowAgreed < before.shadowAgreed ||
+    now.latencyCounts.length !== before.latencyCounts.length ||
     before.latencyCounts.some((c, i) => (now.latencyCounts[i] ?? 0n) < c);
   if (restarted) return countersSince(now, undefined);
   return create(TrafficCountersSchema, {

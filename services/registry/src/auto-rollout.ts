@@ -21,7 +21,6 @@ import {
   WeightedVersionSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { latencyQuantileMs, stableVersion, versionIdOf, phaseName } from '@infermesh/rollout';
-import { LATENCY_BUCKETS_SECONDS } from '@infermesh/telemetry';
 import { applyRolloutAction } from './rollout-actions';
 import { checkRollout } from './rollout-check';
 
@@ -33,8 +32,8 @@ export function isActive(rollout: AutoRollout | undefined): rollout is AutoRollo
   return rollout?.phase === AutoRolloutPhase.PROGRESSING || rollout?.phase === AutoRolloutPhase.PAUSED;
 }
 
-/** A version's figures from its counters over a step. */
-export function figuresOf(version: string, counters: TrafficCounters): VersionFigures {
+/** A version's figures from its counters over a step, their latencies counted under `bounds`. */
+export function figuresOf(version: string, counters: TrafficCounters, bounds: readonly number[]): VersionFigures {
   const requests = Number(counters.requests);
   const items = Number(counters.shadowItems);
   return create(VersionFiguresSchema, {
@@ -44,7 +43,7 @@ export function figuresOf(version: string, counters: TrafficCounters): VersionFi
     errorRate: requests === 0 ? 0 : Number(counters.failures) / requests,
     serviceErrors: counters.errors,
     serviceErrorRate: requests === 0 ? 0 : Number(counters.errors) / requests,
-    p99Ms: latencyQuantileMs(counters.latencyCounts, LATENCY_BUCKETS_SECONDS, 0.99),
+    p99Ms: latencyQuantileMs(counters.latencyCounts, bounds, 0.99),
     shadowItems: counters.shadowItems,
     agreement: items === 0 ? 0 : Number(counters.shadowAgreed) / items,
   });
@@ -59,7 +58,9 @@ export type StepVerdict =
 /**
  * Judges the current step: the gates once the canary has served min_requests in it (a failed one
  * rolls back at once), then the interval. The stable version's figures are its own over the step,
- * or the reference from the last step where it served min_requests when it served fewer.
+ * or the reference from the last step where it served min_requests when it served fewer, or when the
+ * step gives it no traffic: what it reports then is the last requests of the step before, counted
+ * late (routers report every few seconds), a sample biased to whatever was in flight at the switch.
  */
 export function judgeStep(
   rollout: AutoRollout,
@@ -70,7 +71,7 @@ export function judgeStep(
   const analysis = rollout.analysis!;
   const elapsedMs = now.getTime() - timestampDate(rollout.stepStartTime!).getTime();
   const reference =
-    stable.requests >= analysis.minRequests || rollout.stableReference === undefined ? stable : rollout.stableReference;
+    isFullStep(rollout, stable) || rollout.stableReference === undefined ? stable : rollout.stableReference;
   const gates =
     canary.requests >= analysis.minRequests ? checkGates(analysis, canary, reference, reference !== stable) : [];
   const figures = create(StepFiguresSchema, { canary, stable, gates, elapsedMs: BigInt(Math.max(0, elapsedMs)) });
@@ -99,6 +100,12 @@ export function judgeStep(
       ? { kind: 'promote', reason: `every step passed; the last with ${canary.requests} canary requests` }
       : { kind: 'advance', reason: `step ${rollout.step + 1} passed with ${canary.requests} canary requests` },
   };
+}
+
+/** Whether the stable version's figures over the current step are its own: the step gives it traffic, and it served min_requests. */
+function isFullStep(rollout: AutoRollout, stable: VersionFigures): boolean {
+  const analysis = rollout.analysis!;
+  return analysis.steps[rollout.step]! < 100 && stable.requests >= analysis.minRequests;
 }
 
 function checkGates(
@@ -347,8 +354,7 @@ export function applyVerdict(
     case 'wait':
       return true;
     case 'advance': {
-      if (figures.stable !== undefined && figures.stable.requests >= rollout.analysis!.minRequests)
-        rollout.stableReference = figures.stable;
+      if (figures.stable !== undefined && isFullStep(rollout, figures.stable)) rollout.stableReference = figures.stable;
       const next = rollout.step + 1;
       model.rollout = checkRollout(withCanaryPercent(model, rollout.analysis!.steps[next]!), model);
       startStep(rollout, next, marks, now);

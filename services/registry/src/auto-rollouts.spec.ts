@@ -12,8 +12,8 @@ import {
   TrafficCountersSchema,
   VersionState,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { emptyCounters, latencyIndex } from '@infermesh/rollout';
-import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics } from '@infermesh/telemetry';
+import { emptyCounters, latencyIndex, ROLLOUT_LATENCY_BOUNDS_SECONDS } from '@infermesh/rollout';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { ManualClock, rpcRejection } from '@infermesh/testing';
 import { AutoRollouts } from './auto-rollouts';
 import type { ModelCatalog } from './model-catalog';
@@ -74,8 +74,8 @@ describe(AutoRollouts.name, () => {
 
   /** What routers report a version served: `requests`, `errors` of them, the successes taking `latencyMs`. */
   const serve = (versionId: string, requests: number, errors = 0, latencyMs = 4) => {
-    const counters = emptyCounters(LATENCY_BUCKETS_SECONDS);
-    counters.latencyCounts[latencyIndex(latencyMs / 1000, LATENCY_BUCKETS_SECONDS)] = BigInt(requests - errors);
+    const counters = emptyCounters(ROLLOUT_LATENCY_BOUNDS_SECONDS);
+    counters.latencyCounts[latencyIndex(latencyMs / 1000, ROLLOUT_LATENCY_BOUNDS_SECONDS)] = BigInt(requests - errors);
     return ledger.add([
       {
         modelId: 'tiny',
@@ -137,6 +137,30 @@ describe(AutoRollouts.name, () => {
     expect(scraped).toMatch(/_rollout_decisions_total\{model="tiny",decision="promoted"\} 1/);
     expect(scraped).toMatch(/_rollout_phase\{model="tiny",phase="promoted"\} 1/);
     expect(scraped).toMatch(/_rollout_phase\{model="tiny",phase="progressing"\} 0/);
+  });
+
+  it("compares the last step with the stable version's last full step, whatever it reports of requests it served before", async () => {
+    await start();
+    for (const percent of [10, 50]) {
+      expect(await canaryPercent()).toBe(percent);
+      await serve('2', 500, 0, 20);
+      await serve('1', 500, 0, 20);
+      clock.advance(INTERVAL_MS);
+      await sut.tick();
+    }
+    expect(await canaryPercent()).toBe(100);
+    // Routers report what they counted every few seconds: the stable version's last requests of the
+    // previous step, the quick ones, arrive in this one, more than min_requests of them.
+    await serve('1', 150, 0, 5);
+    await serve('2', 500, 0, 20);
+    clock.advance(INTERVAL_MS);
+    await sut.tick();
+
+    const promoted = await model();
+    expect(promoted.autoRollout?.phase).toBe(AutoRolloutPhase.PROMOTED);
+    const gate = promoted.rolloutHistory.at(-1)!.figures!.gates.find((g) => g.gate === 'p99_ratio')!;
+    expect(gate.note).toContain('its last full step');
+    expect(gate.value).toBeCloseTo(1);
   });
 
   it('holds a step until the canary has served min_requests, even past the interval', async () => {
@@ -294,7 +318,7 @@ describe(AutoRollouts.name, () => {
         modelId: 'tiny',
         versionId: '2',
         counters: create(TrafficCountersSchema, {
-          ...emptyCounters(LATENCY_BUCKETS_SECONDS),
+          ...emptyCounters(ROLLOUT_LATENCY_BOUNDS_SECONDS),
           requests: 100n,
           errors: 50n,
           failures: 50n,

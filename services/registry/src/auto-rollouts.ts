@@ -152,8 +152,8 @@ export class AutoRollouts implements OnApplicationBootstrap, BeforeApplicationSh
     ]);
     const { figures, verdict } = judgeStep(
       rollout,
-      figuresOf(rollout.canaryVersion, canary),
-      figuresOf(rollout.stableVersion, stable),
+      figuresOf(rollout.canaryVersion, canary, this.traffic.latencyBoundsSeconds),
+      figuresOf(rollout.stableVersion, stable, this.traffic.latencyBoundsSeconds),
       now,
     );
     const key = `${rollout.id}/${rollout.step}`;

@@ -21,6 +21,9 @@ interface VectorSample {
  * last a few scrape intervals for increase() to see it.
  */
 export class PrometheusRolloutTraffic extends RolloutTraffic {
+  /** The routers' histogram's: a p99 read from them is as coarse as they are (ROLLOUT_LATENCY_BOUNDS_SECONDS says how much). */
+  readonly latencyBoundsSeconds = LATENCY_BUCKETS_SECONDS;
+
   constructor(
     private readonly url: string,
     private readonly prefix = 'infermesh_router_',

@@ -1,5 +1,5 @@
 import type { TrafficCounters } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { countersSince } from '@infermesh/rollout';
+import { countersSince, ROLLOUT_LATENCY_BOUNDS_SECONDS } from '@infermesh/rollout';
 import type { TrafficLedger } from './traffic-ledger';
 
 /**
@@ -7,6 +7,8 @@ import type { TrafficLedger } from './traffic-ledger';
  * registry's ledger), or Prometheus when PROMETHEUS_URL is set.
  */
 export abstract class RolloutTraffic {
+  /** The bounds the latency counts it gives count under. */
+  abstract readonly latencyBoundsSeconds: readonly number[];
   /** What to keep at a step's start to measure the step later; undefined when the source needs nothing. */
   abstract mark(modelId: string, versionId: string): Promise<TrafficCounters | undefined>;
   /** What the version served since the step started (`mark` is what mark() gave then). */
@@ -21,6 +23,8 @@ export abstract class RolloutTraffic {
 
 /** The routers' reports: the ledger's counts now, less those at the step's start. */
 export class LedgerRolloutTraffic extends RolloutTraffic {
+  readonly latencyBoundsSeconds = ROLLOUT_LATENCY_BOUNDS_SECONDS;
+
   constructor(private readonly ledger: TrafficLedger) {
     super();
   }

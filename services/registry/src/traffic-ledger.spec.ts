@@ -6,7 +6,7 @@ import {
   TrafficCountersSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { createRedisClient, type Redis, waitForRedis } from '@infermesh/redis';
-import { emptyCounters } from '@infermesh/rollout';
+import { emptyCounters, ROLLOUT_LATENCY_BOUNDS_SECONDS } from '@infermesh/rollout';
 import { JsonLogger, LATENCY_BUCKETS_SECONDS } from '@infermesh/telemetry';
 import { type RedisServer, startRedisServer, thrownBy } from '@infermesh/testing';
 import { EmbeddedTrafficLedger, type TrafficLedger, trafficDeltas } from './traffic-ledger';
@@ -20,7 +20,7 @@ const counters = (
   latency: Record<number, number> = {},
   shadow: [number, number] = [0, 0],
 ) => {
-  const c = emptyCounters(LATENCY_BUCKETS_SECONDS);
+  const c = emptyCounters(ROLLOUT_LATENCY_BOUNDS_SECONDS);
   for (const [i, n] of Object.entries(latency)) c.latencyCounts[Number(i)] = BigInt(n);
   return create(TrafficCountersSchema, {
     ...c,
@@ -66,7 +66,7 @@ describe('TrafficLedger', () => {
       const one = await sut.read(model, '1');
       expect(one).toMatchObject({ requests: 12n, errors: 3n, shadowItems: 4n, shadowAgreed: 3n });
       expect(one.latencyCounts[3]).toBe(9n);
-      expect(one.latencyCounts).toHaveLength(LATENCY_BUCKETS_SECONDS.length + 1);
+      expect(one.latencyCounts).toHaveLength(ROLLOUT_LATENCY_BOUNDS_SECONDS.length + 1);
       expect((await sut.read(model, '2')).latencyCounts[16]).toBe(5n);
       expect(await sut.read(model, '3')).toMatchObject({ requests: 0n, errors: 0n });
     });
@@ -85,7 +85,7 @@ describe(trafficDeltas.name, () => {
   const report = (init: Parameters<typeof create<typeof ReportTrafficRequestSchema>>[1]) =>
     create(ReportTrafficRequestSchema, {
       reporter: 'router-1',
-      latencyBoundsSeconds: LATENCY_BUCKETS_SECONDS,
+      latencyBoundsSeconds: [...ROLLOUT_LATENCY_BOUNDS_SECONDS],
       ...init,
     });
 
@@ -97,13 +97,18 @@ describe(trafficDeltas.name, () => {
 
   it.each([
     ['other latency bounds', report({ latencyBoundsSeconds: [0.1, 1] }), 'latency_bounds_seconds is [0.1, 1]'],
+    [
+      "the services' histogram buckets (a router of an earlier release)",
+      report({ latencyBoundsSeconds: LATENCY_BUCKETS_SECONDS }),
+      'latency_bounds_seconds is 16 bounds from 0.0001 to 10; the registry counts under 134 bounds',
+    ],
     ['a malformed name', report({ versions: [{ name: 'tiny/2' }] }), 'versions[0].name'],
     [
       'too many latency counts',
       report({
-        versions: [{ name: 'models/tiny/versions/2', counters: { latencyCounts: new Array<bigint>(40).fill(1n) } }],
+        versions: [{ name: 'models/tiny/versions/2', counters: { latencyCounts: new Array<bigint>(200).fill(1n) } }],
       }),
-      'versions[0] has 40 latency counts',
+      'versions[0] has 200 latency counts',
     ],
   ])('refuses a report with %s', (_name, request, message) => {
     const error = refusal(() => trafficDeltas(request));

@@ -6,8 +6,7 @@ import {
   type TrafficCounters,
   TrafficCountersSchema,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { addCounters, emptyCounters } from '@infermesh/rollout';
-import { LATENCY_BUCKETS_SECONDS } from '@infermesh/telemetry';
+import { addCounters, emptyCounters, ROLLOUT_LATENCY_BOUNDS_SECONDS } from '@infermesh/rollout';
 import { parseVersionName } from './resource-name-check';
 
 /** The most versions one report may carry. */
@@ -24,7 +23,7 @@ export interface TrafficDelta {
  * Whole traffic counts per model version, summed over every router's reports since the ledger
  * started (an embedded ledger starts with the registry; a Redis one is shared by the replicas and
  * outlives them). Automatic rollouts read it at a step's start and since; latency counts are under
- * LATENCY_BUCKETS_SECONDS.
+ * ROLLOUT_LATENCY_BOUNDS_SECONDS.
  */
 export abstract class TrafficLedger implements OnApplicationShutdown {
   /** Adds the deltas atomically per version. */
@@ -46,7 +45,7 @@ export class EmbeddedTrafficLedger extends TrafficLedger {
     for (const { modelId, versionId, counters } of deltas) {
       const key = `${modelId}/${versionId}`;
       let total = this.counts.get(key);
-      if (total === undefined) this.counts.set(key, (total = emptyCounters(LATENCY_BUCKETS_SECONDS)));
+      if (total === undefined) this.counts.set(key, (total = emptyCounters(ROLLOUT_LATENCY_BOUNDS_SECONDS)));
       addCounters(total, counters);
     }
     return Promise.resolve();
@@ -56,7 +55,7 @@ export class EmbeddedTrafficLedger extends TrafficLedger {
     const total = this.counts.get(`${modelId}/${versionId}`);
     return Promise.resolve(
       total === undefined
-        ? emptyCounters(LATENCY_BUCKETS_SECONDS)
+        ? emptyCounters(ROLLOUT_LATENCY_BOUNDS_SECONDS)
         : create(TrafficCountersSchema, { ...total, latencyCounts: [...total.latencyCounts] }),
     );
   }
@@ -69,15 +68,18 @@ export class EmbeddedTrafficLedger extends TrafficLedger {
 
 /**
  * The deltas a router's report carries, checked: latency bounds the registry's own
- * (LATENCY_BUCKETS_SECONDS, which every service shares), one latency count per bound and one above,
+ * (ROLLOUT_LATENCY_BOUNDS_SECONDS, which the routers count under), one latency count per bound and one above,
  * version names well formed, at most MAX_REPORTED_VERSIONS. Refuses with INVALID_ARGUMENT naming
  * the problem.
  */
 export function trafficDeltas(request: ReportTrafficRequest): TrafficDelta[] {
   const bounds = request.latencyBoundsSeconds;
-  if (bounds.length !== LATENCY_BUCKETS_SECONDS.length || bounds.some((b, i) => b !== LATENCY_BUCKETS_SECONDS[i])) {
+  const expected = ROLLOUT_LATENCY_BOUNDS_SECONDS;
+  if (bounds.length !== expected.length || bounds.some((b, i) => b !== expected[i])) {
+    const shown =
+      bounds.length <= 4 ? `[${bounds.join(', ')}]` : `${bounds.length} bounds from ${bounds[0]} to ${bounds.at(-1)}`;
     throw Errors.invalidRequest(
-      `traffic report: latency_bounds_seconds is [${bounds.join(', ')}]; the registry counts under [${LATENCY_BUCKETS_SECONDS.join(', ')}]`,
+      `traffic report: latency_bounds_seconds is ${shown}; the registry counts under ${expected.length} bounds, 2^(k/8) s from ${expected[0]} to ${expected.at(-1)} (a router of another release?)`,
     );
   }
   if (request.versions.length > MAX_REPORTED_VERSIONS) {

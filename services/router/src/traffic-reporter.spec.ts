@@ -18,8 +18,8 @@ import {
   VersionState,
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
-import { latencyIndex } from '@infermesh/rollout';
-import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics } from '@infermesh/telemetry';
+import { latencyIndex, ROLLOUT_LATENCY_BOUNDS_SECONDS } from '@infermesh/rollout';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { eventually, type FakeRegistry, ManualClock, rpcRejection, startFakeRegistry } from '@infermesh/testing';
 import { hostname } from 'node:os';
 import { InferenceRouter } from './inference-router';
@@ -206,7 +206,7 @@ describe(TrafficReporter.name, () => {
     expect(reports).toHaveLength(1);
     const [report] = reports;
     expect(report!.reporter).toBe(`router-${hostname()}-${process.pid}`);
-    expect(report!.latencyBoundsSeconds).toEqual(LATENCY_BUCKETS_SECONDS);
+    expect(report!.latencyBoundsSeconds).toEqual(ROLLOUT_LATENCY_BOUNDS_SECONDS);
     expect(report!.versions.map((v) => v.name).sort()).toEqual(['models/mlp/versions/1', 'models/mlp/versions/2']);
     expect(countersIn(report, 'models/mlp/versions/1')).toMatchObject({
       requests: 3n,
@@ -229,10 +229,10 @@ describe(TrafficReporter.name, () => {
     await sut.report();
 
     const one = countersIn(reports[0], 'models/mlp/versions/1')!;
-    expect(one.latencyCounts).toHaveLength(LATENCY_BUCKETS_SECONDS.length + 1);
+    expect(one.latencyCounts).toHaveLength(ROLLOUT_LATENCY_BOUNDS_SECONDS.length + 1);
     expect(total(one.latencyCounts)).toBe(2n);
     // 30 ms each: both under the first bound of at least 30 ms.
-    expect(one.latencyCounts[latencyIndex(0.03, LATENCY_BUCKETS_SECONDS)]).toBe(2n);
+    expect(one.latencyCounts[latencyIndex(0.03, ROLLOUT_LATENCY_BOUNDS_SECONDS)]).toBe(2n);
     const two = countersIn(reports[0], 'models/mlp/versions/2')!;
     expect(two).toMatchObject({ requests: 2n, errors: 2n });
     expect(total(two.latencyCounts)).toBe(0n);

@@ -3,9 +3,15 @@ import { status } from '@grpc/grpc-js';
 import { Clock } from '@infermesh/clock';
 import { type RpcError, toRpcError } from '@infermesh/grpc';
 import type { TrafficCounters } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
-import { addCounters, emptyCounters, isServiceError, latencyIndex } from '@infermesh/rollout';
+import {
+  addCounters,
+  emptyCounters,
+  isServiceError,
+  latencyIndex,
+  ROLLOUT_LATENCY_BOUNDS_SECONDS,
+} from '@infermesh/rollout';
 import { meshInstanceId, ServiceIdentity } from '@infermesh/runtime';
-import { JsonLogger, LATENCY_BUCKETS_SECONDS, Metrics } from '@infermesh/telemetry';
+import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
 import { ROUTER_CONFIG, type RouterConfig } from './router.config';
 import { RegistryAdapter } from './upstreams.adapter';
@@ -24,7 +30,7 @@ const WARN_EVERY_MS = 60_000;
  * ROUTER_TRAFFIC_REPORT_INTERVAL_MS, for its SLO-gated automatic rollouts: the requests it answered,
  * those that failed (any error but CANCELLED) and, among them, those with the service's error
  * (isServiceError), the latency of the successful ones
- * over LATENCY_BUCKETS_SECONDS, and, while it ran as a shadow, the output items compared and those
+ * over ROLLOUT_LATENCY_BOUNDS_SECONDS, and, while it ran as a shadow, the output items compared and those
  * that agreed. Versions are keyed by their resource names, not by the metric labels (which fold rare
  * names together).
  *
@@ -81,7 +87,7 @@ export class TrafficReporter implements OnApplicationBootstrap, BeforeApplicatio
   succeeded(versionName: string, seconds: number): void {
     const counters = this.countersOf(versionName);
     counters.requests += 1n;
-    const i = latencyIndex(seconds, LATENCY_BUCKETS_SECONDS);
+    const i = latencyIndex(seconds, ROLLOUT_LATENCY_BOUNDS_SECONDS);
     counters.latencyCounts[i] = (counters.latencyCounts[i] ?? 0n) + 1n;
   }
 
@@ -134,7 +140,7 @@ export class TrafficReporter implements OnApplicationBootstrap, BeforeApplicatio
       await this.registry.reportTraffic(
         {
           reporter: this.reporter,
-          latencyBoundsSeconds: LATENCY_BUCKETS_SECONDS,
+          latencyBoundsSeconds: [...ROLLOUT_LATENCY_BOUNDS_SECONDS],
           versions: [...sent].map(([name, counters]) => ({ name, counters })),
         },
         deadlineMs,
@@ -161,7 +167,7 @@ export class TrafficReporter implements OnApplicationBootstrap, BeforeApplicatio
   private countersOf(versionName: string): TrafficCounters {
     let counters = this.pending.get(versionName);
     if (counters === undefined) {
-      counters = emptyCounters(LATENCY_BUCKETS_SECONDS);
+      counters = emptyCounters(ROLLOUT_LATENCY_BOUNDS_SECONDS);
       this.pending.set(versionName, counters);
       this.trim();
     }
