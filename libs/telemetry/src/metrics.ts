@@ -1,5 +1,6 @@
 import type { Span } from '@opentelemetry/api';
 import * as prom from 'prom-client';
+import { EVENT_LOOP_DELAY_METRICS, registerEventLoopDelay } from './event-loop-delay';
 import { requestContext } from './request-context';
 import { traceIdsOf } from './trace-ids';
 
@@ -42,9 +43,11 @@ export class Metrics {
 
   constructor(readonly service: string) {
     this.prefix = `infermesh_${service}_`;
-    // The event-loop delay monitor samples every 100 ms instead of prom-client's 10 ms: an idle
-    // service should not wake up a hundred times a second.
-    prom.collectDefaultMetrics({ register: this.registry, labels: { service }, eventLoopMonitoringPrecision: 100 });
+    // prom-client's event-loop delay figures read its monitor's resolution on an idle loop: they are
+    // replaced by registerEventLoopDelay's, and its own monitor, whose figures are dropped, ticks once a second.
+    prom.collectDefaultMetrics({ register: this.registry, labels: { service }, eventLoopMonitoringPrecision: 1_000 });
+    for (const name of EVENT_LOOP_DELAY_METRICS) this.registry.removeSingleMetric(name);
+    registerEventLoopDelay(this.registry, { service });
   }
 
   counter<L extends string>(name: string, help: string, labelNames: readonly L[] = []): prom.Counter<L> {

@@ -4,7 +4,7 @@ import * as ort from 'onnxruntime-node';
 import { availableParallelism } from 'node:os';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { SERVICE_NAMES } from '@infermesh/system';
-import { metricValue, startFixture } from '../../e2e/support/system-fixture';
+import { metricIn, metricValue, startFixture } from '../../e2e/support/system-fixture';
 import { type WarmUp, warmUp } from './closed-loop';
 import { identity, rawClient, SERVER_LIVE_PATH, seededRequests, unary } from './raw-infer';
 import { quantile, round, table } from './stats';
@@ -71,7 +71,7 @@ export async function batching(): Promise<Record<string, unknown>> {
   const encoded = { mlp: seededRequests('mlp', [FEATURES]), 'mlp-off': seededRequests('mlp-off', [FEATURES]) };
   let counter = 0;
   const call = (name: keyof typeof encoded) => unary(gateway, encoded[name](counter++), 30_000);
-  const rssMb = async (service: 'batcher' | 'gateway') =>
+  const rssMb = async (service: 'batcher') =>
     round(
       (await metricValue(fixture.system.metricsUrl(service), 'process_resident_memory_bytes', { service })) / 2 ** 20,
       1,
@@ -119,16 +119,34 @@ export async function batching(): Promise<Record<string, unknown>> {
 
     const best = points.filter((p) => p.mode === 'on').reduce((a, b) => (b.throughput > a.throughput ? b : a));
     const rate = 2 * best.throughput;
-    const rssBefore = { batcher: await rssMb('batcher'), gateway: await rssMb('gateway') };
+    /**
+     * One scrape of the gateway: its memory, its concurrency limit, and how late its event loop ran
+     * since the last scrape (prom-client resets that histogram at each one, so the gateway is scraped
+     * here only).
+     */
+    const gatewaySample = async () => {
+      const text = await (await fetch(fixture.system.metricsUrl('gateway'))).text();
+      const labels = { service: 'gateway' };
+      return {
+        rssMb: round(metricIn(text, 'process_resident_memory_bytes', labels) / 2 ** 20, 1),
+        limit: metricIn(text, 'infermesh_gateway_concurrency_limit'),
+        loopP99Ms: metricIn(text, 'nodejs_eventloop_lag_p99_seconds', labels) * 1000,
+        loopMaxMs: metricIn(text, 'nodejs_eventloop_lag_max_seconds', labels) * 1000,
+      };
+    };
+    const before = await gatewaySample();
+    const rssBefore = { batcher: await rssMb('batcher'), gateway: before.rssMb };
     const rssMax = { ...rssBefore };
     const gatewayLimits: number[] = [];
-    const gatewayLimit = () => metricValue(fixture.system.metricsUrl('gateway'), 'infermesh_gateway_concurrency_limit');
-    const limitBefore = await gatewayLimit();
+    const gatewayLoopP99Ms: number[] = [];
+    let gatewayLoopMaxMs = 0;
     const sampler = setInterval(() => {
-      void Promise.all([rssMb('batcher'), rssMb('gateway'), gatewayLimit()]).then(([b, g, limit]) => {
+      void Promise.all([rssMb('batcher'), gatewaySample()]).then(([b, g]) => {
         rssMax.batcher = Math.max(rssMax.batcher, b);
-        rssMax.gateway = Math.max(rssMax.gateway, g);
-        gatewayLimits.push(limit);
+        rssMax.gateway = Math.max(rssMax.gateway, g.rssMb);
+        gatewayLimits.push(g.limit);
+        gatewayLoopP99Ms.push(g.loopP99Ms);
+        gatewayLoopMaxMs = Math.max(gatewayLoopMaxMs, g.loopMaxMs);
       });
     }, 250);
     // What any answer of the gateway takes meanwhile: ServerLive, which does nothing, on a connection
@@ -176,12 +194,16 @@ export async function batching(): Promise<Record<string, unknown>> {
       /** The benchmark's own event loop's lateness during the overload (the client's share of any latency above). */
       client_loop_delay_p50_ms: round(clientLoop.percentile(50) / 1e6, 2),
       client_loop_delay_p99_ms: round(clientLoop.percentile(99) / 1e6, 2),
+      /** The gateway's: the p99 of each 250 ms, their median and their highest, and the longest delay. */
+      gateway_loop_delay_p99_ms_median: round(quantile(gatewayLoopP99Ms, 0.5), 2),
+      gateway_loop_delay_p99_ms_max: round(Math.max(...gatewayLoopP99Ms), 2),
+      gateway_loop_delay_max_ms: round(gatewayLoopMaxMs, 2),
       batcher_rss_mb_before: rssBefore.batcher,
       batcher_rss_mb_max: rssMax.batcher,
       gateway_rss_mb_before: rssBefore.gateway,
       gateway_rss_mb_max: rssMax.gateway,
       /** The gateway's adaptive concurrency limit before the overload, and its range during it (sampled every 250 ms). */
-      gateway_limit_before: limitBefore,
+      gateway_limit_before: before.limit,
       gateway_limit_min: Math.min(...gatewayLimits),
       gateway_limit_max: Math.max(...gatewayLimits),
       gateway_limit_last: gatewayLimits.at(-1) ?? Number.NaN,

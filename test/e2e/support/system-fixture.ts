@@ -165,7 +165,11 @@ export async function startFixture(options: {
 
 /** The value of a Prometheus counter sample, 0 when absent. */
 export async function metricValue(url: string, name: string, labels: Record<string, string> = {}): Promise<number> {
-  const text = await (await fetch(url)).text();
+  return metricIn(await (await fetch(url)).text(), name, labels);
+}
+
+/** The sum of the samples of metric `name` with `labels` in one scrape's text (0 when none). */
+export function metricIn(text: string, name: string, labels: Record<string, string> = {}): number {
   let total = 0;
   for (const line of text.split('\n')) {
     if (!line.startsWith(name)) continue;
