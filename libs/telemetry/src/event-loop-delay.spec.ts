@@ -30,24 +30,24 @@ describe(registerEventLoopDelay.name, () => {
     await sleep(450);
     const figures = await scrape(registry);
     // prom-client's own figures, from the same monitor, read 0.1 s or more here.
-    expect(figures['p50']).toBeLessThan(0.05);
+    expect(figures['p50']).toBeLessThan(0.08);
     expect(figures['min']).toBeLessThan(0.05);
   });
 
-  it('reads a loop blocked for 300 ms as that late, and starts again at each scrape', async () => {
+  it('reads a loop blocked for 400 ms as 300 to 400 ms late (the timer was due within its 100 ms), and starts again at each scrape', async () => {
     await sleep(150);
     await scrape(registry);
     // Node's monitor starts again from its next tick after a reset: the interval up to it is not recorded.
     await sleep(150);
-    const until = Date.now() + 300;
+    const until = Date.now() + 400;
     while (Date.now() < until) {
       // blocked
     }
     await sleep(250);
     const blocked = await scrape(registry);
-    expect(blocked['max']).toBeGreaterThanOrEqual(0.25);
-    expect(blocked['max']).toBeLessThan(0.5);
+    expect(blocked['max']).toBeGreaterThanOrEqual(0.29);
+    expect(blocked['max']).toBeLessThan(0.6);
     await sleep(450);
-    expect((await scrape(registry))['max']).toBeLessThan(0.25);
+    expect((await scrape(registry))['max']).toBeLessThan(0.29);
   });
 });

@@ -1,11 +1,15 @@
-import { type ServiceError, status } from '@grpc/grpc-js';
 import { buildMlpModel } from '@infermesh/model-builder';
 import * as ort from 'onnxruntime-node';
+import { fork } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
+import { join } from 'node:path';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { SERVICE_NAMES } from '@infermesh/system';
 import { metricIn, metricValue, startFixture } from '../../e2e/support/system-fixture';
-import { type WarmUp, warmUp } from './closed-loop';
+import { serviceProcesses, type WarmUp, warmUp } from './closed-loop';
+import { openLoop } from './open-loop';
+import type { ProbeFigures } from './overload-probe';
 import { identity, rawClient, SERVER_LIVE_PATH, seededRequests, unary } from './raw-infer';
 import { quantile, round, table } from './stats';
 
@@ -30,6 +34,8 @@ const QUEUE_SIZE = 256;
  * follows the latency; the overload reports where it went.
  */
 const GATEWAY_MAX_IN_FLIGHT = 512;
+/** Of the overload's requests, those a client of its own sends each second (overload-probe.ts). */
+const PROBE_RATE = 100;
 
 interface Point {
   mode: 'on' | 'off';
@@ -167,7 +173,12 @@ export async function batching(): Promise<Record<string, unknown>> {
     // How late this process's own event loop ran meanwhile: every latency above is measured through it.
     const clientLoop = monitorEventLoopDelay({ resolution: 2 });
     clientLoop.enable();
-    const open = await openLoop(() => call('mlp'), rate);
+    const gatewayPid = serviceProcesses(fixture.system).find((p) => p.name === 'gateway')!.pid;
+    const schedBefore = schedstat(gatewayPid);
+    const probe = await startProbe(fixture.system.gatewayGrpcAddress, 'mlp', FEATURES, PROBE_RATE);
+    const open = await openLoop(() => call('mlp'), rate - PROBE_RATE, OVERLOAD_MS, ANSWER_GRACE_MS);
+    const schedAfter = schedstat(gatewayPid);
+    const probed = await probe.figures;
     clientLoop.disable();
     clearInterval(sampler);
     clearInterval(liveProbe);
@@ -191,6 +202,18 @@ export async function batching(): Promise<Record<string, unknown>> {
       reject_p99_ms: round(quantile(open.refused, 0.99), 2),
       serverlive_p50_ms: round(quantile(liveMs, 0.5), 2),
       serverlive_p99_ms: round(quantile(liveMs, 0.99), 2),
+      /**
+       * The gateway's event loop's time on a CPU and waiting for one (runnable, not running) over the overload, per
+       * second of it, and the mean wait each time it was put on a CPU (/proc/<pid>/schedstat).
+       */
+      gateway_cpu_ms_per_s: round((schedAfter.runNs - schedBefore.runNs) / 1e6 / (OVERLOAD_MS / 1000), 1),
+      gateway_runqueue_wait_ms_per_s: round((schedAfter.waitNs - schedBefore.waitNs) / 1e6 / (OVERLOAD_MS / 1000), 1),
+      gateway_runqueue_wait_ms_per_slice: round(
+        (schedAfter.waitNs - schedBefore.waitNs) / 1e6 / Math.max(1, schedAfter.slices - schedBefore.slices),
+        3,
+      ),
+      /** A process of its own that sent PROBE_RATE of the requests/s offered, and a ServerLive every 10 ms: what a client not itself saturated gets. */
+      ...Object.fromEntries(Object.entries(probed).map(([k, v]) => [`probe_${k}`, v])),
       /** The benchmark's own event loop's lateness during the overload (the client's share of any latency above). */
       client_loop_delay_p50_ms: round(clientLoop.percentile(50) / 1e6, 2),
       client_loop_delay_p99_ms: round(clientLoop.percentile(99) / 1e6, 2),
@@ -295,44 +318,39 @@ async function closedLoop(
   };
 }
 
-/** Requests sent at a fixed rate whatever the answers, for OVERLOAD_MS. */
-async function openLoop(send: () => Promise<unknown>, rate: number) {
-  const admitted: number[] = [];
-  /** The latencies of the requests sent after the overload's first second. */
-  const admittedAfterFirstSecond: number[] = [];
-  const refused: number[] = [];
-  let otherErrors = 0;
-  let sent = 0;
-  let answered = 0;
-  const start = performance.now();
-  await new Promise<void>((resolve) => {
-    const tick = setInterval(() => {
-      const now = performance.now();
-      const due = Math.min(Math.floor(((now - start) / 1000) * rate), Math.floor((OVERLOAD_MS / 1000) * rate));
-      for (; sent < due; sent++) {
-        const t = performance.now();
-        send().then(
-          () => {
-            answered += 1;
-            admitted.push(performance.now() - t);
-            if (t - start >= 1_000) admittedAfterFirstSecond.push(performance.now() - t);
-          },
-          (error: unknown) => {
-            answered += 1;
-            if ((error as ServiceError).code === status.RESOURCE_EXHAUSTED) refused.push(performance.now() - t);
-            else otherErrors += 1;
-          },
-        );
-      }
-      if (now - start >= OVERLOAD_MS) {
-        clearInterval(tick);
-        resolve();
-      }
-    }, 2);
-  });
-  const graceEnd = performance.now() + ANSWER_GRACE_MS;
-  while (answered < sent && performance.now() < graceEnd) await new Promise((r) => setTimeout(r, 50));
-  return { sent, admitted, admittedAfterFirstSecond, refused, otherErrors, unanswered: sent - answered };
+/** The time a process's main thread (its event loop) spent on a CPU and waiting on a run queue (ns), and the times it was put on one. */
+function schedstat(pid: number): { runNs: number; waitNs: number; slices: number } {
+  const [runNs, waitNs, slices] = readFileSync(`/proc/${pid}/schedstat`, 'utf8').trim().split(/\s+/).map(Number);
+  return { runNs: runNs!, waitNs: waitNs!, slices: slices! };
+}
+
+/**
+ * Forks overload-probe.js and waits until it is connected; tells it to start. Its figures come once
+ * its open loop of `rate` requests/s for OVERLOAD_MS has its answers.
+ */
+async function startProbe(
+  address: string,
+  model: string,
+  features: number,
+  rate: number,
+): Promise<{ figures: Promise<ProbeFigures> }> {
+  const child = fork(join(__dirname, 'overload-probe.js'), [
+    address,
+    model,
+    String(features),
+    String(rate),
+    String(OVERLOAD_MS),
+    String(ANSWER_GRACE_MS),
+  ]);
+  const exited = new Promise<never>((_, reject) =>
+    child.once('exit', (code) => reject(new Error(`the overload probe exited with ${code} before its figures`))),
+  );
+  const message = () => Promise.race([new Promise<unknown>((resolve) => child.once('message', resolve)), exited]);
+  await message();
+  // Not awaited here: an async function's promise would wait for this one.
+  const figures = message() as Promise<ProbeFigures>;
+  child.send('go');
+  return { figures };
 }
 
 /** The model in-process with the worker's default threads (cores ÷ 1 instance), at batch 1 and 64. */

@@ -1,0 +1,105 @@
+/**
+ * A client of its own during the batching benchmark's overload: a process that sends a small share of
+ * the overload's requests, and a ServerLive every 10 ms, and measures their answers. The process that
+ * sends the rest is itself saturated (its event loop runs late), and every latency it measures
+ * includes that; this one's loop is idle between its few calls.
+ *
+ * Run by `fork` with: the gateway's gRPC address, the model and its input's features (the requests
+ * are the benchmark's own), requests per second, how long (ms), and how long to wait for the last
+ * answers (ms). Sends its figures to the parent (process.send), then exits.
+ */
+import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
+import { openLoop } from './open-loop';
+import { identity, rawClient, SERVER_LIVE_PATH, seededRequests, unary } from './raw-infer';
+import { quantile, round } from './stats';
+
+/** The figures a probe sends back. */
+export interface ProbeFigures {
+  sent: number;
+  admitted: number;
+  refused: number;
+  other_errors: number;
+  unanswered: number;
+  admitted_p99_ms: number;
+  reject_p50_ms: number;
+  reject_p99_ms: number;
+  serverlive_p50_ms: number;
+  serverlive_p99_ms: number;
+  /** Its own event loop's delay p99 (less the monitor's 1 ms resolution). */
+  loop_delay_p99_ms: number;
+}
+
+async function main(): Promise<void> {
+  const [address, model, features, rate, durationMs, graceMs] = process.argv.slice(2);
+  if (
+    address === undefined ||
+    model === undefined ||
+    [features, rate, durationMs, graceMs].some((v) => !(Number(v) > 0))
+  )
+    throw new Error('usage: overload-probe <gateway address> <model> <features> <requests/s> <duration ms> <grace ms>');
+  const client = rawClient(address);
+  const live = rawClient(address);
+  // Seeds far from the load generator's, so that no two requests are the same.
+  const requests = seededRequests(model, [Number(features)]);
+  let seed = 1_000_000_000;
+  // Connected (a first ServerLive on each connection) before it says it is ready; it starts on 'go'.
+  await Promise.all([client, live].map((c) => serverLive(c)));
+  const go = new Promise((resolve) => process.once('message', resolve));
+  process.send!('ready');
+  await go;
+  const liveMs: number[] = [];
+  const liveProbe = setInterval(() => {
+    const t = performance.now();
+    void serverLive(live).then(() => liveMs.push(performance.now() - t));
+  }, 10);
+  const loop = monitorEventLoopDelay({ resolution: 1 });
+  loop.enable();
+  const result = await openLoop(
+    () => unary(client, requests(seed++), 30_000),
+    Number(rate),
+    Number(durationMs),
+    Number(graceMs),
+  );
+  loop.disable();
+  clearInterval(liveProbe);
+  client.close();
+  live.close();
+  const figures: ProbeFigures = {
+    sent: result.sent,
+    admitted: result.admitted.length,
+    refused: result.refused.length,
+    other_errors: result.otherErrors,
+    unanswered: result.unanswered,
+    admitted_p99_ms: round(quantile(result.admitted, 0.99), 2),
+    reject_p50_ms: round(quantile(result.refused, 0.5), 2),
+    reject_p99_ms: round(quantile(result.refused, 0.99), 2),
+    serverlive_p50_ms: round(quantile(liveMs, 0.5), 2),
+    serverlive_p99_ms: round(quantile(liveMs, 0.99), 2),
+    loop_delay_p99_ms: round(Math.max(0, loop.percentile(99) / 1e6 - 1), 2),
+  };
+  process.send!(figures);
+}
+
+/** A ServerLive call; resolves when answered, whatever the answer. */
+function serverLive(client: ReturnType<typeof rawClient>): Promise<void> {
+  return new Promise((resolve) =>
+    client.makeUnaryRequest(
+      SERVER_LIVE_PATH,
+      identity,
+      identity,
+      Buffer.alloc(0),
+      { deadline: Date.now() + 30_000 },
+      () => resolve(),
+    ),
+  );
+}
+
+if (require.main === module) {
+  main().then(
+    () => process.exit(0),
+    (error: unknown) => {
+      process.stderr.write(`overload probe: ${error instanceof Error ? error.message : String(error)}\n`);
+      process.exit(1);
+    },
+  );
+}
