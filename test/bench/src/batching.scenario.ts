@@ -10,7 +10,7 @@ import { metricIn, metricValue, startFixture } from '../../e2e/support/system-fi
 import { serviceProcesses, type WarmUp, warmUp } from './closed-loop';
 import { openLoop } from './open-loop';
 import type { ProbeFigures } from './overload-probe';
-import { identity, rawClient, SERVER_LIVE_PATH, seededRequests, unary } from './raw-infer';
+import { rawClient, seededRequests, serverLive, unary } from './raw-infer';
 import { quantile, round, table } from './stats';
 
 const FEATURES = 512;
@@ -161,14 +161,7 @@ export async function batching(): Promise<Record<string, unknown>> {
     const liveMs: number[] = [];
     const liveProbe = setInterval(() => {
       const t = performance.now();
-      live.makeUnaryRequest(
-        SERVER_LIVE_PATH,
-        identity,
-        identity,
-        Buffer.alloc(0),
-        { deadline: Date.now() + 30_000 },
-        () => liveMs.push(performance.now() - t),
-      );
+      void serverLive(live).then(() => liveMs.push(performance.now() - t));
     }, 10);
     // How late this process's own event loop ran meanwhile: every latency above is measured through it.
     const clientLoop = monitorEventLoopDelay({ resolution: 2 });

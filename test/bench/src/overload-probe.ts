@@ -10,7 +10,7 @@
  */
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { openLoop } from './open-loop';
-import { identity, rawClient, SERVER_LIVE_PATH, seededRequests, unary } from './raw-infer';
+import { rawClient, seededRequests, serverLive, unary } from './raw-infer';
 import { quantile, round } from './stats';
 
 /** The figures a probe sends back. */
@@ -77,21 +77,8 @@ async function main(): Promise<void> {
     serverlive_p99_ms: round(quantile(liveMs, 0.99), 2),
     loop_delay_p99_ms: round(Math.max(0, loop.percentile(99) / 1e6 - 1), 2),
   };
-  process.send!(figures);
-}
-
-/** A ServerLive call; resolves when answered, whatever the answer. */
-function serverLive(client: ReturnType<typeof rawClient>): Promise<void> {
-  return new Promise((resolve) =>
-    client.makeUnaryRequest(
-      SERVER_LIVE_PATH,
-      identity,
-      identity,
-      Buffer.alloc(0),
-      { deadline: Date.now() + 30_000 },
-      () => resolve(),
-    ),
-  );
+  // Sent before the process exits.
+  await new Promise((resolve) => process.send!(figures, resolve));
 }
 
 if (require.main === module) {

@@ -82,3 +82,17 @@ export function unary(client: grpc.Client, bytes: Buffer, timeoutMs = 10_000): P
     ),
   );
 }
+
+/** A ServerLive call (it does nothing); resolves when answered, whatever the answer. */
+export function serverLive(client: grpc.Client): Promise<void> {
+  return new Promise((resolve) =>
+    client.makeUnaryRequest(
+      SERVER_LIVE_PATH,
+      identity,
+      identity,
+      Buffer.alloc(0),
+      { deadline: Date.now() + 30_000 },
+      () => resolve(),
+    ),
+  );
+}
