@@ -44,8 +44,13 @@ const FACTORY_CALL = /\.(counter|gauge|histogram|summary)\s*(?:<[^>()]*>)?\(\s*(
 const PREFIXED_CONSTRUCTOR =
   /new\s+(?:\w+\.)?(Counter|Gauge|Histogram|Summary)\s*(?:<[^>()]*>)?\(\s*\{\s*name:\s*(?:`\$\{[\w.]+\.prefix\}([a-z0-9_]+)`|([^,}]+))/g;
 
-/** The Metrics class itself: its counter(), gauge() and histogram() build prom-client metrics from the name they are given. */
-const FACTORY_FILE = 'libs/telemetry/src/metrics.ts';
+/**
+ * Not read: the Metrics class itself (its counter(), gauge() and histogram() build prom-client
+ * metrics from the name they are given), and the event-loop delay figures, which stand in for
+ * prom-client's under Node's standard names (`nodejs_eventloop_lag_*`), as its other default metrics
+ * do: none is an infermesh_ metric.
+ */
+const NOT_READ = new Set(['libs/telemetry/src/metrics.ts', 'libs/telemetry/src/event-loop-delay.ts']);
 
 function sourceFiles(dir: string): string[] {
   if (!existsSync(dir)) return [];
@@ -106,7 +111,7 @@ export function scanMetrics(root: string): MetricCatalog {
   const own = new Map<string, { name: string; type: MetricType; file: string }[]>();
   const unread: UnreadDefinition[] = [];
   for (const file of files) {
-    if (file.path === FACTORY_FILE) continue;
+    if (NOT_READ.has(file.path)) continue;
     const list = own.get(file.project) ?? [];
     own.set(file.project, list);
     for (const match of file.text.matchAll(FACTORY_CALL)) {
