@@ -4,14 +4,14 @@ import { fork } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
-import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
+import { performance } from 'node:perf_hooks';
 import { SERVICE_NAMES } from '@infermesh/system';
 import { metricIn, metricValue, startFixture } from '../../e2e/support/system-fixture';
 import { serviceProcesses, type WarmUp, warmUp } from './closed-loop';
 import { openLoop } from './open-loop';
 import type { ProbeFigures } from './overload-probe';
-import { rawClient, seededRequests, serverLive, unary } from './raw-infer';
-import { quantile, round, table } from './stats';
+import { rawClient, seededRequests, serverLiveEvery, unary } from './raw-infer';
+import { loopDelay, quantile, round, table } from './stats';
 
 const FEATURES = 512;
 const CONCURRENCIES = [1, 8, 32, 64, 128];
@@ -158,23 +158,18 @@ export async function batching(): Promise<Record<string, unknown>> {
     // What any answer of the gateway takes meanwhile: ServerLive, which does nothing, on a connection
     // of its own every 10 ms. A refusal cannot come back faster than this on this machine.
     const live = rawClient(fixture.system.gatewayGrpcAddress);
-    const liveMs: number[] = [];
-    const liveProbe = setInterval(() => {
-      const t = performance.now();
-      void serverLive(live).then(() => liveMs.push(performance.now() - t));
-    }, 10);
+    const liveProbe = serverLiveEvery(live, 10);
     // How late this process's own event loop ran meanwhile: every latency above is measured through it.
-    const clientLoop = monitorEventLoopDelay({ resolution: 2 });
-    clientLoop.enable();
+    const clientLoop = loopDelay();
     const gatewayPid = serviceProcesses(fixture.system).find((p) => p.name === 'gateway')!.pid;
     const schedBefore = schedstat(gatewayPid);
     const probe = await startProbe(fixture.system.gatewayGrpcAddress, 'mlp', FEATURES, PROBE_RATE);
     const open = await openLoop(() => call('mlp'), rate - PROBE_RATE, OVERLOAD_MS, ANSWER_GRACE_MS);
     const schedAfter = schedstat(gatewayPid);
     const probed = await probe.figures;
-    clientLoop.disable();
+    const clientLoopMs = clientLoop.stop();
     clearInterval(sampler);
-    clearInterval(liveProbe);
+    const liveMs = liveProbe.stop();
     live.close();
     overload = {
       capacity_rps: round(best.throughput, 1),
@@ -208,8 +203,8 @@ export async function batching(): Promise<Record<string, unknown>> {
       /** A process of its own that sent PROBE_RATE of the requests/s offered, and a ServerLive every 10 ms: what a client not itself saturated gets. */
       ...Object.fromEntries(Object.entries(probed).map(([k, v]) => [`probe_${k}`, v])),
       /** The benchmark's own event loop's lateness during the overload (the client's share of any latency above). */
-      client_loop_delay_p50_ms: round(clientLoop.percentile(50) / 1e6, 2),
-      client_loop_delay_p99_ms: round(clientLoop.percentile(99) / 1e6, 2),
+      client_loop_delay_p50_ms: clientLoopMs.p50,
+      client_loop_delay_p99_ms: clientLoopMs.p99,
       /** The gateway's: the p99 of each 250 ms, their median and their highest, and the longest delay. */
       gateway_loop_delay_p99_ms_median: round(quantile(gatewayLoopP99Ms, 0.5), 2),
       gateway_loop_delay_p99_ms_max: round(Math.max(...gatewayLoopP99Ms), 2),

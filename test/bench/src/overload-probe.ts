@@ -8,10 +8,9 @@
  * are the benchmark's own), requests per second, how long (ms), and how long to wait for the last
  * answers (ms). Sends its figures to the parent (process.send), then exits.
  */
-import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { openLoop } from './open-loop';
-import { rawClient, seededRequests, serverLive, unary } from './raw-infer';
-import { quantile, round } from './stats';
+import { rawClient, seededRequests, serverLive, serverLiveEvery, unary } from './raw-infer';
+import { loopDelay, quantile, round } from './stats';
 
 /** The figures a probe sends back. */
 export interface ProbeFigures {
@@ -25,7 +24,7 @@ export interface ProbeFigures {
   reject_p99_ms: number;
   serverlive_p50_ms: number;
   serverlive_p99_ms: number;
-  /** Its own event loop's delay p99 (less the monitor's 1 ms resolution). */
+  /** Its own event loop's delay p99 (loopDelay). */
   loop_delay_p99_ms: number;
 }
 
@@ -47,21 +46,16 @@ async function main(): Promise<void> {
   const go = new Promise((resolve) => process.once('message', resolve));
   process.send!('ready');
   await go;
-  const liveMs: number[] = [];
-  const liveProbe = setInterval(() => {
-    const t = performance.now();
-    void serverLive(live).then(() => liveMs.push(performance.now() - t));
-  }, 10);
-  const loop = monitorEventLoopDelay({ resolution: 1 });
-  loop.enable();
+  const liveProbe = serverLiveEvery(live, 10);
+  const loop = loopDelay();
   const result = await openLoop(
     () => unary(client, requests(seed++), 30_000),
     Number(rate),
     Number(durationMs),
     Number(graceMs),
   );
-  loop.disable();
-  clearInterval(liveProbe);
+  const loopMs = loop.stop();
+  const liveMs = liveProbe.stop();
   client.close();
   live.close();
   const figures: ProbeFigures = {
@@ -75,7 +69,7 @@ async function main(): Promise<void> {
     reject_p99_ms: round(quantile(result.refused, 0.99), 2),
     serverlive_p50_ms: round(quantile(liveMs, 0.5), 2),
     serverlive_p99_ms: round(quantile(liveMs, 0.99), 2),
-    loop_delay_p99_ms: round(Math.max(0, loop.percentile(99) / 1e6 - 1), 2),
+    loop_delay_p99_ms: loopMs.p99,
   };
   // Sent before the process exits.
   await new Promise((resolve) => process.send!(figures, resolve));

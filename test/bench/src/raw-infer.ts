@@ -1,3 +1,4 @@
+import { performance } from 'node:perf_hooks';
 import { create, toBinary } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { CLIENT_FLOW_CONTROL_OPTIONS, messageLimits, methodPath } from '@infermesh/grpc';
@@ -95,4 +96,19 @@ export function serverLive(client: grpc.Client): Promise<void> {
       () => resolve(),
     ),
   );
+}
+
+/** A ServerLive call on `client` every `everyMs` until stopped; stop() gives the latencies (ms) of those answered. */
+export function serverLiveEvery(client: grpc.Client, everyMs: number): { stop(): number[] } {
+  const latencies: number[] = [];
+  const timer = setInterval(() => {
+    const t = performance.now();
+    void serverLive(client).then(() => latencies.push(performance.now() - t));
+  }, everyMs);
+  return {
+    stop: () => {
+      clearInterval(timer);
+      return latencies;
+    },
+  };
 }

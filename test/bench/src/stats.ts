@@ -1,3 +1,5 @@
+import { monitorEventLoopDelay } from 'node:perf_hooks';
+
 /** The q-quantile (0..1) of samples, by nearest rank. */
 export function quantile(samples: readonly number[], q: number): number {
   if (samples.length === 0) return NaN;
@@ -17,4 +19,20 @@ export function table(header: string[], rows: (string | number)[][]): string {
   const widths = header.map((_, i) => Math.max(...cells.map((r) => r[i]!.length)));
   const line = (r: string[]) => r.map((c, i) => c.padEnd(widths[i]!)).join('  ');
   return [line(cells[0]!), widths.map((w) => '-'.repeat(w)).join('  '), ...cells.slice(1).map(line)].join('\n');
+}
+
+/**
+ * How late this process's event loop runs from now until stopped: stop() gives its p50 and p99 in ms,
+ * the delay beyond the monitor's own 1 ms tick (Node records the whole interval between its ticks).
+ */
+export function loopDelay(): { stop(): { p50: number; p99: number } } {
+  const histogram = monitorEventLoopDelay({ resolution: 1 });
+  histogram.enable();
+  const beyondTickMs = (ns: number) => round(Math.max(0, ns / 1e6 - 1), 2);
+  return {
+    stop: () => {
+      histogram.disable();
+      return { p50: beyondTickMs(histogram.percentile(50)), p99: beyondTickMs(histogram.percentile(99)) };
+    },
+  };
 }
