@@ -1,4 +1,5 @@
 import { create } from '@bufbuild/protobuf';
+import { createHash } from 'node:crypto';
 import { DataType, InferenceRequestSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { cacheKey } from './cache-key';
 
@@ -39,7 +40,54 @@ function withInput(index: number, change: Partial<TensorInit>): RequestInit {
   return { ...base, inputs };
 }
 
+/** The key's byte stream as its documentation lays it out, field by field: what keys stored before must keep matching. */
+function documentedKey(init: RequestInit, artifactSha256: string, scope: string): string {
+  const field = (value: string | Uint8Array) => {
+    const bytes = typeof value === 'string' ? Buffer.from(value, 'utf8') : Buffer.from(value);
+    const length = Buffer.alloc(8);
+    length.writeBigUInt64LE(BigInt(bytes.byteLength));
+    return [length, bytes];
+  };
+  const byName = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
+  const inputs = [...init.inputs].sort((a, b) => byName(a.name, b.name));
+  const outputs = init.outputNames ?? [];
+  const counts = Object.entries(init.outputClassCounts ?? {}).sort(([a], [b]) => byName(a, b));
+  const stream = [
+    ...field('infermesh.cache.v3'),
+    ...field(scope),
+    ...field(init.modelName),
+    ...field(init.modelVersion ?? ''),
+    ...field(artifactSha256),
+    ...field(String(inputs.length)),
+    ...inputs.flatMap((t) => [
+      ...field(t.name),
+      ...field(String(t.datatype)),
+      ...field(t.shape.join(',')),
+      ...field(t.data),
+    ]),
+    ...field(String(outputs.length)),
+    ...outputs.flatMap(field),
+    ...field(String(counts.length)),
+    ...counts.flatMap(([name, count]) => [...field(name), ...field(String(count))]),
+  ];
+  return createHash('sha256').update(Buffer.concat(stream)).digest('hex');
+}
+
 describe('cacheKey', () => {
+  it('hashes the documented byte stream, so that keys stored before stay valid', () => {
+    const cases: [RequestInit, string][] = [
+      [base, ''],
+      [{ ...base, outputClassCounts: { z: 3, y: 1 } }, 'key:tenant-é'],
+      [withInput(0, { name: 'ünïcode', data: new Uint8Array(70_000).fill(7) }), ''],
+      [{ modelName: 'm', inputs: [] }, ''],
+    ];
+    for (const [init, scope] of cases) {
+      expect(cacheKey(create(InferenceRequestSchema, init), ARTIFACT, scope).toString('hex')).toBe(
+        documentedKey(init, ARTIFACT, scope),
+      );
+    }
+  });
+
   it('is a SHA-256 digest, the same for the same request', () => {
     expect(cacheKey(create(InferenceRequestSchema, base), ARTIFACT)).toHaveLength(32);
     expect(key(base)).toBe(key({ ...base }));
