@@ -12,7 +12,7 @@ import { REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
 import { addPhase, closedLoop, emptyPhase, type Phase, serviceProcesses, threadsCpuUs, warmUp } from './closed-loop';
 import { workerSession } from './in-process';
 import { INFER_PATH, rawClient, seededRequests, unary } from './raw-infer';
-import { quantile, round, table } from './stats';
+import { markdownTable, quantile, round, table } from './stats';
 
 /** The hops a tensor crosses from the caller to the model: caller → gateway → router → batcher → worker. */
 const HOPS = 4;
@@ -30,7 +30,8 @@ const executionThreadsCpuUs = (pid: number) => threadsCpuUs(pid, 'WorkerThread')
 const PROFILE_TOP = 8;
 /** The concurrency each path is warmed up at (warmUp): the highest measured, which warms it soonest. */
 const WARM_UP_CONCURRENCY = 16;
-const PROFILE_MS = 6_000;
+/** How long the profile summary loads each path at each point. */
+const PROFILE_WINDOW_MS = 3_000;
 
 interface Size {
   key: 'small' | 'large';
@@ -66,8 +67,10 @@ const SIZES: Size[] = [
  * alternating phases, so that the machine's noise hits both alike.
  * Per point: added_p50_ms (p50 through the path less the model's p50 in-process), chain_cpu_us (CPU
  * per request of all services less the model's own), floor_cpu_us and floor_p50_ms, and their
- * ratios. Then each service's top self-time functions under load (--cpu-prof), written beside the
- * results as path.profile.md.
+ * ratios. Then, from profiles (--cpu-prof) of another system and of another floor under the same
+ * load, where each service's main thread and each bare hop's spent their time a request, and each
+ * service's top self-time functions, written beside the results as path.profile.md (profileSummary,
+ * with its figures).
  */
 export async function path(): Promise<Record<string, unknown>> {
   const intraOpThreads = availableParallelism();
@@ -77,6 +80,8 @@ export async function path(): Promise<Record<string, unknown>> {
   const rows: (string | number)[][] = [];
   const cpuRows: (string | number)[][] = [];
   const contextRows: (string | number)[][] = [];
+  /** The length of each size's answer, which the floor's last hop answers with. */
+  const answerBytes = {} as Record<Size['key'], number>;
   const fixture = await startFixture({ models: ['mlp', cnn], env });
   const hops: ChildProcess[] = [];
   try {
@@ -86,14 +91,14 @@ export async function path(): Promise<Record<string, unknown>> {
       const real = (seed: number) => unary(gateway, withSeed(seed));
       const answer = fromBinary(ModelInferResponseSchema, await real(0));
       if (answer.outputs.length !== 1) throw new Error(`${size.model} answered ${answer.outputs.length} outputs`);
-      const answerBytes = (await real(1)).length;
+      answerBytes[size.key] = (await real(1)).length;
 
-      const floorChain = await startChain(answerBytes, 'bare');
+      const floorChain = await startChain(answerBytes[size.key], 'bare');
       hops.push(...floorChain);
       const floorClient = rawClient(`127.0.0.1:${floorChain.at(-1)!.port}`);
       const floor = (seed: number) => unary(floorClient, withSeed(seed));
       const floorProcesses = floorChain.map((h, i) => ({ name: `hop${i}`, pid: h.pid! }));
-      const contextChain = size.contextFloor ? await startChain(answerBytes, 'context') : [];
+      const contextChain = size.contextFloor ? await startChain(answerBytes[size.key], 'context') : [];
       hops.push(...contextChain);
       const contextClient = size.contextFloor ? rawClient(`127.0.0.1:${contextChain.at(-1)!.port}`) : undefined;
       const contextFloor = (seed: number) => unary(contextClient!, withSeed(seed));
@@ -209,10 +214,17 @@ export async function path(): Promise<Record<string, unknown>> {
     `${table(['point', 'floor CPU µs', 'context floor CPU µs', 'context/floor', 'chain CPU µs', 'chain/context floor'], contextRows)}\n\n`,
   );
 
-  const profile = await profileSummary(cnn, env);
+  const profile = await profileSummary(cnn, env, answerBytes);
   writeFileSync(join(REPO_ROOT, 'test', 'bench', 'results', 'path.profile.md'), profile.markdown);
   process.stdout.write(`${profile.markdown}\n`);
-  for (const size of SIZES) figures[`${size.key}_c16_profile_transport_share`] = profile.transportShare[size.key];
+  Object.assign(figures, profile.figures);
+  // What chain ÷ floor would be if the services' own code cost nothing: the measured ratio less the
+  // share of the services' time their own code took in the profile.
+  for (const key of SIZES.flatMap((size) => CONCURRENCY.map((concurrency) => `${size.key}_c${concurrency}`))) {
+    figures[`${key}_chain_cpu_over_floor_less_own_code`] = round(
+      figures[`${key}_chain_cpu_over_floor`]! * (1 - figures[`${key}_profile_own_code_share`]!),
+    );
+  }
   return { scenario: 'path', hops: HOPS, phase_ms: PHASE_MS, rounds: ROUNDS, ...figures };
 }
 
@@ -231,14 +243,20 @@ function contextFloorFigures(chainCpuUs: number, floorCpuUs: number, context: Ph
 
 /**
  * HOPS echo-hop processes chained, the last answering `answerBytes`; the first (the caller's) last in
- * the list. 'context': each hop passes on a deadline and a request id (echo-hop.server.ts).
+ * the list. 'context': each hop passes on a deadline and a request id (echo-hop.server.ts). Each
+ * process runs with `execArgv` beside Node's own (--cpu-prof for the profile summary).
  */
-async function startChain(answerBytes: number, mode: 'bare' | 'context'): Promise<(ChildProcess & { port: number })[]> {
+async function startChain(
+  answerBytes: number,
+  mode: 'bare' | 'context',
+  execArgv: readonly string[] = [],
+): Promise<(ChildProcess & { port: number })[]> {
   const chain: (ChildProcess & { port: number })[] = [];
   let next = '-';
   for (let i = 0; i < HOPS; i++) {
     const hop = fork(join(__dirname, 'echo-hop.server.js'), [INFER_PATH, next, String(answerBytes), mode], {
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+      execArgv: [...process.execArgv, ...execArgv],
     }) as ChildProcess & { port: number };
     const [{ port }] = (await once(hop, 'message')) as [{ port: number }];
     hop.port = port;
@@ -274,101 +292,210 @@ async function measureInProcess(size: Size, intraOpThreads: number): Promise<{ p
   }
 }
 
+/** A profiled window of closed-loop load: when it ran (on the profiles' clock) and the calls it answered. */
+interface ProfiledWindow extends Window {
+  requests: number;
+}
+
+/** A point of the profile summary: one size at one concurrency, through the services and through the floor. */
+interface ProfiledPoint {
+  key: string;
+  size: Size;
+  concurrency: number;
+  real: ProfiledWindow;
+  floor: ProfiledWindow;
+}
+
+/** The busy time of a main thread within a point's window by area, and in all, in µs a request. */
+type AreaUs = Record<Area | 'busy', number>;
+
 /**
- * Each service's top self-time functions (--cpu-prof) while it serves both sizes at c=16, and for each
- * size where its busy time went by area (see AREAS), as markdown: a system of its own, started with
- * profiling on and stopped so that the profiles are written. Also returns, per size, the share of all
- * services' busy time that went to the transport (grpc-js, Node's HTTP/2 and streams, native code): what
- * would be left of the chain's CPU if the services' own code cost nothing.
+ * Where each service's main thread spends its time (--cpu-prof), against the floor's hops under the
+ * same load: a system of its own and, for each size, a chain of bare hops (startChain), all started
+ * with profiling on and stopped so that the profiles are written. Each size at each concurrency
+ * runs PROFILE_WINDOW_MS through the services, then as long through the floor, each path warm
+ * (warmUp). Returns, as markdown, per point the µs a request each service's main thread and each
+ * hop's took by area (see AREAS), and each service's top self-time functions; and as figures, per
+ * point:
+ * - profile_chain_us and profile_floor_us: all services' busy main threads a request, and all hops';
+ * - profile_own_code_us and profile_own_code_share: the services' own code a request, all services
+ *   together, and its share of their busy time;
+ * - profile_transport_share: the transport's share of the services' busy time (grpc-js, Node's
+ *   HTTP/2 and streams, native code).
+ * Profiling slows every process, the services more than the hops (their requests/s are in the
+ * summary's headings): the shares compare, the µs only within one point.
  */
 async function profileSummary(
   cnn: BuiltModel,
   env: Record<string, string>,
-): Promise<{ markdown: string; transportShare: Record<Size['key'], number> }> {
+  answerBytes: Record<Size['key'], number>,
+): Promise<{ markdown: string; figures: Record<string, number> }> {
   const dir = mkdtempSync(join(tmpdir(), 'infermesh-path-profile-'));
-  const windows = new Map<Size['key'], Window>();
-  const fixture = await startFixture({
-    models: ['mlp', cnn],
-    env: { ...env, NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${dir}` },
-  });
-  let names: Map<number, string>;
+  const profiling = [`--cpu-prof`, `--cpu-prof-dir=${dir}`];
+  const points: ProfiledPoint[] = [];
+  const fixture = await startFixture({ models: ['mlp', cnn], env: { ...env, NODE_OPTIONS: profiling.join(' ') } });
+  const names = new Map(serviceProcesses(fixture.system).map((p) => [p.pid, p.name]));
+  const chains: ChildProcess[] = [];
+  /** The size each floor hop carries, by pid. */
+  const sizeOfHop = new Map<number, Size['key']>();
   try {
-    names = new Map(serviceProcesses(fixture.system).map((p) => [p.pid, p.name]));
     const gateway = rawClient(fixture.system.gatewayGrpcAddress);
-    await unary(gateway, seededRequests(SIZES[0]!.model, SIZES[0]!.item)(0)); // connections open before the window
+    await unary(gateway, seededRequests(SIZES[0]!.model, SIZES[0]!.item)(0)); // connections open before the windows
     for (const size of SIZES) {
       const withSeed = seededRequests(size.model, size.item);
-      await warmUp(WARM_UP_CONCURRENCY, (seed) => unary(gateway, withSeed(seed))); // profiled at its steady state
-      const from = monotonicUs();
-      await closedLoop([], 0, { concurrency: 16, durationMs: PROFILE_MS / SIZES.length }, (seed) =>
-        unary(gateway, withSeed(seed)),
-      );
-      windows.set(size.key, { from, to: monotonicUs() });
+      const chain = await startChain(answerBytes[size.key], 'bare', profiling);
+      chains.push(...chain);
+      // The first hop, the one the caller calls, is the last started.
+      for (const [i, hop] of chain.entries()) {
+        names.set(hop.pid!, `floor hop ${HOPS - i}`);
+        sizeOfHop.set(hop.pid!, size.key);
+      }
+      const floorClient = rawClient(`127.0.0.1:${chain.at(-1)!.port}`);
+      const paths = {
+        real: (seed: number) => unary(gateway, withSeed(seed)),
+        floor: (seed: number) => unary(floorClient, withSeed(seed)),
+      };
+      // Profiled at their steady state.
+      await warmUp(WARM_UP_CONCURRENCY, paths.real);
+      await warmUp(WARM_UP_CONCURRENCY, paths.floor);
+      for (const concurrency of CONCURRENCY) {
+        const window = async (call: (seed: number) => Promise<Buffer>): Promise<ProfiledWindow> => {
+          const from = monotonicUs();
+          const load = { concurrency, durationMs: PROFILE_WINDOW_MS };
+          const phase = await closedLoop([], (points.length + 1) * 1e7, load, call);
+          return { from, to: monotonicUs(), requests: phase.latenciesMs.length };
+        };
+        const key = `${size.key}_c${concurrency}`;
+        points.push({ key, size, concurrency, real: await window(paths.real), floor: await window(paths.floor) });
+      }
+      floorClient.close();
     }
     gateway.close();
   } finally {
+    // A hop writes its profile as it exits.
+    const exits = chains
+      .filter((hop) => hop.exitCode === null)
+      .map((hop) => {
+        const exited = once(hop, 'exit');
+        hop.disconnect();
+        return exited;
+      });
+    await Promise.all(exits);
     await fixture.stop();
   }
-  const order = ['gateway', 'router', 'batcher', 'worker', 'cache', 'registry'];
+  const services = ['gateway', 'router', 'batcher', 'worker', 'cache', 'registry'];
   const profiles = readdirSync(dir)
     .flatMap((file) => {
       // CPU.<date>.<time>.<pid>.<thread>.<seq>.cpuprofile; thread 0 is the main thread.
       const [, , , pid, thread] = file.split('.');
-      const service = names.get(Number(pid));
-      return service === undefined || thread !== '0'
+      const name = names.get(Number(pid));
+      return name === undefined || thread !== '0'
         ? []
-        : [{ service, profile: JSON.parse(readFileSync(join(dir, file), 'utf8')) as CpuProfile }];
+        : [{ name, pid: Number(pid), profile: JSON.parse(readFileSync(join(dir, file), 'utf8')) as CpuProfile }];
     })
-    .sort((a, b) => order.indexOf(a.service) - order.indexOf(b.service));
+    .sort((a, b) => rank(a.name) - rank(b.name));
+  function rank(name: string): number {
+    return services.includes(name) ? services.indexOf(name) : services.length + Number(name.split(' ').at(-1));
+  }
   rmSync(dir, { recursive: true, force: true });
 
+  const figures: Record<string, number> = {};
   const lines = [
-    '# Path benchmark: where each service spends its CPU',
+    '# Path benchmark: where each service spends its CPU, against a bare hop',
     '',
-    `From each service's main thread (\`--cpu-prof\`), the samples taken during ${PROFILE_MS / 1000} s of closed-loop load at c=16 through the gateway's gRPC: the small tensor, then the large one; written by \`npm run bench -- path\`.`,
+    `From each service's main thread and each of the floor's hops' (\`--cpu-prof\`), the samples taken during ${PROFILE_WINDOW_MS / 1000} s of closed-loop load through the gateway's gRPC, then as long through the floor (${HOPS} bare grpc-js hops carrying the same bytes), each warm, for each tensor at c=${CONCURRENCY.join(' and c=')}; written by \`npm run bench -- path\`.`,
     '',
-    `Busy time is split by area: ${AREAS.map((a) => `**${a}**: ${AREA_MEANING[a]}`).join('; ')}. Transport is ${TRANSPORT.join(' + ')}: what would be left of the chain's CPU if the services' own code cost nothing.`,
+    `Busy time is split by area: ${AREAS.map((a) => `**${a}**: ${AREA_MEANING[a]}`).join('; ')}. Transport is ${TRANSPORT.join(' + ')}.`,
+    '',
+    "Busy is the time a main thread was not idle in the profile: its CPU time, and the time it waited for a CPU meanwhile (two cores for all the processes; the services, more of them, wait longer). Own code % and transport % are shares of the services' busy time. Profiling slows every process, the services more than the hops (the requests each path answered are in each point's heading): the shares compare across points, the µs only within one. The results' `<point>_chain_cpu_over_floor_less_own_code` is the measured chain ÷ floor less the own code's share: what it would be if the services' own code cost nothing.",
     '',
   ];
-  const transportShare = {} as Record<Size['key'], number>;
-  for (const size of SIZES) {
-    const rows = profiles.map(({ service, profile }) => ({ service, ...timeByArea(profile, windows.get(size.key)!) }));
-    const all = { service: 'all', busyUs: 0, us: Object.fromEntries(AREAS.map((a) => [a, 0])) as Record<Area, number> };
-    for (const row of rows) {
-      all.busyUs += row.busyUs;
-      for (const area of AREAS) all.us[area] += row.us[area];
-    }
-    transportShare[size.key] = round(TRANSPORT.reduce((n, a) => n + all.us[a], 0) / all.busyUs);
-    lines.push(
-      `## The ${size.key} tensor (${size.model}): busy time by area, % of each service's`,
+  const summaryRows: (string | number)[][] = [];
+  const pointTables: string[] = [];
+  for (const point of points) {
+    const sum = (rows: AreaUs[]): AreaUs => {
+      const total = { busy: 0, ...Object.fromEntries(AREAS.map((a) => [a, 0])) } as AreaUs;
+      for (const row of rows) for (const k of Object.keys(total) as (keyof AreaUs)[]) total[k] += row[k];
+      return total;
+    };
+    const perRequest = (profile: CpuProfile, window: ProfiledWindow): AreaUs => {
+      const { busyUs, us } = timeByArea(profile, window);
+      const row = { busy: busyUs / window.requests } as AreaUs;
+      for (const area of AREAS) row[area] = us[area] / window.requests;
+      return row;
+    };
+    const rows = profiles
+      .filter(({ name, pid }) => services.includes(name) || sizeOfHop.get(pid) === point.size.key)
+      .map(({ name, profile }) => {
+        const isService = services.includes(name);
+        return { name, isService, us: perRequest(profile, isService ? point.real : point.floor) };
+      });
+    const chain = sum(rows.filter((r) => r.isService).map((r) => r.us));
+    const floor = sum(rows.filter((r) => !r.isService).map((r) => r.us));
+    const transport = TRANSPORT.reduce((n, a) => n + chain[a], 0);
+    const pointFigures = {
+      profile_chain_us: round(chain.busy, 1),
+      profile_floor_us: round(floor.busy, 1),
+      profile_own_code_us: round(chain['own code'], 1),
+      profile_own_code_share: round(chain['own code'] / chain.busy),
+      profile_transport_share: round(transport / chain.busy),
+    };
+    for (const [name, value] of Object.entries(pointFigures)) figures[`${point.key}_${name}`] = value;
+    summaryRows.push([
+      point.key,
+      Math.round(chain.busy),
+      Math.round(floor.busy),
+      round(chain.busy / floor.busy),
+      Math.round(chain['own code']),
+      Math.round(100 * pointFigures.profile_own_code_share),
+      Math.round(100 * pointFigures.profile_transport_share),
+    ]);
+    const cells = (us: AreaUs) => [Math.round(us.busy), ...AREAS.map((a) => Math.round(us[a]))];
+    pointTables.push(
+      `### ${point.size.key} tensor (${point.size.model}), c=${point.concurrency}: ${point.real.requests} requests through the services, ${point.floor.requests} through the floor`,
       '',
-      `Transport took ${Math.round(100 * transportShare[size.key])} % of all services' busy time.`,
-      '',
-      `| service | busy ms | ${AREAS.join(' | ')} |`,
-      `| --- | --- | ${AREAS.map(() => '---').join(' | ')} |`,
-      ...[...rows, all].map(
-        (row) =>
-          `| ${row.service} | ${Math.round(row.busyUs / 1000)} | ${AREAS.map((a) => (row.busyUs === 0 ? '0.0' : ((100 * row.us[a]) / row.busyUs).toFixed(1))).join(' | ')} |`,
+      markdownTable(
+        ['µs a request', 'busy', ...AREAS],
+        [
+          ...rows.map((r) => [r.name, ...cells(r.us)]),
+          ['all services', ...cells(chain)],
+          [`floor (${HOPS} hops)`, ...cells(floor)],
+        ],
       ),
       '',
     );
   }
   lines.push(
-    `## Top ${PROFILE_TOP} self-time functions of each service, both tensors, as a share of its busy time`,
+    "## Per point: main threads' busy µs a request",
+    '',
+    markdownTable(
+      ['point', 'services', 'floor', 'services ÷ floor', 'own code', 'own code %', 'transport %'],
+      summaryRows,
+    ),
+    '',
+    '## Per point and process: busy µs a request by area',
+    '',
+    ...pointTables,
+    `## Top ${PROFILE_TOP} self-time functions of each service, all points, as a share of its busy time`,
     '',
   );
-  for (const { service, profile } of profiles) {
-    const { busyMs, top } = topSelfTime(profile, [...windows.values()], PROFILE_TOP);
-    lines.push(
-      `### ${service}: busy ${Math.round(busyMs)} ms`,
-      '',
-      '| self % of busy | function | file |',
-      '| --- | --- | --- |',
+  for (const { name, profile } of profiles.filter((p) => services.includes(p.name))) {
+    const { busyMs, top } = topSelfTime(
+      profile,
+      points.map((p) => p.real),
+      PROFILE_TOP,
     );
-    for (const entry of top) lines.push(`| ${entry.percent.toFixed(1)} | ${entry.name} | ${entry.file} |`);
-    lines.push('');
+    lines.push(
+      `### ${name}: busy ${Math.round(busyMs)} ms`,
+      '',
+      markdownTable(
+        ['self % of busy', 'function', 'file'],
+        top.map((entry) => [entry.percent.toFixed(1), entry.name, entry.file]),
+      ),
+      '',
+    );
   }
-  return { markdown: lines.join('\n'), transportShare };
+  return { markdown: lines.join('\n'), figures };
 }
 
 /** Where a profile sample's time is counted. */

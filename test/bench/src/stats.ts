@@ -21,6 +21,12 @@ export function table(header: string[], rows: (string | number)[][]): string {
   return [line(cells[0]!), widths.map((w) => '-'.repeat(w)).join('  '), ...cells.slice(1).map(line)].join('\n');
 }
 
+/** Rows as a markdown table under `header`. */
+export function markdownTable(header: string[], rows: (string | number)[][]): string {
+  const line = (cells: (string | number)[]) => `| ${cells.join(' | ')} |`;
+  return [line(header), line(header.map(() => '---')), ...rows.map(line)].join('\n');
+}
+
 /**
  * How late this process's event loop runs from now until stopped: stop() gives its p50 and p99 in ms,
  * the delay beyond the monitor's own 1 ms tick (Node records the whole interval between its ticks).
