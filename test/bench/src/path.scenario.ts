@@ -309,6 +309,21 @@ interface ProfiledPoint {
 /** The busy time of a main thread within a point's window by area, and in all, in µs a request. */
 type AreaUs = Record<Area | 'busy', number>;
 
+/** A main thread's busy time within `window` by area, in µs a request answered meanwhile. */
+function perRequest(profile: CpuProfile, window: ProfiledWindow): AreaUs {
+  const { busyUs, us } = timeByArea(profile, window);
+  const row = { busy: busyUs / window.requests } as AreaUs;
+  for (const area of AREAS) row[area] = us[area] / window.requests;
+  return row;
+}
+
+/** Several main threads' µs a request together. */
+function sum(rows: readonly AreaUs[]): AreaUs {
+  const total = { busy: 0, ...Object.fromEntries(AREAS.map((a) => [a, 0])) } as AreaUs;
+  for (const row of rows) for (const k of Object.keys(total) as (keyof AreaUs)[]) total[k] += row[k];
+  return total;
+}
+
 /**
  * Where each service's main thread spends its time (--cpu-prof), against the floor's hops under the
  * same load: a system of its own and, for each size, a chain of bare hops (startChain), all started
@@ -413,17 +428,6 @@ async function profileSummary(
   const summaryRows: (string | number)[][] = [];
   const pointTables: string[] = [];
   for (const point of points) {
-    const sum = (rows: AreaUs[]): AreaUs => {
-      const total = { busy: 0, ...Object.fromEntries(AREAS.map((a) => [a, 0])) } as AreaUs;
-      for (const row of rows) for (const k of Object.keys(total) as (keyof AreaUs)[]) total[k] += row[k];
-      return total;
-    };
-    const perRequest = (profile: CpuProfile, window: ProfiledWindow): AreaUs => {
-      const { busyUs, us } = timeByArea(profile, window);
-      const row = { busy: busyUs / window.requests } as AreaUs;
-      for (const area of AREAS) row[area] = us[area] / window.requests;
-      return row;
-    };
     const rows = profiles
       .filter(({ name, pid }) => services.includes(name) || sizeOfHop.get(pid) === point.size.key)
       .map(({ name, profile }) => {
