@@ -4,6 +4,15 @@ import * as prom from 'prom-client';
 /** How often the monitor's timer ticks: an idle service should not wake up a hundred times a second. */
 export const EVENT_LOOP_DELAY_RESOLUTION_MS = 100;
 
+/**
+ * How late the event loop ran, in seconds, from a delay Node's monitorEventLoopDelay recorded (ns) at
+ * `resolutionMs`: Node records the whole interval between two ticks of its timer, so an idle loop
+ * reads the resolution itself; what is beyond it is the lateness.
+ */
+export function delayBeyondResolutionSeconds(ns: number, resolutionMs: number): number {
+  return Math.max(0, (ns - resolutionMs * 1e6) / 1e9);
+}
+
 /** The figures, by their standard names (prom-client's, which Node dashboards and alerts use). */
 const FIGURES = [
   ['min', 'The minimum recorded event loop delay.'],
@@ -36,7 +45,7 @@ function metricName(figure: Figure): string {
 export function registerEventLoopDelay(registry: prom.Registry, labels: Record<string, string>): void {
   const histogram = monitorEventLoopDelay({ resolution: EVENT_LOOP_DELAY_RESOLUTION_MS });
   histogram.enable();
-  const beyond = (ns: number) => Math.max(0, (ns - EVENT_LOOP_DELAY_RESOLUTION_MS * 1e6) / 1e9);
+  const beyond = (ns: number) => delayBeyondResolutionSeconds(ns, EVENT_LOOP_DELAY_RESOLUTION_MS);
   const read: Record<Figure, () => number> = {
     min: () => beyond(histogram.min),
     max: () => beyond(histogram.max),

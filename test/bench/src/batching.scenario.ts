@@ -127,8 +127,8 @@ export async function batching(): Promise<Record<string, unknown>> {
     const rate = 2 * best.throughput;
     /**
      * One scrape of the gateway: its memory, its concurrency limit, and how late its event loop ran
-     * since the last scrape (prom-client resets that histogram at each one, so the gateway is scraped
-     * here only).
+     * since the last scrape (each scrape starts that histogram again, so the gateway is scraped here
+     * only).
      */
     const gatewaySample = async () => {
       const text = await (await fetch(fixture.system.metricsUrl('gateway'))).text();

@@ -1,3 +1,4 @@
+import { delayBeyondResolutionSeconds } from '@infermesh/telemetry';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 
 /** The q-quantile (0..1) of samples, by nearest rank. */
@@ -27,14 +28,17 @@ export function markdownTable(header: string[], rows: (string | number)[][]): st
   return [line(header), line(header.map(() => '---')), ...rows.map(line)].join('\n');
 }
 
+/** The tick of loopDelay's monitor. */
+const LOOP_DELAY_RESOLUTION_MS = 1;
+
 /**
  * How late this process's event loop runs from now until stopped: stop() gives its p50 and p99 in ms,
- * the delay beyond the monitor's own 1 ms tick (Node records the whole interval between its ticks).
+ * the delay beyond the monitor's own tick (delayBeyondResolutionSeconds).
  */
 export function loopDelay(): { stop(): { p50: number; p99: number } } {
-  const histogram = monitorEventLoopDelay({ resolution: 1 });
+  const histogram = monitorEventLoopDelay({ resolution: LOOP_DELAY_RESOLUTION_MS });
   histogram.enable();
-  const beyondTickMs = (ns: number) => round(Math.max(0, ns / 1e6 - 1), 2);
+  const beyondTickMs = (ns: number) => round(delayBeyondResolutionSeconds(ns, LOOP_DELAY_RESOLUTION_MS) * 1000, 2);
   return {
     stop: () => {
       histogram.disable();
