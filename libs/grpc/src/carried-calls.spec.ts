@@ -54,8 +54,11 @@ describe(CarriedCalls.name, () => {
       {
         lookup: (request: LookupRequest, ctx: CallContext) => lookup(request, ctx),
         store: async (_request: StoreRequest) => ({ stored: true }),
+        watchKeys: async function* () {
+          throw Errors.notImplemented('not a cache');
+        },
       },
-      { lookups: 'lookup' },
+      { lookups: 'lookup', stores: 'store' },
     );
     return server.listen('127.0.0.1', at);
   }

@@ -13,6 +13,7 @@ import { SpanKind } from '@opentelemetry/api';
 import { InMemorySpanExporter } from '@opentelemetry/sdk-trace';
 import { createClient } from './grpc-client';
 import { GrpcServer } from './grpc-server';
+import { Errors } from './rpc-error';
 import { HealthService, ServingStatus } from './health';
 import type { CallContext, ServiceClient } from './method-types';
 
@@ -50,8 +51,11 @@ describe('gRPC spans', () => {
           return { found: false };
         },
         store: async () => ({ stored: false }),
+        watchKeys: async function* () {
+          throw Errors.notImplemented('not a cache');
+        },
       },
-      { lookups: 'lookup' },
+      { lookups: 'lookup', stores: 'store' },
     );
     const health = new HealthService();
     health.set('', ServingStatus.SERVING);

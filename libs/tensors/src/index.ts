@@ -9,3 +9,4 @@ export * from './parameters';
 export * from './bounded-text';
 export * from './warm-up-inputs';
 export * from './output-comparison';
+export * from './key-filter';

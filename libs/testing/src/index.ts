@@ -8,3 +8,4 @@ export * from './thrown';
 export * from './relative-l2';
 export * from './manual-clock';
 export * from './integer-probe';
+export * from './unlisted-keys';

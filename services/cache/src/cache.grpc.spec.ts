@@ -1,6 +1,7 @@
 import { create } from '@bufbuild/protobuf';
 import { status } from '@grpc/grpc-js';
 import {
+  type WatchKeysResponse,
   LookupRequestSchema,
   type StoreRequest,
   StoreRequestSchema,
@@ -9,6 +10,8 @@ import { DataType } from '@infermesh/proto/gen/infermesh/inference/v1/inference_
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { eventually, rpcRejection } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
+import { KeyFilter } from '@infermesh/tensors';
+import { systemClock } from '@infermesh/clock';
 import { CacheGrpcController } from './cache.grpc';
 import { loadCacheConfig } from './cache.config';
 import { ResultCache } from './result-cache';
@@ -29,7 +32,7 @@ describe(CacheGrpcController.name, () => {
     const metrics = new Metrics('test');
     return {
       sut: new CacheGrpcController(
-        new ResultCache(results, config, new JsonLogger('test', 'error', () => undefined), metrics),
+        new ResultCache(results, config, new JsonLogger('test', 'error', () => undefined), metrics, systemClock),
       ),
       metrics,
     };
@@ -85,5 +88,34 @@ describe(CacheGrpcController.name, () => {
       expect(error.code).toBe(status.INVALID_ARGUMENT);
     }
     expect(await sut.lookup(create(LookupRequestSchema, { key: good }))).toEqual({ found: false });
+  });
+
+  const context = (signal: AbortSignal) => ({ requestId: 'test', deadlineMs: undefined, signal, metadata: {} });
+
+  it('tells a watcher of its keys the keys it stored, whether by Store or carried on a lookup', async () => {
+    const { sut } = make();
+    const [a, b, never] = [randomBytes(32), randomBytes(32), randomBytes(32)];
+    await sut.store(store(a, '1'));
+    await sut.lookup(create(LookupRequestSchema, { key: randomBytes(32), stores: [store(b, '2')] }));
+    await new Promise((r) => setImmediate(r));
+    const abort = new AbortController();
+    const watch = sut.watchKeys({}, context(abort.signal));
+    const first = (await watch.next()).value as WatchKeysResponse;
+    const filter = new KeyFilter(first.filter!.bits, first.filter!.hashes);
+    expect([filter.has(a), filter.has(b), filter.has(never)]).toEqual([true, true, false]);
+    abort.abort();
+    expect((await watch.next()).done).toBe(true);
+  });
+
+  it('cannot say which keys a store shared in Redis holds: WatchKeys fails UNIMPLEMENTED, naming why', async () => {
+    class Shared extends EmbeddedResultStore {
+      override heldKeys() {
+        return undefined;
+      }
+    }
+    const { sut } = make(new Shared(1024));
+    const error = await rpcRejection(sut.watchKeys({}, context(new AbortController().signal)).next());
+    expect(error.code).toBe(status.UNIMPLEMENTED);
+    expect(error.message).toContain('Redis');
   });
 });

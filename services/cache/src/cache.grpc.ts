@@ -1,12 +1,11 @@
 import { Injectable } from '@nestjs/common';
-import type { ServiceImpl } from '@infermesh/grpc';
+import { type CallContext, Errors, type ServiceImpl } from '@infermesh/grpc';
 import type { CacheService, LookupRequest, StoreRequest } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
-import { Errors } from '@infermesh/grpc';
 import { checkKey, ResultCache } from './result-cache';
 
-/** gRPC transport of the cache service; Lookups carries Lookup's calls (GrpcServer.add). */
+/** gRPC transport of the cache service; Lookups carries Lookup's calls and Stores Store's (GrpcServer.add). */
 @Injectable()
-export class CacheGrpcController implements Omit<ServiceImpl<typeof CacheService>, 'lookups'> {
+export class CacheGrpcController implements Omit<ServiceImpl<typeof CacheService>, 'lookups' | 'stores'> {
   constructor(private readonly cache: ResultCache) {}
 
   /**
@@ -25,6 +24,16 @@ export class CacheGrpcController implements Omit<ServiceImpl<typeof CacheService
   async store(request: StoreRequest) {
     checkStore(request);
     return { stored: await this.cache.store(request.key, request.response!, Number(request.ttlMs)) };
+  }
+
+  async *watchKeys(_request: unknown, ctx: CallContext) {
+    const keys = this.cache.keys;
+    if (keys === undefined) {
+      throw Errors.notImplemented(
+        'this cache keeps its results in Redis, shared with other processes, and cannot say which keys it holds; look each key up',
+      );
+    }
+    yield* keys.watch(ctx.signal);
   }
 }
 

@@ -9,6 +9,6 @@ runMain('cache', async () => {
   const config = loadOrExit('cache', () => loadCacheConfig(process.env));
   return bootstrap({
     module: CacheModule.forRoot(config),
-    grpc: (app) => [bind(CacheService, app.get(CacheGrpcController), { lookups: 'lookup' })],
+    grpc: (app) => [bind(CacheService, app.get(CacheGrpcController), { lookups: 'lookup', stores: 'store' })],
   });
 });

@@ -7,7 +7,9 @@ import {
 } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter, Histogram } from 'prom-client';
+import { Clock } from '@infermesh/clock';
 import { CACHE_CONFIG, type CacheConfig } from './cache.config';
+import { HeldKeys } from './held-keys';
 import { ResultStore } from './result-store';
 
 export type LookupOutcome = 'hit' | 'miss' | 'error';
@@ -21,13 +23,17 @@ export class ResultCache implements OnApplicationShutdown {
   private readonly lookups: Counter<'outcome'>;
   private readonly stores: Counter<'outcome'>;
   private readonly lookupSeconds: Histogram<'outcome'>;
+  /** The keys held, for the routers that watch them (WatchKeys); undefined when they live in Redis. */
+  readonly keys: HeldKeys | undefined;
 
   constructor(
     private readonly results: ResultStore,
     @Inject(CACHE_CONFIG) private readonly config: CacheConfig,
     private readonly logger: JsonLogger,
     metrics: Metrics,
+    clock: Clock,
   ) {
+    this.keys = results.heldKeys() === undefined ? undefined : new HeldKeys(() => results.heldKeys()!, clock);
     this.lookups = metrics.counter('lookups_total', 'Cache lookups by outcome (hit, miss, error).', ['outcome']);
     this.stores = metrics.counter('stores_total', 'Cache stores by outcome (stored, too_large, error).', ['outcome']);
     this.lookupSeconds = metrics.histogram('lookup_duration_seconds', 'Time to look up a cache entry, by outcome.', [
@@ -45,6 +51,18 @@ export class ResultCache implements OnApplicationShutdown {
         'CACHE_MAX_BYTES: the most the results held in this process may be charged.',
         [],
         (gauge) => gauge.set(config.maxBytes),
+      );
+    }
+    const keys = this.keys;
+    if (keys !== undefined) {
+      metrics.gauge('key_watchers', 'Open WatchKeys streams: routers told which keys this cache holds.', [], (gauge) =>
+        gauge.set(keys.watcherCount),
+      );
+      metrics.gauge(
+        'key_filter_rebuilds',
+        'Times the filter of held keys was built again from the keys held, once full, and sent whole to every watcher.',
+        [],
+        (gauge) => gauge.set(keys.rebuilds),
       );
     }
   }
@@ -80,7 +98,9 @@ export class ResultCache implements OnApplicationShutdown {
       return false;
     }
     try {
-      await this.results.set(Buffer.from(key), value, ttlMs > 0 ? ttlMs : this.config.defaultTtlMs);
+      const id = Buffer.from(key);
+      await this.results.set(id, value, ttlMs > 0 ? ttlMs : this.config.defaultTtlMs);
+      this.keys?.stored(id);
       this.stores.inc({ outcome: 'stored' });
       return true;
     } catch (error) {
@@ -90,6 +110,7 @@ export class ResultCache implements OnApplicationShutdown {
   }
 
   async onApplicationShutdown(): Promise<void> {
+    this.keys?.close();
     await this.results.close();
   }
 }

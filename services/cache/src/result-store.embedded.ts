@@ -52,6 +52,14 @@ export class EmbeddedResultStore extends ResultStore {
     this.entries.set(id, owned(value), { size: bytes, ttl: ttlMs });
   }
 
+  /** The first 9 bytes of each key held (12 base64 characters). */
+  override heldKeys(): Iterable<Buffer> | undefined {
+    const ids = this.entries.keys();
+    return (function* () {
+      for (const id of ids) yield Buffer.from(id.slice(0, 12), 'base64');
+    })();
+  }
+
   /** Bytes charged to the entries held. */
   override get heldBytes(): number {
     return this.entries.calculatedSize;

@@ -8,6 +8,14 @@ export abstract class ResultStore {
     return undefined;
   }
 
+  /**
+   * The keys held, each as its first bytes at least (a KeyFilter's fingerprint); undefined when this
+   * process cannot list them (they live in Redis, shared with other processes).
+   */
+  heldKeys(): Iterable<Buffer> | undefined {
+    return undefined;
+  }
+
   /** Releases connections. */
   abstract close(): Promise<void>;
 }

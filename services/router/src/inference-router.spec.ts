@@ -24,7 +24,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { JsonLogger, Metrics, requestContext } from '@infermesh/telemetry';
 import { cacheKey } from '@infermesh/tensors';
-import { eventually, freePort, ManualClock, rpcRejection } from '@infermesh/testing';
+import { eventually, freePort, ManualClock, rpcRejection, unlistedKeys } from '@infermesh/testing';
 import { stickyBucket } from '@infermesh/rollout';
 import { InferenceRouter } from './inference-router';
 import { loadRouterConfig } from './router.config';
@@ -122,6 +122,16 @@ class FakeCache {
   readonly lookups: { key: string; timeoutMs: number }[] = [];
   readonly stores: { key: string; response: InferenceResponse; ttlMs: number }[] = [];
   failWith: Error | undefined;
+  /** Keys the cache says it certainly does not hold (hex); none unless a test says. */
+  readonly absent = new Set<string>();
+
+  get knowsKeys(): boolean {
+    return this.absent.size > 0;
+  }
+
+  certainlyAbsent(key: Uint8Array): boolean {
+    return this.absent.has(hex(key));
+  }
 
   async lookup(key: Uint8Array, timeoutMs: number): Promise<InferenceResponse | undefined> {
     this.lookups.push({ key: hex(key), timeoutMs });
@@ -514,6 +524,29 @@ describe(InferenceRouter.name, () => {
       expect(await counter(app, 'cache_requests_total', { outcome: 'miss' })).toBe(1);
     });
 
+    it('does not ask the cache about a key it says it certainly does not hold, and stores the answer as after any miss', async () => {
+      const { sut, cache, batcher, app } = await startRouter();
+      const key = hex(cacheKey(inferRequest({ modelVersion: '2' }), 'sha256-of-mlp-2'));
+      cache.absent.add(key);
+
+      const response = await sut.infer(inferRequest());
+
+      expect(response).toMatchObject({ modelVersion: '2', cached: false });
+      expect(cache.lookups).toHaveLength(0);
+      expect(batcher.requests).toHaveLength(1);
+      expect(cache.stores.map((s) => s.key)).toEqual([key]);
+      expect(await counter(app, 'cache_requests_total', { outcome: 'miss' })).toBe(1);
+      expect(await counter(app, 'cache_lookups_skipped_total', {})).toBe(1);
+      // Any other key is asked about.
+      await sut.infer(
+        inferRequest({
+          inputs: [{ name: 'x', datatype: DataType.FP32, shape: [1n, 4n], data: new Uint8Array(16).fill(1) }],
+        }),
+      );
+      expect(cache.lookups).toHaveLength(1);
+      expect(await counter(app, 'cache_lookups_skipped_total', {})).toBe(1);
+    });
+
     it('on a hit answers without the batcher, marked cached, with the request’s own id: from the shared cache, then from its own', async () => {
       const { sut, batcher, cache, app } = await startRouter();
       const first = await sut.infer(inferRequest({ id: 'first' }));
@@ -607,7 +640,7 @@ describe(InferenceRouter.name, () => {
       // A real gRPC cache service, reached through the real CacheAdapter, whose lookups answer only
       // once the router has given up on them: the router's own deadline on a real call is under test.
       let lookupsAbandoned = 0;
-      const slowCache: Omit<ServiceImpl<typeof CacheService>, 'lookups'> = {
+      const slowCache: Omit<ServiceImpl<typeof CacheService>, 'lookups' | 'stores'> = {
         async lookup(_request, ctx) {
           await new Promise<void>((resolve) => ctx.signal.addEventListener('abort', () => resolve()));
           lookupsAbandoned += 1;
@@ -616,13 +649,14 @@ describe(InferenceRouter.name, () => {
         async store() {
           return { stored: true };
         },
+        watchKeys: unlistedKeys,
       };
       const server = new GrpcServer({
         logger: new JsonLogger('fake-cache', 'error'),
         metrics: new Metrics('fake_cache'),
         maxMessageBytes: 1 << 20,
       });
-      server.add(CacheService, slowCache, { lookups: 'lookup' });
+      server.add(CacheService, slowCache, { lookups: 'lookup', stores: 'store' });
       const port = await server.listen('127.0.0.1', 0);
       try {
         const { sut, batcher, app } = await startRouter(

@@ -40,6 +40,7 @@ export class InferenceRouter {
   private readonly routes: Counter<'model' | 'version' | 'route'>;
   private readonly fallbacks: Counter<'model' | 'fallback' | 'reason'>;
   private readonly hitSeconds: Histogram;
+  private readonly lookupsSkipped: Counter;
   private readonly local: LocalResultCache;
   /** Inferences running for cache misses, by cache key: identical misses join them. */
   private readonly inflight = new Map<string, Promise<InferenceResponse>>();
@@ -66,6 +67,17 @@ export class InferenceRouter {
       'cache_requests_total',
       "Result cache use by outcome: local_hit (the router's own cache), hit (the shared cache), miss, bypass (cache failed or slow), coalesced (joined an identical miss in flight), disabled.",
       ['outcome'],
+    );
+    this.lookupsSkipped = metrics.counter(
+      'cache_lookups_skipped_total',
+      "Misses the router did not ask the shared cache about: the cache's filter of the keys it holds lacks the key (counted as misses too).",
+      [],
+    );
+    metrics.gauge(
+      'cache_keys_known',
+      "1 while the router holds the shared cache's filter of the keys it holds and skips lookups of keys it lacks; 0 while it looks every key up (the cache not reached yet, restarting, or backed by Redis).",
+      [],
+      (gauge) => gauge.set(this.cache.knowsKeys ? 1 : 0),
     );
     this.routes = metrics.counter(
       'routed_total',
@@ -212,20 +224,22 @@ export class InferenceRouter {
       return { ...local, id: request.id, cached: true };
     }
     let outcome: CacheOutcome = 'miss';
-    try {
-      const lookupStart = process.hrtime.bigint();
-      const cached = await this.cache.lookup(key, this.config.cache.timeoutMs);
-      if (cached !== undefined) {
-        span?.setAttribute('infermesh.cache', 'hit');
-        this.cacheOutcomes.inc({ outcome: 'hit' });
-        this.hitSeconds.observe(Number(process.hrtime.bigint() - lookupStart) / 1e9);
-        this.local.set(flight, cached, ttlMs || undefined);
-        return { ...cached, id: request.id, cached: true };
+    if (this.cache.certainlyAbsent(key)) this.lookupsSkipped.inc();
+    else
+      try {
+        const lookupStart = process.hrtime.bigint();
+        const cached = await this.cache.lookup(key, this.config.cache.timeoutMs);
+        if (cached !== undefined) {
+          span?.setAttribute('infermesh.cache', 'hit');
+          this.cacheOutcomes.inc({ outcome: 'hit' });
+          this.hitSeconds.observe(Number(process.hrtime.bigint() - lookupStart) / 1e9);
+          this.local.set(flight, cached, ttlMs || undefined);
+          return { ...cached, id: request.id, cached: true };
+        }
+      } catch (error) {
+        outcome = 'bypass';
+        this.logger.debug('result cache unavailable; serving without it', { err: toRpcError(error).message });
       }
-    } catch (error) {
-      outcome = 'bypass';
-      this.logger.debug('result cache unavailable; serving without it', { err: toRpcError(error).message });
-    }
     // Identical requests that miss together share one inference.
     const running = this.inflight.get(flight);
     if (running !== undefined) {

@@ -1,6 +1,7 @@
 import { GrpcServer } from '@infermesh/grpc';
 import { CacheService } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import { unlistedKeys } from '@infermesh/testing';
 
 /**
  * The server side of the carried bench: a GrpcServer hosting CacheService as the cache service does
@@ -16,8 +17,8 @@ async function main(): Promise<void> {
   });
   server.add(
     CacheService,
-    { lookup: async () => ({ found: false }), store: async () => ({ stored: false }) },
-    { lookups: 'lookup' },
+    { lookup: async () => ({ found: false }), store: async () => ({ stored: false }), watchKeys: unlistedKeys },
+    { lookups: 'lookup', stores: 'store' },
   );
   const port = await server.listen('127.0.0.1', 0);
   process.send?.({ port });

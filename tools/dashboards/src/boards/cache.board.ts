@@ -4,6 +4,7 @@ import { INSTANCE, MODEL, quantile, RANGE, ratio, sel, sumRate } from '../promql
 
 const ROUTER_CACHE = 'infermesh_router_cache_requests_total';
 const LOOKUPS = 'infermesh_cache_lookups_total';
+const SKIPPED = 'infermesh_router_cache_lookups_skipped_total';
 const I = sel(INSTANCE);
 
 /** Requests served from a cache (the router's own or the shared one) among those that could be. */
@@ -50,7 +51,7 @@ export function cacheBoard(): dashboard.Dashboard {
           timeSeries({
             title: 'Hit ratio',
             description:
-              'Router: the share of its cache uses (local_hit, hit, miss, bypass, coalesced) answered from a cache, and from its own in-process cache alone. Cache service: the share of its lookups that found the entry.',
+              "Router: the share of its cache uses (local_hit, hit, miss, bypass, coalesced) answered from a cache, and from its own in-process cache alone. Cache service: the share of the lookups it was asked that found the entry; routers do not ask about keys its filter of held keys lacks, so this share runs above the router's.",
             unit: 'percentunit',
             span: 9,
             max: 1,
@@ -102,11 +103,15 @@ export function cacheBoard(): dashboard.Dashboard {
         panels: [
           timeSeries({
             title: 'Lookups by outcome',
-            description: 'Lookups per second the cache service answered, by outcome (hit, miss, error).',
+            description:
+              "Lookups per second the cache service answered, by outcome (hit, miss, error), and the misses the routers did not ask about because the cache's filter of held keys lacked the key (all routers).",
             unit: 'reqps',
             span: 6,
             stack: true,
-            queries: [{ expr: sumRate(LOOKUPS, I, ['outcome']), legend: '{{outcome}}' }],
+            queries: [
+              { expr: sumRate(LOOKUPS, I, ['outcome']), legend: '{{outcome}}' },
+              { expr: sumRate(SKIPPED, ''), legend: 'miss not asked (routers)' },
+            ],
           }),
           timeSeries({
             title: 'Stores by outcome',
