@@ -1,8 +1,9 @@
 import type { WatchKeysResponse } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import { FINGERPRINT_BYTES, KeyFilter } from '@infermesh/tensors';
-import { ManualClock } from '@infermesh/testing';
+import { ManualClock, rpcRejection } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
-import { HeldKeys, KEY_DIGEST_INTERVAL_MS, MIN_FILTER_CAPACITY } from './held-keys';
+import { status } from '@grpc/grpc-js';
+import { HeldKeys, KEY_DIGEST_INTERVAL_MS, MAX_KEY_WATCHERS, MIN_FILTER_CAPACITY } from './held-keys';
 
 /** Reads a watch's messages as they come. */
 function follow(stream: AsyncGenerator<WatchKeysResponse>) {
@@ -94,6 +95,20 @@ describe(HeldKeys.name, () => {
     expect(keys.every((key) => filter.has(key))).toBe(true);
     abort.abort();
     expect((await stream.next()).done).toBe(true);
+  });
+
+  it('refuses a watcher past MAX_KEY_WATCHERS, RESOURCE_EXHAUSTED, and takes one again once another left', async () => {
+    const streams = Array.from({ length: MAX_KEY_WATCHERS }, () => follow(sut.watch(abort.signal)));
+    await settle();
+    expect(sut.watcherCount).toBe(MAX_KEY_WATCHERS);
+    const other = new AbortController();
+    const error = await rpcRejection(sut.watch(other.signal).next());
+    expect(error.code).toBe(status.RESOURCE_EXHAUSTED);
+    expect(error.message).toContain(`${MAX_KEY_WATCHERS} watchers`);
+    abort.abort();
+    await Promise.all(streams.map((s) => s.done));
+    expect((await sut.watch(other.signal).next()).value?.filter).toBeDefined();
+    other.abort();
   });
 
   it('ends every stream when closed', async () => {

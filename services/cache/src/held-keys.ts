@@ -1,5 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import type { Clock } from '@infermesh/clock';
+import { Errors } from '@infermesh/grpc';
 import { type WatchKeysResponse, WatchKeysResponseSchema } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
 import { FINGERPRINT_BYTES, KeyFilter } from '@infermesh/tensors';
 
@@ -7,22 +8,52 @@ import { FINGERPRINT_BYTES, KeyFilter } from '@infermesh/tensors';
 export const KEY_DIGEST_INTERVAL_MS = 50;
 /** The fewest keys a filter is sized for. */
 export const MIN_FILTER_CAPACITY = 65_536;
-/** Fingerprints waiting for one watcher, at most: beyond, it is sent the whole filter instead. */
+/** Fingerprints waiting for one watcher, at most (512 KiB): beyond, it is sent the whole filter instead. */
 const MAX_PENDING_FINGERPRINTS = 65_536;
+/** Open WatchKeys streams, at most: one a router, so many more would be a client misbehaving. */
+export const MAX_KEY_WATCHERS = 1_024;
 
 /** One WatchKeys stream: what it has yet to be sent. */
 class KeyWatcher {
+  /** The whole filter is to be sent next (the stream's first message, after a rebuild, or when it fell behind). */
   whole = true;
-  added: Uint8Array[] = [];
+  /** The fingerprints stored since the last message, one after another in `pending`. */
+  private pending = Buffer.allocUnsafe(64 * FINGERPRINT_BYTES);
+  private count = 0;
   private wake: (() => void) | undefined;
   private ended = false;
 
   push(fingerprint: Uint8Array): void {
     if (this.whole) return;
-    if (this.added.length >= MAX_PENDING_FINGERPRINTS) {
-      this.whole = true;
-      this.added = [];
-    } else this.added.push(fingerprint);
+    if (this.count >= MAX_PENDING_FINGERPRINTS) {
+      this.sendWhole();
+      return;
+    }
+    const at = this.count * FINGERPRINT_BYTES;
+    if (at + FINGERPRINT_BYTES > this.pending.byteLength) {
+      const larger = Buffer.allocUnsafe(2 * this.pending.byteLength);
+      this.pending.copy(larger, 0, 0, at);
+      this.pending = larger;
+    }
+    this.pending.set(fingerprint.subarray(0, FINGERPRINT_BYTES), at);
+    this.count++;
+  }
+
+  get hasAdded(): boolean {
+    return this.count > 0;
+  }
+
+  /** The fingerprints waiting, in a buffer of their own; none wait after. */
+  takeAdded(): Buffer {
+    const added = Buffer.from(this.pending.subarray(0, this.count * FINGERPRINT_BYTES));
+    this.count = 0;
+    return added;
+  }
+
+  /** Sends the whole filter next, and nothing that waited. */
+  sendWhole(): void {
+    this.whole = true;
+    this.count = 0;
   }
 
   wakeUp(): void {
@@ -38,7 +69,7 @@ class KeyWatcher {
 
   /** Resolves when there is something to send (true) or the stream ended (false). */
   async ready(): Promise<boolean> {
-    while (!this.whole && this.added.length === 0 && !this.ended) {
+    while (!this.whole && this.count === 0 && !this.ended) {
       await new Promise<void>((resolve) => (this.wake = resolve));
     }
     return !this.ended;
@@ -82,8 +113,7 @@ export class HeldKeys {
     }
     this.filter.add(key);
     if (this.watchers.size === 0) return;
-    const fingerprint = key.subarray(0, FINGERPRINT_BYTES);
-    for (const watcher of this.watchers) watcher.push(fingerprint);
+    for (const watcher of this.watchers) watcher.push(key);
     this.cancelFlush ??= this.clock.setTimer(() => {
       this.cancelFlush = undefined;
       for (const watcher of this.watchers) watcher.wakeUp();
@@ -92,6 +122,11 @@ export class HeldKeys {
 
   /** One watcher's stream: the whole filter, then the keys stored since, until `signal` aborts. */
   async *watch(signal: AbortSignal): AsyncGenerator<WatchKeysResponse> {
+    if (this.watchers.size >= MAX_KEY_WATCHERS) {
+      throw Errors.overloaded(
+        `this cache already tells ${this.watchers.size} watchers its keys, the most it will (one a router); look each key up`,
+      );
+    }
     const watcher = new KeyWatcher();
     this.watchers.add(watcher);
     const leave = () => {
@@ -103,15 +138,12 @@ export class HeldKeys {
       while (await watcher.ready()) {
         if (watcher.whole) {
           watcher.whole = false;
-          watcher.added = [];
           // A copy: the filter changes while the message waits to be written.
           yield create(WatchKeysResponseSchema, {
             filter: { bits: this.filter.bits.slice(), hashes: this.filter.hashes },
           });
         } else {
-          const added = Buffer.concat(watcher.added);
-          watcher.added = [];
-          yield create(WatchKeysResponseSchema, { added });
+          yield create(WatchKeysResponseSchema, { added: watcher.takeAdded() });
         }
       }
     } finally {
@@ -135,8 +167,7 @@ export class HeldKeys {
     this.added = keys.length;
     this.rebuilds++;
     for (const watcher of this.watchers) {
-      watcher.whole = true;
-      watcher.added = [];
+      watcher.sendWhole();
       watcher.wakeUp();
     }
   }
