@@ -3,7 +3,7 @@ import { FINGERPRINT_BYTES, KeyFilter } from '@infermesh/tensors';
 import { ManualClock, rpcRejection } from '@infermesh/testing';
 import { randomBytes } from 'node:crypto';
 import { status } from '@grpc/grpc-js';
-import { HeldKeys, KEY_DIGEST_INTERVAL_MS, MAX_KEY_WATCHERS, MIN_FILTER_CAPACITY } from './held-keys';
+import { FILTER_CAPACITY, HeldKeys, KEY_DIGEST_INTERVAL_MS, MAX_KEY_WATCHERS } from './held-keys';
 
 /** Reads a watch's messages as they come. */
 function follow(stream: AsyncGenerator<WatchKeysResponse>) {
@@ -69,7 +69,7 @@ describe(HeldKeys.name, () => {
     const first = received[0]!.filter!.bits.byteLength;
     // The store holds the first keys only: the rest left it (evicted, say) as soon as stored.
     const kept = Array.from({ length: 40_000 }, () => store());
-    for (let i = kept.length; i <= MIN_FILTER_CAPACITY; i++) sut.stored(randomBytes(32));
+    for (let i = kept.length; i <= FILTER_CAPACITY.min; i++) sut.stored(randomBytes(32));
     await settle();
     expect(sut.rebuilds).toBe(1);
     const whole = received.filter((m) => m.filter !== undefined).at(-1)!;
@@ -80,6 +80,21 @@ describe(HeldKeys.name, () => {
     expect(whole.filter!.bits.byteLength).toBe((2 * kept.length * 10) / 8);
     expect(kept.every((key) => rebuilt.has(key))).toBe(true);
     abort.abort();
+  });
+
+  it('sizes a filter it builds again within the largest size, however many keys are held', async () => {
+    const bounded = new HeldKeys(() => held.values(), clock, { min: 16, max: 64 });
+    for (let i = 0; i < 100; i++) {
+      const key = randomBytes(32);
+      held.set(key.toString('hex'), key);
+      bounded.stored(key);
+    }
+    // At 17 keys (sized for 34), 35 (64, the most) and 68; then every 32 keys at least, not at each.
+    expect(bounded.rebuilds).toBe(3);
+    const stream = bounded.watch(abort.signal);
+    expect((await stream.next()).value?.filter?.bits.byteLength).toBe((64 * 10) / 8);
+    abort.abort();
+    bounded.close();
   });
 
   it('sends a watcher that does not keep up the whole filter, not every key stored meanwhile', async () => {

@@ -6,8 +6,8 @@ import { FINGERPRINT_BYTES, KeyFilter } from '@infermesh/tensors';
 
 /** How often the keys stored since go to the watchers, at most. */
 export const KEY_DIGEST_INTERVAL_MS = 50;
-/** The fewest keys a filter is sized for. */
-export const MIN_FILTER_CAPACITY = 65_536;
+/** The fewest and the most keys a filter is sized for: 80 KiB and 8 MiB of bits. */
+export const FILTER_CAPACITY = { min: 65_536, max: 6_710_886 };
 /** Fingerprints waiting for one watcher, at most (512 KiB): beyond, it is sent the whole filter instead. */
 const MAX_PENDING_FINGERPRINTS = 65_536;
 /** Open WatchKeys streams, at most: one a router, so many more would be a client misbehaving. */
@@ -80,13 +80,17 @@ class KeyWatcher {
  * Which keys this cache holds, as a Bloom filter (KeyFilter), for the routers that watch it
  * (CacheService.WatchKeys): they skip the lookup of a key the filter lacks. Every stored key is added;
  * keys that leave (evicted, expired, replaced) stay in the filter, which only makes routers ask for
- * them. Once as many keys were added as the filter was sized for, it is built again from the keys
- * held, sized for twice as many (at least MIN_FILTER_CAPACITY), and every watcher is sent it whole.
+ * them. Once the filter holds as many keys as it was sized for (those it was built from and those
+ * added since), it is built again from the keys held, sized for twice as many (within
+ * FILTER_CAPACITY), and every watcher is sent it whole. Past the largest size it takes more absent keys
+ * for present, and routers ask about them; it is built again after half its size more keys at least.
  */
 export class HeldKeys {
   private filter: KeyFilter;
-  private capacity = MIN_FILTER_CAPACITY;
+  private capacity: number;
+  /** Keys added since the filter was built, and how many may be before it is built again. */
   private added = 0;
+  private budget: number;
   private readonly watchers = new Set<KeyWatcher>();
   private cancelFlush: (() => void) | undefined;
 
@@ -94,7 +98,10 @@ export class HeldKeys {
     /** The keys the store holds now. */
     private readonly held: () => Iterable<Buffer>,
     private readonly clock: Clock,
+    private readonly capacities = FILTER_CAPACITY,
   ) {
+    this.capacity = capacities.min;
+    this.budget = this.capacity;
     this.filter = KeyFilter.sized(this.capacity);
   }
 
@@ -107,7 +114,7 @@ export class HeldKeys {
 
   /** A key was stored. */
   stored(key: Buffer): void {
-    if (++this.added > this.capacity) {
+    if (++this.added > this.budget) {
       this.rebuild();
       return;
     }
@@ -161,10 +168,12 @@ export class HeldKeys {
 
   private rebuild(): void {
     const keys = [...this.held()];
-    this.capacity = Math.max(MIN_FILTER_CAPACITY, 2 * keys.length);
+    this.capacity = Math.min(this.capacities.max, Math.max(this.capacities.min, 2 * keys.length));
     this.filter = KeyFilter.sized(this.capacity);
     for (const key of keys) this.filter.add(key);
-    this.added = keys.length;
+    this.added = 0;
+    // Built again once full; at least after half its size more keys, however many are held.
+    this.budget = Math.max(this.capacity - keys.length, this.capacity / 2);
     this.rebuilds++;
     for (const watcher of this.watchers) {
       watcher.sendWhole();
