@@ -39,10 +39,6 @@ class KeyWatcher {
     this.count++;
   }
 
-  get hasAdded(): boolean {
-    return this.count > 0;
-  }
-
   /** The fingerprints waiting, in a buffer of their own; none wait after. */
   takeAdded(): Buffer {
     const added = Buffer.from(this.pending.subarray(0, this.count * FINGERPRINT_BYTES));
@@ -93,20 +89,23 @@ export class HeldKeys {
   private budget: number;
   private readonly watchers = new Set<KeyWatcher>();
   private cancelFlush: (() => void) | undefined;
+  /** A copy of the filter's bits as they are, shared by the watchers sent it whole meanwhile. */
+  private snapshot: Uint8Array | undefined;
+  /** Filters built again since start. */
+  rebuilds = 0;
 
   constructor(
     /** The keys the store holds now. */
     private readonly held: () => Iterable<Buffer>,
     private readonly clock: Clock,
     private readonly capacities = FILTER_CAPACITY,
+    /** Called once the filter was built again. */
+    private readonly onRebuild: () => void = () => undefined,
   ) {
     this.capacity = capacities.min;
     this.budget = this.capacity;
     this.filter = KeyFilter.sized(this.capacity);
   }
-
-  /** Filters built again since start. */
-  rebuilds = 0;
 
   get watcherCount(): number {
     return this.watchers.size;
@@ -119,6 +118,7 @@ export class HeldKeys {
       return;
     }
     this.filter.add(key);
+    this.snapshot = undefined;
     if (this.watchers.size === 0) return;
     for (const watcher of this.watchers) watcher.push(key);
     this.cancelFlush ??= this.clock.setTimer(() => {
@@ -145,10 +145,10 @@ export class HeldKeys {
       while (await watcher.ready()) {
         if (watcher.whole) {
           watcher.whole = false;
-          // A copy: the filter changes while the message waits to be written.
-          yield create(WatchKeysResponseSchema, {
-            filter: { bits: this.filter.bits.slice(), hashes: this.filter.hashes },
-          });
+          // A copy, since the filter changes while the message waits to be written; the watchers
+          // woken together by a rebuild share one.
+          this.snapshot ??= this.filter.bits.slice();
+          yield create(WatchKeysResponseSchema, { filter: { bits: this.snapshot, hashes: this.filter.hashes } });
         } else {
           yield create(WatchKeysResponseSchema, { added: watcher.takeAdded() });
         }
@@ -171,10 +171,12 @@ export class HeldKeys {
     this.capacity = Math.min(this.capacities.max, Math.max(this.capacities.min, 2 * keys.length));
     this.filter = KeyFilter.sized(this.capacity);
     for (const key of keys) this.filter.add(key);
+    this.snapshot = undefined;
     this.added = 0;
     // Built again once full; at least after half its size more keys, however many are held.
     this.budget = Math.max(this.capacity - keys.length, this.capacity / 2);
     this.rebuilds++;
+    this.onRebuild();
     for (const watcher of this.watchers) {
       watcher.sendWhole();
       watcher.wakeUp();

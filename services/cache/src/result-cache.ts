@@ -9,7 +9,7 @@ import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Counter, Histogram } from 'prom-client';
 import { Clock } from '@infermesh/clock';
 import { CACHE_CONFIG, type CacheConfig } from './cache.config';
-import { HeldKeys } from './held-keys';
+import { FILTER_CAPACITY, HeldKeys } from './held-keys';
 import { ResultStore } from './result-store';
 
 export type LookupOutcome = 'hit' | 'miss' | 'error';
@@ -33,7 +33,6 @@ export class ResultCache implements OnApplicationShutdown {
     metrics: Metrics,
     clock: Clock,
   ) {
-    this.keys = results.heldKeys() === undefined ? undefined : new HeldKeys(() => results.heldKeys()!, clock);
     this.lookups = metrics.counter('lookups_total', 'Cache lookups by outcome (hit, miss, error).', ['outcome']);
     this.stores = metrics.counter('stores_total', 'Cache stores by outcome (stored, too_large, error).', ['outcome']);
     this.lookupSeconds = metrics.histogram('lookup_duration_seconds', 'Time to look up a cache entry, by outcome.', [
@@ -53,16 +52,22 @@ export class ResultCache implements OnApplicationShutdown {
         (gauge) => gauge.set(config.maxBytes),
       );
     }
-    const keys = this.keys;
-    if (keys !== undefined) {
-      metrics.gauge('key_watchers', 'Open WatchKeys streams: routers told which keys this cache holds.', [], (gauge) =>
-        gauge.set(keys.watcherCount),
-      );
-      metrics.gauge(
-        'key_filter_rebuilds',
+    if (results.heldKeys() === undefined) this.keys = undefined;
+    else {
+      const rebuilds = metrics.counter(
+        'key_filter_rebuilds_total',
         'Times the filter of held keys was built again from the keys held, once full, and sent whole to every watcher.',
         [],
-        (gauge) => gauge.set(keys.rebuilds),
+      );
+      const keys = new HeldKeys(
+        () => results.heldKeys()!,
+        clock,
+        FILTER_CAPACITY,
+        () => rebuilds.inc(),
+      );
+      this.keys = keys;
+      metrics.gauge('key_watchers', 'Open WatchKeys streams: routers told which keys this cache holds.', [], (gauge) =>
+        gauge.set(keys.watcherCount),
       );
     }
   }
