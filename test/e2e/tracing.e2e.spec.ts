@@ -6,15 +6,17 @@ import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { Span_SpanKind, Status_StatusCode } from '@infermesh/proto/gen/opentelemetry/proto/trace/v1/trace_pb';
 import { OtlpReceiver, type ReceivedSpan } from './support/otlp-receiver';
-import { API_KEY, type Fixture, REPO_ROOT, startFixture } from './support/system-fixture';
+import { eventually } from '@infermesh/testing';
+import { API_KEY, type Fixture, metricValue, REPO_ROOT, startFixture } from './support/system-fixture';
 
 const { SERVER, INTERNAL } = Span_SpanKind;
 /**
- * The spans of one request that misses the result cache and runs alone in its batch, one per hop:
- * gateway, router, cache lookup, batcher, batch, worker, model run (the cache store after the answer
- * is not part of the trace).
+ * The spans of one request with a new input that runs alone in its batch, one per hop: gateway,
+ * router, batcher, batch, worker, model run. The router does not ask the cache about an input it
+ * certainly does not hold (its filter of the cache's keys lacks it), and the cache store after the
+ * answer is not part of the trace.
  */
-const SPANS_PER_REQUEST = 7;
+const SPANS_PER_REQUEST = 6;
 
 /** A model that batches: requests arriving within 100 ms of each other share a batch. */
 const BATCHED = {
@@ -55,6 +57,11 @@ describe('traces of the request path (OTLP)', () => {
     // the lookup's 100 ms, and the traces below are about the path, not its first connections.
     const warm = await restInfer('tiny', `00-${hex(16)}-${hex(8)}-00`, 1_000);
     expect(warm.status).toBe(200);
+    // And the router was told which keys the cache holds: new inputs are not looked up.
+    await eventually(
+      async () => (await metricValue(fixture.system.metricsUrl('router'), 'infermesh_router_cache_keys_known')) === 1,
+      30_000,
+    );
   }, 180_000);
 
   afterAll(async () => {
@@ -120,7 +127,6 @@ describe('traces of the request path (OTLP)', () => {
       'infermesh.route': 'stable',
       'infermesh.cache': 'miss',
     });
-    expect(one(trace, 'cache', 'infermesh.cache.v1.CacheService/Lookup', SERVER).parentSpanId).toBe(router.spanId);
 
     const batcher = one(trace, 'batcher', 'infermesh.batcher.v1.BatcherService/Infer', SERVER);
     expect(batcher.parentSpanId).toBe(router.spanId);
@@ -176,6 +182,18 @@ describe('traces of the request path (OTLP)', () => {
       expect(span.endNs).toBeGreaterThanOrEqual(span.startNs);
       expect(span.status.code).not.toBe(Status_StatusCode.ERROR);
     }
+
+    // The cache was not asked about the new input (its span would have come with the others by now).
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    expect(receiver.spans.filter((s) => s.traceId === traceId && s.service === 'cache')).toEqual([]);
+
+    // The same input again is asked about, and answered, by the cache: its lookup is a span of the trace.
+    const again = hex(16);
+    expect((await restInfer('tiny', `00-${again}-${hex(8)}-01`, 7)).status).toBe(200);
+    const hit = await traceOf(again, 3);
+    const hitRouter = one(hit, 'router', 'infermesh.router.v1.RouterService/Infer', SERVER);
+    expect(hitRouter.attributes['infermesh.cache']).toBe('hit');
+    expect(one(hit, 'cache', 'infermesh.cache.v1.CacheService/Lookup', SERVER).parentSpanId).toBe(hitRouter.spanId);
   }, 60_000);
 
   it('a gRPC request without trace context starts a trace at the gateway', async () => {
@@ -199,7 +217,7 @@ describe('traces of the request path (OTLP)', () => {
     expect(root.parentSpanId).toBe('');
     expect(root.kind).toBe(SERVER);
     const trace = await traceOf(root.traceId, SPANS_PER_REQUEST);
-    expect(new Set(trace.map((s) => s.service))).toEqual(new Set(['gateway', 'router', 'cache', 'batcher', 'worker']));
+    expect(new Set(trace.map((s) => s.service))).toEqual(new Set(['gateway', 'router', 'batcher', 'worker']));
   }, 60_000);
 
   it('answers requests with malformed trace context, each starting a trace of its own', async () => {
