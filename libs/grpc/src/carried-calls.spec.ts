@@ -196,7 +196,7 @@ describe(CarriedCalls.name, () => {
     await servedAgain();
   });
 
-  it('fails the calls a stream carries when the server goes away (UNAVAILABLE), and recovers with it', async () => {
+  it('fails the calls a stream carries when the server goes away (UNAVAILABLE, no reason: a transport failure, as a unary call fails), and recovers with it', async () => {
     const arrived = deferred();
     lookup = async () => {
       arrived.resolve();
@@ -205,8 +205,11 @@ describe(CarriedCalls.name, () => {
     const stranded = client.lookup({ key: key(6) }).catch((e: unknown) => e);
     await arrived.promise;
     await server.shutdown(0); // the grace period is over at once: the stream is cut
-    expect(await stranded).toMatchObject({ code: grpc.status.UNAVAILABLE });
-    await expect(client.lookup({ key: key(1) })).rejects.toMatchObject({ code: grpc.status.UNAVAILABLE });
+    expect(await stranded).toMatchObject({ code: grpc.status.UNAVAILABLE, reason: undefined });
+    await expect(client.lookup({ key: key(1) })).rejects.toMatchObject({
+      code: grpc.status.UNAVAILABLE,
+      reason: undefined,
+    });
 
     await servedAgain();
   });
@@ -280,6 +283,22 @@ describe(CarriedCalls.name, () => {
     } finally {
       carried.close();
       raw.close();
+    }
+  });
+
+  it("keeps the calls sent together within half its channel's message limit, when that is under CARRIED_MESSAGE_BYTES", async () => {
+    // A client sending messages of at most 512 KiB: three calls of 200 kB made in one turn fit it
+    // one by one, not together.
+    const small = createClient(CacheService, `127.0.0.1:${port}`, {
+      carried: { lookup: 'lookups' },
+      transport: null,
+      maxMessageBytes: 512 * 1024,
+    });
+    try {
+      const answers = await Promise.all([1, 2, 3].map(() => small.lookup({ key: new Uint8Array(200_000).fill(1) })));
+      expect(answers.map((a) => a.found)).toEqual([true, true, true]);
+    } finally {
+      small.close();
     }
   });
 

@@ -76,9 +76,18 @@ export interface CarriedResponse {
 export const CARRIED_MESSAGE_BYTES = 1024 * 1024;
 
 /**
+ * What a message sent together may carry on a channel whose messages are at most `maxMessageBytes`:
+ * CARRIED_MESSAGE_BYTES, or half that limit when it is smaller, so that calls that fit one by one
+ * (a batcher keeps its batches 64 KiB within it) never make, together, a message the limit refuses.
+ */
+export function carriedMessageBytes(maxMessageBytes: number): number {
+  return Math.min(CARRIED_MESSAGE_BYTES, Math.floor(maxMessageBytes / 2));
+}
+
+/**
  * What one side of a carrying stream sends: items queued in one turn of the event loop go together,
- * as one message, at the end of that turn (setImmediate), or before it once they hold
- * CARRIED_MESSAGE_BYTES. `sizeOf` measures an item in bytes (their encoding, about). `send` drops
+ * as one message, at the end of that turn (setImmediate), or before it once they hold `maxBytes`
+ * (carriedMessageBytes). `sizeOf` measures an item in bytes (their encoding, about). `send` drops
  * what its stream can no longer carry.
  */
 export class CarriedOutbox<T> {
@@ -89,11 +98,12 @@ export class CarriedOutbox<T> {
   constructor(
     private readonly send: (items: T[]) => void,
     private readonly sizeOf: (item: T) => number,
+    private readonly maxBytes = CARRIED_MESSAGE_BYTES,
   ) {}
 
   push(item: T): void {
     const size = this.sizeOf(item);
-    if (this.items.length > 0 && this.bytes + size > CARRIED_MESSAGE_BYTES) this.flush();
+    if (this.items.length > 0 && this.bytes + size > this.maxBytes) this.flush();
     this.items.push(item);
     this.bytes += size;
     if (!this.scheduled) {
@@ -208,6 +218,8 @@ export class CarriedCalls {
       ambient: RequestContext | undefined,
     ) => number | undefined,
     private readonly renewMs = CARRIER_RENEW_MS,
+    /** What a message carries together at most (carriedMessageBytes of the channel's limit). */
+    private readonly messageBytes = CARRIED_MESSAGE_BYTES,
   ) {}
 
   async call(request: unknown, options?: CallOptions): Promise<unknown> {
@@ -292,6 +304,7 @@ export class CarriedCalls {
         if (!carrier.ended) call.write({ calls });
       },
       (c) => encodedSize(this.method.input, c.request as object),
+      this.messageBytes,
     );
     const carrier: Carrier = { call, pending: new Map(), outbox, openedAt: now, ended: false };
     call.on('data', ({ results }: CarriedResponse) => {
@@ -308,19 +321,17 @@ export class CarriedCalls {
     call.on('error', (error: ServiceError) => {
       const failure = RpcError.fromServiceError(error);
       // A stream the server cut (its reset reads as CANCELLED here) is the server gone, not the call
-      // given up: UNAVAILABLE, as a unary call would fail.
+      // given up: a transport failure (UNAVAILABLE, no reason), as a unary call to a server that is
+      // not there fails.
       this.end(
         carrier,
         failure.code === status.CANCELLED && !this.closed
-          ? Errors.upstreamUnavailable(`the stream carrying ${this.method.name} was cut: ${failure.message}`)
+          ? transportFailure(`the stream carrying ${this.method.name} was cut: ${failure.message}`)
           : failure,
       );
     });
     call.on('end', () => {
-      this.end(
-        carrier,
-        Errors.upstreamUnavailable(`the stream carrying ${this.method.name} ended before answering; call again`),
-      );
+      this.end(carrier, transportFailure(`the stream carrying ${this.method.name} ended before answering; call again`));
       call.end();
     });
     this.carrier = carrier;
@@ -338,4 +349,13 @@ export class CarriedCalls {
       call.reject(error);
     }
   }
+}
+
+/**
+ * A failure of the stream, not an answer of the server: UNAVAILABLE without a reason, as grpc-js
+ * reports a unary call that reached no server (RpcError.reason), so that callers tell the two apart
+ * alike, carried or not (the batcher marks such a worker unreachable).
+ */
+function transportFailure(message: string): RpcError {
+  return new RpcError(status.UNAVAILABLE, message);
 }

@@ -24,7 +24,7 @@ import type { Http2Server, ServerHttp2Session } from 'node:http2';
 export const FLOW_CONTROL_WINDOW_BYTES = 1024 * 1024;
 
 /** The services' clients' message size limit: their messages carry tensors. */
-const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+export const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
 
 /** grpc-js channel (or server) options that let messages of up to `maxBytes` through both ways. */
 export function messageLimits(maxBytes = DEFAULT_MAX_MESSAGE_BYTES): ChannelOptions {

@@ -1,8 +1,15 @@
-import { CLIENT_FLOW_CONTROL_OPTIONS, messageLimits } from './flow-control';
+import { CLIENT_FLOW_CONTROL_OPTIONS, DEFAULT_MAX_MESSAGE_BYTES, messageLimits } from './flow-control';
 import type { DescMethod, DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { type RequestContext, requestContext, spans } from '@infermesh/telemetry';
-import { CarriedCalls, type CarriedRequest, type CarriedResponse, carrierMethods } from './carried-calls';
+import {
+  CARRIER_RENEW_MS,
+  CarriedCalls,
+  type CarriedRequest,
+  type CarriedResponse,
+  carriedMessageBytes,
+  carrierMethods,
+} from './carried-calls';
 import { boundedDeadline } from './deadline';
 import type { CallOptions, ServiceClient } from './method-types';
 import { Errors, RpcError, isServiceError } from './rpc-error';
@@ -89,6 +96,8 @@ export function createClient<S extends DescService>(
           CarriedResponse
         >,
       deadlineOf,
+      CARRIER_RENEW_MS,
+      carriedMessageBytes(options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES),
     );
     carriers.push(carrier);
     result[unaryName] = (request: unknown, callOptions?: CallOptions) => carrier.call(request, callOptions);

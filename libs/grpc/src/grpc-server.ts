@@ -27,6 +27,7 @@ import {
   type CarriedRequest,
   type CarriedResponse,
   type CarriedResult,
+  carriedMessageBytes,
   carrierMethods,
 } from './carried-calls';
 import { boundTimeoutHeader, delayUntil } from './deadline';
@@ -629,6 +630,7 @@ export class GrpcServer {
           }
         },
         (result) => (result.response === undefined ? 0 : encodedSize(unary.output, result.response as object)),
+        carriedMessageBytes(this.options.maxMessageBytes),
       );
       /** Queues an answer; one that cannot be encoded is answered with the error instead. */
       const send = (result: CarriedResult) => {

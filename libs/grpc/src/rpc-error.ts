@@ -47,7 +47,8 @@ export class RpcError extends Error {
 
   /**
    * Errors are made with `Errors.<reason>(message)`, which takes the code from the catalogue; this
-   * constructor is for rebuilding a received status (`fromServiceError`) and is used nowhere else.
+   * constructor is for rebuilding a received status (`fromServiceError`) and for transport failures
+   * without a status (a carried call's stream that failed, carried-calls.ts), and is used nowhere else.
    */
   constructor(
     readonly code: status,

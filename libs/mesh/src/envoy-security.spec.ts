@@ -109,6 +109,7 @@ describe('mutual TLS and authorization in the Envoy configurations', () => {
     expect((rbac as Record<string, unknown>)['authorization.worker[0]']).toEqual({
       permissions: [
         { url_path: { path: { exact: '/infermesh.worker.v1.WorkerService/Infer' } } },
+        { url_path: { path: { exact: '/infermesh.worker.v1.WorkerService/Infers' } } },
         { url_path: { path: { exact: '/infermesh.worker.v1.WorkerService/ListModels' } } },
       ],
       principals: [{ authenticated: { principal_name: { exact: 'spiffe://prod.example/batcher' } } }],

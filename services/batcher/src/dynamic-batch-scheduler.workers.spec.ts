@@ -39,6 +39,23 @@ describe(DynamicBatchScheduler.name, () => {
       expect(w2.received.map((r) => r.id)).toEqual(['a', 'b', 'c']);
     });
 
+    it('sends its batches to a worker carried on one stream (WorkerService/Infers), each served as an Infer call', async () => {
+      const [w1] = h.workers;
+      w1.placement = ['mlp'];
+      w1.models.set(v('mlp', '1'), ModelState.READY);
+      const sut = await h.start();
+
+      for (const id of ['a', 'b', 'c']) {
+        await expect(sut.enqueue(rowsRequest(id, 1, 0), call())).resolves.toMatchObject({ id });
+      }
+      // The stream is recorded when it ends: here, as the worker shuts down once it has answered.
+      await w1.stop();
+
+      expect(w1.received.map((r) => r.id)).toEqual(['a', 'b', 'c']);
+      expect(await w1.handled('WorkerService/Infer')).toBe(3);
+      expect(await w1.handled('WorkerService/Infers')).toBe(1);
+    });
+
     it.each(['least_outstanding', 'power_of_two'])(
       'sends a batch to the worker with the fewest outstanding batches (%s: of two, both are compared)',
       async (choice) => {

@@ -83,12 +83,16 @@ describe('WorkerPool behind a sidecar', () => {
     const dir = join(root, service);
     await writeIdentityFiles(dir, await ca.issue({ service, instance: `${service}-0` }, 3_600_000), ca.bundlePem);
     const server = new GrpcServer({ logger, metrics: new Metrics('fake_worker'), maxMessageBytes: 1 << 20 });
-    server.add(WorkerService, {
-      listModels: async () => ({ workerId: `${service}-0`, models: [], placedModels: [] }),
-      infer: () => Promise.reject(Errors.invalidRequest('not in this test')),
-      loadModel: () => Promise.reject(Errors.invalidRequest('not in this test')),
-      unloadModel: () => Promise.reject(Errors.invalidRequest('not in this test')),
-    });
+    server.add(
+      WorkerService,
+      {
+        listModels: async () => ({ workerId: `${service}-0`, models: [], placedModels: [] }),
+        infer: () => Promise.reject(Errors.invalidRequest('not in this test')),
+        loadModel: () => Promise.reject(Errors.invalidRequest('not in this test')),
+        unloadModel: () => Promise.reject(Errors.invalidRequest('not in this test')),
+      },
+      { infers: 'infer' },
+    );
     // The server takes the process's credentials when it binds; the batcher's process then goes back to plaintext.
     configureTransportSecurity(identityOf(dir));
     try {

@@ -42,12 +42,17 @@ export class WorkerHandle {
   /** Batches sent to it and not answered yet. */
   outstanding = 0;
 
-  /** `clientOptions`: how the batcher dials its workers (workerClientOptions). */
+  /**
+   * `clientOptions`: how the batcher dials its workers (workerClientOptions). Its batches go carried
+   * on a stream (WorkerService.Infers), not a call each: on grpc-js a message on an open stream costs
+   * a fraction of a call's CPU. The stream loses what only a call has, per-call balancing and retries
+   * by the mesh, and this edge has neither: the batcher chooses the worker and retries itself.
+   */
   constructor(
     readonly address: string,
     clientOptions: ClientOptions,
   ) {
-    this.client = createClient(WorkerService, address, clientOptions);
+    this.client = createClient(WorkerService, address, { ...clientOptions, carried: { infer: 'infers' } });
   }
 
   /** Whether its placement includes the model. */

@@ -1,10 +1,9 @@
 import { countBuffersInHeapLimit, loadOrExit } from '@infermesh/config';
-import { WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
-import { bind, bootstrap, runMain } from '@infermesh/runtime';
+import { bootstrap, runMain } from '@infermesh/runtime';
 import { InferenceExecutor } from './inference-executor';
 import { ModelSync } from './model-sync';
 import { loadWorkerConfig } from './worker.config';
-import { WorkerGrpcController } from './worker.grpc';
+import { workerBinding } from './worker.grpc';
 import { WorkerModule } from './worker.module';
 
 // Requests carry tensors through this service: see countBuffersInHeapLimit.
@@ -14,7 +13,7 @@ runMain('worker', async () => {
   const config = loadOrExit('worker', () => loadWorkerConfig(process.env));
   return bootstrap({
     module: WorkerModule.forRoot(config),
-    grpc: (app) => [bind(WorkerService, app.get(WorkerGrpcController))],
+    grpc: (app) => [workerBinding(app)],
     // SERVING once the pinned models the registry names are READY.
     onListening: (app) => app.get(ModelSync).pinnedReady(),
     // NOT_SERVING (bootstrap), then new requests are refused while those running finish.

@@ -1,4 +1,4 @@
-import { Inject, Injectable } from '@nestjs/common';
+import { type INestApplicationContext, Inject, Injectable } from '@nestjs/common';
 import { create } from '@bufbuild/protobuf';
 import { type CallContext, type ServiceImpl, Errors } from '@infermesh/grpc';
 import {
@@ -7,8 +7,9 @@ import {
   LoadedModelSchema,
   type LoadModelRequest,
   type UnloadModelRequest,
-  type WorkerService,
+  WorkerService,
 } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+import { bind, type GrpcBinding } from '@infermesh/runtime';
 import { splitVersionName } from '@infermesh/rollout';
 import { InferenceExecutor } from './inference-executor';
 import { ModelLifecycle } from './model-lifecycle';
@@ -17,9 +18,9 @@ import { ModelSync } from './model-sync';
 import { ModelTable, type WorkerModel } from './model-table';
 import { WORKER_CONFIG, type WorkerConfig } from './worker.config';
 
-/** gRPC transport of the worker. */
+/** gRPC transport of the worker; Infers carries Infer's calls (GrpcServer.add). */
 @Injectable()
-export class WorkerGrpcController implements ServiceImpl<typeof WorkerService> {
+export class WorkerGrpcController implements Omit<ServiceImpl<typeof WorkerService>, 'infers'> {
   constructor(
     private readonly executor: InferenceExecutor,
     private readonly table: ModelTable,
@@ -67,6 +68,11 @@ export class WorkerGrpcController implements ServiceImpl<typeof WorkerService> {
     if (entry === undefined) throw Errors.modelNotFound(`${name} is not registered for this worker`);
     return entry;
   }
+}
+
+/** The worker's gRPC service as it is hosted: Infers carries Infer's calls, one stream per batcher. */
+export function workerBinding(app: INestApplicationContext): GrpcBinding {
+  return bind(WorkerService, app.get(WorkerGrpcController), { infers: 'infer' });
 }
 
 function describe(entry: WorkerModel): LoadedModel {

@@ -25,7 +25,7 @@ import {
 } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
 import { ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { RegistryWatch } from '@infermesh/registry-watch';
-import { bind, bootstrap } from '@infermesh/runtime';
+import { bootstrap } from '@infermesh/runtime';
 import { DataType } from '@infermesh/tensors';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import { eventually, FakeRegistry, freePort, integerProbeAnswer, rpcRejection } from '@infermesh/testing';
@@ -39,7 +39,7 @@ import { ModelRegistry } from './model-registry';
 import { ModelLoadError, ModelRuntime } from './model-runtime';
 import { ModelSync } from './model-sync';
 import { loadWorkerConfig } from './worker.config';
-import { WorkerGrpcController } from './worker.grpc';
+import { workerBinding } from './worker.grpc';
 import { WorkerModule } from './worker.module';
 
 const MiB = 2 ** 20;
@@ -212,7 +212,7 @@ async function startWorker(registry: InMemoryRegistry, env: Record<string, strin
   );
   const running = await bootstrap({
     module,
-    grpc: (app) => [bind(WorkerService, app.get(WorkerGrpcController))],
+    grpc: (app) => [workerBinding(app)],
     onListening: (app) => app.get(ModelSync).pinnedReady(),
     beforeShutdown: (app) => app.get(InferenceExecutor).drain(),
   });

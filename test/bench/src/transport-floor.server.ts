@@ -22,7 +22,7 @@ const outputs = new Map<number, Uint8Array>();
 const refuse = () => {
   throw Errors.invalidRequest('the transport-floor server answers Infer only');
 };
-const impl: ServiceImpl<typeof WorkerService> = {
+const impl: Omit<ServiceImpl<typeof WorkerService>, 'infers'> = {
   infer: async ({ request }) => {
     const batch = Number(request?.inputs[0]?.shape[0] ?? 1n);
     let data = outputs.get(batch);
@@ -47,7 +47,7 @@ async function main(): Promise<void> {
     metrics: new Metrics('transport_floor'),
     maxMessageBytes: 64 << 20,
   });
-  server.add(WorkerService, impl);
+  server.add(WorkerService, impl, { infers: 'infer' });
   const health = new HealthService();
   health.setAll(ServingStatus.SERVING);
   server.add(Health, health);

@@ -1,6 +1,19 @@
 // PromQL building blocks shared by the boards. Every metric is named `infermesh_<service>_<name>`
 // (libs/telemetry/src/metrics.ts); Prometheus adds `job` (infermesh-<service>) and `instance`.
 
+import type { DescService } from '@bufbuild/protobuf';
+import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
+import { ServerReflection } from '@infermesh/proto/gen/grpc/reflection/v1/reflection_pb';
+import { ServerReflection as ServerReflectionV1Alpha } from '@infermesh/proto/gen/grpc/reflection/v1alpha/reflection_pb';
+import { GRPCInferenceService } from '@infermesh/proto/gen/inference/grpc_service_pb';
+import { BatcherService } from '@infermesh/proto/gen/infermesh/batcher/v1/batcher_pb';
+import { CacheService } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
+import { ApiKeyService } from '@infermesh/proto/gen/infermesh/gateway/v1/api_keys_pb';
+import { InstanceService } from '@infermesh/proto/gen/infermesh/mesh/v1/instances_pb';
+import { RegistryService } from '@infermesh/proto/gen/infermesh/registry/v1/registry_pb';
+import { RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
+import { WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
+
 export const SERVICES = ['gateway', 'registry', 'router', 'batcher', 'worker', 'cache'] as const;
 export type Service = (typeof SERVICES)[number];
 
@@ -65,12 +78,30 @@ export function oneOf(values: readonly string[]): string {
   return values.join('|');
 }
 
+/** The gRPC services the six services serve, as proto/ defines them. */
+const SERVED_SERVICES: readonly DescService[] = [
+  GRPCInferenceService,
+  ApiKeyService,
+  RouterService,
+  BatcherService,
+  WorkerService,
+  CacheService,
+  RegistryService,
+  InstanceService,
+  Health,
+  ServerReflection,
+  ServerReflectionV1Alpha,
+];
+
 /**
- * gRPC methods whose calls are long-lived streams (health and registry watches, mesh announcements,
- * server reflection, the streams carrying cache lookups): their durations are stream lifetimes, so
- * latency panels leave them out (the lookups they carry are recorded as CacheService/Lookup).
+ * A matcher leaving out the served gRPC methods that stream (health and registry watches, mesh
+ * announcements, artifact transfers, server reflection, the streams carrying calls): their durations
+ * are stream lifetimes or transfers, so latency panels leave them out (the calls a stream carries are
+ * recorded under their own method, as WorkerService/Infer).
  */
-export const STREAMING_METHODS = 'method!~".+/(Watch|WatchModels|Announce|ServerReflectionInfo|Lookups)"';
+export const STREAMING_METHODS = `method!~".+/(${oneOf([
+  ...new Set(SERVED_SERVICES.flatMap((s) => s.methods.filter((m) => m.methodKind !== 'unary').map((m) => m.name))),
+])})"`;
 
 /** gRPC status codes (the `code` label of grpc_server_handling_seconds) that are the server's fault. */
 export const GRPC_SERVER_ERROR_CODES = [

@@ -2,12 +2,16 @@ import { Errors, GrpcServer, type RpcError, type ServiceImpl } from '@infermesh/
 import type { InferenceRequest } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
 import { type ModelState, WorkerService } from '@infermesh/proto/gen/infermesh/worker/v1/worker_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
+import type { Histogram } from 'prom-client';
+
+/** Its server's call durations, as Metrics('fake_worker') names them. */
+const HANDLING = 'infermesh_fake_worker_grpc_server_handling_seconds';
 
 /** `models/{model}/versions/{version}`. */
 export const versionName = (model: string, version: string) => `models/${model}/versions/${version}`;
 
 /**
- * A worker served by the real GrpcServer over a real socket: it lists the versions it is told to, and
+ * A worker served by the real GrpcServer over a real socket (Infer, and Infers carrying its calls): it lists the versions it is told to, and
  * echoes its input "x" as output "y" (row by row, so that a wrong split shows).
  */
 export class FakeWorker {
@@ -24,12 +28,14 @@ export class FakeWorker {
   /** Changes the echo, to return a broken batch. */
   mangle: ((response: { outputs: { shape: bigint[] }[] }) => void) | undefined;
   address = '';
+  /** Its server's metrics: calls handled by method (grpc_server_handling_seconds). */
+  readonly metrics = new Metrics('fake_worker');
   private server: GrpcServer | undefined;
 
   constructor(readonly id: string) {}
 
   async start(): Promise<this> {
-    const impl: ServiceImpl<typeof WorkerService> = {
+    const impl: Omit<ServiceImpl<typeof WorkerService>, 'infers'> = {
       listModels: async () => {
         this.listCalls += 1;
         return {
@@ -58,12 +64,21 @@ export class FakeWorker {
     };
     this.server = new GrpcServer({
       logger: new JsonLogger(this.id, 'error', () => undefined),
-      metrics: new Metrics('fake_worker'),
+      metrics: this.metrics,
       maxMessageBytes: 1 << 20,
     });
-    this.server.add(WorkerService, impl);
+    // As a worker does: Infers carries Infer's calls, as the batcher sends them.
+    this.server.add(WorkerService, impl, { infers: 'infer' });
     this.address = `127.0.0.1:${await this.server.listen('127.0.0.1', 0)}`;
     return this;
+  }
+
+  /** Calls its server handled, of `method` (e.g. WorkerService/Infer), whatever their end; a stream counts when it ends. */
+  async handled(method: string): Promise<number> {
+    const { values } = await (this.metrics.registry.getSingleMetric(HANDLING) as Histogram).get();
+    return values
+      .filter((m) => m.metricName === `${HANDLING}_count` && m.labels['method'] === method)
+      .reduce((sum, m) => sum + m.value, 0);
   }
 
   /** Batches it received, as the number of items in each. */
