@@ -322,16 +322,19 @@ export class CarriedCalls {
       const failure = RpcError.fromServiceError(error);
       // A stream the server cut (its reset reads as CANCELLED here) is the server gone, not the call
       // given up: a transport failure (UNAVAILABLE, no reason), as a unary call to a server that is
-      // not there fails.
+      // not there fails (the batcher then marks that worker unreachable).
       this.end(
         carrier,
         failure.code === status.CANCELLED && !this.closed
-          ? transportFailure(`the stream carrying ${this.method.name} was cut: ${failure.message}`)
+          ? RpcError.transportFailure(`the stream carrying ${this.method.name} was cut: ${failure.message}`)
           : failure,
       );
     });
     call.on('end', () => {
-      this.end(carrier, transportFailure(`the stream carrying ${this.method.name} ended before answering; call again`));
+      this.end(
+        carrier,
+        RpcError.transportFailure(`the stream carrying ${this.method.name} ended before answering; call again`),
+      );
       call.end();
     });
     this.carrier = carrier;
@@ -349,13 +352,4 @@ export class CarriedCalls {
       call.reject(error);
     }
   }
-}
-
-/**
- * A failure of the stream, not an answer of the server: UNAVAILABLE without a reason, as grpc-js
- * reports a unary call that reached no server (RpcError.reason), so that callers tell the two apart
- * alike, carried or not (the batcher marks such a worker unreachable).
- */
-function transportFailure(message: string): RpcError {
-  return new RpcError(status.UNAVAILABLE, message);
 }

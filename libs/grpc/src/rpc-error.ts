@@ -47,8 +47,8 @@ export class RpcError extends Error {
 
   /**
    * Errors are made with `Errors.<reason>(message)`, which takes the code from the catalogue; this
-   * constructor is for rebuilding a received status (`fromServiceError`) and for transport failures
-   * without a status (a carried call's stream that failed, carried-calls.ts), and is used nowhere else.
+   * constructor is for rebuilding a received status (`fromServiceError`) and for a transport failure
+   * (`transportFailure`), and is used nowhere else.
    */
   constructor(
     readonly code: status,
@@ -62,6 +62,15 @@ export class RpcError extends Error {
       this.wireReason === undefined ? undefined : isErrorReason(this.wireReason) ? this.wireReason : 'UNRECOGNIZED';
     this.metadata = boundedMetadata(options.metadata ?? {});
     this.retryDelayMs = options.retryDelayMs;
+  }
+
+  /**
+   * A failure of the transport, not an answer of the server: UNAVAILABLE without a reason, as grpc-js
+   * reports a call that reached no server (`reason`). A carried call's stream that failed is one
+   * (carried-calls.ts), so that callers tell the two apart alike, carried or not.
+   */
+  static transportFailure(message: string): RpcError {
+    return new RpcError(status.UNAVAILABLE, message);
   }
 
   /** An error of a catalogue reason, with the reason's code. */
