@@ -188,6 +188,43 @@ describe('dynamic batching through the whole system', () => {
     );
   }, 60_000);
 
+  it("takes a request out of the batcher's queue when its client gives it up: the cancellation travels gateway, router, batcher, and it never runs", async () => {
+    await infer('mlp', rows(1, 11)); // loaded and warm
+    const batchesBefore = await batcherMetric('infermesh_batcher_batch_size_count', { model: 'mlp' });
+    const cancelledBefore = await batcherMetric('infermesh_batcher_rejections_total', {
+      model: 'mlp',
+      reason: 'CANCELLED',
+    });
+    const { blocker } = await block();
+    const controller = new AbortController();
+    const givenUp = grpc
+      .modelInfer(
+        create(ModelInferRequestSchema, {
+          modelName: 'mlp',
+          inputs: [{ name: 'input', datatype: 'FP32', shape: [1n, BigInt(FEATURES)] }],
+          rawInputContents: [new Uint8Array(rows(1, 12).buffer)],
+        }),
+        { metadata, timeoutMs: 60_000, signal: controller.signal },
+      )
+      .catch((e: unknown) => e);
+    const depth = () => batcherMetric('infermesh_batcher_queue_depth', { model: 'mlp' });
+    for (let i = 0; i < 400 && (await depth()) === 0; i++) await new Promise((r) => setTimeout(r, 5));
+    expect(await depth()).toBe(1);
+
+    controller.abort();
+    expect(await givenUp).toMatchObject({ code: status.CANCELLED });
+    for (let i = 0; i < 400 && (await depth()) > 0; i++) await new Promise((r) => setTimeout(r, 5));
+    // Out of the queue while the blocker still computes: cancelled there, not run once the worker is free.
+    expect(await depth()).toBe(0);
+    expect(
+      (await batcherMetric('infermesh_batcher_rejections_total', { model: 'mlp', reason: 'CANCELLED' })) -
+        cancelledBefore,
+    ).toBe(1);
+    await blocker;
+    await infer('mlp', rows(1, 13)); // behind the blocker, as the cancelled one would have been
+    expect((await batcherMetric('infermesh_batcher_batch_size_count', { model: 'mlp' })) - batchesBefore).toBe(1);
+  }, 60_000);
+
   it('refuses a priority level the model does not have with 400 naming the parameter', async () => {
     const error = await rpcRejection(infer('mlp', rows(1, 5), { priority: 2n }));
     expect(error.code).toBe(status.INVALID_ARGUMENT);

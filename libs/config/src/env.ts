@@ -115,6 +115,31 @@ export const serviceAddress = (fallback: string) =>
     .refine((value) => isHostPort(value) || isXdsTarget(value), 'expected host:port or xds:///<service>')
     .default(fallback);
 
+/**
+ * Whether a service's calls to an upstream travel carried on one long-lived stream (`true`) or each
+ * as a gRPC call of its own (`false`, the default). Read with checkCarried.
+ */
+export const carried = () => z.enum(['true', 'false']).default('false');
+
+/**
+ * The `carried()` flag `variable` as a boolean, once checked against the upstream's address
+ * (`addressVariable`): carried calls all go to the one instance their stream reached, so they cannot
+ * go through the mesh's `xds:///` targets, which balance, retry and split each call.
+ */
+export function checkCarried(
+  variable: string,
+  value: 'true' | 'false',
+  addressVariable: string,
+  address: string,
+): boolean {
+  if (value === 'true' && isXdsTarget(address)) {
+    throw new ConfigError([
+      `${variable}: true sends every call on one stream to one instance, but ${addressVariable} is ${address}, the mesh, which balances, retries and splits each call: set ${variable}=false`,
+    ]);
+  }
+  return value === 'true';
+}
+
 /** A comma-separated list of upstream addresses. */
 export const addressList = (fallback: string) =>
   z

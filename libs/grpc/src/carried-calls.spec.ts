@@ -6,9 +6,16 @@ import {
   type LookupResponse,
   type StoreRequest,
 } from '@infermesh/proto/gen/infermesh/cache/v1/cache_pb';
+import { RouterService } from '@infermesh/proto/gen/infermesh/router/v1/router_pb';
 import { JsonLogger, Metrics } from '@infermesh/telemetry';
 import type { Histogram } from 'prom-client';
-import { CarriedCalls, type CarriedRequest, type CarriedResponse, checkCarrier } from './carried-calls';
+import {
+  CARRIED_CALL_MAX_BYTES,
+  CarriedCalls,
+  type CarriedRequest,
+  type CarriedResponse,
+  checkCarrier,
+} from './carried-calls';
 import { createClient } from './grpc-client';
 import { GrpcServer } from './grpc-server';
 import type { CallContext, ServiceClient } from './method-types';
@@ -172,6 +179,54 @@ describe(CarriedCalls.name, () => {
     hold.resolve();
   });
 
+  it('tells the server of a call given up, where its stream method can say so: the call is cancelled there, not answered, and the stream goes on', async () => {
+    const routerMetrics = new Metrics('test');
+    const router = new GrpcServer({
+      logger: new JsonLogger('test', 'error', () => undefined),
+      metrics: routerMetrics,
+      maxMessageBytes: 1 << 20,
+    });
+    const started = deferred();
+    let signal: AbortSignal | undefined;
+    router.add(
+      RouterService,
+      {
+        infer: async ({ request }, ctx) => {
+          if (request!.id === 'held') {
+            signal = ctx.signal;
+            started.resolve();
+            await new Promise<void>((resolve) => ctx.signal.addEventListener('abort', () => resolve()));
+          }
+          return { response: { id: request!.id } };
+        },
+      },
+      { infers: 'infer' },
+    );
+    const routerPort = await router.listen('127.0.0.1', 0);
+    const routerClient = createClient(RouterService, `127.0.0.1:${routerPort}`, {
+      carried: { infer: 'infers' },
+      transport: null,
+    });
+    try {
+      const controller = new AbortController();
+      const held = routerClient
+        .infer({ request: { id: 'held' } }, { signal: controller.signal })
+        .catch((e: unknown) => e);
+      await started.promise;
+      controller.abort();
+      expect(await held).toMatchObject({ code: grpc.status.CANCELLED });
+      await eventually(() => signal!.aborted);
+      expect(signal!.reason).toMatchObject({ code: grpc.status.CANCELLED });
+      await eventually(async () => (await handled(routerMetrics, 'RouterService/Infer', 'CANCELLED')) === 1);
+      // On the same stream, the next call is answered.
+      expect((await routerClient.infer({ request: { id: 'next' } })).response?.id).toBe('next');
+      expect(await handled(routerMetrics, 'RouterService/Infers')).toBe(0);
+    } finally {
+      routerClient.close();
+      await router.shutdown(100);
+    }
+  });
+
   it('on shutdown answers the calls in flight, then ends the stream; the next call opens another', async () => {
     const hold = deferred();
     const arrived = deferred();
@@ -284,6 +339,19 @@ describe(CarriedCalls.name, () => {
       carried.close();
       raw.close();
     }
+  });
+
+  it('sends a request over CARRIED_CALL_MAX_BYTES as a call of its own, the others of its turn carried', async () => {
+    const how: string[] = [];
+    lookup = async (request, ctx) => {
+      // A call of its own brings its metadata (grpc-js's user-agent); a carried one only what it carries.
+      how.push(`${request.key.byteLength} ${ctx.metadata['user-agent'] === undefined ? 'carried' : 'call'}`);
+      return { found: true };
+    };
+    const large = new Uint8Array(CARRIED_CALL_MAX_BYTES + 1).fill(1);
+    const answers = await Promise.all([client.lookup({ key: key(1) }), client.lookup({ key: large })]);
+    expect(answers.map((a) => a.found)).toEqual([true, true]);
+    expect(how.sort()).toEqual([`${CARRIED_CALL_MAX_BYTES + 1} call`, '32 carried']);
   });
 
   it("keeps the calls sent together within half its channel's message limit, when that is under CARRIED_MESSAGE_BYTES", async () => {

@@ -30,7 +30,10 @@ import { Errors, RpcError } from './rpc-error';
  * `U.input request`, `string traceparent`, `string tracestate`, `uint32 timeout_ms` and `string
  * request_id` (what the call's metadata would have said); its response has `repeated Result
  * results`, each with `uint32 id`, `U.output response` and `google.rpc.Status status` (set when the
- * call failed). Answers come in the order calls end, by id.
+ * call failed). Answers come in the order calls end, by id. S's request may also have `repeated uint32
+ * cancelled`: the ids of calls the client gave up on (their signal aborted), each then cancelled on
+ * the server as a unary call is (its handler's signal aborted) and not answered. Without it, a call
+ * given up is only forgotten by the client: for calls that end soon anyway, as lookups.
  *
  * Each side sends together, as one message, what it has to send in one turn of its event loop
  * (CarriedOutbox). grpc-js writes a stream's messages one at a time, each once the one before it
@@ -65,6 +68,8 @@ export interface CarriedResult {
 /** A message of a carrying stream from the client: the calls made in one turn of its event loop. */
 export interface CarriedRequest {
   calls: CarriedCall[];
+  /** Calls given up by the client, by id (when the stream method's request has the field). */
+  cancelled?: number[];
 }
 
 /** A message of a carrying stream from the server: the answers of calls that ended in one turn. */
@@ -74,6 +79,13 @@ export interface CarriedResponse {
 
 /** A message sent together carries at most about this many bytes of calls or answers; a larger one goes alone. */
 export const CARRIED_MESSAGE_BYTES = 1024 * 1024;
+
+/**
+ * A call whose request is larger than this goes as a call of its own, not carried: written on the
+ * stream, it would hold every call behind it while it is written (a call of its own shares the
+ * connection frame by frame), and what a call costs more than a message is small against its bytes.
+ */
+export const CARRIED_CALL_MAX_BYTES = 256 * 1024;
 
 /**
  * What a message sent together may carry on a channel whose messages are at most `maxMessageBytes`:
@@ -101,8 +113,8 @@ export class CarriedOutbox<T> {
     private readonly maxBytes = CARRIED_MESSAGE_BYTES,
   ) {}
 
-  push(item: T): void {
-    const size = this.sizeOf(item);
+  /** Queues `item`, of `size` bytes (sizeOf, unless the caller measured it). */
+  push(item: T, size = this.sizeOf(item)): void {
     if (this.items.length > 0 && this.bytes + size > this.maxBytes) this.flush();
     this.items.push(item);
     this.bytes += size;
@@ -172,6 +184,10 @@ export function checkCarrier(stream: DescMethod, unary: DescMethod): void {
     expect(call, 'timeoutMs', scalar(ScalarType.UINT32), 'uint32 timeout_ms');
     expect(call, 'requestId', scalar(ScalarType.STRING), 'string request_id');
   }
+  const cancelled = stream.input.fields.find((f) => f.localName === 'cancelled');
+  if (cancelled !== undefined && !(cancelled.fieldKind === 'list' && cancelled.scalar === ScalarType.UINT32)) {
+    problems.push(`${stream.input.typeName} needs cancelled to be repeated uint32`);
+  }
   const result = elementOf(stream.output, 'results');
   if (result !== undefined) {
     expect(result, 'id', scalar(ScalarType.UINT32), 'uint32 id');
@@ -181,6 +197,11 @@ export function checkCarrier(stream: DescMethod, unary: DescMethod): void {
   if (problems.length > 0) {
     throw new Error(`${stream.parent.typeName}.${stream.name} cannot carry ${unary.name}: ${problems.join('; ')}`);
   }
+}
+
+/** Whether the client of `stream` (checked by checkCarrier) can say which calls it gave up on. */
+export function carriesCancellation(stream: DescMethod): boolean {
+  return stream.input.fields.some((f) => f.localName === 'cancelled');
 }
 
 interface Pending {
@@ -194,10 +215,12 @@ interface Pending {
 interface Carrier {
   call: ClientDuplexStream<CarriedRequest, CarriedResponse>;
   pending: Map<number, Pending>;
-  /** Calls made and not yet sent. */
-  outbox: CarriedOutbox<CarriedCall>;
+  /** Calls made and not yet sent, and the ids of calls given up (numbers). */
+  outbox: CarriedOutbox<CarriedCall | number>;
   openedAt: number;
   ended: boolean;
+  /** Renewed: the client sends nothing more on it (half-closed), it ends once answered. */
+  renewed: boolean;
 }
 
 /**
@@ -220,6 +243,10 @@ export class CarriedCalls {
     private readonly renewMs = CARRIER_RENEW_MS,
     /** What a message carries together at most (carriedMessageBytes of the channel's limit). */
     private readonly messageBytes = CARRIED_MESSAGE_BYTES,
+    /** Whether the server is told of calls given up (carriesCancellation of the stream method). */
+    private readonly cancellable = false,
+    /** Makes a call of its own, for requests over CARRIED_CALL_MAX_BYTES; unset: every call is carried. */
+    private readonly alone?: (request: unknown, options?: CallOptions) => Promise<unknown>,
   ) {}
 
   async call(request: unknown, options?: CallOptions): Promise<unknown> {
@@ -233,8 +260,17 @@ export class CarriedCalls {
     const signal = options?.signal ?? ambient?.signal;
     if (signal?.aborted === true) throw Errors.cancelled(`${this.method.name} was cancelled`);
     const trace = ambient?.span === undefined ? undefined : spans.propagate(ambient.span);
-    // A message, not its init shape: sized here (CarriedOutbox), encoded as it is with the others.
+    // A message, not its init shape: sized here, encoded as it is with the others.
     const message = create(this.method.input, request as never);
+    let size: number;
+    try {
+      size = encodedSize(this.method.input, message);
+    } catch (error) {
+      throw Errors.internal(
+        `the request of ${this.method.name} cannot be encoded: ${error instanceof Error ? error.message : String(error)}`,
+      );
+    }
+    if (this.alone !== undefined && size > CARRIED_CALL_MAX_BYTES) return await this.alone(message, options);
     const carrier = this.current();
     const id = (this.nextId = (this.nextId + 1) >>> 0);
     return await new Promise((resolve, reject) => {
@@ -244,7 +280,11 @@ export class CarriedCalls {
         release();
         reject(error);
       };
-      const onAbort = () => giveUp(Errors.cancelled(`${this.method.name} was cancelled`));
+      const onAbort = () => {
+        giveUp(Errors.cancelled(`${this.method.name} was cancelled`));
+        // Sent with the calls of this turn: a call made and given up in one turn is sent, then cancelled.
+        if (this.cancellable && !carrier.ended && !carrier.renewed) carrier.outbox.push(id);
+      };
       const release = () => {
         if (timer !== undefined) clearTimeout(timer);
         signal?.removeEventListener('abort', onAbort);
@@ -257,24 +297,17 @@ export class CarriedCalls {
       }
       signal?.addEventListener('abort', onAbort, { once: true });
       carrier.pending.set(id, { resolve, reject, release });
-      try {
-        carrier.outbox.push({
+      carrier.outbox.push(
+        {
           id,
           request: message,
           traceparent: trace?.traceparent ?? '',
           tracestate: trace?.tracestate ?? '',
           timeoutMs: deadline === undefined ? 0 : Math.max(1, Math.min(deadline - Date.now(), 0xffffffff)),
           requestId: options?.metadata?.['x-request-id'] ?? ambient?.requestId ?? '',
-        });
-      } catch (error) {
-        // A request its method's message cannot hold (sized as it is queued) fails alone, not the
-        // message it would have shared, nor the stream.
-        giveUp(
-          Errors.internal(
-            `the request of ${this.method.name} cannot be encoded: ${error instanceof Error ? error.message : String(error)}`,
-          ),
-        );
-      }
+        },
+        size,
+      );
     });
   }
 
@@ -296,17 +329,25 @@ export class CarriedCalls {
     if (open !== undefined && !open.ended && now - open.openedAt < this.renewMs) return open;
     if (open !== undefined && !open.ended) {
       open.outbox.flush();
+      open.renewed = true;
       open.call.end(); // answered, then ended by the server
     }
     const call = this.open();
-    const outbox = new CarriedOutbox<CarriedCall>(
-      (calls) => {
-        if (!carrier.ended) call.write({ calls });
+    const outbox = new CarriedOutbox<CarriedCall | number>(
+      (items) => {
+        if (carrier.ended) return;
+        const calls: CarriedCall[] = [];
+        const cancelled: number[] = [];
+        for (const item of items) {
+          if (typeof item === 'number') cancelled.push(item);
+          else calls.push(item);
+        }
+        call.write(cancelled.length === 0 ? { calls } : { calls, cancelled });
       },
-      (c) => encodedSize(this.method.input, c.request as object),
+      (item) => (typeof item === 'number' ? 5 : encodedSize(this.method.input, item.request as object)),
       this.messageBytes,
     );
-    const carrier: Carrier = { call, pending: new Map(), outbox, openedAt: now, ended: false };
+    const carrier: Carrier = { call, pending: new Map(), outbox, openedAt: now, ended: false, renewed: false };
     call.on('data', ({ results }: CarriedResponse) => {
       for (const result of results) {
         const pending = carrier.pending.get(result.id);

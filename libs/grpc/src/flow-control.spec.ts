@@ -66,9 +66,11 @@ describe('HTTP/2 flow-control windows', () => {
       metrics: new Metrics('test'),
       maxMessageBytes: 64 * 1024 * 1024,
     });
-    server.add(RouterService, {
-      infer: ({ request }) => Promise.resolve({ response: { id: request!.id, outputs: request!.inputs } }),
-    });
+    server.add(
+      RouterService,
+      { infer: ({ request }) => Promise.resolve({ response: { id: request!.id, outputs: request!.inputs } }) },
+      { infers: 'infer' },
+    );
     // The connections, to close them whatever state they are in: a stalled one never ends by itself,
     // and would keep jest from exiting after a failure.
     const sockets = new Set<Socket>();

@@ -9,6 +9,7 @@ import {
   type CarriedResponse,
   carriedMessageBytes,
   carrierMethods,
+  carriesCancellation,
 } from './carried-calls';
 import { boundedDeadline } from './deadline';
 import type { CallOptions, ServiceClient } from './method-types';
@@ -87,7 +88,7 @@ export function createClient<S extends DescService>(
   }
   const raw = client as unknown as RawClient;
   for (const [unaryName, streamName] of Object.entries(options.carried ?? {}) as [string, string][]) {
-    const { unary } = carrierMethods(service, streamName, unaryName);
+    const { stream, unary } = carrierMethods(service, streamName, unaryName);
     const carrier = new CarriedCalls(
       unary,
       () =>
@@ -98,6 +99,9 @@ export function createClient<S extends DescService>(
       deadlineOf,
       CARRIER_RENEW_MS,
       carriedMessageBytes(options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES),
+      carriesCancellation(stream),
+      // A large request goes as a call of its own (CARRIED_CALL_MAX_BYTES).
+      result[unaryName] as (request: unknown, options?: CallOptions) => Promise<unknown>,
     );
     carriers.push(carrier);
     result[unaryName] = (request: unknown, callOptions?: CallOptions) => carrier.call(request, callOptions);

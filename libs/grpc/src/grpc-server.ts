@@ -616,8 +616,8 @@ export class GrpcServer {
     const empty = create(unary.input);
     return (call: grpc.ServerDuplexStream<CarriedRequest, CarriedResponse>) => {
       const start = process.hrtime.bigint();
-      /** The signal of each call received and not yet answered. */
-      const inFlight = new Set<AbortController>();
+      /** Each call received and not yet answered, by id: what cancels it (the client gave it up). */
+      const inFlight = new Map<number, (reason: RpcError) => void>();
       let receiving = true;
       let ended = false;
       const outbox = new CarriedOutbox<CarriedResult>(
@@ -663,10 +663,11 @@ export class GrpcServer {
       };
       this.carriers.add(drain);
       call.once('cancelled', () => {
+        const wasEnded = ended;
+        ended = true; // nothing more is sent on it
         const cancelled = Errors.cancelled('the client cancelled the stream');
-        for (const signal of inFlight) signal.abort(cancelled);
-        if (!ended) {
-          ended = true;
+        for (const cancel of [...inFlight.values()]) cancel(cancelled);
+        if (!wasEnded) {
           this.carriers.delete(drain);
           this.finished(streamName, start, grpc.status.CANCELLED);
         }
@@ -676,6 +677,11 @@ export class GrpcServer {
         if (!receiving) {
           const refusal = Errors.shuttingDown('the server is shutting down; call again on a new stream');
           send({ id: message.id, status: refusal.toRpcStatus() });
+          return;
+        }
+        if (inFlight.has(message.id)) {
+          const duplicate = Errors.invalidRequest(`call ${message.id} is already in flight on this stream`);
+          send({ id: message.id, status: duplicate.toRpcStatus() });
           return;
         }
         const callStart = process.hrtime.bigint();
@@ -696,16 +702,23 @@ export class GrpcServer {
         // Its own signal, as a call's: aborted when its deadline passes (it is then answered
         // DEADLINE_EXCEEDED, whatever its handler does later) or the stream is cancelled.
         const signal = new AbortController();
-        inFlight.add(signal);
         let settled = false;
-        const answer = (result: () => CarriedResult) => {
+        /** Settles the call: its result sent (unless the stream ended), or, given up by the client, only recorded. */
+        const answer = (result: () => CarriedResult, sent = true) => {
           if (settled) return;
           settled = true;
           cancelTimer?.();
-          inFlight.delete(signal);
-          if (!ended) send(result());
+          inFlight.delete(message.id);
+          if (!ended) {
+            const answered = result();
+            if (sent) send(answered);
+          }
           if (!receiving && inFlight.size === 0) end();
         };
+        inFlight.set(message.id, (reason) => {
+          signal.abort(reason);
+          answer(fail(reason), false);
+        });
         const fail = (error: unknown) => () => ({
           id: message.id,
           status: this.failed(name, callStart, error, span).toRpcStatus(),
@@ -742,6 +755,9 @@ export class GrpcServer {
           return;
         }
         for (const carried of message.calls) serve(carried);
+        for (const id of message.cancelled ?? []) {
+          inFlight.get(id)?.(Errors.cancelled('the client cancelled the call'));
+        }
       });
     };
   }

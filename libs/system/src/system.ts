@@ -644,12 +644,16 @@ export class System {
         env['ROUTER_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
         env['ROUTER_CACHE_ADDRESS'] = this.options.mesh === undefined ? `${h}:${ports.cache}` : 'xds:///cache';
         env['ROUTER_BATCHER_ADDRESS'] = this.options.mesh === undefined ? `${h}:${ports.batcher}` : 'xds:///batcher';
+        // Without the mesh there is one batcher and nothing balances calls to it: they go carried on
+        // one stream. In the mesh each is a call, balanced, retried and split by the mesh's policy.
+        env['ROUTER_BATCHER_CARRIED'] = String(this.options.mesh === undefined);
         break;
       case 'gateway':
         env['GATEWAY_GRPC_PORT'] = String(ports.gatewayGrpc);
         env['GATEWAY_HTTP_HOST'] = h;
         env['GATEWAY_HTTP_PORT'] = String(ports.gatewayHttp);
         env['GATEWAY_ROUTER_ADDRESS'] = this.options.mesh === undefined ? `${h}:${ports.router}` : 'xds:///router';
+        env['GATEWAY_ROUTER_CARRIED'] = String(this.options.mesh === undefined); // as the router's to the batcher
         env['GATEWAY_REGISTRY_ADDRESS'] = `${h}:${ports.registry}`;
         env['GATEWAY_API_KEYS'] = apiKey;
         env['GATEWAY_DATA_DIR'] = join(dataDir, 'gateway');

@@ -5,7 +5,7 @@ import { Scheduler } from './scheduler';
 
 /** gRPC transport of the batcher. */
 @Injectable()
-export class BatcherGrpcController implements ServiceImpl<typeof BatcherService> {
+export class BatcherGrpcController implements Omit<ServiceImpl<typeof BatcherService>, 'infers'> {
   constructor(private readonly scheduler: Scheduler) {}
 
   async infer(request: InferRequest, ctx: CallContext) {

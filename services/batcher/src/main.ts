@@ -12,6 +12,6 @@ runMain('batcher', async () => {
   const config = loadOrExit('batcher', () => loadBatcherConfig(process.env));
   return bootstrap({
     module: BatcherModule.forRoot(config),
-    grpc: (app) => [bind(BatcherService, app.get(BatcherGrpcController))],
+    grpc: (app) => [bind(BatcherService, app.get(BatcherGrpcController), { infers: 'infer' })],
   });
 });

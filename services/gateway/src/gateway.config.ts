@@ -2,6 +2,8 @@ import { create } from '@bufbuild/protobuf';
 import {
   address,
   byteSize,
+  carried,
+  checkCarried,
   ConfigError,
   type Env,
   host,
@@ -49,6 +51,7 @@ const shape = {
   GATEWAY_HTTP_HOST: host('127.0.0.1'),
   GATEWAY_HTTP_PORT: port(8000),
   GATEWAY_ROUTER_ADDRESS: serviceAddress('127.0.0.1:50052'),
+  GATEWAY_ROUTER_CARRIED: carried(),
   GATEWAY_REGISTRY_ADDRESS: address('127.0.0.1:50051'),
   // Only the missing case fails inside zod: its errors quote the value, and keys are never printed.
   GATEWAY_API_KEYS: z
@@ -206,6 +209,13 @@ export function loadGatewayConfig(env: Env) {
       sendTimeoutMs: e.GATEWAY_HTTP_SEND_TIMEOUT_MS,
     },
     routerAddress: e.GATEWAY_ROUTER_ADDRESS,
+    /** Inference calls to the router go carried on one stream (RouterService/Infers), not each a call of its own. */
+    routerCarried: checkCarried(
+      'GATEWAY_ROUTER_CARRIED',
+      e.GATEWAY_ROUTER_CARRIED,
+      'GATEWAY_ROUTER_ADDRESS',
+      e.GATEWAY_ROUTER_ADDRESS,
+    ),
     registryAddress: e.GATEWAY_REGISTRY_ADDRESS,
     apiKeys: parseApiKeys(e.GATEWAY_API_KEYS),
     /** The deadline of a request that brings none (streaming admin calls excepted: they have only the caller's). */

@@ -51,7 +51,8 @@ export class GatewayModule implements NestModule {
         {
           provide: RouterClient,
           inject: [JsonLogger],
-          useFactory: (logger: JsonLogger) => new RouterClient(config.routerAddress, maxMessageBytes, logger),
+          useFactory: (logger: JsonLogger) =>
+            new RouterClient(config.routerAddress, maxMessageBytes, logger, config.routerCarried),
         },
         {
           provide: RegistryClient,

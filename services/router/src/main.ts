@@ -12,6 +12,6 @@ runMain('router', async () => {
   const config = loadOrExit('router', () => loadRouterConfig(process.env));
   return bootstrap({
     module: RouterModule.forRoot(config),
-    grpc: (app) => [bind(RouterService, app.get(RouterGrpcController))],
+    grpc: (app) => [bind(RouterService, app.get(RouterGrpcController), { infers: 'infer' })],
   });
 });

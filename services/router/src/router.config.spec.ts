@@ -19,4 +19,22 @@ describe(loadRouterConfig.name, () => {
       new RegExp(`^ROUTER_TRAFFIC_REPORT_INTERVAL_MS: .*\\(got "${value}"\\)`),
     );
   });
+
+  it('sends its calls to the batcher each as a call unless ROUTER_BATCHER_CARRIED says true, which the mesh cannot have', () => {
+    expect(loadRouterConfig({}).batcherCarried).toBe(false);
+    expect(loadRouterConfig({ ROUTER_BATCHER_CARRIED: 'true' }).batcherCarried).toBe(true);
+    expect(() => loadRouterConfig({ ROUTER_BATCHER_CARRIED: 'yes' })).toThrow(/ROUTER_BATCHER_CARRIED/);
+    let error: unknown;
+    try {
+      loadRouterConfig({ ROUTER_BATCHER_CARRIED: 'true', ROUTER_BATCHER_ADDRESS: 'xds:///batcher' });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    expect((error as ConfigError).problems).toEqual([
+      expect.stringMatching(
+        /^ROUTER_BATCHER_CARRIED: true .* but ROUTER_BATCHER_ADDRESS is xds:\/\/\/batcher, the mesh/,
+      ),
+    ]);
+  });
 });

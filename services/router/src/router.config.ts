@@ -1,4 +1,14 @@
-import { address, byteSize, type Env, nonNegativeInt, parseEnv, positiveInt, serviceAddress } from '@infermesh/config';
+import {
+  address,
+  byteSize,
+  carried,
+  checkCarried,
+  type Env,
+  nonNegativeInt,
+  parseEnv,
+  positiveInt,
+  serviceAddress,
+} from '@infermesh/config';
 import { runtimeSettings, runtimeShape } from '@infermesh/runtime';
 import { z } from 'zod';
 
@@ -7,6 +17,7 @@ const shape = {
   ROUTER_REGISTRY_ADDRESS: address('127.0.0.1:50051'),
   ROUTER_CACHE_ADDRESS: serviceAddress('127.0.0.1:50053'),
   ROUTER_BATCHER_ADDRESS: serviceAddress('127.0.0.1:50054'),
+  ROUTER_BATCHER_CARRIED: carried(),
   ROUTER_RESOLVE_TTL_MS: nonNegativeInt(1_000),
   ROUTER_CACHE_ENABLED: z.enum(['true', 'false']).default('true'),
   ROUTER_CACHE_TIMEOUT_MS: positiveInt(100),
@@ -35,6 +46,13 @@ export function loadRouterConfig(env: Env) {
       cache: e.ROUTER_CACHE_ADDRESS,
       batcher: e.ROUTER_BATCHER_ADDRESS,
     },
+    /** Calls to the batcher go carried on one stream (BatcherService/Infers), not each a call of its own. */
+    batcherCarried: checkCarried(
+      'ROUTER_BATCHER_CARRIED',
+      e.ROUTER_BATCHER_CARRIED,
+      'ROUTER_BATCHER_ADDRESS',
+      e.ROUTER_BATCHER_ADDRESS,
+    ),
     /** How long a resolved model version is reused before asking the registry again. */
     resolveTtlMs: e.ROUTER_RESOLVE_TTL_MS,
     cache: {

@@ -5,7 +5,7 @@ import { InferenceRouter } from './inference-router';
 
 /** gRPC transport of the router. */
 @Injectable()
-export class RouterGrpcController implements ServiceImpl<typeof RouterService> {
+export class RouterGrpcController implements Omit<ServiceImpl<typeof RouterService>, 'infers'> {
   constructor(private readonly router: InferenceRouter) {}
 
   async infer(request: InferRequest) {

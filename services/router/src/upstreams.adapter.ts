@@ -222,7 +222,9 @@ export class BatcherAdapter implements OnApplicationShutdown {
   private readonly client;
 
   constructor(@Inject(ROUTER_CONFIG) config: RouterConfig) {
-    this.client = createClient(BatcherService, config.upstreams.batcher);
+    this.client = createClient(BatcherService, config.upstreams.batcher, {
+      ...(config.batcherCarried && { carried: { infer: 'infers' } }),
+    });
   }
 
   async infer(request: InferenceRequest): Promise<InferenceResponse> {

@@ -65,7 +65,7 @@ describe('gateway', () => {
 
   beforeAll(async () => {
     router = await startUpstream(
-      (s) => s.add(RouterService, fakeRouter(routerState)),
+      (s) => s.add(RouterService, fakeRouter(routerState), { infers: 'infer' }),
       'infermesh.router.v1.RouterService',
     );
     registry = await startUpstream(
@@ -609,7 +609,7 @@ describe('gateway at its limit of requests in flight', () => {
   it('refuses inference beyond GATEWAY_MAX_IN_FLIGHT at once: 429 with Retry-After on REST, RESOURCE_EXHAUSTED (OVERLOADED) on gRPC', async () => {
     const routerState: FakeRouter = { requests: [] };
     const router = await startUpstream(
-      (s) => s.add(RouterService, fakeRouter(routerState)),
+      (s) => s.add(RouterService, fakeRouter(routerState), { infers: 'infer' }),
       'infermesh.router.v1.RouterService',
     );
     const registry = await startUpstream(

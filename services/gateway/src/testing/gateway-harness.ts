@@ -39,7 +39,7 @@ export interface FakeRouter {
  * An identity model: every input comes back as an output of the same name, served by version "3".
  * Model "held" is answered only once `state.hold` resolves; its call may end first (its deadline, a cancellation).
  */
-export function fakeRouter(state: FakeRouter): ServiceImpl<typeof RouterService> {
+export function fakeRouter(state: FakeRouter): Omit<ServiceImpl<typeof RouterService>, 'infers'> {
   return {
     async infer({ request }, ctx) {
       const req = request!;
@@ -194,7 +194,7 @@ export interface FakeUpstreams {
 export async function startFakeUpstreams(maxMessageBytes?: number): Promise<FakeUpstreams> {
   const routerState: FakeRouter = { requests: [] };
   const router = await startUpstream(
-    (s) => s.add(RouterService, fakeRouter(routerState)),
+    (s) => s.add(RouterService, fakeRouter(routerState), { infers: 'infer' }),
     'infermesh.router.v1.RouterService',
     maxMessageBytes,
   );

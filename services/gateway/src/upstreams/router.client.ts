@@ -8,12 +8,17 @@ import { upstreamError } from './upstream-errors';
 export class RouterClient {
   private readonly client: ServiceClient<typeof RouterService>;
 
+  /** `carried`: calls go as messages on one stream (RouterService/Infers), not each a call of its own. */
   constructor(
     address: string,
     maxMessageBytes: number,
     private readonly logger: JsonLogger,
+    carried = false,
   ) {
-    this.client = createClient(RouterService, address, { maxMessageBytes });
+    this.client = createClient(RouterService, address, {
+      maxMessageBytes,
+      ...(carried && { carried: { infer: 'infers' } }),
+    });
   }
 
   /** Forwards a request; the ambient request context supplies the id and the deadline. */
