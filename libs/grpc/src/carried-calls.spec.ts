@@ -383,6 +383,37 @@ describe(CarriedCalls.name, () => {
     expect((await client.lookup({ key: key(1) })).found).toBe(true);
   });
 
+  it('refuses a call whose id is already in flight on its stream, serving the first', async () => {
+    const hold = deferred();
+    lookup = async () => {
+      await hold.promise;
+      return { found: true };
+    };
+    const raw = new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
+    const definition = toServiceDefinition(CacheService)['lookups']!;
+    const stream = raw.makeBidiStreamRequest(
+      definition.path,
+      definition.requestSerialize,
+      definition.responseDeserialize,
+    ) as grpc.ClientDuplexStream<CarriedRequest, CarriedResponse>;
+    try {
+      const results: CarriedResponse['results'] = [];
+      stream.on('error', () => undefined); // cancelled below
+      stream.on('data', (message: CarriedResponse) => results.push(...message.results));
+      const call = { id: 7, request: { key: key(1) }, traceparent: '', tracestate: '', timeoutMs: 0, requestId: '' };
+      stream.write({ calls: [call, call] });
+      await eventually(() => results.length === 1);
+      expect(results[0]).toMatchObject({ id: 7, status: { code: grpc.status.INVALID_ARGUMENT } });
+      expect(results[0]!.status!.message).toContain('call 7 is already in flight on this stream');
+      hold.resolve();
+      await eventually(() => results.length === 2);
+      expect(results[1]).toMatchObject({ id: 7, response: { found: true } });
+    } finally {
+      stream.cancel();
+      raw.close();
+    }
+  });
+
   it('refuses a method pair that does not follow the convention, naming what is missing', () => {
     expect(() => checkCarrier(CacheService.method.lookups, CacheService.method.store)).toThrow(
       /cannot carry Store: infermesh.cache.v1.LookupsRequest.Call needs infermesh.cache.v1.StoreRequest request; infermesh.cache.v1.LookupsResponse.Result needs infermesh.cache.v1.StoreResponse response/,
