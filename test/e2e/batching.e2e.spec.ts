@@ -166,7 +166,10 @@ describe('dynamic batching through the whole system', () => {
       headers: { 'content-type': 'application/json', ...metadata },
       body: JSON.stringify({
         inputs: [{ name: 'input', shape: [1, 16], datatype: 'FP32', data: Array.from(rows(1, 4, 16)) }],
-        parameters: { timeout: 300_000 },
+        // 100 ms (in µs, as KServe's `timeout`) behind the blocker, which computes for a few hundred
+        // ms here (this whole case takes under 0.5 s): with 300 ms, a CI run got a 200, the blocker
+        // nearly done when this was sent.
+        parameters: { timeout: 100_000 },
       }),
     });
     const body = (await res.json()) as { error: string };
