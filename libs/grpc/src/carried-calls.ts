@@ -99,8 +99,8 @@ export function carriedMessageBytes(maxMessageBytes: number): number {
 /**
  * What one side of a carrying stream sends: items queued in one turn of the event loop go together,
  * as one message, at the end of that turn (setImmediate), or before it once they hold `maxBytes`
- * (carriedMessageBytes). `sizeOf` measures an item in bytes (their encoding, about). `send` drops
- * what its stream can no longer carry.
+ * (carriedMessageBytes). Each item comes with its size in bytes (its encoding's, about). `send`
+ * drops what its stream can no longer carry.
  */
 export class CarriedOutbox<T> {
   private items: T[] = [];
@@ -109,12 +109,11 @@ export class CarriedOutbox<T> {
 
   constructor(
     private readonly send: (items: T[]) => void,
-    private readonly sizeOf: (item: T) => number,
     private readonly maxBytes = CARRIED_MESSAGE_BYTES,
   ) {}
 
-  /** Queues `item`, of `size` bytes (sizeOf, unless the caller measured it). */
-  push(item: T, size = this.sizeOf(item)): void {
+  /** Queues `item`, of `size` bytes. */
+  push(item: T, size: number): void {
     if (this.items.length > 0 && this.bytes + size > this.maxBytes) this.flush();
     this.items.push(item);
     this.bytes += size;
@@ -199,6 +198,9 @@ export function checkCarrier(stream: DescMethod, unary: DescMethod): void {
   }
 }
 
+/** What the id of a call given up adds to a message, at most (a varint in a packed field). */
+const CANCELLED_ID_BYTES = 5;
+
 /** Whether the client of `stream` (checked by checkCarrier) can say which calls it gave up on. */
 export function carriesCancellation(stream: DescMethod): boolean {
   return stream.input.fields.some((f) => f.localName === 'cancelled');
@@ -255,11 +257,6 @@ export class CarriedCalls {
       throw new Error(`${this.method.name} is carried on a stream: it cannot send metadata ${extra.join(', ')}`);
     }
     if (this.closed) throw Errors.upstreamUnavailable(`the client of ${this.method.name} is closed`);
-    const ambient = requestContext.current();
-    const deadline = this.deadlineOf(options, ambient);
-    const signal = options?.signal ?? ambient?.signal;
-    if (signal?.aborted === true) throw Errors.cancelled(`${this.method.name} was cancelled`);
-    const trace = ambient?.span === undefined ? undefined : spans.propagate(ambient.span);
     // A message, not its init shape: sized here, encoded as it is with the others.
     const message = create(this.method.input, request as never);
     let size: number;
@@ -270,7 +267,13 @@ export class CarriedCalls {
         `the request of ${this.method.name} cannot be encoded: ${error instanceof Error ? error.message : String(error)}`,
       );
     }
+    // A call of its own reads its deadline, signal and trace context itself.
     if (this.alone !== undefined && size > CARRIED_CALL_MAX_BYTES) return await this.alone(message, options);
+    const ambient = requestContext.current();
+    const deadline = this.deadlineOf(options, ambient);
+    const signal = options?.signal ?? ambient?.signal;
+    if (signal?.aborted === true) throw Errors.cancelled(`${this.method.name} was cancelled`);
+    const trace = ambient?.span === undefined ? undefined : spans.propagate(ambient.span);
     const carrier = this.current();
     const id = (this.nextId = (this.nextId + 1) >>> 0);
     return await new Promise((resolve, reject) => {
@@ -283,7 +286,7 @@ export class CarriedCalls {
       const onAbort = () => {
         giveUp(Errors.cancelled(`${this.method.name} was cancelled`));
         // Sent with the calls of this turn: a call made and given up in one turn is sent, then cancelled.
-        if (this.cancellable && !carrier.ended && !carrier.renewed) carrier.outbox.push(id);
+        if (this.cancellable && !carrier.ended && !carrier.renewed) carrier.outbox.push(id, CANCELLED_ID_BYTES);
       };
       const release = () => {
         if (timer !== undefined) clearTimeout(timer);
@@ -333,20 +336,16 @@ export class CarriedCalls {
       open.call.end(); // answered, then ended by the server
     }
     const call = this.open();
-    const outbox = new CarriedOutbox<CarriedCall | number>(
-      (items) => {
-        if (carrier.ended) return;
-        const calls: CarriedCall[] = [];
-        const cancelled: number[] = [];
-        for (const item of items) {
-          if (typeof item === 'number') cancelled.push(item);
-          else calls.push(item);
-        }
-        call.write(cancelled.length === 0 ? { calls } : { calls, cancelled });
-      },
-      (item) => (typeof item === 'number' ? 5 : encodedSize(this.method.input, item.request as object)),
-      this.messageBytes,
-    );
+    const outbox = new CarriedOutbox<CarriedCall | number>((items) => {
+      if (carrier.ended) return;
+      const calls: CarriedCall[] = [];
+      const cancelled: number[] = [];
+      for (const item of items) {
+        if (typeof item === 'number') cancelled.push(item);
+        else calls.push(item);
+      }
+      call.write(cancelled.length === 0 ? { calls } : { calls, cancelled });
+    }, this.messageBytes);
     const carrier: Carrier = { call, pending: new Map(), outbox, openedAt: now, ended: false, renewed: false };
     call.on('data', ({ results }: CarriedResponse) => {
       for (const result of results) {

@@ -621,29 +621,26 @@ export class GrpcServer {
       const inFlight = new Map<number, (reason: RpcError) => void>();
       let receiving = true;
       let ended = false;
-      const outbox = new CarriedOutbox<CarriedResult>(
-        (results) => {
-          if (ended) return;
-          try {
-            call.write({ results });
-          } catch (error) {
-            this.answerFailed(name, error);
-          }
-        },
-        (result) => (result.response === undefined ? 0 : encodedSize(unary.output, result.response as object)),
-        carriedMessageBytes(this.options.maxMessageBytes),
-      );
-      /** Queues an answer; one that cannot be encoded is answered with the error instead. */
-      const send = (result: CarriedResult) => {
+      const outbox = new CarriedOutbox<CarriedResult>((results) => {
+        if (ended) return;
         try {
-          outbox.push(
-            result.response === undefined
-              ? result
-              : { ...result, response: create(unary.output, result.response as never) },
-          );
+          call.write({ results });
         } catch (error) {
           this.answerFailed(name, error);
-          outbox.push({ id: result.id, status: toRpcError(error).toRpcStatus() });
+        }
+      }, carriedMessageBytes(this.options.maxMessageBytes));
+      /** Queues an answer; one that cannot be encoded is answered with the error instead. */
+      const send = (result: CarriedResult) => {
+        if (result.response === undefined) {
+          outbox.push(result, 0); // a status: small against what answers carry
+          return;
+        }
+        try {
+          const response = create(unary.output, result.response as never);
+          outbox.push({ ...result, response }, encodedSize(unary.output, response));
+        } catch (error) {
+          this.answerFailed(name, error);
+          outbox.push({ id: result.id, status: toRpcError(error).toRpcStatus() }, 0);
         }
       };
       const end = (error?: RpcError) => {
