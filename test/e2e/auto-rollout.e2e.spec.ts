@@ -147,14 +147,17 @@ describe('automatic rollouts through the whole system', () => {
           '1500ms',
           '--min-requests',
           '40',
+          // At the last step the canary is compared with the stable version over the step before, another
+          // 1.5 s of this 2-core machine: whatever else ran in one and not the other moves the ratio
+          // (3.2× seen with a linter running beside the test; 0.6 to 1.5× without).
           '--max-p99-ratio',
-          '3',
+          '5',
           '--wait',
         ],
         fixture.system.gatewayGrpcAddress,
       );
-      // The CLI's output is part of the expectation so that a failure shows why the rollout ended.
-      expect({ code: cli.code, stderr: cli.stderr }).toMatchObject({ code: 0 });
+      // The CLI's output is part of the expectation (in full when it failed) so that a failure shows why the rollout ended.
+      expect({ code: cli.code, stderr: cli.code === 0 ? '' : cli.stderr }).toEqual({ code: 0, stderr: '' });
       // --wait prints each decision as it comes.
       expect(cli.stderr).toMatch(/STARTED .*\n.*ADVANCED .*\n.*ADVANCED .*\n.*PROMOTED /);
     } finally {
@@ -183,8 +186,11 @@ describe('automatic rollouts through the whole system', () => {
 
   it('rolls back a canary that fails on part of its inputs at the first step, and no request outside its share fails', async () => {
     await register('3', buildInputRangeModel(RANGE_ROWS).bytes);
-    const since = (await model()).rolloutHistory.length;
-    const stableFailuresBefore = await routerFailures('2');
+    const before = await model();
+    const since = before.rolloutHistory.length;
+    // Version 2 after the test before this one promoted it.
+    const stable = before.rollout!.stableVersion;
+    const stableFailuresBefore = await routerFailures(stable);
     const traffic = new Traffic(grpc);
     try {
       await registry.startAutoRollout({
@@ -213,7 +219,7 @@ describe('automatic rollouts through the whole system', () => {
       await traffic.stop();
     }
     // Every failure was the canary's: the stable version failed none, and the router counted each.
-    expect(await routerFailures('2')).toBe(stableFailuresBefore);
+    expect(await routerFailures(stable)).toBe(stableFailuresBefore);
     expect(await routerFailures('3')).toBe(traffic.failures.length);
     expect(traffic.failures.length).toBeGreaterThan(0);
     process.stdout.write(
@@ -224,7 +230,7 @@ describe('automatic rollouts through the whole system', () => {
     await new Promise((r) => setTimeout(r, 1_500));
     await after.stop();
     expect(after.failures).toEqual([]);
-    expect([...after.served.keys()]).toEqual(['2']);
+    expect([...after.served.keys()]).toEqual([stable]);
   }, 180_000);
 
   it('rolls back a much slower canary on the latency gate', async () => {
@@ -236,10 +242,10 @@ describe('automatic rollouts through the whole system', () => {
       await registry.startAutoRollout({
         model: 'models/tiny',
         version: '4',
-        // The CLI's default latency gate.
+        // The CLI's default latency gate, judged over the whole first step.
         analysis: {
           steps: [20, 100],
-          intervalMs: 600_000n,
+          intervalMs: 3_000n,
           minRequests: 40n,
           maxErrorRateIncrease: 0.01,
           maxP99Ratio: 1.2,

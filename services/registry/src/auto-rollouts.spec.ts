@@ -185,7 +185,9 @@ describe(AutoRollouts.name, () => {
     await sut.tick();
 
     expect(await canaryPercent()).toBe(10);
-    expect((await model()).autoRollout?.figures?.gates.every((g) => g.passed)).toBe(true);
+    const gates = (await model()).autoRollout!.figures!.gates;
+    expect(gates.find((g) => g.gate === 'error_rate_increase')).toMatchObject({ checked: true, passed: true });
+    expect(gates.find((g) => g.gate === 'p99_ratio')).toMatchObject({ checked: false, value: 1 });
   });
 
   it('rolls back at once, without waiting for the interval, when the canary fails more than the stable version', async () => {
@@ -210,16 +212,40 @@ describe(AutoRollouts.name, () => {
     expect(await decisions()).toEqual(['STARTED 10', 'ROLLED_BACK 0']);
   });
 
-  it('rolls back a canary much slower than the stable version on the latency gate', async () => {
+  it('rolls back a canary much slower than the stable version on the latency gate, once its step has lasted the interval', async () => {
     await start();
     await serve('1', 900, 0, 4);
     await serve('2', 100, 0, 40);
     await sut.tick();
+    expect(await phase()).toBe('PROGRESSING');
+    expect((await model()).autoRollout!.figures!.gates.find((g) => g.gate === 'p99_ratio')!.note).toMatch(
+      /^judged over the whole step, once its interval has passed \(10 s more\); \d+\.\d\d× so far$/,
+    );
 
+    clock.advance(INTERVAL_MS);
+    await sut.tick();
     const gate = (await model()).autoRollout!.figures!.gates.find((g) => g.gate === 'p99_ratio')!;
     expect(await phase()).toBe('ROLLED_BACK');
     expect(gate).toMatchObject({ checked: true, passed: false, threshold: 1.5 });
     expect(gate.value).toBeGreaterThan(5);
+  });
+
+  it('judges the latency gate on the whole step, not on a stall in its first requests', async () => {
+    await start();
+    await serve('1', 900, 0, 4);
+    // One pause delayed the few requests then in flight: 5 % of the canary's first 100.
+    await serve('2', 5, 0, 40);
+    await serve('2', 95, 0, 4);
+    await sut.tick();
+    expect(await phase()).toBe('PROGRESSING');
+
+    await serve('1', 8_100, 0, 4);
+    await serve('2', 900, 0, 4);
+    clock.advance(INTERVAL_MS);
+    await sut.tick();
+    expect(await decisions()).toEqual(['STARTED 10', 'ADVANCED 50']);
+    const gate = (await model()).rolloutHistory.at(-1)!.figures!.gates.find((g) => g.gate === 'p99_ratio')!;
+    expect(gate).toMatchObject({ checked: true, passed: true });
   });
 
   it('gates on shadow agreement only when the step compared any items', async () => {

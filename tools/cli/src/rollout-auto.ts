@@ -73,7 +73,7 @@ export const AUTO_ROLLOUT_FLAGS: readonly FlagSpec[] = [
     name: 'max-p99-ratio',
     kind: 'value',
     placeholder: '<x>',
-    description: `The most the canary's p99 latency may be, as a multiple of the stable version's (default ${D.maxP99Ratio})`,
+    description: `The most the canary's p99 latency over a step may be, as a multiple of the stable version's (default ${D.maxP99Ratio})`,
   },
   {
     name: 'min-agreement',

@@ -181,9 +181,10 @@ export const ROLLOUT_GROUP: GroupSpec<CommandHandler> = {
       details: [
         "The version becomes the canary at the first step's share. A step passes once --interval has gone by,",
         'the canary has served --min-requests in it and every gate holds against the stable version; the',
-        'gates are checked as soon as the canary has served --min-requests, so the first gate it fails rolls it',
-        'back at once. After the last step it is promoted and the old stable version drains. Any manual',
-        'rollout change (canary, weights, promote, rollback, pause...) pauses it; --resume goes on.',
+        'error gates are checked as soon as the canary has served --min-requests, so one it fails rolls it',
+        'back at once, and the latency gate over the whole step once --interval has gone by. After the last',
+        'step it is promoted and the old stable version drains. Any manual rollout change (canary, weights,',
+        'promote, rollback, pause...) pauses it; --resume goes on.',
         '--wait exits 0 once it is promoted, 1 when it is rolled back or aborted.',
       ].join('\n'),
       positionals: [NAME],
