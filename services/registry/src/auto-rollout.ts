@@ -58,10 +58,10 @@ export type StepVerdict =
 /**
  * Judges the current step: the gates once the canary has served min_requests in it (a failed one
  * rolls back at once; the latency gate only once the interval has passed, see checkGates), then the
- * interval. The stable version's figures are its own over the step,
- * or the reference from the last step where it served min_requests when it served fewer, or when the
- * step gives it no traffic: what it reports then is the last requests of the step before, counted
- * late (routers report every few seconds), a sample biased to whatever was in flight at the switch.
+ * interval. The stable version's figures are its own over the step, or the reference from the last
+ * step where it served min_requests when it served fewer, or when the step gives it no traffic: what
+ * it reports then is the last requests of the step before, counted late (routers report every few
+ * seconds), a sample biased to whatever was in flight at the switch.
  */
 export function judgeStep(
   rollout: AutoRollout,
@@ -125,9 +125,8 @@ function checkGates(
   stable: VersionFigures,
   step: { readonly fromEarlierStep: boolean; readonly stepLeftMs: number },
 ): GateResult[] {
-  const { fromEarlierStep } = step;
   const gates: GateResult[] = [];
-  const stableName = `stable version ${stable.version}${fromEarlierStep ? ' (its last full step)' : ''}`;
+  const stableName = `stable version ${stable.version}${step.fromEarlierStep ? ' (its last full step)' : ''}`;
   const pct = (rate: number) => `${(rate * 100).toFixed(2)} %`;
   if (analysis.maxErrorRateIncrease !== undefined) {
     const increase = canary.errorRate - stable.errorRate;
@@ -153,27 +152,19 @@ function checkGates(
           note: `no successful request of ${whose} to time`,
         }),
       );
-    } else if (step.stepLeftMs > 0) {
-      const ratio = canary.p99Ms / stable.p99Ms;
-      gates.push(
-        create(GateResultSchema, {
-          gate: 'p99_ratio',
-          checked: false,
-          value: ratio,
-          threshold: analysis.maxP99Ratio,
-          note: `judged over the whole step, once its interval has passed (${Math.ceil(step.stepLeftMs / 1000)} s more); ${ratio.toFixed(2)}× so far`,
-        }),
-      );
     } else {
       const ratio = canary.p99Ms / stable.p99Ms;
+      const judged = step.stepLeftMs <= 0;
       gates.push(
         create(GateResultSchema, {
           gate: 'p99_ratio',
-          checked: true,
-          passed: ratio <= analysis.maxP99Ratio,
+          checked: judged,
+          passed: judged && ratio <= analysis.maxP99Ratio,
           value: ratio,
           threshold: analysis.maxP99Ratio,
-          note: `canary p99 ${canary.p99Ms.toFixed(1)} ms against ${stable.p99Ms.toFixed(1)} ms of the ${stableName}: ${ratio.toFixed(2)}×, at most ${analysis.maxP99Ratio}× allowed`,
+          note: judged
+            ? `canary p99 ${canary.p99Ms.toFixed(1)} ms against ${stable.p99Ms.toFixed(1)} ms of the ${stableName}: ${ratio.toFixed(2)}×, at most ${analysis.maxP99Ratio}× allowed`
+            : `judged over the whole step, once its interval has passed (${Math.ceil(step.stepLeftMs / 1000)} s more); ${ratio.toFixed(2)}× so far`,
         }),
       );
     }
