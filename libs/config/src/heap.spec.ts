@@ -1,5 +1,7 @@
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { Worker } from 'node:worker_threads';
-import { countBuffersInHeapLimit } from './heap';
+import { countBuffersInHeapLimit, GARBAGE_HEADROOM_BYTES, growingPercentFor, keepGarbageHeadroom } from './heap';
 
 /**
  * Full collections in a fresh thread (an isolate of its own, its heap nearly empty, so that the
@@ -49,5 +51,63 @@ describe(countBuffersInHeapLimit.name, () => {
     expect(countBuffersInHeapLimit([])).toBe(true);
 
     expect(await majorCollectionsDuringBufferChurn()).toBeLessThanOrEqual(1);
+  });
+});
+
+describe(growingPercentFor.name, () => {
+  const MiB = 2 ** 20;
+
+  it('gives the headroom as a share of what the last full collection left alive', () => {
+    expect(growingPercentFor(32 * MiB, GARBAGE_HEADROOM_BYTES)).toBe(600);
+    expect(growingPercentFor(48 * MiB, 192 * MiB)).toBe(400);
+  });
+
+  it("leaves V8's own factor (0) where it allows as much, and is capped for a nearly empty heap", () => {
+    expect(growingPercentFor(64 * MiB, 192 * MiB)).toBe(0);
+    expect(growingPercentFor(1024 * MiB, 192 * MiB)).toBe(0);
+    expect(growingPercentFor(1 * MiB, 192 * MiB)).toBe(1_000);
+    expect(growingPercentFor(0, 192 * MiB)).toBe(1_000);
+  });
+});
+
+describe(keepGarbageHeadroom.name, () => {
+  /** A full collection of this process's heap, as V8 runs one (its 'gc' entry is observed). */
+  const collect = (() => {
+    setFlagsFromString('--expose-gc');
+    return runInNewContext('gc') as () => void;
+  })();
+  const live = () => process.memoryUsage().heapUsed + process.memoryUsage().arrayBuffers;
+  /** Until the observer has seen the collection and set the percent again (entries come between tasks). */
+  const settled = () => new Promise((resolve) => setTimeout(resolve, 50));
+
+  it('sets the percent from what each full collection leaves alive, and hands the factor back to V8 when stopped', async () => {
+    collect();
+    // Six times this process's live size: headroom for six, while that is what it holds.
+    const headroomBytes = 6 * live();
+    const headroom = keepGarbageHeadroom(headroomBytes, []);
+    try {
+      expect(headroom?.percent).toBeGreaterThan(500);
+      expect(headroom?.percent).toBeLessThan(700);
+
+      // A large request alive across a full collection: the same headroom is now less than V8's own factor gives.
+      let held: Buffer | undefined = Buffer.alloc(3 * live(), 1);
+      collect();
+      await settled();
+      expect(headroom?.percent).toBe(0);
+
+      held = undefined;
+      collect();
+      await settled();
+      expect(headroom?.percent).toBeGreaterThan(500);
+      expect(headroom?.percent).toBeLessThan(700);
+      expect(held).toBeUndefined();
+    } finally {
+      headroom?.stop();
+    }
+  });
+
+  it('does nothing in a process started with --heap-growing-percent', () => {
+    expect(keepGarbageHeadroom(GARBAGE_HEADROOM_BYTES, ['--heap-growing-percent=0'])).toBeUndefined();
+    expect(keepGarbageHeadroom(GARBAGE_HEADROOM_BYTES, ['--heap_growing_percent=250'])).toBeUndefined();
   });
 });

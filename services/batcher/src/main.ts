@@ -1,12 +1,12 @@
-import { countBuffersInHeapLimit, loadOrExit } from '@infermesh/config';
+import { tuneHeapForTensors, loadOrExit } from '@infermesh/config';
 import { BatcherService } from '@infermesh/proto/gen/infermesh/batcher/v1/batcher_pb';
 import { bind, bootstrap, runMain } from '@infermesh/runtime';
 import { loadBatcherConfig } from './batcher.config';
 import { BatcherGrpcController } from './batcher.grpc';
 import { BatcherModule } from './batcher.module';
 
-// Requests carry tensors through this service: see countBuffersInHeapLimit.
-countBuffersInHeapLimit();
+// Requests carry tensors through this service: see tuneHeapForTensors.
+tuneHeapForTensors();
 
 runMain('batcher', async () => {
   const config = loadOrExit('batcher', () => loadBatcherConfig(process.env));

@@ -1,9 +1,9 @@
-import { countBuffersInHeapLimit, loadOrExit } from '@infermesh/config';
+import { tuneHeapForTensors, loadOrExit } from '@infermesh/config';
 import { runMain } from '@infermesh/runtime';
 import { loadGatewayConfig } from './gateway.config';
 import { startGateway } from './gateway.start';
 
-// Requests carry tensors through this service: see countBuffersInHeapLimit.
-countBuffersInHeapLimit();
+// Requests carry tensors through this service: see tuneHeapForTensors.
+tuneHeapForTensors();
 
 runMain('gateway', async () => startGateway(loadOrExit('gateway', () => loadGatewayConfig(process.env))));

@@ -1,4 +1,4 @@
-import { countBuffersInHeapLimit, loadOrExit } from '@infermesh/config';
+import { tuneHeapForTensors, loadOrExit } from '@infermesh/config';
 import { bootstrap, runMain } from '@infermesh/runtime';
 import { InferenceExecutor } from './inference-executor';
 import { ModelSync } from './model-sync';
@@ -6,8 +6,8 @@ import { loadWorkerConfig } from './worker.config';
 import { workerBinding } from './worker.grpc';
 import { WorkerModule } from './worker.module';
 
-// Requests carry tensors through this service: see countBuffersInHeapLimit.
-countBuffersInHeapLimit();
+// Requests carry tensors through this service: see tuneHeapForTensors.
+tuneHeapForTensors();
 
 runMain('worker', async () => {
   const config = loadOrExit('worker', () => loadWorkerConfig(process.env));

@@ -1,5 +1,5 @@
 import * as grpc from '@grpc/grpc-js';
-import { countBuffersInHeapLimit } from '@infermesh/config';
+import { tuneHeapForTensors } from '@infermesh/config';
 import { CLIENT_FLOW_CONTROL_OPTIONS, messageLimits, onHttp2Servers, openServerWindows } from '@infermesh/grpc';
 import { sanitizeRequestId } from '@infermesh/telemetry';
 
@@ -11,7 +11,7 @@ import { sanitizeRequestId } from '@infermesh/telemetry';
  * answers with what it answers; the last hop (argv[3] '-') answers every request with argv[4] bytes
  * (built once). A chain of them carries the bytes a request and its answer carry through the
  * services, across as many hops, and costs what grpc-js and HTTP/2 cost for them, and nothing else.
- * It runs with the services' V8 settings (countBuffersInHeapLimit) and their HTTP/2 windows, receiving
+ * It runs with the services' V8 settings (tuneHeapForTensors) and their HTTP/2 windows, receiving
  * as a server and as a client (with HTTP/2's default 64 KiB, a 110 KiB request stopped at each hop for
  * a window update the services' hops do not wait for). Sends its port to the parent over IPC; ends
  * when the parent disconnects.
@@ -35,7 +35,7 @@ function callContext(call: grpc.ServerUnaryCall<Buffer, Buffer>): {
 }
 
 function main(): void {
-  countBuffersInHeapLimit();
+  tuneHeapForTensors();
   const [method, nextAddress, answerBytes, mode] = process.argv.slice(2) as [string, string, string, string?];
   const withContext = mode === 'context';
   const next =

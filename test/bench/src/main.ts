@@ -1,4 +1,4 @@
-import { countBuffersInHeapLimit } from '@infermesh/config';
+import { tuneHeapForTensors } from '@infermesh/config';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { REPO_ROOT } from '../../e2e/support/system-fixture';
@@ -13,11 +13,11 @@ import { quantization } from './quantization.scenario';
 import { tracing } from './tracing.scenario';
 import { worker } from './worker.scenario';
 
-// The load generator carries tensors too, on the cores it shares with the services: it counts their
-// buffers within the heap's limit as the services do, so that its garbage collections (0.4 to 1.0 ms
-// of CPU per call of batch-32 MLP tensors without this, in V8's own threads) take as little of those
-// cores as they can.
-countBuffersInHeapLimit();
+// The load generator carries tensors too, on the cores it shares with the services: it runs with the
+// services' V8 settings (counting their buffers within the heap's limit, and the same headroom of
+// garbage), so that its garbage collections (0.4 to 1.0 ms of CPU per call of batch-32 MLP tensors
+// without the first, in V8's own threads) take as little of those cores as they can.
+tuneHeapForTensors();
 
 /** Benchmark scenarios by name: each runs against real processes and returns its figures. */
 const SCENARIOS: Record<string, () => Promise<Record<string, unknown>>> = {

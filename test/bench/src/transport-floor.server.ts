@@ -1,5 +1,5 @@
 import { create } from '@bufbuild/protobuf';
-import { countBuffersInHeapLimit } from '@infermesh/config';
+import { tuneHeapForTensors } from '@infermesh/config';
 import { GrpcServer, HealthService, type ServiceImpl, Errors, ServingStatus } from '@infermesh/grpc';
 import { Health } from '@infermesh/proto/gen/grpc/health/v1/health_pb';
 import { InferenceResponseSchema } from '@infermesh/proto/gen/infermesh/inference/v1/inference_pb';
@@ -12,7 +12,7 @@ import { DataType } from '@infermesh/tensors';
  * WorkerService whose Infer computes nothing. It answers each request with an FP32 output of
  * [batch, OUTPUT_WIDTH] zeros (the MLP's output size), built once per batch size, so a call through
  * it costs what the client, grpc-js, HTTP/2 and protobuf cost for the MLP's bytes, and nothing else.
- * It runs with the worker's V8 and C library settings (countBuffersInHeapLimit, and WORKER_MALLOC_ENV
+ * It runs with the worker's V8 and C library settings (tuneHeapForTensors, and WORKER_MALLOC_ENV
  * from the parent), and answers grpc.health.v1 Check as every service does: the reference for the
  * worker's health-check latency. Prints nothing; sends its port to the parent over IPC.
  */
@@ -41,7 +41,7 @@ const impl: Omit<ServiceImpl<typeof WorkerService>, 'infers'> = {
 };
 
 async function main(): Promise<void> {
-  countBuffersInHeapLimit();
+  tuneHeapForTensors();
   const server = new GrpcServer({
     logger: new JsonLogger('transport-floor', 'error', () => undefined),
     metrics: new Metrics('transport_floor'),
