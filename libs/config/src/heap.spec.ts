@@ -80,7 +80,7 @@ describe(keepGarbageHeadroom.name, () => {
   /** Until the observer has seen the collection and set the percent again (entries come between tasks). */
   const settled = () => new Promise((resolve) => setTimeout(resolve, 50));
 
-  it('sets the percent from what each full collection leaves alive, and hands the factor back to V8 when stopped', async () => {
+  it('sets the percent from what each full collection leaves alive', async () => {
     collect();
     // Six times this process's live size: headroom for six, while that is what it holds.
     const headroomBytes = 6 * live();
