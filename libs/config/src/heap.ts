@@ -60,10 +60,11 @@ export interface GarbageHeadroom {
  * 60 to 100 MiB above a service's 25 to 30 MiB). A full collection costs a service 10 to 20 ms of
  * marking its live heap, whatever the garbage; the buffers each request leaves (see
  * countBuffersInHeapLimit) fill V8's margin in about 150 requests of 110 KiB, so with 192 MiB a
- * service collects about a third as often. Measured on this machine with the 110 KiB CNN input at
- * c=1 (`npm start`'s services, CPU per request from /proc, eight windows of 2.5 s each): the chain's
- * CPU fell from 2,105 to 1,420 µs a request (median), each service's resident memory under that load
- * rose by 60 to 170 MiB. V8's factor is a multiple of the live size: after each full collection the
+ * service collects a fraction as often (0 to 8 full collections in 5 s where there were 13 or 14).
+ * Measured on this machine with the 110 KiB CNN input at c=1 (the path benchmark's services, CPU per
+ * request from /proc, eight windows of 2.5 s each): the chain's CPU fell from 2,105 to 1,337 µs a
+ * request (median); the gateway's, router's and batcher's resident memory under that load rose by 67
+ * to 94 MiB, the worker's not at all. V8's factor is a multiple of the live size: after each full collection the
  * percent is set again from what it left alive (heap used + array buffers), so that a process
  * whose live set grows (a large request in flight) keeps the same headroom, not eight times more, and
  * from 64 MiB alive (headroom ÷ 3) V8's own factor applies again. A process started with
