@@ -99,6 +99,8 @@ export async function batching(): Promise<Record<string, unknown>> {
   let inprocess: { b1: number; b64: number };
   let warm: WarmUp;
   let overload: Record<string, number>;
+  /** The gateway's concurrency limit every 250 ms, from just before the overload until its last answer (the results file only). */
+  let overloadLimits: number[];
   try {
     inprocess = await inProcessItemsPerSecond(model.bytes);
     // The system at its steady state before any point is measured (warmUp), both models alike.
@@ -144,6 +146,7 @@ export async function batching(): Promise<Record<string, unknown>> {
     const rssBefore = { batcher: await rssMb('batcher'), gateway: before.rssMb };
     const rssMax = { ...rssBefore };
     const gatewayLimits: number[] = [];
+    overloadLimits = gatewayLimits;
     const gatewayLoopP99Ms: number[] = [];
     let gatewayLoopMaxMs = 0;
     const sampler = setInterval(() => {
@@ -164,7 +167,11 @@ export async function batching(): Promise<Record<string, unknown>> {
     const gatewayPid = serviceProcesses(fixture.system).find((p) => p.name === 'gateway')!.pid;
     const schedBefore = schedstat(gatewayPid);
     const probe = await startProbe(fixture.system.gatewayGrpcAddress, 'mlp', FEATURES, PROBE_RATE);
+    const openStart = performance.now();
+    const clientCpuBefore = process.cpuUsage();
     const open = await openLoop(() => call('mlp'), rate - PROBE_RATE, OVERLOAD_MS, ANSWER_GRACE_MS);
+    const clientCpu = process.cpuUsage(clientCpuBefore);
+    const openMs = performance.now() - openStart;
     const schedAfter = schedstat(gatewayPid);
     const probed = await probe.figures;
     const clientLoopMs = clientLoop.stop();
@@ -205,6 +212,8 @@ export async function batching(): Promise<Record<string, unknown>> {
       /** The benchmark's own event loop's lateness during the overload (the client's share of any latency above). */
       client_loop_delay_p50_ms: clientLoopMs.p50,
       client_loop_delay_p99_ms: clientLoopMs.p99,
+      /** The benchmark's own CPU (the load it generates, and its measuring) a second, from the overload's start until its last answer. */
+      client_cpu_ms_per_s: round((clientCpu.user + clientCpu.system) / openMs, 1),
       /** The gateway's: the p99 of each 250 ms, their median and their highest, and the longest delay. */
       gateway_loop_delay_p99_ms_median: round(quantile(gatewayLoopP99Ms, 0.5), 2),
       gateway_loop_delay_p99_ms_max: round(Math.max(...gatewayLoopP99Ms), 2),
@@ -264,6 +273,7 @@ export async function batching(): Promise<Record<string, unknown>> {
       p99: round(p.p99, 2),
     })),
     overload,
+    overload_gateway_limit_every_250ms: overloadLimits,
   };
 }
 

@@ -14,7 +14,7 @@ import { availableParallelism, cpus } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startFixture } from '../../e2e/support/system-fixture';
 import { workerSession } from './in-process';
-import { identity, rawClient } from './raw-infer';
+import { rawClient } from './raw-infer';
 import { rssBytes } from './closed-loop';
 import { round, table } from './stats';
 
@@ -64,7 +64,7 @@ interface Pair {
  * defaults on this machine: one instance per model with every core):
  * - items/s at batch 32 through WorkerService.Infer with CONCURRENCY requests in flight (the worker's
  *   throughput) and with one (a caller that waits for each answer), source and variant measured
- *   alternately round by round, each worker called by a bare grpc-js client (rawClient: its HTTP/2
+ *   alternately round by round, each worker called by the benchmarks' own client (rawClient: its HTTP/2
  *   window open as the services' clients open theirs, on a connection of its own);
  * - the memory the worker charges each (its memory_bytes), and the same beyond what an instance of
  *   the tiny model costs (the part of a charge that does not depend on the model);
@@ -167,23 +167,17 @@ export async function quantization(): Promise<Record<string, unknown>> {
       const viaWorker = (model: string, concurrency: number) => {
         const payload = encoded(model);
         const one = () =>
-          new Promise<void>((resolve, reject) =>
-            raw
-              .get(model)!
-              .makeUnaryRequest(
-                INFER_PATH,
-                identity,
-                identity,
-                payload,
-                { deadline: Date.now() + 60_000 },
-                (error, answer) => {
-                  if (error !== null) reject(new Error(`${model}: ${error.message}`));
-                  else if ((answer?.length ?? 0) < BATCH * 4)
-                    reject(new Error(`${model} answered ${answer?.length} bytes`));
-                  else resolve();
-                },
-              ),
-          );
+          raw
+            .get(model)!
+            .call(INFER_PATH, payload, 60_000)
+            .then(
+              (answer) => {
+                if (answer.length < BATCH * 4) throw new Error(`${model} answered ${answer.length} bytes`);
+              },
+              (error: Error) => {
+                throw new Error(`${model}: ${error.message}`);
+              },
+            );
         const client = async () => {
           for (let call = 0; call < CALLS_PER_CLIENT; call++) await one();
         };

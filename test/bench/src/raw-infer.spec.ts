@@ -1,6 +1,10 @@
 import { fromBinary } from '@bufbuild/protobuf';
+import * as grpc from '@grpc/grpc-js';
+import type { AddressInfo } from 'node:net';
+import { createServer, type ServerHttp2Stream } from 'node:http2';
+import { performance } from 'node:perf_hooks';
 import { ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
-import { seededRequests } from './raw-infer';
+import { CallFailed, LoadClient, seededRequests } from './raw-infer';
 
 describe(seededRequests.name, () => {
   it('gives every seed the benchmarks use a request of its own, the seed read back from its input', () => {
@@ -18,5 +22,94 @@ describe(seededRequests.name, () => {
       }
       expect(seen.size).toBe(2_000);
     }
+  });
+});
+
+describe(LoadClient.name, () => {
+  const identity = (bytes: Buffer) => bytes;
+  const servers: grpc.Server[] = [];
+  afterEach(() => servers.splice(0).forEach((server) => server.forceShutdown()));
+
+  /** A grpc-js server on `port` (0: any) whose /t.T/Echo answers the request's bytes reversed, and /t.T/Refuse fails RESOURCE_EXHAUSTED. */
+  async function serve(port = 0): Promise<number> {
+    const server = new grpc.Server();
+    server.register(
+      '/t.T/Echo',
+      (call: grpc.ServerUnaryCall<Buffer, Buffer>, done: grpc.sendUnaryData<Buffer>) =>
+        done(null, Buffer.from(call.request).reverse()),
+      identity,
+      identity,
+      'unary',
+    );
+    server.register(
+      '/t.T/Refuse',
+      (call: grpc.ServerUnaryCall<Buffer, Buffer>, done: grpc.sendUnaryData<Buffer>) =>
+        done({
+          code: grpc.status.RESOURCE_EXHAUSTED,
+          details: `over the limit, 100% full; key ${String(call.metadata.get('authorization')[0])}`,
+        }),
+      identity,
+      identity,
+      'unary',
+    );
+    const bound = await new Promise<number>((resolve, reject) =>
+      server.bindAsync(`127.0.0.1:${port}`, grpc.ServerCredentials.createInsecure(), (error, p) =>
+        error ? reject(error) : resolve(p),
+      ),
+    );
+    servers.push(server);
+    return bound;
+  }
+
+  it('answers with the message the server sent, whole however it was split', async () => {
+    const client = new LoadClient(`127.0.0.1:${await serve()}`);
+    const request = Buffer.from(Array.from({ length: 300_000 }, (_, i) => i % 251));
+    const answer = await client.call('/t.T/Echo', request, 5_000);
+    expect(answer.equals(Buffer.from(request).reverse())).toBe(true);
+    expect((await client.call('/t.T/Echo', Buffer.alloc(0), 5_000)).length).toBe(0);
+    client.close();
+  });
+
+  it("fails with the server's status and its message, decoded, and sends the caller's headers", async () => {
+    const client = new LoadClient(`127.0.0.1:${await serve()}`);
+    const failure = await client
+      .call('/t.T/Refuse', Buffer.from('x'), 5_000, { authorization: 'Bearer k' })
+      .catch((e: unknown) => e);
+    expect(failure).toBeInstanceOf(CallFailed);
+    expect(failure).toMatchObject({
+      code: grpc.status.RESOURCE_EXHAUSTED,
+      details: 'over the limit, 100% full; key Bearer k',
+    });
+    client.close();
+  });
+
+  it('fails DEADLINE_EXCEEDED when no answer comes within the timeout, from a server that ignores grpc-timeout', async () => {
+    // A bare HTTP/2 server that takes each stream and never answers it (grpc-js's would fail it itself at the deadline).
+    const silent = createServer();
+    const held: ServerHttp2Stream[] = [];
+    silent.on('stream', (stream) => held.push(stream));
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    const client = new LoadClient(`127.0.0.1:${(silent.address() as AddressInfo).port}`);
+    const started = performance.now();
+    await expect(client.call('/t.T/Never', Buffer.from('x'), 200)).rejects.toMatchObject({
+      code: grpc.status.DEADLINE_EXCEEDED,
+    });
+    expect(performance.now() - started).toBeGreaterThanOrEqual(190);
+    expect(held).toHaveLength(1);
+    client.close();
+    await new Promise((resolve) => silent.close(resolve));
+  });
+
+  it('fails UNAVAILABLE while no server listens, and connects again once one does', async () => {
+    const port = await serve();
+    const client = new LoadClient(`127.0.0.1:${port}`);
+    expect((await client.call('/t.T/Echo', Buffer.from('ab'), 5_000)).toString()).toBe('ba');
+    servers.splice(0).forEach((server) => server.forceShutdown());
+    await expect(client.call('/t.T/Echo', Buffer.from('ab'), 5_000)).rejects.toMatchObject({
+      code: grpc.status.UNAVAILABLE,
+    });
+    await serve(port);
+    expect((await client.call('/t.T/Echo', Buffer.from('cd'), 5_000)).toString()).toBe('dc');
+    client.close();
   });
 });

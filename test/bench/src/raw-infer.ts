@@ -1,34 +1,140 @@
 import { performance } from 'node:perf_hooks';
+import {
+  type ClientHttp2Session,
+  type ClientHttp2Stream,
+  connect,
+  constants as http2Constants,
+  type IncomingHttpHeaders,
+} from 'node:http2';
 import { create, toBinary } from '@bufbuild/protobuf';
-import * as grpc from '@grpc/grpc-js';
-import { CLIENT_FLOW_CONTROL_OPTIONS, messageLimits, methodPath } from '@infermesh/grpc';
+import { status } from '@grpc/grpc-js';
+import { FLOW_CONTROL_WINDOW_BYTES, methodPath } from '@infermesh/grpc';
 import { GRPCInferenceService, ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { API_KEY } from '../../e2e/support/system-fixture';
 
-/**
- * ModelInfer as a bare grpc-js client makes it: request bytes encoded once, sent as they are, the
- * answer's bytes not decoded. What the benchmarks' own client costs per call is then little more
- * than grpc-js's, and the machine's CPU goes to what is measured.
- */
 export const INFER_PATH = methodPath(GRPCInferenceService.method.modelInfer);
 export const SERVER_LIVE_PATH = methodPath(GRPCInferenceService.method.serverLive);
-export const identity = (bytes: Buffer) => bytes;
+
+/** A call a LoadClient made that did not end OK: its gRPC status code and message, as grpc-js's ServiceError has them. */
+export class CallFailed extends Error {
+  constructor(
+    readonly code: status,
+    readonly details: string,
+  ) {
+    super(`${status[code] ?? code}: ${details}`);
+  }
+}
+
+/** The gRPC message prefix: a byte saying uncompressed, then the message's length (big-endian). */
+const MESSAGE_PREFIX_BYTES = 5;
 
 /**
- * A bare grpc-js client of `address` (plaintext), on a connection of its own (grpc-js otherwise
- * shares one connection among clients of the same address and options), that opens its HTTP/2
- * receive window as the services' clients do (CLIENT_FLOW_CONTROL_OPTIONS). With grpc-js's default
- * 64 KiB, every answer on a busy connection waited for the client to acknowledge the last 32 KiB: under
- * the batching benchmark's overload, answers queued in the gateway for up to a second behind the
- * window, and a ServerLive on the same connection took as long as an inference (gRPC's C and Go
- * clients grow their window by themselves; grpc-js does not).
+ * The benchmarks' gRPC client: unary calls on one HTTP/2 connection of its own (node:http2), the
+ * request's bytes framed as they are, the answer's bytes not decoded, the connection's and each
+ * stream's receive window opened as the services' clients open theirs (FLOW_CONTROL_WINDOW_BYTES).
+ *
+ * It is not grpc-js's client because that one cost the load more than the system could spare: at
+ * the batching benchmark's 2× overload (11,000 calls/s from one process) grpc-js's client took
+ * 800-850 ms of CPU a second of this machine's two cores, and this one 330-360 (an ad hoc run of the
+ * overload alone, the two alternated); what the clients take, the services measured lack.
+ * The services' own clients stay grpc-js, as do the floor's hops (path.scenario.ts).
+ *
+ * A connection that closes (GOAWAY, a reset, the server gone) fails the calls on it UNAVAILABLE,
+ * and the next call opens another.
  */
-export function rawClient(address: string): grpc.Client {
-  return new grpc.Client(address, grpc.credentials.createInsecure(), {
-    ...messageLimits(),
-    ...CLIENT_FLOW_CONTROL_OPTIONS,
-    'grpc.use_local_subchannel_pool': 1,
-  });
+export class LoadClient {
+  private session: ClientHttp2Session | undefined;
+
+  constructor(private readonly address: string) {}
+
+  /** One unary call of `path` with `message`, answered within `timeoutMs` or failed DEADLINE_EXCEEDED; resolves with the answer's message bytes. */
+  call(path: string, message: Buffer, timeoutMs: number, headers: Record<string, string> = {}): Promise<Buffer> {
+    return new Promise((resolve, reject) => {
+      const framed = Buffer.allocUnsafe(MESSAGE_PREFIX_BYTES + message.length);
+      framed[0] = 0;
+      framed.writeUInt32BE(message.length, 1);
+      message.copy(framed, MESSAGE_PREFIX_BYTES);
+      let stream: ClientHttp2Stream;
+      try {
+        stream = this.connection().request({
+          ':method': 'POST',
+          ':path': path,
+          'content-type': 'application/grpc',
+          te: 'trailers',
+          'grpc-timeout': `${timeoutMs}m`,
+          ...headers,
+        });
+      } catch (error) {
+        reject(new CallFailed(status.UNAVAILABLE, error instanceof Error ? error.message : String(error)));
+        return;
+      }
+      let code: status | undefined;
+      let details = '';
+      let timedOut = false;
+      const chunks: Buffer[] = [];
+      const ended = (fields: IncomingHttpHeaders) => {
+        const statusField = fields['grpc-status'];
+        if (typeof statusField !== 'string') return;
+        code = Number(statusField);
+        const message = fields['grpc-message'];
+        details = typeof message === 'string' ? decodeURIComponent(message) : '';
+      };
+      stream.on('response', ended); // a trailers-only answer (an error) has its status in its headers
+      stream.on('trailers', ended);
+      stream.on('data', (chunk: Buffer) => chunks.push(chunk));
+      stream.on('error', () => undefined); // the close below answers the call
+      stream.setTimeout(timeoutMs, () => {
+        timedOut = true;
+        stream.close(http2Constants.NGHTTP2_CANCEL);
+      });
+      stream.on('close', () => {
+        if (code === status.OK) {
+          const answer = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks);
+          if (
+            answer.length >= MESSAGE_PREFIX_BYTES &&
+            answer[0] === 0 &&
+            answer.readUInt32BE(1) === answer.length - MESSAGE_PREFIX_BYTES
+          )
+            resolve(answer.subarray(MESSAGE_PREFIX_BYTES));
+          else
+            reject(
+              new CallFailed(
+                status.INTERNAL,
+                `the answer is not one uncompressed gRPC message (${answer.length} bytes)`,
+              ),
+            );
+        } else if (code !== undefined) reject(new CallFailed(code, details));
+        else if (timedOut) reject(new CallFailed(status.DEADLINE_EXCEEDED, `no answer within ${timeoutMs} ms`));
+        else
+          reject(
+            new CallFailed(status.UNAVAILABLE, `the stream closed without a status (HTTP/2 code ${stream.rstCode})`),
+          );
+      });
+      stream.end(framed);
+    });
+  }
+
+  close(): void {
+    this.session?.close();
+    this.session = undefined;
+  }
+
+  private connection(): ClientHttp2Session {
+    if (this.session === undefined || this.session.closed || this.session.destroyed) {
+      const session = connect(`http://${this.address}`, { settings: { initialWindowSize: FLOW_CONTROL_WINDOW_BYTES } });
+      session.once('remoteSettings', () => {
+        if (!session.destroyed) session.setLocalWindowSize(FLOW_CONTROL_WINDOW_BYTES);
+      });
+      session.on('error', () => undefined); // its streams close, failing their calls
+      this.session = session;
+    }
+    return this.session;
+  }
+}
+
+/** A LoadClient of `address` (plaintext), on a connection of its own. */
+export function rawClient(address: string): LoadClient {
+  return new LoadClient(address);
 }
 
 /**
@@ -66,40 +172,21 @@ export function seededRequests(model: string, item: readonly number[]): (seed: n
   };
 }
 
-/** A ModelInfer call with the request's bytes as they are, and the caller's key. Fails with grpc-js's ServiceError. */
-export function unary(client: grpc.Client, bytes: Buffer, timeoutMs = 10_000): Promise<Buffer> {
-  const metadata = new grpc.Metadata();
-  metadata.set('authorization', `Bearer ${API_KEY}`);
-  return new Promise((resolve, reject) =>
-    client.makeUnaryRequest(
-      INFER_PATH,
-      identity,
-      identity,
-      bytes,
-      metadata,
-      { deadline: Date.now() + timeoutMs },
-      (error, answer) =>
-        error === null && answer !== undefined ? resolve(answer) : reject(error ?? new Error('no answer')),
-    ),
-  );
+/** A ModelInfer call with the request's bytes as they are, and the caller's key. Fails with CallFailed. */
+export function unary(client: LoadClient, bytes: Buffer, timeoutMs = 10_000): Promise<Buffer> {
+  return client.call(INFER_PATH, bytes, timeoutMs, { authorization: `Bearer ${API_KEY}` });
 }
 
 /** A ServerLive call (it does nothing); resolves when answered, whatever the answer. */
-export function serverLive(client: grpc.Client): Promise<void> {
-  return new Promise((resolve) =>
-    client.makeUnaryRequest(
-      SERVER_LIVE_PATH,
-      identity,
-      identity,
-      Buffer.alloc(0),
-      { deadline: Date.now() + 30_000 },
-      () => resolve(),
-    ),
+export function serverLive(client: LoadClient): Promise<void> {
+  return client.call(SERVER_LIVE_PATH, Buffer.alloc(0), 30_000).then(
+    () => undefined,
+    () => undefined,
   );
 }
 
 /** A ServerLive call on `client` every `everyMs` until stopped; stop() gives the latencies (ms) of those answered. */
-export function serverLiveEvery(client: grpc.Client, everyMs: number): { stop(): number[] } {
+export function serverLiveEvery(client: LoadClient, everyMs: number): { stop(): number[] } {
   const latencies: number[] = [];
   const timer = setInterval(() => {
     const t = performance.now();
