@@ -10,7 +10,7 @@ import { metricIn, metricValue, startFixture } from '../../e2e/support/system-fi
 import { serviceProcesses, type WarmUp, warmUp } from './closed-loop';
 import { openLoop } from './open-loop';
 import type { ProbeFigures } from './overload-probe';
-import { rawClient, seededRequests, serverLiveEvery, unary } from './raw-infer';
+import { LoadClient, seededRequests, serverLiveEvery, unary } from './raw-infer';
 import { loopDelay, quantile, round, table } from './stats';
 
 const FEATURES = 512;
@@ -70,7 +70,7 @@ export async function batching(): Promise<Record<string, unknown>> {
       BATCHER_LOG_LEVEL: 'warn',
     },
   });
-  const gateway = rawClient(fixture.system.gatewayGrpcAddress);
+  const gateway = new LoadClient(fixture.system.gatewayGrpcAddress);
   // Distinct inputs (the result cache is off: every one computes), each encoded by copying one
   // encoding: at twice the capacity, a client that built and encoded each request took most of a
   // core of this machine's two, which the system then lacked.
@@ -100,7 +100,7 @@ export async function batching(): Promise<Record<string, unknown>> {
   let warm: WarmUp;
   let overload: Record<string, number>;
   /** The gateway's concurrency limit every 250 ms, from just before the overload until its last answer (the results file only). */
-  let overloadLimits: number[];
+  const gatewayLimits: number[] = [];
   try {
     inprocess = await inProcessItemsPerSecond(model.bytes);
     // The system at its steady state before any point is measured (warmUp), both models alike.
@@ -145,8 +145,6 @@ export async function batching(): Promise<Record<string, unknown>> {
     const before = await gatewaySample();
     const rssBefore = { batcher: await rssMb('batcher'), gateway: before.rssMb };
     const rssMax = { ...rssBefore };
-    const gatewayLimits: number[] = [];
-    overloadLimits = gatewayLimits;
     const gatewayLoopP99Ms: number[] = [];
     let gatewayLoopMaxMs = 0;
     const sampler = setInterval(() => {
@@ -160,7 +158,7 @@ export async function batching(): Promise<Record<string, unknown>> {
     }, 250);
     // What any answer of the gateway takes meanwhile: ServerLive, which does nothing, on a connection
     // of its own every 10 ms. A refusal cannot come back faster than this on this machine.
-    const live = rawClient(fixture.system.gatewayGrpcAddress);
+    const live = new LoadClient(fixture.system.gatewayGrpcAddress);
     const liveProbe = serverLiveEvery(live, 10);
     // How late this process's own event loop ran meanwhile: every latency above is measured through it.
     const clientLoop = loopDelay();
@@ -273,7 +271,7 @@ export async function batching(): Promise<Record<string, unknown>> {
       p99: round(p.p99, 2),
     })),
     overload,
-    overload_gateway_limit_every_250ms: overloadLimits,
+    overload_gateway_limit_every_250ms: gatewayLimits,
   };
 }
 

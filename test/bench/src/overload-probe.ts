@@ -9,7 +9,7 @@
  * answers (ms). Sends its figures to the parent (process.send), then exits.
  */
 import { openLoop } from './open-loop';
-import { rawClient, seededRequests, serverLive, serverLiveEvery, unary } from './raw-infer';
+import { LoadClient, seededRequests, serverLive, serverLiveEvery, unary } from './raw-infer';
 import { loopDelay, quantile, round } from './stats';
 
 /** The figures a probe sends back. */
@@ -36,8 +36,8 @@ async function main(): Promise<void> {
     [features, rate, durationMs, graceMs].some((v) => !(Number(v) > 0))
   )
     throw new Error('usage: overload-probe <gateway address> <model> <features> <requests/s> <duration ms> <grace ms>');
-  const client = rawClient(address);
-  const live = rawClient(address);
+  const client = new LoadClient(address);
+  const live = new LoadClient(address);
   // Seeds far from the load generator's, so that no two requests are the same.
   const requests = seededRequests(model, [Number(features)]);
   let seed = 1_000_000_000;

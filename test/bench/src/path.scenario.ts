@@ -11,7 +11,7 @@ import { performance } from 'node:perf_hooks';
 import { REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
 import { addPhase, closedLoop, emptyPhase, type Phase, serviceProcesses, threadsCpuUs, warmUp } from './closed-loop';
 import { workerSession } from './in-process';
-import { INFER_PATH, rawClient, seededRequests, unary } from './raw-infer';
+import { INFER_PATH, LoadClient, seededRequests, unary } from './raw-infer';
 import { markdownTable, quantile, round, table } from './stats';
 
 /** The hops a tensor crosses from the caller to the model: caller → gateway → router → batcher → worker. */
@@ -85,7 +85,7 @@ export async function path(): Promise<Record<string, unknown>> {
   const fixture = await startFixture({ models: ['mlp', cnn], env });
   const hops: ChildProcess[] = [];
   try {
-    const gateway = rawClient(fixture.system.gatewayGrpcAddress);
+    const gateway = new LoadClient(fixture.system.gatewayGrpcAddress);
     for (const size of SIZES) {
       const withSeed = seededRequests(size.model, size.item);
       const real = (seed: number) => unary(gateway, withSeed(seed));
@@ -95,12 +95,12 @@ export async function path(): Promise<Record<string, unknown>> {
 
       const floorChain = await startChain(answerBytes[size.key], 'bare');
       hops.push(...floorChain);
-      const floorClient = rawClient(`127.0.0.1:${floorChain.at(-1)!.port}`);
+      const floorClient = new LoadClient(`127.0.0.1:${floorChain.at(-1)!.port}`);
       const floor = (seed: number) => unary(floorClient, withSeed(seed));
       const floorProcesses = floorChain.map((h, i) => ({ name: `hop${i}`, pid: h.pid! }));
       const contextChain = size.contextFloor ? await startChain(answerBytes[size.key], 'context') : [];
       hops.push(...contextChain);
-      const contextClient = size.contextFloor ? rawClient(`127.0.0.1:${contextChain.at(-1)!.port}`) : undefined;
+      const contextClient = size.contextFloor ? new LoadClient(`127.0.0.1:${contextChain.at(-1)!.port}`) : undefined;
       const contextFloor = (seed: number) => unary(contextClient!, withSeed(seed));
       const contextProcesses = contextChain.map((h, i) => ({ name: `hop${i}`, pid: h.pid! }));
       const inProcess = await measureInProcess(size, intraOpThreads);
@@ -354,7 +354,7 @@ async function profileSummary(
   /** The size each floor hop carries, by pid. */
   const sizeOfHop = new Map<number, Size['key']>();
   try {
-    const gateway = rawClient(fixture.system.gatewayGrpcAddress);
+    const gateway = new LoadClient(fixture.system.gatewayGrpcAddress);
     await unary(gateway, seededRequests(SIZES[0]!.model, SIZES[0]!.item)(0)); // connections open before the windows
     for (const size of SIZES) {
       const withSeed = seededRequests(size.model, size.item);
@@ -365,7 +365,7 @@ async function profileSummary(
         names.set(hop.pid!, `floor hop ${HOPS - i}`);
         sizeOfHop.set(hop.pid!, size.key);
       }
-      const floorClient = rawClient(`127.0.0.1:${chain.at(-1)!.port}`);
+      const floorClient = new LoadClient(`127.0.0.1:${chain.at(-1)!.port}`);
       const paths = {
         real: (seed: number) => unary(gateway, withSeed(seed)),
         floor: (seed: number) => unary(floorClient, withSeed(seed)),

@@ -14,7 +14,7 @@ import { availableParallelism, cpus } from 'node:os';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startFixture } from '../../e2e/support/system-fixture';
 import { workerSession } from './in-process';
-import { rawClient } from './raw-infer';
+import { LoadClient } from './raw-infer';
 import { rssBytes } from './closed-loop';
 import { round, table } from './stats';
 
@@ -64,7 +64,7 @@ interface Pair {
  * defaults on this machine: one instance per model with every core):
  * - items/s at batch 32 through WorkerService.Infer with CONCURRENCY requests in flight (the worker's
  *   throughput) and with one (a caller that waits for each answer), source and variant measured
- *   alternately round by round, each worker called by the benchmarks' own client (rawClient: its HTTP/2
+ *   alternately round by round, each worker called by the benchmarks' own client (LoadClient: its HTTP/2
  *   window open as the services' clients open theirs, on a connection of its own);
  * - the memory the worker charges each (its memory_bytes), and the same beyond what an instance of
  *   the tiny model costs (the part of a charge that does not depend on the model);
@@ -106,7 +106,7 @@ export async function quantization(): Promise<Record<string, unknown>> {
   const workers = new Map(
     served.map((model, i) => [model, createClient(WorkerService, fixture.system.workerGrpcAddress(i))]),
   );
-  const raw = new Map(served.map((model, i) => [model, rawClient(fixture.system.workerGrpcAddress(i))]));
+  const raw = new Map(served.map((model, i) => [model, new LoadClient(fixture.system.workerGrpcAddress(i))]));
   const sessions: ort.InferenceSession[] = [];
   try {
     const derived: Record<string, ModelVersion> = {};

@@ -132,11 +132,6 @@ export class LoadClient {
   }
 }
 
-/** A LoadClient of `address` (plaintext), on a connection of its own. */
-export function rawClient(address: string): LoadClient {
-  return new LoadClient(address);
-}
-
 /**
  * A seed as two input elements, each exact as a float32: its low 16 bits and the rest. A float32
  * holds every integer only up to 2^24, and the benchmarks' seeds go far above it.
