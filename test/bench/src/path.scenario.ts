@@ -7,8 +7,10 @@ import { once } from 'node:events';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Worker } from 'node:worker_threads';
 import { performance } from 'node:perf_hooks';
-import { REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
+import { metricIn, REPO_ROOT, startFixture } from '../../e2e/support/system-fixture';
 import { addPhase, closedLoop, emptyPhase, type Phase, serviceProcesses, threadsCpuUs, warmUp } from './closed-loop';
 import { workerSession } from './in-process';
 import { INFER_PATH, LoadClient, seededRequests, unary } from './raw-infer';
@@ -21,6 +23,9 @@ const PHASE_MS = 2_500;
 /** Phases of each path per point, the real path and the floor alternating. */
 const ROUNDS = 3;
 const IN_PROCESS_RUNS = 400;
+/** Round trips of a message to an idle thread (threadRoundTripP50Ms), each after this long idle. */
+const THREAD_ROUND_TRIPS = 1_000;
+const THREAD_IDLE_MS = 1;
 /**
  * The model's own CPU in a worker: its execution threads', onnxruntime's operator threads included
  * (they take the name of the thread that starts them).
@@ -67,7 +72,11 @@ const SIZES: Size[] = [
  * alternating phases, so that the machine's noise hits both alike.
  * Per point: added_p50_ms (p50 through the path less the model's p50 in-process), chain_cpu_us (CPU
  * per request of all services less the model's own), floor_cpu_us and floor_p50_ms, and their
- * ratios. Then, from profiles (--cpu-prof) of another system and of another floor under the same
+ * ratios. At c=1 also the worker's share, from its metrics: its calls' mean time, the model's
+ * runs' in it, and the difference, what it spends around the model (worker_call_ms,
+ * worker_compute_ms, worker_around_model_ms), beside a bare message round trip to an idle thread
+ * (thread_round_trip_p50_ms), the least that handing a run to an execution thread and back costs
+ * here. Then, from profiles (--cpu-prof) of another system and of another floor under the same
  * load, where each service's main thread and each bare hop's spent their time a request, and each
  * service's top self-time functions, written beside the results as path.profile.md (profileSummary,
  * with its figures).
@@ -121,6 +130,7 @@ export async function path(): Promise<Record<string, unknown>> {
         await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, real);
         await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, floor);
         if (contextClient !== undefined) await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, contextFloor);
+        const workerBefore = await workerTimes(fixture.system.workerMetricsUrl(0));
         for (let r = 0; r < ROUNDS; r++) {
           const modelBefore = executionThreadsCpuUs(worker);
           const phase = await closedLoop(
@@ -136,6 +146,7 @@ export async function path(): Promise<Record<string, unknown>> {
             addPhase(totals.context, await closedLoop(contextProcesses, 0, load, contextFloor));
         }
         const key = `${size.key}_c${concurrency}`;
+        const workerSpent = workerTimesBetween(workerBefore, await workerTimes(fixture.system.workerMetricsUrl(0)));
         const p50 = quantile(totals.real.latenciesMs, 0.5);
         const requests = totals.real.latenciesMs.length;
         const floorRequests = totals.floor.latenciesMs.length;
@@ -156,6 +167,11 @@ export async function path(): Promise<Record<string, unknown>> {
           chain_cpu_us: round(chainCpuUs, 1),
           floor_cpu_us: round(floorCpuUs, 1),
           chain_cpu_over_floor: round(chainCpuUs / floorCpuUs),
+          ...(concurrency === 1 && {
+            worker_call_ms: round(workerSpent.callMs),
+            worker_compute_ms: round(workerSpent.computeMs),
+            worker_around_model_ms: round(workerSpent.callMs - workerSpent.computeMs),
+          }),
         };
         const context =
           contextClient === undefined ? undefined : contextFloorFigures(chainCpuUs, floorCpuUs, totals.context);
@@ -212,6 +228,11 @@ export async function path(): Promise<Record<string, unknown>> {
 
   process.stdout.write(
     `${table(['point', 'floor CPU µs', 'context floor CPU µs', 'context/floor', 'chain CPU µs', 'chain/context floor'], contextRows)}\n\n`,
+  );
+
+  figures['thread_round_trip_p50_ms'] = round(await threadRoundTripP50Ms());
+  process.stdout.write(
+    `At c=1, the worker's calls (from its metrics, means): ${SIZES.map((size) => `${size.key} ${figures[`${size.key}_c1_worker_call_ms`]} ms, the model computing ${figures[`${size.key}_c1_worker_compute_ms`]} of it`).join('; ')}. A message's round trip to an idle thread: ${figures['thread_round_trip_p50_ms']} ms at p50.\n\n`,
   );
 
   const profile = await profileSummary(cnn, env, answerBytes);
@@ -289,6 +310,65 @@ async function measureInProcess(size: Size, intraOpThreads: number): Promise<{ p
     return { p50Ms: quantile(latencies, 0.5), cpuUsPerItem: (used.user + used.system) / IN_PROCESS_RUNS };
   } finally {
     await session.release();
+  }
+}
+
+interface WorkerTimes {
+  /** The worker's Infer calls, each from its request whole to its answer sent (grpc_server_handling_seconds). */
+  callS: number;
+  calls: number;
+  /** Its runs of the model on its execution threads, timed there (inference_compute_seconds). */
+  computeS: number;
+  runs: number;
+}
+
+/** The worker's counts of its calls and of its model's runs, from one scrape of its metrics. */
+async function workerTimes(metricsUrl: string): Promise<WorkerTimes> {
+  const text = await (await fetch(metricsUrl)).text();
+  const infer = { method: 'WorkerService/Infer' };
+  return {
+    callS: metricIn(text, 'infermesh_worker_grpc_server_handling_seconds_sum', infer),
+    calls: metricIn(text, 'infermesh_worker_grpc_server_handling_seconds_count', infer),
+    computeS: metricIn(text, 'infermesh_worker_inference_compute_seconds_sum'),
+    runs: metricIn(text, 'infermesh_worker_inference_compute_seconds_count'),
+  };
+}
+
+/**
+ * Between two scrapes, the mean time of the worker's calls and of its model's runs: at c=1, each call
+ * one run, what the worker spends around the model (decoding, handing the run to an execution thread
+ * and taking its answer back, encoding) is their difference.
+ */
+function workerTimesBetween(before: WorkerTimes, after: WorkerTimes): { callMs: number; computeMs: number } {
+  return {
+    callMs: (1000 * (after.callS - before.callS)) / (after.calls - before.calls),
+    computeMs: (1000 * (after.computeS - before.computeS)) / (after.runs - before.runs),
+  };
+}
+
+/**
+ * A message's round trip to a thread of this process that echoes it, each after THREAD_IDLE_MS idle
+ * (the thread asleep, as a worker's execution thread is between requests at c=1), p50: what no hand-off
+ * of a run to another thread and back goes below on this machine.
+ */
+async function threadRoundTripP50Ms(): Promise<number> {
+  const echo = new Worker(
+    "const { parentPort } = require('node:worker_threads'); parentPort.on('message', (m) => parentPort.postMessage(m));",
+    { eval: true },
+  );
+  try {
+    const latencies: number[] = [];
+    for (let i = 0; i < THREAD_ROUND_TRIPS + 20; i++) {
+      await sleep(THREAD_IDLE_MS);
+      const start = performance.now();
+      const answered = once(echo, 'message');
+      echo.postMessage(i);
+      await answered;
+      if (i >= 20) latencies.push(performance.now() - start);
+    }
+    return quantile(latencies, 0.5);
+  } finally {
+    await echo.terminate();
   }
 }
 
