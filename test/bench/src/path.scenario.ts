@@ -340,6 +340,11 @@ async function workerTimes(metricsUrl: string): Promise<WorkerTimes> {
  * and taking its answer back, encoding) is their difference.
  */
 function workerTimesBetween(before: WorkerTimes, after: WorkerTimes): { callMs: number; computeMs: number } {
+  if (after.calls === before.calls || after.runs === before.runs) {
+    throw new Error(
+      `the worker's metrics counted ${after.calls - before.calls} Infer calls and ${after.runs - before.runs} runs of the model over the phases: their names (grpc_server_handling_seconds{method="WorkerService/Infer"}, inference_compute_seconds) no longer match`,
+    );
+  }
   return {
     callMs: (1000 * (after.callS - before.callS)) / (after.calls - before.calls),
     computeMs: (1000 * (after.computeS - before.computeS)) / (after.runs - before.runs),
