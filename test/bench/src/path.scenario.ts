@@ -130,7 +130,8 @@ export async function path(): Promise<Record<string, unknown>> {
         await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, real);
         await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, floor);
         if (contextClient !== undefined) await closedLoop([], 1e6, { concurrency, durationMs: 1_000 }, contextFloor);
-        const workerBefore = await workerTimes(fixture.system.workerMetricsUrl(0));
+        // The worker's share is read at c=1 only, where each of its calls is one run of the model.
+        const workerBefore = concurrency === 1 ? await workerTimes(fixture.system.workerMetricsUrl(0)) : undefined;
         for (let r = 0; r < ROUNDS; r++) {
           const modelBefore = executionThreadsCpuUs(worker);
           const phase = await closedLoop(
@@ -146,7 +147,8 @@ export async function path(): Promise<Record<string, unknown>> {
             addPhase(totals.context, await closedLoop(contextProcesses, 0, load, contextFloor));
         }
         const key = `${size.key}_c${concurrency}`;
-        const workerSpent = workerTimesBetween(workerBefore, await workerTimes(fixture.system.workerMetricsUrl(0)));
+        const workerSpent =
+          workerBefore && workerTimesBetween(workerBefore, await workerTimes(fixture.system.workerMetricsUrl(0)));
         const p50 = quantile(totals.real.latenciesMs, 0.5);
         const requests = totals.real.latenciesMs.length;
         const floorRequests = totals.floor.latenciesMs.length;
@@ -167,7 +169,7 @@ export async function path(): Promise<Record<string, unknown>> {
           chain_cpu_us: round(chainCpuUs, 1),
           floor_cpu_us: round(floorCpuUs, 1),
           chain_cpu_over_floor: round(chainCpuUs / floorCpuUs),
-          ...(concurrency === 1 && {
+          ...(workerSpent && {
             worker_call_ms: round(workerSpent.callMs),
             worker_compute_ms: round(workerSpent.computeMs),
             worker_around_model_ms: round(workerSpent.callMs - workerSpent.computeMs),
