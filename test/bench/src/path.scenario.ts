@@ -76,10 +76,14 @@ const SIZES: Size[] = [
  * runs' in it, and the difference, what it spends around the model (worker_call_ms,
  * worker_compute_ms, worker_around_model_ms), beside a bare message round trip to an idle thread
  * (thread_round_trip_p50_ms), the least that handing a run to an execution thread and back costs
- * here. Then, from profiles (--cpu-prof) of another system and of another floor under the same
- * load, where each service's main thread and each bare hop's spent their time a request, and each
- * service's top self-time functions, written beside the results as path.profile.md (profileSummary,
- * with its figures).
+ * here; and the model in-process again, each run after as long asleep as the worker's model idles
+ * between two requests at c=1 (model_idle_ms: p50 less its runs' mean), its p50 and CPU per item
+ * (inprocess_after_idle_p50_ms, _cpu_us_per_item), and the path's p50 less that p50
+ * (added_p50_over_idle_model_ms): where a model's run after idle takes longer than back to back (its
+ * weights and the caches cold), what the path adds beyond that. Then, from profiles (--cpu-prof) of
+ * another system and of another floor under the same load, where each service's main thread and each
+ * bare hop's spent their time a request, and each service's top self-time functions, written beside
+ * the results as path.profile.md (profileSummary, with its figures).
  */
 export async function path(): Promise<Record<string, unknown>> {
   const intraOpThreads = availableParallelism();
@@ -155,6 +159,10 @@ export async function path(): Promise<Record<string, unknown>> {
         const chainCpuUs = (totals.real.cpuUs - totals.modelUs) / requests;
         const floorCpuUs = totals.floor.cpuUs / floorRequests;
         const floorP50 = quantile(totals.floor.latenciesMs, 0.5);
+        // At c=1 the model runs once a request, idle while the request crosses the other hops: the
+        // same model in-process, each run after as long asleep, is what it costs the worker cold.
+        const idleMs = workerSpent && Math.max(0, p50 - workerSpent.computeMs);
+        const afterIdle = idleMs === undefined ? undefined : await measureInProcess(size, intraOpThreads, idleMs);
         const point = {
           requests_per_s: round(requests / ((ROUNDS * PHASE_MS) / 1000), 1),
           failures: totals.real.failures + totals.floor.failures + totals.context.failures,
@@ -173,6 +181,12 @@ export async function path(): Promise<Record<string, unknown>> {
             worker_call_ms: round(workerSpent.callMs),
             worker_compute_ms: round(workerSpent.computeMs),
             worker_around_model_ms: round(workerSpent.callMs - workerSpent.computeMs),
+          }),
+          ...(afterIdle && {
+            model_idle_ms: round(idleMs!),
+            inprocess_after_idle_p50_ms: round(afterIdle.p50Ms),
+            inprocess_after_idle_cpu_us_per_item: round(afterIdle.cpuUsPerItem, 1),
+            added_p50_over_idle_model_ms: round(p50 - afterIdle.p50Ms),
           }),
         };
         const context =
@@ -234,7 +248,10 @@ export async function path(): Promise<Record<string, unknown>> {
 
   figures['thread_round_trip_p50_ms'] = round(await threadRoundTripP50Ms());
   process.stdout.write(
-    `At c=1, the worker's calls (from its metrics, means): ${SIZES.map((size) => `${size.key} ${figures[`${size.key}_c1_worker_call_ms`]} ms, the model computing ${figures[`${size.key}_c1_worker_compute_ms`]} of it`).join('; ')}. A message's round trip to an idle thread: ${figures['thread_round_trip_p50_ms']} ms at p50.\n\n`,
+    `At c=1, the worker's calls (from its metrics, means): ${SIZES.map((size) => `${size.key} ${figures[`${size.key}_c1_worker_call_ms`]} ms, the model computing ${figures[`${size.key}_c1_worker_compute_ms`]} of it`).join('; ')}. A message's round trip to an idle thread: ${figures['thread_round_trip_p50_ms']} ms at p50.\n`,
+  );
+  process.stdout.write(
+    `The model in-process at batch 1, back to back and each run after as long asleep as the worker's model between requests at c=1: ${SIZES.map((size) => `${size.key} ${figures[`${size.key}_c1_inprocess_p50_ms`]} and ${figures[`${size.key}_c1_inprocess_after_idle_p50_ms`]} ms at p50 (${figures[`${size.key}_c1_model_idle_ms`]} ms asleep), the path adding ${figures[`${size.key}_c1_added_p50_over_idle_model_ms`]} ms to the latter`).join('; ')}.\n\n`,
   );
 
   const profile = await profileSummary(cnn, env, answerBytes);
@@ -289,8 +306,16 @@ async function startChain(
   return chain;
 }
 
-/** The model in-process with the worker's session settings: p50 of a batch-1 run and CPU per item. */
-async function measureInProcess(size: Size, intraOpThreads: number): Promise<{ p50Ms: number; cpuUsPerItem: number }> {
+/**
+ * The model in-process with the worker's session settings: p50 of a batch-1 run and CPU per item,
+ * the runs back to back, or each after `idleMs` with this thread asleep (as the worker's model is
+ * between two requests at c=1, while the request crosses the other hops).
+ */
+async function measureInProcess(
+  size: Size,
+  intraOpThreads: number,
+  idleMs = 0,
+): Promise<{ p50Ms: number; cpuUsPerItem: number }> {
   const bytes = size.model === 'mlp' ? buildMlpModel().bytes : buildCnnModel().bytes;
   const session = await workerSession(bytes, intraOpThreads);
   try {
@@ -303,7 +328,9 @@ async function measureInProcess(size: Size, intraOpThreads: number): Promise<{ p
     for (let i = 0; i < 20; i++) await session.run(feeds);
     const latencies: number[] = [];
     const cpu = process.cpuUsage();
+    const asleep = new Int32Array(new SharedArrayBuffer(4));
     for (let i = 0; i < IN_PROCESS_RUNS; i++) {
+      if (idleMs > 0) Atomics.wait(asleep, 0, 0, idleMs);
       const start = performance.now();
       await session.run(feeds);
       latencies.push(performance.now() - start);
