@@ -184,6 +184,8 @@ export async function batching(): Promise<Record<string, unknown>> {
       sent: open.sent,
       admitted: open.admitted.length,
       refused: open.refused.length,
+      /** Of the refused, the streams the gateway's HTTP/2 server refused before the gateway saw them (see raw-infer.ts). */
+      refused_streams: open.refusedStreams,
       other_errors: open.otherErrors,
       unanswered: open.unanswered,
       admitted_rps: round(open.admitted.length / (OVERLOAD_MS / 1000), 1),

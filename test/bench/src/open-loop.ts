@@ -9,6 +9,8 @@ export interface OpenLoopResult {
   admittedAfterFirstSecond: number[];
   /** RESOURCE_EXHAUSTED: the gateway refused them. */
   refused: number[];
+  /** Of those, the streams its HTTP/2 server refused (reset ENHANCE_YOUR_CALM) before the gateway saw them. */
+  refusedStreams: number;
   otherErrors: number;
   /** Sent and not answered within `graceMs` after the loop ended. */
   unanswered: number;
@@ -27,6 +29,7 @@ export async function openLoop(
   const admitted: number[] = [];
   const admittedAfterFirstSecond: number[] = [];
   const refused: number[] = [];
+  let refusedStreams = 0;
   let otherErrors = 0;
   let sent = 0;
   let answered = 0;
@@ -45,8 +48,10 @@ export async function openLoop(
           },
           (error: unknown) => {
             answered += 1;
-            if ((error as ServiceError).code === status.RESOURCE_EXHAUSTED) refused.push(performance.now() - t);
-            else otherErrors += 1;
+            if ((error as ServiceError).code === status.RESOURCE_EXHAUSTED) {
+              refused.push(performance.now() - t);
+              if ((error as { rstCode?: number }).rstCode !== undefined) refusedStreams += 1;
+            } else otherErrors += 1;
           },
         );
       }
@@ -58,5 +63,13 @@ export async function openLoop(
   });
   const graceEnd = performance.now() + graceMs;
   while (answered < sent && performance.now() < graceEnd) await new Promise((r) => setTimeout(r, 50));
-  return { sent, admitted, admittedAfterFirstSecond, refused, otherErrors, unanswered: sent - answered };
+  return {
+    sent,
+    admitted,
+    admittedAfterFirstSecond,
+    refused,
+    refusedStreams,
+    otherErrors,
+    unanswered: sent - answered,
+  };
 }

@@ -17,6 +17,7 @@ export interface ProbeFigures {
   sent: number;
   admitted: number;
   refused: number;
+  refused_streams: number;
   other_errors: number;
   unanswered: number;
   admitted_p99_ms: number;
@@ -62,6 +63,7 @@ async function main(): Promise<void> {
     sent: result.sent,
     admitted: result.admitted.length,
     refused: result.refused.length,
+    refused_streams: result.refusedStreams,
     other_errors: result.otherErrors,
     unanswered: result.unanswered,
     admitted_p99_ms: round(quantile(result.admitted, 0.99), 2),

@@ -1,7 +1,7 @@
 import { fromBinary } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import type { AddressInfo } from 'node:net';
-import { createServer, type ServerHttp2Stream } from 'node:http2';
+import { constants as http2Constants, createServer, type ServerHttp2Stream } from 'node:http2';
 import { performance } from 'node:perf_hooks';
 import { ModelInferRequestSchema } from '@infermesh/proto/gen/inference/grpc_service_pb';
 import { CallFailed, LoadClient, seededRequests } from './raw-infer';
@@ -98,6 +98,35 @@ describe(LoadClient.name, () => {
     expect(held).toHaveLength(1);
     client.close();
     await new Promise((resolve) => silent.close(resolve));
+  });
+
+  it('fails RESOURCE_EXHAUSTED, as grpc-js does, when the server refuses the stream (reset ENHANCE_YOUR_CALM), and UNAVAILABLE when it resets it otherwise', async () => {
+    // A bare HTTP/2 server resetting each stream as it comes, with the code its path names.
+    const resetting = createServer();
+    resetting.on('stream', (stream, headers) => {
+      stream.on('error', () => undefined);
+      stream.close(
+        headers[':path'] === '/t.T/Calm'
+          ? http2Constants.NGHTTP2_ENHANCE_YOUR_CALM
+          : http2Constants.NGHTTP2_REFUSED_STREAM,
+      );
+    });
+    await new Promise<void>((resolve) => resetting.listen(0, '127.0.0.1', resolve));
+    const client = new LoadClient(`127.0.0.1:${(resetting.address() as AddressInfo).port}`);
+    try {
+      await expect(client.call('/t.T/Calm', Buffer.from('x'), 5_000)).rejects.toMatchObject({
+        code: grpc.status.RESOURCE_EXHAUSTED,
+        details: 'the server refused the stream (HTTP/2 ENHANCE_YOUR_CALM)',
+        rstCode: http2Constants.NGHTTP2_ENHANCE_YOUR_CALM,
+      });
+      await expect(client.call('/t.T/Refused', Buffer.from('x'), 5_000)).rejects.toMatchObject({
+        code: grpc.status.UNAVAILABLE,
+        details: `the stream closed without a status (HTTP/2 code ${http2Constants.NGHTTP2_REFUSED_STREAM})`,
+      });
+    } finally {
+      client.close();
+      await new Promise((resolve) => resetting.close(resolve));
+    }
   });
 
   it('fails UNAVAILABLE while no server listens, and connects again once one does', async () => {

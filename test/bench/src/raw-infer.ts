@@ -15,14 +15,31 @@ import { API_KEY } from '../../e2e/support/system-fixture';
 export const INFER_PATH = methodPath(GRPCInferenceService.method.modelInfer);
 export const SERVER_LIVE_PATH = methodPath(GRPCInferenceService.method.serverLive);
 
-/** A call a LoadClient made that did not end OK: its gRPC status code and message, as grpc-js's ServiceError has them. */
+/**
+ * A call a LoadClient made that did not end OK: its gRPC status code and message, as grpc-js's
+ * ServiceError has them, and the HTTP/2 code its stream was reset with where it ended without a status.
+ */
 export class CallFailed extends Error {
   constructor(
     readonly code: status,
     readonly details: string,
+    readonly rstCode?: number,
   ) {
     super(`${status[code] ?? code}: ${details}`);
   }
+}
+
+/**
+ * A stream that closed without a gRPC status, as a failed call. One the server reset with
+ * ENHANCE_YOUR_CALM, the code Node's HTTP/2 server refuses a stream with when a connection already
+ * has as many open as it allows, is RESOURCE_EXHAUSTED, as the gRPC protocol maps that code and
+ * grpc-js answers it: the server refused the call. Any other (a connection closed, a stream reset
+ * otherwise) is UNAVAILABLE.
+ */
+function streamFailure(rstCode: number | undefined): CallFailed {
+  return rstCode === http2Constants.NGHTTP2_ENHANCE_YOUR_CALM
+    ? new CallFailed(status.RESOURCE_EXHAUSTED, 'the server refused the stream (HTTP/2 ENHANCE_YOUR_CALM)', rstCode)
+    : new CallFailed(status.UNAVAILABLE, `the stream closed without a status (HTTP/2 code ${rstCode})`, rstCode);
 }
 
 /** The gRPC message prefix: a byte saying uncompressed, then the message's length (big-endian). */
@@ -105,10 +122,7 @@ export class LoadClient {
             );
         } else if (code !== undefined) reject(new CallFailed(code, details));
         else if (timedOut) reject(new CallFailed(status.DEADLINE_EXCEEDED, `no answer within ${timeoutMs} ms`));
-        else
-          reject(
-            new CallFailed(status.UNAVAILABLE, `the stream closed without a status (HTTP/2 code ${stream.rstCode})`),
-          );
+        else reject(streamFailure(stream.rstCode));
       });
       stream.end(framed);
     });
