@@ -129,6 +129,41 @@ describe(LoadClient.name, () => {
     }
   });
 
+  it('keeps thousands of calls in flight on its one connection without resetting any itself', async () => {
+    // Node's HTTP/2 client refuses a session more than 10 MB of its own by default: it resets the
+    // streams over that with ENHANCE_YOUR_CALM, and a server's rapid-reset guard (nghttp2: 1,000
+    // resets, then 33 a second) answers those with GOAWAY, failing every call on the connection.
+    const server = new grpc.Server();
+    server.register(
+      '/t.T/Slow',
+      (call: grpc.ServerUnaryCall<Buffer, Buffer>, done: grpc.sendUnaryData<Buffer>) =>
+        setTimeout(() => done(null, call.request.subarray(0, 1)), 300),
+      identity,
+      identity,
+      'unary',
+    );
+    const port = await new Promise<number>((resolve, reject) =>
+      server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, p) =>
+        error ? reject(error) : resolve(p),
+      ),
+    );
+    servers.push(server);
+    const client = new LoadClient(`127.0.0.1:${port}`);
+    const calls = 8_000;
+    const outcomes = await Promise.all(
+      Array.from({ length: calls }, (_, i) =>
+        client.call('/t.T/Slow', Buffer.alloc(2_100, i % 256), 60_000).then(
+          () => 'ok',
+          (e: unknown) => (e instanceof CallFailed ? `${grpc.status[e.code]} ${e.details}` : String(e)),
+        ),
+      ),
+    );
+    const tally: Record<string, number> = {};
+    for (const outcome of outcomes) tally[outcome] = (tally[outcome] ?? 0) + 1;
+    expect(tally).toEqual({ ok: calls });
+    client.close();
+  });
+
   it('fails UNAVAILABLE while no server listens, and connects again once one does', async () => {
     const port = await serve();
     const client = new LoadClient(`127.0.0.1:${port}`);
