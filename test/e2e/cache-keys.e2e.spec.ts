@@ -51,7 +51,9 @@ describe('routers told which keys the result cache holds', () => {
   });
 
   it('serves new keys without a lookup, and answers from the cache through either router a key the other stored', async () => {
-    await eventually(bothKnowKeys, 10_000);
+    // A router whose first watches found no cache (still starting) tries again after 0.5, 1, 2, 4 … s
+    // (KEY_WATCH_BACKOFF, up to 30 s): on a slow start that can be well after the system is up.
+    await eventually(bothKnowKeys, 40_000);
     const skippedBefore = await Promise.all(routers.map((i) => routerMetric(i, 'cache_lookups_skipped_total')));
     const hitsBefore = await Promise.all(
       routers.map((i) => routerMetric(i, 'cache_requests_total', { outcome: 'hit' })),
@@ -78,7 +80,7 @@ describe('routers told which keys the result cache holds', () => {
     for (const i of routers) {
       expect(await routerMetric(i, 'cache_requests_total', { outcome: 'hit' })).toBeGreaterThan(hitsBefore[i]!);
     }
-  }, 60_000);
+  }, 90_000);
 
   it('loses no request of 16 closed-loop clients while the cache is killed and restarted, and the routers learn the new cache’s keys', async () => {
     const victim = fixture.system.process('cache');
