@@ -656,6 +656,45 @@ describe('hostile requests at the edge', () => {
     expect(result.held).toBeLessThan(IDENTITY_ELEMENTS * 4);
   });
 
+  it('(12) keeps the connection of a gRPC client that gives up on thousands of its calls: every call it waited for answered', async () => {
+    // grpc-js resets the stream of each call whose deadline passes. Node's HTTP/2 server takes more
+    // than 1,000 resets (then 33 a second) for the rapid-reset attack unless told otherwise, and
+    // closes the connection under every call on it.
+    const raw = rawGrpc(fixture.system.gatewayGrpcAddress);
+    const kept: Promise<{ code: grpc.status; details: string; outputs: number }>[] = [];
+    const givenUp: Promise<{ code: grpc.status; details: string; outputs: number }>[] = [];
+    try {
+      await underLoad(async () => {
+        // 4,000 calls in 4 s on one connection; three of four with a deadline shorter than an answer takes.
+        for (let tick = 0; tick < 200; tick++) {
+          for (let i = 0; i < 20; i++) {
+            if (i % 4 === 0) kept.push(raw.infer(tinyGrpc(), Date.now() + 60_000));
+            else givenUp.push(raw.infer(tinyGrpc(), Date.now() + 2));
+          }
+          await new Promise((r) => setTimeout(r, 20));
+        }
+        await Promise.all([...kept, ...givenUp]);
+      });
+    } finally {
+      raw.close();
+    }
+    const tally = (answers: { code: grpc.status }[]) =>
+      answers.reduce<Record<string, number>>(
+        (t, a) => ({ ...t, [grpc.status[a.code]]: (t[grpc.status[a.code]] ?? 0) + 1 }),
+        {},
+      );
+    const keptAnswers = await Promise.all(kept);
+    const givenUpAnswers = await Promise.all(givenUp);
+    process.stdout.write(
+      `calls given up: ${JSON.stringify(tally(givenUpAnswers))}; calls waited for: ${JSON.stringify(tally(keptAnswers))}\n`,
+    );
+    // Those waited for: answered, or refused by the concurrency limit; none lost with a connection.
+    expect(keptAnswers.filter((a) => a.code !== grpc.status.OK && a.code !== grpc.status.RESOURCE_EXHAUSTED)).toEqual(
+      [],
+    );
+    expect(givenUpAnswers.filter((a) => a.code === grpc.status.DEADLINE_EXCEEDED).length).toBeGreaterThan(2_000);
+  }, 120_000);
+
   it('keeps every process alive through all of it', () => {
     expect(deadServices()).toEqual([]);
   });

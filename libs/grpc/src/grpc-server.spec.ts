@@ -24,7 +24,13 @@ import { ManualClock } from '@infermesh/clock/manual-clock.testing';
 import { MAX_DEADLINE_MS } from './deadline';
 import { FLOW_CONTROL_WINDOW_BYTES } from './flow-control';
 import { createClient } from './grpc-client';
-import { GrpcServer, type GrpcServerOptions, MAX_REFUSED_STREAMS_IN_A_ROW, onHttp2Servers } from './grpc-server';
+import {
+  GrpcServer,
+  type GrpcServerOptions,
+  MAX_REFUSED_STREAMS_IN_A_ROW,
+  onHttp2Servers,
+  STREAM_RESETS_ALLOWED,
+} from './grpc-server';
 import type { CallContext, ServiceClient, ServiceImpl } from './method-types';
 import { MAX_ERROR_MESSAGE_CHARS, RpcError, Errors } from './rpc-error';
 import { toServiceDefinition } from './service-definition';
@@ -957,6 +963,89 @@ describe(GrpcServer.name, () => {
       expect(settings.maxConcurrentStreams).toBe(8);
       expect(settings.initialWindowSize).toBe(FLOW_CONTROL_WINDOW_BYTES);
     });
+  });
+
+  describe('clients that reset their streams', () => {
+    const GET_MODEL = '/infermesh.registry.v1.RegistryService/GetModel';
+    let session: ClientHttp2Session;
+    let goaways: number[];
+
+    beforeEach(async () => {
+      // No unbounded session memory (grpc-js's, not Node's 10 MB): a client past it resets streams itself.
+      session = connectHttp2(`http://${address}`, { maxSessionMemory: Number.MAX_SAFE_INTEGER });
+      goaways = [];
+      session.on('goaway', (code: number) => goaways.push(code));
+      session.on('error', () => undefined);
+      await once(session, 'remoteSettings');
+    });
+
+    afterEach(() => {
+      session.destroy();
+    });
+
+    /** A GetModel call on the raw session; its grpc-status once answered, or its reset code. */
+    const call = () => {
+      const stream = session.request({
+        ':method': 'POST',
+        ':path': GET_MODEL,
+        'content-type': 'application/grpc',
+        te: 'trailers',
+      });
+      const closed = new Promise<string>((resolve) => {
+        let grpcStatus: string | undefined;
+        const read = (headers: IncomingHttpHeaders) => {
+          if (typeof headers['grpc-status'] === 'string') grpcStatus = headers['grpc-status'];
+        };
+        stream.on('response', read);
+        stream.on('trailers', read);
+        stream.on('error', () => undefined);
+        stream.resume();
+        stream.on('close', () => resolve(grpcStatus ?? `reset ${stream.rstCode}`));
+      });
+      stream.end(Buffer.from([0, 0, 0, 0, 0]));
+      return { stream, closed };
+    };
+
+    it('keeps serving a connection whose client gives up on thousands of its calls, as grpc-js does at each deadline: every call kept is answered', async () => {
+      // Node's HTTP/2 server takes a client's resets for the rapid-reset attack past 1,000, then 33 a
+      // second (nghttp2's defaults), and closes the connection under every call on it.
+      registry.onGetModel = () => new Promise((resolve) => setTimeout(() => resolve({ model: { name: 'm' } }), 50));
+      const kept: Promise<string>[] = [];
+      const givenUp: Promise<string>[] = [];
+      for (let tick = 0; tick < 60; tick++) {
+        for (let i = 0; i < 50; i++) {
+          const { stream, closed } = call();
+          if (i % 3 === 0) kept.push(closed);
+          else {
+            givenUp.push(closed);
+            setTimeout(() => stream.close(http2Constants.NGHTTP2_CANCEL), 10);
+          }
+        }
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      const tally = (outcomes: string[]) =>
+        outcomes.reduce<Record<string, number>>((t, o) => ({ ...t, [o]: (t[o] ?? 0) + 1 }), {});
+      expect(tally(await Promise.all(kept))).toEqual({ [String(status.OK)]: kept.length });
+      expect(givenUp.length).toBe(1_980); // nearly twice what nghttp2's defaults allow
+      expect(Object.keys(tally(await Promise.all(givenUp)))).toEqual([`reset ${http2Constants.NGHTTP2_CANCEL}`]);
+      expect(goaways).toEqual([]);
+    });
+
+    it('still closes a connection that resets streams as fast as it opens them (HTTP/2 rapid reset), once past its burst', async () => {
+      // Reset as they are opened, faster than the guard's rate: closed once its burst is spent.
+      const closedBy = new Promise<number>((resolve) => session.once('goaway', resolve));
+      let opened = 0;
+      for (; opened < 5 * STREAM_RESETS_ALLOWED.burst && goaways.length === 0 && !session.destroyed; opened++) {
+        try {
+          call().stream.close(http2Constants.NGHTTP2_CANCEL);
+        } catch {
+          break; // the session is closing
+        }
+        if (opened % 1_000 === 999) await new Promise(setImmediate);
+      }
+      expect(await closedBy).toBe(http2Constants.NGHTTP2_INTERNAL_ERROR);
+      expect(opened).toBeGreaterThan(STREAM_RESETS_ALLOWED.burst);
+    }, 60_000);
   });
 
   describe('inbound faults', () => {

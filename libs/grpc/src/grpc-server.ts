@@ -15,6 +15,7 @@ import type { Attributes, Span } from '@opentelemetry/api';
 import {
   constants as http2Constants,
   type Http2Server,
+  type ServerOptions as Http2ServerOptions,
   type IncomingHttpHeaders,
   type OutgoingHttpHeaders,
   type ServerHttp2Stream,
@@ -174,7 +175,7 @@ export class GrpcServer {
       "Calls this service failed or delayed on purpose, as the mesh policy's inboundFault says.",
       ['method', 'fault'],
     );
-    refuseExcessStreamsAlone(this.server);
+    setStreamGuards(this.server);
     const reported = new Map<string, number>();
     hookHttp2Servers(
       this.server,
@@ -829,19 +830,43 @@ async function guarded<T>(work: () => T | Promise<T>): Promise<T> {
 export const MAX_REFUSED_STREAMS_IN_A_ROW = 10_000;
 
 /**
- * Has the HTTP/2 servers of a grpc-js server refuse streams over the concurrency limit one by one
- * (MAX_REFUSED_STREAMS_IN_A_ROW) instead of closing their connection. grpc-js offers no option for
- * it: its server passes its `commonServerOptions` to each HTTP/2 server it creates, which this sets.
- * Throws if that field is gone (a grpc-js version this code does not know).
+ * The streams a client may reset (RST_STREAM) on one connection before its HTTP/2 server takes it for
+ * the rapid-reset attack (CVE-2023-44487) and closes it (GOAWAY INTERNAL_ERROR, every call on it
+ * failed): `burst` at once, then `perSecond`. nghttp2's defaults, which Node applies, are 1,000 and
+ * 33 a second, far below what honest clients send: a grpc-js client resets the stream of every call
+ * it gives up on (its deadline passed, cancelled), so a client whose deadlines expire through a
+ * latency spike resets about as many streams a second as it makes calls. Measured (a bare node:http2
+ * server, 4,000 calls at 1,000 a second, every other one cancelled after 20 ms): the connection was
+ * closed after about 1,000 resets, and 970 of the calls still waiting on it failed. The work a reset
+ * call leaves behind is bounded elsewhere (the gateway's concurrency limit counts a call until its
+ * handler ends; its rate limits charge it), so the guard is only to stop a client that resets far more
+ * than its calls make: 10,000 at once (ten times the gateway's streams per connection), then 1,000 a
+ * second. A client that gives up on a quarter of 4,000 calls a second keeps its connection; one that
+ * gives up on nearly all of them for seconds (its calls all failing anyway) loses it, as does one
+ * that resets streams as fast as it opens them: a grpc-js server cannot take 10,000 a second on these
+ * machines, so a rate that high would never be reached.
  */
-function refuseExcessStreamsAlone(server: grpc.Server): void {
-  const internals = server as unknown as { commonServerOptions?: { maxSessionRejectedStreams?: number } };
+export const STREAM_RESETS_ALLOWED = { burst: 10_000, perSecond: 1_000 } as const;
+
+/**
+ * Sets the HTTP/2 servers of a grpc-js server's guards against clients that misuse streams: refusing
+ * streams over the concurrency limit one by one (MAX_REFUSED_STREAMS_IN_A_ROW) instead of closing the
+ * connection, and the resets it takes before it does (STREAM_RESETS_ALLOWED). grpc-js offers no
+ * option for them: its server passes its `commonServerOptions` to each HTTP/2 server it creates,
+ * which this sets. Throws if that field is gone (a grpc-js version this code does not know).
+ */
+function setStreamGuards(server: grpc.Server): void {
+  const internals = server as unknown as { commonServerOptions?: Http2ServerOptions };
   if (typeof internals.commonServerOptions !== 'object') {
     throw new Error(
-      '@grpc/grpc-js has no Server.commonServerOptions: its HTTP/2 servers cannot be told to refuse excess streams one by one; check the grpc-js version',
+      "@grpc/grpc-js has no Server.commonServerOptions: its HTTP/2 servers' stream guards cannot be set; check the grpc-js version",
     );
   }
-  internals.commonServerOptions.maxSessionRejectedStreams = MAX_REFUSED_STREAMS_IN_A_ROW;
+  Object.assign(internals.commonServerOptions, {
+    maxSessionRejectedStreams: MAX_REFUSED_STREAMS_IN_A_ROW,
+    streamResetBurst: STREAM_RESETS_ALLOWED.burst,
+    streamResetRate: STREAM_RESETS_ALLOWED.perSecond,
+  } satisfies Http2ServerOptions);
 }
 
 /**

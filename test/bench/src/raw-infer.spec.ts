@@ -131,8 +131,8 @@ describe(LoadClient.name, () => {
 
   it('keeps thousands of calls in flight on its one connection without resetting any itself', async () => {
     // Node's HTTP/2 client refuses a session more than 10 MB of its own by default: it resets the
-    // streams over that with ENHANCE_YOUR_CALM, and a server's rapid-reset guard (nghttp2: 1,000
-    // resets, then 33 a second) answers those with GOAWAY, failing every call on the connection.
+    // streams over that with ENHANCE_YOUR_CALM, and a server's rapid-reset guard (Node's default:
+    // 1,000 resets, then 33 a second) answers those with GOAWAY, failing every call on the connection.
     const server = new grpc.Server();
     server.register(
       '/t.T/Slow',

@@ -46,9 +46,10 @@ function streamFailure(rstCode: number | undefined): CallFailed {
  * The session memory (MB) the client lets a connection take, as grpc-js's client does (its
  * `grpc-node.max_session_memory` default). Node's default, 10 MB, is reached by a few thousand calls
  * in flight on one connection; past it Node's client resets each new stream itself, with
- * ENHANCE_YOUR_CALM, and the server's rapid-reset guard (nghttp2: 1,000 resets, then 33 a second)
- * closes the connection under every call on it. Measured: at the batching benchmark's 2× overload
- * that turned 21,750-24,689 of 40,000 calls into INTERNAL_ERROR resets.
+ * ENHANCE_YOUR_CALM, and a server's rapid-reset guard (Node's default: 1,000 resets, then 33 a
+ * second; the services': STREAM_RESETS_ALLOWED) closes the connection under every call on it.
+ * Measured: at the batching benchmark's 2× overload that turned 21,750-24,689 of 40,000 calls into
+ * INTERNAL_ERROR resets.
  */
 const UNBOUNDED_SESSION_MEMORY_MB = Number.MAX_SAFE_INTEGER;
 
