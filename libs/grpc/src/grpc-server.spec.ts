@@ -182,6 +182,31 @@ async function handledCount(metrics: Metrics, method: string, code: string): Pro
   return sample?.value ?? 0;
 }
 
+const GET_MODEL = '/infermesh.registry.v1.RegistryService/GetModel';
+
+/** A GetModel call opened on a raw HTTP/2 session, its message still to send unless `endStream`. */
+const openGetModel = (session: ClientHttp2Session, endStream: boolean) =>
+  session.request(
+    { ':method': 'POST', ':path': GET_MODEL, 'content-type': 'application/grpc', te: 'trailers' },
+    { endStream },
+  );
+
+/** The grpc-status a raw stream is answered with (trailers-only or trailers), once it closes. */
+const grpcOutcome = (stream: ClientHttp2Stream) =>
+  new Promise<{ status?: string; message?: string }>((resolve) => {
+    const seen: { status?: string; message?: string } = {};
+    const read = (headers: IncomingHttpHeaders) => {
+      const [code, message] = [headers['grpc-status'], headers['grpc-message']];
+      if (typeof code === 'string') seen.status = code;
+      if (typeof message === 'string') seen.message = decodeURI(message);
+    };
+    stream.on('response', read);
+    stream.on('trailers', read);
+    stream.on('error', () => undefined);
+    stream.resume();
+    stream.on('close', () => resolve(seen));
+  });
+
 describe(GrpcServer.name, () => {
   let sut: GrpcServer;
   let registry: ScriptedRegistry;
@@ -816,7 +841,6 @@ describe(GrpcServer.name, () => {
   });
 
   describe('calls opened and never sent, and answers never read', () => {
-    const GET_MODEL = '/infermesh.registry.v1.RegistryService/GetModel';
     let clock: ManualClock;
     let session: ClientHttp2Session;
 
@@ -836,26 +860,8 @@ describe(GrpcServer.name, () => {
       session.destroy();
     });
 
-    const open = (endStream: boolean) =>
-      session.request(
-        { ':method': 'POST', ':path': GET_MODEL, 'content-type': 'application/grpc', te: 'trailers' },
-        { endStream },
-      );
-    /** The grpc-status a stream is answered with (trailers-only or trailers), once it closes. */
-    const outcome = (stream: ClientHttp2Stream) =>
-      new Promise<{ status?: string; message?: string }>((resolve) => {
-        const seen: { status?: string; message?: string } = {};
-        const read = (headers: IncomingHttpHeaders) => {
-          const [code, message] = [headers['grpc-status'], headers['grpc-message']];
-          if (typeof code === 'string') seen.status = code;
-          if (typeof message === 'string') seen.message = decodeURI(message);
-        };
-        stream.on('response', read);
-        stream.on('trailers', read);
-        stream.on('error', () => undefined);
-        stream.resume();
-        stream.on('close', () => resolve(seen));
-      });
+    const open = (endStream: boolean) => openGetModel(session, endStream);
+    const outcome = grpcOutcome;
     /** A whole GetModel call on the raw session: once answered, the server has read every frame sent before it. */
     const wholeCall = () => {
       const stream = open(false);
@@ -966,12 +972,11 @@ describe(GrpcServer.name, () => {
   });
 
   describe('clients that reset their streams', () => {
-    const GET_MODEL = '/infermesh.registry.v1.RegistryService/GetModel';
     let session: ClientHttp2Session;
     let goaways: number[];
 
     beforeEach(async () => {
-      // No unbounded session memory (grpc-js's, not Node's 10 MB): a client past it resets streams itself.
+      // Unbounded session memory, as grpc-js's client has (Node's 10 MB): a client past it resets streams itself.
       session = connectHttp2(`http://${address}`, { maxSessionMemory: Number.MAX_SAFE_INTEGER });
       goaways = [];
       session.on('goaway', (code: number) => goaways.push(code));
@@ -985,23 +990,8 @@ describe(GrpcServer.name, () => {
 
     /** A GetModel call on the raw session; its grpc-status once answered, or its reset code. */
     const call = () => {
-      const stream = session.request({
-        ':method': 'POST',
-        ':path': GET_MODEL,
-        'content-type': 'application/grpc',
-        te: 'trailers',
-      });
-      const closed = new Promise<string>((resolve) => {
-        let grpcStatus: string | undefined;
-        const read = (headers: IncomingHttpHeaders) => {
-          if (typeof headers['grpc-status'] === 'string') grpcStatus = headers['grpc-status'];
-        };
-        stream.on('response', read);
-        stream.on('trailers', read);
-        stream.on('error', () => undefined);
-        stream.resume();
-        stream.on('close', () => resolve(grpcStatus ?? `reset ${stream.rstCode}`));
-      });
+      const stream = openGetModel(session, false);
+      const closed = grpcOutcome(stream).then((o) => o.status ?? `reset ${stream.rstCode}`);
       stream.end(Buffer.from([0, 0, 0, 0, 0]));
       return { stream, closed };
     };
