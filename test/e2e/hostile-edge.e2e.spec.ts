@@ -19,6 +19,8 @@ const BODY_BUDGET_BYTES = 96 * 2 ** 20;
 const UPLOAD_BYTES = 60_000_000;
 /** How long the gateway waits here for a gRPC call's message once its headers have come. */
 const RECEIVE_TIMEOUT_MS = 2_000;
+/** Calls, all connections together, the gateway holds here while their message has not come: above (9)'s 4 × 1,024. */
+const AWAITING_LIMIT = 6_000;
 /** How long the gateway waits here for a gRPC call's answer or a REST response to leave once it has begun. */
 const SEND_TIMEOUT_MS = 2_000;
 /** Elements of the identity model's input and answer in (11): 16 MiB each way, more than loopback's socket buffers hold. */
@@ -82,6 +84,7 @@ describe('hostile requests at the edge', () => {
         GATEWAY_MAX_REQUEST_TIMEOUT_MS: '600000',
         GATEWAY_MAX_NAME_BYTES: '1024',
         GATEWAY_GRPC_RECEIVE_TIMEOUT_MS: String(RECEIVE_TIMEOUT_MS),
+        GATEWAY_GRPC_MAX_CALLS_AWAITING_REQUEST: String(AWAITING_LIMIT),
         GATEWAY_GRPC_SEND_TIMEOUT_MS: String(SEND_TIMEOUT_MS),
         GATEWAY_HTTP_SEND_TIMEOUT_MS: String(SEND_TIMEOUT_MS),
       },
@@ -179,6 +182,46 @@ describe('hostile requests at the edge', () => {
     });
     expect(sent).toBeGreaterThan(8);
     return result;
+  };
+
+  /**
+   * `streams` gRPC calls on each of `connections` new connections to the gateway, each with its
+   * headers (and a valid key) and never a message; their answers counted by grpc-status.
+   */
+  const neverSentCalls = (connections: number, streams: number) => {
+    const sessions = Array.from({ length: connections }, () =>
+      connectHttp2(`http://${fixture.system.gatewayGrpcAddress}`),
+    );
+    const statuses = new Map<string, number>();
+    let answered = 0;
+    for (const session of sessions) {
+      session.on('error', () => undefined);
+      for (let i = 0; i < streams; i++) {
+        const stream = session.request(
+          {
+            ':method': 'POST',
+            ':path': '/inference.GRPCInferenceService/ModelInfer',
+            'content-type': 'application/grpc',
+            te: 'trailers',
+            ...AUTH,
+          },
+          { endStream: false },
+        );
+        stream.on('error', () => undefined);
+        stream.on('response', (headers) => {
+          const code = String(headers['grpc-status'] ?? 'none');
+          statuses.set(code, (statuses.get(code) ?? 0) + 1);
+          answered += 1;
+        });
+        stream.resume();
+      }
+    }
+    return {
+      sessions,
+      statuses,
+      answered: () => answered,
+      close: () => sessions.forEach((session) => session.destroy()),
+    };
   };
 
   it('(1, 7) clamps huge timeouts and deadlines, refuses nonsense ones naming them, and stays up', async () => {
@@ -474,49 +517,22 @@ describe('hostile requests at the edge', () => {
     // Before these bounds, each such call stayed open for as long as its connection (100,000 on one
     // connection: 510 MiB more gateway memory, and a well-behaved request stalled for 7 s).
     const result = await underLoad(async () => {
-      const sessions = Array.from({ length: CONNECTIONS }, () =>
-        connectHttp2(`http://${fixture.system.gatewayGrpcAddress}`),
-      );
+      const calls = neverSentCalls(CONNECTIONS, STREAMS);
       const settings = await Promise.all(
-        sessions.map(
+        calls.sessions.map(
           (session) =>
             new Promise<{ maxConcurrentStreams?: number }>((resolve) => session.once('remoteSettings', resolve)),
         ),
       );
-      const statuses = new Map<string, number>();
-      let answered = 0;
       let peak = baseline;
-      for (const session of sessions) {
-        session.on('error', () => undefined);
-        for (let i = 0; i < STREAMS; i++) {
-          // Headers, with a valid key, and never a message.
-          const stream = session.request(
-            {
-              ':method': 'POST',
-              ':path': '/inference.GRPCInferenceService/ModelInfer',
-              'content-type': 'application/grpc',
-              te: 'trailers',
-              ...AUTH,
-            },
-            { endStream: false },
-          );
-          stream.on('error', () => undefined);
-          stream.on('response', (headers) => {
-            const code = String(headers['grpc-status'] ?? 'none');
-            statuses.set(code, (statuses.get(code) ?? 0) + 1);
-            answered += 1;
-          });
-          stream.resume();
-        }
-      }
       // The first wave, as many per connection as the gateway lets one hold, is answered once overdue.
       const deadline = Date.now() + 10 * RECEIVE_TIMEOUT_MS;
-      while (answered < CONNECTIONS * 1_024 && Date.now() < deadline) {
+      while (calls.answered() < CONNECTIONS * 1_024 && Date.now() < deadline) {
         await new Promise((r) => setTimeout(r, 250));
         peak = Math.max(peak, await rss());
       }
-      for (const session of sessions) session.destroy();
-      return { settings, statuses, answered, peak };
+      calls.close();
+      return { settings, statuses: calls.statuses, answered: calls.answered(), peak };
     });
     process.stdout.write(
       `never-sent calls: ${result.answered} answered (${JSON.stringify(Object.fromEntries(result.statuses))}); gateway RSS ${Math.round(baseline / 2 ** 20)} MiB before, ${Math.round(result.peak / 2 ** 20)} MiB peak\n`,
@@ -525,6 +541,41 @@ describe('hostile requests at the edge', () => {
     expect(result.answered).toBeGreaterThanOrEqual(CONNECTIONS * 1_024);
     expect([...result.statuses.keys()]).toEqual([String(grpc.status.DEADLINE_EXCEEDED)]);
   });
+
+  it('(13) holds only so many never-sent gRPC calls across many connections: past the limit the one waiting longest goes, at once', async () => {
+    const metricsUrl = fixture.system.metricsUrl('gateway');
+    const awaiting = () => metricValue(metricsUrl, 'infermesh_gateway_grpc_server_calls_awaiting_request');
+    const evictions = () => metricValue(metricsUrl, 'infermesh_gateway_grpc_server_requests_evicted_total');
+    const evictedBefore = await evictions();
+    const CONNECTIONS = 24;
+    const STREAMS = 1_000;
+    // Before this limit, the gateway held every such call until it was overdue, whatever the number of
+    // connections: 600 connections' calls (a flood from another process, 25,000 calls a second) took
+    // 1.9 GiB more gateway memory in 20 s, and grew on.
+    const result = await underLoad(async () => {
+      const calls = neverSentCalls(CONNECTIONS, STREAMS);
+      let peak = 0;
+      const deadline = Date.now() + 10 * RECEIVE_TIMEOUT_MS;
+      while (calls.answered() < CONNECTIONS * STREAMS && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 100));
+        peak = Math.max(peak, await awaiting());
+      }
+      calls.close();
+      return { statuses: calls.statuses, answered: calls.answered(), peak };
+    });
+    const evicted = (await evictions()) - evictedBefore;
+    process.stdout.write(
+      `never-sent calls on ${CONNECTIONS} connections: ${result.answered} answered (${JSON.stringify(Object.fromEntries(result.statuses))}); at most ${result.peak} held at once; ${evicted} evicted\n`,
+    );
+    expect(result.answered).toBe(CONNECTIONS * STREAMS);
+    expect(result.peak).toBeLessThanOrEqual(AWAITING_LIMIT);
+    // The calls past the limit went at once, the last AWAITING_LIMIT once overdue.
+    const exhausted = result.statuses.get(String(grpc.status.RESOURCE_EXHAUSTED)) ?? 0;
+    expect(exhausted).toBeGreaterThanOrEqual(CONNECTIONS * STREAMS - AWAITING_LIMIT);
+    expect(exhausted + (result.statuses.get(String(grpc.status.DEADLINE_EXCEEDED)) ?? 0)).toBe(CONNECTIONS * STREAMS);
+    expect(evicted).toBe(exhausted);
+    expect(await awaiting()).toBe(0);
+  }, 120_000);
 
   it('(10) drops the answers of gRPC calls whose client never reads them once they are overdue: every such call closed, none held open', async () => {
     const metricsUrl = fixture.system.metricsUrl('gateway');

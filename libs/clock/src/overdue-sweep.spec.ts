@@ -60,4 +60,32 @@ describe(OverdueSweep.name, () => {
     expect(overdue).toEqual([700]);
     expect(clock.pendingInMs()).toEqual([]);
   });
+
+  it('at maxWatched, gives up the key watched longest to watch another, and counts the rest from their own start', () => {
+    const clock = new ManualClock();
+    const sut = new OverdueSweep<string>(clock, 1_000, 3);
+    const given: string[] = [];
+    const watch = (key: string) => sut.watch(key, (cause) => given.push(`${key} ${cause} ${clock.monotonic()}`));
+    watch('a');
+    clock.advance(100);
+    watch('b');
+    watch('c');
+    watch('a'); // watched again: now the newest
+    expect(sut.size).toBe(3);
+    expect(given).toEqual([]);
+
+    watch('d');
+    watch('e');
+    expect(given).toEqual(['b evicted 100', 'c evicted 100']);
+    expect(sut.size).toBe(3);
+    sut.forget('d');
+    watch('f'); // room again: nothing given up
+    expect(given).toHaveLength(2);
+
+    clock.advance(1_049);
+    expect(given).toHaveLength(2);
+    clock.advance(101); // the check at 1,250: a timeout after 100 (checks every 250 ms)
+    expect(given.slice(2)).toEqual(['a timeout 1250', 'e timeout 1250', 'f timeout 1250']);
+    expect(sut.size).toBe(0);
+  });
 });

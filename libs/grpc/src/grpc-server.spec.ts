@@ -219,7 +219,10 @@ describe(GrpcServer.name, () => {
     maxMessageBytes = 4 * 1024 * 1024,
     faultInjection = false,
     clock?: ManualClock,
-    limits: Pick<GrpcServerOptions, 'receiveTimeoutMs' | 'sendTimeoutMs' | 'maxConcurrentStreams'> = {},
+    limits: Pick<
+      GrpcServerOptions,
+      'receiveTimeoutMs' | 'sendTimeoutMs' | 'maxConcurrentStreams' | 'maxCallsAwaitingRequest'
+    > = {},
   ): Promise<void> {
     registry = new ScriptedRegistry();
     metrics = new Metrics('test');
@@ -891,6 +894,55 @@ describe(GrpcServer.name, () => {
       expect(registry.calls).toHaveLength(2);
       expect(await handledCount(metrics, 'RegistryService/GetModel', 'DEADLINE_EXCEEDED')).toBe(3);
       expect((await client.getModel({ name: 'models/a' })).model?.name).toBe('models/a');
+    });
+
+    it('holds at most maxCallsAwaitingRequest calls whose message has not come, all connections together: the one waiting longest goes', async () => {
+      session.on('error', () => undefined);
+      session.destroy();
+      client.close();
+      await sut.shutdown(100);
+      await start(4 * 1024 * 1024, false, clock, { receiveTimeoutMs: 1_000, maxCallsAwaitingRequest: 3 });
+      const first = connectHttp2(`http://${address}`);
+      const second = connectHttp2(`http://${address}`);
+      try {
+        const awaiting = async () => {
+          const line = /^\S*test_grpc_server_calls_awaiting_request(?:\{\})? (\d+)$/m.exec(await metrics.render());
+          return line === null ? -1 : Number(line[1]);
+        };
+        const opened = (session: ClientHttp2Session, count: number) =>
+          Array.from({ length: count }, () => outcome(openGetModel(session, false)));
+        const older = opened(first, 3);
+        await eventually(async () => (await awaiting()) === 3);
+        const newer = opened(second, 2);
+        registry.onGetModel = async () => ({ model: { name: 'models/a' } });
+        // A call sent whole also waits for its message a moment, and takes the place of the oldest.
+        const whole = second.request(
+          { ':method': 'POST', ':path': GET_MODEL, 'content-type': 'application/grpc', te: 'trailers' },
+          { endStream: false },
+        );
+        const wholeDone = outcome(whole);
+        whole.end(Buffer.from([0, 0, 0, 0, 0]));
+        expect((await wholeDone).status).toBe(String(status.OK));
+
+        const evicted = {
+          status: String(status.RESOURCE_EXHAUSTED),
+          message:
+            "this server holds its limit of 3 calls whose request has not arrived whole, and this call's had waited longest: send a call's message with its headers",
+        };
+        expect(await Promise.all(older)).toEqual([evicted, evicted, evicted]);
+        expect(await awaiting()).toBe(2);
+        clock.advance(1_250);
+        for (const answer of await Promise.all(newer)) expect(answer.status).toBe(String(status.DEADLINE_EXCEEDED));
+        expect(await awaiting()).toBe(0);
+        expect(await handledCount(metrics, 'RegistryService/GetModel', 'RESOURCE_EXHAUSTED')).toBe(3);
+        expect(await metrics.render()).toContain(
+          'test_grpc_server_requests_evicted_total{method="RegistryService/GetModel"} 3',
+        );
+        expect(registry.calls).toHaveLength(1);
+      } finally {
+        first.destroy();
+        second.destroy();
+      }
     });
 
     it('resets the stream of an answer the client does not take once the send timeout has passed, and serves the rest', async () => {

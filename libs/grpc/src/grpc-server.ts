@@ -61,6 +61,14 @@ export interface GrpcServerOptions {
    */
   receiveTimeoutMs?: number;
   /**
+   * With receiveTimeoutMs: the most unary calls, all connections together, whose request has not
+   * arrived whole. A call past it makes room: the call waiting longest is answered RESOURCE_EXHAUSTED
+   * (OVERLOADED) and its stream closed. The per-connection limit (maxConcurrentStreams) and the
+   * timeout alone let many connections hold calls they never send, each a few KiB, by the hundred
+   * thousand; a client that sends its message with its headers is never the one waiting longest.
+   */
+  maxCallsAwaitingRequest?: number;
+  /**
    * A unary call's answer must have left whole this long after it began (its response headers sent),
    * else its stream is reset (RST_STREAM CANCEL) and the answer dropped: a client that sends calls and
    * never reads their answers (an HTTP/2 window it never opens) would otherwise hold each answer, and
@@ -76,6 +84,8 @@ export interface GrpcServerOptions {
 
 /** Health checks are answered whoever asks: probes and supervisors carry no business identity. */
 const HEALTH_PREFIX = '/grpc.health.v1.Health/';
+/** The retry delay a call given up for maxCallsAwaitingRequest suggests: room comes back as calls arrive whole. */
+const EVICTED_RETRY_DELAY_MS = 1_000;
 
 /**
  * Faults the server injects into calls it receives, as the mesh policy's inboundFault says (the
@@ -135,11 +145,14 @@ export class GrpcServer {
   /** Unary calls whose request has arrived and whose stream is still open, from their answer's start on (sendTimeoutMs). */
   private readonly answering: OverdueSweep<ServerHttp2Stream> | undefined;
   private readonly abandoned: Counter<'method'>;
+  private readonly evicted: Counter<'method'>;
+  /** The answer of every call given up for maxCallsAwaitingRequest (made once). */
+  private evictionError: RpcError | undefined;
 
   constructor(private readonly options: GrpcServerOptions) {
     this.clock = options.clock ?? systemClock;
     if (options.receiveTimeoutMs !== undefined)
-      this.awaitingRequest = new OverdueSweep(this.clock, options.receiveTimeoutMs);
+      this.awaitingRequest = new OverdueSweep(this.clock, options.receiveTimeoutMs, options.maxCallsAwaitingRequest);
     if (options.sendTimeoutMs !== undefined) this.answering = new OverdueSweep(this.clock, options.sendTimeoutMs);
     this.server = new grpc.Server({
       ...messageLimits(options.maxMessageBytes),
@@ -168,6 +181,20 @@ export class GrpcServer {
     this.abandoned = options.metrics.counter(
       'grpc_server_undelivered_answers_total',
       'Answers dropped because the client had not taken them within the send timeout (it does not read its answers): their streams were reset, by method.',
+      ['method'],
+    );
+    if (this.awaitingRequest !== undefined) {
+      const { awaitingRequest } = this;
+      options.metrics.gauge(
+        'grpc_server_calls_awaiting_request',
+        'Unary calls whose request has not arrived whole yet (headers received, message not), all connections together.',
+        [],
+        (gauge) => gauge.set(awaitingRequest.size),
+      );
+    }
+    this.evicted = options.metrics.counter(
+      'grpc_server_requests_evicted_total',
+      'Calls answered RESOURCE_EXHAUSTED before their request arrived whole, to make room under the limit of calls awaiting their request: the one waiting longest goes, by method.',
       ['method'],
     );
     this.injected = options.metrics.counter(
@@ -229,6 +256,21 @@ export class GrpcServer {
     const error = this.shed === undefined || typeof path !== 'string' ? undefined : this.shed(path);
     if (error === undefined) return false;
     const start = process.hrtime.bigint();
+    if (!this.answerAtOnce(stream, error)) return true;
+    this.options.metrics.observe(
+      this.duration,
+      { method: methodLabel(path!), code: grpc.status[error.code] ?? String(error.code) },
+      Number(process.hrtime.bigint() - start) / 1e9,
+    );
+    return true;
+  }
+
+  /**
+   * Answers a call with `error`'s status, trailers only, its request (if the client still sends one)
+   * read and dropped; false when the stream was already gone. The trailers are kept by error: one
+   * error object stands for many such answers.
+   */
+  private answerAtOnce(stream: ServerHttp2Stream, error: RpcError): boolean {
     let trailers = this.shedTrailers.get(error);
     if (trailers === undefined) {
       const { code, details, metadata } = error.toStatus();
@@ -242,15 +284,9 @@ export class GrpcServer {
       this.shedTrailers.set(error, trailers);
     }
     stream.on('error', () => undefined);
-    if (stream.destroyed) return true;
-    // The request's body, if the client still sends one, is read and dropped.
+    if (stream.destroyed) return false;
     stream.resume();
-    stream.respond(trailers, { endStream: true });
-    this.options.metrics.observe(
-      this.duration,
-      { method: methodLabel(path!), code: grpc.status[error.code] ?? String(error.code) },
-      Number(process.hrtime.bigint() - start) / 1e9,
-    );
+    if (!stream.headersSent) stream.respond(trailers, { endStream: true });
     return true;
   }
 
@@ -263,7 +299,11 @@ export class GrpcServer {
     if (awaitingRequest === undefined && answering === undefined) return;
     const path = headers[':path'];
     if (typeof path !== 'string' || !this.unaryPaths.has(path)) return;
-    awaitingRequest?.watch(stream, () => this.requestOverdue(stream, path, awaitingRequest.timeoutMs));
+    awaitingRequest?.watch(stream, (cause) =>
+      cause === 'evicted'
+        ? this.requestEvicted(stream, path, awaitingRequest.maxWatched)
+        : this.requestOverdue(stream, path, awaitingRequest.timeoutMs),
+    );
     stream.once('end', () => {
       awaitingRequest?.forget(stream);
       if (answering !== undefined && !stream.closed) {
@@ -287,6 +327,24 @@ export class GrpcServer {
     if (stream.destroyed) return;
     stream.close(http2Constants.NGHTTP2_CANCEL);
     this.abandoned.inc({ method: methodLabel(path) });
+  }
+
+  /** The call whose request has waited longest, given up to make room for another (maxCallsAwaitingRequest). */
+  private requestEvicted(stream: ServerHttp2Stream, path: string, limit: number): void {
+    if (stream.destroyed) return;
+    this.evictionError ??= Errors.overloaded(
+      `this server holds its limit of ${limit} calls whose request has not arrived whole, and this call's had waited longest: send a call's message with its headers`,
+      { retryDelayMs: EVICTED_RETRY_DELAY_MS },
+    );
+    this.answerAtOnce(stream, this.evictionError);
+    // The client may still be sending: the stream is reset so that it stops, and its memory is freed.
+    stream.close(http2Constants.NGHTTP2_NO_ERROR);
+    this.options.metrics.observe(
+      this.duration,
+      { method: methodLabel(path), code: grpc.status[grpc.status.RESOURCE_EXHAUSTED] },
+      0,
+    );
+    this.evicted.inc({ method: methodLabel(path) });
   }
 
   private requestOverdue(stream: ServerHttp2Stream, path: string, timeoutMs: number): void {

@@ -72,7 +72,10 @@ export interface BootstrapOptions {
    */
   publicGrpc?: boolean;
   /** Bounds of the gRPC port against callers that open calls and never send them (GrpcServerOptions); none: unbounded. */
-  grpcLimits?: Pick<GrpcServerOptions, 'receiveTimeoutMs' | 'sendTimeoutMs' | 'maxConcurrentStreams'>;
+  grpcLimits?: Pick<
+    GrpcServerOptions,
+    'receiveTimeoutMs' | 'sendTimeoutMs' | 'maxConcurrentStreams' | 'maxCallsAwaitingRequest'
+  >;
   /**
    * Where the service's inbound listener (its authorization and injected faults) comes from when not
    * over its own xDS stream: the control plane itself, which cannot ask itself before it authorizes.

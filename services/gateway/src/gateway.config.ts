@@ -68,6 +68,7 @@ const shape = {
   GATEWAY_GRPC_SEND_TIMEOUT_MS: positiveInt(30_000),
   GATEWAY_HTTP_SEND_TIMEOUT_MS: positiveInt(30_000),
   GATEWAY_GRPC_MAX_STREAMS_PER_CONNECTION: positiveInt(1_024),
+  GATEWAY_GRPC_MAX_CALLS_AWAITING_REQUEST: positiveInt(10_000),
   GATEWAY_MAX_BODY_BYTES: positiveInt(64 * 1024 * 1024),
   GATEWAY_MAX_BODY_BYTES_IN_FLIGHT: byteSize('256MiB'),
   GATEWAY_MAX_NAME_BYTES: positiveInt(DEFAULT_TENSOR_LIMITS.maxNameBytes),
@@ -230,6 +231,8 @@ export function loadGatewayConfig(env: Env) {
       sendTimeoutMs: e.GATEWAY_GRPC_SEND_TIMEOUT_MS,
       /** Calls one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). */
       maxConcurrentStreams: e.GATEWAY_GRPC_MAX_STREAMS_PER_CONNECTION,
+      /** Calls of all connections together whose request has not arrived whole; past it, the one waiting longest is answered RESOURCE_EXHAUSTED. */
+      maxCallsAwaitingRequest: e.GATEWAY_GRPC_MAX_CALLS_AWAITING_REQUEST,
     },
     /** Request body bytes held at once across all requests, REST and gRPC; beyond it, 429 / RESOURCE_EXHAUSTED. */
     maxBodyBytesInFlight: e.GATEWAY_MAX_BODY_BYTES_IN_FLIGHT,

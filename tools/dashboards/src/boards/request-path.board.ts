@@ -84,7 +84,7 @@ export function requestPathBoard(): dashboard.Dashboard {
           timeSeries({
             title: 'Refused at the edge',
             description:
-              'Requests per second the gateway refused before the router: by a rate limit (per key or per model), because their body did not fit GATEWAY_MAX_BODY_BYTES_IN_FLIGHT, or at its concurrency limit (outcome overloaded, GATEWAY_CONCURRENCY_LIMIT); the rate-limit decisions taken by the GATEWAY_RATE_LIMIT_REDIS_DOWN policy while Redis was unreachable; and the answers it dropped because their client had not read them in time: gRPC within GATEWAY_GRPC_SEND_TIMEOUT_MS, REST within GATEWAY_HTTP_SEND_TIMEOUT_MS.',
+              'Requests per second the gateway refused before the router: by a rate limit (per key or per model), because their body did not fit GATEWAY_MAX_BODY_BYTES_IN_FLIGHT, or at its concurrency limit (outcome overloaded, GATEWAY_CONCURRENCY_LIMIT); the rate-limit decisions taken by the GATEWAY_RATE_LIMIT_REDIS_DOWN policy while Redis was unreachable; the answers it dropped because their client had not read them in time: gRPC within GATEWAY_GRPC_SEND_TIMEOUT_MS, REST within GATEWAY_HTTP_SEND_TIMEOUT_MS; and the gRPC calls whose message had not come, given up to stay within GATEWAY_GRPC_MAX_CALLS_AWAITING_REQUEST.',
             unit: 'reqps',
             queries: [
               {
@@ -110,6 +110,10 @@ export function requestPathBoard(): dashboard.Dashboard {
               {
                 expr: sumRate('infermesh_gateway_http_undelivered_responses_total', sel(INSTANCE)),
                 legend: 'REST responses never read (dropped)',
+              },
+              {
+                expr: sumRate('infermesh_gateway_grpc_server_requests_evicted_total', sel(INSTANCE)),
+                legend: 'gRPC calls never sent (evicted)',
               },
             ],
           }),
