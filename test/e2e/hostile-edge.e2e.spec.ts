@@ -19,6 +19,8 @@ const BODY_BUDGET_BYTES = 96 * 2 ** 20;
 const UPLOAD_BYTES = 60_000_000;
 /** How long the gateway waits here for a gRPC call's message once its headers have come. */
 const RECEIVE_TIMEOUT_MS = 2_000;
+/** The most inference requests the gateway lets in flight here (its adaptive limit's ceiling): (14) opens more idle requests than that. */
+const MAX_IN_FLIGHT = 256;
 /** Calls, all connections together, the gateway holds here while their message has not come: above (9)'s 4 × 1,024. */
 const AWAITING_LIMIT = 6_000;
 /** How long the gateway waits here for a gRPC call's answer or a REST response to leave once it has begun. */
@@ -85,6 +87,8 @@ describe('hostile requests at the edge', () => {
         GATEWAY_MAX_NAME_BYTES: '1024',
         GATEWAY_GRPC_RECEIVE_TIMEOUT_MS: String(RECEIVE_TIMEOUT_MS),
         GATEWAY_GRPC_MAX_CALLS_AWAITING_REQUEST: String(AWAITING_LIMIT),
+        GATEWAY_HTTP_RECEIVE_TIMEOUT_MS: String(RECEIVE_TIMEOUT_MS),
+        GATEWAY_MAX_IN_FLIGHT: String(MAX_IN_FLIGHT),
         GATEWAY_GRPC_SEND_TIMEOUT_MS: String(SEND_TIMEOUT_MS),
         GATEWAY_HTTP_SEND_TIMEOUT_MS: String(SEND_TIMEOUT_MS),
       },
@@ -462,7 +466,7 @@ describe('hostile requests at the edge', () => {
     let grpcAnswers: { code: grpc.status; details: string; outputs: number }[];
     let restAnswers: { status: number; retryAfter: string | null; text: string }[];
     try {
-      // Far more at once than the gateway's adaptive limit (128 at start, 1024 at most) lets in.
+      // Far more at once than the gateway's adaptive limit (128 at start, MAX_IN_FLIGHT at most) lets in.
       const grpcFlood = Array.from({ length: 3_000 }, () => raw.infer(tinyGrpc(), Date.now() + 60_000));
       const restFlood = Array.from({ length: 400 }, async () => {
         const res = await fetch(url('/v2/models/tiny/infer'), {
@@ -502,7 +506,7 @@ describe('hostile requests at the edge', () => {
     expect(await metricValue(metrics, 'infermesh_gateway_inference_in_flight')).toBe(0);
     const limit = await metricValue(metrics, 'infermesh_gateway_concurrency_limit');
     expect(limit).toBeGreaterThanOrEqual(16);
-    expect(limit).toBeLessThanOrEqual(1_024);
+    expect(limit).toBeLessThanOrEqual(MAX_IN_FLIGHT);
     // Once the flood is over, requests pass again.
     const after = await post('/v2/models/tiny/infer', { inputs: [TINY_INPUT] });
     expect(after.status).toBe(200);
@@ -576,6 +580,44 @@ describe('hostile requests at the edge', () => {
     expect(evicted).toBe(exhausted);
     expect(await awaiting()).toBe(0);
   }, 120_000);
+
+  it('(14) lets REST requests whose body never comes take no place under the concurrency limit, and answers them 408 once overdue', async () => {
+    // Before, a REST inference request took its place under the limit with its headers: as many
+    // connections as the limit allows, each sending a request's headers and never its body, had
+    // every other inference request, REST and gRPC, refused (429) for as long as Node let a request
+    // take (5 minutes).
+    const CONNECTIONS = MAX_IN_FLIGHT + 44;
+    const { hostname, port } = new URL(fixture.system.gatewayUrl);
+    const answers = await underLoad(async () => {
+      const held = Array.from(
+        { length: CONNECTIONS },
+        () =>
+          new Promise<string>((resolve) => {
+            const socket = connectTcp(Number(port), hostname);
+            let received = '';
+            socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')));
+            socket.on('error', () => undefined);
+            socket.on('close', () => resolve(received));
+            socket.write(
+              `POST /v2/models/tiny/infer HTTP/1.1\r\nHost: ${hostname}\r\nAuthorization: ${AUTH.authorization}\r\n` +
+                'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n',
+            );
+          }),
+      );
+      // The well-behaved clients run while every held request waits for its body, and after.
+      await new Promise((r) => setTimeout(r, RECEIVE_TIMEOUT_MS / 2));
+      return Promise.all(held);
+    });
+    const statuses = answers.map((text) => /^HTTP\/1\.1 (\d{3})/.exec(text)?.[1] ?? 'none');
+    process.stdout.write(
+      `REST requests without a body on ${CONNECTIONS} connections: ${JSON.stringify(statuses.reduce<Record<string, number>>((t, s) => ({ ...t, [s]: (t[s] ?? 0) + 1 }), {}))}\n`,
+    );
+    expect(statuses).toEqual(new Array(CONNECTIONS).fill('408'));
+    expect(answers[0]).toContain(
+      `the request body did not arrive whole within ${RECEIVE_TIMEOUT_MS} ms (GATEWAY_HTTP_RECEIVE_TIMEOUT_MS)`,
+    );
+    expect(await metricValue(fixture.system.metricsUrl('gateway'), 'infermesh_gateway_inference_in_flight')).toBe(0);
+  }, 60_000);
 
   it('(10) drops the answers of gRPC calls whose client never reads them once they are overdue: every such call closed, none held open', async () => {
     const metricsUrl = fixture.system.metricsUrl('gateway');

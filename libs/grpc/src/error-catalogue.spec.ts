@@ -36,6 +36,7 @@ describe('the error catalogue', () => {
     const precise: Partial<Record<ErrorReason, number>> = {
       PAYLOAD_TOO_LARGE: 413,
       UNSUPPORTED_MEDIA_TYPE: 415,
+      BODY_TIMEOUT: 408,
       METHOD_NOT_ALLOWED: 405,
     };
     for (const reason of reasons) {

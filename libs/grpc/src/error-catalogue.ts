@@ -27,6 +27,8 @@ export const ERROR_CATALOGUE = {
   PAYLOAD_TOO_LARGE: { code: status.INVALID_ARGUMENT, http: 413 },
   // A body in a content type or encoding the route does not take (a compressed body, say).
   UNSUPPORTED_MEDIA_TYPE: { code: status.INVALID_ARGUMENT, http: 415 },
+  // A REST body that had not arrived whole within the gateway's receive timeout of its headers.
+  BODY_TIMEOUT: { code: status.DEADLINE_EXCEEDED, http: 408 },
   // REST routing: a path nobody serves, and a known path asked with another method (with `allow`).
   ROUTE_NOT_FOUND: { code: status.NOT_FOUND, http: 404 },
   METHOD_NOT_ALLOWED: { code: status.UNIMPLEMENTED, http: 405 },

@@ -67,6 +67,7 @@ const shape = {
   GATEWAY_GRPC_RECEIVE_TIMEOUT_MS: positiveInt(30_000),
   GATEWAY_GRPC_SEND_TIMEOUT_MS: positiveInt(30_000),
   GATEWAY_HTTP_SEND_TIMEOUT_MS: positiveInt(30_000),
+  GATEWAY_HTTP_RECEIVE_TIMEOUT_MS: positiveInt(30_000),
   GATEWAY_GRPC_MAX_STREAMS_PER_CONNECTION: positiveInt(1_024),
   GATEWAY_GRPC_MAX_CALLS_AWAITING_REQUEST: positiveInt(10_000),
   GATEWAY_MAX_BODY_BYTES: positiveInt(64 * 1024 * 1024),
@@ -208,6 +209,8 @@ export function loadGatewayConfig(env: Env) {
       port: e.GATEWAY_HTTP_PORT,
       /** A REST response must have left whole this long after it began (else its connection is closed). */
       sendTimeoutMs: e.GATEWAY_HTTP_SEND_TIMEOUT_MS,
+      /** A REST request's body must have arrived whole this long after its headers (else 408, and its connection closed). */
+      receiveTimeoutMs: e.GATEWAY_HTTP_RECEIVE_TIMEOUT_MS,
     },
     routerAddress: e.GATEWAY_ROUTER_ADDRESS,
     /** Inference calls to the router go carried on one stream (RouterService/Infers), not each a call of its own. */

@@ -147,9 +147,13 @@ export class GatewayHttpController {
   }
 
   /**
-   * Checks the key may use the model, takes a place under the concurrency limit and checks its rate
-   * limits before the body is read: a refusal costs little. The body is JSON or, with Inference-Header-Content-Length, Triton's binary tensor
-   * data extension; outputs asked for as binary data come back as raw bytes after a JSON header.
+   * Checks the key may use the model, that the concurrency limit has a place and the rate limits
+   * before the body is read: a refusal costs little. The place is taken once the body has arrived
+   * whole (where a gRPC call takes it, its message whole): a request still being sent holds none, so
+   * that clients sending slowly, or sending headers and never a body, cannot fill the limit and have
+   * every other request refused. The body is JSON or, with Inference-Header-Content-Length, Triton's
+   * binary tensor data extension; outputs asked for as binary data come back as raw bytes after a
+   * JSON header.
    */
   private async infer(
     req: Request,
@@ -160,10 +164,12 @@ export class GatewayHttpController {
     const principal = principalOf(req);
     this.checkNames(model, version);
     checkModelAccess(principal, model);
+    const refusal = this.inference.refusal();
+    if (refusal !== undefined) throw refusal;
+    await this.rateLimits.admit(principal, model);
+    const body = await readInferBody(req, res, this.bodyLimits);
     const admission = this.inference.admit();
     try {
-      await this.rateLimits.admit(principal, model);
-      const body = await readInferBody(req, res, this.bodyLimits);
       const decoded = restInferRequest(model, version, body.json, {
         limits: this.config.tensorLimits,
         binaryData: body.binaryData,

@@ -89,3 +89,40 @@ describe(`${BodyBudget.name} in the gateway`, () => {
     expect(budget().bytesInFlight).toBe(0);
   });
 });
+
+describe('REST bodies that do not arrive', () => {
+  let upstreams: FakeUpstreams;
+  let gateway: RunningService;
+  let port: number;
+
+  beforeAll(async () => {
+    upstreams = await startFakeUpstreams();
+    gateway = await startTestGateway(upstreams.router.address, upstreams.registry.address, {
+      GATEWAY_API_KEYS: KEY,
+      GATEWAY_CONCURRENCY_LIMIT: 'fixed',
+      GATEWAY_MAX_IN_FLIGHT: '4',
+      GATEWAY_HTTP_RECEIVE_TIMEOUT_MS: '400',
+    });
+    port = gateway.httpPort!;
+  });
+
+  afterAll(async () => {
+    await gateway?.stop();
+    await upstreams?.stop();
+  });
+
+  it('take no place under the concurrency limit while they are awaited, and are refused 408 once overdue', async () => {
+    // More requests than the limit has places, each sending its headers and never its body.
+    const held = Array.from({ length: 6 }, () => heldUpload(port, 1_000));
+    await eventually(() => gateway.app.get(BodyBudget).bytesInFlight === 6_000);
+
+    const served = await http(port, 'POST', INFER, {
+      headers: AUTH,
+      body: JSON.stringify({ inputs: [{ name: 'x', datatype: 'FP32', shape: [1, 2], data: [1, 2] }] }),
+    });
+    expect(served.status).toBe(200);
+
+    expect(await Promise.all(held.map((h) => h.answered))).toEqual(new Array(6).fill(408));
+    expect(gateway.app.get(BodyBudget).bytesInFlight).toBe(0);
+  });
+});

@@ -1,4 +1,5 @@
 import { status } from '@grpc/grpc-js';
+import { ManualClock } from '@infermesh/clock/manual-clock.testing';
 import { RpcError } from '@infermesh/grpc';
 import { thrownBy } from '@infermesh/testing';
 import { Metrics } from '@infermesh/telemetry';
@@ -7,11 +8,15 @@ import { BodyBudget } from './body-budget';
 describe(BodyBudget.name, () => {
   let metrics: Metrics;
   let sut: BodyBudget;
+  let clock: ManualClock;
 
   beforeEach(() => {
     metrics = new Metrics('gateway');
-    sut = new BodyBudget({ maxBodyBytesInFlight: 100 }, metrics);
+    clock = new ManualClock();
+    sut = new BodyBudget({ maxBodyBytesInFlight: 100, http: { receiveTimeoutMs: 1_000 } }, metrics, clock);
   });
+
+  afterEach(() => sut.onModuleDestroy());
 
   const refusal = (fn: () => unknown): RpcError => thrownBy(fn, RpcError);
 
@@ -50,5 +55,24 @@ describe(BodyBudget.name, () => {
   it('reports the bytes in flight as a gauge', async () => {
     sut.reserve(30);
     expect(await metrics.render()).toMatch(/^infermesh_gateway_request_body_bytes_in_flight 30$/m);
+  });
+
+  it('refuses a body still arriving a receive timeout after its reading began (408, naming the setting), not one that came', () => {
+    const overdue: RpcError[] = [];
+    const slow = {};
+    sut.watchArrival(slow, (error) => overdue.push(error as RpcError));
+    const arrived = sut.watchArrival({}, () => overdue.push(refusal(() => undefined)));
+    clock.advance(600);
+    arrived();
+    clock.advance(399);
+    expect(overdue).toHaveLength(0);
+    clock.advance(1); // the check at 1,000 (every quarter of the timeout)
+    expect(overdue.map((e) => [e.code, e.httpStatus, e.message])).toEqual([
+      [
+        status.DEADLINE_EXCEEDED,
+        408,
+        'the request body did not arrive whole within 1000 ms (GATEWAY_HTTP_RECEIVE_TIMEOUT_MS)',
+      ],
+    ]);
   });
 });

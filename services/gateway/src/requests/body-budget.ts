@@ -1,4 +1,5 @@
-import { Inject, Injectable } from '@nestjs/common';
+import { Inject, Injectable, type OnModuleDestroy } from '@nestjs/common';
+import { Clock, OverdueSweep, systemClock } from '@infermesh/clock';
 import { Errors } from '@infermesh/grpc';
 import { Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
@@ -21,16 +22,27 @@ export interface BodyReservation {
  * Content-Length says how large it will be), a gRPC request by the size of its message, and given
  * back when the request is answered. A request that does not fit is refused at once with
  * RESOURCE_EXHAUSTED (429) and a retry delay, instead of being buffered.
+ *
+ * A REST body read whole must have arrived within GATEWAY_HTTP_RECEIVE_TIMEOUT_MS of when its reading
+ * began (watchArrival), else its request is refused 408: a client that sends headers and a body it
+ * never finishes would otherwise hold its share of the budget, and the handler waiting for it, for as
+ * long as Node lets a request take (5 minutes). Streamed bodies (artifact uploads) are not bound by it.
  */
 @Injectable()
-export class BodyBudget {
+export class BodyBudget implements OnModuleDestroy {
   private inFlight = 0;
   private readonly refusals: Counter;
+  private readonly arriving: OverdueSweep<object>;
 
   constructor(
-    @Inject(GATEWAY_CONFIG) private readonly config: Pick<GatewayConfig, 'maxBodyBytesInFlight'>,
+    @Inject(GATEWAY_CONFIG)
+    private readonly config: Pick<GatewayConfig, 'maxBodyBytesInFlight'> & {
+      http: Pick<GatewayConfig['http'], 'receiveTimeoutMs'>;
+    },
     metrics: Metrics,
+    clock: Clock = systemClock,
   ) {
+    this.arriving = new OverdueSweep(clock, config.http.receiveTimeoutMs);
     metrics.gauge(
       'request_body_bytes_in_flight',
       'Request body bytes the gateway holds at once (limit: GATEWAY_MAX_BODY_BYTES_IN_FLIGHT).',
@@ -41,6 +53,28 @@ export class BodyBudget {
       'request_body_budget_refusals_total',
       'Requests refused because their body did not fit GATEWAY_MAX_BODY_BYTES_IN_FLIGHT.',
     );
+  }
+
+  onModuleDestroy(): void {
+    this.arriving.close();
+  }
+
+  /**
+   * Watches a body being read: unless the returned function is called first (its last byte came, or
+   * its request ended otherwise), `onOverdue` is called with the error to refuse it with once the
+   * receive timeout has passed.
+   */
+  watchArrival(body: object, onOverdue: (error: Error) => void): () => void {
+    const timeoutMs = this.arriving.timeoutMs;
+    this.arriving.watch(body, () =>
+      onOverdue(
+        Errors.bodyTimeout(
+          `the request body did not arrive whole within ${timeoutMs} ms (GATEWAY_HTTP_RECEIVE_TIMEOUT_MS)`,
+          { metadata: { limit: 'GATEWAY_HTTP_RECEIVE_TIMEOUT_MS' } },
+        ),
+      ),
+    );
+    return () => this.arriving.forget(body);
   }
 
   /** Bytes held now. */

@@ -74,7 +74,8 @@ function parseJson(text: string, what: string): unknown {
 /**
  * The whole body, at most `maxBytes` (413 beyond, announced or streamed); 415 for a compressed one.
  * Its bytes are taken from the budget as they arrive, all at once when Content-Length announces them
- * (429 when they do not fit), and given back when the response is done.
+ * (429 when they do not fit), and given back when the response is done. It must arrive whole within
+ * the budget's receive timeout (408 after it, the connection closed).
  */
 async function readBody(req: Request, res: Response, { maxBytes, budget }: BodyLimits): Promise<Buffer> {
   const encoding = req.headers['content-encoding'];
@@ -103,6 +104,7 @@ async function readBody(req: Request, res: Response, { maxBytes, budget }: BodyL
     const chunks: Buffer[] = [];
     let received = 0;
     const cleanup = () => {
+      arrived();
       req.off('data', onData);
       req.off('end', onEnd);
       req.off('error', onError);
@@ -147,6 +149,7 @@ async function readBody(req: Request, res: Response, { maxBytes, budget }: BodyL
     const onClose = () => {
       if (!req.complete) onError(new Error('the client closed the connection'));
     };
+    const arrived = budget.watchArrival(req, refuse);
     req.on('data', onData);
     req.on('end', onEnd);
     req.on('error', onError);
