@@ -65,7 +65,8 @@ export interface GrpcServerOptions {
    * arrived whole. A call past it makes room: the call waiting longest is answered RESOURCE_EXHAUSTED
    * (OVERLOADED) and its stream closed. The per-connection limit (maxConcurrentStreams) and the
    * timeout alone let many connections hold calls they never send, each a few KiB, by the hundred
-   * thousand; a client that sends its message with its headers is never the one waiting longest.
+   * thousand. A call whose message follows its headers at once is never the one waiting longest;
+   * one still receiving a large message slowly may be, while such calls flood in.
    */
   maxCallsAwaitingRequest?: number;
   /**
