@@ -1,6 +1,6 @@
 import { create, type DescMethod, type DescService } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import { type Clock, OverdueSweep, systemClock } from '@infermesh/clock';
+import { type Clock, type OverdueCause, OverdueSweep, systemClock } from '@infermesh/clock';
 import {
   type JsonLogger,
   LATENCY_BUCKETS_SECONDS,
@@ -147,13 +147,23 @@ export class GrpcServer {
   private readonly answering: OverdueSweep<ServerHttp2Stream> | undefined;
   private readonly abandoned: Counter<'method'>;
   private readonly evicted: Counter<'method'>;
-  /** The answer of every call given up for maxCallsAwaitingRequest (made once). */
-  private evictionError: RpcError | undefined;
+  /** The answers of calls given up while awaiting their request: overdue (receiveTimeoutMs), or evicted (maxCallsAwaitingRequest). */
+  private readonly awaitingAnswers: Record<OverdueCause, RpcError> | undefined;
 
   constructor(private readonly options: GrpcServerOptions) {
     this.clock = options.clock ?? systemClock;
-    if (options.receiveTimeoutMs !== undefined)
+    if (options.receiveTimeoutMs !== undefined) {
       this.awaitingRequest = new OverdueSweep(this.clock, options.receiveTimeoutMs, options.maxCallsAwaitingRequest);
+      this.awaitingAnswers = {
+        timeout: Errors.deadlineExceeded(
+          `the request did not arrive whole within ${options.receiveTimeoutMs} ms of its headers`,
+        ),
+        evicted: Errors.overloaded(
+          `this server holds its limit of ${options.maxCallsAwaitingRequest} calls whose request has not arrived whole, and this call's had waited longest: send a call's message with its headers`,
+          { retryDelayMs: EVICTED_RETRY_DELAY_MS },
+        ),
+      };
+    }
     if (options.sendTimeoutMs !== undefined) this.answering = new OverdueSweep(this.clock, options.sendTimeoutMs);
     this.server = new grpc.Server({
       ...messageLimits(options.maxMessageBytes),
@@ -300,11 +310,7 @@ export class GrpcServer {
     if (awaitingRequest === undefined && answering === undefined) return;
     const path = headers[':path'];
     if (typeof path !== 'string' || !this.unaryPaths.has(path)) return;
-    awaitingRequest?.watch(stream, (cause) =>
-      cause === 'evicted'
-        ? this.requestEvicted(stream, path, awaitingRequest.maxWatched)
-        : this.requestOverdue(stream, path, awaitingRequest.timeoutMs),
-    );
+    awaitingRequest?.watch(stream, (cause) => this.stopAwaiting(stream, path, cause));
     stream.once('end', () => {
       awaitingRequest?.forget(stream);
       if (answering !== undefined && !stream.closed) {
@@ -330,44 +336,19 @@ export class GrpcServer {
     this.abandoned.inc({ method: methodLabel(path) });
   }
 
-  /** The call whose request has waited longest, given up to make room for another (maxCallsAwaitingRequest). */
-  private requestEvicted(stream: ServerHttp2Stream, path: string, limit: number): void {
-    if (stream.destroyed) return;
-    this.evictionError ??= Errors.overloaded(
-      `this server holds its limit of ${limit} calls whose request has not arrived whole, and this call's had waited longest: send a call's message with its headers`,
-      { retryDelayMs: EVICTED_RETRY_DELAY_MS },
-    );
-    this.answerAtOnce(stream, this.evictionError);
+  /**
+   * A call whose request has not arrived whole, given up: overdue, or evicted (it waited longest when
+   * another came past maxCallsAwaitingRequest). Answered at once, and its stream closed.
+   */
+  private stopAwaiting(stream: ServerHttp2Stream, path: string, cause: OverdueCause): void {
+    const error = this.awaitingAnswers![cause];
+    if (!this.answerAtOnce(stream, error)) return;
     // The client may still be sending: the stream is reset so that it stops, and its memory is freed.
     stream.close(http2Constants.NGHTTP2_NO_ERROR);
-    this.options.metrics.observe(
-      this.duration,
-      { method: methodLabel(path), code: grpc.status[grpc.status.RESOURCE_EXHAUSTED] },
-      0,
-    );
-    this.evicted.inc({ method: methodLabel(path) });
-  }
-
-  private requestOverdue(stream: ServerHttp2Stream, path: string, timeoutMs: number): void {
-    if (stream.destroyed) return;
-    if (!stream.headersSent) {
-      stream.respond(
-        {
-          ':status': 200,
-          'content-type': 'application/grpc+proto',
-          'grpc-status': String(grpc.status.DEADLINE_EXCEEDED),
-          'grpc-message': encodeURI(`the request did not arrive whole within ${timeoutMs} ms of its headers`),
-        },
-        { endStream: true },
-      );
-    }
-    // The client may still be sending: the stream is reset so that it stops, and its memory is freed.
-    stream.close(http2Constants.NGHTTP2_NO_ERROR);
-    this.options.metrics.observe(
-      this.duration,
-      { method: methodLabel(path), code: grpc.status[grpc.status.DEADLINE_EXCEEDED] },
-      timeoutMs / 1000,
-    );
+    const method = methodLabel(path);
+    const waitedS = cause === 'evicted' ? 0 : this.awaitingRequest!.timeoutMs / 1000;
+    this.options.metrics.observe(this.duration, { method, code: grpc.status[error.code] }, waitedS);
+    if (cause === 'evicted') this.evicted.inc({ method });
   }
 
   /**

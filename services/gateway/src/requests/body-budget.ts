@@ -1,5 +1,5 @@
 import { Inject, Injectable, type OnModuleDestroy } from '@nestjs/common';
-import { Clock, OverdueSweep, systemClock } from '@infermesh/clock';
+import { Clock, OverdueSweep } from '@infermesh/clock';
 import { Errors } from '@infermesh/grpc';
 import { Metrics } from '@infermesh/telemetry';
 import type { Counter } from 'prom-client';
@@ -40,7 +40,7 @@ export class BodyBudget implements OnModuleDestroy {
       http: Pick<GatewayConfig['http'], 'receiveTimeoutMs'>;
     },
     metrics: Metrics,
-    clock: Clock = systemClock,
+    clock: Clock,
   ) {
     this.arriving = new OverdueSweep(clock, config.http.receiveTimeoutMs);
     metrics.gauge(
